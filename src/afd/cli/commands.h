@@ -1,0 +1,26 @@
+// Subcommands of the `afd` binary. Each Add*Command registers a CLI11 subcommand whose callback
+// stores the process exit code in `exit_code` (0 ok, 2 invalid input, 1 runtime failure).
+// afd::Error thrown by a callback propagates to main, which prints it and exits 1.
+#pragma once
+
+#include <string>
+
+namespace CLI {
+class App;
+}
+
+namespace afd {
+class Topology;
+
+namespace cli {
+
+void AddTopologyCommand(CLI::App& app, int& exit_code);
+void AddConfigCommand(CLI::App& app, int& exit_code);
+
+// Human-readable rank map in the style of seed 000's 4A2F worked example.
+std::string TopologyText(const Topology& topology);
+// {"attention", "ffn", "world", "subgroups", "control_plane"} as documented in docs/topology.md.
+std::string TopologyJson(const Topology& topology, int indent = 2);
+
+}  // namespace cli
+}  // namespace afd

@@ -1,0 +1,79 @@
+// The `afd` object of --additional-config (seed 000), parsed and validated once at the edge.
+//
+// Field                        Type                 Default                Rule
+// role (alias afd_role)        "attention" | "ffn"  "attention"
+// connector (afd_connector)    string               "P2pNcclAFDConnector"  one of kConnectorNames
+// host (afd_host)              string               "127.0.0.1"            non-empty, no spaces
+// port (afd_port)              integer              1239                   1..65535
+// num_attention_ranks          integer              1                      1..kMaxRanksPerRole
+// num_ffn_ranks                integer              1                      1..kMaxRanksPerRole
+// compute_gate_on_attention    bool                 false
+// afd_process_group_timeout_s  integer              120                    1..86400
+// async_dp (alias async)       bool                 false                  see the connector
+// connector_extra_config       object               {}                     connector's own schema
+//
+// An alias given together with its canonical name must carry the same value. Unknown keys,
+// wrong JSON types (no coercion: 1.0 is not an integer, "1" is not a number) and duplicate keys
+// are errors. Every error names the field, the value and the rule.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+#include "afd/topology/topology.h"
+
+namespace afd {
+
+inline constexpr std::string_view kP2pNcclConnector = "P2pNcclAFDConnector";
+inline constexpr std::string_view kGpuAsyncConnector = "GpuAsyncAFDConnector";
+// The P2P connector over the host (CPU) communicator: TCP between hosts.
+inline constexpr std::string_view kP2pHostConnector = "P2pHostAFDConnector";
+
+// connector_extra_config of GpuAsyncAFDConnector (seed 003). Defaults apply when absent.
+struct GpuAsyncOptions {
+  int attn_ranks_per_dp = 1;           // 1..num_attention_ranks, must divide it
+  int ring_depth = 1;                  // 1..64; default = number of stages; >= number of stages
+  double routed_cap_multiplier = 2.0;  // finite, 1.0..1024.0
+  int recv_poll_timeout_ms = 1000;     // 1..3600000
+  bool async_moe_ubatching = false;
+  int async_moe_num_ubatches = 2;           // 2..8
+  std::string async_moe_split = "request";  // "request" | "token"
+
+  // Number of MoE stages in flight per peer.
+  int num_stages() const { return async_moe_ubatching ? async_moe_num_ubatches : 1; }
+};
+
+struct AfdConfig {
+  Role role = Role::kAttention;
+  std::string connector = std::string(kP2pNcclConnector);
+  std::string host = "127.0.0.1";
+  int port = 1239;
+  int num_attention_ranks = 1;
+  int num_ffn_ranks = 1;
+  bool compute_gate_on_attention = false;
+  int afd_process_group_timeout_s = 120;
+  bool async_dp = false;
+  GpuAsyncOptions gpu_async;  // meaningful only when connector == GpuAsyncAFDConnector
+
+  bool is_p2p() const { return connector == kP2pNcclConnector || connector == kP2pHostConnector; }
+  Topology topology() const { return Topology(num_attention_ranks, num_ffn_ranks); }
+};
+
+// Parses JSON text that is either a bare afd object or a whole --additional-config object with
+// an "afd" key (other keys of a whole config belong to others and are left alone), applies
+// defaults and validates. Throws afd::Error naming the field, value and rule.
+AfdConfig ParseAfdConfig(std::string_view json_text);
+
+// True when the text is a JSON object with an "afd" key (AFD enabled for --additional-config).
+// Throws afd::Error when the text is not valid JSON.
+bool HasAfdSection(std::string_view json_text);
+
+// The normalized config: canonical names, every default filled in, as a JSON object text.
+// connector_extra_config holds the connector's options ({} for the P2P connectors).
+std::string AfdConfigToJson(const AfdConfig& config, int indent = 2);
+
+// Cross-field rules (connector vs. async_dp, extra config, gate placement). ParseAfdConfig calls
+// it; exposed for configs built in code. Throws afd::Error.
+void ValidateAfdConfig(const AfdConfig& config);
+
+}  // namespace afd

@@ -1,0 +1,130 @@
+// Runs the `afd` binary as a user would and checks its output and exit codes.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+namespace {
+
+using nlohmann::json;
+
+struct Result {
+  int exit_code;
+  std::string out;  // stdout and stderr together
+};
+
+std::string Quote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+Result RunAfd(const std::string& args, bool stderr_too = true) {
+  const std::string cmd = std::string(AFD_BINARY) + " " + args + (stderr_too ? " 2>&1" : " 2>/dev/null");
+  FILE* pipe = popen(cmd.c_str(), "r");
+  EXPECT_NE(pipe, nullptr);
+  std::string out;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) out.append(buf.data(), n);
+  const int status = pclose(pipe);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+TEST(Cli, VersionAndHelp) {
+  Result r = RunAfd("--version");
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_NE(r.out.find("afd 0."), std::string::npos);
+  for (const char* sub : {"--help", "topology --help", "config --help", "config check --help"}) {
+    r = RunAfd(sub);
+    EXPECT_EQ(r.exit_code, 0) << sub;
+    EXPECT_NE(r.out.find("Usage"), std::string::npos) << sub;
+  }
+}
+
+TEST(Cli, TopologyJson4A2F) {
+  const Result r = RunAfd("topology --attention 4 --ffn 2 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_EQ(json::parse(r.out), json::parse(R"({"attention": 4, "ffn": 2,
+    "world": [{"rank": 0, "role": "ffn", "role_rank": 0}, {"rank": 1, "role": "ffn", "role_rank": 1},
+              {"rank": 2, "role": "attention", "role_rank": 0},
+              {"rank": 3, "role": "attention", "role_rank": 1},
+              {"rank": 4, "role": "attention", "role_rank": 2},
+              {"rank": 5, "role": "attention", "role_rank": 3}],
+    "subgroups": [{"index": 0, "members": [0, 2, 3]}, {"index": 1, "members": [1, 4, 5]}],
+    "control_plane": {"members": [0, 1, 2, 3],
+                      "routes": [{"attention": 0, "ffn": [0]}, {"attention": 1, "ffn": [1]}]}})"));
+}
+
+TEST(Cli, TopologyJson2A5F) {
+  const Result r = RunAfd("topology --attention 2 --ffn 5 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const json j = json::parse(r.out);
+  EXPECT_EQ(j["subgroups"], json::parse(R"([{"index": 0, "members": [0, 1, 2, 5]},
+                                             {"index": 1, "members": [3, 4, 6]}])"));
+  EXPECT_EQ(j["control_plane"]["members"], json::parse("[0, 1, 2, 3, 4, 5, 6]"));
+  EXPECT_EQ(j["control_plane"]["routes"], json::parse(R"([{"attention": 0, "ffn": [0, 2, 4]},
+                                                          {"attention": 1, "ffn": [1, 3]}])"));
+}
+
+TEST(Cli, TopologyTextLikeSeedWorkedExample) {
+  const Result r = RunAfd("topology --attention 4 --ffn 2");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("AFD world (port):        F0=0  F1=1  A0=2  A1=3  A2=4  A3=5"),
+            std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("subgroup 0 (prefix afd_subgroup_0):   F0(rank 0) <-> A0(rank 1), A1(rank 2)"),
+            std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("subgroup 1 (prefix afd_subgroup_1):   F1(rank 0) <-> A2(rank 1), A3(rank 2)"),
+            std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("p2p ranks:             F0=0  F1=1  A0=2  A1=3      (A2, A3 excluded)"),
+            std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("metadata flow:         A0 -> F0,   A1 -> F1"), std::string::npos) << r.out;
+}
+
+TEST(Cli, TopologyRejectsBadCounts) {
+  for (const char* args : {"topology --attention 0 --ffn 2", "topology --attention 2",
+                           "topology --attention x --ffn 1", "topology --attention 2 --ffn -1"}) {
+    const Result r = RunAfd(args);
+    EXPECT_EQ(r.exit_code, 2) << args << ": " << r.out;
+  }
+}
+
+TEST(Cli, ConfigCheckValidPrintsNormalized) {
+  const Result r = RunAfd("config check " + Quote(R"({"afd": {"afd_role": "ffn", "num_ffn_ranks": 2}})"),
+                       /*stderr_too=*/false);
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const json j = json::parse(r.out);
+  EXPECT_EQ(j["role"], "ffn");
+  EXPECT_EQ(j["num_ffn_ranks"], 2);
+  EXPECT_EQ(j["port"], 1239);
+  EXPECT_FALSE(j.contains("afd_role"));
+}
+
+TEST(Cli, ConfigCheckFile) {
+  const std::string path = testing::TempDir() + "/afd_cfg.json";
+  std::ofstream(path) << R"({"role": "attention", "port": 6239, "num_attention_ranks": 3})";
+  Result r = RunAfd("config check --file " + path, false);
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_EQ(json::parse(r.out)["num_attention_ranks"], 3);
+  r = RunAfd("config check --file /nonexistent/afd.json");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.out.find("/nonexistent/afd.json"), std::string::npos) << r.out;
+}
+
+TEST(Cli, ConfigCheckInvalidExits2NamingField) {
+  Result r = RunAfd("config check " + Quote(R"({"afd": {"port": 70000}})"));
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.out.find("afd.port"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("70000"), std::string::npos) << r.out;
+  r = RunAfd("config check " + Quote("not json"));
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.out.find("not valid JSON"), std::string::npos) << r.out;
+  r = RunAfd("config check");
+  EXPECT_EQ(r.exit_code, 2);
+}
+
+}  // namespace
