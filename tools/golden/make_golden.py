@@ -17,6 +17,8 @@ reads the saved safetensors directly; it is run with several variants of the sem
 easy to get wrong, and the max |diff| against transformers' logits of every variant is printed and
 recorded in golden.json ("reference_check"), to document which semantics transformers implements.
 
+The semantics it documents are written up in tests/data/golden/README.md.
+
 Usage:  python3 tools/golden/make_golden.py --out DIR [--cases v2_greedy_yarn,...]
 Needs torch, transformers (5.x), numpy, safetensors.  Runs on the CPU in fp32, deterministic.
 """
@@ -390,6 +392,7 @@ def ref_forward(sd, case, ids, flags, want_debug=False):
                 idx = torch.topk(sc.masked_fill(~emask, fill), k, dim=-1).indices
             idx = torch.sort(idx, dim=-1).values
             w = scores.gather(1, idx)
+            # NB transformers 5.17's V2 router never normalises (ignores norm_topk_prob); all V2 cases use False
             if c["norm_topk_prob"]:
                 w = w / (w.sum(-1, keepdim=True) + 1e-20)
                 if flags["rsf_always"]:
