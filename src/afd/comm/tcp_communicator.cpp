@@ -1,0 +1,368 @@
+#include "afd/comm/tcp_communicator.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+
+#include <cstring>
+
+#include "afd/comm/wire.h"
+#include "afd/common/error.h"
+
+namespace afd::comm {
+
+struct TcpCommunicator::Op {
+  bool is_send;
+  int peer;
+  char* buf;
+  size_t bytes;
+  DType dtype;
+  uint32_t tag;
+  MessageHeader header;  // outgoing header (send) or the one being received (recv)
+  size_t header_done = 0;
+  size_t payload_done = 0;
+  bool done() const { return header_done == sizeof(MessageHeader) && payload_done == bytes; }
+};
+
+namespace {
+constexpr uint32_t kBarrierTag = kReservedTagBase + 1;
+constexpr uint32_t kAllReduceTag = kReservedTagBase + 2;
+constexpr uint32_t kAllToAllTag = kReservedTagBase + 3;
+}  // namespace
+
+TcpCommunicator::TcpCommunicator(GroupSpec spec)
+    : spec_(std::move(spec)),
+      peers_(spec_.size),
+      send_seq_(spec_.size, 0),
+      recv_seq_(spec_.size, 0) {}
+
+TcpCommunicator::~TcpCommunicator() = default;
+
+std::string TcpCommunicator::DescribeRank(int rank) const {
+  if (rank >= 0 && rank < static_cast<int>(spec_.labels.size())) {
+    return fmt::format("rank {} ({})", rank, spec_.labels[rank]);
+  }
+  return fmt::format("rank {}", rank);
+}
+
+std::string TcpCommunicator::Where(int peer) const {
+  return fmt::format("{} of group {}", DescribeRank(peer), spec_.name);
+}
+
+std::unique_ptr<TcpCommunicator> TcpCommunicator::Create(Store& store, const GroupSpec& spec) {
+  AFD_CHECK(spec.size >= 1 && spec.rank >= 0 && spec.rank < spec.size,
+            "group {}: rank {} is out of range for size {}", spec.name, spec.rank, spec.size);
+  std::unique_ptr<TcpCommunicator> comm(new TcpCommunicator(spec));
+  if (spec.size == 1) return comm;
+  const Deadline deadline = Deadline::In(spec.timeout_s);
+  const uint32_t group_hash = HashName(spec.name.c_str());
+
+  Socket listener = Listen(spec.local_address, 0);
+  comm->spec_.local_address = spec.local_address;
+  store.Set(fmt::format("addr/{}", spec.rank),
+            fmt::format("{}:{}", spec.local_address, LocalPort(listener)));
+
+  // Connect to every lower rank.
+  for (int peer = 0; peer < spec.rank; ++peer) {
+    const std::string key = fmt::format("addr/{}", peer);
+    std::string addr;
+    try {
+      addr = store.Get(key, std::max(0.001, deadline.remaining_ms() / 1000.0));
+    } catch (const Error&) {
+      AFD_THROW("group {}: {} never published its address within {}s", spec.name,
+                comm->DescribeRank(peer), spec.timeout_s);
+    }
+    const size_t colon = addr.rfind(':');
+    Socket s = Connect(addr.substr(0, colon), std::stoi(addr.substr(colon + 1)), deadline,
+                       comm->Where(peer));
+    const HelloHeader hello{kHelloMagic, kWireVersion, 0, group_hash, spec.rank};
+    s.SendAll(&hello, sizeof(hello), deadline, comm->Where(peer));
+    comm->peers_[peer] = std::move(s);
+  }
+  // Accept every higher rank.
+  for (int n = spec.rank + 1; n < spec.size; ++n) {
+    Socket s;
+    try {
+      s = Accept(listener, deadline, "members");
+    } catch (const Error&) {
+      std::string missing;
+      for (int p = spec.rank + 1; p < spec.size; ++p) {
+        if (!comm->peers_[p].valid()) missing += (missing.empty() ? "" : ", ") + comm->DescribeRank(p);
+      }
+      AFD_THROW("group {}: timed out after {}s waiting for {} to connect to {}", spec.name,
+                spec.timeout_s, missing, comm->DescribeRank(spec.rank));
+    }
+    HelloHeader hello;
+    s.RecvAll(&hello, sizeof(hello), deadline, "a connecting member of group " + spec.name);
+    AFD_CHECK(hello.magic == kHelloMagic && hello.version == kWireVersion,
+              "group {}: a connection with a bad handshake (magic {:#x}, version {}) arrived",
+              spec.name, hello.magic, hello.version);
+    AFD_CHECK(hello.group_hash == group_hash,
+              "group {}: a member of another group connected (hash {:#x})", spec.name,
+              hello.group_hash);
+    AFD_CHECK(hello.rank > spec.rank && hello.rank < spec.size && !comm->peers_[hello.rank].valid(),
+              "group {}: unexpected or duplicate connection from rank {}", spec.name, hello.rank);
+    comm->peers_[hello.rank] = std::move(s);
+  }
+  return comm;
+}
+
+void TcpCommunicator::CheckPeer(int peer) const {
+  AFD_CHECK(!shut_down_, "group {}: used after shutdown", spec_.name);
+  AFD_CHECK(peer >= 0 && peer < spec_.size && peer != spec_.rank,
+            "group {}: peer {} is not another rank of the group (size {}, self {})", spec_.name,
+            peer, spec_.size, spec_.rank);
+}
+
+void TcpCommunicator::Enqueue(bool is_send, void* buf, size_t count, DType dtype, int peer,
+                              uint32_t tag) {
+  CheckPeer(peer);
+  Op op{};
+  op.is_send = is_send;
+  op.peer = peer;
+  op.buf = static_cast<char*>(buf);
+  op.bytes = count * DTypeSize(dtype);
+  op.dtype = dtype;
+  op.tag = tag;
+  if (is_send) {
+    op.header = MessageHeader{kMessageMagic, kWireVersion, static_cast<uint8_t>(dtype), 0, tag,
+                              0, op.bytes, send_seq_[peer]++};
+  }
+  pending_.push_back(op);
+  if (group_depth_ == 0) RunOps();
+}
+
+void TcpCommunicator::Send(const void* buf, size_t count, DType dtype, int peer, uint32_t tag) {
+  Enqueue(true, const_cast<void*>(buf), count, dtype, peer, tag);
+}
+
+void TcpCommunicator::Recv(void* buf, size_t count, DType dtype, int peer, uint32_t tag) {
+  Enqueue(false, buf, count, dtype, peer, tag);
+}
+
+void TcpCommunicator::GroupStart() { ++group_depth_; }
+
+void TcpCommunicator::GroupEnd() {
+  AFD_CHECK(group_depth_ > 0, "group {}: GroupEnd without GroupStart", spec_.name);
+  if (--group_depth_ == 0) RunOps();
+}
+
+void TcpCommunicator::RunOps() {
+  std::vector<Op> ops;
+  ops.swap(pending_);
+  const Deadline deadline = Deadline::In(spec_.timeout_s);
+  // Per peer, sends run in FIFO order and receives in FIFO order; both directions and all peers
+  // progress together.
+  const int n = spec_.size;
+  std::vector<size_t> next_send(n, SIZE_MAX), next_recv(n, SIZE_MAX);
+  auto advance = [&](std::vector<size_t>& next, int peer, bool is_send, size_t from) {
+    next[peer] = SIZE_MAX;
+    for (size_t i = from; i < ops.size(); ++i) {
+      if (ops[i].peer == peer && ops[i].is_send == is_send && !ops[i].done()) {
+        next[peer] = i;
+        return;
+      }
+    }
+  };
+  for (int p = 0; p < n; ++p) {
+    advance(next_send, p, true, 0);
+    advance(next_recv, p, false, 0);
+  }
+  auto progress_send = [&](Op& op) -> bool {
+    Socket& s = peers_[op.peer];
+    size_t moved = 0;
+    if (op.header_done < sizeof(MessageHeader)) {
+      moved = s.SendSome(reinterpret_cast<char*>(&op.header) + op.header_done,
+                         sizeof(MessageHeader) - op.header_done, Where(op.peer));
+      op.header_done += moved;
+      if (op.header_done < sizeof(MessageHeader)) return moved > 0;
+    }
+    if (op.payload_done < op.bytes) {
+      const size_t m = s.SendSome(op.buf + op.payload_done, op.bytes - op.payload_done,
+                                  Where(op.peer));
+      op.payload_done += m;
+      bytes_sent_ += m;
+      moved += m;
+    }
+    return moved > 0;
+  };
+  auto progress_recv = [&](Op& op) -> bool {
+    Socket& s = peers_[op.peer];
+    size_t moved = 0;
+    if (op.header_done < sizeof(MessageHeader)) {
+      moved = s.RecvSome(reinterpret_cast<char*>(&op.header) + op.header_done,
+                         sizeof(MessageHeader) - op.header_done, Where(op.peer));
+      op.header_done += moved;
+      if (op.header_done < sizeof(MessageHeader)) return moved > 0;
+      const MessageHeader& h = op.header;
+      AFD_CHECK(h.magic == kMessageMagic && h.version == kWireVersion,
+                "{} sent a corrupt message header (magic {:#x}, version {})", Where(op.peer),
+                h.magic, h.version);
+      AFD_CHECK(h.seq == recv_seq_[op.peer],
+                "{}: message {} arrived where message {} was expected", Where(op.peer), h.seq,
+                recv_seq_[op.peer]);
+      AFD_CHECK(h.tag == op.tag && h.dtype == static_cast<uint8_t>(op.dtype) && h.bytes == op.bytes,
+                "{} sent tag {:#x}, {} bytes of {} but this rank expected tag {:#x}, {} bytes of "
+                "{} (the ranks disagree on the step's shapes)",
+                Where(op.peer), h.tag, h.bytes, DTypeName(static_cast<DType>(h.dtype)), op.tag,
+                op.bytes, DTypeName(op.dtype));
+      ++recv_seq_[op.peer];
+    }
+    if (op.payload_done < op.bytes) {
+      const size_t m = s.RecvSome(op.buf + op.payload_done, op.bytes - op.payload_done,
+                                  Where(op.peer));
+      op.payload_done += m;
+      bytes_received_ += m;
+      moved += m;
+    }
+    return moved > 0;
+  };
+
+  while (true) {
+    bool all_done = true, progressed = false;
+    for (int p = 0; p < n; ++p) {
+      if (next_send[p] != SIZE_MAX) {
+        Op& op = ops[next_send[p]];
+        progressed |= progress_send(op);
+        if (op.done()) {
+          advance(next_send, p, true, next_send[p] + 1);
+          progressed = true;
+        }
+      }
+      if (next_recv[p] != SIZE_MAX) {
+        Op& op = ops[next_recv[p]];
+        progressed |= progress_recv(op);
+        if (op.done()) {
+          advance(next_recv, p, false, next_recv[p] + 1);
+          progressed = true;
+        }
+      }
+      all_done &= next_send[p] == SIZE_MAX && next_recv[p] == SIZE_MAX;
+    }
+    if (all_done) return;
+    if (progressed) continue;
+    std::vector<pollfd> fds;
+    for (int p = 0; p < n; ++p) {
+      short events = 0;
+      if (next_send[p] != SIZE_MAX) events |= POLLOUT;
+      if (next_recv[p] != SIZE_MAX) events |= POLLIN;
+      if (events) fds.push_back({peers_[p].fd(), events, 0});
+    }
+    const int rc = poll(fds.data(), fds.size(), deadline.remaining_ms());
+    if (rc == 0 || (rc < 0 && errno != EINTR && deadline.expired())) {
+      std::string missing;
+      for (int p = 0; p < n; ++p) {
+        if (next_recv[p] != SIZE_MAX) {
+          const Op& op = ops[next_recv[p]];
+          missing += fmt::format("; receive of {} bytes (tag {:#x}) from {}, {} bytes in",
+                                 op.bytes, op.tag, DescribeRank(p),
+                                 op.payload_done + op.header_done);
+        }
+        if (next_send[p] != SIZE_MAX) {
+          const Op& op = ops[next_send[p]];
+          missing += fmt::format("; send of {} bytes (tag {:#x}) to {}, {} bytes out", op.bytes,
+                                 op.tag, DescribeRank(p), op.payload_done);
+        }
+      }
+      AFD_THROW("group {}: {} timed out after {}s; still pending{}", spec_.name,
+                DescribeRank(spec_.rank), spec_.timeout_s, missing);
+    }
+  }
+}
+
+bool TcpCommunicator::WaitReadable(int peer, double timeout_s) {
+  CheckPeer(peer);
+  pollfd p{peers_[peer].fd(), POLLIN, 0};
+  const int rc = poll(&p, 1, Deadline::In(timeout_s).remaining_ms());
+  if (rc <= 0) return false;
+  char c;
+  const ssize_t n = ::recv(peers_[peer].fd(), &c, 1, MSG_PEEK);
+  if (n == 0) AFD_THROW("{} closed the connection (process exited or shut down)", Where(peer));
+  if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+    AFD_THROW("lost connection to {}: {}", Where(peer), std::strerror(errno));
+  }
+  return n > 0;
+}
+
+void TcpCommunicator::Barrier() {
+  GroupStart();
+  for (int p = 0; p < spec_.size; ++p) {
+    if (p == spec_.rank) continue;
+    Enqueue(true, nullptr, 0, DType::kU8, p, kBarrierTag);
+    Enqueue(false, nullptr, 0, DType::kU8, p, kBarrierTag);
+  }
+  GroupEnd();
+}
+
+void TcpCommunicator::AllReduce(void* buf, size_t count, DType dtype, ReduceOp op) {
+  AFD_CHECK(op == ReduceOp::kSum, "group {}: only sum all-reduce is supported", spec_.name);
+  AFD_CHECK(dtype == DType::kF32 || dtype == DType::kI64,
+            "group {}: all-reduce supports float32 and int64, not {}", spec_.name,
+            DTypeName(dtype));
+  if (spec_.size == 1) return;
+  const size_t bytes = count * DTypeSize(dtype);
+  // Gather every rank's contribution, then sum in rank order on every rank.
+  std::vector<char> all(bytes * spec_.size);
+  std::memcpy(all.data() + bytes * spec_.rank, buf, bytes);
+  GroupStart();
+  for (int p = 0; p < spec_.size; ++p) {
+    if (p == spec_.rank) continue;
+    Enqueue(false, all.data() + bytes * p, count, dtype, p, kAllReduceTag);
+    Enqueue(true, buf, count, dtype, p, kAllReduceTag);
+  }
+  GroupEnd();
+  if (dtype == DType::kF32) {
+    float* out = static_cast<float*>(buf);
+    const float* in = reinterpret_cast<const float*>(all.data());
+    for (size_t i = 0; i < count; ++i) {
+      float s = in[i];
+      for (int p = 1; p < spec_.size; ++p) s += in[p * count + i];
+      out[i] = s;
+    }
+  } else {
+    int64_t* out = static_cast<int64_t*>(buf);
+    const int64_t* in = reinterpret_cast<const int64_t*>(all.data());
+    for (size_t i = 0; i < count; ++i) {
+      int64_t s = in[i];
+      for (int p = 1; p < spec_.size; ++p) s += in[p * count + i];
+      out[i] = s;
+    }
+  }
+}
+
+void TcpCommunicator::AllToAllV(const void* send, const std::vector<size_t>& send_counts,
+                                void* recv, const std::vector<size_t>& recv_counts, DType dtype) {
+  const int n = spec_.size;
+  AFD_CHECK(static_cast<int>(send_counts.size()) == n && static_cast<int>(recv_counts.size()) == n,
+            "group {}: all-to-all needs {} send and receive counts, got {} and {}", spec_.name, n,
+            send_counts.size(), recv_counts.size());
+  AFD_CHECK(send_counts[spec_.rank] == recv_counts[spec_.rank],
+            "group {}: all-to-all sends {} elements to itself but expects {}", spec_.name,
+            send_counts[spec_.rank], recv_counts[spec_.rank]);
+  const size_t es = DTypeSize(dtype);
+  const char* s = static_cast<const char*>(send);
+  char* r = static_cast<char*>(recv);
+  size_t send_off = 0, recv_off = 0;
+  GroupStart();
+  for (int p = 0; p < n; ++p) {
+    if (p == spec_.rank) {
+      std::memcpy(r + recv_off * es, s + send_off * es, send_counts[p] * es);
+    } else {
+      Enqueue(false, r + recv_off * es, recv_counts[p], dtype, p, kAllToAllTag);
+      Enqueue(true, const_cast<char*>(s + send_off * es), send_counts[p], dtype, p, kAllToAllTag);
+    }
+    send_off += send_counts[p];
+    recv_off += recv_counts[p];
+  }
+  GroupEnd();
+}
+
+void TcpCommunicator::Shutdown() {
+  shut_down_ = true;
+  pending_.clear();
+  for (auto& s : peers_) {
+    if (s.valid()) ::shutdown(s.fd(), SHUT_RDWR);
+    s.Close();
+  }
+}
+
+}  // namespace afd::comm

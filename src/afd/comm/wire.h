@@ -1,0 +1,42 @@
+// Wire format of the host transport (TcpCommunicator). Little-endian; documented in
+// docs/wire_formats.md. Every message on a connection is a MessageHeader followed by `bytes`
+// payload bytes. The connection handshake is one HelloHeader from the connecting rank.
+#pragma once
+
+#include <cstdint>
+
+namespace afd::comm {
+
+inline constexpr uint32_t kMessageMagic = 0x4D444641;  // "AFDM"
+inline constexpr uint32_t kHelloMagic = 0x48444641;    // "AFDH"
+inline constexpr uint16_t kWireVersion = 1;
+
+struct MessageHeader {
+  uint32_t magic;    // kMessageMagic
+  uint16_t version;  // kWireVersion
+  uint8_t dtype;     // afd::DType
+  uint8_t reserved0;
+  uint32_t tag;      // caller's tag (connector: layer/stage), or a reserved collective tag
+  uint32_t reserved1;
+  uint64_t bytes;    // payload size
+  uint64_t seq;      // per (sender, receiver) message counter, starting at 0
+};
+static_assert(sizeof(MessageHeader) == 32, "MessageHeader is 32 bytes on the wire");
+
+struct HelloHeader {
+  uint32_t magic;       // kHelloMagic
+  uint16_t version;     // kWireVersion
+  uint16_t reserved;
+  uint32_t group_hash;  // FNV-1a of the group name: a connection to the wrong group is refused
+  int32_t rank;         // the connecting rank inside the group
+};
+static_assert(sizeof(HelloHeader) == 16, "HelloHeader is 16 bytes on the wire");
+
+// FNV-1a, 32 bit.
+constexpr uint32_t HashName(const char* s) {
+  uint32_t h = 2166136261u;
+  for (; *s; ++s) h = (h ^ static_cast<uint8_t>(*s)) * 16777619u;
+  return h;
+}
+
+}  // namespace afd::comm
