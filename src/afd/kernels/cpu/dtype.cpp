@@ -1,0 +1,74 @@
+#include "afd/kernels/cpu/dtype.h"
+
+#include "afd/common/error.h"
+
+namespace afd::kernels {
+
+int DTypeSize(DType t) { return t == DType::kF32 ? 4 : 2; }
+
+const char* DTypeName(DType t) {
+  switch (t) {
+    case DType::kF32:
+      return "F32";
+    case DType::kBf16:
+      return "BF16";
+    case DType::kF16:
+      return "F16";
+  }
+  return "?";
+}
+
+uint16_t F32ToBf16(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof bits);
+  if ((bits & 0x7f800000u) == 0x7f800000u && (bits & 0x007fffffu) != 0) {
+    return static_cast<uint16_t>((bits >> 16) | 0x0040u);  // quiet NaN
+  }
+  const uint32_t rounding = 0x7fffu + ((bits >> 16) & 1u);
+  return static_cast<uint16_t>((bits + rounding) >> 16);
+}
+
+float F16ToF32(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  uint32_t exp = (h >> 10) & 0x1fu;
+  uint32_t mant = h & 0x3ffu;
+  uint32_t bits;
+  if (exp == 0x1f) {
+    bits = sign | 0x7f800000u | (mant << 13);
+  } else if (exp != 0) {
+    bits = sign | ((exp + 112u) << 23) | (mant << 13);
+  } else if (mant == 0) {
+    bits = sign;
+  } else {  // subnormal half: normalise
+    exp = 113;
+    while ((mant & 0x400u) == 0) {
+      mant <<= 1;
+      --exp;
+    }
+    bits = sign | (exp << 23) | ((mant & 0x3ffu) << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+void ConvertToF32(DType src_type, const void* src, int64_t count, float* dst) {
+  switch (src_type) {
+    case DType::kF32:
+      std::memcpy(dst, src, count * sizeof(float));
+      return;
+    case DType::kBf16: {
+      const auto* s = static_cast<const uint16_t*>(src);
+      for (int64_t i = 0; i < count; ++i) dst[i] = Bf16ToF32(s[i]);
+      return;
+    }
+    case DType::kF16: {
+      const auto* s = static_cast<const uint16_t*>(src);
+      for (int64_t i = 0; i < count; ++i) dst[i] = F16ToF32(s[i]);
+      return;
+    }
+  }
+  AFD_THROW("ConvertToF32: unknown dtype");
+}
+
+}  // namespace afd::kernels
