@@ -18,6 +18,7 @@ int main(int argc, char** argv) {
   int exit_code = 0;
   afd::cli::AddTopologyCommand(app, exit_code);
   afd::cli::AddConfigCommand(app, exit_code);
+  afd::cli::AddConnectorTestCommand(app, exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {  // --help, --version

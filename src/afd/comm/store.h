@@ -87,6 +87,8 @@ class TcpStoreServer {
   TcpStoreServer& operator=(const TcpStoreServer&) = delete;
 
   int port() const { return port_; }
+  // Clients connected right now.
+  int num_clients() const { return num_clients_.load(); }
 
  private:
   void Serve();
@@ -95,6 +97,7 @@ class TcpStoreServer {
   int port_;
   int wake_fd_[2] = {-1, -1};  // pipe that stops the serving thread
   std::thread thread_;
+  std::atomic<int> num_clients_{0};
 };
 
 }  // namespace afd::comm

@@ -232,6 +232,7 @@ void TcpStoreServer::Serve() {
       if (drop) c.socket.Close();
     }
     std::erase_if(clients, [](const Client& c) { return !c.socket.valid(); });
+    num_clients_.store(static_cast<int>(clients.size()));
   }
 }
 

@@ -1,0 +1,339 @@
+// `afd connector-test`: runs one role process of a P2P connector round trip, like nccl-tests:
+// every row encodes (sender rank, token index, layer, stage, step), the FFN side checks where
+// each row came from and in which order, applies a known function, and the attention side
+// checks the result. With --bench it times round trips instead (docs/perf.md).
+#include <fmt/format.h>
+#include <signal.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <numeric>
+#include <sstream>
+
+#include "afd/cli/commands.h"
+#include "afd/comm/afd_world.h"
+#include "afd/common/error.h"
+#include "afd/config/afd_config.h"
+#include "afd/connector/p2p_connector.h"
+
+namespace afd::cli {
+
+namespace {
+
+using connector::P2pConnector;
+using connector::RowFormat;
+using connector::StepMetadata;
+
+struct Args {
+  std::string additional_config;
+  int role_rank = 0;
+  int layers = 3;
+  int stages = 2;
+  int steps = 3;
+  int64_t hidden = 64;
+  std::string dtype = "f32";
+  int max_rows = 13;
+  int die_at_step = -1;
+  bool bench = false;
+  std::string bench_rows = "1,16,128,512";
+  int iters = 20;
+};
+
+// Rows that attention rank a sends in (step, stage): deterministic, includes zeros.
+int64_t TestRows(const Args& args, int step, int stage, int a) {
+  return (step * 7 + stage * 3 + a * 5 + 1) % (args.max_rows + 1);
+}
+
+// Element c of the row (sender, token) of (step, layer, stage), as a raw integer of the wire
+// dtype's width. The FFN function is y = 3x + 1 (mod 2^bits), exact for any width.
+uint32_t Encode(int sender, int64_t token, int step, int layer, int stage, int64_t c) {
+  switch (c) {
+    case 0: return sender;
+    case 1: return static_cast<uint32_t>(token);
+    case 2: return layer;
+    case 3: return stage;
+    case 4: return step;
+    default:
+      return static_cast<uint32_t>(sender * 131 + token * 31 + c * 7 + layer * 17 + stage * 5);
+  }
+}
+uint32_t FfnFunction(uint32_t x) { return 3 * x + 1; }
+
+// Typed access to raw rows of width 2 (bf16 bits) or 4 (f32 bits) bytes.
+struct RawRows {
+  char* data;
+  size_t width;
+  uint32_t mask() const { return width == 2 ? 0xFFFFu : 0xFFFFFFFFu; }
+  uint32_t get(int64_t i) const {
+    if (width == 2) return reinterpret_cast<uint16_t*>(data)[i];
+    return reinterpret_cast<uint32_t*>(data)[i];
+  }
+  void set(int64_t i, uint32_t v) const {
+    if (width == 2) {
+      reinterpret_cast<uint16_t*>(data)[i] = static_cast<uint16_t>(v);
+    } else {
+      reinterpret_cast<uint32_t*>(data)[i] = v;
+    }
+  }
+};
+
+StepMetadata MakeMetadata(const Args& args, int step, int num_attention, uint32_t flags) {
+  StepMetadata m;
+  m.step = step;
+  m.flags = flags;
+  m.num_stages = args.stages;
+  m.num_attention_ranks = num_attention;
+  for (int s = 0; s < args.stages; ++s) {
+    for (int a = 0; a < num_attention; ++a) {
+      m.token_counts.push_back(flags & connector::kShutdown ? 0 : TestRows(args, step, s, a));
+    }
+  }
+  return m;
+}
+
+nlohmann::json StatsJson(const P2pConnector& c) {
+  nlohmann::json layers = nlohmann::json::array();
+  for (const auto& [layer, s] : c.stats()) {
+    layers.push_back({{"layer", layer}, {"messages", s.messages}, {"bytes", s.bytes},
+                      {"seconds", s.seconds}});
+  }
+  return layers;
+}
+
+void RunAttention(const Args& args, comm::AfdWorld& world, P2pConnector& conn,
+                  nlohmann::json& report) {
+  const RowFormat fmt = conn.hidden_format();
+  const RawRows probe{nullptr, DTypeSize(fmt.dtype)};
+  const int me = world.self().rank;
+  const int A = world.topology().num_attention();
+  int64_t checked = 0;
+  for (int step = 0; step < args.steps; ++step) {
+    if (step == args.die_at_step) raise(SIGKILL);
+    const StepMetadata meta = MakeMetadata(args, step, A, 0);
+    conn.control_plane().Send(meta);
+    for (int layer = 0; layer < args.layers; ++layer) {
+      for (int stage = 0; stage < args.stages; ++stage) {
+        const int64_t n = meta.tokens(stage, me);
+        std::vector<char> in(n * fmt.row_bytes()), out(n * fmt.row_bytes());
+        const RawRows rin{in.data(), probe.width}, rout{out.data(), probe.width};
+        for (int64_t t = 0; t < n; ++t) {
+          for (int64_t c = 0; c < fmt.elems_per_row; ++c) {
+            rin.set(t * fmt.elems_per_row + c, Encode(me, t, step, layer, stage, c) & rin.mask());
+          }
+        }
+        conn.SendToFfn(layer, stage, 0, fmt, in.data(), n);
+        conn.RecvFromFfn(layer, stage, fmt, out.data(), n);
+        for (int64_t i = 0; i < n * fmt.elems_per_row; ++i) {
+          const uint32_t want = FfnFunction(rin.get(i)) & rin.mask();
+          AFD_CHECK(rout.get(i) == want,
+                    "step {} layer {} stage {}: output row {} element {} is {:#x}, expected "
+                    "{:#x}",
+                    step, layer, stage, i / fmt.elems_per_row, i % fmt.elems_per_row,
+                    rout.get(i), want);
+        }
+        checked += n;
+      }
+    }
+  }
+  conn.control_plane().Send(MakeMetadata(args, args.steps, A, connector::kShutdown));
+  report["rows_checked"] = checked;
+}
+
+void RunFfn(const Args& args, comm::AfdWorld& world, P2pConnector& conn, nlohmann::json& report) {
+  const Topology& t = world.topology();
+  const RowFormat fmt = conn.hidden_format();
+  const size_t width = DTypeSize(fmt.dtype);
+  const int g = t.SubgroupOf(world.self());
+  const RankRange attn = t.AttentionRanksOf(g), ffn = t.FfnRanksOf(g);
+  int64_t checked = 0;
+  int steps = 0;
+  const Deadline idle_deadline = Deadline::In(world.config().afd_process_group_timeout_s);
+  while (true) {
+    std::optional<StepMetadata> meta = conn.control_plane().Recv(0.2);
+    if (!meta) {
+      world.CheckAbort();
+      AFD_CHECK(!idle_deadline.expired(), "no step metadata arrived within {}s",
+                world.config().afd_process_group_timeout_s);
+      continue;
+    }
+    if (meta->has(connector::kShutdown)) break;
+    if (static_cast<int>(meta->step) == args.die_at_step) raise(SIGKILL);
+    ++steps;
+    for (int layer = 0; layer < args.layers; ++layer) {
+      for (int stage = 0; stage < meta->num_stages; ++stage) {
+        const std::vector<int64_t> counts = conn.IncomingRowCounts(*meta, stage);
+        const int64_t total = std::accumulate(counts.begin(), counts.end(), int64_t{0});
+        std::vector<char> rows(total * fmt.row_bytes());
+        conn.RecvFromAttention(layer, stage, 0, fmt, *meta, rows.data());
+        const RawRows r{rows.data(), width};
+        // Which (sender, token) each row must be, in subgroup order.
+        int64_t row = 0;
+        for (size_t p = 0; p < counts.size(); ++p) {
+          int sender = attn.begin + static_cast<int>(p);
+          int64_t first_token = 0;
+          if (t.HubRole() == Role::kAttention) {
+            sender = attn.begin;
+            first_token = SplitOffset(meta->tokens(stage, sender), ffn.size(),
+                                      world.self().rank - ffn.begin);
+          }
+          for (int64_t k = 0; k < counts[p]; ++k, ++row) {
+            for (int64_t c = 0; c < fmt.elems_per_row; ++c) {
+              const uint32_t want = Encode(sender, first_token + k, static_cast<int>(meta->step),
+                                           layer, stage, c) & r.mask();
+              AFD_CHECK(r.get(row * fmt.elems_per_row + c) == want,
+                        "step {} layer {} stage {}: row {} element {} is {:#x}; expected token "
+                        "{} of attention rank {} ({:#x})",
+                        meta->step, layer, stage, row, c, r.get(row * fmt.elems_per_row + c),
+                        first_token + k, sender, want);
+            }
+          }
+        }
+        for (int64_t i = 0; i < total * fmt.elems_per_row; ++i) {
+          r.set(i, FfnFunction(r.get(i)) & r.mask());
+        }
+        conn.SendToAttention(layer, stage, fmt, *meta, rows.data());
+        checked += total;
+      }
+    }
+  }
+  report["steps"] = steps;
+  report["rows_checked"] = checked;
+}
+
+// Round-trip latency per layer for each row count; the FFN side echoes rows unchanged.
+void RunBench(const Args& args, comm::AfdWorld& world, P2pConnector& conn,
+              nlohmann::json& report) {
+  std::vector<int64_t> sizes;
+  std::stringstream ss(args.bench_rows);
+  for (std::string item; std::getline(ss, item, ',');) sizes.push_back(std::stoll(item));
+  const RowFormat fmt = conn.hidden_format();
+  const int A = world.topology().num_attention();
+  nlohmann::json results = nlohmann::json::array();
+  uint64_t step = 0;
+  for (int64_t n : sizes) {
+    std::vector<double> us;
+    for (int it = 0; it < args.iters + 2; ++it, ++step) {
+      StepMetadata meta;
+      meta.step = step;
+      meta.num_stages = 1;
+      meta.num_attention_ranks = A;
+      meta.token_counts.assign(A, n);
+      if (world.self().role == Role::kAttention) {
+        std::vector<char> in(n * fmt.row_bytes(), 1), out(n * fmt.row_bytes());
+        conn.control_plane().Send(meta);
+        const auto start = std::chrono::steady_clock::now();
+        conn.SendToFfn(0, 0, 0, fmt, in.data(), n);
+        conn.RecvFromFfn(0, 0, fmt, out.data(), n);
+        const double t = std::chrono::duration<double, std::micro>(
+                             std::chrono::steady_clock::now() - start).count();
+        if (it >= 2) us.push_back(t);  // two warm-up iterations
+      } else {
+        std::optional<StepMetadata> m = conn.control_plane().Recv(
+            world.config().afd_process_group_timeout_s);
+        AFD_CHECK(m.has_value(), "bench: no metadata arrived");
+        const std::vector<int64_t> counts = conn.IncomingRowCounts(*m, 0);
+        std::vector<char> rows(std::accumulate(counts.begin(), counts.end(), int64_t{0}) *
+                               fmt.row_bytes());
+        conn.RecvFromAttention(0, 0, 0, fmt, *m, rows.data());
+        conn.SendToAttention(0, 0, fmt, *m, rows.data());
+      }
+    }
+    if (!us.empty()) {
+      std::sort(us.begin(), us.end());
+      results.push_back({{"rows", n},
+                         {"bytes_each_way", n * fmt.row_bytes()},
+                         {"median_us", us[us.size() / 2]},
+                         {"p10_us", us[us.size() / 10]},
+                         {"p90_us", us[us.size() * 9 / 10]}});
+    }
+  }
+  if (world.self().role == Role::kAttention) {
+    StepMetadata stop;
+    stop.step = step;
+    stop.flags = connector::kShutdown;
+    stop.num_attention_ranks = A;
+    stop.token_counts.assign(A, 0);
+    conn.control_plane().Send(stop);
+  } else {
+    std::optional<StepMetadata> m =
+        conn.control_plane().Recv(world.config().afd_process_group_timeout_s);
+    AFD_CHECK(m && m->has(connector::kShutdown), "bench: expected the shutdown step");
+  }
+  report["bench"] = results;
+}
+
+}  // namespace
+
+void AddConnectorTestCommand(CLI::App& app, int& exit_code) {
+  auto* cmd = app.add_subcommand(
+      "connector-test",
+      "Run one role process of a P2P connector round trip (checks every row's origin), or "
+      "--bench it. Start one process per rank with the same --additional-config.");
+  auto args = std::make_shared<Args>();
+  cmd->add_option("--additional-config", args->additional_config,
+                  "JSON with an \"afd\" object (role, host, port, rank counts, connector)")
+      ->required();
+  cmd->add_option("--role-rank", args->role_rank, "This process's rank within its role")
+      ->check(CLI::NonNegativeNumber)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  cmd->add_option("--layers", args->layers, "MoE layers per step")->check(CLI::Range(1, 1000));
+  cmd->add_option("--stages", args->stages, "Stages (micro-batches) per layer")
+      ->check(CLI::Range(1, connector::kMaxStages));
+  cmd->add_option("--steps", args->steps, "Steps")->check(CLI::Range(0, 1000000));
+  cmd->add_option("--hidden", args->hidden, "Elements per row (>= 6)")
+      ->check(CLI::Range(int64_t{6}, int64_t{1} << 20));
+  cmd->add_option("--dtype", args->dtype, "Row dtype on the wire")
+      ->check(CLI::IsMember({"f32", "bf16"}));
+  cmd->add_option("--max-rows", args->max_rows, "Largest per-rank row count in a stage")
+      ->check(CLI::Range(0, 1 << 20));
+  cmd->add_option("--die-at-step", args->die_at_step,
+                  "Kill this process (SIGKILL) at that step: for failure tests");
+  cmd->add_flag("--bench", args->bench, "Time round trips instead of checking rows");
+  cmd->add_option("--bench-rows", args->bench_rows, "Row counts to time, comma-separated");
+  cmd->add_option("--iters", args->iters, "Timed iterations per row count")
+      ->check(CLI::Range(1, 100000));
+  cmd->callback([args, &exit_code] {
+    AfdConfig config;
+    std::string who = "connector-test";
+    try {
+      config = ParseAfdConfig(args->additional_config);
+    } catch (const Error& e) {
+      std::cerr << "afd connector-test: invalid --additional-config: " << e.what() << "\n";
+      exit_code = 2;
+      return;
+    }
+    who = fmt::format("{} rank {}", RoleName(config.role), args->role_rank);
+    std::unique_ptr<comm::AfdWorld> world;
+    try {
+      comm::JoinRequest req{config, args->role_rank, args->hidden,
+                            args->dtype == "bf16" ? DType::kBF16 : DType::kF32};
+      world = comm::AfdWorld::Join(req);
+      P2pConnector conn(*world);
+      nlohmann::json report = {{"role", std::string(RoleName(config.role))},
+                               {"role_rank", args->role_rank},
+                               {"world_rank", world->world_rank()},
+                               {"address", world->local_address()}};
+      if (args->bench) {
+        RunBench(*args, *world, conn, report);
+      } else if (config.role == Role::kAttention) {
+        RunAttention(*args, *world, conn, report);
+      } else {
+        RunFfn(*args, *world, conn, report);
+      }
+      // Everyone finishes together, so a rank that died anywhere is reported everywhere.
+      world->Barrier("connector-test-done");
+      report["layers"] = StatsJson(conn);
+      std::cout << report.dump() << std::endl;
+      exit_code = 0;
+    } catch (const Error& e) {
+      if (world) world->Abort(fmt::format("{} failed: {}", who, e.what()));
+      std::cerr << "afd connector-test: " << who << ": error: " << e.what() << std::endl;
+      exit_code = 1;
+    }
+  });
+}
+
+}  // namespace afd::cli

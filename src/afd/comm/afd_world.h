@@ -1,0 +1,94 @@
+// Joining an AFD deployment: the rendezvous, the join checks and the process groups.
+//
+// Join(): world rank 0 (FFN rank 0) serves the rendezvous store on the configured port; every
+// rank connects to it, claims its (role, role rank) -- a second claimant is named and fails --,
+// publishes a fingerprint of what all ranks must agree on (host, port, rank counts, connector,
+// gate placement, hidden size, dtype), and waits until every rank of the topology has joined.
+// Any disagreement fails the join on every rank that sees it, naming the field, the two values
+// and the two ranks, and is broadcast through an abort key so the others fail fast too. At
+// timeout the error lists the ranks that never arrived.
+//
+// CreateGroup(): a communicator over any set of world ranks, keyed by name in the store (data
+// plane subgroups "afd_subgroup_<g>", control plane "p2p", later attention TP and FFN EP groups).
+//
+// Thread safety: one thread at a time.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "afd/comm/communicator.h"
+#include "afd/comm/store.h"
+#include "afd/comm/tcp_communicator.h"
+#include "afd/common/dtype.h"
+#include "afd/config/afd_config.h"
+#include "afd/topology/topology.h"
+
+namespace afd::comm {
+
+struct JoinRequest {
+  AfdConfig config;
+  int role_rank = 0;         // this process's rank within config.role
+  int64_t hidden_size = 0;   // model hidden size, must agree across ranks
+  DType dtype = DType::kF32; // dtype of hidden states on the wire
+};
+
+// Creates a communicator for a group; the default makes TcpCommunicators. The NCCL build passes
+// one that makes NcclCommunicators.
+using CommunicatorFactory =
+    std::function<std::unique_ptr<Communicator>(Store& group_store, const GroupSpec& spec)>;
+
+class AfdWorld {
+ public:
+  // Joins; throws afd::Error as described above. Every wait is bounded by
+  // config.afd_process_group_timeout_s.
+  static std::unique_ptr<AfdWorld> Join(const JoinRequest& request,
+                                        CommunicatorFactory factory = nullptr);
+  ~AfdWorld();
+
+  const Topology& topology() const { return topology_; }
+  const AfdConfig& config() const { return request_.config; }
+  RoleRank self() const { return {request_.config.role, request_.role_rank}; }
+  int world_rank() const { return world_rank_; }
+  int64_t hidden_size() const { return request_.hidden_size; }
+  DType dtype() const { return request_.dtype; }
+  // The address this process publishes (its interface toward the rendezvous host).
+  const std::string& local_address() const { return local_address_; }
+  Store& store() { return *client_; }
+
+  // "world rank 3 (attention 1)".
+  std::string Describe(int world_rank) const;
+
+  // Collective over `members` (world ranks, in group-rank order; must include this process).
+  std::unique_ptr<Communicator> CreateGroup(const std::string& name,
+                                            const std::vector<int>& members);
+
+  // Publishes an abort message so ranks still joining, forming groups, idle or in a barrier
+  // fail fast, naming the root cause. The first message wins.
+  void Abort(const std::string& message);
+  // Throws afd::Error carrying the abort message if any rank has aborted.
+  void CheckAbort();
+  // Waits until every world rank reaches the barrier `name` (store-based). Throws on abort, or
+  // at timeout naming the ranks that never arrived.
+  void Barrier(const std::string& name);
+
+ private:
+  AfdWorld(JoinRequest request, CommunicatorFactory factory);
+  void VerifyJoin();
+
+  JoinRequest request_;
+  CommunicatorFactory factory_;
+  Topology topology_;
+  int world_rank_;
+  std::string local_address_;
+  std::unique_ptr<TcpStoreServer> server_;  // world rank 0 only
+  std::unique_ptr<TcpStoreClient> client_;
+};
+
+// The fingerprint fields in a fixed order, as (name, value) pairs. Exposed for tests.
+std::vector<std::pair<std::string, std::string>> JoinFingerprint(const JoinRequest& request);
+
+}  // namespace afd::comm

@@ -1,0 +1,100 @@
+#include "afd/common/subprocess.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "afd/common/error.h"
+
+extern char** environ;
+
+namespace afd {
+
+Subprocess::Subprocess(std::vector<std::string> argv, const std::string& log_path) {
+  AFD_CHECK(!argv.empty(), "subprocess: empty command line");
+  std::vector<char*> args;
+  for (auto& a : argv) args.push_back(a.data());
+  args.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  if (!log_path.empty()) {
+    posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, log_path.c_str(),
+                                     O_WRONLY | O_CREAT | O_APPEND, 0644);
+    posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
+  }
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);
+  posix_spawnattr_setpgroup(&attr, 0);
+  const int rc = posix_spawnp(&pid_, args[0], &actions, &attr, args.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  posix_spawnattr_destroy(&attr);
+  AFD_CHECK(rc == 0, "cannot start {}: {}", argv[0], std::strerror(rc));
+}
+
+Subprocess::~Subprocess() {
+  if (!Poll()) {
+    Kill(SIGKILL);
+    int status;
+    waitpid(pid_, &status, 0);
+  }
+}
+
+std::optional<int> Subprocess::Poll() {
+  if (status_) return status_;
+  int status = 0;
+  const pid_t r = waitpid(pid_, &status, WNOHANG);
+  if (r == pid_) {
+    status_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  } else if (r < 0 && errno == ECHILD) {
+    status_ = 255;  // reaped elsewhere; treat as failed
+  }
+  return status_;
+}
+
+std::optional<int> Subprocess::Wait(const Deadline& deadline) {
+  while (!Poll()) {
+    if (deadline.expired()) return std::nullopt;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return status_;
+}
+
+void Subprocess::Kill(int signal) {
+  if (status_) return;
+  ::kill(-pid_, signal);  // the whole process group
+  ::kill(pid_, signal);
+}
+
+int WaitAllOrFirstFailure(std::vector<Subprocess*>& children, const Deadline& deadline) {
+  while (true) {
+    bool all_done = true;
+    for (size_t i = 0; i < children.size(); ++i) {
+      const std::optional<int> s = children[i]->Poll();
+      if (s && *s != 0) {
+        for (auto* c : children) c->Kill(SIGKILL);
+        return static_cast<int>(i);
+      }
+      all_done &= s.has_value();
+    }
+    if (all_done) return -1;
+    if (deadline.expired()) {
+      int first = -1;
+      for (size_t i = 0; i < children.size(); ++i) {
+        if (!children[i]->Poll() && first < 0) first = static_cast<int>(i);
+        children[i]->Kill(SIGKILL);
+      }
+      return first;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
+}  // namespace afd

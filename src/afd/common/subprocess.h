@@ -1,0 +1,44 @@
+// Child processes for launchers and multi-process tests: spawn with output to a file, wait with
+// a deadline, kill whatever is left. No child outlives its Subprocess object.
+//
+// Thread safety: one thread at a time per object.
+#pragma once
+
+#include <sys/types.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "afd/common/deadline.h"
+
+namespace afd {
+
+class Subprocess {
+ public:
+  // Starts argv[0] (searched in PATH) with stdout and stderr appended to `log_path`
+  // ("" = inherit). The child gets its own process group so kills reach its children too.
+  // Throws afd::Error when the program cannot be started.
+  Subprocess(std::vector<std::string> argv, const std::string& log_path);
+  ~Subprocess();  // kills (SIGKILL) and reaps the child if it is still running
+  Subprocess(const Subprocess&) = delete;
+  Subprocess& operator=(const Subprocess&) = delete;
+
+  pid_t pid() const { return pid_; }
+  // Exit status if the child has ended: the exit code, or 128 + signal number.
+  std::optional<int> Poll();
+  // Waits until the child ends or the deadline passes; returns the status or nullopt.
+  std::optional<int> Wait(const Deadline& deadline);
+  void Kill(int signal);
+
+ private:
+  pid_t pid_ = -1;
+  std::optional<int> status_;
+};
+
+// Waits for all children; returns when every one has ended, or when one fails (non-zero status)
+// or the deadline passes -- then the rest are killed. Returns the index of the first failure
+// (or of the first child still running at the deadline), or -1 when all succeeded.
+int WaitAllOrFirstFailure(std::vector<Subprocess*>& children, const Deadline& deadline);
+
+}  // namespace afd

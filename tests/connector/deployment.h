@@ -1,0 +1,70 @@
+// Test helper: starts one `afd connector-test` process per rank of an xAyF deployment on this
+// host, with logs in the test's temp dir.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "afd/comm/socket.h"
+#include "afd/common/subprocess.h"
+
+namespace afd::testing_util {
+
+// A port that was free a moment ago.
+inline int FreePort() {
+  comm::Socket s = comm::Listen("127.0.0.1", 0);
+  return comm::LocalPort(s);
+}
+
+inline std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+struct RankProcess {
+  std::string label;  // "ffn 0", "attention 2"
+  std::string log;
+  std::unique_ptr<Subprocess> process;
+};
+
+inline std::string AfdJson(const std::string& role, int port, int A, int F, int timeout_s,
+                           const std::string& extra = "") {
+  return "{\"afd\": {\"role\": \"" + role + "\", \"connector\": \"P2pHostAFDConnector\", " +
+         "\"host\": \"127.0.0.1\", \"port\": " + std::to_string(port) +
+         ", \"num_attention_ranks\": " + std::to_string(A) +
+         ", \"num_ffn_ranks\": " + std::to_string(F) +
+         ", \"afd_process_group_timeout_s\": " + std::to_string(timeout_s) + extra + "}}";
+}
+
+// Starts F FFN then A attention processes. extra_args(role, rank) adds per-rank flags.
+template <typename ExtraArgs>
+std::vector<RankProcess> StartDeployment(int A, int F, int timeout_s, const std::string& tag,
+                                         ExtraArgs extra_args) {
+  const int port = FreePort();
+  std::vector<RankProcess> procs;
+  for (const std::string role : {"ffn", "attention"}) {
+    const int n = role == "ffn" ? F : A;
+    for (int r = 0; r < n; ++r) {
+      std::vector<std::string> argv = {AFD_BINARY,          "connector-test",
+                                       "--additional-config", AfdJson(role, port, A, F, timeout_s),
+                                       "--role-rank",         std::to_string(r)};
+      for (const auto& a : extra_args(role, r)) argv.push_back(a);
+      RankProcess p;
+      p.label = role + " " + std::to_string(r);
+      p.log = ::testing::TempDir() + "/" + tag + "_" + role + std::to_string(r) + ".log";
+      std::remove(p.log.c_str());
+      p.process = std::make_unique<Subprocess>(argv, p.log);
+      procs.push_back(std::move(p));
+    }
+  }
+  return procs;
+}
+
+}  // namespace afd::testing_util
