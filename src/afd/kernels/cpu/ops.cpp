@@ -54,6 +54,19 @@ void LogSoftmax(const float* x, int64_t count, float* out) {
   for (int64_t i = 0; i < count; ++i) out[i] = static_cast<float>(x[i] - log_sum);
 }
 
+float Dot(const float* a, const float* b, int64_t count) {
+  constexpr int kLanes = 16;
+  float acc[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= count; i += kLanes) {
+    for (int j = 0; j < kLanes; ++j) acc[j] += a[i + j] * b[i + j];
+  }
+  for (int j = 0; i < count; ++i, ++j) acc[j] += a[i] * b[i];
+  float sum = 0.0f;
+  for (int j = 0; j < kLanes; ++j) sum += acc[j];
+  return sum;
+}
+
 void AddInPlace(float* y, const float* x, int64_t count) {
   for (int64_t i = 0; i < count; ++i) y[i] += x[i];
 }

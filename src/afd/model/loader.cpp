@@ -1,0 +1,139 @@
+#include "afd/model/loader.h"
+
+#include "afd/common/error.h"
+#include "afd/model/checkpoint.h"
+
+namespace afd::model {
+
+namespace {
+
+ModelConfig TinyConfig() {
+  ModelConfig c;
+  c.model_type = ModelType::kDeepseekV2;
+  c.vocab_size = 1024;
+  c.hidden_size = 128;
+  c.intermediate_size = 256;
+  c.moe_intermediate_size = 64;
+  c.num_hidden_layers = 4;
+  c.num_attention_heads = 4;
+  c.q_lora_rank = 64;
+  c.kv_lora_rank = 64;
+  c.qk_nope_head_dim = 32;
+  c.qk_rope_head_dim = 16;
+  c.v_head_dim = 32;
+  c.n_routed_experts = 8;
+  c.n_shared_experts = 1;
+  c.num_experts_per_tok = 2;
+  c.first_k_dense_replace = 1;
+  c.n_group = 4;
+  c.topk_group = 2;
+  c.topk_method = TopkMethod::kGroupLimitedGreedy;
+  c.scoring_func = ScoringFunc::kSoftmax;
+  c.routed_scaling_factor = 1.0;
+  c.max_position_embeddings = 4096;
+  c.rope.type = RopeType::kYarn;
+  c.rope.factor = 4.0;
+  c.rope.original_max_position_embeddings = 1024;
+  c.rope.mscale = 0.707;
+  c.rope.mscale_all_dim = 0.707;
+  c.bos_token_id = 0;
+  c.eos_token_ids = {1};
+  return c;
+}
+
+// deepseek-ai/DeepSeek-V2-Lite config.json.
+ModelConfig V2LiteConfig() {
+  ModelConfig c;
+  c.model_type = ModelType::kDeepseekV2;
+  c.vocab_size = 102400;
+  c.hidden_size = 2048;
+  c.intermediate_size = 10944;
+  c.moe_intermediate_size = 1408;
+  c.num_hidden_layers = 27;
+  c.num_attention_heads = 16;
+  c.q_lora_rank = 0;
+  c.kv_lora_rank = 512;
+  c.qk_nope_head_dim = 128;
+  c.qk_rope_head_dim = 64;
+  c.v_head_dim = 128;
+  c.n_routed_experts = 64;
+  c.n_shared_experts = 2;
+  c.num_experts_per_tok = 6;
+  c.first_k_dense_replace = 1;
+  c.n_group = 1;
+  c.topk_group = 1;
+  c.topk_method = TopkMethod::kGreedy;
+  c.scoring_func = ScoringFunc::kSoftmax;
+  c.routed_scaling_factor = 1.0;
+  c.max_position_embeddings = 163840;
+  c.rope.type = RopeType::kYarn;
+  c.rope.factor = 40.0;
+  c.rope.original_max_position_embeddings = 4096;
+  c.rope.beta_fast = 32;
+  c.rope.beta_slow = 1;
+  c.rope.mscale = 0.707;
+  c.rope.mscale_all_dim = 0.707;
+  c.bos_token_id = 100000;
+  c.eos_token_ids = {100001};
+  return c;
+}
+
+}  // namespace
+
+std::vector<std::string> PresetNames() { return {"tiny", "deepseek-v2-lite"}; }
+
+ModelConfig PresetConfig(const std::string& name) {
+  ModelConfig c;
+  if (name == "tiny") {
+    c = TinyConfig();
+  } else if (name == "deepseek-v2-lite") {
+    c = V2LiteConfig();
+  } else {
+    AFD_THROW("unknown preset \"{}\" (presets: tiny, deepseek-v2-lite)", name);
+  }
+  c.Validate("preset:" + name);
+  return c;
+}
+
+int64_t ParameterCount(const ModelConfig& c) {
+  const int64_t h = c.hidden_size, nh = c.num_attention_heads;
+  int64_t attn = (c.q_lora_rank == 0 ? nh * c.qk_head_dim() * h
+                                     : c.q_lora_rank * (h + 1 + nh * c.qk_head_dim())) +
+                 (c.kv_lora_rank + c.qk_rope_head_dim) * h + c.kv_lora_rank +
+                 nh * (c.qk_nope_head_dim + c.v_head_dim) * c.kv_lora_rank +
+                 h * nh * c.v_head_dim + 2 * h;
+  const int64_t dense = 3 * h * c.intermediate_size;
+  const int64_t moe = c.n_routed_experts * (h + 1) +
+                      3 * h * c.moe_intermediate_size * (c.n_routed_experts + c.n_shared_experts);
+  int64_t total = 2 * c.vocab_size * h + h;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) total += attn + (c.IsMoeLayer(l) ? moe : dense);
+  return total;
+}
+
+std::unique_ptr<DeepseekModel> OpenModel(const std::string& spec, const OpenOptions& options) {
+  const std::string kPrefix = "preset:";
+  const bool preset = spec.rfind(kPrefix, 0) == 0;
+  ModelConfig config;
+  std::unique_ptr<Checkpoint> ckpt;
+  if (preset) {
+    config = PresetConfig(spec.substr(kPrefix.size()));
+  } else {
+    ckpt = std::make_unique<Checkpoint>(Checkpoint::Open(spec));
+    config = LoadModelConfig(ckpt->config_path());
+  }
+  if (options.num_layers > 0) {
+    AFD_CHECK(options.num_layers <= config.num_hidden_layers,
+              "--num-layers {} exceeds the model's {} layers", options.num_layers,
+              config.num_hidden_layers);
+    config.num_hidden_layers = options.num_layers;
+  }
+  WeightOptions weights = options.weights;
+  if (options.auto_bf16 && ParameterCount(config) * 4 > kAutoBf16Bytes) {
+    weights.matrix_dtype = kernels::DType::kBf16;
+  }
+  ModelWeights w = preset ? RandomWeights(config, options.preset_seed, weights)
+                          : LoadWeights(config, *ckpt, weights);
+  return std::make_unique<DeepseekModel>(std::move(config), std::move(w));
+}
+
+}  // namespace afd::model

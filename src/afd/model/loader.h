@@ -1,0 +1,35 @@
+// Building a DeepseekModel from "preset:NAME" (random weights of a named shape) or from a
+// Hugging Face checkpoint directory.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "afd/model/model.h"
+
+namespace afd::model {
+
+struct OpenOptions {
+  WeightOptions weights;
+  // Store big matrices as bf16 when they would not fit comfortably in fp32 (more than
+  // kAutoBf16Bytes of fp32); otherwise weights.matrix_dtype is used as is.
+  bool auto_bf16 = true;
+  uint64_t preset_seed = 0;  // random weights of presets
+  int64_t num_layers = 0;    // > 0: keep only the first num_layers decoder layers (benchmarks)
+};
+
+inline constexpr int64_t kAutoBf16Bytes = int64_t{8} << 30;
+
+// Names accepted after "preset:".
+std::vector<std::string> PresetNames();
+// The config of a preset; throws afd::Error listing the presets for an unknown name.
+ModelConfig PresetConfig(const std::string& name);
+// Parameter count of the weights a config implies (all experts).
+int64_t ParameterCount(const ModelConfig& config);
+
+// `spec` is "preset:NAME" or a checkpoint directory. Throws afd::Error on bad input.
+std::unique_ptr<DeepseekModel> OpenModel(const std::string& spec, const OpenOptions& options);
+
+}  // namespace afd::model

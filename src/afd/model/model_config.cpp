@@ -1,0 +1,208 @@
+#include "afd/model/model_config.h"
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "afd/common/error.h"
+
+namespace afd::model {
+
+namespace {
+
+using nlohmann::json;
+
+// Reads a numeric key, `fallback` when missing or null.
+template <typename T>
+T Get(const json& j, const char* key, T fallback, const std::string& source) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return fallback;
+  if constexpr (std::is_same_v<T, bool>) {
+    AFD_CHECK(it->is_boolean(), "{}: \"{}\" must be a boolean, got {}", source, key, it->dump());
+  } else {
+    AFD_CHECK(it->is_number(), "{}: \"{}\" must be a number, got {}", source, key, it->dump());
+  }
+  return it->get<T>();
+}
+
+std::string GetString(const json& j, const char* key, const std::string& fallback,
+                      const std::string& source) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return fallback;
+  AFD_CHECK(it->is_string(), "{}: \"{}\" must be a string, got {}", source, key, it->dump());
+  return it->get<std::string>();
+}
+
+RopeConfig ParseRope(const json& j, const std::string& source) {
+  // transformers 5 writes rope_parameters (with rope_theta inside); older configs have
+  // rope_scaling (maybe null) and a top-level rope_theta.
+  json params = json::object();
+  if (j.contains("rope_parameters") && !j["rope_parameters"].is_null()) {
+    params = j["rope_parameters"];
+  } else if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) {
+    params = j["rope_scaling"];
+  }
+  AFD_CHECK(params.is_object(), "{}: rope settings must be an object, got {}", source,
+            params.dump());
+  RopeConfig rope;
+  rope.theta = Get<double>(params, "rope_theta", Get<double>(j, "rope_theta", 10000.0, source),
+                           source);
+  std::string type = GetString(params, "rope_type", "", source);
+  if (type.empty()) type = GetString(params, "type", "default", source);
+  if (type == "default") {
+    rope.type = RopeType::kDefault;
+  } else if (type == "yarn") {
+    rope.type = RopeType::kYarn;
+    rope.original_max_position_embeddings =
+        Get<int64_t>(params, "original_max_position_embeddings",
+                     Get<int64_t>(j, "max_position_embeddings", 0, source), source);
+    const double fallback_factor =
+        rope.original_max_position_embeddings > 0
+            ? static_cast<double>(Get<int64_t>(j, "max_position_embeddings", 0, source)) /
+                  rope.original_max_position_embeddings
+            : 1.0;
+    rope.factor = Get<double>(params, "factor", fallback_factor, source);
+    rope.beta_fast = Get<double>(params, "beta_fast", 32.0, source);
+    rope.beta_slow = Get<double>(params, "beta_slow", 1.0, source);
+    rope.mscale = Get<double>(params, "mscale", 0.0, source);
+    rope.mscale_all_dim = Get<double>(params, "mscale_all_dim", 0.0, source);
+    rope.attention_factor = Get<double>(params, "attention_factor", 0.0, source);
+    rope.truncate = Get<bool>(params, "truncate", true, source);
+  } else {
+    AFD_THROW("{}: rope type \"{}\" is not supported (supported: default, yarn)", source, type);
+  }
+  return rope;
+}
+
+}  // namespace
+
+ModelConfig ParseModelConfig(const std::string& json_text, const std::string& source) {
+  json j;
+  try {
+    j = json::parse(json_text);
+  } catch (const json::exception& e) {
+    AFD_THROW("{}: invalid JSON: {}", source, e.what());
+  }
+  AFD_CHECK(j.is_object(), "{}: config must be a JSON object", source);
+  ModelConfig c;
+  const std::string model_type = GetString(j, "model_type", "", source);
+  const bool v3 = model_type == "deepseek_v3";
+  AFD_CHECK(model_type == "deepseek_v2" || v3,
+            "{}: model_type \"{}\" is not supported (supported: deepseek_v2, deepseek_v3)", source,
+            model_type);
+  c.model_type = v3 ? ModelType::kDeepseekV3 : ModelType::kDeepseekV2;
+  auto req = [&](const char* key) {
+    AFD_CHECK(j.contains(key) && j[key].is_number_integer(),
+              "{}: \"{}\" is missing or not an integer", source, key);
+    return j[key].get<int64_t>();
+  };
+  c.vocab_size = req("vocab_size");
+  c.hidden_size = req("hidden_size");
+  c.intermediate_size = req("intermediate_size");
+  c.num_hidden_layers = req("num_hidden_layers");
+  c.num_attention_heads = req("num_attention_heads");
+  c.kv_lora_rank = req("kv_lora_rank");
+  c.qk_nope_head_dim = req("qk_nope_head_dim");
+  c.qk_rope_head_dim = req("qk_rope_head_dim");
+  c.v_head_dim = req("v_head_dim");
+  c.max_position_embeddings = req("max_position_embeddings");
+  c.q_lora_rank = Get<int64_t>(j, "q_lora_rank", 0, source);
+  c.moe_intermediate_size = Get<int64_t>(j, "moe_intermediate_size", 0, source);
+  c.n_routed_experts = Get<int64_t>(j, "n_routed_experts", 0, source);
+  c.n_shared_experts = Get<int64_t>(j, "n_shared_experts", 0, source);
+  c.num_experts_per_tok = Get<int64_t>(j, "num_experts_per_tok", 0, source);
+  c.first_k_dense_replace = Get<int64_t>(j, "first_k_dense_replace", v3 ? 3 : 0, source);
+  c.n_group = Get<int64_t>(j, "n_group", v3 ? 8 : 1, source);
+  c.topk_group = Get<int64_t>(j, "topk_group", v3 ? 4 : 1, source);
+  c.routed_scaling_factor = Get<double>(j, "routed_scaling_factor", v3 ? 2.5 : 1.0, source);
+  c.norm_topk_prob = Get<bool>(j, "norm_topk_prob", v3, source);
+  c.rms_norm_eps = static_cast<float>(Get<double>(j, "rms_norm_eps", 1e-6, source));
+  c.tie_word_embeddings = Get<bool>(j, "tie_word_embeddings", false, source);
+  c.bos_token_id = Get<int64_t>(j, "bos_token_id", v3 ? 0 : 1, source);
+  if (j.contains("eos_token_id") && j["eos_token_id"].is_array()) {
+    for (const auto& e : j["eos_token_id"]) c.eos_token_ids.push_back(e.get<int64_t>());
+  } else {
+    c.eos_token_ids.push_back(Get<int64_t>(j, "eos_token_id", v3 ? 1 : 2, source));
+  }
+  c.rope = ParseRope(j, source);
+  AFD_CHECK(GetString(j, "hidden_act", "silu", source) == "silu",
+            "{}: hidden_act \"{}\" is not supported (only silu)", source,
+            GetString(j, "hidden_act", "", source));
+  AFD_CHECK(!Get<bool>(j, "attention_bias", false, source) && !Get<bool>(j, "mlp_bias", false, source),
+            "{}: attention_bias / mlp_bias = true is not supported", source);
+  if (v3) {
+    // transformers' DeepseekV3 ignores scoring_func / topk_method: always sigmoid + noaux_tc.
+    c.topk_method = TopkMethod::kNoauxTc;
+    c.scoring_func = ScoringFunc::kSigmoid;
+    c.rope_interleave = Get<bool>(j, "rope_interleave", true, source);
+  } else {
+    const std::string method = GetString(j, "topk_method", "greedy", source);
+    if (method == "greedy") {
+      c.topk_method = TopkMethod::kGreedy;
+    } else if (method == "group_limited_greedy") {
+      c.topk_method = TopkMethod::kGroupLimitedGreedy;
+    } else {
+      AFD_THROW("{}: topk_method \"{}\" is not supported for deepseek_v2 (greedy, "
+                "group_limited_greedy)", source, method);
+    }
+    c.scoring_func = ScoringFunc::kSoftmax;
+    c.rope_interleave = true;  // V2 rotates (x[2i], x[2i+1]) as complex numbers
+  }
+  c.Validate(source);
+  return c;
+}
+
+void ModelConfig::Validate(const std::string& source) const {
+  auto positive = [&](int64_t v, const char* name) {
+    AFD_CHECK(v > 0, "{}: \"{}\" must be > 0, got {}", source, name, v);
+  };
+  positive(vocab_size, "vocab_size");
+  positive(hidden_size, "hidden_size");
+  positive(num_hidden_layers, "num_hidden_layers");
+  positive(num_attention_heads, "num_attention_heads");
+  positive(kv_lora_rank, "kv_lora_rank");
+  positive(qk_nope_head_dim, "qk_nope_head_dim");
+  positive(v_head_dim, "v_head_dim");
+  positive(max_position_embeddings, "max_position_embeddings");
+  AFD_CHECK(qk_rope_head_dim > 0 && qk_rope_head_dim % 2 == 0,
+            "{}: qk_rope_head_dim must be even and > 0, got {}", source, qk_rope_head_dim);
+  AFD_CHECK(q_lora_rank >= 0, "{}: q_lora_rank must be >= 0 or null", source);
+  AFD_CHECK(first_k_dense_replace >= 0, "{}: first_k_dense_replace must be >= 0", source);
+  if (first_k_dense_replace > 0) positive(intermediate_size, "intermediate_size");
+  if (first_k_dense_replace < num_hidden_layers) {  // some MoE layers
+    positive(n_routed_experts, "n_routed_experts");
+    positive(moe_intermediate_size, "moe_intermediate_size");
+    AFD_CHECK(num_experts_per_tok > 0 && num_experts_per_tok <= n_routed_experts,
+              "{}: num_experts_per_tok must be in [1, n_routed_experts = {}], got {}", source,
+              n_routed_experts, num_experts_per_tok);
+    AFD_CHECK(n_shared_experts >= 0, "{}: n_shared_experts must be >= 0", source);
+    if (topk_method != TopkMethod::kGreedy) {
+      AFD_CHECK(n_group > 0 && n_routed_experts % n_group == 0,
+                "{}: n_routed_experts ({}) must be a multiple of n_group ({})", source,
+                n_routed_experts, n_group);
+      AFD_CHECK(topk_group > 0 && topk_group <= n_group,
+                "{}: topk_group must be in [1, n_group = {}], got {}", source, n_group, topk_group);
+      AFD_CHECK(topk_group * (n_routed_experts / n_group) >= num_experts_per_tok,
+                "{}: topk_group groups hold fewer experts than num_experts_per_tok", source);
+    }
+  }
+  if (rope.type == RopeType::kYarn) {
+    AFD_CHECK(rope.factor > 0, "{}: rope factor must be > 0", source);
+    AFD_CHECK(rope.original_max_position_embeddings > 0,
+              "{}: yarn needs original_max_position_embeddings", source);
+  }
+  for (int64_t eos : eos_token_ids) {
+    AFD_CHECK(eos >= 0 && eos < vocab_size, "{}: eos_token_id {} is outside the vocabulary",
+              source, eos);
+  }
+}
+
+ModelConfig LoadModelConfig(const std::string& path) {
+  std::ifstream in(path);
+  AFD_CHECK(in.good(), "cannot open model config {}", path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ParseModelConfig(ss.str(), path);
+}
+
+}  // namespace afd::model

@@ -1,0 +1,78 @@
+// The model hyper-parameters of a DeepSeek-V2 / DeepSeek-V3 checkpoint (config.json), resolved
+// to the semantics of Hugging Face transformers 5.17 once, at parse time (see docs/model.md):
+//  * V2 always scores experts with softmax and routes with `topk_method` greedy or
+//    group_limited_greedy; it ignores norm_topk_prob; rope pairs are always interleaved.
+//  * V3 always uses sigmoid + noaux_tc with e_score_correction_bias; rope_interleave (default
+//    true) picks the pairing.
+//  * RoPE settings come from `rope_parameters` (transformers 5) or legacy `rope_scaling` plus a
+//    top-level `rope_theta`.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace afd::model {
+
+enum class ModelType { kDeepseekV2, kDeepseekV3 };
+enum class RopeType { kDefault, kYarn };
+enum class TopkMethod { kGreedy, kGroupLimitedGreedy, kNoauxTc };
+enum class ScoringFunc { kSoftmax, kSigmoid };
+
+struct RopeConfig {
+  RopeType type = RopeType::kDefault;
+  double theta = 10000.0;
+  // YaRN only.
+  double factor = 1.0;
+  int64_t original_max_position_embeddings = 0;
+  double beta_fast = 32.0;
+  double beta_slow = 1.0;
+  double mscale = 0.0;          // 0: not set
+  double mscale_all_dim = 0.0;  // 0: not set
+  double attention_factor = 0.0;  // 0: not set (derived from mscale / mscale_all_dim)
+  bool truncate = true;
+};
+
+struct ModelConfig {
+  ModelType model_type = ModelType::kDeepseekV2;
+  int64_t vocab_size = 0;
+  int64_t hidden_size = 0;
+  int64_t intermediate_size = 0;      // dense MLP layers
+  int64_t moe_intermediate_size = 0;  // one routed expert; shared experts use n_shared times it
+  int64_t num_hidden_layers = 0;
+  int64_t num_attention_heads = 0;
+  int64_t q_lora_rank = 0;  // 0: no q compression (q_proj)
+  int64_t kv_lora_rank = 0;
+  int64_t qk_nope_head_dim = 0;
+  int64_t qk_rope_head_dim = 0;
+  int64_t v_head_dim = 0;
+  int64_t n_routed_experts = 0;
+  int64_t n_shared_experts = 0;
+  int64_t num_experts_per_tok = 0;
+  int64_t first_k_dense_replace = 0;
+  int64_t n_group = 1;
+  int64_t topk_group = 1;
+  TopkMethod topk_method = TopkMethod::kGreedy;
+  ScoringFunc scoring_func = ScoringFunc::kSoftmax;
+  bool norm_topk_prob = false;  // honoured for V3 only (as transformers does)
+  double routed_scaling_factor = 1.0;
+  float rms_norm_eps = 1e-6f;
+  int64_t max_position_embeddings = 0;
+  RopeConfig rope;
+  bool rope_interleave = true;  // pairs (x[2i], x[2i+1]); false: (x[i], x[i + dr/2])
+  bool tie_word_embeddings = false;
+  int64_t bos_token_id = -1;
+  std::vector<int64_t> eos_token_ids;
+
+  int64_t qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }
+  bool IsMoeLayer(int64_t layer) const { return layer >= first_k_dense_replace; }
+  // Throws afd::Error naming `source` and the field when a value is out of range.
+  void Validate(const std::string& source) const;
+};
+
+// Parses config.json text; `source` (a path) names the input in errors.
+ModelConfig ParseModelConfig(const std::string& json_text, const std::string& source);
+// Reads and parses the file at `path`.
+ModelConfig LoadModelConfig(const std::string& path);
+
+}  // namespace afd::model

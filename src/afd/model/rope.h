@@ -1,0 +1,43 @@
+// Rotary position embedding of the MLA rope dims (qk_rope_head_dim = dr), default or YaRN, with
+// the transformers 5.17 semantics (docs/model.md):
+//  * inv_freq[i] = 1 / theta^(2i/dr) (fp32); YaRN blends extrapolated and interpolated
+//    frequencies with a linear ramp over [low, high] from beta_fast / beta_slow.
+//  * cos and sin are multiplied by attention_factor (YaRN: mscale(f, mscale) /
+//    mscale(f, mscale_all_dim), or rope_parameters["attention_factor"]).
+//  * The softmax scale is (dn+dr)^-0.5, times mscale(f, mscale_all_dim)² for YaRN.
+// Pairing: interleaved rotates (x[2i], x[2i+1]) by angle pos·inv_freq[i] (V2, and V3 with
+// rope_interleave; V3 then stores the result de-interleaved, which leaves every q·k product
+// unchanged, so this runtime keeps the interleaved layout); otherwise (x[i], x[i + dr/2]).
+// Thread safety: immutable after construction.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "afd/model/model_config.h"
+
+namespace afd::model {
+
+class Rope {
+ public:
+  explicit Rope(const ModelConfig& config);
+
+  // Rotates `count` vectors of dr floats, the i-th at x + i·stride, for position `pos`.
+  void Apply(float* x, int64_t count, int64_t stride, int64_t pos) const;
+
+  const std::vector<float>& inv_freq() const { return inv_freq_; }
+  float attention_factor() const { return attention_factor_; }
+  float softmax_scale() const { return softmax_scale_; }
+
+ private:
+  int64_t dim_;
+  bool interleave_;
+  std::vector<float> inv_freq_;  // [dr/2]
+  float attention_factor_ = 1.0f;
+  float softmax_scale_ = 1.0f;
+};
+
+// YaRN's mscale: 1 for factor <= 1, else 0.1·m·ln(factor) + 1.
+double YarnMscale(double factor, double m);
+
+}  // namespace afd::model

@@ -1,0 +1,130 @@
+#include "afd/model/weight_builder.h"
+
+#include <fmt/format.h>
+
+#include "afd/common/error.h"
+
+namespace afd::model {
+
+namespace {
+
+using kernels::DType;
+
+class Builder {
+ public:
+  Builder(const ModelConfig& c, const WeightOptions& o, TensorSource& s)
+      : c_(c), o_(o), s_(s) {}
+
+  std::vector<float> Vector(const std::string& name, int64_t n, TensorKind kind) {
+    std::vector<float> v(n);
+    s_.Read(name, {n}, kind, DType::kF32, v.data());
+    return v;
+  }
+
+  Matrix Mat(const std::string& name, int64_t rows, int64_t cols, TensorKind kind,
+             DType dtype) {
+    Matrix m = Matrix::Allocate(dtype, rows, cols);
+    s_.Read(name, {rows, cols}, kind, dtype, m.mutable_data());
+    return m;
+  }
+  Matrix Mat(const std::string& name, int64_t rows, int64_t cols, TensorKind kind) {
+    return Mat(name, rows, cols, kind, o_.matrix_dtype);
+  }
+
+  // gate_proj and up_proj [inter, H] stacked into one [2·inter, H] matrix; down [H, inter].
+  MlpWeights Mlp(const std::string& prefix, int64_t inter) {
+    const int64_t h = c_.hidden_size;
+    MlpWeights w;
+    w.gate_up = Matrix::Allocate(o_.matrix_dtype, 2 * inter, h);
+    char* base = static_cast<char*>(w.gate_up.mutable_data());
+    s_.Read(prefix + "gate_proj.weight", {inter, h}, TensorKind::kLinear, o_.matrix_dtype, base);
+    s_.Read(prefix + "up_proj.weight", {inter, h}, TensorKind::kLinear, o_.matrix_dtype,
+            base + inter * h * kernels::DTypeSize(o_.matrix_dtype));
+    w.down = Mat(prefix + "down_proj.weight", h, inter, TensorKind::kLinear);
+    return w;
+  }
+
+  AttentionWeights Attention(const std::string& p) {
+    const int64_t h = c_.hidden_size, nh = c_.num_attention_heads;
+    AttentionWeights a;
+    if (c_.q_lora_rank == 0) {
+      a.q_proj = Mat(p + "q_proj.weight", nh * c_.qk_head_dim(), h, TensorKind::kLinear);
+    } else {
+      a.q_a_proj = Mat(p + "q_a_proj.weight", c_.q_lora_rank, h, TensorKind::kLinear);
+      a.q_a_norm = Vector(p + "q_a_layernorm.weight", c_.q_lora_rank, TensorKind::kNorm);
+      a.q_b_proj = Mat(p + "q_b_proj.weight", nh * c_.qk_head_dim(), c_.q_lora_rank,
+                       TensorKind::kLinear);
+    }
+    a.kv_a_proj = Mat(p + "kv_a_proj_with_mqa.weight", c_.kv_lora_rank + c_.qk_rope_head_dim, h,
+                      TensorKind::kLinear);
+    a.kv_a_norm = Vector(p + "kv_a_layernorm.weight", c_.kv_lora_rank, TensorKind::kNorm);
+    a.kv_b_proj = Mat(p + "kv_b_proj.weight", nh * (c_.qk_nope_head_dim + c_.v_head_dim),
+                      c_.kv_lora_rank, TensorKind::kLinear, DType::kF32);
+    a.o_proj = Mat(p + "o_proj.weight", h, nh * c_.v_head_dim, TensorKind::kLinear);
+    return a;
+  }
+
+  MoeWeights Moe(const std::string& p, int64_t expert_begin, int64_t expert_end) {
+    const int64_t e = c_.n_routed_experts;
+    MoeWeights m;
+    m.experts.resize(e);
+    if (o_.load_moe) {
+      m.gate = Mat(p + "gate.weight", e, c_.hidden_size, TensorKind::kLinear, DType::kF32);
+      if (c_.model_type == ModelType::kDeepseekV3) {
+        m.e_score_correction_bias = Vector(p + "gate.e_score_correction_bias", e, TensorKind::kBias);
+      }
+      if (c_.n_shared_experts > 0) {
+        m.shared = Mlp(p + "shared_experts.", c_.moe_intermediate_size * c_.n_shared_experts);
+      }
+    }
+    for (int64_t i = expert_begin; i < expert_end; ++i) {
+      m.experts[i] = Mlp(fmt::format("{}experts.{}.", p, i), c_.moe_intermediate_size);
+    }
+    return m;
+  }
+
+  ModelWeights Build() {
+    const int64_t h = c_.hidden_size, v = c_.vocab_size;
+    const int64_t expert_end = o_.expert_end < 0 ? c_.n_routed_experts : o_.expert_end;
+    AFD_CHECK(0 <= o_.expert_begin && o_.expert_begin <= expert_end &&
+                  expert_end <= c_.n_routed_experts,
+              "routed expert range [{}, {}) is outside [0, {})", o_.expert_begin, expert_end,
+              c_.n_routed_experts);
+    ModelWeights w;
+    if (o_.load_attention) {
+      w.embed = Mat("model.embed_tokens.weight", v, h, TensorKind::kEmbedding);
+      w.final_norm = Vector("model.norm.weight", h, TensorKind::kNorm);
+      w.lm_head = c_.tie_word_embeddings ? w.embed : Mat("lm_head.weight", v, h, TensorKind::kLmHead);
+    }
+    w.layers.resize(c_.num_hidden_layers);
+    for (int64_t l = 0; l < c_.num_hidden_layers; ++l) {
+      const std::string p = fmt::format("model.layers.{}.", l);
+      LayerWeights& layer = w.layers[l];
+      if (o_.load_attention) {
+        layer.attn = Attention(p + "self_attn.");
+        layer.attn.input_norm = Vector(p + "input_layernorm.weight", h, TensorKind::kNorm);
+        layer.post_attention_norm =
+            Vector(p + "post_attention_layernorm.weight", h, TensorKind::kNorm);
+        if (!c_.IsMoeLayer(l)) layer.dense = Mlp(p + "mlp.", c_.intermediate_size);
+      }
+      if (c_.IsMoeLayer(l)) layer.moe = Moe(p + "mlp.", o_.expert_begin, expert_end);
+    }
+    return w;
+  }
+
+ private:
+  const ModelConfig& c_;
+  const WeightOptions& o_;
+  TensorSource& s_;
+};
+
+}  // namespace
+
+ModelWeights BuildWeights(const ModelConfig& config, const WeightOptions& options,
+                          TensorSource& source) {
+  AFD_CHECK(options.matrix_dtype == DType::kF32 || options.matrix_dtype == DType::kBf16,
+            "weights can be stored as fp32 or bf16 only");
+  return Builder(config, options, source).Build();
+}
+
+}  // namespace afd::model
