@@ -126,3 +126,25 @@ TEST(P2pProcesses, MissingRankTimesOutListingIt) {
 
 }  // namespace
 }  // namespace afd
+
+namespace afd {
+namespace {
+
+TEST(P2pProcesses, OutOfRangeRoleRankIsNamedEverywhere) {
+  auto procs = testing_util::StartDeployment(2, 1, 10, "range", [](const std::string& role, int r) {
+    if (role == "attention" && r == 1) return std::vector<std::string>{"--role-rank", "5"};
+    return std::vector<std::string>{};
+  });
+  for (auto& p : procs) {
+    const std::optional<int> status = p.process->Wait(Deadline::In(30));
+    const std::string log = testing_util::ReadFile(p.log);
+    ASSERT_TRUE(status.has_value()) << p.label << " hung";
+    EXPECT_NE(*status, 0) << p.label;
+    EXPECT_NE(log.find("attention rank 5 is out of range: num_attention_ranks is 2"),
+              std::string::npos)
+        << p.label << ":\n" << log;
+  }
+}
+
+}  // namespace
+}  // namespace afd

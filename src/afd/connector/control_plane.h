@@ -68,6 +68,10 @@ class ControlPlane {
   std::optional<StepMetadata> Recv(double timeout_s);
 
   bool is_member() const { return comm_ != nullptr; }
+  // Closes the control-plane connections so a blocked peer fails fast.
+  void Shutdown() {
+    if (comm_) comm_->Shutdown();
+  }
 
  private:
   comm::AfdWorld& world_;

@@ -153,6 +153,7 @@ void P2pConnector::SendToAttention(int layer, int stage, const RowFormat& fmt,
 
 void P2pConnector::Shutdown() {
   if (subgroup_) subgroup_->Shutdown();
+  control_plane_.Shutdown();
 }
 
 }  // namespace afd::connector

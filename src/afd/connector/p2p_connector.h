@@ -70,7 +70,7 @@ class P2pConnector {
                        const void* rows);
 
   const std::map<int, LayerTransferStats>& stats() const { return stats_; }
-  // Closes the data plane so blocked peers fail fast.
+  // Closes the data and control planes so blocked peers fail fast.
   void Shutdown();
 
  private:
