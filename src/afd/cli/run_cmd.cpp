@@ -1,0 +1,175 @@
+// `afd run`: loads a model (checkpoint directory or preset:NAME) and generates in this process.
+// Several --prompt-ids run together as one batch. Exit 2 for invalid input (arguments, model
+// directory or checkpoint content), 1 for failures while running.
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <cmath>
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "afd/cli/commands.h"
+#include "afd/common/error.h"
+#include "afd/model/loader.h"
+#include "afd/runtime/generator.h"
+#include "afd/runtime/npy.h"
+
+namespace afd::cli {
+
+namespace {
+
+struct RunArgs {
+  std::string model;
+  std::vector<std::string> prompt_ids;
+  int64_t max_tokens = 16;
+  bool json = false;
+  std::string dump_logits;
+  bool ignore_eos = false;
+  runtime::SamplingParams sampling;
+  int64_t num_layers = 0;
+  uint64_t preset_seed = 0;
+  bool bf16 = false;
+  bool stats = false;
+};
+
+// "1,2,3" -> {1, 2, 3}; throws afd::Error on anything else.
+std::vector<int32_t> ParseIds(const std::string& text) {
+  std::vector<int32_t> ids;
+  size_t pos = 0;
+  while (pos <= text.size()) {
+    const size_t comma = text.find(',', pos);
+    const std::string item = text.substr(pos, comma == std::string::npos ? comma : comma - pos);
+    size_t used = 0;
+    long long v = -1;
+    try {
+      v = std::stoll(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    AFD_CHECK(used == item.size() && !item.empty() && v >= 0 && v <= INT32_MAX,
+              "--prompt-ids \"{}\": \"{}\" is not a token id (expected comma-separated "
+              "non-negative integers)", text, item);
+    ids.push_back(static_cast<int32_t>(v));
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
+  }
+  return ids;
+}
+
+nlohmann::ordered_json ResultJson(const runtime::GenerationResult& r) {
+  nlohmann::ordered_json j;
+  j["prompt_ids"] = r.prompt_ids;
+  j["output_ids"] = r.output_ids;
+  nlohmann::ordered_json plp = nlohmann::ordered_json::array();
+  for (float v : r.prompt_logprobs) {
+    plp.push_back(std::isnan(v) ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(v));
+  }
+  j["prompt_logprobs"] = plp;
+  j["logprobs"] = r.logprobs;
+  return j;
+}
+
+void Run(const RunArgs& args, int& exit_code) {
+  std::vector<std::vector<int32_t>> prompts;
+  std::unique_ptr<model::DeepseekModel> model;
+  runtime::GenerationOptions options;
+  const auto load_start = std::chrono::steady_clock::now();
+  try {  // everything that depends on user input: exit 2
+    for (const std::string& p : args.prompt_ids) prompts.push_back(ParseIds(p));
+    AFD_CHECK(args.dump_logits.empty() || prompts.size() == 1,
+              "--dump-logits needs exactly one --prompt-ids, got {}", prompts.size());
+    AFD_CHECK(args.max_tokens >= 0, "--max-tokens must be >= 0, got {}", args.max_tokens);
+    runtime::ValidateSamplingParams(args.sampling);
+    model::OpenOptions open;
+    open.num_layers = args.num_layers;
+    open.preset_seed = args.preset_seed;
+    if (args.bf16) open.weights.matrix_dtype = kernels::DType::kBf16;
+    model = model::OpenModel(args.model, open);
+    const model::ModelConfig& c = model->config();
+    for (size_t s = 0; s < prompts.size(); ++s) {
+      for (int32_t id : prompts[s]) {
+        AFD_CHECK(id < c.vocab_size, "--prompt-ids #{}: token id {} is outside the vocabulary "
+                  "[0, {})", s + 1, id, c.vocab_size);
+      }
+      AFD_CHECK(static_cast<int64_t>(prompts[s].size()) + args.max_tokens <=
+                    c.max_position_embeddings,
+                "--prompt-ids #{}: {} tokens + --max-tokens {} exceed max_position_embeddings {}",
+                s + 1, prompts[s].size(), args.max_tokens, c.max_position_embeddings);
+    }
+  } catch (const Error& e) {
+    std::cerr << "afd run: " << e.what() << "\n";
+    exit_code = 2;
+    return;
+  }
+  const double load_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
+  options.max_tokens = args.max_tokens;
+  options.ignore_eos = args.ignore_eos;
+  options.sampling = args.sampling;
+  options.keep_prompt_logits = !args.dump_logits.empty();
+  model::LocalMoeBackend moe(model->config(), model->weights());
+  runtime::Generator generator(*model, moe);
+  runtime::GenerationStats stats;
+  const auto results = generator.Generate(prompts, options, &stats);
+  if (!args.dump_logits.empty()) {
+    const int64_t t = results[0].prompt_ids.size();
+    runtime::WriteNpyF32(args.dump_logits, results[0].prompt_logits.data(),
+                         {t, model->config().vocab_size});
+  }
+  for (size_t s = 0; s < results.size(); ++s) {
+    if (args.json) {
+      std::cout << ResultJson(results[s]).dump() << "\n";
+    } else {
+      std::cout << "prompt " << s << " (" << results[s].prompt_ids.size() << " tokens) ->";
+      for (int32_t id : results[s].output_ids) std::cout << " " << id;
+      std::cout << "\n";
+    }
+  }
+  if (args.stats) {
+    std::cerr << fmt::format(
+        "load: {:.3f} s\nprefill: {} tokens in {:.4f} s = {:.1f} tokens/s\n"
+        "decode: {} tokens in {} steps, {:.4f} s = {:.1f} tokens/s ({:.2f} ms/step)\n",
+        load_seconds, stats.prefill_tokens, stats.prefill_seconds,
+        stats.prefill_tokens / std::max(stats.prefill_seconds, 1e-9), stats.decode_tokens,
+        stats.decode_steps, stats.decode_seconds,
+        stats.decode_tokens / std::max(stats.decode_seconds, 1e-9),
+        1e3 * stats.decode_seconds / std::max<int64_t>(stats.decode_steps, 1));
+  }
+  exit_code = 0;
+}
+
+}  // namespace
+
+void AddRunCommand(CLI::App& app, int& exit_code) {
+  auto* run = app.add_subcommand(
+      "run", "Run a DeepSeek-V2/V3 model in this process (CPU) on token-id prompts");
+  auto args = std::make_shared<RunArgs>();
+  run->add_option("--model", args->model, "Checkpoint directory, or preset:tiny / "
+                  "preset:deepseek-v2-lite (random weights)")->required();
+  run->add_option("--prompt-ids", args->prompt_ids,
+                  "Comma-separated token ids of one prompt; repeat for a batch")
+      ->required()
+      ->take_all()
+      ->expected(1)
+      ->allow_extra_args(false);
+  run->add_option("--max-tokens", args->max_tokens, "New tokens per prompt (default 16)");
+  run->add_flag("--json", args->json, "One JSON object per prompt per line");
+  run->add_option("--dump-logits", args->dump_logits,
+                  "Write the logits of every prompt position as float32 .npy [prompt_len, vocab] "
+                  "(one prompt only)");
+  run->add_flag("--ignore-eos", args->ignore_eos, "Do not stop at EOS");
+  run->add_option("--temperature", args->sampling.temperature, "0 (default): greedy");
+  run->add_option("--top-k", args->sampling.top_k, "0 (default): no limit");
+  run->add_option("--top-p", args->sampling.top_p, "In (0, 1], default 1");
+  run->add_option("--seed", args->sampling.seed, "Sampling seed (default 0)");
+  run->add_option("--num-layers", args->num_layers,
+                  "Keep only the first N decoder layers (benchmarks of big presets)");
+  run->add_option("--preset-seed", args->preset_seed, "Seed of preset random weights (default 0)");
+  run->add_flag("--bf16", args->bf16, "Store weight matrices as bf16 (automatic for big models)");
+  run->add_flag("--stats", args->stats, "Print load/prefill/decode timings to stderr");
+  run->callback([args, &exit_code] { Run(*args, exit_code); });
+}
+
+}  // namespace afd::cli
