@@ -31,6 +31,7 @@ class DeepseekModel {
 
   const ModelConfig& config() const { return config_; }
   const ModelWeights& weights() const { return weights_; }
+  const MlaAttention& attention() const { return attention_; }
   // An empty cache for this model; add sequences with MlaKvCache::AddSequence.
   MlaKvCache NewCache() const;
 

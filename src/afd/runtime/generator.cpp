@@ -55,7 +55,7 @@ std::vector<GenerationResult> Generator::Generate(const std::vector<std::vector<
   // Prefill: every prompt in one step. logits: [sum of prompt lengths, vocab].
   auto start = std::chrono::steady_clock::now();
   std::vector<float> logits(prefill.size() * vocab);
-  model_.Forward(prefill, cache, moe_, logits.data());
+  runner_.Forward(prefill, cache, logits.data());
   st.prefill_tokens = prefill.size();
   st.prefill_seconds = Seconds(start);
 
@@ -65,7 +65,9 @@ std::vector<GenerationResult> Generator::Generate(const std::vector<std::vector<
   std::vector<const float*> last(prompts.size());  // logits row that predicts the next token
   int64_t row = 0;
   for (size_t s = 0; s < prompts.size(); ++s) {
-    samplers.emplace_back(options.sampling, s);
+    samplers.emplace_back(options.sampling,
+                          options.sampler_streams.empty() ? static_cast<int64_t>(s)
+                                                          : options.sampler_streams.at(s));
     GenerationResult& r = results[s];
     const int64_t t = r.prompt_ids.size();
     r.prompt_logprobs.assign(t, std::nanf(""));
@@ -103,7 +105,7 @@ std::vector<GenerationResult> Generator::Generate(const std::vector<std::vector<
     active = std::move(still_active);
     if (active.empty()) break;
     step_logits.resize(step.size() * vocab);  // [active, vocab]
-    model_.Forward(step, cache, moe_, step_logits.data());
+    runner_.Forward(step, cache, step_logits.data());
     for (size_t i = 0; i < active.size(); ++i) last[active[i]] = &step_logits[i * vocab];
     st.decode_tokens += step.size();
     ++st.decode_steps;

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "afd/model/model.h"
@@ -15,6 +16,10 @@
 namespace afd::runtime {
 
 struct GenerationOptions {
+  // Sampler stream of each prompt (seeds its RNG with the sampling seed); empty: the prompt's
+  // index. A data-parallel replica passes the prompts' global indices so that sampling matches
+  // a run of all prompts in one process.
+  std::vector<int64_t> sampler_streams;
   int64_t max_tokens = 16;
   bool ignore_eos = false;
   SamplingParams sampling;
@@ -37,10 +42,39 @@ struct GenerationStats {
   double decode_seconds = 0.0;
 };
 
+// Runs one forward step: logits [n, vocab] for the batch's tokens, appending them to the cache.
+// In process (LocalStepRunner) or as the AFD attention role with the MoE layers elsewhere.
+class StepRunner {
+ public:
+  virtual ~StepRunner() = default;
+  virtual void Forward(const model::ForwardBatch& batch, model::MlaKvCache& cache,
+                       float* logits) = 0;
+};
+
+class LocalStepRunner : public StepRunner {
+ public:
+  LocalStepRunner(const model::DeepseekModel& model, model::MoeBackend& moe)
+      : model_(model), moe_(moe) {}
+  void Forward(const model::ForwardBatch& batch, model::MlaKvCache& cache,
+               float* logits) override {
+    model_.Forward(batch, cache, moe_, logits);
+  }
+
+ private:
+  const model::DeepseekModel& model_;
+  model::MoeBackend& moe_;
+};
+
 class Generator {
  public:
   // `model` and `moe` must outlive the generator.
-  Generator(const model::DeepseekModel& model, model::MoeBackend& moe) : model_(model), moe_(moe) {}
+  Generator(const model::DeepseekModel& model, model::MoeBackend& moe)
+      : model_(model),
+        local_(std::make_unique<LocalStepRunner>(model, moe)),
+        runner_(*local_) {}
+  // Steps run through `runner`, which must outlive the generator.
+  Generator(const model::DeepseekModel& model, StepRunner& runner)
+      : model_(model), runner_(runner) {}
 
   // Throws afd::Error for an empty prompt, ids outside the vocabulary, bad sampling parameters,
   // or prompt + max_tokens beyond max_position_embeddings.
@@ -50,7 +84,8 @@ class Generator {
 
  private:
   const model::DeepseekModel& model_;
-  model::MoeBackend& moe_;
+  std::unique_ptr<LocalStepRunner> local_;  // set by the first constructor only
+  StepRunner& runner_;
 };
 
 }  // namespace afd::runtime
