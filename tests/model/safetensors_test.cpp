@@ -1,0 +1,163 @@
+// Malformed safetensors files and checkpoints: each error must name the file and the tensor.
+// Fixtures are written by the test itself.
+#include "afd/model/safetensors.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "afd/common/error.h"
+#include "afd/model/checkpoint.h"
+
+namespace afd::model {
+namespace {
+
+namespace fs = std::filesystem;
+
+class SafetensorsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("afd_st_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  std::string Path(const std::string& name) const { return (dir_ / name).string(); }
+
+  // A raw file: 8-byte length (header_len, or the real length), header text, data bytes.
+  std::string WriteRaw(const std::string& name, const std::string& header, size_t data_bytes,
+                       int64_t header_len = -1) {
+    const std::string path = Path(name);
+    std::ofstream out(path, std::ios::binary);
+    const uint64_t len = header_len < 0 ? header.size() : static_cast<uint64_t>(header_len);
+    for (int i = 0; i < 8; ++i) out.put(static_cast<char>(len >> (8 * i)));
+    out << header << std::string(data_bytes, '\0');
+    return path;
+  }
+
+  // Expects Open to throw an error mentioning every string of `needles`.
+  void ExpectOpenError(const std::string& path, std::initializer_list<std::string> needles) {
+    try {
+      SafetensorsFile::Open(path);
+      FAIL() << "no error for " << path;
+    } catch (const Error& e) {
+      for (const auto& n : needles) {
+        EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << e.what() << " lacks " << n;
+      }
+    }
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(SafetensorsTest, ReadsValidFile) {
+  TensorToWrite a{"a", "F32", {2, 3}, std::vector<uint8_t>(24, 0)};
+  TensorToWrite b{"b", "BF16", {4}, std::vector<uint8_t>(8, 0)};
+  a.bytes[0] = 0x00; a.bytes[1] = 0x00; a.bytes[2] = 0x80; a.bytes[3] = 0x3f;  // 1.0f
+  WriteSafetensors(Path("ok.safetensors"), {a, b});
+  const SafetensorsFile f = SafetensorsFile::Open(Path("ok.safetensors"));
+  ASSERT_EQ(f.tensors().size(), 2u);
+  const TensorInfo* t = f.Find("a");
+  ASSERT_NE(t, nullptr);
+  EXPECT_EQ(t->shape, (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(*t->dtype, kernels::DType::kF32);
+  EXPECT_EQ(static_cast<const float*>(t->data)[0], 1.0f);
+  EXPECT_EQ(f.Find("b")->num_bytes, 8u);
+}
+
+TEST_F(SafetensorsTest, TruncatedFile) {
+  const std::string path = Path("trunc.safetensors");
+  std::ofstream(path, std::ios::binary) << "abc";
+  ExpectOpenError(path, {path, "truncated"});
+}
+
+TEST_F(SafetensorsTest, HeaderLengthPastEnd) {
+  const std::string path = WriteRaw("len.safetensors", "{}", 0, 1000);
+  ExpectOpenError(path, {path, "header length 1000"});
+}
+
+TEST_F(SafetensorsTest, BadHeaderJson) {
+  const std::string path = WriteRaw("json.safetensors", "{\"a\": [", 0);
+  ExpectOpenError(path, {path, "JSON"});
+}
+
+TEST_F(SafetensorsTest, OffsetsOutOfRange) {
+  const std::string path = WriteRaw(
+      "range.safetensors", R"({"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}})", 8);
+  ExpectOpenError(path, {path, "tensor w", "out of range"});
+}
+
+TEST_F(SafetensorsTest, SizeNotMatchingShape) {
+  const std::string path = WriteRaw(
+      "size.safetensors", R"({"w": {"dtype": "BF16", "shape": [4], "data_offsets": [0, 16]}})", 16);
+  ExpectOpenError(path, {path, "tensor w", "needs 8"});
+}
+
+TEST_F(SafetensorsTest, OverlappingTensors) {
+  const std::string path = WriteRaw("overlap.safetensors",
+                                    R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+                                        "b": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}})",
+                                    12);
+  ExpectOpenError(path, {path, "a", "b", "overlap"});
+}
+
+TEST_F(SafetensorsTest, UnknownDtype) {
+  const std::string path = WriteRaw(
+      "dtype.safetensors", R"({"w": {"dtype": "Q4", "shape": [2], "data_offsets": [0, 2]}})", 2);
+  ExpectOpenError(path, {path, "tensor w", "Q4"});
+}
+
+TEST_F(SafetensorsTest, CheckpointErrorsNameFileAndTensor) {
+  WriteSafetensors(Path("model-1.safetensors"),
+                   {{"x", "F32", {2, 2}, std::vector<uint8_t>(16, 0)},
+                    {"i", "I32", {2}, std::vector<uint8_t>(8, 0)}});
+  const Checkpoint ckpt = Checkpoint::Open(dir_.string());
+  auto expect_error = [](auto fn, std::initializer_list<std::string> needles) {
+    try {
+      fn();
+      FAIL() << "no error";
+    } catch (const Error& e) {
+      for (const auto& n : needles) {
+        EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << e.what() << " lacks " << n;
+      }
+    }
+  };
+  EXPECT_NO_THROW(ckpt.Get("x", {2, 2}));
+  expect_error([&] { ckpt.Get("missing.weight", {2}); }, {"missing.weight", "missing"});
+  expect_error([&] { ckpt.Get("x", {2, 3}); }, {"model-1.safetensors", "tensor x", "[2, 3]"});
+  expect_error([&] { ckpt.Get("i", {2}); }, {"model-1.safetensors", "tensor i", "I32"});
+}
+
+TEST_F(SafetensorsTest, ShardedIndex) {
+  WriteSafetensors(Path("s1.safetensors"), {{"a", "F32", {1}, std::vector<uint8_t>(4, 0)}});
+  WriteSafetensors(Path("s2.safetensors"), {{"b", "F16", {1}, std::vector<uint8_t>(2, 0)}});
+  std::ofstream(Path("model.safetensors.index.json"))
+      << R"({"metadata": {"total_size": 6}, "weight_map": {"a": "s1.safetensors", "b": "s2.safetensors"}})";
+  const Checkpoint ckpt = Checkpoint::Open(dir_.string());
+  EXPECT_NE(ckpt.Find("a"), nullptr);
+  EXPECT_EQ(*ckpt.Find("b")->dtype, kernels::DType::kF16);
+
+  // The index names a tensor its shard lacks.
+  std::ofstream(Path("model.safetensors.index.json"))
+      << R"({"weight_map": {"a": "s1.safetensors", "c": "s2.safetensors"}})";
+  try {
+    Checkpoint::Open(dir_.string());
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("tensor c"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("s2.safetensors"), std::string::npos) << e.what();
+  }
+  // The index names a missing shard.
+  std::ofstream(Path("model.safetensors.index.json"))
+      << R"({"weight_map": {"a": "s1.safetensors", "d": "s3.safetensors"}})";
+  EXPECT_THROW(Checkpoint::Open(dir_.string()), Error);
+}
+
+}  // namespace
+}  // namespace afd::model
