@@ -19,6 +19,7 @@ int main(int argc, char** argv) {
   afd::cli::AddTopologyCommand(app, exit_code);
   afd::cli::AddConfigCommand(app, exit_code);
   afd::cli::AddConnectorTestCommand(app, exit_code);
+  afd::cli::AddWorkerCommands(app, exit_code);
   afd::cli::AddRunCommand(app, exit_code);
   try {
     app.parse(argc, argv);

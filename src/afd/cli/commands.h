@@ -19,6 +19,8 @@ void AddConfigCommand(CLI::App& app, int& exit_code);
 void AddConnectorTestCommand(CLI::App& app, int& exit_code);
 // `afd run`: in-process generation with a DeepSeek-V2/V3 model (run_cmd.cpp).
 void AddRunCommand(CLI::App& app, int& exit_code);
+// `afd worker` (one rank) and `afd serve` (one role's ranks on this host) (worker_cmd.cpp).
+void AddWorkerCommands(CLI::App& app, int& exit_code);
 
 // Human-readable rank map in the style of seed 000's 4A2F worked example.
 std::string TopologyText(const Topology& topology);

@@ -1,0 +1,163 @@
+#include "afd/cli/deployment_run.h"
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <regex>
+
+#include "afd/cli/commands.h"
+#include "afd/cli/launcher.h"
+#include "afd/comm/socket.h"
+#include "afd/common/error.h"
+#include "afd/config/afd_config.h"
+#include "afd/topology/parallel.h"
+
+namespace afd::cli {
+
+namespace {
+
+using nlohmann::json;
+
+// A temp directory removed when the run ends.
+struct TempDir {
+  std::string path;
+  TempDir() {
+    path = std::filesystem::temp_directory_path().string() + "/afd-run-" +
+           std::to_string(getpid());
+    std::filesystem::remove_all(path);
+    std::filesystem::create_directories(path);
+  }
+  ~TempDir() { std::filesystem::remove_all(path); }
+};
+
+int FreePort() {
+  comm::Socket s = comm::Listen("127.0.0.1", 0);
+  return comm::LocalPort(s);
+}
+
+// The afd object of each role: the user's extra fields, then the deployment's own.
+std::string RoleConfig(const json& base, Role role, int port, int A, int F) {
+  json afd = base;
+  afd["role"] = std::string(RoleName(role));
+  afd["host"] = "127.0.0.1";
+  afd["port"] = port;
+  afd["num_attention_ranks"] = A;
+  afd["num_ffn_ranks"] = F;
+  const std::string text = json{{"afd", afd}}.dump();
+  ParseAfdConfig(text);  // validate now, before any process starts
+  return text;
+}
+
+}  // namespace
+
+std::vector<DeploymentResult> RunDeployment(const DeploymentSpec& spec,
+                                            const std::vector<std::vector<int32_t>>& prompts) {
+  std::smatch m;
+  const std::regex shape("^([0-9]+)A([0-9]+)F$", std::regex::icase);
+  AFD_CHECK(std::regex_match(spec.topology, m, shape),
+            "--topology \"{}\": expected xAyF, e.g. 3A2F", spec.topology);
+  const int A = std::stoi(m[1]), F = std::stoi(m[2]);
+  AFD_CHECK(A >= 1 && F >= 1 && A <= 256 && F <= 256,
+            "--topology {}: rank counts must be in 1..256 for a single-host run", spec.topology);
+  const int attn_dp = spec.attention_dp > 0 ? spec.attention_dp : A / spec.attention_tp;
+  const int ffn_dp = spec.ffn_dp > 0 ? spec.ffn_dp : F / spec.ffn_tp;
+  CheckRankRule(Role::kAttention, A, ParallelSizes{attn_dp, 1, spec.attention_tp});
+  CheckRankRule(Role::kFfn, F, ParallelSizes{ffn_dp, 1, spec.ffn_tp});
+
+  json base = json::object();
+  if (!spec.additional_config.empty()) {
+    const AfdConfig parsed = ParseAfdConfig(spec.additional_config);  // checks the fields
+    json given = json::parse(spec.additional_config);
+    base = given.contains("afd") ? given["afd"] : given;
+    for (const char* k : {"role", "afd_role", "host", "afd_host", "port", "afd_port"}) {
+      AFD_CHECK(!base.contains(k), "--additional-config: \"{}\" is set by --topology; leave it "
+                "out", k);
+    }
+    AFD_CHECK(!base.contains("num_attention_ranks") || parsed.num_attention_ranks == A,
+              "--additional-config: num_attention_ranks {} contradicts --topology {}",
+              parsed.num_attention_ranks, spec.topology);
+    AFD_CHECK(!base.contains("num_ffn_ranks") || parsed.num_ffn_ranks == F,
+              "--additional-config: num_ffn_ranks {} contradicts --topology {}",
+              parsed.num_ffn_ranks, spec.topology);
+    AFD_CHECK(parsed.connector == kP2pHostConnector || !base.contains("connector"),
+              "--additional-config: connector {} needs GPUs; a CPU deployment uses "
+              "P2pHostAFDConnector", parsed.connector);
+  }
+  base["connector"] = std::string(kP2pHostConnector);
+  const int port = FreePort();
+
+  TempDir dir;
+  const std::string prompts_file = dir.path + "/prompts.json";
+  std::ofstream(prompts_file) << json(prompts).dump();
+  const std::string exe = SelfExe();
+  std::vector<RankProcessSpec> specs;
+  for (Role role : {Role::kFfn, Role::kAttention}) {
+    const bool attn = role == Role::kAttention;
+    const std::string cfg = RoleConfig(base, role, port, A, F);
+    const int n = attn ? A : F, dp = attn ? attn_dp : ffn_dp, tp = attn ? spec.attention_tp
+                                                                       : spec.ffn_tp;
+    for (int r = 0; r < n; ++r) {
+      RankProcessSpec s;
+      s.label = fmt::format("{} rank {}", RoleName(role), r);
+      s.log = fmt::format("{}/{}{}.log", dir.path, RoleName(role), r);
+      s.argv = {exe, "worker", "--role-rank", std::to_string(r), "--additional-config", cfg,
+                "--data-parallel-size", std::to_string(dp), "--tensor-parallel-size",
+                std::to_string(tp), "--stats-file",
+                fmt::format("{}/{}{}.stats", dir.path, RoleName(role), r)};
+      if (attn) {
+        s.argv.insert(s.argv.end(), {"--prompts-file", prompts_file, "--output-file",
+                                     fmt::format("{}/out{}.jsonl", dir.path, r)});
+      }
+      s.argv.insert(s.argv.end(), spec.worker_flags.begin(), spec.worker_flags.end());
+      specs.push_back(std::move(s));
+    }
+  }
+  if (spec.show_rank_map) std::cerr << TopologyText(Topology(A, F));
+  RunRankProcesses(specs);
+
+  std::vector<DeploymentResult> results(prompts.size());
+  std::vector<bool> seen(prompts.size(), false);
+  for (int r = 0; r < A; ++r) {
+    if (r % spec.attention_tp != 0) continue;  // TP rank 0 of each replica writes
+    std::ifstream in(fmt::format("{}/out{}.jsonl", dir.path, r));
+    for (std::string line; std::getline(in, line);) {
+      const json j = json::parse(line);
+      const size_t i = j["index"].get<size_t>();
+      AFD_CHECK(i < prompts.size() && !seen[i], "attention rank {} returned prompt {} twice or "
+                "out of range", r, i);
+      seen[i] = true;
+      results[i].json_line = j["result"].dump();
+      results[i].prompt_ids = j["result"]["prompt_ids"].get<std::vector<int32_t>>();
+      results[i].output_ids = j["result"]["output_ids"].get<std::vector<int32_t>>();
+    }
+  }
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    AFD_CHECK(seen[i], "no attention rank returned a result for prompt {}", i);
+  }
+  if (spec.print_stats) {
+    for (const auto& s : specs) {
+      std::ifstream in(s.log.substr(0, s.log.size() - 4) + ".stats");
+      std::string line;
+      std::getline(in, line);
+      if (line.empty()) continue;
+      const json st = json::parse(line);
+      std::cerr << fmt::format("{}: {} steps", s.label, st["steps"].get<int64_t>());
+      if (st.contains("experts")) {
+        std::cerr << fmt::format(", experts [{}, {}), {} rows", st["experts"][0].get<int64_t>(),
+                                 st["experts"][1].get<int64_t>(), st["rows"].get<int64_t>());
+      }
+      std::cerr << "\n";
+      for (const auto& l : st["transfers"]) {
+        std::cerr << fmt::format("    layer {}: {} messages, {} bytes, {:.3f} ms\n",
+                                 l["layer"].get<int64_t>(), l["messages"].get<int64_t>(),
+                                 l["bytes"].get<int64_t>(), 1e3 * l["seconds"].get<double>());
+      }
+    }
+  }
+  return results;
+}
+
+}  // namespace afd::cli

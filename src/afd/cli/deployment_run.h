@@ -1,0 +1,32 @@
+// `afd run --topology xAyF`: every role process of an AFD deployment on this host (a free
+// rendezvous port is picked), the prompts run through it, everything is shut down, and the
+// results come back in prompt order -- the same results as the monolithic `afd run`.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace afd::cli {
+
+struct DeploymentSpec {
+  std::string topology;  // "3A2F"
+  int attention_dp = 0, attention_tp = 1;  // 0: dp = A / tp
+  int ffn_dp = 0, ffn_tp = 1;              // 0: dp = F / tp
+  std::string additional_config;           // optional extra afd fields (e.g. the gate placement)
+  std::vector<std::string> worker_flags;   // model and generation flags, passed to every worker
+  bool print_stats = false;                // per-rank steps and per-layer transfers to stderr
+  bool show_rank_map = false;              // print the deployment's rank map to stderr
+};
+
+// One prompt's result: the JSON line of `afd run --json`, plus its ids for the text output.
+struct DeploymentResult {
+  std::string json_line;
+  std::vector<int32_t> prompt_ids;
+  std::vector<int32_t> output_ids;
+};
+
+// Throws afd::Error naming the process that failed (input errors before anything starts).
+std::vector<DeploymentResult> RunDeployment(const DeploymentSpec& spec,
+                                            const std::vector<std::vector<int32_t>>& prompts);
+
+}  // namespace afd::cli

@@ -1,0 +1,96 @@
+#include "afd/cli/launcher.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <thread>
+
+#include "afd/common/error.h"
+#include "afd/common/subprocess.h"
+
+namespace afd::cli {
+
+std::string SelfExe() {
+  char buf[4096];
+  const ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  AFD_CHECK(n > 0, "cannot find the afd binary (/proc/self/exe)");
+  return std::string(buf, n);
+}
+
+std::string TailOfFile(const std::string& path, int max_lines) {
+  std::ifstream in(path);
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) {
+    lines.push_back(line);
+    if (static_cast<int>(lines.size()) > max_lines) lines.erase(lines.begin());
+  }
+  std::string out;
+  for (const auto& l : lines) out += "    " + l + "\n";
+  return out;
+}
+
+namespace {
+
+std::string StatusText(int status) {
+  if (status > 128) return fmt::format("was killed by signal {} ({})", status - 128,
+                                       strsignal(status - 128));
+  return fmt::format("exited with status {}", status);
+}
+
+}  // namespace
+
+void RunRankProcesses(const std::vector<RankProcessSpec>& specs) {
+  std::vector<std::unique_ptr<Subprocess>> procs;
+  for (const auto& s : specs) procs.push_back(std::make_unique<Subprocess>(s.argv, s.log));
+  // Wait for all, or for the first failure.
+  int first_failed = -1;
+  while (first_failed < 0) {
+    bool all_done = true;
+    for (size_t i = 0; i < procs.size(); ++i) {
+      const std::optional<int> st = procs[i]->Poll();
+      if (st && *st != 0 && first_failed < 0) first_failed = static_cast<int>(i);
+      all_done &= st.has_value();
+    }
+    if (first_failed >= 0 || all_done) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  if (first_failed < 0) return;
+  // Grace period: the peers of a dead process notice it and exit naming it.
+  const Deadline grace = Deadline::In(3.0);
+  for (auto& p : procs) p->Wait(grace);
+  // A process killed by a signal is the root cause; the others exited because they lost it.
+  int culprit = first_failed;
+  if (*procs[culprit]->Poll() <= 128) {
+    for (size_t i = 0; i < procs.size(); ++i) {
+      const std::optional<int> st = procs[i]->Poll();
+      if (st && *st > 128) {
+        culprit = static_cast<int>(i);
+        break;
+      }
+    }
+  }
+  std::string others;
+  for (size_t i = 0; i < procs.size(); ++i) {
+    const std::optional<int> st = procs[i]->Poll();
+    if (static_cast<int>(i) == culprit) continue;
+    if (!st) {
+      others += fmt::format("  {} (pid {}) was still running and has been stopped\n",
+                            specs[i].label, procs[i]->pid());
+    } else if (*st != 0) {
+      others += fmt::format("  {} (pid {}) {}; last log lines:\n{}", specs[i].label,
+                            procs[i]->pid(), StatusText(*st), TailOfFile(specs[i].log, 3));
+    }
+  }
+  const int status = *procs[culprit]->Poll();
+  const std::string pid = std::to_string(procs[culprit]->pid());
+  procs.clear();  // kills and reaps whatever is left
+  AFD_THROW("{} (pid {}) {}; last log lines ({}):\n{}{}", specs[culprit].label, pid,
+            StatusText(status), specs[culprit].log, TailOfFile(specs[culprit].log, 6),
+            others.empty() ? "" : "the other processes:\n" + others);
+}
+
+}  // namespace afd::cli

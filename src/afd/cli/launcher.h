@@ -1,0 +1,29 @@
+// Starting the rank processes of a deployment on this host and watching them: used by
+// `afd serve` (the ranks of one role on one host) and `afd run --topology` (every rank).
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace afd::cli {
+
+struct RankProcessSpec {
+  std::string label;              // "attention rank 1", "ffn rank 0"
+  std::vector<std::string> argv;  // argv[0]: the afd binary
+  std::string log;                // stdout + stderr of the process
+};
+
+// Starts every process and waits until all have exited. When one fails (non-zero exit or a
+// signal), the others get a short grace period to fail on their own -- they name the lost peer
+// -- then are killed, and afd::Error names the process that failed first (a process killed by a
+// signal counts as the root cause before those that exited with an error), with the tail of
+// its log. No process outlives this call.
+void RunRankProcesses(const std::vector<RankProcessSpec>& specs);
+
+// Path of the running afd binary (/proc/self/exe).
+std::string SelfExe();
+
+// Last `max_lines` lines of a file ("" if unreadable).
+std::string TailOfFile(const std::string& path, int max_lines);
+
+}  // namespace afd::cli

@@ -1,0 +1,21 @@
+#include "afd/cli/result_json.h"
+
+#include <cmath>
+#include <nlohmann/json.hpp>
+
+namespace afd::cli {
+
+std::string ResultJsonLine(const runtime::GenerationResult& r) {
+  nlohmann::ordered_json j;
+  j["prompt_ids"] = r.prompt_ids;
+  j["output_ids"] = r.output_ids;
+  nlohmann::ordered_json plp = nlohmann::ordered_json::array();
+  for (float v : r.prompt_logprobs) {
+    plp.push_back(std::isnan(v) ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(v));
+  }
+  j["prompt_logprobs"] = plp;
+  j["logprobs"] = r.logprobs;
+  return j.dump();
+}
+
+}  // namespace afd::cli

@@ -1,0 +1,98 @@
+#include "afd/cli/role_worker.h"
+
+#include <chrono>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "afd/cli/result_json.h"
+#include "afd/comm/afd_world.h"
+#include "afd/common/error.h"
+#include "afd/connector/p2p_connector.h"
+#include "afd/runtime/attention_runner.h"
+#include "afd/runtime/ffn_worker.h"
+#include "afd/topology/parallel.h"
+
+namespace afd::cli {
+
+namespace {
+
+nlohmann::json TransferStats(const connector::P2pConnector& c) {
+  nlohmann::json layers = nlohmann::json::array();
+  for (const auto& [layer, s] : c.stats()) {
+    layers.push_back({{"layer", layer}, {"messages", s.messages}, {"bytes", s.bytes},
+                      {"seconds", s.seconds}});
+  }
+  return layers;
+}
+
+void WriteFileOrThrow(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::trunc);
+  out << text;
+  out.close();
+  AFD_CHECK(out.good(), "cannot write {}", path);
+}
+
+}  // namespace
+
+void RunWorker(const WorkerOptions& o) {
+  const AfdConfig& c = o.config;
+  const Role role = c.role;
+  const int num_ranks = role == Role::kAttention ? c.num_attention_ranks : c.num_ffn_ranks;
+  CheckRankRule(role, num_ranks, ParallelSizes{o.dp, 1, o.tp});
+  const auto start = std::chrono::steady_clock::now();
+  std::unique_ptr<model::DeepseekModel> model = model::OpenModel(o.model, o.open);
+  comm::JoinRequest request{c, o.role_rank, model->config().hidden_size, DType::kF32};
+  std::unique_ptr<comm::AfdWorld> world = comm::AfdWorld::Join(request);
+  try {
+    connector::P2pConnector connector(*world);
+    nlohmann::json stats = {{"role", std::string(RoleName(role))},
+                            {"role_rank", o.role_rank},
+                            {"world_rank", world->world_rank()}};
+    if (role == Role::kAttention) {
+      runtime::AttentionRunner runner(*model, *world, connector, o.tp);
+      const int dp_rank = o.role_rank / o.tp, tp_rank = o.role_rank % o.tp;
+      std::vector<std::vector<int32_t>> mine;
+      runtime::GenerationOptions gen = o.generation;
+      std::vector<int64_t> indices;
+      for (size_t i = 0; i < o.prompts.size(); ++i) {
+        if (static_cast<int>(i % o.dp) == dp_rank) {
+          mine.push_back(o.prompts[i]);
+          indices.push_back(static_cast<int64_t>(i));
+        }
+      }
+      gen.sampler_streams = indices;
+      std::vector<runtime::GenerationResult> results;
+      if (!mine.empty()) {
+        runtime::Generator generator(*model, runner);
+        results = generator.Generate(mine, gen);
+      }
+      runner.Drain();
+      if (tp_rank == 0 && !o.output_file.empty()) {
+        std::string text;
+        for (size_t i = 0; i < results.size(); ++i) {
+          text += fmt::format("{{\"index\": {}, \"result\": {}}}\n", indices[i],
+                              ResultJsonLine(results[i]));
+        }
+        WriteFileOrThrow(o.output_file, text);
+      }
+      stats["steps"] = runner.steps();
+      stats["prompts"] = mine.size();
+    } else {
+      runtime::FfnWorker worker(*model, *world, connector);
+      stats["steps"] = worker.Run();
+      stats["rows"] = worker.rows_served();
+      stats["experts"] = {worker.moe().expert_begin(), worker.moe().expert_end()};
+    }
+    // Everyone finishes together, so a failure anywhere is reported everywhere.
+    world->Barrier("worker-done");
+    stats["seconds"] =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    stats["transfers"] = TransferStats(connector);
+    if (!o.stats_file.empty()) WriteFileOrThrow(o.stats_file, stats.dump() + "\n");
+  } catch (const Error& e) {
+    world->Abort(fmt::format("{} rank {} failed: {}", RoleName(role), o.role_rank, e.what()));
+    throw;
+  }
+}
+
+}  // namespace afd::cli

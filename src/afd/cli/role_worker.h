@@ -1,0 +1,32 @@
+// One rank of an AFD deployment (`afd worker`): joins the world, loads the model and runs the
+// attention role (generation over the P2P connector) or the FFN role (the worker loop).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "afd/config/afd_config.h"
+#include "afd/model/loader.h"
+#include "afd/runtime/generator.h"
+
+namespace afd::cli {
+
+struct WorkerOptions {
+  AfdConfig config;
+  int role_rank = 0;
+  int dp = 1;  // data-parallel size of this role's server
+  int tp = 1;  // tensor-parallel size of this role's server
+  std::string model;
+  model::OpenOptions open;
+  // Attention role only:
+  std::vector<std::vector<int32_t>> prompts;  // all prompts; replica d takes i % dp == d
+  runtime::GenerationOptions generation;
+  std::string output_file;  // TP rank 0 of each replica writes {"index": i, "result": ...} lines
+  std::string stats_file;   // optional: a JSON summary of this rank (steps, per-layer transfers)
+};
+
+// Throws afd::Error on any failure (after publishing an abort so the other ranks stop too).
+void RunWorker(const WorkerOptions& options);
+
+}  // namespace afd::cli

@@ -1,0 +1,218 @@
+// `afd worker`: one rank of an AFD deployment. `afd serve`: the ranks of one role on this host,
+// with the flags of the seed recipes (`vllm serve` scripts port by renaming the binary):
+//   afd serve --model M --device cpu --data-parallel-size 2 --tensor-parallel-size 1 \
+//     [--data-parallel-size-local 1 --data-parallel-start-rank 1] \
+//     --additional-config '{"afd": {"role": "attention", ...}}'
+// serve starts one `afd worker` per local rank (DP ranks start..start+local-1, each with its TP
+// ranks) and fails, naming the rank, when any of them fails. The attention role generates for
+// --prompts-file (JSON array of token-id arrays); the HTTP API will take their place.
+#include <CLI/CLI.hpp>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "afd/cli/commands.h"
+#include "afd/cli/launcher.h"
+#include "afd/cli/role_worker.h"
+#include "afd/common/error.h"
+
+namespace afd::cli {
+
+namespace {
+
+struct RoleArgs {
+  std::string model;
+  std::string device = "cpu";
+  std::string additional_config;
+  int dp = 1, tp = 1;
+  int dp_local = -1, dp_start = 0;  // serve only
+  bool expert_parallel = false;     // accepted for recipe compatibility: FFN ranks always use EP
+  int role_rank = -1;               // worker only
+  std::string prompts_file, output_file, stats_file, log_dir;
+  int64_t max_tokens = 16;
+  bool ignore_eos = false;
+  runtime::SamplingParams sampling;
+  int64_t num_layers = 0;
+  uint64_t preset_seed = 0;
+  bool bf16 = false;
+};
+
+void AddRoleFlags(CLI::App* cmd, RoleArgs& a) {
+  cmd->add_option("--model", a.model, "Checkpoint directory or preset:NAME")->required();
+  cmd->add_option("--device", a.device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
+  cmd->add_option("--additional-config", a.additional_config,
+                  "JSON with the \"afd\" object (role, host, port, rank counts, connector)")
+      ->required();
+  cmd->add_option("--data-parallel-size", a.dp, "DP size of this role's server")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--tensor-parallel-size", a.tp, "TP size of this role's server")
+      ->check(CLI::PositiveNumber);
+  cmd->add_flag("--enable-expert-parallel", a.expert_parallel,
+                "Accepted for recipe compatibility (the FFN role always shards experts)");
+  cmd->add_option("--prompts-file", a.prompts_file, "Attention: JSON array of token-id arrays");
+  cmd->add_option("--max-tokens", a.max_tokens, "New tokens per prompt")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_flag("--ignore-eos", a.ignore_eos, "Do not stop at EOS");
+  cmd->add_option("--temperature", a.sampling.temperature, "0: greedy");
+  cmd->add_option("--top-k", a.sampling.top_k, "0: no limit");
+  cmd->add_option("--top-p", a.sampling.top_p, "In (0, 1]");
+  cmd->add_option("--seed", a.sampling.seed, "Sampling seed");
+  cmd->add_option("--num-layers", a.num_layers, "Keep only the first N decoder layers");
+  cmd->add_option("--preset-seed", a.preset_seed, "Seed of preset random weights");
+  cmd->add_flag("--bf16", a.bf16, "Store weight matrices as bf16");
+}
+
+std::vector<std::vector<int32_t>> ReadPrompts(const std::string& path) {
+  if (path.empty()) return {};
+  std::ifstream in(path);
+  AFD_CHECK(in.good(), "--prompts-file {}: cannot open the file", path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(ss.str());
+  } catch (const nlohmann::json::exception& e) {
+    AFD_THROW("--prompts-file {}: not valid JSON: {}", path, e.what());
+  }
+  AFD_CHECK(j.is_array(), "--prompts-file {}: must be a JSON array of token-id arrays", path);
+  std::vector<std::vector<int32_t>> prompts;
+  for (size_t i = 0; i < j.size(); ++i) {
+    AFD_CHECK(j[i].is_array() && !j[i].empty(), "--prompts-file {}: prompt {} must be a "
+              "non-empty array of token ids", path, i);
+    std::vector<int32_t> ids;
+    for (const auto& v : j[i]) {
+      AFD_CHECK(v.is_number_integer() && v.get<int64_t>() >= 0 && v.get<int64_t>() <= INT32_MAX,
+                "--prompts-file {}: prompt {} holds {}, not a token id", path, i, v.dump());
+      ids.push_back(v.get<int32_t>());
+    }
+    prompts.push_back(std::move(ids));
+  }
+  return prompts;
+}
+
+WorkerOptions ToWorkerOptions(const RoleArgs& a) {
+  AFD_CHECK(a.device == "cpu",
+            "--device {}: this build runs the model on the CPU only; use --device cpu", a.device);
+  WorkerOptions o;
+  o.config = ParseAfdConfig(a.additional_config);
+  o.role_rank = a.role_rank;
+  o.dp = a.dp;
+  o.tp = a.tp;
+  o.model = a.model;
+  o.open.num_layers = a.num_layers;
+  o.open.preset_seed = a.preset_seed;
+  if (a.bf16) o.open.weights.matrix_dtype = kernels::DType::kBf16;
+  o.prompts = ReadPrompts(a.prompts_file);
+  o.generation.max_tokens = a.max_tokens;
+  o.generation.ignore_eos = a.ignore_eos;
+  o.generation.sampling = a.sampling;
+  o.output_file = a.output_file;
+  o.stats_file = a.stats_file;
+  return o;
+}
+
+// Flags every worker of a role gets from serve (all RoleArgs except the per-rank ones).
+std::vector<std::string> PassThrough(const RoleArgs& a) {
+  std::vector<std::string> v = {"--model", a.model, "--device", a.device,
+                                "--additional-config", a.additional_config,
+                                "--data-parallel-size", std::to_string(a.dp),
+                                "--tensor-parallel-size", std::to_string(a.tp),
+                                "--max-tokens", std::to_string(a.max_tokens),
+                                "--temperature", fmt::format("{}", a.sampling.temperature),
+                                "--top-k", std::to_string(a.sampling.top_k),
+                                "--top-p", fmt::format("{}", a.sampling.top_p),
+                                "--seed", std::to_string(a.sampling.seed),
+                                "--num-layers", std::to_string(a.num_layers),
+                                "--preset-seed", std::to_string(a.preset_seed)};
+  if (!a.prompts_file.empty()) v.insert(v.end(), {"--prompts-file", a.prompts_file});
+  if (a.ignore_eos) v.push_back("--ignore-eos");
+  if (a.bf16) v.push_back("--bf16");
+  return v;
+}
+
+}  // namespace
+
+void AddWorkerCommands(CLI::App& app, int& exit_code) {
+  auto wargs = std::make_shared<RoleArgs>();
+  auto* worker = app.add_subcommand("worker", "Run one rank of an AFD deployment");
+  AddRoleFlags(worker, *wargs);
+  worker->add_option("--role-rank", wargs->role_rank,
+                     "This rank within its role: dp_rank * tensor_parallel_size + tp_rank")
+      ->required()
+      ->check(CLI::NonNegativeNumber);
+  worker->add_option("--output-file", wargs->output_file, "Attention: generated results");
+  worker->add_option("--stats-file", wargs->stats_file, "JSON summary of this rank");
+  worker->callback([wargs, &exit_code] {
+    std::string who = "worker";
+    try {
+      const WorkerOptions o = ToWorkerOptions(*wargs);
+      who = fmt::format("{} rank {}", RoleName(o.config.role), o.role_rank);
+      RunWorker(o);
+      exit_code = 0;
+    } catch (const Error& e) {
+      std::cerr << "afd worker (" << who << "): error: " << e.what() << std::endl;
+      exit_code = 1;
+    }
+  });
+
+  auto sargs = std::make_shared<RoleArgs>();
+  auto* serve = app.add_subcommand(
+      "serve", "Run this host's ranks of one AFD role (one command per role and host)");
+  AddRoleFlags(serve, *sargs);
+  serve->add_option("--data-parallel-size-local", sargs->dp_local,
+                    "DP ranks on this host (default: all)")->check(CLI::PositiveNumber);
+  serve->add_option("--data-parallel-start-rank", sargs->dp_start, "First DP rank on this host")
+      ->check(CLI::NonNegativeNumber);
+  serve->add_option("--output-file", sargs->output_file,
+                    "Attention: generated results, one JSON line per prompt of this host");
+  serve->add_option("--log-dir", sargs->log_dir, "Where rank logs go (default: a temp dir)");
+  serve->callback([sargs, &exit_code] {
+    try {
+      const RoleArgs& a = *sargs;
+      const WorkerOptions base = ToWorkerOptions(a);  // validates everything before starting
+      const int local = a.dp_local < 0 ? a.dp - a.dp_start : a.dp_local;
+      AFD_CHECK(local >= 1 && a.dp_start + local <= a.dp,
+                "--data-parallel-start-rank {} + --data-parallel-size-local {} exceed "
+                "--data-parallel-size {}", a.dp_start, local, a.dp);
+      const std::string dir = a.log_dir.empty()
+                                  ? std::filesystem::temp_directory_path().string() +
+                                        "/afd-serve-" + std::to_string(getpid())
+                                  : a.log_dir;
+      std::filesystem::create_directories(dir);
+      const std::string role(RoleName(base.config.role));
+      std::vector<RankProcessSpec> specs;
+      for (int d = a.dp_start; d < a.dp_start + local; ++d) {
+        for (int t = 0; t < a.tp; ++t) {
+          const int rank = d * a.tp + t;
+          RankProcessSpec s;
+          s.label = fmt::format("{} rank {}", role, rank);
+          s.log = fmt::format("{}/{}{}.log", dir, role, rank);
+          s.argv = {SelfExe(), "worker", "--role-rank", std::to_string(rank)};
+          for (auto& f : PassThrough(a)) s.argv.push_back(f);
+          if (!a.output_file.empty() && t == 0) {
+            s.argv.insert(s.argv.end(), {"--output-file", fmt::format("{}/out{}.jsonl", dir, d)});
+          }
+          specs.push_back(std::move(s));
+        }
+      }
+      std::cerr << "afd serve: " << specs.size() << " " << role << " rank(s), logs in " << dir
+                << std::endl;
+      RunRankProcesses(specs);
+      if (!a.output_file.empty()) {
+        std::ofstream out(a.output_file, std::ios::trunc);
+        for (int d = a.dp_start; d < a.dp_start + local; ++d) {
+          std::ifstream in(fmt::format("{}/out{}.jsonl", dir, d));
+          out << in.rdbuf();
+        }
+      }
+      exit_code = 0;
+    } catch (const Error& e) {
+      std::cerr << "afd serve: error: " << e.what() << std::endl;
+      exit_code = 1;
+    }
+  });
+}
+
+}  // namespace afd::cli

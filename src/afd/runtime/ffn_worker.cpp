@@ -1,0 +1,72 @@
+#include "afd/runtime/ffn_worker.h"
+
+#include <numeric>
+
+#include "afd/common/error.h"
+#include "afd/model/router.h"
+
+namespace afd::runtime {
+
+namespace {
+constexpr int kHiddenChannel = 0;
+constexpr int kTopkIdsChannel = 1;
+constexpr int kTopkWeightsChannel = 2;
+// How long one wait for the next step lasts before checking for an abort elsewhere.
+constexpr double kIdlePollSeconds = 0.2;
+}  // namespace
+
+FfnWorker::FfnWorker(const model::DeepseekModel& model, comm::AfdWorld& world,
+                     connector::P2pConnector& connector)
+    : model_(model), world_(world), connector_(connector) {
+  AFD_CHECK(world.self().role == Role::kFfn, "FfnWorker on an attention rank");
+  const Topology& t = world.topology();
+  std::vector<int> members;
+  for (int f = 0; f < t.num_ffn(); ++f) members.push_back(t.WorldRank({Role::kFfn, f}));
+  ep_group_ = world.CreateGroup("ffn_ep", members);
+  moe_ = std::make_unique<ExpertParallelMoe>(model.config(), model.weights(), *ep_group_);
+}
+
+void FfnWorker::MoeLayer(int64_t layer, const connector::StepMetadata& meta) {
+  const model::ModelConfig& c = model_.config();
+  const int64_t H = c.hidden_size, k = c.num_experts_per_tok;
+  const std::vector<int64_t> counts = connector_.IncomingRowCounts(meta, 0);
+  const int64_t n = std::accumulate(counts.begin(), counts.end(), int64_t{0});
+  const connector::RowFormat hidden{H, DType::kF32};
+  std::vector<float> rows(n * H), out(n * H);  // [n, H]: all attention peers' rows, in order
+  std::vector<int32_t> ids(n * k);             // [n, k]
+  std::vector<float> weights(n * k);
+  const int l = static_cast<int>(layer);
+  connector_.RecvFromAttention(l, 0, kHiddenChannel, hidden, meta, rows.data());
+  if (world_.config().compute_gate_on_attention) {
+    connector_.RecvFromAttention(l, 0, kTopkIdsChannel, {k, DType::kI32}, meta, ids.data());
+    connector_.RecvFromAttention(l, 0, kTopkWeightsChannel, {k, DType::kF32}, meta,
+                                 weights.data());
+  } else if (n > 0) {
+    model::RouteTokens(c, model_.weights().layers[layer].moe, rows.data(), n, ids.data(),
+                       weights.data());
+  }
+  moe_->Forward(layer, rows.data(), n, ids.data(), weights.data(), out.data());
+  connector_.SendToAttention(l, 0, hidden, meta, out.data());
+  rows_served_ += n;
+}
+
+int64_t FfnWorker::Run() {
+  const model::ModelConfig& c = model_.config();
+  int64_t steps = 0;
+  while (true) {
+    std::optional<connector::StepMetadata> meta = connector_.control_plane().Recv(kIdlePollSeconds);
+    if (!meta) {
+      world_.CheckAbort();  // idle: nothing to do, unless the deployment is going down
+      continue;
+    }
+    if (meta->has(connector::kShutdown)) return steps;
+    AFD_CHECK(meta->num_stages == 1, "step {}: {} stages; this worker runs one stage per layer",
+              meta->step, meta->num_stages);
+    for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+      if (c.IsMoeLayer(l)) MoeLayer(l, *meta);
+    }
+    ++steps;
+  }
+}
+
+}  // namespace afd::runtime
