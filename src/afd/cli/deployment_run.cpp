@@ -129,7 +129,12 @@ std::vector<DeploymentResult> RunDeployment(const DeploymentSpec& spec,
       AFD_CHECK(i < prompts.size() && !seen[i], "attention rank {} returned prompt {} twice or "
                 "out of range", r, i);
       seen[i] = true;
-      results[i].json_line = j["result"].dump();
+      // Keep the worker's text as is: re-serializing would reorder keys and reprint floats.
+      const std::string marker = "\"result\": ";
+      const size_t at = line.find(marker);
+      AFD_CHECK(at != std::string::npos && line.back() == '}',
+                "attention rank {} wrote a malformed result line", r);
+      results[i].json_line = line.substr(at + marker.size(), line.size() - 1 - at - marker.size());
       results[i].prompt_ids = j["result"]["prompt_ids"].get<std::vector<int32_t>>();
       results[i].output_ids = j["result"]["output_ids"].get<std::vector<int32_t>>();
     }

@@ -11,6 +11,8 @@
 #include <vector>
 
 #include "afd/cli/commands.h"
+#include "afd/cli/deployment_run.h"
+#include "afd/cli/result_json.h"
 #include "afd/common/error.h"
 #include "afd/model/loader.h"
 #include "afd/runtime/generator.h"
@@ -32,6 +34,7 @@ struct RunArgs {
   uint64_t preset_seed = 0;
   bool bf16 = false;
   bool stats = false;
+  DeploymentSpec deployment;  // --topology: run on an AFD deployment of local processes
 };
 
 // "1,2,3" -> {1, 2, 3}; throws afd::Error on anything else.
@@ -58,17 +61,39 @@ std::vector<int32_t> ParseIds(const std::string& text) {
   return ids;
 }
 
-nlohmann::ordered_json ResultJson(const runtime::GenerationResult& r) {
-  nlohmann::ordered_json j;
-  j["prompt_ids"] = r.prompt_ids;
-  j["output_ids"] = r.output_ids;
-  nlohmann::ordered_json plp = nlohmann::ordered_json::array();
-  for (float v : r.prompt_logprobs) {
-    plp.push_back(std::isnan(v) ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(v));
+// `afd run --topology`: the same prompts and output through an AFD deployment.
+void RunOnDeployment(const RunArgs& args, const std::vector<std::vector<int32_t>>& prompts,
+                     int& exit_code) {
+  DeploymentSpec spec = args.deployment;
+  spec.print_stats = args.stats;
+  spec.worker_flags = {"--model", args.model, "--max-tokens", std::to_string(args.max_tokens),
+                       "--temperature", fmt::format("{}", args.sampling.temperature),
+                       "--top-k", std::to_string(args.sampling.top_k),
+                       "--top-p", fmt::format("{}", args.sampling.top_p),
+                       "--seed", std::to_string(args.sampling.seed),
+                       "--num-layers", std::to_string(args.num_layers),
+                       "--preset-seed", std::to_string(args.preset_seed)};
+  if (args.ignore_eos) spec.worker_flags.push_back("--ignore-eos");
+  if (args.bf16) spec.worker_flags.push_back("--bf16");
+  std::vector<DeploymentResult> results;
+  try {
+    AFD_CHECK(args.dump_logits.empty(), "--dump-logits is not available with --topology");
+    results = RunDeployment(spec, prompts);
+  } catch (const Error& e) {
+    std::cerr << "afd run --topology " << spec.topology << ": " << e.what() << "\n";
+    exit_code = 1;
+    return;
   }
-  j["prompt_logprobs"] = plp;
-  j["logprobs"] = r.logprobs;
-  return j;
+  for (size_t s = 0; s < results.size(); ++s) {
+    if (args.json) {
+      std::cout << results[s].json_line << "\n";
+    } else {
+      std::cout << "prompt " << s << " (" << results[s].prompt_ids.size() << " tokens) ->";
+      for (int32_t id : results[s].output_ids) std::cout << " " << id;
+      std::cout << "\n";
+    }
+  }
+  exit_code = 0;
 }
 
 void Run(const RunArgs& args, int& exit_code) {
@@ -103,6 +128,11 @@ void Run(const RunArgs& args, int& exit_code) {
     exit_code = 2;
     return;
   }
+  if (!args.deployment.topology.empty()) {
+    model.reset();  // the role processes load their own copies
+    RunOnDeployment(args, prompts, exit_code);
+    return;
+  }
   const double load_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
   options.max_tokens = args.max_tokens;
@@ -120,7 +150,7 @@ void Run(const RunArgs& args, int& exit_code) {
   }
   for (size_t s = 0; s < results.size(); ++s) {
     if (args.json) {
-      std::cout << ResultJson(results[s]).dump() << "\n";
+      std::cout << ResultJsonLine(results[s]) << "\n";
     } else {
       std::cout << "prompt " << s << " (" << results[s].prompt_ids.size() << " tokens) ->";
       for (int32_t id : results[s].output_ids) std::cout << " " << id;
@@ -128,6 +158,10 @@ void Run(const RunArgs& args, int& exit_code) {
     }
   }
   if (args.stats) {
+    const model::ModelConfig& c = model->config();
+    std::cerr << fmt::format("model: {} layers, {} parameters, weights as {}\n",
+                             c.num_hidden_layers, model::ParameterCount(c),
+                             kernels::DTypeName(model->weights().lm_head.dtype()));
     std::cerr << fmt::format(
         "load: {:.3f} s\nprefill: {} tokens in {:.4f} s = {:.1f} tokens/s\n"
         "decode: {} tokens in {} steps, {:.4f} s = {:.1f} tokens/s ({:.2f} ms/step)\n",
@@ -169,6 +203,19 @@ void AddRunCommand(CLI::App& app, int& exit_code) {
   run->add_option("--preset-seed", args->preset_seed, "Seed of preset random weights (default 0)");
   run->add_flag("--bf16", args->bf16, "Store weight matrices as bf16 (automatic for big models)");
   run->add_flag("--stats", args->stats, "Print load/prefill/decode timings to stderr");
+  run->add_option("--topology", args->deployment.topology,
+                  "Run on an AFD deployment xAyF of processes on this host (e.g. 3A2F)");
+  run->add_option("--attention-dp", args->deployment.attention_dp, "Attention DP size")
+      ->check(CLI::PositiveNumber);
+  run->add_option("--attention-tp", args->deployment.attention_tp, "Attention TP size")
+      ->check(CLI::PositiveNumber);
+  run->add_option("--ffn-dp", args->deployment.ffn_dp, "FFN DP size")->check(CLI::PositiveNumber);
+  run->add_option("--ffn-tp", args->deployment.ffn_tp, "FFN TP size")->check(CLI::PositiveNumber);
+  run->add_option("--additional-config", args->deployment.additional_config,
+                  "Extra afd fields for --topology, e.g. {\"afd\": "
+                  "{\"compute_gate_on_attention\": true}}");
+  run->add_flag("--show-rank-map", args->deployment.show_rank_map,
+                "With --topology: print the rank map to stderr");
   run->callback([args, &exit_code] { Run(*args, exit_code); });
 }
 
