@@ -41,7 +41,10 @@ std::string Golden(const std::string& name) {
 
 std::string Ids(const json& ids) {
   std::string s;
-  for (const auto& id : ids) s += (s.empty() ? "" : ",") + std::to_string(id.get<int>());
+  for (const auto& id : ids) {
+    if (!s.empty()) s += ',';
+    s += std::to_string(id.get<int>());
+  }
   return s;
 }
 

@@ -1,5 +1,8 @@
 #include "afd/model/loader.h"
 
+#include <fstream>
+#include <sstream>
+
 #include "afd/common/error.h"
 #include "afd/model/checkpoint.h"
 
@@ -78,6 +81,19 @@ ModelConfig V2LiteConfig() {
   return c;
 }
 
+// MemAvailable of /proc/meminfo in bytes; -1 when unknown.
+int64_t AvailableMemory() {
+  std::ifstream in("/proc/meminfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    std::istringstream ss(line);
+    std::string key;
+    int64_t kb = 0;
+    if (ss >> key >> kb && key == "MemAvailable:") return kb * 1024;
+  }
+  return -1;
+}
+
 }  // namespace
 
 std::vector<std::string> PresetNames() { return {"tiny", "deepseek-v2-lite"}; }
@@ -131,6 +147,12 @@ std::unique_ptr<DeepseekModel> OpenModel(const std::string& spec, const OpenOpti
   if (options.auto_bf16 && ParameterCount(config) * 4 > kAutoBf16Bytes) {
     weights.matrix_dtype = kernels::DType::kBf16;
   }
+  const int64_t need = ParameterCount(config) * kernels::DTypeSize(weights.matrix_dtype);
+  const int64_t available = AvailableMemory();
+  AFD_CHECK(available < 0 || need <= available,
+            "{}: the weights need about {:.1f} GiB as {}, but only {:.1f} GiB of memory is "
+            "available; use --num-layers N to keep fewer layers", spec, need / 1073741824.0,
+            kernels::DTypeName(weights.matrix_dtype), available / 1073741824.0);
   ModelWeights w = preset ? RandomWeights(config, options.preset_seed, weights)
                           : LoadWeights(config, *ckpt, weights);
   return std::make_unique<DeepseekModel>(std::move(config), std::move(w));
