@@ -154,6 +154,16 @@ std::vector<DeploymentResult> RunDeployment(const DeploymentSpec& spec,
         std::cerr << fmt::format(", experts [{}, {}), {} rows", st["experts"][0].get<int64_t>(),
                                  st["experts"][1].get<int64_t>(), st["rows"].get<int64_t>());
       }
+      if (st.contains("decode_steps") && st["decode_steps"].get<int64_t>() > 0) {
+        const double ds = st["decode_seconds"].get<double>();
+        std::cerr << fmt::format(
+            "; prefill {} tokens in {:.4f} s; decode {} tokens in {} steps, {:.4f} s = {:.1f} "
+            "tokens/s ({:.2f} ms/step)",
+            st["prefill_tokens"].get<int64_t>(), st["prefill_seconds"].get<double>(),
+            st["decode_tokens"].get<int64_t>(), st["decode_steps"].get<int64_t>(), ds,
+            st["decode_tokens"].get<int64_t>() / std::max(ds, 1e-9),
+            1e3 * ds / st["decode_steps"].get<int64_t>());
+      }
       std::cerr << "\n";
       for (const auto& l : st["transfers"]) {
         std::cerr << fmt::format("    layer {}: {} messages, {} bytes, {:.3f} ms\n",

@@ -17,7 +17,8 @@ struct RankProcessSpec {
 // signal), the others get a short grace period to fail on their own -- they name the lost peer
 // -- then are killed, and afd::Error names the process that failed first (a process killed by a
 // signal counts as the root cause before those that exited with an error), with the tail of
-// its log. No process outlives this call.
+// its log. No process outlives this call. Unless already set, OMP_NUM_THREADS and
+// OPENBLAS_NUM_THREADS give each process its share of this host's cores.
 void RunRankProcesses(const std::vector<RankProcessSpec>& specs);
 
 // Path of the running afd binary (/proc/self/exe).

@@ -62,10 +62,16 @@ void RunWorker(const WorkerOptions& o) {
       }
       gen.sampler_streams = indices;
       std::vector<runtime::GenerationResult> results;
+      runtime::GenerationStats gs;
       if (!mine.empty()) {
         runtime::Generator generator(*model, runner);
-        results = generator.Generate(mine, gen);
+        results = generator.Generate(mine, gen, &gs);
       }
+      stats["prefill_tokens"] = gs.prefill_tokens;
+      stats["prefill_seconds"] = gs.prefill_seconds;
+      stats["decode_tokens"] = gs.decode_tokens;
+      stats["decode_steps"] = gs.decode_steps;
+      stats["decode_seconds"] = gs.decode_seconds;
       runner.Drain();
       if (tp_rank == 0 && !o.output_file.empty()) {
         std::string text;

@@ -1,0 +1,231 @@
+// AFD end to end on CPU: `afd run --topology xAyF` (separate role processes, real sockets) must
+// reproduce the monolithic `afd run`: identical greedy ids, prompt/output logprobs within 1e-5.
+#include <dirent.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "afd/common/subprocess.h"
+
+namespace afd {
+namespace {
+
+using nlohmann::json;
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+struct Output {
+  int status;
+  std::string out, err;
+};
+
+Output RunAfd(const std::vector<std::string>& args, const std::string& tag) {
+  const std::string out = ::testing::TempDir() + "/" + tag + ".out";
+  const std::string err = ::testing::TempDir() + "/" + tag + ".err";
+  std::string cmd = AFD_BINARY;
+  for (const auto& a : args) cmd += " '" + a + "'";
+  const int rc = std::system((cmd + " >" + out + " 2>" + err).c_str());
+  return {WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, ReadFile(out), ReadFile(err)};
+}
+
+std::vector<json> Lines(const std::string& text) {
+  std::vector<json> out;
+  std::stringstream ss(text);
+  for (std::string line; std::getline(ss, line);) out.push_back(json::parse(line));
+  return out;
+}
+
+const std::vector<std::string> kPrompts = {"1,2,3,4,5", "7,8,9", "10,11,12,13,14,15,16,17,18,19,20",
+                                           "42"};
+
+std::vector<std::string> BaseArgs(const std::string& model) {
+  std::vector<std::string> a = {"run", "--model", model, "--max-tokens", "6", "--json"};
+  for (const auto& p : kPrompts) a.insert(a.end(), {"--prompt-ids", p});
+  return a;
+}
+
+void ExpectSameResults(const std::string& mono_text, const std::string& afd_text) {
+  const std::vector<json> mono = Lines(mono_text), afd = Lines(afd_text);
+  ASSERT_EQ(mono.size(), kPrompts.size());
+  ASSERT_EQ(afd.size(), mono.size()) << afd_text;
+  for (size_t i = 0; i < mono.size(); ++i) {
+    EXPECT_EQ(afd[i]["prompt_ids"], mono[i]["prompt_ids"]);
+    EXPECT_EQ(afd[i]["output_ids"], mono[i]["output_ids"]) << "prompt " << i;
+    for (const char* key : {"prompt_logprobs", "logprobs"}) {
+      ASSERT_EQ(afd[i][key].size(), mono[i][key].size());
+      for (size_t j = 0; j < mono[i][key].size(); ++j) {
+        if (mono[i][key][j].is_null()) {
+          EXPECT_TRUE(afd[i][key][j].is_null());
+          continue;
+        }
+        EXPECT_NEAR(afd[i][key][j].get<double>(), mono[i][key][j].get<double>(), 1e-5)
+            << key << " of prompt " << i << " at " << j;
+      }
+    }
+  }
+}
+
+struct Case {
+  std::string name;
+  std::string model;
+  std::vector<std::string> flags;
+};
+
+class AfdRunTopology : public ::testing::TestWithParam<Case> {};
+
+TEST_P(AfdRunTopology, MatchesTheMonolithicModel) {
+  const Case& c = GetParam();
+  const Output mono = RunAfd(BaseArgs(c.model), c.name + "_mono");
+  ASSERT_EQ(mono.status, 0) << mono.err;
+  std::vector<std::string> args = BaseArgs(c.model);
+  args.insert(args.end(), c.flags.begin(), c.flags.end());
+  const Output afd = RunAfd(args, c.name);
+  ASSERT_EQ(afd.status, 0) << afd.err;
+  ExpectSameResults(mono.out, afd.out);
+}
+
+const std::string kTiny = "preset:tiny";
+const std::string kGate = R"({"afd": {"compute_gate_on_attention": true}})";
+std::string Golden(const std::string& name) {
+  return std::string(AFD_SOURCE_DIR) + "/tests/data/golden/" + name;
+}
+
+std::vector<Case> Cases() {
+  std::vector<Case> cases;
+  const std::vector<std::pair<std::string, std::vector<std::string>>> topologies = {
+      {"1A1F", {"--topology", "1A1F"}},
+      {"2A1F", {"--topology", "2A1F"}},
+      {"1A2F", {"--topology", "1A2F"}},
+      {"3A2F", {"--topology", "3A2F"}},
+      {"4A2F", {"--topology", "4A2F"}},
+      {"2A5F", {"--topology", "2A5F"}},
+      {"2A2F_dp2tp1", {"--topology", "2A2F", "--attention-dp", "2", "--attention-tp", "1"}},
+      {"2A2F_dp1tp2", {"--topology", "2A2F", "--attention-dp", "1", "--attention-tp", "2"}},
+  };
+  for (const auto& [name, flags] : topologies) {
+    cases.push_back({name + "_gate_on_ffn", kTiny, flags});
+    std::vector<std::string> gate = flags;
+    gate.insert(gate.end(), {"--additional-config", kGate});
+    cases.push_back({name + "_gate_on_attention", kTiny, gate});
+  }
+  // Real checkpoints (loaded from safetensors) and every router variant.
+  for (const std::string golden : {"v2_greedy_yarn", "v2_group_limited", "v3_noaux_tc",
+                                   "v3_sharded"}) {
+    cases.push_back({golden + "_3A2F", Golden(golden), {"--topology", "3A2F"}});
+    cases.push_back({golden + "_1A2F_gate_on_attention", Golden(golden),
+                     {"--topology", "1A2F", "--additional-config", kGate}});
+  }
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Deployments, AfdRunTopology, ::testing::ValuesIn(Cases()),
+                         [](const auto& info) { return info.param.name; });
+
+// The children of `pid` (from /proc).
+std::vector<pid_t> ChildrenOf(pid_t pid) {
+  std::vector<pid_t> out;
+  DIR* d = opendir("/proc");
+  if (!d) return out;
+  while (dirent* e = readdir(d)) {
+    const pid_t p = atoi(e->d_name);
+    if (p <= 0) continue;
+    std::ifstream st("/proc/" + std::to_string(p) + "/stat");
+    std::string line;
+    std::getline(st, line);
+    const size_t close = line.rfind(')');
+    if (close == std::string::npos) continue;
+    std::stringstream rest(line.substr(close + 2));
+    std::string state;
+    pid_t ppid = 0;
+    rest >> state >> ppid;
+    if (ppid == pid) out.push_back(p);
+  }
+  closedir(d);
+  return out;
+}
+
+std::string Cmdline(pid_t pid) {
+  std::string s = ReadFile("/proc/" + std::to_string(pid) + "/cmdline");
+  for (char& ch : s) {
+    if (ch == '\0') ch = ' ';
+  }
+  return s;
+}
+
+bool Alive(pid_t pid) {
+  const std::string stat = ReadFile("/proc/" + std::to_string(pid) + "/stat");
+  if (stat.empty()) return false;
+  return stat.find(") Z") == std::string::npos;  // a zombie is dead
+}
+
+// Kills the role process whose command line has `role` and `--role-rank rank` mid-generation.
+void KillOneAndCheck(const std::string& role, int rank) {
+  const std::string out = ::testing::TempDir() + "/kill_" + role + ".out";
+  std::vector<std::string> argv = {AFD_BINARY, "run", "--model", "preset:tiny", "--topology",
+                                   "3A2F", "--max-tokens", "3000", "--ignore-eos",
+                                   "--prompt-ids", "1,2,3", "--prompt-ids", "4,5"};
+  Subprocess run(argv, out);
+  std::vector<pid_t> workers;
+  pid_t victim = -1;
+  const auto start = std::chrono::steady_clock::now();
+  while (victim < 0 && std::chrono::steady_clock::now() - start < std::chrono::seconds(20)) {
+    workers = ChildrenOf(run.pid());
+    for (pid_t w : workers) {
+      const std::string cmd = Cmdline(w);
+      if (cmd.find("\"role\":\"" + role + "\"") != std::string::npos &&
+          cmd.find("--role-rank " + std::to_string(rank) + " ") != std::string::npos) {
+        victim = w;
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_GT(victim, 0) << "no " << role << " rank " << rank << " process appeared";
+  ASSERT_EQ(workers.size(), 5u);
+  std::this_thread::sleep_for(std::chrono::milliseconds(800));  // generation is under way
+  ASSERT_FALSE(run.Poll().has_value()) << "the run ended before the kill:\n" << ReadFile(out);
+  const auto kill_time = std::chrono::steady_clock::now();
+  kill(victim, SIGKILL);
+  const std::optional<int> status = run.Wait(Deadline::In(60));
+  ASSERT_TRUE(status.has_value()) << "afd run did not exit";
+  EXPECT_LT(std::chrono::steady_clock::now() - kill_time, std::chrono::seconds(30));
+  EXPECT_NE(*status, 0);
+  const std::string log = ReadFile(out);
+  EXPECT_NE(log.find(role + " rank " + std::to_string(rank) + " (pid " + std::to_string(victim) +
+                     ") was killed by signal 9"),
+            std::string::npos)
+      << log;
+  for (pid_t w : workers) EXPECT_FALSE(Alive(w)) << "process " << w << " was left behind";
+}
+
+TEST(AfdRunTopologyFailures, KillingAnFfnRankEndsTheRunNamingIt) { KillOneAndCheck("ffn", 1); }
+
+TEST(AfdRunTopologyFailures, KillingAnAttentionRankEndsTheRunNamingIt) {
+  KillOneAndCheck("attention", 2);
+}
+
+TEST(AfdRunTopologyFailures, BadTopologyIsRejectedBeforeStarting) {
+  Output o = RunAfd({"run", "--model", "preset:tiny", "--prompt-ids", "1", "--topology", "3X2F"},
+                    "bad_topo");
+  EXPECT_NE(o.status, 0);
+  EXPECT_NE(o.err.find("expected xAyF"), std::string::npos) << o.err;
+  o = RunAfd({"run", "--model", "preset:tiny", "--prompt-ids", "1", "--topology", "3A2F",
+              "--attention-tp", "2"},
+             "bad_tp");
+  EXPECT_NE(o.status, 0);
+  EXPECT_NE(o.err.find("attention ranks must equal DP x PCP x TP"), std::string::npos) << o.err;
+}
+
+}  // namespace
+}  // namespace afd
