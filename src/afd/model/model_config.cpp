@@ -164,8 +164,9 @@ void ModelConfig::Validate(const std::string& source) const {
   positive(qk_nope_head_dim, "qk_nope_head_dim");
   positive(v_head_dim, "v_head_dim");
   positive(max_position_embeddings, "max_position_embeddings");
-  AFD_CHECK(qk_rope_head_dim > 0 && qk_rope_head_dim % 2 == 0,
-            "{}: qk_rope_head_dim must be even and > 0, got {}", source, qk_rope_head_dim);
+  AFD_CHECK(qk_rope_head_dim > 0 && qk_rope_head_dim % 2 == 0 && qk_rope_head_dim <= 512,
+            "{}: qk_rope_head_dim must be even and in [2, 512], got {}", source,
+            qk_rope_head_dim);
   AFD_CHECK(q_lora_rank >= 0, "{}: q_lora_rank must be >= 0 or null", source);
   AFD_CHECK(first_k_dense_replace >= 0, "{}: first_k_dense_replace must be >= 0", source);
   if (first_k_dense_replace > 0) positive(intermediate_size, "intermediate_size");

@@ -65,7 +65,7 @@ Rope::Rope(const ModelConfig& config)
 
 void Rope::Apply(float* x, int64_t count, int64_t stride, int64_t pos) const {
   const int64_t half = dim_ / 2;
-  float cos_v[256], sin_v[256];  // dr/2 <= 256 is checked by the config user (MLA uses 32)
+  float cos_v[256], sin_v[256];  // dr <= 512 is checked by ModelConfig::Validate
   for (int64_t i = 0; i < half; ++i) {
     const float angle = static_cast<float>(pos) * inv_freq_[i];
     cos_v[i] = static_cast<float>(std::cos(static_cast<double>(angle))) * attention_factor_;

@@ -1,4 +1,6 @@
 // LoadWeights: TensorSource reading a memory-mapped checkpoint.
+#include <algorithm>
+#include <cstring>
 #include <vector>
 
 #include "afd/common/error.h"
