@@ -10,6 +10,7 @@
 #include "afd/connector/p2p_connector.h"
 #include "afd/runtime/attention_runner.h"
 #include "afd/runtime/ffn_worker.h"
+#include "afd/model/model_config.h"
 #include "afd/topology/parallel.h"
 
 namespace afd::cli {
@@ -40,7 +41,25 @@ void RunWorker(const WorkerOptions& o) {
   const int num_ranks = role == Role::kAttention ? c.num_attention_ranks : c.num_ffn_ranks;
   CheckRankRule(role, num_ranks, ParallelSizes{o.dp, 1, o.tp});
   const auto start = std::chrono::steady_clock::now();
-  std::unique_ptr<model::DeepseekModel> model = model::OpenModel(o.model, o.open);
+  // Each role holds only its part of the weights: attention everything but the experts (plus
+  // the router when it runs here); an FFN rank the routers, the shared experts and its own
+  // routed experts.
+  model::OpenOptions open = o.open;
+  const std::string preset = "preset:";
+  const model::ModelConfig config =
+      o.model.rfind(preset, 0) == 0
+          ? model::PresetConfig(o.model.substr(preset.size()))
+          : model::LoadModelConfig(o.model + "/config.json");
+  if (role == Role::kAttention) {
+    open.weights.load_moe = c.compute_gate_on_attention;
+    open.weights.expert_begin = 0;
+    open.weights.expert_end = 0;
+  } else {
+    open.weights.load_attention = false;
+    open.weights.expert_begin = SplitOffset(config.n_routed_experts, num_ranks, o.role_rank);
+    open.weights.expert_end = SplitOffset(config.n_routed_experts, num_ranks, o.role_rank + 1);
+  }
+  std::unique_ptr<model::DeepseekModel> model = model::OpenModel(o.model, open);
   comm::JoinRequest request{c, o.role_rank, model->config().hidden_size, DType::kF32};
   std::unique_ptr<comm::AfdWorld> world = comm::AfdWorld::Join(request);
   try {
