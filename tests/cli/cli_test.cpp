@@ -128,3 +128,18 @@ TEST(Cli, ConfigCheckInvalidExits2NamingField) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(Cli, ConnectorTestOnCudaWithoutAGpuFailsClearly) {
+  // This machine has no GPU (or this build no CUDA): either way a clear error, exit 1.
+  const Result r = RunAfd(
+      "connector-test --device cuda --role-rank 0 --additional-config "
+      "'{\"afd\": {\"role\": \"ffn\", \"connector\": \"P2pNcclAFDConnector\", \"port\": 1}}'");
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_TRUE(r.out.find("no usable CUDA device") != std::string::npos ||
+              r.out.find("built without CUDA") != std::string::npos)
+      << r.out;
+}
+
+}  // namespace

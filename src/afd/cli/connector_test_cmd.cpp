@@ -14,6 +14,8 @@
 #include <sstream>
 
 #include "afd/cli/commands.h"
+#include "afd/cli/device_context.h"
+#include "afd/cli/row_io.h"
 #include "afd/comm/afd_world.h"
 #include "afd/common/error.h"
 #include "afd/config/afd_config.h"
@@ -40,6 +42,8 @@ struct Args {
   bool bench = false;
   std::string bench_rows = "1,16,128,512";
   int iters = 20;
+  std::string device = "cpu";
+  int cuda_device = -1;
 };
 
 // Rows that attention rank a sends in (step, stage): deterministic, includes zeros.
@@ -103,8 +107,9 @@ nlohmann::json StatsJson(const P2pConnector& c) {
   return layers;
 }
 
-void RunAttention(const Args& args, comm::AfdWorld& world, P2pConnector& conn,
+void RunAttention(const Args& args, comm::AfdWorld& world, P2pConnector& conn, RowIo& io,
                   nlohmann::json& report) {
+  const double timeout = world.config().afd_process_group_timeout_s;
   const RowFormat fmt = conn.hidden_format();
   const RawRows probe{nullptr, DTypeSize(fmt.dtype)};
   const int me = world.self().rank;
@@ -117,15 +122,22 @@ void RunAttention(const Args& args, comm::AfdWorld& world, P2pConnector& conn,
     for (int layer = 0; layer < args.layers; ++layer) {
       for (int stage = 0; stage < args.stages; ++stage) {
         const int64_t n = meta.tokens(stage, me);
-        std::vector<char> in(n * fmt.row_bytes()), out(n * fmt.row_bytes());
-        const RawRows rin{in.data(), probe.width}, rout{out.data(), probe.width};
+        const size_t bytes = n * fmt.row_bytes();
+        std::vector<char> in(bytes), out;
+        const RawRows rin{in.data(), probe.width};
         for (int64_t t = 0; t < n; ++t) {
           for (int64_t c = 0; c < fmt.elems_per_row; ++c) {
             rin.set(t * fmt.elems_per_row + c, Encode(me, t, step, layer, stage, c) & rin.mask());
           }
         }
-        conn.SendToFfn(layer, stage, 0, fmt, in.data(), n);
-        conn.RecvFromFfn(layer, stage, fmt, out.data(), n);
+        void* din = io.Buffer(bytes, 0);
+        void* dout = io.Buffer(bytes, 1);
+        io.Upload(din, in);
+        conn.SendToFfn(layer, stage, 0, fmt, din, n);
+        conn.RecvFromFfn(layer, stage, fmt, dout, n);
+        io.Synchronize(timeout);
+        io.Download(out, dout, bytes);
+        const RawRows rout{out.data(), probe.width};
         for (int64_t i = 0; i < n * fmt.elems_per_row; ++i) {
           const uint32_t want = FfnFunction(rin.get(i)) & rin.mask();
           AFD_CHECK(rout.get(i) == want,
@@ -142,7 +154,9 @@ void RunAttention(const Args& args, comm::AfdWorld& world, P2pConnector& conn,
   report["rows_checked"] = checked;
 }
 
-void RunFfn(const Args& args, comm::AfdWorld& world, P2pConnector& conn, nlohmann::json& report) {
+void RunFfn(const Args& args, comm::AfdWorld& world, P2pConnector& conn, RowIo& io,
+            nlohmann::json& report) {
+  const double timeout = world.config().afd_process_group_timeout_s;
   const Topology& t = world.topology();
   const RowFormat fmt = conn.hidden_format();
   const size_t width = DTypeSize(fmt.dtype);
@@ -166,8 +180,11 @@ void RunFfn(const Args& args, comm::AfdWorld& world, P2pConnector& conn, nlohman
       for (int stage = 0; stage < meta->num_stages; ++stage) {
         const std::vector<int64_t> counts = conn.IncomingRowCounts(*meta, stage);
         const int64_t total = std::accumulate(counts.begin(), counts.end(), int64_t{0});
-        std::vector<char> rows(total * fmt.row_bytes());
-        conn.RecvFromAttention(layer, stage, 0, fmt, *meta, rows.data());
+        std::vector<char> rows;
+        void* drows = io.Buffer(total * fmt.row_bytes(), 0);
+        conn.RecvFromAttention(layer, stage, 0, fmt, *meta, drows);
+        io.Synchronize(timeout);
+        io.Download(rows, drows, total * fmt.row_bytes());
         const RawRows r{rows.data(), width};
         // Which (sender, token) each row must be, in subgroup order.
         int64_t row = 0;
@@ -191,10 +208,9 @@ void RunFfn(const Args& args, comm::AfdWorld& world, P2pConnector& conn, nlohman
             }
           }
         }
-        for (int64_t i = 0; i < total * fmt.elems_per_row; ++i) {
-          r.set(i, FfnFunction(r.get(i)) & r.mask());
-        }
-        conn.SendToAttention(layer, stage, fmt, *meta, rows.data());
+        io.ApplyFfnFunction(drows, total * fmt.elems_per_row, width);
+        conn.SendToAttention(layer, stage, fmt, *meta, drows);
+        io.Synchronize(timeout);
         checked += total;
       }
     }
@@ -204,8 +220,9 @@ void RunFfn(const Args& args, comm::AfdWorld& world, P2pConnector& conn, nlohman
 }
 
 // Round-trip latency per layer for each row count; the FFN side echoes rows unchanged.
-void RunBench(const Args& args, comm::AfdWorld& world, P2pConnector& conn,
+void RunBench(const Args& args, comm::AfdWorld& world, P2pConnector& conn, RowIo& io,
               nlohmann::json& report) {
+  const double timeout = world.config().afd_process_group_timeout_s;
   std::vector<int64_t> sizes;
   std::stringstream ss(args.bench_rows);
   for (std::string item; std::getline(ss, item, ',');) sizes.push_back(std::stoll(item));
@@ -222,11 +239,13 @@ void RunBench(const Args& args, comm::AfdWorld& world, P2pConnector& conn,
       meta.num_attention_ranks = A;
       meta.token_counts.assign(A, n);
       if (world.self().role == Role::kAttention) {
-        std::vector<char> in(n * fmt.row_bytes(), 1), out(n * fmt.row_bytes());
+        void* in = io.Buffer(n * fmt.row_bytes(), 0);
+        void* out = io.Buffer(n * fmt.row_bytes(), 1);
         conn.control_plane().Send(meta);
         const auto start = std::chrono::steady_clock::now();
-        conn.SendToFfn(0, 0, 0, fmt, in.data(), n);
-        conn.RecvFromFfn(0, 0, fmt, out.data(), n);
+        conn.SendToFfn(0, 0, 0, fmt, in, n);
+        conn.RecvFromFfn(0, 0, fmt, out, n);
+        io.Synchronize(timeout);
         const double t = std::chrono::duration<double, std::micro>(
                              std::chrono::steady_clock::now() - start).count();
         if (it >= 2) us.push_back(t);  // two warm-up iterations
@@ -235,10 +254,11 @@ void RunBench(const Args& args, comm::AfdWorld& world, P2pConnector& conn,
             world.config().afd_process_group_timeout_s);
         AFD_CHECK(m.has_value(), "bench: no metadata arrived");
         const std::vector<int64_t> counts = conn.IncomingRowCounts(*m, 0);
-        std::vector<char> rows(std::accumulate(counts.begin(), counts.end(), int64_t{0}) *
-                               fmt.row_bytes());
-        conn.RecvFromAttention(0, 0, 0, fmt, *m, rows.data());
-        conn.SendToAttention(0, 0, fmt, *m, rows.data());
+        void* rows = io.Buffer(
+            std::accumulate(counts.begin(), counts.end(), int64_t{0}) * fmt.row_bytes(), 0);
+        conn.RecvFromAttention(0, 0, 0, fmt, *m, rows);
+        conn.SendToAttention(0, 0, fmt, *m, rows);
+        io.Synchronize(timeout);
       }
     }
     if (!us.empty()) {
@@ -291,6 +311,11 @@ void AddConnectorTestCommand(CLI::App& app, int& exit_code) {
       ->check(CLI::Range(0, 1 << 20));
   cmd->add_option("--die-at-step", args->die_at_step,
                   "Kill this process (SIGKILL) at that step: for failure tests");
+  cmd->add_option("--device", args->device,
+                  "cpu: host rows over TCP; cuda: device rows over NCCL (CUDA build)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
+  cmd->add_option("--cuda-device", args->cuda_device,
+                  "CUDA device of this rank (default: its world rank modulo the device count)");
   cmd->add_flag("--bench", args->bench, "Time round trips instead of checking rows");
   cmd->add_option("--bench-rows", args->bench_rows, "Row counts to time, comma-separated");
   cmd->add_option("--iters", args->iters, "Timed iterations per row count")
@@ -310,18 +335,28 @@ void AddConnectorTestCommand(CLI::App& app, int& exit_code) {
     try {
       comm::JoinRequest req{config, args->role_rank, args->hidden,
                             args->dtype == "bf16" ? DType::kBF16 : DType::kF32};
-      world = comm::AfdWorld::Join(req);
+      DeviceContext device;
+      if (args->device == "cuda") {
+        const int world_rank = config.role == Role::kFfn ? args->role_rank
+                                                         : config.num_ffn_ranks + args->role_rank;
+        device = MakeDeviceContext(args->cuda_device, world_rank);
+      }
+      world = comm::AfdWorld::Join(req, device.factory);
       P2pConnector conn(*world);
+      std::unique_ptr<RowIo> io = args->device == "cuda"
+                                      ? MakeDeviceRowIo(device.cuda_device, device.stream)
+                                      : MakeHostRowIo();
       nlohmann::json report = {{"role", std::string(RoleName(config.role))},
                                {"role_rank", args->role_rank},
                                {"world_rank", world->world_rank()},
-                               {"address", world->local_address()}};
+                               {"address", world->local_address()},
+                               {"device", args->device}};
       if (args->bench) {
-        RunBench(*args, *world, conn, report);
+        RunBench(*args, *world, conn, *io, report);
       } else if (config.role == Role::kAttention) {
-        RunAttention(*args, *world, conn, report);
+        RunAttention(*args, *world, conn, *io, report);
       } else {
-        RunFfn(*args, *world, conn, report);
+        RunFfn(*args, *world, conn, *io, report);
       }
       // Everyone finishes together, so a rank that died anywhere is reported everywhere.
       world->Barrier("connector-test-done");

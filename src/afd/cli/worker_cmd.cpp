@@ -1,7 +1,7 @@
 // `afd worker`: one rank of an AFD deployment. `afd serve`: the ranks of one role on this host,
 // with the flags of the seed recipes (`vllm serve` scripts port by renaming the binary):
-//   afd serve --model M --device cpu --data-parallel-size 2 --tensor-parallel-size 1 \
-//     [--data-parallel-size-local 1 --data-parallel-start-rank 1] \
+//   afd serve --model M --device cpu --data-parallel-size 2 --tensor-parallel-size 1
+//     [--data-parallel-size-local 1 --data-parallel-start-rank 1]
 //     --additional-config '{"afd": {"role": "attention", ...}}'
 // serve starts one `afd worker` per local rank (DP ranks start..start+local-1, each with its TP
 // ranks) and fails, naming the rank, when any of them fails. The attention role generates for

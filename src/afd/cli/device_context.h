@@ -1,0 +1,20 @@
+// The CUDA side of a rank for `--device cuda`: its device, its stream, and the communicator
+// factory that puts the data plane (groups "afd_subgroup_*") on NCCL while the control plane and
+// everything else stay on the host transport.
+#pragma once
+
+#include "afd/comm/afd_world.h"
+
+namespace afd::cli {
+
+struct DeviceContext {
+  comm::CommunicatorFactory factory;  // null: every group on the host transport
+  int cuda_device = -1;
+  void* stream = nullptr;  // cudaStream_t
+};
+
+// cuda_device < 0: world_rank modulo the number of devices. Throws afd::Error in builds without
+// CUDA and NCCL, or when no CUDA device is usable.
+DeviceContext MakeDeviceContext(int cuda_device, int world_rank);
+
+}  // namespace afd::cli

@@ -1,0 +1,30 @@
+// Where `afd connector-test` keeps the rows it moves: host memory (TCP communicator) or device
+// memory (NCCL communicator, CUDA build). Rows are built and checked on the host either way.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace afd::cli {
+
+class RowIo {
+ public:
+  virtual ~RowIo() = default;
+  // A buffer of at least `bytes` for the connector; `slot` 0 and 1 are distinct buffers.
+  virtual void* Buffer(size_t bytes, int slot) = 0;
+  virtual void Upload(void* dst, const std::vector<char>& src) = 0;
+  virtual void Download(std::vector<char>& dst, const void* src, size_t bytes) = 0;
+  // Waits for every transfer issued so far (bounded by timeout_s for device work).
+  virtual void Synchronize(double timeout_s) = 0;
+  // The known FFN function y = 3x + 1 on the raw bits of `count` elements of `width` bytes.
+  virtual void ApplyFfnFunction(void* data, size_t count, size_t width) = 0;
+};
+
+std::unique_ptr<RowIo> MakeHostRowIo();
+// Device rows on `cuda_device`, work on `stream` (a cudaStream_t). Throws afd::Error in builds
+// without CUDA and NCCL.
+std::unique_ptr<RowIo> MakeDeviceRowIo(int cuda_device, void* stream);
+
+}  // namespace afd::cli

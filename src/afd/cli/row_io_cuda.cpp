@@ -1,0 +1,90 @@
+// Device rows for `afd connector-test --device cuda` (CUDA + NCCL builds).
+#include "afd/cli/row_io.h"
+#include "afd/common/error.h"
+
+#if AFD_WITH_NCCL
+#include <cuda_runtime.h>
+
+#include "afd/comm_nccl/nccl_communicator.h"
+#include "afd/comm_nccl/selftest_kernels.h"
+
+namespace afd::cli {
+
+namespace {
+
+#define AFD_CUDA_OK(call)                                                                      \
+  do {                                                                                         \
+    const cudaError_t e_ = (call);                                                             \
+    AFD_CHECK(e_ == cudaSuccess, "{} failed: {}", #call, cudaGetErrorString(e_));              \
+  } while (0)
+
+class DeviceRowIo : public RowIo {
+ public:
+  DeviceRowIo(int device, cudaStream_t stream) : stream_(stream) {
+    AFD_CUDA_OK(cudaSetDevice(device));
+  }
+  ~DeviceRowIo() override {
+    for (auto& b : buffers_) {
+      if (b.ptr) cudaFree(b.ptr);
+    }
+  }
+  void* Buffer(size_t bytes, int slot) override {
+    Buf& b = buffers_[slot & 1];
+    if (b.bytes < bytes) {
+      if (b.ptr) AFD_CUDA_OK(cudaFree(b.ptr));
+      AFD_CUDA_OK(cudaMalloc(&b.ptr, bytes));
+      b.bytes = bytes;
+    }
+    if (!b.ptr) {  // zero bytes: still a valid device pointer
+      AFD_CUDA_OK(cudaMalloc(&b.ptr, 256));
+      b.bytes = 256;
+    }
+    return b.ptr;
+  }
+  void Upload(void* dst, const std::vector<char>& src) override {
+    if (!src.empty()) {
+      AFD_CUDA_OK(cudaMemcpyAsync(dst, src.data(), src.size(), cudaMemcpyHostToDevice, stream_));
+    }
+  }
+  void Download(std::vector<char>& dst, const void* src, size_t bytes) override {
+    dst.resize(bytes);
+    if (bytes) {
+      AFD_CUDA_OK(cudaMemcpyAsync(dst.data(), src, bytes, cudaMemcpyDeviceToHost, stream_));
+    }
+    AFD_CUDA_OK(cudaStreamSynchronize(stream_));
+  }
+  void Synchronize(double timeout_s) override {
+    comm::SynchronizeStream(stream_, timeout_s, "connector-test rows");
+  }
+  void ApplyFfnFunction(void* data, size_t count, size_t width) override {
+    AFD_CUDA_OK(comm::LaunchSelftestFfnFunction(data, count, width, stream_));
+  }
+
+ private:
+  struct Buf {
+    void* ptr = nullptr;
+    size_t bytes = 0;
+  };
+  cudaStream_t stream_;
+  Buf buffers_[2];
+};
+
+}  // namespace
+
+std::unique_ptr<RowIo> MakeDeviceRowIo(int cuda_device, void* stream) {
+  return std::make_unique<DeviceRowIo>(cuda_device, static_cast<cudaStream_t>(stream));
+}
+
+}  // namespace afd::cli
+
+#else
+
+namespace afd::cli {
+
+std::unique_ptr<RowIo> MakeDeviceRowIo(int, void*) {
+  AFD_THROW("--device cuda: this afd was built without CUDA and NCCL");
+}
+
+}  // namespace afd::cli
+
+#endif

@@ -1,0 +1,44 @@
+#include "afd/comm/nccl_plan.h"
+
+#include <map>
+
+#include "afd/comm/communicator.h"
+#include "afd/common/error.h"
+
+namespace afd::comm {
+
+int NcclCommIndexForTag(uint32_t tag) {
+  if (tag >= kReservedTagBase) return 0;
+  return (tag >> 31) ? 0 : 1;
+}
+
+std::string NcclUniqueIdKey(int index) {
+  AFD_CHECK(index == 0 || index == 1, "NCCL communicator index {} is not 0 or 1", index);
+  return index == 0 ? "nccl_id/attention_to_ffn" : "nccl_id/ffn_to_attention";
+}
+
+void CheckNcclUniqueId(const std::string& bytes, const std::string& group) {
+  AFD_CHECK(static_cast<int>(bytes.size()) == kNcclUniqueIdBytes,
+            "group {}: the NCCL unique id in the store has {} bytes, expected {} (ranks built "
+            "against different NCCL versions?)",
+            group, bytes.size(), kNcclUniqueIdBytes);
+}
+
+std::optional<std::string> FindSharedGpu(const std::vector<std::string>& devices,
+                                         const std::vector<std::string>& labels,
+                                         const std::string& group) {
+  std::map<std::string, size_t> first;
+  for (size_t i = 0; i < devices.size(); ++i) {
+    auto [it, inserted] = first.emplace(devices[i], i);
+    if (!inserted) {
+      return fmt::format(
+          "group {}: {} and {} are on the same GPU ({}); NCCL cannot put two ranks of one "
+          "communicator on one GPU -- give every rank its own GPU (CUDA_VISIBLE_DEVICES), or use "
+          "P2pHostAFDConnector",
+          group, labels[it->second], labels[i], devices[i]);
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace afd::comm

@@ -1,0 +1,47 @@
+#include "afd/comm/nccl_plan.h"
+
+#include <gtest/gtest.h>
+
+#include "afd/comm/communicator.h"
+#include "afd/common/error.h"
+
+namespace afd::comm {
+namespace {
+
+TEST(NcclPlan, DirectionOfTheConnectorTags) {
+  // P2pConnector tags: bit 31 = attention -> FFN.
+  EXPECT_EQ(NcclCommIndexForTag(1u << 31 | (3u << 8) | 1u), 0);
+  EXPECT_EQ(NcclCommIndexForTag((3u << 8) | 1u), 1);
+  EXPECT_EQ(NcclCommIndexForTag(0), 1);
+  // Collectives always use the first communicator.
+  EXPECT_EQ(NcclCommIndexForTag(kReservedTagBase), 0);
+  EXPECT_EQ(NcclCommIndexForTag(kReservedTagBase + 3), 0);
+}
+
+TEST(NcclPlan, UniqueIdKeysAndSize) {
+  EXPECT_NE(NcclUniqueIdKey(0), NcclUniqueIdKey(1));
+  EXPECT_THROW(NcclUniqueIdKey(2), Error);
+  EXPECT_NO_THROW(CheckNcclUniqueId(std::string(128, 'x'), "g"));
+  try {
+    CheckNcclUniqueId(std::string(100, 'x'), "afd_subgroup_1");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("afd_subgroup_1"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("100 bytes"), std::string::npos);
+  }
+}
+
+TEST(NcclPlan, TwoRanksOnOneGpuAreNamed) {
+  EXPECT_EQ(FindSharedGpu({"h/0000:19:00.0", "h/0000:3b:00.0"}, {"a", "b"}, "g"), std::nullopt);
+  // The same bus id on different hosts is different hardware.
+  EXPECT_EQ(FindSharedGpu({"h1/0000:19:00.0", "h2/0000:19:00.0"}, {"a", "b"}, "g"), std::nullopt);
+  const auto msg = FindSharedGpu({"h/0000:19:00.0", "h/0000:3b:00.0", "h/0000:19:00.0"},
+                                 {"world rank 0 (ffn 0)", "x", "world rank 2 (attention 0)"},
+                                 "afd_subgroup_0");
+  ASSERT_TRUE(msg.has_value());
+  EXPECT_NE(msg->find("world rank 0 (ffn 0) and world rank 2 (attention 0)"), std::string::npos);
+  EXPECT_NE(msg->find("h/0000:19:00.0"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace afd::comm
