@@ -1,0 +1,108 @@
+// Role processes started independently, one command per role and host, with the seed recipes'
+// flags: `afd serve` for the FFN role (DP2) and the attention role split over two "hosts"
+// (DP3: --data-parallel-size-local / --data-parallel-start-rank), against the monolithic run.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "afd/comm/socket.h"
+#include "afd/common/subprocess.h"
+
+namespace afd {
+namespace {
+
+using nlohmann::json;
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+TEST(AfdServe, RecipeShapedRoleCommandsMatchTheMonolithicRun) {
+  const std::string dir = ::testing::TempDir() + "/afd_serve_test";
+  std::system(("rm -rf " + dir + " && mkdir -p " + dir).c_str());
+  const std::vector<std::vector<int>> prompts = {{1, 2, 3}, {4, 5, 6, 7, 8}, {9}, {10, 11}};
+  std::ofstream(dir + "/prompts.json") << json(prompts).dump();
+  int port;
+  {
+    comm::Socket probe = comm::Listen("127.0.0.1", 0);
+    port = comm::LocalPort(probe);
+  }
+  auto cfg = [port](const std::string& role) {
+    return "{\"afd\": {\"role\": \"" + role + "\", \"connector\": \"P2pHostAFDConnector\", " +
+           "\"host\": \"127.0.0.1\", \"port\": " + std::to_string(port) +
+           ", \"num_attention_ranks\": 3, \"num_ffn_ranks\": 2, "
+           "\"afd_process_group_timeout_s\": 30}}";
+  };
+  const std::vector<std::string> common = {"--model", "preset:tiny", "--device", "cpu",
+                                           "--tensor-parallel-size", "1", "--max-tokens", "5",
+                                           "--enable-expert-parallel"};
+  auto serve = [&](const std::string& role, std::vector<std::string> extra, const std::string& tag) {
+    std::vector<std::string> argv = {AFD_BINARY, "serve", "--additional-config", cfg(role),
+                                     "--log-dir", dir + "/" + tag};
+    argv.insert(argv.end(), common.begin(), common.end());
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    return std::make_unique<Subprocess>(argv, dir + "/" + tag + ".log");
+  };
+  auto ffn = serve("ffn", {"--data-parallel-size", "2"}, "ffn");
+  auto host_a = serve("attention",
+                      {"--data-parallel-size", "3", "--data-parallel-size-local", "2",
+                       "--data-parallel-start-rank", "0", "--prompts-file", dir + "/prompts.json",
+                       "--output-file", dir + "/host_a.jsonl"},
+                      "attn_a");
+  auto host_b = serve("attention",
+                      {"--data-parallel-size", "3", "--data-parallel-size-local", "1",
+                       "--data-parallel-start-rank", "2", "--prompts-file", dir + "/prompts.json",
+                       "--output-file", dir + "/host_b.jsonl"},
+                      "attn_b");
+  for (auto* p : {ffn.get(), host_a.get(), host_b.get()}) {
+    EXPECT_EQ(p->Wait(Deadline::In(120)), 0)
+        << ReadFile(dir + "/ffn.log") << ReadFile(dir + "/attn_a.log")
+        << ReadFile(dir + "/attn_b.log");
+  }
+  // Results of both attention hosts, by prompt index.
+  std::map<int, json> got;
+  for (const char* f : {"/host_a.jsonl", "/host_b.jsonl"}) {
+    std::stringstream ss(ReadFile(dir + f));
+    for (std::string line; std::getline(ss, line);) {
+      const json j = json::parse(line);
+      got[j["index"].get<int>()] = j["result"];
+    }
+  }
+  ASSERT_EQ(got.size(), prompts.size());
+  // Replica 2 (host b) holds prompt 2 only: i % 3 == 2.
+  EXPECT_EQ(json::parse(ReadFile(dir + "/host_b.jsonl"))["index"], 2);
+  std::string cmd = std::string(AFD_BINARY) + " run --model preset:tiny --max-tokens 5 --json";
+  for (const auto& p : prompts) {
+    cmd += " --prompt-ids ";
+    for (size_t i = 0; i < p.size(); ++i) cmd += (i ? "," : "") + std::to_string(p[i]);
+  }
+  const int rc = std::system((cmd + " > " + dir + "/mono.jsonl").c_str());
+  ASSERT_EQ(rc, 0);
+  std::stringstream mono(ReadFile(dir + "/mono.jsonl"));
+  int i = 0;
+  for (std::string line; std::getline(mono, line); ++i) {
+    const json m = json::parse(line);
+    EXPECT_EQ(got[i]["output_ids"], m["output_ids"]) << "prompt " << i;
+    for (size_t j = 0; j < m["logprobs"].size(); ++j) {
+      EXPECT_NEAR(got[i]["logprobs"][j].get<double>(), m["logprobs"][j].get<double>(), 1e-5);
+    }
+  }
+}
+
+TEST(AfdServe, ReplicasWithoutPromptsOnlyTakeEmptySteps) {
+  // 4A2F with one prompt: three DP replicas have nothing to do and run empty steps throughout.
+  const std::string base = std::string(AFD_BINARY) +
+                           " run --model preset:tiny --max-tokens 6 --json --prompt-ids 5,6,7";
+  const std::string dir = ::testing::TempDir();
+  ASSERT_EQ(std::system((base + " > " + dir + "/one_mono.jsonl").c_str()), 0);
+  ASSERT_EQ(std::system((base + " --topology 4A2F > " + dir + "/one_afd.jsonl").c_str()), 0);
+  EXPECT_EQ(ReadFile(dir + "/one_afd.jsonl"), ReadFile(dir + "/one_mono.jsonl"));
+}
+
+}  // namespace
+}  // namespace afd
