@@ -178,6 +178,18 @@ TEST(AfdConfig, GpuAsyncDefaultsAndValues) {
   EXPECT_EQ(c.gpu_async.async_moe_split, "token");
 }
 
+TEST(AfdConfig, GpuAsyncImpliesAsyncDpAndGateOnAttention) {
+  const AfdConfig c = ParseAfdConfig(R"({"connector": "GpuAsyncAFDConnector"})");
+  EXPECT_TRUE(c.async_dp);
+  EXPECT_TRUE(c.compute_gate_on_attention);
+  const json out = json::parse(AfdConfigToJson(c));
+  EXPECT_EQ(out["async_dp"], true);
+  EXPECT_EQ(out["compute_gate_on_attention"], true);
+  EXPECT_EQ(out["connector_extra_config"]["async_moe_split"], "request");
+  // The P2P connectors keep the seed's defaults.
+  EXPECT_FALSE(ParseAfdConfig(R"({"connector": "P2pNcclAFDConnector"})").async_dp);
+}
+
 TEST(AfdConfig, GpuAsyncBadOptions) {
   ExpectInvalid(Async(R"({"dynamicQuant": 1})"), {"connector_extra_config.dynamicQuant", "unknown"});
   ExpectInvalid(Async(R"({"attn_ranks_per_dp": 0})"), {"attn_ranks_per_dp"});
@@ -192,9 +204,9 @@ TEST(AfdConfig, GpuAsyncBadOptions) {
   ExpectInvalid(Async(R"({"async_moe_ubatching": 1})"), {"async_moe_ubatching"});
   ExpectInvalid(Async(R"({"async_moe_num_ubatches": 1})"), {"async_moe_num_ubatches"});
   ExpectInvalid(Async(R"({"async_moe_split": "layer"})"), {"async_moe_split", "layer"});
-  ExpectInvalid(R"({"connector": "GpuAsyncAFDConnector", "compute_gate_on_attention": true})",
+  ExpectInvalid(R"({"connector": "GpuAsyncAFDConnector", "async": false})",
                 {"afd.async_dp", "must be true"});
-  ExpectInvalid(R"({"connector": "GpuAsyncAFDConnector", "async": true})",
+  ExpectInvalid(R"({"connector": "GpuAsyncAFDConnector", "compute_gate_on_attention": false})",
                 {"afd.compute_gate_on_attention", "must be true"});
 }
 

@@ -112,6 +112,13 @@ AfdConfig FromCanonical(const json& a) {
 
   // The connector must be known before its extra config can be read.
   CheckConnectorName(c.connector);
+  // The asynchronous connector implies async DP and routing on the attention side (its FFN side
+  // receives tokens already routed): those are its defaults; an explicit false is rejected by
+  // ValidateConnectorRules.
+  if (c.connector == kGpuAsyncConnector) {
+    if (!a.contains("async_dp")) c.async_dp = true;
+    if (!a.contains("compute_gate_on_attention")) c.compute_gate_on_attention = true;
+  }
   json extra = json::object();
   if (a.contains("connector_extra_config")) {
     extra = a["connector_extra_config"];
