@@ -229,3 +229,33 @@ TEST(AfdRunTopologyFailures, BadTopologyIsRejectedBeforeStarting) {
 
 }  // namespace
 }  // namespace afd
+
+namespace afd {
+namespace {
+
+TEST(AfdRunTopologyFailures, KillingTheLauncherLeavesNoRankBehind) {
+  std::vector<std::string> argv = {AFD_BINARY, "run", "--model", "preset:tiny", "--topology",
+                                   "2A2F", "--max-tokens", "3000", "--ignore-eos",
+                                   "--prompt-ids", "1,2,3"};
+  Subprocess run(argv, ::testing::TempDir() + "/kill_launcher.out");
+  std::vector<pid_t> workers;
+  const auto start = std::chrono::steady_clock::now();
+  while (workers.size() < 4 && std::chrono::steady_clock::now() - start < std::chrono::seconds(20)) {
+    workers = ChildrenOf(run.pid());
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_EQ(workers.size(), 4u);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  run.Kill(SIGKILL);
+  ASSERT_TRUE(run.Wait(Deadline::In(10)).has_value());
+  const auto killed = std::chrono::steady_clock::now();
+  for (pid_t w : workers) {
+    while (Alive(w) && std::chrono::steady_clock::now() - killed < std::chrono::seconds(10)) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    EXPECT_FALSE(Alive(w)) << "rank process " << w << " outlived its launcher";
+  }
+}
+
+}  // namespace
+}  // namespace afd

@@ -21,16 +21,19 @@ namespace {
 
 using nlohmann::json;
 
-// A temp directory removed when the run ends.
+// A temp directory removed when the run ends, unless `keep` (the logs of a failed run).
 struct TempDir {
   std::string path;
+  bool keep = false;
   TempDir() {
     path = std::filesystem::temp_directory_path().string() + "/afd-run-" +
            std::to_string(getpid());
     std::filesystem::remove_all(path);
     std::filesystem::create_directories(path);
   }
-  ~TempDir() { std::filesystem::remove_all(path); }
+  ~TempDir() {
+    if (!keep) std::filesystem::remove_all(path);
+  }
 };
 
 int FreePort() {
@@ -103,7 +106,8 @@ std::vector<DeploymentResult> RunDeployment(const DeploymentSpec& spec,
       RankProcessSpec s;
       s.label = fmt::format("{} rank {}", RoleName(role), r);
       s.log = fmt::format("{}/{}{}.log", dir.path, RoleName(role), r);
-      s.argv = {exe, "worker", "--role-rank", std::to_string(r), "--additional-config", cfg,
+      s.argv = {exe, "worker", "--exit-with-parent", "--role-rank", std::to_string(r),
+                "--additional-config", cfg,
                 "--data-parallel-size", std::to_string(dp), "--tensor-parallel-size",
                 std::to_string(tp), "--stats-file",
                 fmt::format("{}/{}{}.stats", dir.path, RoleName(role), r)};
@@ -116,7 +120,12 @@ std::vector<DeploymentResult> RunDeployment(const DeploymentSpec& spec,
     }
   }
   if (spec.show_rank_map) std::cerr << TopologyText(Topology(A, F));
-  RunRankProcesses(specs);
+  try {
+    RunRankProcesses(specs);
+  } catch (const Error& e) {
+    dir.keep = true;
+    AFD_THROW("{}(all logs kept in {})", e.what(), dir.path);
+  }
 
   std::vector<DeploymentResult> results(prompts.size());
   std::vector<bool> seen(prompts.size(), false);

@@ -1,6 +1,7 @@
 #include "afd/cli/launcher.h"
 
 #include <signal.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -15,6 +16,12 @@
 #include "afd/common/subprocess.h"
 
 namespace afd::cli {
+
+void ExitWithParent() {
+  const pid_t parent = getppid();
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (getppid() != parent) _exit(1);  // the parent ended before the line above
+}
 
 std::string SelfExe() {
   char buf[4096];

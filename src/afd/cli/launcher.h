@@ -21,6 +21,10 @@ struct RankProcessSpec {
 // OPENBLAS_NUM_THREADS give each process its share of this host's cores.
 void RunRankProcesses(const std::vector<RankProcessSpec>& specs);
 
+// Makes the kernel send SIGKILL to this process when its parent ends (a launcher that was
+// killed), so no rank outlives its launcher; exits at once if the parent is already gone.
+void ExitWithParent();
+
 // Path of the running afd binary (/proc/self/exe).
 std::string SelfExe();
 

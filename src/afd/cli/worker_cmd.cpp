@@ -143,8 +143,12 @@ void AddWorkerCommands(CLI::App& app, int& exit_code) {
       ->required()
       ->check(CLI::NonNegativeNumber);
   worker->add_option("--output-file", wargs->output_file, "Attention: generated results");
+  auto exit_with_parent = std::make_shared<bool>(false);
+  worker->add_flag("--exit-with-parent", *exit_with_parent,
+                   "End this rank when the process that started it ends (launchers set it)");
   worker->add_option("--stats-file", wargs->stats_file, "JSON summary of this rank");
-  worker->callback([wargs, &exit_code] {
+  worker->callback([wargs, exit_with_parent, &exit_code] {
+    if (*exit_with_parent) ExitWithParent();
     std::string who = "worker";
     try {
       const WorkerOptions o = ToWorkerOptions(*wargs);
@@ -189,7 +193,7 @@ void AddWorkerCommands(CLI::App& app, int& exit_code) {
           RankProcessSpec s;
           s.label = fmt::format("{} rank {}", role, rank);
           s.log = fmt::format("{}/{}{}.log", dir, role, rank);
-          s.argv = {SelfExe(), "worker", "--role-rank", std::to_string(rank)};
+          s.argv = {SelfExe(), "worker", "--exit-with-parent", "--role-rank", std::to_string(rank)};
           for (auto& f : PassThrough(a)) s.argv.push_back(f);
           if (!a.output_file.empty() && t == 0) {
             s.argv.insert(s.argv.end(), {"--output-file", fmt::format("{}/out{}.jsonl", dir, d)});
