@@ -180,7 +180,8 @@ void KillOneAndCheck(const std::string& role, int rank) {
   std::vector<pid_t> workers;
   pid_t victim = -1;
   const auto start = std::chrono::steady_clock::now();
-  while (victim < 0 && std::chrono::steady_clock::now() - start < std::chrono::seconds(20)) {
+  while ((victim < 0 || workers.size() < 5) &&
+         std::chrono::steady_clock::now() - start < std::chrono::seconds(20)) {
     workers = ChildrenOf(run.pid());
     for (pid_t w : workers) {
       const std::string cmd = Cmdline(w);

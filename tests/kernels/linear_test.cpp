@@ -79,7 +79,7 @@ TEST_P(LinearTest, BatchInvariant) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(DTypes, LinearTest, ::testing::Values(DType::kF32, DType::kBf16));
+INSTANTIATE_TEST_SUITE_P(DTypes, LinearTest, ::testing::Values(DType::kF32, DType::kBF16));
 
 TEST(DType, Conversions) {
   EXPECT_EQ(Bf16ToF32(0x3f80), 1.0f);

@@ -110,7 +110,7 @@ void Run(const RunArgs& args, int& exit_code) {
     model::OpenOptions open;
     open.num_layers = args.num_layers;
     open.preset_seed = args.preset_seed;
-    if (args.bf16) open.weights.matrix_dtype = kernels::DType::kBf16;
+    if (args.bf16) open.weights.matrix_dtype = kernels::DType::kBF16;
     model = model::OpenModel(args.model, open);
     const model::ModelConfig& c = model->config();
     for (size_t s = 0; s < prompts.size(); ++s) {
@@ -161,7 +161,7 @@ void Run(const RunArgs& args, int& exit_code) {
     const model::ModelConfig& c = model->config();
     std::cerr << fmt::format("model: {} layers, {} parameters, weights as {}\n",
                              c.num_hidden_layers, model::ParameterCount(c),
-                             kernels::DTypeName(model->weights().lm_head.dtype()));
+                             DTypeName(model->weights().lm_head.dtype()));
     std::cerr << fmt::format(
         "load: {:.3f} s\nprefill: {} tokens in {:.4f} s = {:.1f} tokens/s\n"
         "decode: {} tokens in {} steps, {:.4f} s = {:.1f} tokens/s ({:.2f} ms/step)\n",

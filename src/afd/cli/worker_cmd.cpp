@@ -103,7 +103,7 @@ WorkerOptions ToWorkerOptions(const RoleArgs& a) {
   o.model = a.model;
   o.open.num_layers = a.num_layers;
   o.open.preset_seed = a.preset_seed;
-  if (a.bf16) o.open.weights.matrix_dtype = kernels::DType::kBf16;
+  if (a.bf16) o.open.weights.matrix_dtype = kernels::DType::kBF16;
   o.prompts = ReadPrompts(a.prompts_file);
   o.generation.max_tokens = a.max_tokens;
   o.generation.ignore_eos = a.ignore_eos;

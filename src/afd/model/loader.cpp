@@ -145,14 +145,14 @@ std::unique_ptr<DeepseekModel> OpenModel(const std::string& spec, const OpenOpti
   }
   WeightOptions weights = options.weights;
   if (options.auto_bf16 && ParameterCount(config) * 4 > kAutoBf16Bytes) {
-    weights.matrix_dtype = kernels::DType::kBf16;
+    weights.matrix_dtype = kernels::DType::kBF16;
   }
-  const int64_t need = ParameterCount(config) * kernels::DTypeSize(weights.matrix_dtype);
+  const int64_t need = ParameterCount(config) * DTypeSize(weights.matrix_dtype);
   const int64_t available = AvailableMemory();
   AFD_CHECK(available < 0 || need <= available,
             "{}: the weights need about {:.1f} GiB as {}, but only {:.1f} GiB of memory is "
             "available; use --num-layers N to keep fewer layers", spec, need / 1073741824.0,
-            kernels::DTypeName(weights.matrix_dtype), available / 1073741824.0);
+            DTypeName(weights.matrix_dtype), available / 1073741824.0);
   ModelWeights w = preset ? RandomWeights(config, options.preset_seed, weights)
                           : LoadWeights(config, *ckpt, weights);
   return std::make_unique<DeepseekModel>(std::move(config), std::move(w));

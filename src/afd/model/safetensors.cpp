@@ -31,7 +31,7 @@ int ElementSize(const std::string& dtype) {
 
 std::optional<kernels::DType> ModelDType(const std::string& dtype) {
   if (dtype == "F32") return kernels::DType::kF32;
-  if (dtype == "BF16") return kernels::DType::kBf16;
+  if (dtype == "BF16") return kernels::DType::kBF16;
   if (dtype == "F16") return kernels::DType::kF16;
   return std::nullopt;
 }

@@ -39,7 +39,7 @@ class Builder {
     char* base = static_cast<char*>(w.gate_up.mutable_data());
     s_.Read(prefix + "gate_proj.weight", {inter, h}, TensorKind::kLinear, o_.matrix_dtype, base);
     s_.Read(prefix + "up_proj.weight", {inter, h}, TensorKind::kLinear, o_.matrix_dtype,
-            base + inter * h * kernels::DTypeSize(o_.matrix_dtype));
+            base + inter * h * DTypeSize(o_.matrix_dtype));
     w.down = Mat(prefix + "down_proj.weight", h, inter, TensorKind::kLinear);
     return w;
   }
@@ -122,7 +122,7 @@ class Builder {
 
 ModelWeights BuildWeights(const ModelConfig& config, const WeightOptions& options,
                           TensorSource& source) {
-  AFD_CHECK(options.matrix_dtype == DType::kF32 || options.matrix_dtype == DType::kBf16,
+  AFD_CHECK(options.matrix_dtype == DType::kF32 || options.matrix_dtype == DType::kBF16,
             "weights can be stored as fp32 or bf16 only");
   return Builder(config, options, source).Build();
 }

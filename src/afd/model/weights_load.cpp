@@ -33,7 +33,7 @@ class CheckpointSource : public TensorSource {
       const auto* in = static_cast<const char*>(t.data);
       for (int64_t i = 0; i < n; i += kChunk) {
         const int64_t m = std::min(kChunk, n - i);
-        kernels::ConvertToF32(src, in + i * kernels::DTypeSize(src), m, buf.data());
+        kernels::ConvertToF32(src, in + i * DTypeSize(src), m, buf.data());
         for (int64_t j = 0; j < m; ++j) out[i + j] = kernels::F32ToBf16(buf[j]);
       }
     }

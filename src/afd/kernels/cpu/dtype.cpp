@@ -4,20 +4,6 @@
 
 namespace afd::kernels {
 
-int DTypeSize(DType t) { return t == DType::kF32 ? 4 : 2; }
-
-const char* DTypeName(DType t) {
-  switch (t) {
-    case DType::kF32:
-      return "F32";
-    case DType::kBf16:
-      return "BF16";
-    case DType::kF16:
-      return "F16";
-  }
-  return "?";
-}
-
 uint16_t F32ToBf16(float f) {
   uint32_t bits;
   std::memcpy(&bits, &f, sizeof bits);
@@ -57,7 +43,7 @@ void ConvertToF32(DType src_type, const void* src, int64_t count, float* dst) {
     case DType::kF32:
       std::memcpy(dst, src, count * sizeof(float));
       return;
-    case DType::kBf16: {
+    case DType::kBF16: {
       const auto* s = static_cast<const uint16_t*>(src);
       for (int64_t i = 0; i < count; ++i) dst[i] = Bf16ToF32(s[i]);
       return;
@@ -67,8 +53,12 @@ void ConvertToF32(DType src_type, const void* src, int64_t count, float* dst) {
       for (int64_t i = 0; i < count; ++i) dst[i] = F16ToF32(s[i]);
       return;
     }
+    case DType::kI32:
+    case DType::kI64:
+    case DType::kU8:
+      break;
   }
-  AFD_THROW("ConvertToF32: unknown dtype");
+  AFD_THROW("ConvertToF32: {} is not a floating-point weight type", DTypeName(src_type));
 }
 
 }  // namespace afd::kernels

@@ -5,14 +5,13 @@
 #include <cstdint>
 #include <cstring>
 
+#include "afd/common/dtype.h"
+
 namespace afd::kernels {
 
-enum class DType { kF32, kBf16, kF16 };
-
-// Bytes per element of `t`.
-int DTypeSize(DType t);
-// "F32", "BF16", "F16" (the safetensors spellings).
-const char* DTypeName(DType t);
+// Element types are afd::DType (common/dtype.h): the weights use kF32, kBF16 and kF16, with
+// afd::DTypeSize / afd::DTypeName.
+using DType = ::afd::DType;
 
 // bf16 -> fp32 is exact: the bf16 bits are the high half of the fp32 bits.
 inline float Bf16ToF32(uint16_t v) {

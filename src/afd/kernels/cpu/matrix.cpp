@@ -7,7 +7,7 @@
 namespace afd::kernels {
 
 Matrix Matrix::Allocate(DType dtype, int64_t rows, int64_t cols) {
-  AFD_CHECK(dtype == DType::kF32 || dtype == DType::kBf16, "Matrix: dtype {} is not stored",
+  AFD_CHECK(dtype == DType::kF32 || dtype == DType::kBF16, "Matrix: dtype {} is not stored",
             DTypeName(dtype));
   AFD_CHECK(rows >= 0 && cols >= 0, "Matrix: bad shape [{}, {}]", rows, cols);
   const size_t bytes = static_cast<size_t>(rows) * cols * DTypeSize(dtype);
@@ -26,7 +26,7 @@ Matrix Matrix::Allocate(DType dtype, int64_t rows, int64_t cols) {
 
 Matrix Matrix::View(DType dtype, int64_t rows, int64_t cols, const void* data,
                     std::shared_ptr<const void> keep_alive) {
-  AFD_CHECK(dtype == DType::kF32 || dtype == DType::kBf16, "Matrix: cannot view {} elements",
+  AFD_CHECK(dtype == DType::kF32 || dtype == DType::kBF16, "Matrix: cannot view {} elements",
             DTypeName(dtype));
   Matrix m;
   m.dtype_ = dtype;
