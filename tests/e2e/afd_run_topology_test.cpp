@@ -120,6 +120,11 @@ std::vector<Case> Cases() {
     gate.insert(gate.end(), {"--additional-config", kGate});
     cases.push_back({name + "_gate_on_attention", kTiny, gate});
   }
+  // Continuous batching: prompts join running ones (mixed prefill + decode steps) per replica.
+  cases.push_back({"3A2F_mixed_steps", kTiny,
+                   {"--topology", "3A2F", "--max-num-batched-tokens", "8"}});
+  cases.push_back({"1A2F_one_sequence_at_a_time", kTiny,
+                   {"--topology", "1A2F", "--max-num-seqs", "1"}});
   // Real checkpoints (loaded from safetensors) and every router variant.
   for (const std::string golden : {"v2_greedy_yarn", "v2_group_limited", "v3_noaux_tc",
                                    "v3_sharded"}) {

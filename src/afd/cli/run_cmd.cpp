@@ -26,6 +26,8 @@ struct RunArgs {
   std::string model;
   std::vector<std::string> prompt_ids;
   int64_t max_tokens = 16;
+  int64_t max_num_seqs = 0;
+  int64_t max_num_batched_tokens = 0;
   bool json = false;
   std::string dump_logits;
   bool ignore_eos = false;
@@ -67,6 +69,8 @@ void RunOnDeployment(const RunArgs& args, const std::vector<std::vector<int32_t>
   DeploymentSpec spec = args.deployment;
   spec.print_stats = args.stats;
   spec.worker_flags = {"--model", args.model, "--max-tokens", std::to_string(args.max_tokens),
+                       "--max-num-seqs", std::to_string(args.max_num_seqs),
+                       "--max-num-batched-tokens", std::to_string(args.max_num_batched_tokens),
                        "--temperature", fmt::format("{}", args.sampling.temperature),
                        "--top-k", std::to_string(args.sampling.top_k),
                        "--top-p", fmt::format("{}", args.sampling.top_p),
@@ -136,6 +140,8 @@ void Run(const RunArgs& args, int& exit_code) {
   const double load_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
   options.max_tokens = args.max_tokens;
+  options.max_num_seqs = args.max_num_seqs;
+  options.max_num_batched_tokens = args.max_num_batched_tokens;
   options.ignore_eos = args.ignore_eos;
   options.sampling = args.sampling;
   options.keep_prompt_logits = !args.dump_logits.empty();
@@ -189,6 +195,13 @@ void AddRunCommand(CLI::App& app, int& exit_code) {
       ->expected(1)
       ->allow_extra_args(false);
   run->add_option("--max-tokens", args->max_tokens, "New tokens per prompt (default 16)");
+  run->add_option("--max-num-seqs", args->max_num_seqs,
+                  "Running sequences per step at most (0: all prompts at once)")
+      ->check(CLI::NonNegativeNumber);
+  run->add_option("--max-num-batched-tokens", args->max_num_batched_tokens,
+                  "Tokens per step at most; waiting prompts join running ones as room frees "
+                  "(0: no limit)")
+      ->check(CLI::NonNegativeNumber);
   run->add_flag("--json", args->json, "One JSON object per prompt per line");
   run->add_option("--dump-logits", args->dump_logits,
                   "Write the logits of every prompt position as float32 .npy [prompt_len, vocab] "

@@ -32,6 +32,7 @@ struct RoleArgs {
   int role_rank = -1;               // worker only
   std::string prompts_file, output_file, stats_file, log_dir;
   int64_t max_tokens = 16;
+  int64_t max_num_seqs = 0, max_num_batched_tokens = 0;
   bool ignore_eos = false;
   runtime::SamplingParams sampling;
   int64_t num_layers = 0;
@@ -53,6 +54,11 @@ void AddRoleFlags(CLI::App* cmd, RoleArgs& a) {
                 "Accepted for recipe compatibility (the FFN role always shards experts)");
   cmd->add_option("--prompts-file", a.prompts_file, "Attention: JSON array of token-id arrays");
   cmd->add_option("--max-tokens", a.max_tokens, "New tokens per prompt")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--max-num-seqs", a.max_num_seqs, "Running sequences per replica at most")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--max-num-batched-tokens", a.max_num_batched_tokens,
+                  "Tokens per step and replica at most")
       ->check(CLI::NonNegativeNumber);
   cmd->add_flag("--ignore-eos", a.ignore_eos, "Do not stop at EOS");
   cmd->add_option("--temperature", a.sampling.temperature, "0: greedy");
@@ -106,6 +112,8 @@ WorkerOptions ToWorkerOptions(const RoleArgs& a) {
   if (a.bf16) o.open.weights.matrix_dtype = kernels::DType::kBF16;
   o.prompts = ReadPrompts(a.prompts_file);
   o.generation.max_tokens = a.max_tokens;
+  o.generation.max_num_seqs = a.max_num_seqs;
+  o.generation.max_num_batched_tokens = a.max_num_batched_tokens;
   o.generation.ignore_eos = a.ignore_eos;
   o.generation.sampling = a.sampling;
   o.output_file = a.output_file;
@@ -120,6 +128,9 @@ std::vector<std::string> PassThrough(const RoleArgs& a) {
                                 "--data-parallel-size", std::to_string(a.dp),
                                 "--tensor-parallel-size", std::to_string(a.tp),
                                 "--max-tokens", std::to_string(a.max_tokens),
+                                "--max-num-seqs", std::to_string(a.max_num_seqs),
+                                "--max-num-batched-tokens",
+                                std::to_string(a.max_num_batched_tokens),
                                 "--temperature", fmt::format("{}", a.sampling.temperature),
                                 "--top-k", std::to_string(a.sampling.top_k),
                                 "--top-p", fmt::format("{}", a.sampling.top_p),

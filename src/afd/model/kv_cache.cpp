@@ -35,4 +35,11 @@ const float* MlaKvCache::Row(int64_t layer, int seq, int64_t pos) const {
   return const_cast<MlaKvCache*>(this)->Row(layer, seq, pos);
 }
 
+void MlaKvCache::ReleaseSequence(int seq) {
+  Sequence& s = seqs_.at(seq);
+  std::vector<float>().swap(s.rows);
+  s.capacity = 0;
+  s.length = 0;
+}
+
 }  // namespace afd::model

@@ -21,6 +21,8 @@ class MlaKvCache {
   // Tokens stored for `seq` (the position of its next token).
   int64_t length(int seq) const { return seqs_.at(seq).length; }
   int64_t capacity(int seq) const { return seqs_.at(seq).capacity; }
+  // Frees the storage of a finished sequence; its slot number stays taken.
+  void ReleaseSequence(int seq);
   // Marks positions [0, length) of `seq` as filled; length <= capacity.
   void SetLength(int seq, int64_t length);
 

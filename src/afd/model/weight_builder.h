@@ -16,7 +16,7 @@ enum class TensorKind { kEmbedding, kLinear, kLmHead, kNorm, kBias };
 class TensorSource {
  public:
   virtual ~TensorSource() = default;
-  // Writes tensor `name` (which must have `shape`) converted to `dst_type` (kF32 or kBf16),
+  // Writes tensor `name` (which must have `shape`) converted to `dst_type` (kF32 or kBF16),
   // row-major, to dst.
   virtual void Read(const std::string& name, const std::vector<int64_t>& shape, TensorKind kind,
                     kernels::DType dst_type, void* dst) = 0;

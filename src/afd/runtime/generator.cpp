@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <memory>
 
 #include "afd/common/error.h"
 #include "afd/kernels/cpu/ops.h"
@@ -30,9 +31,11 @@ std::vector<GenerationResult> Generator::Generate(const std::vector<std::vector<
   const int64_t vocab = c.vocab_size;
   ValidateSamplingParams(options.sampling);
   AFD_CHECK(options.max_tokens >= 0, "max_tokens must be >= 0, got {}", options.max_tokens);
-  model::MlaKvCache cache = model_.NewCache();
-  model::ForwardBatch prefill;
-  std::vector<GenerationResult> results(prompts.size());
+  AFD_CHECK(options.max_num_seqs >= 0, "max_num_seqs must be >= 0, got {}", options.max_num_seqs);
+  AFD_CHECK(options.max_num_batched_tokens >= 0, "max_num_batched_tokens must be >= 0, got {}",
+            options.max_num_batched_tokens);
+  AFD_CHECK(options.sampler_streams.empty() || options.sampler_streams.size() == prompts.size(),
+            "{} sampler streams for {} prompts", options.sampler_streams.size(), prompts.size());
   for (size_t s = 0; s < prompts.size(); ++s) {
     const auto& prompt = prompts[s];
     AFD_CHECK(!prompt.empty(), "prompt {} is empty", s);
@@ -44,73 +47,100 @@ std::vector<GenerationResult> Generator::Generate(const std::vector<std::vector<
     AFD_CHECK(total <= c.max_position_embeddings,
               "prompt {}: {} prompt tokens + {} new tokens exceed max_position_embeddings {}", s,
               prompt.size(), options.max_tokens, c.max_position_embeddings);
-    const int slot = cache.AddSequence(std::max<int64_t>(total, 1));
-    prefill.Add(slot, prompt, 0);
-    results[s].prompt_ids = prompt;
   }
   GenerationStats local_stats;
   GenerationStats& st = stats ? *stats : local_stats;
   st = GenerationStats{};
 
-  // Prefill: every prompt in one step. logits: [sum of prompt lengths, vocab].
-  auto start = std::chrono::steady_clock::now();
-  std::vector<float> logits(prefill.size() * vocab);
-  runner_.Forward(prefill, cache, logits.data());
-  st.prefill_tokens = prefill.size();
-  st.prefill_seconds = Seconds(start);
-
-  std::vector<Sampler> samplers;
-  std::vector<float> scratch;
-  std::vector<int> active;  // sequences still generating
-  std::vector<const float*> last(prompts.size());  // logits row that predicts the next token
-  int64_t row = 0;
-  for (size_t s = 0; s < prompts.size(); ++s) {
-    samplers.emplace_back(options.sampling,
-                          options.sampler_streams.empty() ? static_cast<int64_t>(s)
-                                                          : options.sampler_streams.at(s));
-    GenerationResult& r = results[s];
-    const int64_t t = r.prompt_ids.size();
-    r.prompt_logprobs.assign(t, std::nanf(""));
-    for (int64_t j = 1; j < t; ++j) {
-      r.prompt_logprobs[j] = LogProb(&logits[(row + j - 1) * vocab], vocab, r.prompt_ids[j], scratch);
-    }
-    if (options.keep_prompt_logits) {
-      r.prompt_logits.assign(logits.begin() + row * vocab, logits.begin() + (row + t) * vocab);
-    }
-    last[s] = &logits[(row + t - 1) * vocab];
-    row += t;
-    if (options.max_tokens > 0) active.push_back(static_cast<int>(s));
-  }
-
+  model::MlaKvCache cache = model_.NewCache();
+  std::vector<GenerationResult> results(prompts.size());
+  std::vector<std::unique_ptr<Sampler>> samplers(prompts.size());
+  std::vector<int> slot(prompts.size(), -1);        // KV cache slot of each admitted prompt
+  std::vector<std::vector<float>> last(prompts.size());  // logits row predicting the next token
+  std::vector<int> running;                         // admitted, still generating
+  size_t next_waiting = 0;
+  std::vector<float> scratch, logits;
   auto is_eos = [&c](int32_t id) {
     return std::find(c.eos_token_ids.begin(), c.eos_token_ids.end(), id) != c.eos_token_ids.end();
   };
-  std::vector<float> step_logits;
-  start = std::chrono::steady_clock::now();
-  while (!active.empty()) {
-    // Pick each active sequence's next token from its last logits row.
-    model::ForwardBatch step;
-    std::vector<int> still_active;
-    for (int s : active) {
+  const size_t limit = options.max_num_seqs > 0 ? static_cast<size_t>(options.max_num_seqs)
+                                                : prompts.size();
+  while (true) {
+    // Decode: the next token of every running sequence, from its last logits row.
+    model::ForwardBatch batch;
+    std::vector<int> decoding, prefilling;
+    for (int s : running) {
       GenerationResult& r = results[s];
-      const int32_t id = samplers[s].Sample(last[s], vocab);
+      const int32_t id = samplers[s]->Sample(last[s].data(), vocab);
       r.output_ids.push_back(id);
-      r.logprobs.push_back(LogProb(last[s], vocab, id, scratch));
+      r.logprobs.push_back(LogProb(last[s].data(), vocab, id, scratch));
       const bool done = static_cast<int64_t>(r.output_ids.size()) >= options.max_tokens ||
                         (!options.ignore_eos && is_eos(id));
-      if (done) continue;
-      step.Add(s, {id}, cache.length(s));
-      still_active.push_back(s);
+      if (done) {
+        cache.ReleaseSequence(slot[s]);
+        std::vector<float>().swap(last[s]);
+        continue;
+      }
+      batch.Add(slot[s], {id}, cache.length(slot[s]));
+      decoding.push_back(s);
     }
-    active = std::move(still_active);
-    if (active.empty()) break;
-    step_logits.resize(step.size() * vocab);  // [active, vocab]
-    runner_.Forward(step, cache, step_logits.data());
-    for (size_t i = 0; i < active.size(); ++i) last[active[i]] = &step_logits[i * vocab];
-    st.decode_tokens += step.size();
-    ++st.decode_steps;
+    // Admit waiting prompts while there is room: their whole prompt is prefilled in this step.
+    while (next_waiting < prompts.size() && decoding.size() + prefilling.size() < limit) {
+      const int64_t len = static_cast<int64_t>(prompts[next_waiting].size());
+      if (options.max_num_batched_tokens > 0 && batch.size() > 0 &&
+          batch.size() + len > options.max_num_batched_tokens) {
+        break;  // waits for a step with room
+      }
+      const int s = static_cast<int>(next_waiting++);
+      const int64_t total = static_cast<int64_t>(prompts[s].size()) + options.max_tokens;
+      slot[s] = cache.AddSequence(std::max<int64_t>(total, 1));
+      batch.Add(slot[s], prompts[s], 0);
+      prefilling.push_back(s);
+      results[s].prompt_ids = prompts[s];
+      samplers[s] = std::make_unique<Sampler>(
+          options.sampling,
+          options.sampler_streams.empty() ? static_cast<int64_t>(s) : options.sampler_streams[s]);
+    }
+    if (batch.size() == 0) break;
+    const auto start = std::chrono::steady_clock::now();
+    logits.resize(batch.size() * vocab);  // [batch tokens, vocab]
+    runner_.Forward(batch, cache, logits.data());
+    const double seconds = Seconds(start);
+    if (prefilling.empty()) {
+      st.decode_tokens += batch.size();
+      ++st.decode_steps;
+      st.decode_seconds += seconds;
+    } else {
+      st.prefill_tokens += batch.size() - static_cast<int64_t>(decoding.size());
+      st.prefill_seconds += seconds;
+    }
+    // Rows: the decode tokens first, then each admitted prompt's tokens.
+    int64_t row = 0;
+    for (int s : decoding) {
+      last[s].assign(logits.begin() + row * vocab, logits.begin() + (row + 1) * vocab);
+      ++row;
+    }
+    running = decoding;
+    for (int s : prefilling) {
+      GenerationResult& r = results[s];
+      const int64_t t = static_cast<int64_t>(r.prompt_ids.size());
+      r.prompt_logprobs.assign(t, std::nanf(""));
+      for (int64_t j = 1; j < t; ++j) {
+        r.prompt_logprobs[j] =
+            LogProb(&logits[(row + j - 1) * vocab], vocab, r.prompt_ids[j], scratch);
+      }
+      if (options.keep_prompt_logits) {
+        r.prompt_logits.assign(logits.begin() + row * vocab, logits.begin() + (row + t) * vocab);
+      }
+      last[s].assign(logits.begin() + (row + t - 1) * vocab, logits.begin() + (row + t) * vocab);
+      row += t;
+      if (options.max_tokens > 0) {
+        running.push_back(s);
+      } else {
+        cache.ReleaseSequence(slot[s]);
+      }
+    }
   }
-  st.decode_seconds = Seconds(start);
   return results;
 }
 

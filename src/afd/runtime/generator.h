@@ -1,6 +1,9 @@
-// Generation on one DeepseekModel: batched prefill of all prompts in one forward step, then
-// incremental decode of every unfinished sequence together, one token per step, over the MLA
-// cache. Stops a sequence at max_tokens or after it emits EOS (unless ignore_eos).
+// Generation on one DeepseekModel with continuous batching over the MLA cache: each step
+// decodes one token of every running sequence and prefills the prompts admitted in that step
+// (all at the first step, unless max_num_seqs or max_num_batched_tokens limit a step: then a
+// waiting prompt is admitted as soon as it fits, and steps mix prefill and decode tokens).
+// Stops a sequence at max_tokens or after it emits EOS (unless ignore_eos). Every token is
+// computed alone, so results do not depend on how sequences were batched.
 // Log-probabilities are those of the model's distribution (log_softmax of the raw logits),
 // whatever the sampling parameters.
 // Thread safety: one Generate at a time per Generator.
@@ -21,6 +24,10 @@ struct GenerationOptions {
   // a run of all prompts in one process.
   std::vector<int64_t> sampler_streams;
   int64_t max_tokens = 16;
+  int64_t max_num_seqs = 0;  // running sequences at most; 0: no limit
+  // Tokens per step at most (decode tokens plus admitted prompts); 0: no limit. A prompt that
+  // does not fit waits, unless nothing else would run (then it runs alone, whatever its size).
+  int64_t max_num_batched_tokens = 0;
   bool ignore_eos = false;
   SamplingParams sampling;
   bool keep_prompt_logits = false;  // fill GenerationResult::prompt_logits
