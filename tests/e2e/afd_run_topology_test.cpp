@@ -120,6 +120,10 @@ std::vector<Case> Cases() {
     gate.insert(gate.end(), {"--additional-config", kGate});
     cases.push_back({name + "_gate_on_attention", kTiny, gate});
   }
+  // Uneven head split (4 heads over TP 3) and more FFN ranks than some ranks have experts.
+  cases.push_back({"6A4F_dp2tp3", kTiny,
+                   {"--topology", "6A4F", "--attention-dp", "2", "--attention-tp", "3"}});
+  cases.push_back({"2A12F_idle_expert_ranks", kTiny, {"--topology", "2A12F"}});
   // Continuous batching: prompts join running ones (mixed prefill + decode steps) per replica.
   cases.push_back({"3A2F_mixed_steps", kTiny,
                    {"--topology", "3A2F", "--max-num-batched-tokens", "8"}});

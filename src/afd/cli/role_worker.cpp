@@ -115,6 +115,11 @@ void RunWorker(const WorkerOptions& o) {
     stats["transfers"] = TransferStats(connector);
     if (!o.stats_file.empty()) WriteFileOrThrow(o.stats_file, stats.dump() + "\n");
   } catch (const Error& e) {
+    // A rank that lost a peer usually lost it because that peer failed and said why: report
+    // the root cause with our own error.
+    if (std::optional<std::string> cause = world->AbortMessage()) {
+      AFD_THROW("{} (the deployment was aborted: {})", e.what(), *cause);
+    }
     world->Abort(fmt::format("{} rank {} failed: {}", RoleName(role), o.role_rank, e.what()));
     throw;
   }

@@ -117,6 +117,10 @@ void Run(const RunArgs& args, int& exit_code) {
     if (args.bf16) open.weights.matrix_dtype = kernels::DType::kBF16;
     model = model::OpenModel(args.model, open);
     const model::ModelConfig& c = model->config();
+    AFD_CHECK(args.deployment.topology.empty() ||
+                  args.deployment.attention_tp <= c.num_attention_heads,
+              "--attention-tp {} exceeds the model's {} attention heads",
+              args.deployment.attention_tp, c.num_attention_heads);
     for (size_t s = 0; s < prompts.size(); ++s) {
       for (int32_t id : prompts[s]) {
         AFD_CHECK(id < c.vocab_size, "--prompt-ids #{}: token id {} is outside the vocabulary "

@@ -79,6 +79,15 @@ void AfdWorld::Abort(const std::string& message) {
   }
 }
 
+std::optional<std::string> AfdWorld::AbortMessage() {
+  if (!client_) return std::nullopt;
+  try {
+    return client_->TryGet(kAbortKey);
+  } catch (const Error&) {
+    return std::nullopt;
+  }
+}
+
 void AfdWorld::CheckAbort() {
   if (auto abort = client_->TryGet(kAbortKey)) AFD_THROW("aborted: {}", *abort);
 }

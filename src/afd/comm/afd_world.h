@@ -71,6 +71,8 @@ class AfdWorld {
   void Abort(const std::string& message);
   // Throws afd::Error carrying the abort message if any rank has aborted.
   void CheckAbort();
+  // The abort message, if any rank has aborted (nullopt also when the store is unreachable).
+  std::optional<std::string> AbortMessage();
   // Waits until every world rank reaches the barrier `name` (store-based). Throws on abort, or
   // at timeout naming the ranks that never arrived.
   void Barrier(const std::string& name);

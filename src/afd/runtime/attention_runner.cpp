@@ -79,8 +79,16 @@ void AttentionRunner::AttentionLayer(int64_t layer, const model::ForwardBatch& b
   std::vector<float> normed(n * H);  // [n, H]
   kernels::RmsNorm(x, n, H, lw.attn.input_norm.data(), c.rms_norm_eps, normed.data());
   attn.WriteCache(lw.attn, layer, normed.data(), batch, cache);
-  std::vector<float> q(n * my_heads * c.qk_head_dim());  // [n, my_heads, dn + dr]
-  attn.ProjectQuery(lw.attn, normed.data(), batch, head_begin_, head_end_, q.data());
+  // The query projection of all heads, then this rank's heads: a GEMM over a slice of the
+  // weight rows may round differently from the full one, and TP must not change the results.
+  const int64_t qk = c.qk_head_dim();
+  std::vector<float> q_all(n * heads * qk);  // [n, heads, dn + dr]
+  attn.ProjectQuery(lw.attn, normed.data(), batch, 0, heads, q_all.data());
+  std::vector<float> q(n * my_heads * qk);  // [n, my_heads, dn + dr]
+  for (int64_t t = 0; t < n; ++t) {
+    std::copy(q_all.begin() + (t * heads + head_begin_) * qk,
+              q_all.begin() + (t * heads + head_end_) * qk, q.begin() + t * my_heads * qk);
+  }
   std::vector<float> mine(n * my_heads * dv);  // [n, my_heads·dv]
   attn.AttendHeads(lw.attn, layer, q.data(), batch, cache, head_begin_, head_end_, mine.data());
   // All-gather the head outputs: every rank sends its block to every rank.

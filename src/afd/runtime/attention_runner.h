@@ -11,7 +11,9 @@
 //
 // Tensor parallelism: the ranks of one replica hold the same tokens and the full MLA cache; each
 // attends its heads (SplitSizes(num_heads, tp)), the head outputs are all-gathered, and every
-// rank applies the full o_proj, so results are exactly those of the monolithic model.
+// rank applies the full o_proj (and projects q for all heads), so results are exactly those of
+// the monolithic model: TP splits the attention over the cache, the part that grows with the
+// context, and repeats the projections.
 //
 // Thread safety: one thread.
 #pragma once
