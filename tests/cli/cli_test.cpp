@@ -24,7 +24,8 @@ std::string Quote(const std::string& s) {
 }
 
 Result RunAfd(const std::string& args, bool stderr_too = true) {
-  const std::string cmd = std::string(AFD_BINARY) + " " + args + (stderr_too ? " 2>&1" : " 2>/dev/null");
+  const std::string cmd =
+      std::string(AFD_BINARY) + " " + args + (stderr_too ? " 2>&1" : " 2>/dev/null");
   FILE* pipe = popen(cmd.c_str(), "r");
   EXPECT_NE(pipe, nullptr);
   std::string out;
@@ -75,13 +76,19 @@ TEST(Cli, TopologyTextLikeSeedWorkedExample) {
   const Result r = RunAfd("topology --attention 4 --ffn 2");
   ASSERT_EQ(r.exit_code, 0) << r.out;
   EXPECT_NE(r.out.find("AFD world (port):        F0=0  F1=1  A0=2  A1=3  A2=4  A3=5"),
-            std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("subgroup 0 (prefix afd_subgroup_0):   F0(rank 0) <-> A0(rank 1), A1(rank 2)"),
-            std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("subgroup 1 (prefix afd_subgroup_1):   F1(rank 0) <-> A2(rank 1), A3(rank 2)"),
-            std::string::npos) << r.out;
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(
+      r.out.find("subgroup 0 (prefix afd_subgroup_0):   F0(rank 0) <-> A0(rank 1), A1(rank 2)"),
+      std::string::npos)
+      << r.out;
+  EXPECT_NE(
+      r.out.find("subgroup 1 (prefix afd_subgroup_1):   F1(rank 0) <-> A2(rank 1), A3(rank 2)"),
+      std::string::npos)
+      << r.out;
   EXPECT_NE(r.out.find("p2p ranks:             F0=0  F1=1  A0=2  A1=3      (A2, A3 excluded)"),
-            std::string::npos) << r.out;
+            std::string::npos)
+      << r.out;
   EXPECT_NE(r.out.find("metadata flow:         A0 -> F0,   A1 -> F1"), std::string::npos) << r.out;
 }
 
@@ -94,8 +101,9 @@ TEST(Cli, TopologyRejectsBadCounts) {
 }
 
 TEST(Cli, ConfigCheckValidPrintsNormalized) {
-  const Result r = RunAfd("config check " + Quote(R"({"afd": {"afd_role": "ffn", "num_ffn_ranks": 2}})"),
-                       /*stderr_too=*/false);
+  const Result r =
+      RunAfd("config check " + Quote(R"({"afd": {"afd_role": "ffn", "num_ffn_ranks": 2}})"),
+             /*stderr_too=*/false);
   ASSERT_EQ(r.exit_code, 0) << r.out;
   const json j = json::parse(r.out);
   EXPECT_EQ(j["role"], "ffn");

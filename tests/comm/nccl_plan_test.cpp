@@ -35,9 +35,9 @@ TEST(NcclPlan, TwoRanksOnOneGpuAreNamed) {
   EXPECT_EQ(FindSharedGpu({"h/0000:19:00.0", "h/0000:3b:00.0"}, {"a", "b"}, "g"), std::nullopt);
   // The same bus id on different hosts is different hardware.
   EXPECT_EQ(FindSharedGpu({"h1/0000:19:00.0", "h2/0000:19:00.0"}, {"a", "b"}, "g"), std::nullopt);
-  const auto msg = FindSharedGpu({"h/0000:19:00.0", "h/0000:3b:00.0", "h/0000:19:00.0"},
-                                 {"world rank 0 (ffn 0)", "x", "world rank 2 (attention 0)"},
-                                 "afd_subgroup_0");
+  const auto msg =
+      FindSharedGpu({"h/0000:19:00.0", "h/0000:3b:00.0", "h/0000:19:00.0"},
+                    {"world rank 0 (ffn 0)", "x", "world rank 2 (attention 0)"}, "afd_subgroup_0");
   ASSERT_TRUE(msg.has_value());
   EXPECT_NE(msg->find("world rank 0 (ffn 0) and world rank 2 (attention 0)"), std::string::npos);
   EXPECT_NE(msg->find("h/0000:19:00.0"), std::string::npos);

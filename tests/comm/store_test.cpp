@@ -1,8 +1,9 @@
+#include "afd/comm/store.h"
+
 #include <gtest/gtest.h>
 
 #include <thread>
 
-#include "afd/comm/store.h"
 #include "afd/common/error.h"
 
 namespace afd::comm {

@@ -42,8 +42,7 @@ TEST(AfdConfig, Seed000ExampleWholeAndBare) {
     "host": "10.0.0.7", "port": 6239, "num_attention_ranks": 3, "num_ffn_ranks": 5,
     "compute_gate_on_attention": true, "afd_process_group_timeout_s": 30,
     "connector_extra_config": {}})";
-  for (const std::string& text :
-       {bare, R"({"other_plugin": {"x": 1}, "afd": )" + bare + "}"}) {
+  for (const std::string& text : {bare, R"({"other_plugin": {"x": 1}, "afd": )" + bare + "}"}) {
     const AfdConfig c = ParseAfdConfig(text);
     EXPECT_EQ(c.role, Role::kFfn);
     EXPECT_EQ(c.host, "10.0.0.7");
@@ -191,7 +190,8 @@ TEST(AfdConfig, GpuAsyncImpliesAsyncDpAndGateOnAttention) {
 }
 
 TEST(AfdConfig, GpuAsyncBadOptions) {
-  ExpectInvalid(Async(R"({"dynamicQuant": 1})"), {"connector_extra_config.dynamicQuant", "unknown"});
+  ExpectInvalid(Async(R"({"dynamicQuant": 1})"),
+                {"connector_extra_config.dynamicQuant", "unknown"});
   ExpectInvalid(Async(R"({"attn_ranks_per_dp": 0})"), {"attn_ranks_per_dp"});
   ExpectInvalid(Async(R"({"attn_ranks_per_dp": 3})"), {"attn_ranks_per_dp", "must divide"});
   ExpectInvalid(Async(R"({"ring_depth": 0})"), {"ring_depth", "out of range", "1..64"});

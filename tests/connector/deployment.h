@@ -52,9 +52,12 @@ std::vector<RankProcess> StartDeployment(int A, int F, int timeout_s, const std:
   for (const std::string role : {"ffn", "attention"}) {
     const int n = role == "ffn" ? F : A;
     for (int r = 0; r < n; ++r) {
-      std::vector<std::string> argv = {AFD_BINARY,          "connector-test",
-                                       "--additional-config", AfdJson(role, port, A, F, timeout_s),
-                                       "--role-rank",         std::to_string(r)};
+      std::vector<std::string> argv = {AFD_BINARY,
+                                       "connector-test",
+                                       "--additional-config",
+                                       AfdJson(role, port, A, F, timeout_s),
+                                       "--role-rank",
+                                       std::to_string(r)};
       for (const auto& a : extra_args(role, r)) argv.push_back(a);
       RankProcess p;
       p.label = role + " " + std::to_string(r);

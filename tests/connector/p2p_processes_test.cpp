@@ -71,7 +71,7 @@ TEST(P2pProcesses, ConfigMismatchFailsBothNamingTheField) {
 }
 
 TEST(P2pProcesses, DuplicateRoleRankIsNamed) {
-  auto   procs = StartDeployment(2, 1, 5, "dup2", [](const std::string& role, int r) {
+  auto procs = StartDeployment(2, 1, 5, "dup2", [](const std::string& role, int r) {
     // attention rank 1 claims rank 0 too
     if (role == "attention" && r == 1) return std::vector<std::string>{"--role-rank", "0"};
     return std::vector<std::string>{};
@@ -109,9 +109,8 @@ TEST(P2pProcesses, KilledPeerIsNamedByTheOthers) {
 
 TEST(P2pProcesses, MissingRankTimesOutListingIt) {
   // 2A1F with attention rank 1 never started.
-  auto procs = StartDeployment(2, 1, 2, "missing", [](const std::string&, int) {
-    return std::vector<std::string>{};
-  });
+  auto procs = StartDeployment(2, 1, 2, "missing",
+                               [](const std::string&, int) { return std::vector<std::string>{}; });
   procs.back().process->Kill(SIGKILL);  // attention 1, before it could join
   for (size_t i = 0; i + 1 < procs.size(); ++i) {
     const std::optional<int> status = procs[i].process->Wait(Deadline::In(20));
@@ -120,7 +119,8 @@ TEST(P2pProcesses, MissingRankTimesOutListingIt) {
     EXPECT_NE(*status, 0);
     EXPECT_TRUE(log.find("attention rank 1") != std::string::npos ||
                 log.find("(attention 1)") != std::string::npos)
-        << procs[i].label << ":\n" << log;
+        << procs[i].label << ":\n"
+        << log;
   }
 }
 
@@ -142,7 +142,8 @@ TEST(P2pProcesses, OutOfRangeRoleRankIsNamedEverywhere) {
     EXPECT_NE(*status, 0) << p.label;
     EXPECT_NE(log.find("attention rank 5 is out of range: num_attention_ranks is 2"),
               std::string::npos)
-        << p.label << ":\n" << log;
+        << p.label << ":\n"
+        << log;
   }
 }
 

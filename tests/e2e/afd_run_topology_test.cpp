@@ -121,19 +121,20 @@ std::vector<Case> Cases() {
     cases.push_back({name + "_gate_on_attention", kTiny, gate});
   }
   // Uneven head split (4 heads over TP 3) and more FFN ranks than some ranks have experts.
-  cases.push_back({"6A4F_dp2tp3", kTiny,
-                   {"--topology", "6A4F", "--attention-dp", "2", "--attention-tp", "3"}});
+  cases.push_back(
+      {"6A4F_dp2tp3", kTiny, {"--topology", "6A4F", "--attention-dp", "2", "--attention-tp", "3"}});
   cases.push_back({"2A12F_idle_expert_ranks", kTiny, {"--topology", "2A12F"}});
   // Continuous batching: prompts join running ones (mixed prefill + decode steps) per replica.
-  cases.push_back({"3A2F_mixed_steps", kTiny,
-                   {"--topology", "3A2F", "--max-num-batched-tokens", "8"}});
-  cases.push_back({"1A2F_one_sequence_at_a_time", kTiny,
-                   {"--topology", "1A2F", "--max-num-seqs", "1"}});
+  cases.push_back(
+      {"3A2F_mixed_steps", kTiny, {"--topology", "3A2F", "--max-num-batched-tokens", "8"}});
+  cases.push_back(
+      {"1A2F_one_sequence_at_a_time", kTiny, {"--topology", "1A2F", "--max-num-seqs", "1"}});
   // Real checkpoints (loaded from safetensors) and every router variant.
-  for (const std::string golden : {"v2_greedy_yarn", "v2_group_limited", "v3_noaux_tc",
-                                   "v3_sharded"}) {
+  for (const std::string golden :
+       {"v2_greedy_yarn", "v2_group_limited", "v3_noaux_tc", "v3_sharded"}) {
     cases.push_back({golden + "_3A2F", Golden(golden), {"--topology", "3A2F"}});
-    cases.push_back({golden + "_1A2F_gate_on_attention", Golden(golden),
+    cases.push_back({golden + "_1A2F_gate_on_attention",
+                     Golden(golden),
                      {"--topology", "1A2F", "--additional-config", kGate}});
   }
   return cases;
@@ -182,9 +183,10 @@ bool Alive(pid_t pid) {
 // Kills the role process whose command line has `role` and `--role-rank rank` mid-generation.
 void KillOneAndCheck(const std::string& role, int rank) {
   const std::string out = ::testing::TempDir() + "/kill_" + role + ".out";
-  std::vector<std::string> argv = {AFD_BINARY, "run", "--model", "preset:tiny", "--topology",
-                                   "3A2F", "--max-tokens", "3000", "--ignore-eos",
-                                   "--prompt-ids", "1,2,3", "--prompt-ids", "4,5"};
+  std::vector<std::string> argv = {AFD_BINARY,     "run",          "--model",      "preset:tiny",
+                                   "--topology",   "3A2F",         "--max-tokens", "3000",
+                                   "--ignore-eos", "--prompt-ids", "1,2,3",        "--prompt-ids",
+                                   "4,5"};
   Subprocess run(argv, out);
   std::vector<pid_t> workers;
   pid_t victim = -1;
@@ -244,13 +246,14 @@ namespace afd {
 namespace {
 
 TEST(AfdRunTopologyFailures, KillingTheLauncherLeavesNoRankBehind) {
-  std::vector<std::string> argv = {AFD_BINARY, "run", "--model", "preset:tiny", "--topology",
-                                   "2A2F", "--max-tokens", "3000", "--ignore-eos",
-                                   "--prompt-ids", "1,2,3"};
+  std::vector<std::string> argv = {AFD_BINARY,     "run",          "--model",      "preset:tiny",
+                                   "--topology",   "2A2F",         "--max-tokens", "3000",
+                                   "--ignore-eos", "--prompt-ids", "1,2,3"};
   Subprocess run(argv, ::testing::TempDir() + "/kill_launcher.out");
   std::vector<pid_t> workers;
   const auto start = std::chrono::steady_clock::now();
-  while (workers.size() < 4 && std::chrono::steady_clock::now() - start < std::chrono::seconds(20)) {
+  while (workers.size() < 4 &&
+         std::chrono::steady_clock::now() - start < std::chrono::seconds(20)) {
     workers = ChildrenOf(run.pid());
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }

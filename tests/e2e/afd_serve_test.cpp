@@ -38,27 +38,34 @@ TEST(AfdServe, RecipeShapedRoleCommandsMatchTheMonolithicRun) {
            ", \"num_attention_ranks\": 3, \"num_ffn_ranks\": 2, "
            "\"afd_process_group_timeout_s\": 30}}";
   };
-  const std::vector<std::string> common = {"--model", "preset:tiny", "--device", "cpu",
-                                           "--tensor-parallel-size", "1", "--max-tokens", "5",
+  const std::vector<std::string> common = {"--model",
+                                           "preset:tiny",
+                                           "--device",
+                                           "cpu",
+                                           "--tensor-parallel-size",
+                                           "1",
+                                           "--max-tokens",
+                                           "5",
                                            "--enable-expert-parallel"};
-  auto serve = [&](const std::string& role, std::vector<std::string> extra, const std::string& tag) {
-    std::vector<std::string> argv = {AFD_BINARY, "serve", "--additional-config", cfg(role),
-                                     "--log-dir", dir + "/" + tag};
+  auto serve = [&](const std::string& role, std::vector<std::string> extra,
+                   const std::string& tag) {
+    std::vector<std::string> argv = {AFD_BINARY, "serve",     "--additional-config",
+                                     cfg(role),  "--log-dir", dir + "/" + tag};
     argv.insert(argv.end(), common.begin(), common.end());
     argv.insert(argv.end(), extra.begin(), extra.end());
     return std::make_unique<Subprocess>(argv, dir + "/" + tag + ".log");
   };
   auto ffn = serve("ffn", {"--data-parallel-size", "2"}, "ffn");
-  auto host_a = serve("attention",
-                      {"--data-parallel-size", "3", "--data-parallel-size-local", "2",
-                       "--data-parallel-start-rank", "0", "--prompts-file", dir + "/prompts.json",
-                       "--output-file", dir + "/host_a.jsonl"},
-                      "attn_a");
-  auto host_b = serve("attention",
-                      {"--data-parallel-size", "3", "--data-parallel-size-local", "1",
-                       "--data-parallel-start-rank", "2", "--prompts-file", dir + "/prompts.json",
-                       "--output-file", dir + "/host_b.jsonl"},
-                      "attn_b");
+  auto host_a = serve(
+      "attention",
+      {"--data-parallel-size", "3", "--data-parallel-size-local", "2", "--data-parallel-start-rank",
+       "0", "--prompts-file", dir + "/prompts.json", "--output-file", dir + "/host_a.jsonl"},
+      "attn_a");
+  auto host_b = serve(
+      "attention",
+      {"--data-parallel-size", "3", "--data-parallel-size-local", "1", "--data-parallel-start-rank",
+       "2", "--prompts-file", dir + "/prompts.json", "--output-file", dir + "/host_b.jsonl"},
+      "attn_b");
   for (auto* p : {ffn.get(), host_a.get(), host_b.get()}) {
     EXPECT_EQ(p->Wait(Deadline::In(120)), 0)
         << ReadFile(dir + "/ffn.log") << ReadFile(dir + "/attn_a.log")
@@ -79,7 +86,10 @@ TEST(AfdServe, RecipeShapedRoleCommandsMatchTheMonolithicRun) {
   std::string cmd = std::string(AFD_BINARY) + " run --model preset:tiny --max-tokens 5 --json";
   for (const auto& p : prompts) {
     cmd += " --prompt-ids ";
-    for (size_t i = 0; i < p.size(); ++i) cmd += (i ? "," : "") + std::to_string(p[i]);
+    for (size_t i = 0; i < p.size(); ++i) {
+      if (i > 0) cmd += ",";
+      cmd += std::to_string(p[i]);
+    }
   }
   const int rc = std::system((cmd + " > " + dir + "/mono.jsonl").c_str());
   ASSERT_EQ(rc, 0);
@@ -96,8 +106,8 @@ TEST(AfdServe, RecipeShapedRoleCommandsMatchTheMonolithicRun) {
 
 TEST(AfdServe, ReplicasWithoutPromptsOnlyTakeEmptySteps) {
   // 4A2F with one prompt: three DP replicas have nothing to do and run empty steps throughout.
-  const std::string base = std::string(AFD_BINARY) +
-                           " run --model preset:tiny --max-tokens 6 --json --prompt-ids 5,6,7";
+  const std::string base =
+      std::string(AFD_BINARY) + " run --model preset:tiny --max-tokens 6 --json --prompt-ids 5,6,7";
   const std::string dir = ::testing::TempDir();
   ASSERT_EQ(std::system((base + " > " + dir + "/one_mono.jsonl").c_str()), 0);
   ASSERT_EQ(std::system((base + " --topology 4A2F > " + dir + "/one_afd.jsonl").c_str()), 0);

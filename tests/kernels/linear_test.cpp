@@ -47,8 +47,8 @@ class LinearTest : public ::testing::TestWithParam<DType> {};
 
 TEST_P(LinearTest, MatchesReference) {
   // Shapes that are not multiples of the row/column blocks.
-  for (auto [n, out, in] : {std::tuple<int64_t, int64_t, int64_t>{1, 7, 5}, {37, 300, 96},
-                            {16, 513, 64}}) {
+  for (auto [n, out, in] :
+       {std::tuple<int64_t, int64_t, int64_t>{1, 7, 5}, {37, 300, 96}, {16, 513, 64}}) {
     const Matrix w = RandomMatrix(GetParam(), out, in, 1);
     const std::vector<float> x = RandomVector(n * in, 2);
     std::vector<float> y(n * out), ref(n * out);

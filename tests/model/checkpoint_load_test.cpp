@@ -79,8 +79,8 @@ std::string ConfigJson(const ModelConfig& c) {
                      c.vocab_size, c.hidden_size, c.intermediate_size, c.moe_intermediate_size,
                      c.num_hidden_layers, c.num_attention_heads, c.q_lora_rank, c.kv_lora_rank,
                      c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim, c.n_routed_experts,
-                     c.n_shared_experts, c.num_experts_per_tok, c.first_k_dense_replace,
-                     c.n_group, c.topk_group, c.max_position_embeddings, c.rope.factor,
+                     c.n_shared_experts, c.num_experts_per_tok, c.first_k_dense_replace, c.n_group,
+                     c.topk_group, c.max_position_embeddings, c.rope.factor,
                      c.rope.original_max_position_embeddings);
 }
 

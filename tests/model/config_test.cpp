@@ -40,7 +40,8 @@ TEST(ModelConfig, LegacyV2LiteMatchesPreset) {
   EXPECT_EQ(c.rope.theta, 10000.0);
   EXPECT_EQ(c.topk_method, TopkMethod::kGreedy);
   EXPECT_EQ(c.eos_token_ids, std::vector<int64_t>{100001});
-  for (auto [a, b] : {std::pair{c.vocab_size, p.vocab_size}, {c.hidden_size, p.hidden_size},
+  for (auto [a, b] : {std::pair{c.vocab_size, p.vocab_size},
+                      {c.hidden_size, p.hidden_size},
                       {c.num_hidden_layers, p.num_hidden_layers},
                       {c.n_routed_experts, p.n_routed_experts},
                       {c.moe_intermediate_size, p.moe_intermediate_size},

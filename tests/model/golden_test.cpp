@@ -35,8 +35,8 @@ double RelFrobenius(const std::vector<float>& a, const std::vector<float>& ref) 
 }
 
 // Prefill of `prompt` into a fresh cache slot; returns the logits [T, V].
-std::vector<float> Prefill(const DeepseekModel& model, MoeBackend& moe, MlaKvCache& cache,
-                           int slot, const std::vector<int32_t>& prompt) {
+std::vector<float> Prefill(const DeepseekModel& model, MoeBackend& moe, MlaKvCache& cache, int slot,
+                           const std::vector<int32_t>& prompt) {
   ForwardBatch batch;
   batch.Add(slot, prompt, 0);
   std::vector<float> logits(prompt.size() * model.config().vocab_size);
@@ -61,8 +61,8 @@ TEST_P(GoldenTest, LogitsAndGreedyMatchTransformers) {
     const int slot = cache.AddSequence(t + max_new);
     const std::vector<float> logits = Prefill(*model, moe, cache, slot, prompt);
 
-    const testing::NpyArray ref = testing::ReadNpyF32(dir + "/" +
-                                                      golden["prompt_logits_files"][p].get<std::string>());
+    const testing::NpyArray ref =
+        testing::ReadNpyF32(dir + "/" + golden["prompt_logits_files"][p].get<std::string>());
     ASSERT_EQ(ref.shape, (std::vector<int64_t>{t, vocab}));
     const double err = RelFrobenius(logits, ref.data);
     EXPECT_LT(err, 1e-4) << GetParam() << " prompt " << p;

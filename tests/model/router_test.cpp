@@ -7,8 +7,8 @@
 #include <cmath>
 #include <random>
 
-#include "afd/model/experts.h"
 #include "afd/common/error.h"
+#include "afd/model/experts.h"
 #include "afd/model/loader.h"
 #include "afd/model/moe_backend.h"
 

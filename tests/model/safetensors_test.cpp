@@ -59,7 +59,10 @@ class SafetensorsTest : public ::testing::Test {
 TEST_F(SafetensorsTest, ReadsValidFile) {
   TensorToWrite a{"a", "F32", {2, 3}, std::vector<uint8_t>(24, 0)};
   TensorToWrite b{"b", "BF16", {4}, std::vector<uint8_t>(8, 0)};
-  a.bytes[0] = 0x00; a.bytes[1] = 0x00; a.bytes[2] = 0x80; a.bytes[3] = 0x3f;  // 1.0f
+  a.bytes[0] = 0x00;
+  a.bytes[1] = 0x00;
+  a.bytes[2] = 0x80;
+  a.bytes[3] = 0x3f;  // 1.0f
   WriteSafetensors(Path("ok.safetensors"), {a, b});
   const SafetensorsFile f = SafetensorsFile::Open(Path("ok.safetensors"));
   ASSERT_EQ(f.tensors().size(), 2u);
@@ -114,9 +117,8 @@ TEST_F(SafetensorsTest, UnknownDtype) {
 }
 
 TEST_F(SafetensorsTest, CheckpointErrorsNameFileAndTensor) {
-  WriteSafetensors(Path("model-1.safetensors"),
-                   {{"x", "F32", {2, 2}, std::vector<uint8_t>(16, 0)},
-                    {"i", "I32", {2}, std::vector<uint8_t>(8, 0)}});
+  WriteSafetensors(Path("model-1.safetensors"), {{"x", "F32", {2, 2}, std::vector<uint8_t>(16, 0)},
+                                                 {"i", "I32", {2}, std::vector<uint8_t>(8, 0)}});
   const Checkpoint ckpt = Checkpoint::Open(dir_.string());
   auto expect_error = [](auto fn, std::initializer_list<std::string> needles) {
     try {

@@ -12,8 +12,7 @@ namespace {
 class CountingRunner : public StepRunner {
  public:
   CountingRunner(const model::DeepseekModel& m, model::MoeBackend& moe) : local_(m, moe) {}
-  void Forward(const model::ForwardBatch& batch, model::MlaKvCache& cache,
-               float* logits) override {
+  void Forward(const model::ForwardBatch& batch, model::MlaKvCache& cache, float* logits) override {
     bool prefill = false, decode = false;
     for (int64_t i = 0; i < batch.size(); ++i) {
       // A prefill token either starts a sequence or follows another token of the same step.
@@ -50,8 +49,8 @@ TEST(ContinuousBatching, LimitsChangeTheStepsNotTheResults) {
     int64_t seqs, tokens;
   };
   for (const Limits lim : {Limits{1, 0}, Limits{2, 0}, Limits{0, 10}, Limits{3, 10}}) {
-    SCOPED_TRACE(testing::Message() << "max_num_seqs " << lim.seqs << ", max_num_batched_tokens "
-                                    << lim.tokens);
+    SCOPED_TRACE(testing::Message()
+                 << "max_num_seqs " << lim.seqs << ", max_num_batched_tokens " << lim.tokens);
     GenerationOptions o = base;
     o.max_num_seqs = lim.seqs;
     o.max_num_batched_tokens = lim.tokens;

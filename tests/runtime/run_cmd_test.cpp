@@ -98,20 +98,20 @@ TEST(RunCmd, DumpLogitsMatchesGolden) {
 }
 
 TEST(RunCmd, PresetTinyAndBadInput) {
-  Result r = RunAfd("run --model preset:tiny --prompt-ids 1,2,3 --prompt-ids 4 --max-tokens 5 "
-                    "--ignore-eos");
+  Result r = RunAfd(
+      "run --model preset:tiny --prompt-ids 1,2,3 --prompt-ids 4 --max-tokens 5 "
+      "--ignore-eos");
   ASSERT_EQ(r.exit_code, 0) << r.out;
   EXPECT_NE(r.out.find("prompt 1 (1 tokens) ->"), std::string::npos) << r.out;
 
-  for (const char* bad : {"run --model preset:tiny --prompt-ids 1,x",
-                          "run --model preset:tiny --prompt-ids 1,,2",
-                          "run --model preset:tiny --prompt-ids 5000",
-                          "run --model preset:nope --prompt-ids 1",
-                          "run --model /nonexistent/dir --prompt-ids 1",
-                          "run --model preset:tiny --prompt-ids 1 --top-p 0",
-                          "run --model preset:tiny --prompt-ids 1 --max-tokens 5000",
-                          "run --model preset:tiny --prompt-ids 1 --prompt-ids 2 --dump-logits x.npy",
-                          "run --prompt-ids 1"}) {
+  for (const char* bad :
+       {"run --model preset:tiny --prompt-ids 1,x", "run --model preset:tiny --prompt-ids 1,,2",
+        "run --model preset:tiny --prompt-ids 5000", "run --model preset:nope --prompt-ids 1",
+        "run --model /nonexistent/dir --prompt-ids 1",
+        "run --model preset:tiny --prompt-ids 1 --top-p 0",
+        "run --model preset:tiny --prompt-ids 1 --max-tokens 5000",
+        "run --model preset:tiny --prompt-ids 1 --prompt-ids 2 --dump-logits x.npy",
+        "run --prompt-ids 1"}) {
     r = RunAfd(bad, true);
     EXPECT_EQ(r.exit_code, 2) << bad << "\n" << r.out;
     EXPECT_FALSE(r.out.empty()) << bad;

@@ -55,11 +55,16 @@ int64_t TestRows(const Args& args, int step, int stage, int a) {
 // dtype's width. The FFN function is y = 3x + 1 (mod 2^bits), exact for any width.
 uint32_t Encode(int sender, int64_t token, int step, int layer, int stage, int64_t c) {
   switch (c) {
-    case 0: return sender;
-    case 1: return static_cast<uint32_t>(token);
-    case 2: return layer;
-    case 3: return stage;
-    case 4: return step;
+    case 0:
+      return sender;
+    case 1:
+      return static_cast<uint32_t>(token);
+    case 2:
+      return layer;
+    case 3:
+      return stage;
+    case 4:
+      return step;
     default:
       return static_cast<uint32_t>(sender * 131 + token * 31 + c * 7 + layer * 17 + stage * 5);
   }
@@ -101,8 +106,8 @@ StepMetadata MakeMetadata(const Args& args, int step, int num_attention, uint32_
 nlohmann::json StatsJson(const P2pConnector& c) {
   nlohmann::json layers = nlohmann::json::array();
   for (const auto& [layer, s] : c.stats()) {
-    layers.push_back({{"layer", layer}, {"messages", s.messages}, {"bytes", s.bytes},
-                      {"seconds", s.seconds}});
+    layers.push_back(
+        {{"layer", layer}, {"messages", s.messages}, {"bytes", s.bytes}, {"seconds", s.seconds}});
   }
   return layers;
 }
@@ -143,8 +148,8 @@ void RunAttention(const Args& args, comm::AfdWorld& world, P2pConnector& conn, R
           AFD_CHECK(rout.get(i) == want,
                     "step {} layer {} stage {}: output row {} element {} is {:#x}, expected "
                     "{:#x}",
-                    step, layer, stage, i / fmt.elems_per_row, i % fmt.elems_per_row,
-                    rout.get(i), want);
+                    step, layer, stage, i / fmt.elems_per_row, i % fmt.elems_per_row, rout.get(i),
+                    want);
         }
         checked += n;
       }
@@ -193,13 +198,14 @@ void RunFfn(const Args& args, comm::AfdWorld& world, P2pConnector& conn, RowIo& 
           int64_t first_token = 0;
           if (t.HubRole() == Role::kAttention) {
             sender = attn.begin;
-            first_token = SplitOffset(meta->tokens(stage, sender), ffn.size(),
-                                      world.self().rank - ffn.begin);
+            first_token =
+                SplitOffset(meta->tokens(stage, sender), ffn.size(), world.self().rank - ffn.begin);
           }
           for (int64_t k = 0; k < counts[p]; ++k, ++row) {
             for (int64_t c = 0; c < fmt.elems_per_row; ++c) {
-              const uint32_t want = Encode(sender, first_token + k, static_cast<int>(meta->step),
-                                           layer, stage, c) & r.mask();
+              const uint32_t want =
+                  Encode(sender, first_token + k, static_cast<int>(meta->step), layer, stage, c) &
+                  r.mask();
               AFD_CHECK(r.get(row * fmt.elems_per_row + c) == want,
                         "step {} layer {} stage {}: row {} element {} is {:#x}; expected token "
                         "{} of attention rank {} ({:#x})",
@@ -246,12 +252,13 @@ void RunBench(const Args& args, comm::AfdWorld& world, P2pConnector& conn, RowIo
         conn.SendToFfn(0, 0, 0, fmt, in, n);
         conn.RecvFromFfn(0, 0, fmt, out, n);
         io.Synchronize(timeout);
-        const double t = std::chrono::duration<double, std::micro>(
-                             std::chrono::steady_clock::now() - start).count();
+        const double t =
+            std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start)
+                .count();
         if (it >= 2) us.push_back(t);  // two warm-up iterations
       } else {
-        std::optional<StepMetadata> m = conn.control_plane().Recv(
-            world.config().afd_process_group_timeout_s);
+        std::optional<StepMetadata> m =
+            conn.control_plane().Recv(world.config().afd_process_group_timeout_s);
         AFD_CHECK(m.has_value(), "bench: no metadata arrived");
         const std::vector<int64_t> counts = conn.IncomingRowCounts(*m, 0);
         void* rows = io.Buffer(
@@ -337,8 +344,8 @@ void AddConnectorTestCommand(CLI::App& app, int& exit_code) {
                             args->dtype == "bf16" ? DType::kBF16 : DType::kF32};
       DeviceContext device;
       if (args->device == "cuda") {
-        const int world_rank = config.role == Role::kFfn ? args->role_rank
-                                                         : config.num_ffn_ranks + args->role_rank;
+        const int world_rank =
+            config.role == Role::kFfn ? args->role_rank : config.num_ffn_ranks + args->role_rank;
         device = MakeDeviceContext(args->cuda_device, world_rank);
       }
       world = comm::AfdWorld::Join(req, device.factory);

@@ -26,8 +26,7 @@ struct TempDir {
   std::string path;
   bool keep = false;
   TempDir() {
-    path = std::filesystem::temp_directory_path().string() + "/afd-run-" +
-           std::to_string(getpid());
+    path = std::filesystem::temp_directory_path().string() + "/afd-run-" + std::to_string(getpid());
     std::filesystem::remove_all(path);
     std::filesystem::create_directories(path);
   }
@@ -76,8 +75,10 @@ std::vector<DeploymentResult> RunDeployment(const DeploymentSpec& spec,
     json given = json::parse(spec.additional_config);
     base = given.contains("afd") ? given["afd"] : given;
     for (const char* k : {"role", "afd_role", "host", "afd_host", "port", "afd_port"}) {
-      AFD_CHECK(!base.contains(k), "--additional-config: \"{}\" is set by --topology; leave it "
-                "out", k);
+      AFD_CHECK(!base.contains(k),
+                "--additional-config: \"{}\" is set by --topology; leave it "
+                "out",
+                k);
     }
     AFD_CHECK(!base.contains("num_attention_ranks") || parsed.num_attention_ranks == A,
               "--additional-config: num_attention_ranks {} contradicts --topology {}",
@@ -87,7 +88,8 @@ std::vector<DeploymentResult> RunDeployment(const DeploymentSpec& spec,
               parsed.num_ffn_ranks, spec.topology);
     AFD_CHECK(parsed.connector == kP2pHostConnector || !base.contains("connector"),
               "--additional-config: connector {} needs GPUs; a CPU deployment uses "
-              "P2pHostAFDConnector", parsed.connector);
+              "P2pHostAFDConnector",
+              parsed.connector);
   }
   base["connector"] = std::string(kP2pHostConnector);
   const int port = FreePort();
@@ -100,16 +102,24 @@ std::vector<DeploymentResult> RunDeployment(const DeploymentSpec& spec,
   for (Role role : {Role::kFfn, Role::kAttention}) {
     const bool attn = role == Role::kAttention;
     const std::string cfg = RoleConfig(base, role, port, A, F);
-    const int n = attn ? A : F, dp = attn ? attn_dp : ffn_dp, tp = attn ? spec.attention_tp
-                                                                       : spec.ffn_tp;
+    const int n = attn ? A : F, dp = attn ? attn_dp : ffn_dp,
+              tp = attn ? spec.attention_tp : spec.ffn_tp;
     for (int r = 0; r < n; ++r) {
       RankProcessSpec s;
       s.label = fmt::format("{} rank {}", RoleName(role), r);
       s.log = fmt::format("{}/{}{}.log", dir.path, RoleName(role), r);
-      s.argv = {exe, "worker", "--exit-with-parent", "--role-rank", std::to_string(r),
-                "--additional-config", cfg,
-                "--data-parallel-size", std::to_string(dp), "--tensor-parallel-size",
-                std::to_string(tp), "--stats-file",
+      s.argv = {exe,
+                "worker",
+                "--exit-with-parent",
+                "--role-rank",
+                std::to_string(r),
+                "--additional-config",
+                cfg,
+                "--data-parallel-size",
+                std::to_string(dp),
+                "--tensor-parallel-size",
+                std::to_string(tp),
+                "--stats-file",
                 fmt::format("{}/{}{}.stats", dir.path, RoleName(role), r)};
       if (attn) {
         s.argv.insert(s.argv.end(), {"--prompts-file", prompts_file, "--output-file",
@@ -135,8 +145,10 @@ std::vector<DeploymentResult> RunDeployment(const DeploymentSpec& spec,
     for (std::string line; std::getline(in, line);) {
       const json j = json::parse(line);
       const size_t i = j["index"].get<size_t>();
-      AFD_CHECK(i < prompts.size() && !seen[i], "attention rank {} returned prompt {} twice or "
-                "out of range", r, i);
+      AFD_CHECK(i < prompts.size() && !seen[i],
+                "attention rank {} returned prompt {} twice or "
+                "out of range",
+                r, i);
       seen[i] = true;
       // Keep the worker's text as is: re-serializing would reorder keys and reprint floats.
       const std::string marker = "\"result\": ";

@@ -9,7 +9,7 @@
 namespace afd::cli {
 
 struct DeploymentSpec {
-  std::string topology;  // "3A2F"
+  std::string topology;                    // "3A2F"
   int attention_dp = 0, attention_tp = 1;  // 0: dp = A / tp
   int ffn_dp = 0, ffn_tp = 1;              // 0: dp = F / tp
   std::string additional_config;           // optional extra afd fields (e.g. the gate placement)

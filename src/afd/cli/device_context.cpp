@@ -42,8 +42,9 @@ DeviceContext MakeDeviceContext(int cuda_device, int world_rank) {
 namespace afd::cli {
 
 DeviceContext MakeDeviceContext(int, int) {
-  AFD_THROW("--device cuda: this afd was built without CUDA and NCCL (configure with nvcc and "
-            "NCCL present)");
+  AFD_THROW(
+      "--device cuda: this afd was built without CUDA and NCCL (configure with nvcc and "
+      "NCCL present)");
 }
 
 }  // namespace afd::cli

@@ -45,8 +45,8 @@ std::string TailOfFile(const std::string& path, int max_lines) {
 namespace {
 
 std::string StatusText(int status) {
-  if (status > 128) return fmt::format("was killed by signal {} ({})", status - 128,
-                                       strsignal(status - 128));
+  if (status > 128)
+    return fmt::format("was killed by signal {} ({})", status - 128, strsignal(status - 128));
   return fmt::format("exited with status {}", status);
 }
 

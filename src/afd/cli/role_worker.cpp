@@ -8,9 +8,9 @@
 #include "afd/comm/afd_world.h"
 #include "afd/common/error.h"
 #include "afd/connector/p2p_connector.h"
+#include "afd/model/model_config.h"
 #include "afd/runtime/attention_runner.h"
 #include "afd/runtime/ffn_worker.h"
-#include "afd/model/model_config.h"
 #include "afd/topology/parallel.h"
 
 namespace afd::cli {
@@ -20,8 +20,8 @@ namespace {
 nlohmann::json TransferStats(const connector::P2pConnector& c) {
   nlohmann::json layers = nlohmann::json::array();
   for (const auto& [layer, s] : c.stats()) {
-    layers.push_back({{"layer", layer}, {"messages", s.messages}, {"bytes", s.bytes},
-                      {"seconds", s.seconds}});
+    layers.push_back(
+        {{"layer", layer}, {"messages", s.messages}, {"bytes", s.bytes}, {"seconds", s.seconds}});
   }
   return layers;
 }
@@ -46,10 +46,9 @@ void RunWorker(const WorkerOptions& o) {
   // routed experts.
   model::OpenOptions open = o.open;
   const std::string preset = "preset:";
-  const model::ModelConfig config =
-      o.model.rfind(preset, 0) == 0
-          ? model::PresetConfig(o.model.substr(preset.size()))
-          : model::LoadModelConfig(o.model + "/config.json");
+  const model::ModelConfig config = o.model.rfind(preset, 0) == 0
+                                        ? model::PresetConfig(o.model.substr(preset.size()))
+                                        : model::LoadModelConfig(o.model + "/config.json");
   if (role == Role::kAttention) {
     open.weights.load_moe = c.compute_gate_on_attention;
     open.weights.expert_begin = 0;

@@ -12,10 +12,10 @@ namespace afd::cli {
 
 namespace {
 
-#define AFD_CUDA_OK(call)                                                                      \
-  do {                                                                                         \
-    const cudaError_t e_ = (call);                                                             \
-    AFD_CHECK(e_ == cudaSuccess, "{} failed: {}", #call, cudaGetErrorString(e_));              \
+#define AFD_CUDA_OK(call)                                                         \
+  do {                                                                            \
+    const cudaError_t e_ = (call);                                                \
+    AFD_CHECK(e_ == cudaSuccess, "{} failed: {}", #call, cudaGetErrorString(e_)); \
   } while (0)
 
 class DeviceRowIo : public RowIo {

@@ -55,7 +55,8 @@ std::vector<int32_t> ParseIds(const std::string& text) {
     }
     AFD_CHECK(used == item.size() && !item.empty() && v >= 0 && v <= INT32_MAX,
               "--prompt-ids \"{}\": \"{}\" is not a token id (expected comma-separated "
-              "non-negative integers)", text, item);
+              "non-negative integers)",
+              text, item);
     ids.push_back(static_cast<int32_t>(v));
     if (comma == std::string::npos) break;
     pos = comma + 1;
@@ -68,15 +69,26 @@ void RunOnDeployment(const RunArgs& args, const std::vector<std::vector<int32_t>
                      int& exit_code) {
   DeploymentSpec spec = args.deployment;
   spec.print_stats = args.stats;
-  spec.worker_flags = {"--model", args.model, "--max-tokens", std::to_string(args.max_tokens),
-                       "--max-num-seqs", std::to_string(args.max_num_seqs),
-                       "--max-num-batched-tokens", std::to_string(args.max_num_batched_tokens),
-                       "--temperature", fmt::format("{}", args.sampling.temperature),
-                       "--top-k", std::to_string(args.sampling.top_k),
-                       "--top-p", fmt::format("{}", args.sampling.top_p),
-                       "--seed", std::to_string(args.sampling.seed),
-                       "--num-layers", std::to_string(args.num_layers),
-                       "--preset-seed", std::to_string(args.preset_seed)};
+  spec.worker_flags = {"--model",
+                       args.model,
+                       "--max-tokens",
+                       std::to_string(args.max_tokens),
+                       "--max-num-seqs",
+                       std::to_string(args.max_num_seqs),
+                       "--max-num-batched-tokens",
+                       std::to_string(args.max_num_batched_tokens),
+                       "--temperature",
+                       fmt::format("{}", args.sampling.temperature),
+                       "--top-k",
+                       std::to_string(args.sampling.top_k),
+                       "--top-p",
+                       fmt::format("{}", args.sampling.top_p),
+                       "--seed",
+                       std::to_string(args.sampling.seed),
+                       "--num-layers",
+                       std::to_string(args.num_layers),
+                       "--preset-seed",
+                       std::to_string(args.preset_seed)};
   if (args.ignore_eos) spec.worker_flags.push_back("--ignore-eos");
   if (args.bf16) spec.worker_flags.push_back("--bf16");
   std::vector<DeploymentResult> results;
@@ -117,19 +129,21 @@ void Run(const RunArgs& args, int& exit_code) {
     if (args.bf16) open.weights.matrix_dtype = kernels::DType::kBF16;
     model = model::OpenModel(args.model, open);
     const model::ModelConfig& c = model->config();
-    AFD_CHECK(args.deployment.topology.empty() ||
-                  args.deployment.attention_tp <= c.num_attention_heads,
-              "--attention-tp {} exceeds the model's {} attention heads",
-              args.deployment.attention_tp, c.num_attention_heads);
+    AFD_CHECK(
+        args.deployment.topology.empty() || args.deployment.attention_tp <= c.num_attention_heads,
+        "--attention-tp {} exceeds the model's {} attention heads", args.deployment.attention_tp,
+        c.num_attention_heads);
     for (size_t s = 0; s < prompts.size(); ++s) {
       for (int32_t id : prompts[s]) {
-        AFD_CHECK(id < c.vocab_size, "--prompt-ids #{}: token id {} is outside the vocabulary "
-                  "[0, {})", s + 1, id, c.vocab_size);
+        AFD_CHECK(id < c.vocab_size,
+                  "--prompt-ids #{}: token id {} is outside the vocabulary "
+                  "[0, {})",
+                  s + 1, id, c.vocab_size);
       }
-      AFD_CHECK(static_cast<int64_t>(prompts[s].size()) + args.max_tokens <=
-                    c.max_position_embeddings,
-                "--prompt-ids #{}: {} tokens + --max-tokens {} exceed max_position_embeddings {}",
-                s + 1, prompts[s].size(), args.max_tokens, c.max_position_embeddings);
+      AFD_CHECK(
+          static_cast<int64_t>(prompts[s].size()) + args.max_tokens <= c.max_position_embeddings,
+          "--prompt-ids #{}: {} tokens + --max-tokens {} exceed max_position_embeddings {}", s + 1,
+          prompts[s].size(), args.max_tokens, c.max_position_embeddings);
     }
   } catch (const Error& e) {
     std::cerr << "afd run: " << e.what() << "\n";
@@ -190,8 +204,10 @@ void AddRunCommand(CLI::App& app, int& exit_code) {
   auto* run = app.add_subcommand(
       "run", "Run a DeepSeek-V2/V3 model in this process (CPU) on token-id prompts");
   auto args = std::make_shared<RunArgs>();
-  run->add_option("--model", args->model, "Checkpoint directory, or preset:tiny / "
-                  "preset:deepseek-v2-lite (random weights)")->required();
+  run->add_option("--model", args->model,
+                  "Checkpoint directory, or preset:tiny / "
+                  "preset:deepseek-v2-lite (random weights)")
+      ->required();
   run->add_option("--prompt-ids", args->prompt_ids,
                   "Comma-separated token ids of one prompt; repeat for a batch")
       ->required()

@@ -22,10 +22,11 @@ std::string Label(const Topology& t, int world_rank) {
 std::string TopologyText(const Topology& t) {
   std::string out;
   auto line = [&out](const std::string& s) { out += s + "\n"; };
-  line(fmt::format("AFD topology {}A{}F: {} attention rank(s), {} FFN rank(s), world size {}, {} "
-                   "subgroup(s), hub role {}",
-                   t.num_attention(), t.num_ffn(), t.num_attention(), t.num_ffn(), t.world_size(),
-                   t.num_subgroups(), RoleName(t.HubRole())));
+  line(
+      fmt::format("AFD topology {}A{}F: {} attention rank(s), {} FFN rank(s), world size {}, {} "
+                  "subgroup(s), hub role {}",
+                  t.num_attention(), t.num_ffn(), t.num_attention(), t.num_ffn(), t.world_size(),
+                  t.num_subgroups(), RoleName(t.HubRole())));
   line("");
   std::string world;
   for (int w = 0; w < t.world_size(); ++w) world += fmt::format("{}={}  ", Label(t, w), w);
@@ -60,7 +61,8 @@ std::string TopologyText(const Topology& t) {
   std::string flow;
   for (int a = 0; a < t.num_subgroups(); ++a) {
     std::string targets;
-    for (int f : t.ControlRouteTargets(a)) targets += fmt::format("{}F{}", targets.empty() ? "" : ", ", f);
+    for (int f : t.ControlRouteTargets(a))
+      targets += fmt::format("{}F{}", targets.empty() ? "" : ", ", f);
     flow += fmt::format("{}A{} -> {}", flow.empty() ? "" : ",   ", a, targets);
   }
   line(fmt::format("  metadata flow:         {}", flow));
@@ -92,8 +94,9 @@ std::string TopologyJson(const Topology& t, int indent) {
 }
 
 void AddTopologyCommand(CLI::App& app, int& exit_code) {
-  auto* cmd = app.add_subcommand("topology", "Print the AFD world, subgroups and control plane of "
-                                             "an xAyF deployment");
+  auto* cmd = app.add_subcommand("topology",
+                                 "Print the AFD world, subgroups and control plane of "
+                                 "an xAyF deployment");
   struct Args {
     int attention = 0;
     int ffn = 0;

@@ -85,8 +85,10 @@ std::vector<std::vector<int32_t>> ReadPrompts(const std::string& path) {
   AFD_CHECK(j.is_array(), "--prompts-file {}: must be a JSON array of token-id arrays", path);
   std::vector<std::vector<int32_t>> prompts;
   for (size_t i = 0; i < j.size(); ++i) {
-    AFD_CHECK(j[i].is_array() && !j[i].empty(), "--prompts-file {}: prompt {} must be a "
-              "non-empty array of token ids", path, i);
+    AFD_CHECK(j[i].is_array() && !j[i].empty(),
+              "--prompts-file {}: prompt {} must be a "
+              "non-empty array of token ids",
+              path, i);
     std::vector<int32_t> ids;
     for (const auto& v : j[i]) {
       AFD_CHECK(v.is_number_integer() && v.get<int64_t>() >= 0 && v.get<int64_t>() <= INT32_MAX,
@@ -123,20 +125,34 @@ WorkerOptions ToWorkerOptions(const RoleArgs& a) {
 
 // Flags every worker of a role gets from serve (all RoleArgs except the per-rank ones).
 std::vector<std::string> PassThrough(const RoleArgs& a) {
-  std::vector<std::string> v = {"--model", a.model, "--device", a.device,
-                                "--additional-config", a.additional_config,
-                                "--data-parallel-size", std::to_string(a.dp),
-                                "--tensor-parallel-size", std::to_string(a.tp),
-                                "--max-tokens", std::to_string(a.max_tokens),
-                                "--max-num-seqs", std::to_string(a.max_num_seqs),
+  std::vector<std::string> v = {"--model",
+                                a.model,
+                                "--device",
+                                a.device,
+                                "--additional-config",
+                                a.additional_config,
+                                "--data-parallel-size",
+                                std::to_string(a.dp),
+                                "--tensor-parallel-size",
+                                std::to_string(a.tp),
+                                "--max-tokens",
+                                std::to_string(a.max_tokens),
+                                "--max-num-seqs",
+                                std::to_string(a.max_num_seqs),
                                 "--max-num-batched-tokens",
                                 std::to_string(a.max_num_batched_tokens),
-                                "--temperature", fmt::format("{}", a.sampling.temperature),
-                                "--top-k", std::to_string(a.sampling.top_k),
-                                "--top-p", fmt::format("{}", a.sampling.top_p),
-                                "--seed", std::to_string(a.sampling.seed),
-                                "--num-layers", std::to_string(a.num_layers),
-                                "--preset-seed", std::to_string(a.preset_seed)};
+                                "--temperature",
+                                fmt::format("{}", a.sampling.temperature),
+                                "--top-k",
+                                std::to_string(a.sampling.top_k),
+                                "--top-p",
+                                fmt::format("{}", a.sampling.top_p),
+                                "--seed",
+                                std::to_string(a.sampling.seed),
+                                "--num-layers",
+                                std::to_string(a.num_layers),
+                                "--preset-seed",
+                                std::to_string(a.preset_seed)};
   if (!a.prompts_file.empty()) v.insert(v.end(), {"--prompts-file", a.prompts_file});
   if (a.ignore_eos) v.push_back("--ignore-eos");
   if (a.bf16) v.push_back("--bf16");
@@ -149,8 +165,9 @@ void AddWorkerCommands(CLI::App& app, int& exit_code) {
   auto wargs = std::make_shared<RoleArgs>();
   auto* worker = app.add_subcommand("worker", "Run one rank of an AFD deployment");
   AddRoleFlags(worker, *wargs);
-  worker->add_option("--role-rank", wargs->role_rank,
-                     "This rank within its role: dp_rank * tensor_parallel_size + tp_rank")
+  worker
+      ->add_option("--role-rank", wargs->role_rank,
+                   "This rank within its role: dp_rank * tensor_parallel_size + tp_rank")
       ->required()
       ->check(CLI::NonNegativeNumber);
   worker->add_option("--output-file", wargs->output_file, "Attention: generated results");
@@ -176,8 +193,10 @@ void AddWorkerCommands(CLI::App& app, int& exit_code) {
   auto* serve = app.add_subcommand(
       "serve", "Run this host's ranks of one AFD role (one command per role and host)");
   AddRoleFlags(serve, *sargs);
-  serve->add_option("--data-parallel-size-local", sargs->dp_local,
-                    "DP ranks on this host (default: all)")->check(CLI::PositiveNumber);
+  serve
+      ->add_option("--data-parallel-size-local", sargs->dp_local,
+                   "DP ranks on this host (default: all)")
+      ->check(CLI::PositiveNumber);
   serve->add_option("--data-parallel-start-rank", sargs->dp_start, "First DP rank on this host")
       ->check(CLI::NonNegativeNumber);
   serve->add_option("--output-file", sargs->output_file,
@@ -190,11 +209,11 @@ void AddWorkerCommands(CLI::App& app, int& exit_code) {
       const int local = a.dp_local < 0 ? a.dp - a.dp_start : a.dp_local;
       AFD_CHECK(local >= 1 && a.dp_start + local <= a.dp,
                 "--data-parallel-start-rank {} + --data-parallel-size-local {} exceed "
-                "--data-parallel-size {}", a.dp_start, local, a.dp);
-      const std::string dir = a.log_dir.empty()
-                                  ? std::filesystem::temp_directory_path().string() +
-                                        "/afd-serve-" + std::to_string(getpid())
-                                  : a.log_dir;
+                "--data-parallel-size {}",
+                a.dp_start, local, a.dp);
+      const std::string dir = a.log_dir.empty() ? std::filesystem::temp_directory_path().string() +
+                                                      "/afd-serve-" + std::to_string(getpid())
+                                                : a.log_dir;
       std::filesystem::create_directories(dir);
       const std::string role(RoleName(base.config.role));
       std::vector<RankProcessSpec> specs;

@@ -135,8 +135,7 @@ std::unique_ptr<AfdWorld> AfdWorld::Join(const JoinRequest& request, Communicato
   if (!in_range) {
     const std::string msg = fmt::format(
         "{} is out of range: num_{}_ranks is {}", Label({c.role, request.role_rank}),
-        RoleName(c.role),
-        c.role == Role::kAttention ? c.num_attention_ranks : c.num_ffn_ranks);
+        RoleName(c.role), c.role == Role::kAttention ? c.num_attention_ranks : c.num_ffn_ranks);
     w->Abort(msg);
     AFD_THROW("join: {}", msg);
   }
@@ -165,7 +164,8 @@ void AfdWorld::VerifyJoin() {
   std::vector<std::string> keys;
   for (int f = 0; f < c.num_ffn_ranks; ++f) all.push_back({Role::kFfn, f});
   for (int a = 0; a < c.num_attention_ranks; ++a) all.push_back({Role::kAttention, a});
-  for (const RoleRank& r : all) keys.push_back(fmt::format("join/fp/{}/{}", RoleName(r.role), r.rank));
+  for (const RoleRank& r : all)
+    keys.push_back(fmt::format("join/fp/{}/{}", RoleName(r.role), r.rank));
   std::vector<bool> verified(all.size(), false);
   const Deadline deadline = Deadline::In(c.afd_process_group_timeout_s);
   int sleep_ms = 1;
@@ -179,10 +179,10 @@ void AfdWorld::VerifyJoin() {
         for (size_t f = 0; f < mine.size(); ++f) {
           const std::string their_value = f < theirs.size() ? theirs[f].second : "<missing>";
           if (their_value != mine[f].second) {
-            const std::string msg = fmt::format(
-                "configuration mismatch in field '{}': {} has {}={} but {} has {}={}",
-                mine[f].first, Label(me), mine[f].first, mine[f].second, Label(all[i]),
-                mine[f].first, their_value);
+            const std::string msg =
+                fmt::format("configuration mismatch in field '{}': {} has {}={} but {} has {}={}",
+                            mine[f].first, Label(me), mine[f].first, mine[f].second, Label(all[i]),
+                            mine[f].first, their_value);
             Abort(msg);
             AFD_THROW("join: {}", msg);
           }
@@ -196,8 +196,8 @@ void AfdWorld::VerifyJoin() {
       std::string missing;
       for (size_t i = 0; i < all.size(); ++i) {
         if (!verified[i]) {
-          missing += fmt::format("{}{} (world rank {})", missing.empty() ? "" : ", ",
-                                 Label(all[i]), topology_.WorldRank(all[i]));
+          missing += fmt::format("{}{} (world rank {})", missing.empty() ? "" : ", ", Label(all[i]),
+                                 topology_.WorldRank(all[i]));
         }
       }
       AFD_THROW("join: timed out after {}s at {}:{}; these ranks never arrived: {}",

@@ -31,9 +31,9 @@ namespace afd::comm {
 
 struct JoinRequest {
   AfdConfig config;
-  int role_rank = 0;         // this process's rank within config.role
-  int64_t hidden_size = 0;   // model hidden size, must agree across ranks
-  DType dtype = DType::kF32; // dtype of hidden states on the wire
+  int role_rank = 0;          // this process's rank within config.role
+  int64_t hidden_size = 0;    // model hidden size, must agree across ranks
+  DType dtype = DType::kF32;  // dtype of hidden states on the wire
 };
 
 // Creates a communicator for a group; the default makes TcpCommunicators. The NCCL build passes

@@ -99,8 +99,7 @@ void Socket::SendAll(const void* data, size_t bytes, const Deadline& deadline,
   }
 }
 
-void Socket::RecvAll(void* data, size_t bytes, const Deadline& deadline,
-                     const std::string& what) {
+void Socket::RecvAll(void* data, size_t bytes, const Deadline& deadline, const std::string& what) {
   char* p = static_cast<char*>(data);
   while (bytes > 0) {
     const size_t n = RecvSome(p, bytes, what);
@@ -195,8 +194,8 @@ Socket Connect(const std::string& host, int port, const Deadline& deadline,
       AFD_THROW("could not connect to {} at {}:{} before the timeout: {}", what, host, port,
                 last_error);
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(
-        std::min(backoff_ms, std::max(1, deadline.remaining_ms()))));
+    std::this_thread::sleep_for(
+        std::chrono::milliseconds(std::min(backoff_ms, std::max(1, deadline.remaining_ms()))));
     backoff_ms = std::min(backoff_ms * 2, 200);
   }
 }

@@ -86,7 +86,8 @@ std::unique_ptr<TcpCommunicator> TcpCommunicator::Create(Store& store, const Gro
     } catch (const Error&) {
       std::string missing;
       for (int p = spec.rank + 1; p < spec.size; ++p) {
-        if (!comm->peers_[p].valid()) missing += (missing.empty() ? "" : ", ") + comm->DescribeRank(p);
+        if (!comm->peers_[p].valid())
+          missing += (missing.empty() ? "" : ", ") + comm->DescribeRank(p);
       }
       AFD_THROW("group {}: timed out after {}s waiting for {} to connect to {}", spec.name,
                 spec.timeout_s, missing, comm->DescribeRank(spec.rank));
@@ -124,8 +125,9 @@ void TcpCommunicator::Enqueue(bool is_send, void* buf, size_t count, DType dtype
   op.dtype = dtype;
   op.tag = tag;
   if (is_send) {
-    op.header = MessageHeader{kMessageMagic, kWireVersion, static_cast<uint8_t>(dtype), 0, tag,
-                              0, op.bytes, send_seq_[peer]++};
+    op.header =
+        MessageHeader{kMessageMagic, kWireVersion,     static_cast<uint8_t>(dtype), 0, tag, 0,
+                      op.bytes,      send_seq_[peer]++};
   }
   pending_.push_back(op);
   if (group_depth_ == 0) RunOps();
@@ -177,8 +179,8 @@ void TcpCommunicator::RunOps() {
       if (op.header_done < sizeof(MessageHeader)) return moved > 0;
     }
     if (op.payload_done < op.bytes) {
-      const size_t m = s.SendSome(op.buf + op.payload_done, op.bytes - op.payload_done,
-                                  Where(op.peer));
+      const size_t m =
+          s.SendSome(op.buf + op.payload_done, op.bytes - op.payload_done, Where(op.peer));
       op.payload_done += m;
       bytes_sent_ += m;
       moved += m;
@@ -197,9 +199,8 @@ void TcpCommunicator::RunOps() {
       AFD_CHECK(h.magic == kMessageMagic && h.version == kWireVersion,
                 "{} sent a corrupt message header (magic {:#x}, version {})", Where(op.peer),
                 h.magic, h.version);
-      AFD_CHECK(h.seq == recv_seq_[op.peer],
-                "{}: message {} arrived where message {} was expected", Where(op.peer), h.seq,
-                recv_seq_[op.peer]);
+      AFD_CHECK(h.seq == recv_seq_[op.peer], "{}: message {} arrived where message {} was expected",
+                Where(op.peer), h.seq, recv_seq_[op.peer]);
       AFD_CHECK(h.tag == op.tag && h.dtype == static_cast<uint8_t>(op.dtype) && h.bytes == op.bytes,
                 "{} sent tag {:#x}, {} bytes of {} but this rank expected tag {:#x}, {} bytes of "
                 "{} (the ranks disagree on the step's shapes)",
@@ -208,8 +209,8 @@ void TcpCommunicator::RunOps() {
       ++recv_seq_[op.peer];
     }
     if (op.payload_done < op.bytes) {
-      const size_t m = s.RecvSome(op.buf + op.payload_done, op.bytes - op.payload_done,
-                                  Where(op.peer));
+      const size_t m =
+          s.RecvSome(op.buf + op.payload_done, op.bytes - op.payload_done, Where(op.peer));
       op.payload_done += m;
       bytes_received_ += m;
       moved += m;
@@ -253,9 +254,8 @@ void TcpCommunicator::RunOps() {
       for (int p = 0; p < n; ++p) {
         if (next_recv[p] != SIZE_MAX) {
           const Op& op = ops[next_recv[p]];
-          missing += fmt::format("; receive of {} bytes (tag {:#x}) from {}, {} bytes in",
-                                 op.bytes, op.tag, DescribeRank(p),
-                                 op.payload_done + op.header_done);
+          missing += fmt::format("; receive of {} bytes (tag {:#x}) from {}, {} bytes in", op.bytes,
+                                 op.tag, DescribeRank(p), op.payload_done + op.header_done);
         }
         if (next_send[p] != SIZE_MAX) {
           const Op& op = ops[next_send[p]];

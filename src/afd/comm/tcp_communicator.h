@@ -18,8 +18,8 @@
 namespace afd::comm {
 
 struct GroupSpec {
-  std::string name;                 // group name, e.g. "afd_subgroup_0"
-  int rank = 0;                     // this process's rank in the group
+  std::string name;  // group name, e.g. "afd_subgroup_0"
+  int rank = 0;      // this process's rank in the group
   int size = 1;
   std::vector<std::string> labels;  // per group rank, e.g. "world rank 2 (attention 0)"
   std::string local_address;        // this process's address, reachable by the other members

@@ -9,15 +9,15 @@
 #include <cstring>
 #include <map>
 
-#include "afd/common/error.h"
 #include "afd/comm/store.h"
+#include "afd/common/error.h"
 
 namespace afd::comm {
 
 namespace {
 
 constexpr uint32_t kStoreMagic = 0x53444641;  // "AFDS"
-constexpr uint32_t kMaxBody = 64u << 20;       // no store value is anywhere near 64 MiB
+constexpr uint32_t kMaxBody = 64u << 20;      // no store value is anywhere near 64 MiB
 
 enum StoreOp : uint8_t { kSet = 1, kGet = 2, kAdd = 3, kDelete = 4, kCheck = 5 };
 enum StoreStatus : uint8_t { kOk = 0, kMissing = 1, kBadRequest = 2 };
@@ -82,8 +82,7 @@ std::string TcpStoreClient::Request(uint8_t op, const std::vector<std::string>& 
     FrameHeader h;
     socket_.RecvAll(&h, sizeof(h), deadline, where_);
     AFD_CHECK(h.magic == kStoreMagic && h.body_len >= 1 && h.body_len <= kMaxBody,
-              "{} sent a malformed response (is something else listening on that port?)",
-              where_);
+              "{} sent a malformed response (is something else listening on that port?)", where_);
     std::string body(h.body_len, '\0');
     socket_.RecvAll(body.data(), body.size(), deadline, where_);
     return body;
@@ -102,8 +101,7 @@ std::optional<std::string> TcpStoreClient::TryGet(const std::string& key) {
   const std::string r = Request(kGet, {key});
   if (r[0] == kMissing) return std::nullopt;
   std::vector<std::string> f;
-  AFD_CHECK(r[0] == kOk && ParseFields(r, 1, f) && f.size() == 1, "{}: get {} failed", where_,
-            key);
+  AFD_CHECK(r[0] == kOk && ParseFields(r, 1, f) && f.size() == 1, "{}: get {} failed", where_, key);
   return f[0];
 }
 
@@ -115,9 +113,7 @@ int64_t TcpStoreClient::Add(const std::string& key, int64_t delta) {
   return DecodeI64(f[0]);
 }
 
-bool TcpStoreClient::Delete(const std::string& key) {
-  return Request(kDelete, {key})[0] == kOk;
-}
+bool TcpStoreClient::Delete(const std::string& key) { return Request(kDelete, {key})[0] == kOk; }
 
 std::vector<bool> TcpStoreClient::Check(const std::vector<std::string>& keys) {
   const std::string r = Request(kCheck, keys);

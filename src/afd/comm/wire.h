@@ -16,16 +16,16 @@ struct MessageHeader {
   uint16_t version;  // kWireVersion
   uint8_t dtype;     // afd::DType
   uint8_t reserved0;
-  uint32_t tag;      // caller's tag (connector: layer/stage), or a reserved collective tag
+  uint32_t tag;  // caller's tag (connector: layer/stage), or a reserved collective tag
   uint32_t reserved1;
-  uint64_t bytes;    // payload size
-  uint64_t seq;      // per (sender, receiver) message counter, starting at 0
+  uint64_t bytes;  // payload size
+  uint64_t seq;    // per (sender, receiver) message counter, starting at 0
 };
 static_assert(sizeof(MessageHeader) == 32, "MessageHeader is 32 bytes on the wire");
 
 struct HelloHeader {
-  uint32_t magic;       // kHelloMagic
-  uint16_t version;     // kWireVersion
+  uint32_t magic;    // kHelloMagic
+  uint16_t version;  // kWireVersion
   uint16_t reserved;
   uint32_t group_hash;  // FNV-1a of the group name: a connection to the wrong group is refused
   int32_t rank;         // the connecting rank inside the group

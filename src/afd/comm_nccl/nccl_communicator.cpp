@@ -16,21 +16,27 @@ static_assert(NCCL_UNIQUE_ID_BYTES == kNcclUniqueIdBytes, "ncclUniqueId size cha
 
 namespace {
 
-#define AFD_CUDA_CHECK(call)                                                                   \
-  do {                                                                                         \
-    const cudaError_t err_ = (call);                                                           \
-    AFD_CHECK(err_ == cudaSuccess, "{} failed: {} ({})", #call, cudaGetErrorString(err_),      \
-              cudaGetErrorName(err_));                                                         \
+#define AFD_CUDA_CHECK(call)                                                              \
+  do {                                                                                    \
+    const cudaError_t err_ = (call);                                                      \
+    AFD_CHECK(err_ == cudaSuccess, "{} failed: {} ({})", #call, cudaGetErrorString(err_), \
+              cudaGetErrorName(err_));                                                    \
   } while (0)
 
 ncclDataType_t ToNccl(DType t) {
   switch (t) {
-    case DType::kF32: return ncclFloat32;
-    case DType::kBF16: return ncclBfloat16;
-    case DType::kF16: return ncclFloat16;
-    case DType::kI32: return ncclInt32;
-    case DType::kI64: return ncclInt64;
-    case DType::kU8: return ncclUint8;
+    case DType::kF32:
+      return ncclFloat32;
+    case DType::kBF16:
+      return ncclBfloat16;
+    case DType::kF16:
+      return ncclFloat16;
+    case DType::kI32:
+      return ncclInt32;
+    case DType::kI64:
+      return ncclInt64;
+    case DType::kU8:
+      return ncclUint8;
   }
   AFD_THROW("dtype {} has no NCCL type", static_cast<int>(t));
 }
@@ -52,8 +58,10 @@ void SynchronizeStream(cudaStream_t stream, double timeout_s, const std::string&
     if (e == cudaSuccess) return;
     AFD_CHECK(e == cudaErrorNotReady, "{}: the CUDA stream failed: {}", what,
               cudaGetErrorString(e));
-    AFD_CHECK(!deadline.expired(), "{}: timed out after {}s waiting for the CUDA stream (a peer "
-              "that never posted its side?)", what, timeout_s);
+    AFD_CHECK(!deadline.expired(),
+              "{}: timed out after {}s waiting for the CUDA stream (a peer "
+              "that never posted its side?)",
+              what, timeout_s);
     std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
 }
@@ -87,7 +95,8 @@ std::unique_ptr<NcclCommunicator> NcclCommunicator::Create(Store& store, const G
   // AFD_NCCL_SKIP_SHARED_GPU_CHECK=1 lets NCCL itself meet the shared GPU (to see how its
   // refusal is reported); nothing else reads it.
   const char* skip = std::getenv("AFD_NCCL_SKIP_SHARED_GPU_CHECK");
-  if (auto shared = FindSharedGpu(gpus, spec.labels, spec.name); shared && !(skip && *skip == '1')) {
+  if (auto shared = FindSharedGpu(gpus, spec.labels, spec.name);
+      shared && !(skip && *skip == '1')) {
     AFD_THROW("{}", *shared);
   }
 
@@ -109,8 +118,7 @@ std::unique_ptr<NcclCommunicator> NcclCommunicator::Create(Store& store, const G
   };
   auto state = std::make_shared<InitState>();
   std::future<ncclResult_t> done = state->done.get_future();
-  std::thread([state, ids0 = ids[0], ids1 = ids[1], size = spec.size, rank = spec.rank,
-               device]() {
+  std::thread([state, ids0 = ids[0], ids1 = ids[1], size = spec.size, rank = spec.rank, device]() {
     cudaSetDevice(device);
     const ncclUniqueId uid[2] = {ids0, ids1};
     ncclResult_t r = ncclGroupStart();
@@ -147,11 +155,11 @@ void NcclCommunicator::CheckDeviceBuffer(const void* buf, size_t count, int peer
   if (count == 0) return;
   cudaPointerAttributes attr{};
   const cudaError_t e = cudaPointerGetAttributes(&attr, buf);
-  AFD_CHECK(e == cudaSuccess && (attr.type == cudaMemoryTypeDevice ||
-                                 attr.type == cudaMemoryTypeManaged),
-            "group {}: the buffer of the {} {} {} is host memory; the NCCL communicator takes "
-            "device buffers only",
-            spec_.name, what, std::string(what) == "send" ? "to" : "from", DescribeRank(peer));
+  AFD_CHECK(
+      e == cudaSuccess && (attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged),
+      "group {}: the buffer of the {} {} {} is host memory; the NCCL communicator takes "
+      "device buffers only",
+      spec_.name, what, std::string(what) == "send" ? "to" : "from", DescribeRank(peer));
 }
 
 void NcclCommunicator::Send(const void* buf, size_t count, DType dtype, int peer, uint32_t tag) {
@@ -170,8 +178,10 @@ void NcclCommunicator::GroupStart() { Check(ncclGroupStart(), "ncclGroupStart");
 void NcclCommunicator::GroupEnd() { Check(ncclGroupEnd(), "ncclGroupEnd"); }
 
 bool NcclCommunicator::WaitReadable(int, double) {
-  AFD_THROW("group {}: the NCCL communicator cannot poll for messages; the control plane runs "
-            "over the host transport", spec_.name);
+  AFD_THROW(
+      "group {}: the NCCL communicator cannot poll for messages; the control plane runs "
+      "over the host transport",
+      spec_.name);
 }
 
 void NcclCommunicator::Synchronize() {
@@ -195,8 +205,7 @@ void NcclCommunicator::AllReduce(void* buf, size_t count, DType dtype, ReduceOp 
 }
 
 void NcclCommunicator::AllToAllV(const void* send, const std::vector<size_t>& send_counts,
-                                 void* recv, const std::vector<size_t>& recv_counts,
-                                 DType dtype) {
+                                 void* recv, const std::vector<size_t>& recv_counts, DType dtype) {
   const int n = spec_.size;
   AFD_CHECK(static_cast<int>(send_counts.size()) == n && static_cast<int>(recv_counts.size()) == n,
             "group {}: all-to-all needs {} counts", spec_.name, n);

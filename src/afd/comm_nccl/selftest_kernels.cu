@@ -1,6 +1,6 @@
-#include "afd/comm_nccl/selftest_kernels.h"
-
 #include <cstdint>
+
+#include "afd/comm_nccl/selftest_kernels.h"
 
 namespace afd::comm {
 
@@ -16,13 +16,11 @@ __global__ void ThreeXPlusOne(T* data, size_t count) {
 
 }  // namespace
 
-cudaError_t LaunchSelftestFfnFunction(void* data, size_t count, size_t width,
-                                      cudaStream_t stream) {
+cudaError_t LaunchSelftestFfnFunction(void* data, size_t count, size_t width, cudaStream_t stream) {
   if (count == 0) return cudaSuccess;
   const int threads = 256;
-  const int blocks = static_cast<int>((count + threads - 1) / threads < 1024
-                                          ? (count + threads - 1) / threads
-                                          : 1024);
+  const int blocks = static_cast<int>(
+      (count + threads - 1) / threads < 1024 ? (count + threads - 1) / threads : 1024);
   if (width == 2) {
     ThreeXPlusOne<<<blocks, threads, 0, stream>>>(static_cast<uint16_t*>(data), count);
   } else if (width == 4) {

@@ -29,9 +29,9 @@ class Error : public std::runtime_error {
 #define AFD_THROW(...) throw ::afd::Error(::fmt::format(__VA_ARGS__), __FILE__, __LINE__)
 
 // AFD_CHECK(cond, "message {}", arg): throws afd::Error with the message when cond is false.
-#define AFD_CHECK(cond, ...)    \
-  do {                          \
-    if (!(cond)) {              \
-      AFD_THROW(__VA_ARGS__);   \
-    }                           \
+#define AFD_CHECK(cond, ...)  \
+  do {                        \
+    if (!(cond)) {            \
+      AFD_THROW(__VA_ARGS__); \
+    }                         \
   } while (0)

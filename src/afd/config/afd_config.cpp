@@ -25,12 +25,16 @@ constexpr std::array<std::pair<std::string_view, std::string_view>, 5> kAliases 
     {"async_dp", "async"},
 }};
 
-constexpr std::array<std::string_view, 10> kCanonicalKeys = {
-    "role",          "connector",
-    "host",          "port",
-    "num_attention_ranks", "num_ffn_ranks",
-    "compute_gate_on_attention", "afd_process_group_timeout_s",
-    "async_dp",      "connector_extra_config"};
+constexpr std::array<std::string_view, 10> kCanonicalKeys = {"role",
+                                                             "connector",
+                                                             "host",
+                                                             "port",
+                                                             "num_attention_ranks",
+                                                             "num_ffn_ranks",
+                                                             "compute_gate_on_attention",
+                                                             "afd_process_group_timeout_s",
+                                                             "async_dp",
+                                                             "connector_extra_config"};
 
 bool IsCanonical(std::string_view key) {
   return std::find(kCanonicalKeys.begin(), kCanonicalKeys.end(), key) != kCanonicalKeys.end();
@@ -97,8 +101,8 @@ AfdConfig FromCanonical(const json& a) {
         jf::GetInt(a["num_attention_ranks"], "afd.num_attention_ranks", 1, kMaxRanksPerRole));
   }
   if (a.contains("num_ffn_ranks")) {
-    c.num_ffn_ranks = static_cast<int>(
-        jf::GetInt(a["num_ffn_ranks"], "afd.num_ffn_ranks", 1, kMaxRanksPerRole));
+    c.num_ffn_ranks =
+        static_cast<int>(jf::GetInt(a["num_ffn_ranks"], "afd.num_ffn_ranks", 1, kMaxRanksPerRole));
   }
   if (a.contains("compute_gate_on_attention")) {
     c.compute_gate_on_attention =
@@ -150,8 +154,10 @@ AfdConfig ParseAfdConfig(std::string_view json_text) {
 }
 
 void ValidateAfdConfig(const AfdConfig& c) {
-  AFD_CHECK(c.port >= 1 && c.port <= 65535, "afd.port: value {} is out of range; must be in "
-            "1..65535", c.port);
+  AFD_CHECK(c.port >= 1 && c.port <= 65535,
+            "afd.port: value {} is out of range; must be in "
+            "1..65535",
+            c.port);
   AFD_CHECK(c.num_attention_ranks >= 1 && c.num_attention_ranks <= kMaxRanksPerRole,
             "afd.num_attention_ranks: value {} is out of range; must be in 1..{}",
             c.num_attention_ranks, kMaxRanksPerRole);

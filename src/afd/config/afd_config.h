@@ -9,8 +9,9 @@
 // num_ffn_ranks                integer              1                      1..kMaxRanksPerRole
 // compute_gate_on_attention    bool                 false (GpuAsync: true) GpuAsync: must be true
 // afd_process_group_timeout_s  integer              120                    1..86400
-// async_dp (alias async)       bool                 false (GpuAsync: true) P2P: false; GpuAsync: true
-// connector_extra_config       object               {}                     connector's own schema
+// async_dp (alias async)       bool                 false (GpuAsync: true) P2P: false; GpuAsync:
+// true connector_extra_config       object               {}                     connector's own
+// schema
 //
 // An alias given together with its canonical name must carry the same value. Unknown keys,
 // wrong JSON types (no coercion: 1.0 is not an integer, "1" is not a number) and duplicate keys

@@ -16,12 +16,13 @@ namespace {
 constexpr std::string_view kExtraPath = "afd.connector_extra_config";
 
 void ParseGpuAsyncOptions(const json& extra, GpuAsyncOptions& o) {
-  static const std::set<std::string> kKeys = {
-      "attn_ranks_per_dp",  "ring_depth",          "routed_cap_multiplier",
-      "recv_poll_timeout_ms", "async_moe_ubatching", "async_moe_num_ubatches",
-      "async_moe_split"};
+  static const std::set<std::string> kKeys = {"attn_ranks_per_dp",     "ring_depth",
+                                              "routed_cap_multiplier", "recv_poll_timeout_ms",
+                                              "async_moe_ubatching",   "async_moe_num_ubatches",
+                                              "async_moe_split"};
   for (const auto& [key, value] : extra.items()) {
-    AFD_CHECK(kKeys.count(key), "{}.{}: unknown option for {}; allowed: attn_ranks_per_dp, "
+    AFD_CHECK(kKeys.count(key),
+              "{}.{}: unknown option for {}; allowed: attn_ranks_per_dp, "
               "ring_depth, routed_cap_multiplier, recv_poll_timeout_ms, async_moe_ubatching, "
               "async_moe_num_ubatches, async_moe_split",
               kExtraPath, key, kGpuAsyncConnector);
@@ -91,12 +92,12 @@ nlohmann::ordered_json ConnectorExtraConfigToJson(const AfdConfig& config) {
   if (config.connector != kGpuAsyncConnector) return nlohmann::ordered_json::object();
   const GpuAsyncOptions& o = config.gpu_async;
   return nlohmann::ordered_json{{"attn_ranks_per_dp", o.attn_ranks_per_dp},
-              {"ring_depth", o.ring_depth},
-              {"routed_cap_multiplier", o.routed_cap_multiplier},
-              {"recv_poll_timeout_ms", o.recv_poll_timeout_ms},
-              {"async_moe_ubatching", o.async_moe_ubatching},
-              {"async_moe_num_ubatches", o.async_moe_num_ubatches},
-              {"async_moe_split", o.async_moe_split}};
+                                {"ring_depth", o.ring_depth},
+                                {"routed_cap_multiplier", o.routed_cap_multiplier},
+                                {"recv_poll_timeout_ms", o.recv_poll_timeout_ms},
+                                {"async_moe_ubatching", o.async_moe_ubatching},
+                                {"async_moe_num_ubatches", o.async_moe_num_ubatches},
+                                {"async_moe_split", o.async_moe_split}};
 }
 
 void ValidateConnectorRules(const AfdConfig& c) {

@@ -24,8 +24,8 @@ json ParseStrict(std::string_view text, std::string_view what) {
         if (!open_objects.empty()) open_objects.pop_back();
         break;
       case json::parse_event_t::key:
-        if (!open_objects.empty() && !open_objects.back().insert(parsed.get<std::string>()).second &&
-            duplicate.empty()) {
+        if (!open_objects.empty() &&
+            !open_objects.back().insert(parsed.get<std::string>()).second && duplicate.empty()) {
           duplicate = parsed.get<std::string>();
         }
         break;

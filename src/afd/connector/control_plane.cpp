@@ -24,17 +24,20 @@ void ControlPlane::Send(const StepMetadata& meta) {
             meta.num_attention_ranks, t.num_attention());
   AFD_CHECK(meta.num_stages >= 1 && meta.num_stages <= kMaxStages,
             "control plane: {} stages is outside 1..{}", meta.num_stages, kMaxStages);
-  AFD_CHECK(meta.token_counts.size() ==
-                static_cast<size_t>(meta.num_stages) * meta.num_attention_ranks,
-            "control plane: {} token counts, expected {} stages x {} ranks",
-            meta.token_counts.size(), meta.num_stages, meta.num_attention_ranks);
+  AFD_CHECK(
+      meta.token_counts.size() == static_cast<size_t>(meta.num_stages) * meta.num_attention_ranks,
+      "control plane: {} token counts, expected {} stages x {} ranks", meta.token_counts.size(),
+      meta.num_stages, meta.num_attention_ranks);
   for (int64_t n : meta.token_counts) {
     AFD_CHECK(n >= 0, "control plane: negative token count {}", n);
   }
   if (!comm_) return;
-  const ControlHeader h{kControlMagic,    kControlVersion,
-                        static_cast<uint16_t>(meta.num_stages), meta.flags,
-                        static_cast<uint32_t>(meta.num_attention_ranks), meta.step};
+  const ControlHeader h{kControlMagic,
+                        kControlVersion,
+                        static_cast<uint16_t>(meta.num_stages),
+                        meta.flags,
+                        static_cast<uint32_t>(meta.num_attention_ranks),
+                        meta.step};
   const std::vector<int> targets = t.ControlRouteTargets(world_.self().rank);
   comm_->GroupStart();
   for (int f : targets) {
@@ -70,8 +73,7 @@ std::optional<StepMetadata> ControlPlane::Recv(double timeout_s) {
   meta.token_counts.resize(static_cast<size_t>(meta.num_stages) * meta.num_attention_ranks);
   comm_->Recv(meta.token_counts.data(), meta.token_counts.size(), DType::kI64, peer, kCountsTag);
   for (int64_t n : meta.token_counts) {
-    AFD_CHECK(n >= 0, "control plane: attention rank {} sent a negative token count {}", source,
-              n);
+    AFD_CHECK(n >= 0, "control plane: attention rank {} sent a negative token count {}", source, n);
   }
   return meta;
 }

@@ -40,8 +40,8 @@ std::vector<int> P2pConnector::Peers() const {
 uint32_t P2pConnector::Tag(bool to_ffn, int channel, int layer, int stage) const {
   AFD_CHECK(layer >= 0 && layer < kMaxLayers, "connector: layer {} is outside 0..{}", layer,
             kMaxLayers - 1);
-  AFD_CHECK(stage >= 0 && stage < kMaxStagesPerLayer, "connector: stage {} is outside 0..{}",
-            stage, kMaxStagesPerLayer - 1);
+  AFD_CHECK(stage >= 0 && stage < kMaxStagesPerLayer, "connector: stage {} is outside 0..{}", stage,
+            kMaxStagesPerLayer - 1);
   AFD_CHECK(channel >= 0 && channel < kMaxChannels, "connector: channel {} is outside 0..{}",
             channel, kMaxChannels - 1);
   // bit 31: direction, bits 28..30: channel, bits 8..27: layer, bits 0..7: stage.
@@ -70,8 +70,8 @@ void P2pConnector::SendToFfn(int layer, int stage, int channel, const RowFormat&
   for (int i = 0; i < m; ++i) {
     const int64_t offset = SplitOffset(num_rows, m, i);
     const int64_t count = SplitSize(num_rows, m, i);
-    subgroup_->Send(base + offset * fmt.row_bytes(), count * fmt.elems_per_row, fmt.dtype,
-                    peers[i], tag);
+    subgroup_->Send(base + offset * fmt.row_bytes(), count * fmt.elems_per_row, fmt.dtype, peers[i],
+                    tag);
   }
   subgroup_->GroupEnd();
   Record(layer, m, num_rows * fmt.row_bytes(), start);
@@ -101,8 +101,8 @@ std::vector<int64_t> P2pConnector::IncomingRowCounts(const StepMetadata& meta, i
   AFD_CHECK(stage >= 0 && stage < meta.num_stages, "connector: stage {} is outside 0..{}", stage,
             meta.num_stages - 1);
   AFD_CHECK(meta.num_attention_ranks == t.num_attention(),
-            "connector: metadata for {} attention ranks, topology has {}",
-            meta.num_attention_ranks, t.num_attention());
+            "connector: metadata for {} attention ranks, topology has {}", meta.num_attention_ranks,
+            t.num_attention());
   const int g = t.SubgroupOf(me);
   const RankRange attn = t.AttentionRanksOf(g);
   std::vector<int64_t> counts;

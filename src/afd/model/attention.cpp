@@ -40,11 +40,10 @@ void MlaAttention::WriteCache(const AttentionWeights& w, int64_t layer, const fl
 }
 
 void MlaAttention::ProjectQuery(const AttentionWeights& w, const float* x,
-                                const ForwardBatch& batch, int64_t h0, int64_t h1,
-                                float* q) const {
+                                const ForwardBatch& batch, int64_t h0, int64_t h1, float* q) const {
   const int64_t n = batch.size(), qk = c_.qk_head_dim();
-  AFD_CHECK(0 <= h0 && h0 < h1 && h1 <= c_.num_attention_heads, "heads [{}, {}) out of {}", h0,
-            h1, c_.num_attention_heads);
+  AFD_CHECK(0 <= h0 && h0 < h1 && h1 <= c_.num_attention_heads, "heads [{}, {}) out of {}", h0, h1,
+            c_.num_attention_heads);
   if (c_.q_lora_rank == 0) {
     kernels::Linear(x, n, w.q_proj.RowSlice(h0 * qk, (h1 - h0) * qk), q);
   } else {
@@ -69,7 +68,7 @@ void MlaAttention::AttendHeads(const AttentionWeights& w, int64_t layer, const f
   std::vector<float> q_lat(kvr), o_lat(kvr), scores;
   for (int64_t i = 0; i < n; ++i) {
     const int seq = batch.seq_slots[i];
-    const int64_t len = batch.positions[i] + 1;  // causal: positions 0..pos
+    const int64_t len = batch.positions[i] + 1;    // causal: positions 0..pos
     const float* rows = cache.Row(layer, seq, 0);  // [capacity, width], contiguous
     scores.resize(len);
     for (int64_t h = h0; h < h1; ++h) {
@@ -77,11 +76,12 @@ void MlaAttention::AttendHeads(const AttentionWeights& w, int64_t layer, const f
       const float* w_k = kv_b + h * (dn + dv) * kvr;  // [dn, kv_lora]
       const float* w_v = w_k + dn * kvr;              // [dv, kv_lora]
       std::fill(q_lat.begin(), q_lat.end(), 0.0f);
-      for (int64_t d = 0; d < dn; ++d) kernels::AxpyInPlace(q_lat.data(), qh[d], w_k + d * kvr, kvr);
+      for (int64_t d = 0; d < dn; ++d)
+        kernels::AxpyInPlace(q_lat.data(), qh[d], w_k + d * kvr, kvr);
       for (int64_t j = 0; j < len; ++j) {
         const float* row = rows + j * width;
-        scores[j] = (kernels::Dot(q_lat.data(), row, kvr) + kernels::Dot(qh + dn, row + kvr, dr)) *
-                    scale;
+        scores[j] =
+            (kernels::Dot(q_lat.data(), row, kvr) + kernels::Dot(qh + dn, row + kvr, dr)) * scale;
       }
       kernels::SoftmaxInPlace(scores.data(), len);
       std::fill(o_lat.begin(), o_lat.end(), 0.0f);

@@ -39,8 +39,8 @@ Checkpoint Checkpoint::Open(const std::string& dir) {
     AFD_CHECK(index.is_object() && index.contains("weight_map") && index["weight_map"].is_object(),
               "{}: no \"weight_map\" object", index_path.string());
     for (const auto& [name, file] : index["weight_map"].items()) {
-      AFD_CHECK(file.is_string(), "{}: tensor {}: file name must be a string",
-                index_path.string(), name);
+      AFD_CHECK(file.is_string(), "{}: tensor {}: file name must be a string", index_path.string(),
+                name);
       weight_map[name] = file.get<std::string>();
       files.insert(file.get<std::string>());
     }
@@ -63,7 +63,7 @@ Checkpoint Checkpoint::Open(const std::string& dir) {
   for (const auto& [name, file] : weight_map) {
     const TensorInfo* t = ckpt.Find(name);
     AFD_CHECK(t != nullptr && fs::path(t->file).filename() == file,
-              "{}: tensor {} is listed in model.safetensors.index.json but missing", 
+              "{}: tensor {} is listed in model.safetensors.index.json but missing",
               (fs::path(dir) / file).string(), name);
   }
   return ckpt;
@@ -80,8 +80,8 @@ const TensorInfo& Checkpoint::Get(const std::string& name,
   AFD_CHECK(t != nullptr, "{}: tensor {} is missing from the checkpoint", dir_, name);
   AFD_CHECK(t->shape == shape, "{}: tensor {} has shape {}, the config implies {}", t->file, name,
             t->ShapeString(), ShapeString(shape));
-  AFD_CHECK(t->dtype.has_value(), "{}: tensor {} has dtype {}; supported: F32, BF16, F16",
-            t->file, name, t->dtype_name);
+  AFD_CHECK(t->dtype.has_value(), "{}: tensor {} has dtype {}; supported: F32, BF16, F16", t->file,
+            name, t->dtype_name);
   return *t;
 }
 

@@ -22,10 +22,9 @@ void RoutedExperts(const ModelConfig& config, const MoeWeights& w, const float* 
                    const int32_t* topk_ids, const float* topk_weights, int64_t expert_begin,
                    int64_t expert_end, float* out) {
   const int64_t h = config.hidden_size, k = config.num_experts_per_tok;
-  AFD_CHECK(0 <= expert_begin && expert_begin <= expert_end &&
-                expert_end <= config.n_routed_experts,
-            "expert range [{}, {}) outside [0, {})", expert_begin, expert_end,
-            config.n_routed_experts);
+  AFD_CHECK(
+      0 <= expert_begin && expert_begin <= expert_end && expert_end <= config.n_routed_experts,
+      "expert range [{}, {}) outside [0, {})", expert_begin, expert_end, config.n_routed_experts);
   std::fill(out, out + n * h, 0.0f);
   // Tokens (and weights) of each expert in the range, tokens ascending.
   std::vector<std::vector<std::pair<int64_t, float>>> routed(expert_end - expert_begin);

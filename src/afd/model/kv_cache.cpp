@@ -18,8 +18,10 @@ int MlaKvCache::AddSequence(int64_t capacity) {
 
 void MlaKvCache::SetLength(int seq, int64_t length) {
   Sequence& s = seqs_.at(seq);
-  AFD_CHECK(length >= 0 && length <= s.capacity, "KV cache: sequence {} length {} exceeds its "
-            "capacity {}", seq, length, s.capacity);
+  AFD_CHECK(length >= 0 && length <= s.capacity,
+            "KV cache: sequence {} length {} exceeds its "
+            "capacity {}",
+            seq, length, s.capacity);
   s.length = length;
 }
 
@@ -27,7 +29,8 @@ float* MlaKvCache::Row(int64_t layer, int seq, int64_t pos) {
   Sequence& s = seqs_.at(seq);
   AFD_CHECK(pos >= 0 && pos < s.capacity && layer >= 0 && layer < num_layers_,
             "KV cache: row (layer {}, sequence {}, position {}) is outside the cache (capacity "
-            "{})", layer, seq, pos, s.capacity);
+            "{})",
+            layer, seq, pos, s.capacity);
   return s.rows.data() + (layer * s.capacity + pos) * row_width();
 }
 

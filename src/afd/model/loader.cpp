@@ -116,8 +116,8 @@ int64_t ParameterCount(const ModelConfig& c) {
   int64_t attn = (c.q_lora_rank == 0 ? nh * c.qk_head_dim() * h
                                      : c.q_lora_rank * (h + 1 + nh * c.qk_head_dim())) +
                  (c.kv_lora_rank + c.qk_rope_head_dim) * h + c.kv_lora_rank +
-                 nh * (c.qk_nope_head_dim + c.v_head_dim) * c.kv_lora_rank +
-                 h * nh * c.v_head_dim + 2 * h;
+                 nh * (c.qk_nope_head_dim + c.v_head_dim) * c.kv_lora_rank + h * nh * c.v_head_dim +
+                 2 * h;
   const int64_t dense = 3 * h * c.intermediate_size;
   const int64_t moe = c.n_routed_experts * (h + 1) +
                       3 * h * c.moe_intermediate_size * (c.n_routed_experts + c.n_shared_experts);
@@ -151,8 +151,8 @@ std::unique_ptr<DeepseekModel> OpenModel(const std::string& spec, const OpenOpti
   const int64_t available = AvailableMemory();
   AFD_CHECK(available < 0 || need <= available,
             "{}: the weights need about {:.1f} GiB as {}, but only {:.1f} GiB of memory is "
-            "available; use --num-layers N to keep fewer layers", spec, need / 1073741824.0,
-            DTypeName(weights.matrix_dtype), available / 1073741824.0);
+            "available; use --num-layers N to keep fewer layers",
+            spec, need / 1073741824.0, DTypeName(weights.matrix_dtype), available / 1073741824.0);
   ModelWeights w = preset ? RandomWeights(config, options.preset_seed, weights)
                           : LoadWeights(config, *ckpt, weights);
   return std::make_unique<DeepseekModel>(std::move(config), std::move(w));

@@ -38,8 +38,7 @@ class DeepseekModel {
   // Runs `batch` through the model, appending its tokens to `cache` (the positions of each
   // sequence's tokens must be consecutive and start at its cache length; checked).
   // logits: [n, vocab] for every token of the batch.
-  void Forward(const ForwardBatch& batch, MlaKvCache& cache, MoeBackend& moe,
-               float* logits) const;
+  void Forward(const ForwardBatch& batch, MlaKvCache& cache, MoeBackend& moe, float* logits) const;
 
   // x: [n, H] = embedding rows of ids (checked against the vocabulary).
   void Embed(const int32_t* ids, int64_t n, float* x) const;

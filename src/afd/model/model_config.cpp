@@ -45,8 +45,8 @@ RopeConfig ParseRope(const json& j, const std::string& source) {
   AFD_CHECK(params.is_object(), "{}: rope settings must be an object, got {}", source,
             params.dump());
   RopeConfig rope;
-  rope.theta = Get<double>(params, "rope_theta", Get<double>(j, "rope_theta", 10000.0, source),
-                           source);
+  rope.theta =
+      Get<double>(params, "rope_theta", Get<double>(j, "rope_theta", 10000.0, source), source);
   std::string type = GetString(params, "rope_type", "", source);
   if (type.empty()) type = GetString(params, "type", "default", source);
   if (type == "default") {
@@ -128,8 +128,9 @@ ModelConfig ParseModelConfig(const std::string& json_text, const std::string& so
   AFD_CHECK(GetString(j, "hidden_act", "silu", source) == "silu",
             "{}: hidden_act \"{}\" is not supported (only silu)", source,
             GetString(j, "hidden_act", "", source));
-  AFD_CHECK(!Get<bool>(j, "attention_bias", false, source) && !Get<bool>(j, "mlp_bias", false, source),
-            "{}: attention_bias / mlp_bias = true is not supported", source);
+  AFD_CHECK(
+      !Get<bool>(j, "attention_bias", false, source) && !Get<bool>(j, "mlp_bias", false, source),
+      "{}: attention_bias / mlp_bias = true is not supported", source);
   if (v3) {
     // transformers' DeepseekV3 ignores scoring_func / topk_method: always sigmoid + noaux_tc.
     c.topk_method = TopkMethod::kNoauxTc;
@@ -142,8 +143,10 @@ ModelConfig ParseModelConfig(const std::string& json_text, const std::string& so
     } else if (method == "group_limited_greedy") {
       c.topk_method = TopkMethod::kGroupLimitedGreedy;
     } else {
-      AFD_THROW("{}: topk_method \"{}\" is not supported for deepseek_v2 (greedy, "
-                "group_limited_greedy)", source, method);
+      AFD_THROW(
+          "{}: topk_method \"{}\" is not supported for deepseek_v2 (greedy, "
+          "group_limited_greedy)",
+          source, method);
     }
     c.scoring_func = ScoringFunc::kSoftmax;
     c.rope_interleave = true;  // V2 rotates (x[2i], x[2i+1]) as complex numbers
@@ -165,8 +168,7 @@ void ModelConfig::Validate(const std::string& source) const {
   positive(v_head_dim, "v_head_dim");
   positive(max_position_embeddings, "max_position_embeddings");
   AFD_CHECK(qk_rope_head_dim > 0 && qk_rope_head_dim % 2 == 0 && qk_rope_head_dim <= 512,
-            "{}: qk_rope_head_dim must be even and in [2, 512], got {}", source,
-            qk_rope_head_dim);
+            "{}: qk_rope_head_dim must be even and in [2, 512], got {}", source, qk_rope_head_dim);
   AFD_CHECK(q_lora_rank >= 0, "{}: q_lora_rank must be >= 0 or null", source);
   AFD_CHECK(first_k_dense_replace >= 0, "{}: first_k_dense_replace must be >= 0", source);
   if (first_k_dense_replace > 0) positive(intermediate_size, "intermediate_size");
@@ -193,8 +195,8 @@ void ModelConfig::Validate(const std::string& source) const {
               "{}: yarn needs original_max_position_embeddings", source);
   }
   for (int64_t eos : eos_token_ids) {
-    AFD_CHECK(eos >= 0 && eos < vocab_size, "{}: eos_token_id {} is outside the vocabulary",
-              source, eos);
+    AFD_CHECK(eos >= 0 && eos < vocab_size, "{}: eos_token_id {} is outside the vocabulary", source,
+              eos);
   }
 }
 

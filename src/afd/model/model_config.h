@@ -27,8 +27,8 @@ struct RopeConfig {
   int64_t original_max_position_embeddings = 0;
   double beta_fast = 32.0;
   double beta_slow = 1.0;
-  double mscale = 0.0;          // 0: not set
-  double mscale_all_dim = 0.0;  // 0: not set
+  double mscale = 0.0;            // 0: not set
+  double mscale_all_dim = 0.0;    // 0: not set
   double attention_factor = 0.0;  // 0: not set (derived from mscale / mscale_all_dim)
   bool truncate = true;
 };

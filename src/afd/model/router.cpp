@@ -17,9 +17,8 @@ namespace {
 std::vector<int32_t> TopK(const std::vector<float>& v, int64_t k) {
   std::vector<int32_t> idx(v.size());
   std::iota(idx.begin(), idx.end(), 0);
-  std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&v](int32_t a, int32_t b) {
-    return v[a] > v[b] || (v[a] == v[b] && a < b);
-  });
+  std::partial_sort(idx.begin(), idx.begin() + k, idx.end(),
+                    [&v](int32_t a, int32_t b) { return v[a] > v[b] || (v[a] == v[b] && a < b); });
   idx.resize(k);
   return idx;
 }
@@ -76,8 +75,8 @@ void RouteFromLogits(const ModelConfig& c, const MoeWeights& w, const float* log
     } else {
       for (int64_t e = 0; e < num_experts; ++e) {
         scores[e] = 1.0f / (1.0f + std::exp(-lt[e]));
-        choice[e] = scores[e] + (w.e_score_correction_bias.empty() ? 0.0f
-                                                                   : w.e_score_correction_bias[e]);
+        choice[e] =
+            scores[e] + (w.e_score_correction_bias.empty() ? 0.0f : w.e_score_correction_bias[e]);
       }
       MaskGroups(c, choice, true, -std::numeric_limits<float>::infinity());
     }

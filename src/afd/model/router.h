@@ -24,7 +24,7 @@ void RouteTokens(const ModelConfig& config, const MoeWeights& w, const float* hi
                  int32_t* topk_ids, float* topk_weights);
 
 // The same from router logits [n, E] (h·Wᵀ), for tests and for callers that computed them.
-void RouteFromLogits(const ModelConfig& config, const MoeWeights& w, const float* logits,
-                     int64_t n, int32_t* topk_ids, float* topk_weights);
+void RouteFromLogits(const ModelConfig& config, const MoeWeights& w, const float* logits, int64_t n,
+                     int32_t* topk_ids, float* topk_weights);
 
 }  // namespace afd::model

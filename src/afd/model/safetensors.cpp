@@ -22,9 +22,9 @@ using nlohmann::json;
 // Element size of every safetensors dtype; 0 for unknown.
 int ElementSize(const std::string& dtype) {
   static const std::map<std::string, int> kSizes = {
-      {"BOOL", 1}, {"U8", 1},  {"I8", 1},  {"F8_E4M3", 1}, {"F8_E5M2", 1}, {"I16", 2},
-      {"U16", 2},  {"F16", 2}, {"BF16", 2}, {"I32", 4},    {"U32", 4},     {"F32", 4},
-      {"I64", 8},  {"U64", 8}, {"F64", 8}};
+      {"BOOL", 1}, {"U8", 1},  {"I8", 1},  {"F8_E4M3", 1}, {"F8_E5M2", 1},
+      {"I16", 2},  {"U16", 2}, {"F16", 2}, {"BF16", 2},    {"I32", 4},
+      {"U32", 4},  {"F32", 4}, {"I64", 8}, {"U64", 8},     {"F64", 8}};
   auto it = kSizes.find(dtype);
   return it == kSizes.end() ? 0 : it->second;
 }
@@ -80,13 +80,12 @@ std::string TensorInfo::ShapeString() const {
 SafetensorsFile SafetensorsFile::Open(const std::string& path) {
   std::shared_ptr<MappedFile> map = MappedFile::Open(path);
   const size_t size = map->size();
-  AFD_CHECK(size >= 8, "{}: truncated safetensors file ({} bytes, the header length needs 8)",
-            path, size);
+  AFD_CHECK(size >= 8, "{}: truncated safetensors file ({} bytes, the header length needs 8)", path,
+            size);
   uint64_t header_len = 0;
   for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | map->data()[i];  // little-endian
-  AFD_CHECK(header_len <= size - 8,
-            "{}: header length {} runs past the end of the file ({} bytes)", path, header_len,
-            size);
+  AFD_CHECK(header_len <= size - 8, "{}: header length {} runs past the end of the file ({} bytes)",
+            path, header_len, size);
   const char* header_begin = reinterpret_cast<const char*>(map->data() + 8);
   json header;
   try {
@@ -117,8 +116,8 @@ SafetensorsFile SafetensorsFile::Open(const std::string& path) {
     AFD_CHECK(elem > 0, "{}: tensor {}: unknown dtype \"{}\"", path, name, t.dtype_name);
     t.dtype = ModelDType(t.dtype_name);
     for (const auto& d : entry["shape"]) {
-      AFD_CHECK(d.is_number_integer() && d.get<int64_t>() >= 0,
-                "{}: tensor {}: bad shape {}", path, name, entry["shape"].dump());
+      AFD_CHECK(d.is_number_integer() && d.get<int64_t>() >= 0, "{}: tensor {}: bad shape {}", path,
+                name, entry["shape"].dump());
       t.shape.push_back(d.get<int64_t>());
     }
     const auto& off = entry["data_offsets"];

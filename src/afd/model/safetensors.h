@@ -42,12 +42,12 @@ class MappedFile {
 
 struct TensorInfo {
   std::string name;
-  std::string dtype_name;              // as in the header, e.g. "BF16", "F8_E4M3"
+  std::string dtype_name;               // as in the header, e.g. "BF16", "F8_E4M3"
   std::optional<kernels::DType> dtype;  // set for the element types the model can read
   std::vector<int64_t> shape;
   const void* data = nullptr;  // inside the file's map
   size_t num_bytes = 0;
-  std::string file;  // path of the file holding it
+  std::string file;                        // path of the file holding it
   std::shared_ptr<const void> keep_alive;  // the map
 
   int64_t numel() const;

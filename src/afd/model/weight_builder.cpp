@@ -12,8 +12,7 @@ using kernels::DType;
 
 class Builder {
  public:
-  Builder(const ModelConfig& c, const WeightOptions& o, TensorSource& s)
-      : c_(c), o_(o), s_(s) {}
+  Builder(const ModelConfig& c, const WeightOptions& o, TensorSource& s) : c_(c), o_(o), s_(s) {}
 
   std::vector<float> Vector(const std::string& name, int64_t n, TensorKind kind) {
     std::vector<float> v(n);
@@ -21,8 +20,7 @@ class Builder {
     return v;
   }
 
-  Matrix Mat(const std::string& name, int64_t rows, int64_t cols, TensorKind kind,
-             DType dtype) {
+  Matrix Mat(const std::string& name, int64_t rows, int64_t cols, TensorKind kind, DType dtype) {
     Matrix m = Matrix::Allocate(dtype, rows, cols);
     s_.Read(name, {rows, cols}, kind, dtype, m.mutable_data());
     return m;
@@ -52,8 +50,8 @@ class Builder {
     } else {
       a.q_a_proj = Mat(p + "q_a_proj.weight", c_.q_lora_rank, h, TensorKind::kLinear);
       a.q_a_norm = Vector(p + "q_a_layernorm.weight", c_.q_lora_rank, TensorKind::kNorm);
-      a.q_b_proj = Mat(p + "q_b_proj.weight", nh * c_.qk_head_dim(), c_.q_lora_rank,
-                       TensorKind::kLinear);
+      a.q_b_proj =
+          Mat(p + "q_b_proj.weight", nh * c_.qk_head_dim(), c_.q_lora_rank, TensorKind::kLinear);
     }
     a.kv_a_proj = Mat(p + "kv_a_proj_with_mqa.weight", c_.kv_lora_rank + c_.qk_rope_head_dim, h,
                       TensorKind::kLinear);
@@ -71,7 +69,8 @@ class Builder {
     if (o_.load_moe) {
       m.gate = Mat(p + "gate.weight", e, c_.hidden_size, TensorKind::kLinear, DType::kF32);
       if (c_.model_type == ModelType::kDeepseekV3) {
-        m.e_score_correction_bias = Vector(p + "gate.e_score_correction_bias", e, TensorKind::kBias);
+        m.e_score_correction_bias =
+            Vector(p + "gate.e_score_correction_bias", e, TensorKind::kBias);
       }
       if (c_.n_shared_experts > 0) {
         m.shared = Mlp(p + "shared_experts.", c_.moe_intermediate_size * c_.n_shared_experts);
@@ -86,15 +85,16 @@ class Builder {
   ModelWeights Build() {
     const int64_t h = c_.hidden_size, v = c_.vocab_size;
     const int64_t expert_end = o_.expert_end < 0 ? c_.n_routed_experts : o_.expert_end;
-    AFD_CHECK(0 <= o_.expert_begin && o_.expert_begin <= expert_end &&
-                  expert_end <= c_.n_routed_experts,
-              "routed expert range [{}, {}) is outside [0, {})", o_.expert_begin, expert_end,
-              c_.n_routed_experts);
+    AFD_CHECK(
+        0 <= o_.expert_begin && o_.expert_begin <= expert_end && expert_end <= c_.n_routed_experts,
+        "routed expert range [{}, {}) is outside [0, {})", o_.expert_begin, expert_end,
+        c_.n_routed_experts);
     ModelWeights w;
     if (o_.load_attention) {
       w.embed = Mat("model.embed_tokens.weight", v, h, TensorKind::kEmbedding);
       w.final_norm = Vector("model.norm.weight", h, TensorKind::kNorm);
-      w.lm_head = c_.tie_word_embeddings ? w.embed : Mat("lm_head.weight", v, h, TensorKind::kLmHead);
+      w.lm_head =
+          c_.tie_word_embeddings ? w.embed : Mat("lm_head.weight", v, h, TensorKind::kLmHead);
     }
     w.layers.resize(c_.num_hidden_layers);
     for (int64_t l = 0; l < c_.num_hidden_layers; ++l) {

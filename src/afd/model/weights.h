@@ -25,8 +25,8 @@ struct AttentionWeights {
   Matrix q_b_proj;                // [nH·(dn+dr), q_lora]
   Matrix kv_a_proj;               // [kv_lora + dr, H]
   std::vector<float> kv_a_norm;   // [kv_lora]
-  Matrix kv_b_proj;               // [nH·(dn+dv), kv_lora], fp32; per head: dn key rows, dv value rows
-  Matrix o_proj;                  // [H, nH·dv]
+  Matrix kv_b_proj;  // [nH·(dn+dv), kv_lora], fp32; per head: dn key rows, dv value rows
+  Matrix o_proj;     // [H, nH·dv]
 };
 
 // gate/up fused: rows [0, I) are gate_proj, rows [I, 2I) up_proj.
@@ -37,7 +37,7 @@ struct MlpWeights {
 };
 
 struct MoeWeights {
-  Matrix gate;                                // router [E, H], fp32
+  Matrix gate;                                 // router [E, H], fp32
   std::vector<float> e_score_correction_bias;  // [E], V3 only
   std::vector<MlpWeights> experts;             // [E]; experts outside the loaded range are empty
   MlpWeights shared;                           // intermediate moe_inter·n_shared; empty if none
@@ -51,10 +51,10 @@ struct LayerWeights {
 };
 
 struct ModelWeights {
-  Matrix embed;                  // [V, H]
+  Matrix embed;  // [V, H]
   std::vector<LayerWeights> layers;
   std::vector<float> final_norm;  // [H]
-  Matrix lm_head;                // [V, H]; shares the embedding's storage when tied
+  Matrix lm_head;                 // [V, H]; shares the embedding's storage when tied
 };
 
 struct WeightOptions {

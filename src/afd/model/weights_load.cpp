@@ -17,8 +17,8 @@ class CheckpointSource : public TensorSource {
  public:
   explicit CheckpointSource(const Checkpoint& ckpt) : ckpt_(ckpt) {}
 
-  void Read(const std::string& name, const std::vector<int64_t>& shape, TensorKind,
-            DType dst_type, void* dst) override {
+  void Read(const std::string& name, const std::vector<int64_t>& shape, TensorKind, DType dst_type,
+            void* dst) override {
     const TensorInfo& t = ckpt_.Get(name, shape);
     const DType src = *t.dtype;
     const int64_t n = t.numel();

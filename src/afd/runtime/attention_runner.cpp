@@ -131,8 +131,8 @@ void AttentionRunner::MoeLayer(int64_t layer, const float* mlp_in, int64_t n, fl
       model::RouteTokens(c, model_.weights().layers[layer].moe, mlp_in, n, ids.data(),
                          weights.data());
     }
-    connector_.SendToFfn(static_cast<int>(layer), 0, kTopkIdsChannel, {k, DType::kI32},
-                         ids.data(), n);
+    connector_.SendToFfn(static_cast<int>(layer), 0, kTopkIdsChannel, {k, DType::kI32}, ids.data(),
+                         n);
     connector_.SendToFfn(static_cast<int>(layer), 0, kTopkWeightsChannel, {k, DType::kF32},
                          weights.data(), n);
   }

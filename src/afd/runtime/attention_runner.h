@@ -35,8 +35,7 @@ class AttentionRunner : public StepRunner {
   AttentionRunner(const model::DeepseekModel& model, comm::AfdWorld& world,
                   connector::P2pConnector& connector, int tp);
 
-  void Forward(const model::ForwardBatch& batch, model::MlaKvCache& cache,
-               float* logits) override;
+  void Forward(const model::ForwardBatch& batch, model::MlaKvCache& cache, float* logits) override;
 
   // Runs empty steps until every replica is done, then sends the shutdown step.
   void Drain();

@@ -41,8 +41,8 @@ void ExpertParallelMoe::Forward(int64_t layer, const float* rows, int64_t n, con
   }
   std::vector<int64_t> send_n(F), recv_n(F);
   for (int p = 0; p < F; ++p) send_n[p] = static_cast<int64_t>(by_owner[p].size());
-  ep_.AllToAllV(send_n.data(), std::vector<size_t>(F, 1), recv_n.data(),
-                std::vector<size_t>(F, 1), DType::kI64);
+  ep_.AllToAllV(send_n.data(), std::vector<size_t>(F, 1), recv_n.data(), std::vector<size_t>(F, 1),
+                DType::kI64);
   int64_t total_send = 0, total_recv = 0;
   for (int p = 0; p < F; ++p) {
     total_send += send_n[p];

@@ -39,8 +39,7 @@ void FfnWorker::MoeLayer(int64_t layer, const connector::StepMetadata& meta) {
   connector_.RecvFromAttention(l, 0, kHiddenChannel, hidden, meta, rows.data());
   if (world_.config().compute_gate_on_attention) {
     connector_.RecvFromAttention(l, 0, kTopkIdsChannel, {k, DType::kI32}, meta, ids.data());
-    connector_.RecvFromAttention(l, 0, kTopkWeightsChannel, {k, DType::kF32}, meta,
-                                 weights.data());
+    connector_.RecvFromAttention(l, 0, kTopkWeightsChannel, {k, DType::kF32}, meta, weights.data());
   } else if (n > 0) {
     model::RouteTokens(c, model_.weights().layers[layer].moe, rows.data(), n, ids.data(),
                        weights.data());

@@ -55,16 +55,16 @@ std::vector<GenerationResult> Generator::Generate(const std::vector<std::vector<
   model::MlaKvCache cache = model_.NewCache();
   std::vector<GenerationResult> results(prompts.size());
   std::vector<std::unique_ptr<Sampler>> samplers(prompts.size());
-  std::vector<int> slot(prompts.size(), -1);        // KV cache slot of each admitted prompt
+  std::vector<int> slot(prompts.size(), -1);             // KV cache slot of each admitted prompt
   std::vector<std::vector<float>> last(prompts.size());  // logits row predicting the next token
-  std::vector<int> running;                         // admitted, still generating
+  std::vector<int> running;                              // admitted, still generating
   size_t next_waiting = 0;
   std::vector<float> scratch, logits;
   auto is_eos = [&c](int32_t id) {
     return std::find(c.eos_token_ids.begin(), c.eos_token_ids.end(), id) != c.eos_token_ids.end();
   };
-  const size_t limit = options.max_num_seqs > 0 ? static_cast<size_t>(options.max_num_seqs)
-                                                : prompts.size();
+  const size_t limit =
+      options.max_num_seqs > 0 ? static_cast<size_t>(options.max_num_seqs) : prompts.size();
   while (true) {
     // Decode: the next token of every running sequence, from its last logits row.
     model::ForwardBatch batch;
@@ -97,9 +97,9 @@ std::vector<GenerationResult> Generator::Generate(const std::vector<std::vector<
       batch.Add(slot[s], prompts[s], 0);
       prefilling.push_back(s);
       results[s].prompt_ids = prompts[s];
-      samplers[s] = std::make_unique<Sampler>(
-          options.sampling,
-          options.sampler_streams.empty() ? static_cast<int64_t>(s) : options.sampler_streams[s]);
+      samplers[s] = std::make_unique<Sampler>(options.sampling, options.sampler_streams.empty()
+                                                                    ? static_cast<int64_t>(s)
+                                                                    : options.sampler_streams[s]);
     }
     if (batch.size() == 0) break;
     const auto start = std::chrono::steady_clock::now();

@@ -35,10 +35,10 @@ struct GenerationOptions {
 
 struct GenerationResult {
   std::vector<int32_t> prompt_ids;
-  std::vector<int32_t> output_ids;   // EOS included when it stopped the sequence
+  std::vector<int32_t> output_ids;     // EOS included when it stopped the sequence
   std::vector<float> prompt_logprobs;  // [T]; [0] is NaN (no prefix), [j] = log p(ids[j] | ids[<j])
-  std::vector<float> logprobs;       // one per output token
-  std::vector<float> prompt_logits;  // [T, vocab] when keep_prompt_logits
+  std::vector<float> logprobs;         // one per output token
+  std::vector<float> prompt_logits;    // [T, vocab] when keep_prompt_logits
 };
 
 struct GenerationStats {
@@ -62,8 +62,7 @@ class LocalStepRunner : public StepRunner {
  public:
   LocalStepRunner(const model::DeepseekModel& model, model::MoeBackend& moe)
       : model_(model), moe_(moe) {}
-  void Forward(const model::ForwardBatch& batch, model::MlaKvCache& cache,
-               float* logits) override {
+  void Forward(const model::ForwardBatch& batch, model::MlaKvCache& cache, float* logits) override {
     model_.Forward(batch, cache, moe_, logits);
   }
 
@@ -76,9 +75,7 @@ class Generator {
  public:
   // `model` and `moe` must outlive the generator.
   Generator(const model::DeepseekModel& model, model::MoeBackend& moe)
-      : model_(model),
-        local_(std::make_unique<LocalStepRunner>(model, moe)),
-        runner_(*local_) {}
+      : model_(model), local_(std::make_unique<LocalStepRunner>(model, moe)), runner_(*local_) {}
   // Steps run through `runner`, which must outlive the generator.
   Generator(const model::DeepseekModel& model, StepRunner& runner)
       : model_(model), runner_(runner) {}

@@ -17,8 +17,8 @@ int LinearizeRoleRank(const ParallelSizes& s, const ParallelCoords& c) {
   CheckParallelSizes(s);
   AFD_CHECK(c.dp_rank >= 0 && c.dp_rank < s.dp, "dp_rank {} is out of range 0..{}", c.dp_rank,
             s.dp - 1);
-  AFD_CHECK(c.pcp_rank >= 0 && c.pcp_rank < s.pcp, "pcp_rank {} is out of range 0..{}",
-            c.pcp_rank, s.pcp - 1);
+  AFD_CHECK(c.pcp_rank >= 0 && c.pcp_rank < s.pcp, "pcp_rank {} is out of range 0..{}", c.pcp_rank,
+            s.pcp - 1);
   AFD_CHECK(c.tp_rank >= 0 && c.tp_rank < s.tp, "tp_rank {} is out of range 0..{}", c.tp_rank,
             s.tp - 1);
   return (c.dp_rank * s.pcp + c.pcp_rank) * s.tp + c.tp_rank;

@@ -20,7 +20,8 @@ Matrix Matrix::Allocate(DType dtype, int64_t rows, int64_t cols) {
   m.rows_ = rows;
   m.cols_ = cols;
   m.data_ = p;
-  m.keep_alive_ = std::shared_ptr<const void>(p, [](const void* q) { std::free(const_cast<void*>(q)); });
+  m.keep_alive_ =
+      std::shared_ptr<const void>(p, [](const void* q) { std::free(const_cast<void*>(q)); });
   return m;
 }
 
