@@ -169,7 +169,7 @@ void RunFfn(const Args& args, comm::AfdWorld& world, P2pConnector& conn, RowIo& 
   const RankRange attn = t.AttentionRanksOf(g), ffn = t.FfnRanksOf(g);
   int64_t checked = 0;
   int steps = 0;
-  const Deadline idle_deadline = Deadline::In(world.config().afd_process_group_timeout_s);
+  Deadline idle_deadline = Deadline::In(world.config().afd_process_group_timeout_s);
   while (true) {
     std::optional<StepMetadata> meta = conn.control_plane().Recv(0.2);
     if (!meta) {
@@ -178,6 +178,7 @@ void RunFfn(const Args& args, comm::AfdWorld& world, P2pConnector& conn, RowIo& 
                 world.config().afd_process_group_timeout_s);
       continue;
     }
+    idle_deadline = Deadline::In(world.config().afd_process_group_timeout_s);
     if (meta->has(connector::kShutdown)) break;
     if (static_cast<int>(meta->step) == args.die_at_step) raise(SIGKILL);
     ++steps;
@@ -338,10 +339,13 @@ void AddConnectorTestCommand(CLI::App& app, int& exit_code) {
       return;
     }
     who = fmt::format("{} rank {}", RoleName(config.role), args->role_rank);
+    // Destruction runs bottom up: rows, then the connector (aborting NCCL), then the world.
     std::unique_ptr<comm::AfdWorld> world;
+    std::unique_ptr<P2pConnector> conn;
+    std::unique_ptr<RowIo> io;
     try {
       comm::JoinRequest req{config, args->role_rank, args->hidden,
-                            args->dtype == "bf16" ? DType::kBF16 : DType::kF32};
+                            args->dtype == "bf16" ? DType::kBF16 : DType::kF32, {}};
       DeviceContext device;
       if (args->device == "cuda") {
         const int world_rank =
@@ -349,29 +353,31 @@ void AddConnectorTestCommand(CLI::App& app, int& exit_code) {
         device = MakeDeviceContext(args->cuda_device, world_rank);
       }
       world = comm::AfdWorld::Join(req, device.factory);
-      P2pConnector conn(*world);
-      std::unique_ptr<RowIo> io = args->device == "cuda"
-                                      ? MakeDeviceRowIo(device.cuda_device, device.stream)
-                                      : MakeHostRowIo();
+      conn = std::make_unique<P2pConnector>(*world);
+      io = args->device == "cuda" ? MakeDeviceRowIo(device.cuda_device, device.stream)
+                                  : MakeHostRowIo();
       nlohmann::json report = {{"role", std::string(RoleName(config.role))},
                                {"role_rank", args->role_rank},
                                {"world_rank", world->world_rank()},
                                {"address", world->local_address()},
                                {"device", args->device}};
       if (args->bench) {
-        RunBench(*args, *world, conn, *io, report);
+        RunBench(*args, *world, *conn, *io, report);
       } else if (config.role == Role::kAttention) {
-        RunAttention(*args, *world, conn, *io, report);
+        RunAttention(*args, *world, *conn, *io, report);
       } else {
-        RunFfn(*args, *world, conn, *io, report);
+        RunFfn(*args, *world, *conn, *io, report);
       }
       // Everyone finishes together, so a rank that died anywhere is reported everywhere.
       world->Barrier("connector-test-done");
-      report["layers"] = StatsJson(conn);
+      report["layers"] = StatsJson(*conn);
       std::cout << report.dump() << std::endl;
       exit_code = 0;
     } catch (const Error& e) {
+      // Say why before the connections close, then stop in-flight device work (NCCL abort)
+      // before any device memory is freed.
       if (world) world->Abort(fmt::format("{} failed: {}", who, e.what()));
+      if (conn) conn->Shutdown();
       std::cerr << "afd connector-test: " << who << ": error: " << e.what() << std::endl;
       exit_code = 1;
     }

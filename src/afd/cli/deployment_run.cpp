@@ -31,7 +31,8 @@ struct TempDir {
     std::filesystem::create_directories(path);
   }
   ~TempDir() {
-    if (!keep) std::filesystem::remove_all(path);
+    std::error_code ignored;  // a destructor must not throw
+    if (!keep) std::filesystem::remove_all(path, ignored);
   }
 };
 
@@ -111,6 +112,7 @@ std::vector<DeploymentResult> RunDeployment(const DeploymentSpec& spec,
       s.argv = {exe,
                 "worker",
                 "--exit-with-parent",
+                std::to_string(getpid()),
                 "--role-rank",
                 std::to_string(r),
                 "--additional-config",

@@ -17,10 +17,9 @@
 
 namespace afd::cli {
 
-void ExitWithParent() {
-  const pid_t parent = getppid();
+void ExitWithParent(int launcher_pid) {
   prctl(PR_SET_PDEATHSIG, SIGKILL);
-  if (getppid() != parent) _exit(1);  // the parent ended before the line above
+  if (getppid() != launcher_pid) _exit(1);  // the launcher ended before the line above
 }
 
 std::string SelfExe() {
@@ -44,10 +43,17 @@ std::string TailOfFile(const std::string& path, int max_lines) {
 
 namespace {
 
-std::string StatusText(int status) {
-  if (status > 128)
-    return fmt::format("was killed by signal {} ({})", status - 128, strsignal(status - 128));
+std::string StatusText(const Subprocess& p, int status) {
+  if (p.term_signal() != 0) {
+    return fmt::format("was killed by signal {} ({})", p.term_signal(),
+                       strsignal(p.term_signal()));
+  }
   return fmt::format("exited with status {}", status);
+}
+
+// A rank that failed because another one did says so in its last words (role_worker.cpp).
+bool FailedBecauseOfAnother(const std::string& log) {
+  return TailOfFile(log, 20).find("(the deployment was aborted:") != std::string::npos;
 }
 
 }  // namespace
@@ -78,17 +84,20 @@ void RunRankProcesses(const std::vector<RankProcessSpec>& specs) {
   // Grace period: the peers of a dead process notice it and exit naming it.
   const Deadline grace = Deadline::In(3.0);
   for (auto& p : procs) p->Wait(grace);
-  // A process killed by a signal is the root cause; the others exited because they lost it.
-  int culprit = first_failed;
-  if (*procs[culprit]->Poll() <= 128) {
-    for (size_t i = 0; i < procs.size(); ++i) {
-      const std::optional<int> st = procs[i]->Poll();
-      if (st && *st > 128) {
-        culprit = static_cast<int>(i);
-        break;
-      }
-    }
+  // The root cause: a process killed by a signal, else one that failed on its own account
+  // (not "the deployment was aborted: ..."), else the first failure seen.
+  auto failed = [&](size_t i) {
+    const std::optional<int> st = procs[i]->Poll();
+    return st && *st != 0;
+  };
+  int culprit = -1;
+  for (size_t i = 0; i < procs.size() && culprit < 0; ++i) {
+    if (failed(i) && procs[i]->term_signal() != 0) culprit = static_cast<int>(i);
   }
+  for (size_t i = 0; i < procs.size() && culprit < 0; ++i) {
+    if (failed(i) && !FailedBecauseOfAnother(specs[i].log)) culprit = static_cast<int>(i);
+  }
+  if (culprit < 0) culprit = first_failed;
   std::string others;
   for (size_t i = 0; i < procs.size(); ++i) {
     const std::optional<int> st = procs[i]->Poll();
@@ -98,14 +107,15 @@ void RunRankProcesses(const std::vector<RankProcessSpec>& specs) {
                             specs[i].label, procs[i]->pid());
     } else if (*st != 0) {
       others += fmt::format("  {} (pid {}) {}; last log lines:\n{}", specs[i].label,
-                            procs[i]->pid(), StatusText(*st), TailOfFile(specs[i].log, 3));
+                            procs[i]->pid(), StatusText(*procs[i], *st),
+                            TailOfFile(specs[i].log, 3));
     }
   }
-  const int status = *procs[culprit]->Poll();
+  const std::string status = StatusText(*procs[culprit], *procs[culprit]->Poll());
   const std::string pid = std::to_string(procs[culprit]->pid());
   procs.clear();  // kills and reaps whatever is left
-  AFD_THROW("{} (pid {}) {}; last log lines ({}):\n{}{}", specs[culprit].label, pid,
-            StatusText(status), specs[culprit].log, TailOfFile(specs[culprit].log, 6),
+  AFD_THROW("{} (pid {}) {}; last log lines ({}):\n{}{}", specs[culprit].label, pid, status,
+            specs[culprit].log, TailOfFile(specs[culprit].log, 6),
             others.empty() ? "" : "the other processes:\n" + others);
 }
 

@@ -22,8 +22,9 @@ struct RankProcessSpec {
 void RunRankProcesses(const std::vector<RankProcessSpec>& specs);
 
 // Makes the kernel send SIGKILL to this process when its parent ends (a launcher that was
-// killed), so no rank outlives its launcher; exits at once if the parent is already gone.
-void ExitWithParent();
+// killed), so no rank outlives its launcher; exits at once if the parent is no longer
+// `launcher_pid` (it ended before this call).
+void ExitWithParent(int launcher_pid);
 
 // Path of the running afd binary (/proc/self/exe).
 std::string SelfExe();

@@ -59,15 +59,31 @@ void RunWorker(const WorkerOptions& o) {
     open.weights.expert_end = SplitOffset(config.n_routed_experts, num_ranks, o.role_rank + 1);
   }
   std::unique_ptr<model::DeepseekModel> model = model::OpenModel(o.model, open);
-  comm::JoinRequest request{c, o.role_rank, model->config().hidden_size, DType::kF32};
+  const model::ModelConfig& mc = model->config();
+  comm::JoinRequest request{c, o.role_rank, mc.hidden_size, DType::kF32, {}};
+  // Both roles must run the same model layout, or their per-layer exchanges cannot pair up.
+  request.extra_fields = {
+      {"model_type", mc.model_type == model::ModelType::kDeepseekV3 ? "deepseek_v3" : "deepseek_v2"},
+      {"num_hidden_layers", std::to_string(mc.num_hidden_layers)},
+      {"first_k_dense_replace", std::to_string(mc.first_k_dense_replace)},
+      {"n_routed_experts", std::to_string(mc.n_routed_experts)},
+      {"num_experts_per_tok", std::to_string(mc.num_experts_per_tok)},
+      {"vocab_size", std::to_string(mc.vocab_size)}};
   std::unique_ptr<comm::AfdWorld> world = comm::AfdWorld::Join(request);
+  // Declared outside the try so that on failure the abort is published while the connections
+  // are still open: peers then learn the cause before they see the connection drop.
+  std::unique_ptr<connector::P2pConnector> connector_holder;
+  std::unique_ptr<runtime::AttentionRunner> runner_holder;
+  std::unique_ptr<runtime::FfnWorker> worker_holder;
   try {
-    connector::P2pConnector connector(*world);
+    connector_holder = std::make_unique<connector::P2pConnector>(*world);
+    connector::P2pConnector& connector = *connector_holder;
     nlohmann::json stats = {{"role", std::string(RoleName(role))},
                             {"role_rank", o.role_rank},
                             {"world_rank", world->world_rank()}};
     if (role == Role::kAttention) {
-      runtime::AttentionRunner runner(*model, *world, connector, o.tp);
+      runner_holder = std::make_unique<runtime::AttentionRunner>(*model, *world, connector, o.tp);
+      runtime::AttentionRunner& runner = *runner_holder;
       const int dp_rank = o.role_rank / o.tp, tp_rank = o.role_rank % o.tp;
       std::vector<std::vector<int32_t>> mine;
       runtime::GenerationOptions gen = o.generation;
@@ -102,7 +118,8 @@ void RunWorker(const WorkerOptions& o) {
       stats["steps"] = runner.steps();
       stats["prompts"] = mine.size();
     } else {
-      runtime::FfnWorker worker(*model, *world, connector);
+      worker_holder = std::make_unique<runtime::FfnWorker>(*model, *world, connector);
+      runtime::FfnWorker& worker = *worker_holder;
       stats["steps"] = worker.Run();
       stats["rows"] = worker.rows_served();
       stats["experts"] = {worker.moe().expert_begin(), worker.moe().expert_end()};

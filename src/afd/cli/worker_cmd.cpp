@@ -171,15 +171,22 @@ void AddWorkerCommands(CLI::App& app, int& exit_code) {
       ->required()
       ->check(CLI::NonNegativeNumber);
   worker->add_option("--output-file", wargs->output_file, "Attention: generated results");
-  auto exit_with_parent = std::make_shared<bool>(false);
-  worker->add_flag("--exit-with-parent", *exit_with_parent,
-                   "End this rank when the process that started it ends (launchers set it)");
+  auto exit_with_parent = std::make_shared<int>(0);
+  worker->add_option("--exit-with-parent", *exit_with_parent,
+                     "PID of the launcher: end this rank when it ends (launchers set it)");
   worker->add_option("--stats-file", wargs->stats_file, "JSON summary of this rank");
   worker->callback([wargs, exit_with_parent, &exit_code] {
-    if (*exit_with_parent) ExitWithParent();
+    if (*exit_with_parent > 0) ExitWithParent(*exit_with_parent);
     std::string who = "worker";
+    WorkerOptions o;
     try {
-      const WorkerOptions o = ToWorkerOptions(*wargs);
+      o = ToWorkerOptions(*wargs);
+    } catch (const Error& e) {  // invalid input: exit 2
+      std::cerr << "afd worker: " << e.what() << std::endl;
+      exit_code = 2;
+      return;
+    }
+    try {
       who = fmt::format("{} rank {}", RoleName(o.config.role), o.role_rank);
       RunWorker(o);
       exit_code = 0;
@@ -203,9 +210,16 @@ void AddWorkerCommands(CLI::App& app, int& exit_code) {
                     "Attention: generated results, one JSON line per prompt of this host");
   serve->add_option("--log-dir", sargs->log_dir, "Where rank logs go (default: a temp dir)");
   serve->callback([sargs, &exit_code] {
+    const RoleArgs& a = *sargs;
+    WorkerOptions base;
     try {
-      const RoleArgs& a = *sargs;
-      const WorkerOptions base = ToWorkerOptions(a);  // validates everything before starting
+      base = ToWorkerOptions(a);  // validates everything before starting
+    } catch (const Error& e) {  // invalid input: exit 2
+      std::cerr << "afd serve: " << e.what() << std::endl;
+      exit_code = 2;
+      return;
+    }
+    try {
       const int local = a.dp_local < 0 ? a.dp - a.dp_start : a.dp_local;
       AFD_CHECK(local >= 1 && a.dp_start + local <= a.dp,
                 "--data-parallel-start-rank {} + --data-parallel-size-local {} exceed "
@@ -223,7 +237,8 @@ void AddWorkerCommands(CLI::App& app, int& exit_code) {
           RankProcessSpec s;
           s.label = fmt::format("{} rank {}", role, rank);
           s.log = fmt::format("{}/{}{}.log", dir, role, rank);
-          s.argv = {SelfExe(), "worker", "--exit-with-parent", "--role-rank", std::to_string(rank)};
+          s.argv = {SelfExe(),     "worker", "--exit-with-parent", std::to_string(getpid()),
+                    "--role-rank", std::to_string(rank)};
           for (auto& f : PassThrough(a)) s.argv.push_back(f);
           if (!a.output_file.empty() && t == 0) {
             s.argv.insert(s.argv.end(), {"--output-file", fmt::format("{}/out{}.jsonl", dir, d)});
@@ -235,11 +250,19 @@ void AddWorkerCommands(CLI::App& app, int& exit_code) {
                 << std::endl;
       RunRankProcesses(specs);
       if (!a.output_file.empty()) {
-        std::ofstream out(a.output_file, std::ios::trunc);
+        std::string merged;
         for (int d = a.dp_start; d < a.dp_start + local; ++d) {
-          std::ifstream in(fmt::format("{}/out{}.jsonl", dir, d));
-          out << in.rdbuf();
+          const std::string part = fmt::format("{}/out{}.jsonl", dir, d);
+          std::ifstream in(part);
+          AFD_CHECK(in.is_open(), "attention replica {} wrote no results ({} is missing)", d, part);
+          std::stringstream text;
+          text << in.rdbuf();  // an empty file (a replica without prompts) adds nothing
+          merged += text.str();
         }
+        std::ofstream out(a.output_file, std::ios::trunc);
+        out << merged;
+        out.close();
+        AFD_CHECK(out.good(), "--output-file {}: cannot write", a.output_file);
       }
       exit_code = 0;
     } catch (const Error& e) {

@@ -36,7 +36,7 @@ std::string Label(RoleRank r) { return fmt::format("{} rank {}", RoleName(r.role
 
 std::vector<std::pair<std::string, std::string>> JoinFingerprint(const JoinRequest& r) {
   const AfdConfig& c = r.config;
-  return {
+  std::vector<std::pair<std::string, std::string>> fields = {
       {"host", c.host},
       {"port", std::to_string(c.port)},
       {"num_attention_ranks", std::to_string(c.num_attention_ranks)},
@@ -46,6 +46,8 @@ std::vector<std::pair<std::string, std::string>> JoinFingerprint(const JoinReque
       {"hidden_size", std::to_string(r.hidden_size)},
       {"dtype", std::string(DTypeName(r.dtype))},
   };
+  fields.insert(fields.end(), r.extra_fields.begin(), r.extra_fields.end());
+  return fields;
 }
 
 AfdWorld::AfdWorld(JoinRequest request, CommunicatorFactory factory)
@@ -73,7 +75,8 @@ std::string AfdWorld::Describe(int world_rank) const {
 void AfdWorld::Abort(const std::string& message) {
   if (!client_) return;
   try {
-    if (!client_->TryGet(kAbortKey)) client_->Set(kAbortKey, message);
+    // The first caller wins atomically; later messages are consequences of the first.
+    if (client_->Add("join/abort_claim", 1) == 1) client_->Set(kAbortKey, message);
   } catch (const Error&) {
     // The store is gone: the peers notice that on their own.
   }

@@ -34,6 +34,8 @@ struct JoinRequest {
   int role_rank = 0;          // this process's rank within config.role
   int64_t hidden_size = 0;    // model hidden size, must agree across ranks
   DType dtype = DType::kF32;  // dtype of hidden states on the wire
+  // More (name, value) pairs every rank must agree on, e.g. the model's layer and expert layout.
+  std::vector<std::pair<std::string, std::string>> extra_fields;
 };
 
 // Creates a communicator for a group; the default makes TcpCommunicators. The NCCL build passes

@@ -41,6 +41,18 @@ bool WaitFor(int fd, short events, const Deadline& deadline) {
   }
 }
 
+// A TCP connect to a local port in the ephemeral range that nobody listens on can connect the
+// socket to itself (simultaneous open); such a socket would read back its own requests.
+bool IsSelfConnected(int fd) {
+  sockaddr_in local{}, peer{};
+  socklen_t a = sizeof(local), b = sizeof(peer);
+  if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &a) != 0 ||
+      getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &b) != 0) {
+    return false;
+  }
+  return local.sin_port == peer.sin_port && local.sin_addr.s_addr == peer.sin_addr.s_addr;
+}
+
 }  // namespace
 
 Socket& Socket::operator=(Socket&& other) noexcept {
@@ -173,14 +185,17 @@ Socket Connect(const std::string& host, int port, const Deadline& deadline,
       AFD_CHECK(s.valid(), "socket() failed: {}", Errno());
       ConfigureStream(s.fd());
       const int rc = ::connect(s.fd(), reinterpret_cast<const sockaddr*>(&addr), sizeof(addr));
-      if (rc == 0) return s;
-      if (errno == EINPROGRESS) {
+      if (rc == 0 && !IsSelfConnected(s.fd())) return s;
+      if (rc == 0) {
+        last_error = "connected to itself (nobody listening yet)";
+      } else if (errno == EINPROGRESS) {
         if (WaitFor(s.fd(), POLLOUT, deadline)) {
           int err = 0;
           socklen_t len = sizeof(err);
           getsockopt(s.fd(), SOL_SOCKET, SO_ERROR, &err, &len);
-          if (err == 0) return s;
-          last_error = std::strerror(err);
+          if (err == 0 && !IsSelfConnected(s.fd())) return s;
+          last_error = err == 0 ? "connected to itself (nobody listening yet)"
+                                : std::string(std::strerror(err));
         } else {
           last_error = "connect timed out";
         }

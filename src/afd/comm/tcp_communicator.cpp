@@ -72,8 +72,17 @@ std::unique_ptr<TcpCommunicator> TcpCommunicator::Create(Store& store, const Gro
                 comm->DescribeRank(peer), spec.timeout_s);
     }
     const size_t colon = addr.rfind(':');
-    Socket s = Connect(addr.substr(0, colon), std::stoi(addr.substr(colon + 1)), deadline,
-                       comm->Where(peer));
+    int port = -1;
+    if (colon != std::string::npos) {
+      const std::string digits = addr.substr(colon + 1);
+      if (!digits.empty() && digits.size() <= 5 &&
+          digits.find_first_not_of("0123456789") == std::string::npos) {
+        port = std::stoi(digits);
+      }
+    }
+    AFD_CHECK(port > 0 && port <= 65535, "group {}: {} published a malformed address \"{}\"",
+              spec.name, comm->DescribeRank(peer), addr);
+    Socket s = Connect(addr.substr(0, colon), port, deadline, comm->Where(peer));
     const HelloHeader hello{kHelloMagic, kWireVersion, 0, group_hash, spec.rank};
     s.SendAll(&hello, sizeof(hello), deadline, comm->Where(peer));
     comm->peers_[peer] = std::move(s);
@@ -249,7 +258,11 @@ void TcpCommunicator::RunOps() {
       if (events) fds.push_back({peers_[p].fd(), events, 0});
     }
     const int rc = poll(fds.data(), fds.size(), deadline.remaining_ms());
-    if (rc == 0 || (rc < 0 && errno != EINTR && deadline.expired())) {
+    if (rc < 0 && errno != EINTR) {
+      AFD_THROW("group {}: poll failed on {}: {}", spec_.name, DescribeRank(spec_.rank),
+                std::strerror(errno));
+    }
+    if (rc == 0) {
       std::string missing;
       for (int p = 0; p < n; ++p) {
         if (next_recv[p] != SIZE_MAX) {

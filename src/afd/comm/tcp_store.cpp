@@ -195,6 +195,7 @@ void TcpStoreServer::Serve() {
       return;
     }
     if (fds[0].revents) return;
+    const size_t polled = clients.size();  // fds[2 + i] belongs to clients[i], i < polled
     if (fds[1].revents & POLLIN) {
       try {
         clients.push_back({Accept(listener_, Deadline::In(0), "store client"), {}});
@@ -202,7 +203,7 @@ void TcpStoreServer::Serve() {
         // A client that went away between poll and accept.
       }
     }
-    for (size_t i = 0; i < clients.size(); ++i) {
+    for (size_t i = 0; i < polled; ++i) {
       if (!(fds[i + 2].revents & (POLLIN | POLLHUP | POLLERR))) continue;
       Client& c = clients[i];
       bool drop = false;

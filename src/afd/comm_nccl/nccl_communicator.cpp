@@ -209,10 +209,21 @@ void NcclCommunicator::AllToAllV(const void* send, const std::vector<size_t>& se
   const int n = spec_.size;
   AFD_CHECK(static_cast<int>(send_counts.size()) == n && static_cast<int>(recv_counts.size()) == n,
             "group {}: all-to-all needs {} counts", spec_.name, n);
+  AFD_CHECK(send_counts[spec_.rank] == recv_counts[spec_.rank],
+            "group {}: all-to-all sends {} elements to itself but expects {}", spec_.name,
+            send_counts[spec_.rank], recv_counts[spec_.rank]);
   const size_t es = DTypeSize(dtype);
   const char* s = static_cast<const char*>(send);
   char* r = static_cast<char*>(recv);
   size_t so = 0, ro = 0;
+  // Closes the NCCL group even when an enqueue throws, so later calls do not land in it.
+  struct GroupGuard {
+    NcclCommunicator* c;
+    bool open = true;
+    ~GroupGuard() {
+      if (open) ncclGroupEnd();
+    }
+  } guard{this};
   GroupStart();
   for (int p = 0; p < n; ++p) {
     if (p == spec_.rank) {
@@ -227,6 +238,7 @@ void NcclCommunicator::AllToAllV(const void* send, const std::vector<size_t>& se
     so += send_counts[p];
     ro += recv_counts[p];
   }
+  guard.open = false;
   GroupEnd();
 }
 

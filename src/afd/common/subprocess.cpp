@@ -52,6 +52,7 @@ std::optional<int> Subprocess::Poll() {
   int status = 0;
   const pid_t r = waitpid(pid_, &status, WNOHANG);
   if (r == pid_) {
+    term_signal_ = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
     status_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   } else if (r < 0 && errno == ECHILD) {
     status_ = 255;  // reaped elsewhere; treat as failed

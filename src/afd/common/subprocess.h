@@ -25,8 +25,11 @@ class Subprocess {
   Subprocess& operator=(const Subprocess&) = delete;
 
   pid_t pid() const { return pid_; }
-  // Exit status if the child has ended: the exit code, or 128 + signal number.
+  // Exit status if the child has ended: the exit code, or 128 + signal number (as a shell
+  // reports it; term_signal() tells the two apart).
   std::optional<int> Poll();
+  // The signal that ended the child, 0 if it exited (or has not ended).
+  int term_signal() const { return term_signal_; }
   // Waits until the child ends or the deadline passes; returns the status or nullopt.
   std::optional<int> Wait(const Deadline& deadline);
   void Kill(int signal);
@@ -34,6 +37,7 @@ class Subprocess {
  private:
   pid_t pid_ = -1;
   std::optional<int> status_;
+  int term_signal_ = 0;
 };
 
 // Waits for all children; returns when every one has ended, or when one fails (non-zero status)
