@@ -344,8 +344,11 @@ void AddConnectorTestCommand(CLI::App& app, int& exit_code) {
     std::unique_ptr<P2pConnector> conn;
     std::unique_ptr<RowIo> io;
     try {
-      comm::JoinRequest req{config, args->role_rank, args->hidden,
-                            args->dtype == "bf16" ? DType::kBF16 : DType::kF32, {}};
+      comm::JoinRequest req{config,
+                            args->role_rank,
+                            args->hidden,
+                            args->dtype == "bf16" ? DType::kBF16 : DType::kF32,
+                            {}};
       DeviceContext device;
       if (args->device == "cuda") {
         const int world_rank =

@@ -45,8 +45,7 @@ namespace {
 
 std::string StatusText(const Subprocess& p, int status) {
   if (p.term_signal() != 0) {
-    return fmt::format("was killed by signal {} ({})", p.term_signal(),
-                       strsignal(p.term_signal()));
+    return fmt::format("was killed by signal {} ({})", p.term_signal(), strsignal(p.term_signal()));
   }
   return fmt::format("exited with status {}", status);
 }
@@ -106,9 +105,9 @@ void RunRankProcesses(const std::vector<RankProcessSpec>& specs) {
       others += fmt::format("  {} (pid {}) was still running and has been stopped\n",
                             specs[i].label, procs[i]->pid());
     } else if (*st != 0) {
-      others += fmt::format("  {} (pid {}) {}; last log lines:\n{}", specs[i].label,
-                            procs[i]->pid(), StatusText(*procs[i], *st),
-                            TailOfFile(specs[i].log, 3));
+      others +=
+          fmt::format("  {} (pid {}) {}; last log lines:\n{}", specs[i].label, procs[i]->pid(),
+                      StatusText(*procs[i], *st), TailOfFile(specs[i].log, 3));
     }
   }
   const std::string status = StatusText(*procs[culprit], *procs[culprit]->Poll());

@@ -63,7 +63,8 @@ void RunWorker(const WorkerOptions& o) {
   comm::JoinRequest request{c, o.role_rank, mc.hidden_size, DType::kF32, {}};
   // Both roles must run the same model layout, or their per-layer exchanges cannot pair up.
   request.extra_fields = {
-      {"model_type", mc.model_type == model::ModelType::kDeepseekV3 ? "deepseek_v3" : "deepseek_v2"},
+      {"model_type",
+       mc.model_type == model::ModelType::kDeepseekV3 ? "deepseek_v3" : "deepseek_v2"},
       {"num_hidden_layers", std::to_string(mc.num_hidden_layers)},
       {"first_k_dense_replace", std::to_string(mc.first_k_dense_replace)},
       {"n_routed_experts", std::to_string(mc.n_routed_experts)},

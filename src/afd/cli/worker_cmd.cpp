@@ -214,7 +214,7 @@ void AddWorkerCommands(CLI::App& app, int& exit_code) {
     WorkerOptions base;
     try {
       base = ToWorkerOptions(a);  // validates everything before starting
-    } catch (const Error& e) {  // invalid input: exit 2
+    } catch (const Error& e) {    // invalid input: exit 2
       std::cerr << "afd serve: " << e.what() << std::endl;
       exit_code = 2;
       return;
@@ -237,8 +237,12 @@ void AddWorkerCommands(CLI::App& app, int& exit_code) {
           RankProcessSpec s;
           s.label = fmt::format("{} rank {}", role, rank);
           s.log = fmt::format("{}/{}{}.log", dir, role, rank);
-          s.argv = {SelfExe(),     "worker", "--exit-with-parent", std::to_string(getpid()),
-                    "--role-rank", std::to_string(rank)};
+          s.argv = {SelfExe(),
+                    "worker",
+                    "--exit-with-parent",
+                    std::to_string(getpid()),
+                    "--role-rank",
+                    std::to_string(rank)};
           for (auto& f : PassThrough(a)) s.argv.push_back(f);
           if (!a.output_file.empty() && t == 0) {
             s.argv.insert(s.argv.end(), {"--output-file", fmt::format("{}/out{}.jsonl", dir, d)});

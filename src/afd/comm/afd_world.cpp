@@ -56,13 +56,15 @@ AfdWorld::AfdWorld(JoinRequest request, CommunicatorFactory factory)
       topology_(request_.config.num_attention_ranks, request_.config.num_ffn_ranks),
       world_rank_(-1) {}
 
-// World rank 0 serves the store: it stays until every other rank has hung up (bounded by the
-// timeout), so nobody loses the store while reading a barrier or an abort message.
+// World rank 0 serves the store: it stays until every rank has come (one connection each) and
+// hung up again, bounded by the timeout, so nobody loses the store while reading a barrier or
+// an abort message -- not even a rank that arrives after the deployment was aborted.
 AfdWorld::~AfdWorld() {
   client_.reset();
   if (!server_) return;
   const Deadline deadline = Deadline::In(request_.config.afd_process_group_timeout_s);
-  while (server_->num_clients() > 0 && !deadline.expired()) {
+  while ((server_->num_clients() > 0 || server_->num_accepted() < topology_.world_size()) &&
+         !deadline.expired()) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
 }

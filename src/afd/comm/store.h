@@ -89,6 +89,8 @@ class TcpStoreServer {
   int port() const { return port_; }
   // Clients connected right now.
   int num_clients() const { return num_clients_.load(); }
+  // Connections accepted since the server started.
+  int num_accepted() const { return num_accepted_.load(); }
 
  private:
   void Serve();
@@ -98,6 +100,7 @@ class TcpStoreServer {
   int wake_fd_[2] = {-1, -1};  // pipe that stops the serving thread
   std::thread thread_;
   std::atomic<int> num_clients_{0};
+  std::atomic<int> num_accepted_{0};
 };
 
 }  // namespace afd::comm

@@ -199,6 +199,7 @@ void TcpStoreServer::Serve() {
     if (fds[1].revents & POLLIN) {
       try {
         clients.push_back({Accept(listener_, Deadline::In(0), "store client"), {}});
+        ++num_accepted_;
       } catch (const Error&) {
         // A client that went away between poll and accept.
       }
