@@ -3,7 +3,7 @@ BUILD_DIR ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: setup configure build demo test bench clean format
+.PHONY: setup configure build demo test test-asan bench clean format
 
 setup:
 	./scripts/setup.sh
@@ -21,8 +21,19 @@ demo: build
 test: build
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) --timeout 600
 
+# Every test under AddressSanitizer + UndefinedBehaviorSanitizer (CPU build, separate folder).
+test-asan: setup
+	@if [ ! -f build-asan/build.ninja ]; then \
+	  cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DAFD_CUDA=OFF \
+	    -DCMAKE_CXX_FLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer"; fi
+	cmake --build build-asan -j $(JOBS)
+	cd build-asan && UBSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure -j $(JOBS) --timeout 600
+
+# Benchmarks (not tests): results go to docs/perf.md by hand, with the machine and the floor.
 bench: build
-	cmake --build $(BUILD_DIR) --target benchmarks -j $(JOBS)
+	./bench/afd_run_tiny.sh $(BUILD_DIR)/afd
+	./bench/connector_roundtrip.sh $(BUILD_DIR)/afd
+	./bench/afd_decode.sh $(BUILD_DIR)/afd
 
 format:
 	clang-format -i $$(git ls-files '*.h' '*.cpp' '*.cu' '*.cuh')
