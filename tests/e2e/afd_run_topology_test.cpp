@@ -124,6 +124,17 @@ std::vector<Case> Cases() {
   cases.push_back(
       {"6A4F_dp2tp3", kTiny, {"--topology", "6A4F", "--attention-dp", "2", "--attention-tp", "3"}});
   cases.push_back({"2A12F_idle_expert_ranks", kTiny, {"--topology", "2A12F"}});
+  // Dual-batch overlap: every step as two pipelined micro-batches (thresholds of one token).
+  const std::vector<std::string> dbo = {"--enable-dbo", "--dbo-decode-token-threshold", "1",
+                                        "--dbo-prefill-token-threshold", "1"};
+  for (auto [name, flags] : std::vector<std::pair<std::string, std::vector<std::string>>>{
+           {"3A2F_dbo", {"--topology", "3A2F"}},
+           {"1A2F_dbo_gate_on_attention", {"--topology", "1A2F", "--additional-config", kGate}},
+           {"2A2F_dp1tp2_dbo", {"--topology", "2A2F", "--attention-tp", "2"}},
+           {"4A3F_dbo_mixed_steps", {"--topology", "4A3F", "--max-num-batched-tokens", "8"}}}) {
+    flags.insert(flags.end(), dbo.begin(), dbo.end());
+    cases.push_back({name, kTiny, flags});
+  }
   // Continuous batching: prompts join running ones (mixed prefill + decode steps) per replica.
   cases.push_back(
       {"3A2F_mixed_steps", kTiny, {"--topology", "3A2F", "--max-num-batched-tokens", "8"}});

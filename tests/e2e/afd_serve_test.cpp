@@ -38,6 +38,7 @@ TEST(AfdServe, RecipeShapedRoleCommandsMatchTheMonolithicRun) {
            ", \"num_attention_ranks\": 3, \"num_ffn_ranks\": 2, "
            "\"afd_process_group_timeout_s\": 30}}";
   };
+  // The flags of the seed's recipe scripts, which port by renaming the binary.
   const std::vector<std::string> common = {"--model",
                                            "preset:tiny",
                                            "--device",
@@ -46,7 +47,17 @@ TEST(AfdServe, RecipeShapedRoleCommandsMatchTheMonolithicRun) {
                                            "1",
                                            "--max-tokens",
                                            "5",
-                                           "--enable-expert-parallel"};
+                                           "--enable-expert-parallel",
+                                           "--enforce-eager",
+                                           "--enable-dbo",
+                                           "--dbo-decode-token-threshold",
+                                           "2",
+                                           "--dbo-prefill-token-threshold",
+                                           "12",
+                                           "--host",
+                                           "127.0.0.1",
+                                           "--port",
+                                           "18000"};
   auto serve = [&](const std::string& role, std::vector<std::string> extra,
                    const std::string& tag) {
     std::vector<std::string> argv = {AFD_BINARY, "serve",     "--additional-config",

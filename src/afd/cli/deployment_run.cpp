@@ -173,6 +173,9 @@ std::vector<DeploymentResult> RunDeployment(const DeploymentSpec& spec,
       if (line.empty()) continue;
       const json st = json::parse(line);
       std::cerr << fmt::format("{}: {} steps", s.label, st["steps"].get<int64_t>());
+      if (st.value("dbo_steps", int64_t{0}) > 0) {
+        std::cerr << fmt::format(" ({} as two micro-batches)", st["dbo_steps"].get<int64_t>());
+      }
       if (st.contains("experts")) {
         std::cerr << fmt::format(", experts [{}, {}), {} rows", st["experts"][0].get<int64_t>(),
                                  st["experts"][1].get<int64_t>(), st["rows"].get<int64_t>());

@@ -83,7 +83,8 @@ void RunWorker(const WorkerOptions& o) {
                             {"role_rank", o.role_rank},
                             {"world_rank", world->world_rank()}};
     if (role == Role::kAttention) {
-      runner_holder = std::make_unique<runtime::AttentionRunner>(*model, *world, connector, o.tp);
+      runner_holder =
+          std::make_unique<runtime::AttentionRunner>(*model, *world, connector, o.tp, o.dbo);
       runtime::AttentionRunner& runner = *runner_holder;
       const int dp_rank = o.role_rank / o.tp, tp_rank = o.role_rank % o.tp;
       std::vector<std::vector<int32_t>> mine;
@@ -117,6 +118,7 @@ void RunWorker(const WorkerOptions& o) {
         WriteFileOrThrow(o.output_file, text);
       }
       stats["steps"] = runner.steps();
+      stats["dbo_steps"] = runner.dbo_steps();
       stats["prompts"] = mine.size();
     } else {
       worker_holder = std::make_unique<runtime::FfnWorker>(*model, *world, connector);

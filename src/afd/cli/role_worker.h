@@ -8,6 +8,7 @@
 
 #include "afd/config/afd_config.h"
 #include "afd/model/loader.h"
+#include "afd/runtime/attention_runner.h"
 #include "afd/runtime/generator.h"
 
 namespace afd::cli {
@@ -22,6 +23,7 @@ struct WorkerOptions {
   // Attention role only:
   std::vector<std::vector<int32_t>> prompts;  // all prompts; replica d takes i % dp == d
   runtime::GenerationOptions generation;
+  runtime::DboOptions dbo;  // dual-batch overlap of the attention role
   std::string output_file;  // TP rank 0 of each replica writes {"index": i, "result": ...} lines
   std::string stats_file;   // optional: a JSON summary of this rank (steps, per-layer transfers)
 };

@@ -37,6 +37,9 @@ struct RunArgs {
   bool bf16 = false;
   bool stats = false;
   DeploymentSpec deployment;  // --topology: run on an AFD deployment of local processes
+  bool enable_dbo = false;
+  int64_t dbo_decode_token_threshold = 32;
+  int64_t dbo_prefill_token_threshold = 512;
 };
 
 // "1,2,3" -> {1, 2, 3}; throws afd::Error on anything else.
@@ -90,6 +93,11 @@ void RunOnDeployment(const RunArgs& args, const std::vector<std::vector<int32_t>
                        "--preset-seed",
                        std::to_string(args.preset_seed)};
   if (args.ignore_eos) spec.worker_flags.push_back("--ignore-eos");
+  if (args.enable_dbo) spec.worker_flags.push_back("--enable-dbo");
+  spec.worker_flags.insert(
+      spec.worker_flags.end(),
+      {"--dbo-decode-token-threshold", std::to_string(args.dbo_decode_token_threshold),
+       "--dbo-prefill-token-threshold", std::to_string(args.dbo_prefill_token_threshold)});
   if (args.bf16) spec.worker_flags.push_back("--bf16");
   std::vector<DeploymentResult> results;
   try {
@@ -129,6 +137,8 @@ void Run(const RunArgs& args, int& exit_code) {
     if (args.bf16) open.weights.matrix_dtype = kernels::DType::kBF16;
     model = model::OpenModel(args.model, open);
     const model::ModelConfig& c = model->config();
+    AFD_CHECK(!args.enable_dbo || !args.deployment.topology.empty(),
+              "--enable-dbo overlaps the attention and FFN roles: it needs --topology");
     AFD_CHECK(
         args.deployment.topology.empty() || args.deployment.attention_tp <= c.num_attention_heads,
         "--attention-tp {} exceeds the model's {} attention heads", args.deployment.attention_tp,
@@ -247,6 +257,15 @@ void AddRunCommand(CLI::App& app, int& exit_code) {
   run->add_option("--additional-config", args->deployment.additional_config,
                   "Extra afd fields for --topology, e.g. {\"afd\": "
                   "{\"compute_gate_on_attention\": true}}");
+  run->add_flag("--enable-dbo", args->enable_dbo,
+                "With --topology: big steps run as two pipelined micro-batches (dual-batch "
+                "overlap of attention and FFN)");
+  run->add_option("--dbo-decode-token-threshold", args->dbo_decode_token_threshold,
+                  "DBO for decode-only steps of at least this many tokens per rank (default 32)")
+      ->check(CLI::PositiveNumber);
+  run->add_option("--dbo-prefill-token-threshold", args->dbo_prefill_token_threshold,
+                  "DBO for steps with prefill of at least this many tokens per rank (default 512)")
+      ->check(CLI::PositiveNumber);
   run->add_flag("--show-rank-map", args->deployment.show_rank_map,
                 "With --topology: print the rank map to stderr");
   run->callback([args, &exit_code] { Run(*args, exit_code); });

@@ -33,6 +33,10 @@ struct RoleArgs {
   std::string prompts_file, output_file, stats_file, log_dir;
   int64_t max_tokens = 16;
   int64_t max_num_seqs = 0, max_num_batched_tokens = 0;
+  runtime::DboOptions dbo;
+  bool enforce_eager = false;  // accepted: the CPU path has no graphs to capture
+  std::string http_host;       // accepted from recipes; the HTTP API is not built yet
+  int http_port = 0;
   bool ignore_eos = false;
   runtime::SamplingParams sampling;
   int64_t num_layers = 0;
@@ -61,6 +65,18 @@ void AddRoleFlags(CLI::App* cmd, RoleArgs& a) {
                   "Tokens per step and replica at most")
       ->check(CLI::NonNegativeNumber);
   cmd->add_flag("--ignore-eos", a.ignore_eos, "Do not stop at EOS");
+  cmd->add_flag("--enable-dbo", a.dbo.enabled,
+                "Attention: run big steps as two pipelined micro-batches (dual-batch overlap)");
+  cmd->add_option("--dbo-decode-token-threshold", a.dbo.decode_token_threshold,
+                  "DBO for decode-only steps of at least this many tokens (default 32)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--dbo-prefill-token-threshold", a.dbo.prefill_token_threshold,
+                  "DBO for steps with prefill of at least this many tokens (default 512)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_flag("--enforce-eager", a.enforce_eager,
+                "Accepted for recipe compatibility (the CPU path runs eagerly)");
+  cmd->add_option("--host", a.http_host, "HTTP API host (accepted; the API is not built yet)");
+  cmd->add_option("--port", a.http_port, "HTTP API port (accepted; the API is not built yet)");
   cmd->add_option("--temperature", a.sampling.temperature, "0: greedy");
   cmd->add_option("--top-k", a.sampling.top_k, "0: no limit");
   cmd->add_option("--top-p", a.sampling.top_p, "In (0, 1]");
@@ -113,6 +129,7 @@ WorkerOptions ToWorkerOptions(const RoleArgs& a) {
   o.open.preset_seed = a.preset_seed;
   if (a.bf16) o.open.weights.matrix_dtype = kernels::DType::kBF16;
   o.prompts = ReadPrompts(a.prompts_file);
+  o.dbo = a.dbo;
   o.generation.max_tokens = a.max_tokens;
   o.generation.max_num_seqs = a.max_num_seqs;
   o.generation.max_num_batched_tokens = a.max_num_batched_tokens;
@@ -154,6 +171,10 @@ std::vector<std::string> PassThrough(const RoleArgs& a) {
                                 "--preset-seed",
                                 std::to_string(a.preset_seed)};
   if (!a.prompts_file.empty()) v.insert(v.end(), {"--prompts-file", a.prompts_file});
+  if (a.dbo.enabled) v.push_back("--enable-dbo");
+  v.insert(v.end(),
+           {"--dbo-decode-token-threshold", std::to_string(a.dbo.decode_token_threshold),
+            "--dbo-prefill-token-threshold", std::to_string(a.dbo.prefill_token_threshold)});
   if (a.ignore_eos) v.push_back("--ignore-eos");
   if (a.bf16) v.push_back("--bf16");
   return v;
@@ -252,6 +273,10 @@ void AddWorkerCommands(CLI::App& app, int& exit_code) {
       }
       std::cerr << "afd serve: " << specs.size() << " " << role << " rank(s), logs in " << dir
                 << std::endl;
+      if (!a.http_host.empty() || a.http_port != 0) {
+        std::cerr << "afd serve: note: the HTTP API is not built yet; --host/--port are ignored"
+                  << std::endl;
+      }
       RunRankProcesses(specs);
       if (!a.output_file.empty()) {
         std::string merged;

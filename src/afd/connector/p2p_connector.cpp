@@ -54,7 +54,23 @@ void P2pConnector::Record(int layer, uint64_t messages, uint64_t bytes,
   LayerTransferStats& s = stats_[layer];
   s.messages += messages;
   s.bytes += bytes;
-  s.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (group_depth_ == 0) {  // inside a group, GroupEnd charges the time
+    s.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+}
+
+void P2pConnector::GroupStart() {
+  if (group_depth_++ == 0) group_start_ = std::chrono::steady_clock::now();
+  subgroup_->GroupStart();
+}
+
+void P2pConnector::GroupEnd(int layer) {
+  AFD_CHECK(group_depth_ > 0, "connector: GroupEnd without GroupStart");
+  subgroup_->GroupEnd();
+  if (--group_depth_ == 0) {
+    stats_[layer].seconds +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - group_start_).count();
+  }
 }
 
 void P2pConnector::SendToFfn(int layer, int stage, int channel, const RowFormat& fmt,

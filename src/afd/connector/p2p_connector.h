@@ -69,6 +69,12 @@ class P2pConnector {
   void SendToAttention(int layer, int stage, const RowFormat& fmt, const StepMetadata& meta,
                        const void* rows);
 
+  // Between GroupStart() and GroupEnd(layer) the transfers above are only posted; GroupEnd runs
+  // them concurrently (e.g. send micro-batch 1 while receiving micro-batch 0's results, so
+  // neither side can block the other) and charges the elapsed time to `layer`'s counters.
+  void GroupStart();
+  void GroupEnd(int layer);
+
   const std::map<int, LayerTransferStats>& stats() const { return stats_; }
   // Closes the data and control planes so blocked peers fail fast.
   void Shutdown();
@@ -84,6 +90,8 @@ class P2pConnector {
   std::unique_ptr<comm::Communicator> subgroup_;
   ControlPlane control_plane_;
   std::map<int, LayerTransferStats> stats_;
+  int group_depth_ = 0;
+  std::chrono::steady_clock::time_point group_start_;
 };
 
 }  // namespace afd::connector

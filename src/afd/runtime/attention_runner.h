@@ -15,6 +15,13 @@
 // the monolithic model: TP splits the attention over the cache, the part that grows with the
 // context, and repeats the projections.
 //
+// Dual-batch overlap (DBO, the seeds' --enable-dbo): when every rank with tokens has at least
+// the threshold (decode or prefill), the step runs as two micro-batches -- each rank's tokens
+// split by SplitSizes(n, 2), the control plane carrying two stages -- pipelined so that this
+// rank computes one micro-batch's attention while the FFN role works on the other's MoE:
+//   A0(l) | S0(l)+R1(l-1) | A1(l) | S1(l)+R0(l) | A0(l+1) | ...   (A: attention, S/R: to/from FFN)
+// Tokens are computed alone, so results do not change.
+//
 // Thread safety: one thread.
 #pragma once
 
@@ -28,12 +35,19 @@
 
 namespace afd::runtime {
 
+// vLLM's DBO settings: micro-batching is used when a step's tokens reach the threshold.
+struct DboOptions {
+  bool enabled = false;
+  int64_t decode_token_threshold = 32;    // decode-only steps
+  int64_t prefill_token_threshold = 512;  // steps with prefill tokens
+};
+
 class AttentionRunner : public StepRunner {
  public:
   // Collective: forms the attention-world group (all attention ranks) and this replica's TP
   // group. `model`, `world` and `connector` must outlive the runner. tp: ranks per replica.
   AttentionRunner(const model::DeepseekModel& model, comm::AfdWorld& world,
-                  connector::P2pConnector& connector, int tp);
+                  connector::P2pConnector& connector, int tp, DboOptions dbo = {});
 
   void Forward(const model::ForwardBatch& batch, model::MlaKvCache& cache, float* logits) override;
 
@@ -41,18 +55,36 @@ class AttentionRunner : public StepRunner {
   void Drain();
 
   int64_t steps() const { return steps_; }
+  int64_t dbo_steps() const { return dbo_steps_; }
 
  private:
-  // All-reduces this rank's (count, active) with every attention rank; returns the vector
-  // [A counts..., A active flags].
-  std::vector<int64_t> ExchangeCounts(int64_t n, bool active);
-  void SendMetadata(const std::vector<int64_t>& counts, uint32_t flags);
+  // One micro-batch of a step: its tokens and activations ([n, H] each).
+  struct MicroBatch {
+    model::ForwardBatch batch;
+    std::vector<float> x, mlp_in, mlp_out;
+  };
+
+  // All-reduces this rank's (count, active, wants DBO) with every attention rank; returns
+  // [A counts..., A active flags..., A DBO wishes...].
+  std::vector<int64_t> ExchangeCounts(const model::ForwardBatch& batch, bool active);
+  // 1 or 2: the same on every rank, since it depends only on the exchanged vector.
+  int ChooseStages(const std::vector<int64_t>& exchanged) const;
+  void SendMetadata(const std::vector<int64_t>& counts, int stages, uint32_t flags);
   // x: [n, H] updated with layer's attention; mlp_in: [n, H] = post_attention_layernorm(x).
   void AttentionLayer(int64_t layer, const model::ForwardBatch& batch, model::MlaKvCache& cache,
                       float* x, float* mlp_in);
-  void MoeLayer(int64_t layer, const float* mlp_in, int64_t n, float* out);
-  // Layers of one step on `batch` (possibly empty); logits [n, vocab] unless null.
-  void RunLayers(const model::ForwardBatch& batch, model::MlaKvCache* cache, float* logits);
+  // Attention (and the dense MLP of a dense layer) of one micro-batch.
+  void ComputeLayer(int64_t layer, MicroBatch& mb, model::MlaKvCache* cache);
+  // Posts the MoE rows of `mb` (and its routing when the gate runs here) for `stage`.
+  void PostMoeSend(int64_t layer, int stage, MicroBatch& mb);
+  void PostMoeRecv(int64_t layer, int stage, MicroBatch& mb);
+  void FinishMoe(MicroBatch& mb);  // x += mlp_out
+  // Layers of one step on `batch` (possibly empty) as `stages` micro-batches; logits
+  // [n, vocab] unless null.
+  void RunLayers(const model::ForwardBatch& batch, model::MlaKvCache* cache, float* logits,
+                 int stages);
+  void RunOneStage(MicroBatch& mb, model::MlaKvCache* cache);
+  void RunTwoStages(MicroBatch& mb0, MicroBatch& mb1, model::MlaKvCache* cache);
 
   const model::DeepseekModel& model_;
   comm::AfdWorld& world_;
@@ -61,7 +93,11 @@ class AttentionRunner : public StepRunner {
   int64_t head_begin_, head_end_;
   std::unique_ptr<comm::Communicator> attention_world_;
   std::unique_ptr<comm::Communicator> tp_group_;  // null when tp == 1
+  DboOptions dbo_;
   int64_t steps_ = 0;
+  int64_t dbo_steps_ = 0;
+  std::vector<std::vector<int32_t>> routing_ids_;  // kept alive until a group completes
+  std::vector<std::vector<float>> routing_weights_;
 };
 
 }  // namespace afd::runtime

@@ -26,26 +26,27 @@ FfnWorker::FfnWorker(const model::DeepseekModel& model, comm::AfdWorld& world,
   moe_ = std::make_unique<ExpertParallelMoe>(model.config(), model.weights(), *ep_group_);
 }
 
-void FfnWorker::MoeLayer(int64_t layer, const connector::StepMetadata& meta) {
+void FfnWorker::MoeLayer(int64_t layer, int stage, const connector::StepMetadata& meta) {
   const model::ModelConfig& c = model_.config();
   const int64_t H = c.hidden_size, k = c.num_experts_per_tok;
-  const std::vector<int64_t> counts = connector_.IncomingRowCounts(meta, 0);
+  const std::vector<int64_t> counts = connector_.IncomingRowCounts(meta, stage);
   const int64_t n = std::accumulate(counts.begin(), counts.end(), int64_t{0});
   const connector::RowFormat hidden{H, DType::kF32};
   std::vector<float> rows(n * H), out(n * H);  // [n, H]: all attention peers' rows, in order
   std::vector<int32_t> ids(n * k);             // [n, k]
   std::vector<float> weights(n * k);
   const int l = static_cast<int>(layer);
-  connector_.RecvFromAttention(l, 0, kHiddenChannel, hidden, meta, rows.data());
+  connector_.RecvFromAttention(l, stage, kHiddenChannel, hidden, meta, rows.data());
   if (world_.config().compute_gate_on_attention) {
-    connector_.RecvFromAttention(l, 0, kTopkIdsChannel, {k, DType::kI32}, meta, ids.data());
-    connector_.RecvFromAttention(l, 0, kTopkWeightsChannel, {k, DType::kF32}, meta, weights.data());
+    connector_.RecvFromAttention(l, stage, kTopkIdsChannel, {k, DType::kI32}, meta, ids.data());
+    connector_.RecvFromAttention(l, stage, kTopkWeightsChannel, {k, DType::kF32}, meta,
+                                 weights.data());
   } else if (n > 0) {
     model::RouteTokens(c, model_.weights().layers[layer].moe, rows.data(), n, ids.data(),
                        weights.data());
   }
   moe_->Forward(layer, rows.data(), n, ids.data(), weights.data(), out.data());
-  connector_.SendToAttention(l, 0, hidden, meta, out.data());
+  connector_.SendToAttention(l, stage, hidden, meta, out.data());
   rows_served_ += n;
 }
 
@@ -59,10 +60,11 @@ int64_t FfnWorker::Run() {
       continue;
     }
     if (meta->has(connector::kShutdown)) return steps;
-    AFD_CHECK(meta->num_stages == 1, "step {}: {} stages; this worker runs one stage per layer",
-              meta->step, meta->num_stages);
+    // Stage 0 then stage 1 (and so on) of every MoE layer: the order the attention ranks'
+    // micro-batch pipeline posts them in (attention_layers.cpp).
     for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-      if (c.IsMoeLayer(l)) MoeLayer(l, *meta);
+      if (!c.IsMoeLayer(l)) continue;
+      for (int stage = 0; stage < meta->num_stages; ++stage) MoeLayer(l, stage, *meta);
     }
     ++steps;
   }

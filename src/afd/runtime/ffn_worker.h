@@ -1,8 +1,9 @@
 // The FFN role's worker loop (seed 000): blocks on the next step's DP metadata, derives every
-// MoE layer's row counts from it, receives the rows of all its attention peers at once, runs the
-// MoE layer (router here unless compute_gate_on_attention; experts sharded over the FFN ranks),
-// and returns the results. Ends cleanly on the shutdown step; a lost peer or an abort anywhere
-// in the deployment ends it with an afd::Error naming it.
+// MoE layer's row counts from it (per stage: micro-batches are served stage by stage), receives the
+// rows of all its attention peers at once, runs the MoE layer (router here unless
+// compute_gate_on_attention; experts sharded over the FFN ranks), and returns the results. Ends
+// cleanly on the shutdown step; a lost peer or an abort anywhere in the deployment ends it with an
+// afd::Error naming it.
 //
 // Thread safety: one thread.
 #pragma once
@@ -30,7 +31,7 @@ class FfnWorker {
   const ExpertParallelMoe& moe() const { return *moe_; }
 
  private:
-  void MoeLayer(int64_t layer, const connector::StepMetadata& meta);
+  void MoeLayer(int64_t layer, int stage, const connector::StepMetadata& meta);
 
   const model::DeepseekModel& model_;
   comm::AfdWorld& world_;
