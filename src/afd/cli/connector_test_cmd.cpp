@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "afd/cli/commands.h"
+#include "afd/cli/connector_test.h"
 #include "afd/cli/device_context.h"
 #include "afd/cli/row_io.h"
 #include "afd/comm/afd_world.h"
@@ -29,22 +30,7 @@ using connector::P2pConnector;
 using connector::RowFormat;
 using connector::StepMetadata;
 
-struct Args {
-  std::string additional_config;
-  int role_rank = 0;
-  int layers = 3;
-  int stages = 2;
-  int steps = 3;
-  int64_t hidden = 64;
-  std::string dtype = "f32";
-  int max_rows = 13;
-  int die_at_step = -1;
-  bool bench = false;
-  std::string bench_rows = "1,16,128,512";
-  int iters = 20;
-  std::string device = "cpu";
-  int cuda_device = -1;
-};
+using Args = ConnectorTestArgs;
 
 // Rows that attention rank a sends in (step, stage): deterministic, includes zeros.
 int64_t TestRows(const Args& args, int step, int stage, int a) {
@@ -226,73 +212,6 @@ void RunFfn(const Args& args, comm::AfdWorld& world, P2pConnector& conn, RowIo& 
   report["rows_checked"] = checked;
 }
 
-// Round-trip latency per layer for each row count; the FFN side echoes rows unchanged.
-void RunBench(const Args& args, comm::AfdWorld& world, P2pConnector& conn, RowIo& io,
-              nlohmann::json& report) {
-  const double timeout = world.config().afd_process_group_timeout_s;
-  std::vector<int64_t> sizes;
-  std::stringstream ss(args.bench_rows);
-  for (std::string item; std::getline(ss, item, ',');) sizes.push_back(std::stoll(item));
-  const RowFormat fmt = conn.hidden_format();
-  const int A = world.topology().num_attention();
-  nlohmann::json results = nlohmann::json::array();
-  uint64_t step = 0;
-  for (int64_t n : sizes) {
-    std::vector<double> us;
-    for (int it = 0; it < args.iters + 2; ++it, ++step) {
-      StepMetadata meta;
-      meta.step = step;
-      meta.num_stages = 1;
-      meta.num_attention_ranks = A;
-      meta.token_counts.assign(A, n);
-      if (world.self().role == Role::kAttention) {
-        void* in = io.Buffer(n * fmt.row_bytes(), 0);
-        void* out = io.Buffer(n * fmt.row_bytes(), 1);
-        conn.control_plane().Send(meta);
-        const auto start = std::chrono::steady_clock::now();
-        conn.SendToFfn(0, 0, 0, fmt, in, n);
-        conn.RecvFromFfn(0, 0, fmt, out, n);
-        io.Synchronize(timeout);
-        const double t =
-            std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start)
-                .count();
-        if (it >= 2) us.push_back(t);  // two warm-up iterations
-      } else {
-        std::optional<StepMetadata> m =
-            conn.control_plane().Recv(world.config().afd_process_group_timeout_s);
-        AFD_CHECK(m.has_value(), "bench: no metadata arrived");
-        const std::vector<int64_t> counts = conn.IncomingRowCounts(*m, 0);
-        void* rows = io.Buffer(
-            std::accumulate(counts.begin(), counts.end(), int64_t{0}) * fmt.row_bytes(), 0);
-        conn.RecvFromAttention(0, 0, 0, fmt, *m, rows);
-        conn.SendToAttention(0, 0, fmt, *m, rows);
-        io.Synchronize(timeout);
-      }
-    }
-    if (!us.empty()) {
-      std::sort(us.begin(), us.end());
-      results.push_back({{"rows", n},
-                         {"bytes_each_way", n * fmt.row_bytes()},
-                         {"median_us", us[us.size() / 2]},
-                         {"p10_us", us[us.size() / 10]},
-                         {"p90_us", us[us.size() * 9 / 10]}});
-    }
-  }
-  if (world.self().role == Role::kAttention) {
-    StepMetadata stop;
-    stop.step = step;
-    stop.flags = connector::kShutdown;
-    stop.num_attention_ranks = A;
-    stop.token_counts.assign(A, 0);
-    conn.control_plane().Send(stop);
-  } else {
-    std::optional<StepMetadata> m =
-        conn.control_plane().Recv(world.config().afd_process_group_timeout_s);
-    AFD_CHECK(m && m->has(connector::kShutdown), "bench: expected the shutdown step");
-  }
-  report["bench"] = results;
-}
-
 }  // namespace
 
 void AddConnectorTestCommand(CLI::App& app, int& exit_code) {
@@ -365,7 +284,7 @@ void AddConnectorTestCommand(CLI::App& app, int& exit_code) {
                                {"address", world->local_address()},
                                {"device", args->device}};
       if (args->bench) {
-        RunBench(*args, *world, *conn, *io, report);
+        RunConnectorBench(*args, *world, *conn, *io, report);
       } else if (config.role == Role::kAttention) {
         RunAttention(*args, *world, *conn, *io, report);
       } else {
