@@ -12,6 +12,7 @@
 
 #include "afd/cli/commands.h"
 #include "afd/cli/deployment_run.h"
+#include "afd/cli/generation_flags.h"
 #include "afd/cli/result_json.h"
 #include "afd/common/error.h"
 #include "afd/model/loader.h"
@@ -23,23 +24,12 @@ namespace afd::cli {
 namespace {
 
 struct RunArgs {
-  std::string model;
+  GenerationFlags gen;  // --model and the generation flags, shared with `afd worker`
   std::vector<std::string> prompt_ids;
-  int64_t max_tokens = 16;
-  int64_t max_num_seqs = 0;
-  int64_t max_num_batched_tokens = 0;
   bool json = false;
   std::string dump_logits;
-  bool ignore_eos = false;
-  runtime::SamplingParams sampling;
-  int64_t num_layers = 0;
-  uint64_t preset_seed = 0;
-  bool bf16 = false;
   bool stats = false;
   DeploymentSpec deployment;  // --topology: run on an AFD deployment of local processes
-  bool enable_dbo = false;
-  int64_t dbo_decode_token_threshold = 32;
-  int64_t dbo_prefill_token_threshold = 512;
 };
 
 // "1,2,3" -> {1, 2, 3}; throws afd::Error on anything else.
@@ -72,33 +62,8 @@ void RunOnDeployment(const RunArgs& args, const std::vector<std::vector<int32_t>
                      int& exit_code) {
   DeploymentSpec spec = args.deployment;
   spec.print_stats = args.stats;
-  spec.worker_flags = {"--model",
-                       args.model,
-                       "--max-tokens",
-                       std::to_string(args.max_tokens),
-                       "--max-num-seqs",
-                       std::to_string(args.max_num_seqs),
-                       "--max-num-batched-tokens",
-                       std::to_string(args.max_num_batched_tokens),
-                       "--temperature",
-                       fmt::format("{}", args.sampling.temperature),
-                       "--top-k",
-                       std::to_string(args.sampling.top_k),
-                       "--top-p",
-                       fmt::format("{}", args.sampling.top_p),
-                       "--seed",
-                       std::to_string(args.sampling.seed),
-                       "--num-layers",
-                       std::to_string(args.num_layers),
-                       "--preset-seed",
-                       std::to_string(args.preset_seed)};
-  if (args.ignore_eos) spec.worker_flags.push_back("--ignore-eos");
-  if (args.enable_dbo) spec.worker_flags.push_back("--enable-dbo");
-  spec.worker_flags.insert(
-      spec.worker_flags.end(),
-      {"--dbo-decode-token-threshold", std::to_string(args.dbo_decode_token_threshold),
-       "--dbo-prefill-token-threshold", std::to_string(args.dbo_prefill_token_threshold)});
-  if (args.bf16) spec.worker_flags.push_back("--bf16");
+  spec.worker_flags = GenerationFlagsArgv(args.gen);
+  if (args.gen.bf16) spec.worker_flags.push_back("--bf16");
   std::vector<DeploymentResult> results;
   try {
     AFD_CHECK(args.dump_logits.empty(), "--dump-logits is not available with --topology");
@@ -129,15 +94,12 @@ void Run(const RunArgs& args, int& exit_code) {
     for (const std::string& p : args.prompt_ids) prompts.push_back(ParseIds(p));
     AFD_CHECK(args.dump_logits.empty() || prompts.size() == 1,
               "--dump-logits needs exactly one --prompt-ids, got {}", prompts.size());
-    AFD_CHECK(args.max_tokens >= 0, "--max-tokens must be >= 0, got {}", args.max_tokens);
-    runtime::ValidateSamplingParams(args.sampling);
-    model::OpenOptions open;
-    open.num_layers = args.num_layers;
-    open.preset_seed = args.preset_seed;
-    if (args.bf16) open.weights.matrix_dtype = kernels::DType::kBF16;
-    model = model::OpenModel(args.model, open);
+    AFD_CHECK(args.gen.max_tokens >= 0, "--max-tokens must be >= 0, got {}", args.gen.max_tokens);
+    runtime::ValidateSamplingParams(args.gen.sampling);
+    const model::OpenOptions open = ToOpenOptions(args.gen);
+    model = model::OpenModel(args.gen.model, open);
     const model::ModelConfig& c = model->config();
-    AFD_CHECK(!args.enable_dbo || !args.deployment.topology.empty(),
+    AFD_CHECK(!args.gen.dbo.enabled || !args.deployment.topology.empty(),
               "--enable-dbo overlaps the attention and FFN roles: it needs --topology");
     AFD_CHECK(
         args.deployment.topology.empty() || args.deployment.attention_tp <= c.num_attention_heads,
@@ -150,10 +112,10 @@ void Run(const RunArgs& args, int& exit_code) {
                   "[0, {})",
                   s + 1, id, c.vocab_size);
       }
-      AFD_CHECK(
-          static_cast<int64_t>(prompts[s].size()) + args.max_tokens <= c.max_position_embeddings,
-          "--prompt-ids #{}: {} tokens + --max-tokens {} exceed max_position_embeddings {}", s + 1,
-          prompts[s].size(), args.max_tokens, c.max_position_embeddings);
+      AFD_CHECK(static_cast<int64_t>(prompts[s].size()) + args.gen.max_tokens <=
+                    c.max_position_embeddings,
+                "--prompt-ids #{}: {} tokens + --max-tokens {} exceed max_position_embeddings {}",
+                s + 1, prompts[s].size(), args.gen.max_tokens, c.max_position_embeddings);
     }
   } catch (const Error& e) {
     std::cerr << "afd run: " << e.what() << "\n";
@@ -167,11 +129,7 @@ void Run(const RunArgs& args, int& exit_code) {
   }
   const double load_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
-  options.max_tokens = args.max_tokens;
-  options.max_num_seqs = args.max_num_seqs;
-  options.max_num_batched_tokens = args.max_num_batched_tokens;
-  options.ignore_eos = args.ignore_eos;
-  options.sampling = args.sampling;
+  options = ToGenerationOptions(args.gen);
   options.keep_prompt_logits = !args.dump_logits.empty();
   model::LocalMoeBackend moe(model->config(), model->weights());
   runtime::Generator generator(*model, moe);
@@ -214,37 +172,17 @@ void AddRunCommand(CLI::App& app, int& exit_code) {
   auto* run = app.add_subcommand(
       "run", "Run a DeepSeek-V2/V3 model in this process (CPU) on token-id prompts");
   auto args = std::make_shared<RunArgs>();
-  run->add_option("--model", args->model,
-                  "Checkpoint directory, or preset:tiny / "
-                  "preset:deepseek-v2-lite (random weights)")
-      ->required();
+  AddGenerationFlags(run, args->gen);
   run->add_option("--prompt-ids", args->prompt_ids,
                   "Comma-separated token ids of one prompt; repeat for a batch")
       ->required()
       ->take_all()
       ->expected(1)
       ->allow_extra_args(false);
-  run->add_option("--max-tokens", args->max_tokens, "New tokens per prompt (default 16)");
-  run->add_option("--max-num-seqs", args->max_num_seqs,
-                  "Running sequences per step at most (0: all prompts at once)")
-      ->check(CLI::NonNegativeNumber);
-  run->add_option("--max-num-batched-tokens", args->max_num_batched_tokens,
-                  "Tokens per step at most; waiting prompts join running ones as room frees "
-                  "(0: no limit)")
-      ->check(CLI::NonNegativeNumber);
   run->add_flag("--json", args->json, "One JSON object per prompt per line");
   run->add_option("--dump-logits", args->dump_logits,
                   "Write the logits of every prompt position as float32 .npy [prompt_len, vocab] "
                   "(one prompt only)");
-  run->add_flag("--ignore-eos", args->ignore_eos, "Do not stop at EOS");
-  run->add_option("--temperature", args->sampling.temperature, "0 (default): greedy");
-  run->add_option("--top-k", args->sampling.top_k, "0 (default): no limit");
-  run->add_option("--top-p", args->sampling.top_p, "In (0, 1], default 1");
-  run->add_option("--seed", args->sampling.seed, "Sampling seed (default 0)");
-  run->add_option("--num-layers", args->num_layers,
-                  "Keep only the first N decoder layers (benchmarks of big presets)");
-  run->add_option("--preset-seed", args->preset_seed, "Seed of preset random weights (default 0)");
-  run->add_flag("--bf16", args->bf16, "Store weight matrices as bf16 (automatic for big models)");
   run->add_flag("--stats", args->stats, "Print load/prefill/decode timings to stderr");
   run->add_option("--topology", args->deployment.topology,
                   "Run on an AFD deployment xAyF of processes on this host (e.g. 3A2F)");
@@ -257,15 +195,6 @@ void AddRunCommand(CLI::App& app, int& exit_code) {
   run->add_option("--additional-config", args->deployment.additional_config,
                   "Extra afd fields for --topology, e.g. {\"afd\": "
                   "{\"compute_gate_on_attention\": true}}");
-  run->add_flag("--enable-dbo", args->enable_dbo,
-                "With --topology: big steps run as two pipelined micro-batches (dual-batch "
-                "overlap of attention and FFN)");
-  run->add_option("--dbo-decode-token-threshold", args->dbo_decode_token_threshold,
-                  "DBO for decode-only steps of at least this many tokens per rank (default 32)")
-      ->check(CLI::PositiveNumber);
-  run->add_option("--dbo-prefill-token-threshold", args->dbo_prefill_token_threshold,
-                  "DBO for steps with prefill of at least this many tokens per rank (default 512)")
-      ->check(CLI::PositiveNumber);
   run->add_flag("--show-rank-map", args->deployment.show_rank_map,
                 "With --topology: print the rank map to stderr");
   run->callback([args, &exit_code] { Run(*args, exit_code); });

@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "afd/cli/commands.h"
+#include "afd/cli/generation_flags.h"
 #include "afd/cli/launcher.h"
 #include "afd/cli/role_worker.h"
 #include "afd/common/error.h"
@@ -23,7 +24,7 @@ namespace afd::cli {
 namespace {
 
 struct RoleArgs {
-  std::string model;
+  GenerationFlags gen;  // --model and the generation flags, shared with `afd run`
   std::string device = "cpu";
   std::string additional_config;
   int dp = 1, tp = 1;
@@ -31,21 +32,13 @@ struct RoleArgs {
   bool expert_parallel = false;     // accepted for recipe compatibility: FFN ranks always use EP
   int role_rank = -1;               // worker only
   std::string prompts_file, output_file, stats_file, log_dir;
-  int64_t max_tokens = 16;
-  int64_t max_num_seqs = 0, max_num_batched_tokens = 0;
-  runtime::DboOptions dbo;
   bool enforce_eager = false;  // accepted: the CPU path has no graphs to capture
   std::string http_host;       // accepted from recipes; the HTTP API is not built yet
   int http_port = 0;
-  bool ignore_eos = false;
-  runtime::SamplingParams sampling;
-  int64_t num_layers = 0;
-  uint64_t preset_seed = 0;
-  bool bf16 = false;
 };
 
 void AddRoleFlags(CLI::App* cmd, RoleArgs& a) {
-  cmd->add_option("--model", a.model, "Checkpoint directory or preset:NAME")->required();
+  AddGenerationFlags(cmd, a.gen);
   cmd->add_option("--device", a.device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
   cmd->add_option("--additional-config", a.additional_config,
                   "JSON with the \"afd\" object (role, host, port, rank counts, connector)")
@@ -57,33 +50,10 @@ void AddRoleFlags(CLI::App* cmd, RoleArgs& a) {
   cmd->add_flag("--enable-expert-parallel", a.expert_parallel,
                 "Accepted for recipe compatibility (the FFN role always shards experts)");
   cmd->add_option("--prompts-file", a.prompts_file, "Attention: JSON array of token-id arrays");
-  cmd->add_option("--max-tokens", a.max_tokens, "New tokens per prompt")
-      ->check(CLI::NonNegativeNumber);
-  cmd->add_option("--max-num-seqs", a.max_num_seqs, "Running sequences per replica at most")
-      ->check(CLI::NonNegativeNumber);
-  cmd->add_option("--max-num-batched-tokens", a.max_num_batched_tokens,
-                  "Tokens per step and replica at most")
-      ->check(CLI::NonNegativeNumber);
-  cmd->add_flag("--ignore-eos", a.ignore_eos, "Do not stop at EOS");
-  cmd->add_flag("--enable-dbo", a.dbo.enabled,
-                "Attention: run big steps as two pipelined micro-batches (dual-batch overlap)");
-  cmd->add_option("--dbo-decode-token-threshold", a.dbo.decode_token_threshold,
-                  "DBO for decode-only steps of at least this many tokens (default 32)")
-      ->check(CLI::PositiveNumber);
-  cmd->add_option("--dbo-prefill-token-threshold", a.dbo.prefill_token_threshold,
-                  "DBO for steps with prefill of at least this many tokens (default 512)")
-      ->check(CLI::PositiveNumber);
   cmd->add_flag("--enforce-eager", a.enforce_eager,
                 "Accepted for recipe compatibility (the CPU path runs eagerly)");
   cmd->add_option("--host", a.http_host, "HTTP API host (accepted; the API is not built yet)");
   cmd->add_option("--port", a.http_port, "HTTP API port (accepted; the API is not built yet)");
-  cmd->add_option("--temperature", a.sampling.temperature, "0: greedy");
-  cmd->add_option("--top-k", a.sampling.top_k, "0: no limit");
-  cmd->add_option("--top-p", a.sampling.top_p, "In (0, 1]");
-  cmd->add_option("--seed", a.sampling.seed, "Sampling seed");
-  cmd->add_option("--num-layers", a.num_layers, "Keep only the first N decoder layers");
-  cmd->add_option("--preset-seed", a.preset_seed, "Seed of preset random weights");
-  cmd->add_flag("--bf16", a.bf16, "Store weight matrices as bf16");
 }
 
 std::vector<std::vector<int32_t>> ReadPrompts(const std::string& path) {
@@ -124,17 +94,11 @@ WorkerOptions ToWorkerOptions(const RoleArgs& a) {
   o.role_rank = a.role_rank;
   o.dp = a.dp;
   o.tp = a.tp;
-  o.model = a.model;
-  o.open.num_layers = a.num_layers;
-  o.open.preset_seed = a.preset_seed;
-  if (a.bf16) o.open.weights.matrix_dtype = kernels::DType::kBF16;
+  o.model = a.gen.model;
+  o.open = ToOpenOptions(a.gen);
   o.prompts = ReadPrompts(a.prompts_file);
-  o.dbo = a.dbo;
-  o.generation.max_tokens = a.max_tokens;
-  o.generation.max_num_seqs = a.max_num_seqs;
-  o.generation.max_num_batched_tokens = a.max_num_batched_tokens;
-  o.generation.ignore_eos = a.ignore_eos;
-  o.generation.sampling = a.sampling;
+  o.generation = ToGenerationOptions(a.gen);
+  o.dbo = a.gen.dbo;
   o.output_file = a.output_file;
   o.stats_file = a.stats_file;
   return o;
@@ -142,41 +106,11 @@ WorkerOptions ToWorkerOptions(const RoleArgs& a) {
 
 // Flags every worker of a role gets from serve (all RoleArgs except the per-rank ones).
 std::vector<std::string> PassThrough(const RoleArgs& a) {
-  std::vector<std::string> v = {"--model",
-                                a.model,
-                                "--device",
-                                a.device,
-                                "--additional-config",
-                                a.additional_config,
-                                "--data-parallel-size",
-                                std::to_string(a.dp),
-                                "--tensor-parallel-size",
-                                std::to_string(a.tp),
-                                "--max-tokens",
-                                std::to_string(a.max_tokens),
-                                "--max-num-seqs",
-                                std::to_string(a.max_num_seqs),
-                                "--max-num-batched-tokens",
-                                std::to_string(a.max_num_batched_tokens),
-                                "--temperature",
-                                fmt::format("{}", a.sampling.temperature),
-                                "--top-k",
-                                std::to_string(a.sampling.top_k),
-                                "--top-p",
-                                fmt::format("{}", a.sampling.top_p),
-                                "--seed",
-                                std::to_string(a.sampling.seed),
-                                "--num-layers",
-                                std::to_string(a.num_layers),
-                                "--preset-seed",
-                                std::to_string(a.preset_seed)};
+  std::vector<std::string> v = GenerationFlagsArgv(a.gen);
+  v.insert(v.end(), {"--device", a.device, "--additional-config", a.additional_config,
+                     "--data-parallel-size", std::to_string(a.dp), "--tensor-parallel-size",
+                     std::to_string(a.tp)});
   if (!a.prompts_file.empty()) v.insert(v.end(), {"--prompts-file", a.prompts_file});
-  if (a.dbo.enabled) v.push_back("--enable-dbo");
-  v.insert(v.end(),
-           {"--dbo-decode-token-threshold", std::to_string(a.dbo.decode_token_threshold),
-            "--dbo-prefill-token-threshold", std::to_string(a.dbo.prefill_token_threshold)});
-  if (a.ignore_eos) v.push_back("--ignore-eos");
-  if (a.bf16) v.push_back("--bf16");
   return v;
 }
 

@@ -1,0 +1,92 @@
+#include "afd/cli/generation_flags.h"
+
+#include <fmt/format.h>
+
+#include <CLI/CLI.hpp>
+
+namespace afd::cli {
+
+void AddGenerationFlags(CLI::App* cmd, GenerationFlags& f) {
+  cmd->add_option("--model", f.model,
+                  "Checkpoint directory, or preset:tiny / preset:deepseek-v2-lite (random "
+                  "weights)")
+      ->required();
+  cmd->add_option("--max-tokens", f.max_tokens, "New tokens per prompt (default 16)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--max-num-seqs", f.max_num_seqs,
+                  "Running sequences per step (and DP replica) at most; 0: no limit")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--max-num-batched-tokens", f.max_num_batched_tokens,
+                  "Tokens per step (and DP replica) at most; waiting prompts join running ones "
+                  "as room frees; 0: no limit")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_flag("--ignore-eos", f.ignore_eos, "Do not stop at EOS");
+  cmd->add_option("--temperature", f.sampling.temperature, "0 (default): greedy");
+  cmd->add_option("--top-k", f.sampling.top_k, "0 (default): no limit");
+  cmd->add_option("--top-p", f.sampling.top_p, "In (0, 1], default 1");
+  cmd->add_option("--seed", f.sampling.seed, "Sampling seed (default 0)");
+  cmd->add_option("--num-layers", f.num_layers,
+                  "Keep only the first N decoder layers (benchmarks of big presets)");
+  cmd->add_option("--preset-seed", f.preset_seed, "Seed of preset random weights (default 0)");
+  cmd->add_flag("--bf16", f.bf16, "Store weight matrices as bf16 (automatic for big models)");
+  cmd->add_flag("--enable-dbo", f.dbo.enabled,
+                "AFD attention role: big steps run as two pipelined micro-batches (dual-batch "
+                "overlap of attention and FFN)");
+  cmd->add_option("--dbo-decode-token-threshold", f.dbo.decode_token_threshold,
+                  "DBO for decode-only steps of at least this many tokens per rank (default 32)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--dbo-prefill-token-threshold", f.dbo.prefill_token_threshold,
+                  "DBO for steps with prefill of at least this many tokens per rank (default 512)")
+      ->check(CLI::PositiveNumber);
+}
+
+std::vector<std::string> GenerationFlagsArgv(const GenerationFlags& f) {
+  std::vector<std::string> v = {"--model",
+                                f.model,
+                                "--max-tokens",
+                                std::to_string(f.max_tokens),
+                                "--max-num-seqs",
+                                std::to_string(f.max_num_seqs),
+                                "--max-num-batched-tokens",
+                                std::to_string(f.max_num_batched_tokens),
+                                "--temperature",
+                                fmt::format("{}", f.sampling.temperature),
+                                "--top-k",
+                                std::to_string(f.sampling.top_k),
+                                "--top-p",
+                                fmt::format("{}", f.sampling.top_p),
+                                "--seed",
+                                std::to_string(f.sampling.seed),
+                                "--num-layers",
+                                std::to_string(f.num_layers),
+                                "--preset-seed",
+                                std::to_string(f.preset_seed),
+                                "--dbo-decode-token-threshold",
+                                std::to_string(f.dbo.decode_token_threshold),
+                                "--dbo-prefill-token-threshold",
+                                std::to_string(f.dbo.prefill_token_threshold)};
+  if (f.ignore_eos) v.push_back("--ignore-eos");
+  if (f.bf16) v.push_back("--bf16");
+  if (f.dbo.enabled) v.push_back("--enable-dbo");
+  return v;
+}
+
+model::OpenOptions ToOpenOptions(const GenerationFlags& f) {
+  model::OpenOptions open;
+  open.num_layers = f.num_layers;
+  open.preset_seed = f.preset_seed;
+  if (f.bf16) open.weights.matrix_dtype = DType::kBF16;
+  return open;
+}
+
+runtime::GenerationOptions ToGenerationOptions(const GenerationFlags& f) {
+  runtime::GenerationOptions g;
+  g.max_tokens = f.max_tokens;
+  g.max_num_seqs = f.max_num_seqs;
+  g.max_num_batched_tokens = f.max_num_batched_tokens;
+  g.ignore_eos = f.ignore_eos;
+  g.sampling = f.sampling;
+  return g;
+}
+
+}  // namespace afd::cli

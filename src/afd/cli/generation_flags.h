@@ -1,0 +1,43 @@
+// The flags `afd run`, `afd worker` and `afd serve` share: which model, and how it generates.
+// One definition, so a launcher passes exactly what its ranks understand.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "afd/model/loader.h"
+#include "afd/runtime/attention_runner.h"
+#include "afd/runtime/generator.h"
+
+namespace CLI {
+class App;
+}
+
+namespace afd::cli {
+
+struct GenerationFlags {
+  std::string model;  // checkpoint directory or preset:NAME
+  int64_t max_tokens = 16;
+  int64_t max_num_seqs = 0;
+  int64_t max_num_batched_tokens = 0;
+  bool ignore_eos = false;
+  runtime::SamplingParams sampling;
+  int64_t num_layers = 0;
+  uint64_t preset_seed = 0;
+  bool bf16 = false;
+  runtime::DboOptions dbo;
+};
+
+// Registers --model (required), --max-tokens, --max-num-seqs, --max-num-batched-tokens,
+// --ignore-eos, --temperature, --top-k, --top-p, --seed, --num-layers, --preset-seed, --bf16,
+// --enable-dbo, --dbo-decode-token-threshold, --dbo-prefill-token-threshold.
+void AddGenerationFlags(CLI::App* cmd, GenerationFlags& flags);
+
+// The same flags as a command line, for a rank process started by a launcher.
+std::vector<std::string> GenerationFlagsArgv(const GenerationFlags& flags);
+
+model::OpenOptions ToOpenOptions(const GenerationFlags& flags);
+runtime::GenerationOptions ToGenerationOptions(const GenerationFlags& flags);
+
+}  // namespace afd::cli
