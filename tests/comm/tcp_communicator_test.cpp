@@ -182,3 +182,18 @@ TEST(Socket, LocalAddressTowardLoopbackIsLoopback) {
 
 }  // namespace
 }  // namespace afd::comm
+
+namespace afd::comm {
+namespace {
+
+TEST(Socket, RendezvousPortsComeFromBelowTheEphemeralRange) {
+  for (int i = 0; i < 5; ++i) {
+    const int port = PickRendezvousPort();
+    EXPECT_GE(port, 1024);
+    EXPECT_LT(port, 32768);  // the default range starts at 32768; machines may start it later
+    EXPECT_NO_THROW(TcpStoreServer server(port));
+  }
+}
+
+}  // namespace
+}  // namespace afd::comm

@@ -15,11 +15,8 @@
 
 namespace afd::testing_util {
 
-// A port that was free a moment ago.
-inline int FreePort() {
-  comm::Socket s = comm::Listen("127.0.0.1", 0);
-  return comm::LocalPort(s);
-}
+// A port that was free a moment ago, outside the ephemeral range.
+inline int FreePort() { return comm::PickRendezvousPort(); }
 
 inline std::string ReadFile(const std::string& path) {
   std::ifstream in(path);

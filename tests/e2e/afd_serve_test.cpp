@@ -27,11 +27,7 @@ TEST(AfdServe, RecipeShapedRoleCommandsMatchTheMonolithicRun) {
   std::system(("rm -rf " + dir + " && mkdir -p " + dir).c_str());
   const std::vector<std::vector<int>> prompts = {{1, 2, 3}, {4, 5, 6, 7, 8}, {9}, {10, 11}};
   std::ofstream(dir + "/prompts.json") << json(prompts).dump();
-  int port;
-  {
-    comm::Socket probe = comm::Listen("127.0.0.1", 0);
-    port = comm::LocalPort(probe);
-  }
+  const int port = comm::PickRendezvousPort();
   auto cfg = [port](const std::string& role) {
     return "{\"afd\": {\"role\": \"" + role + "\", \"connector\": \"P2pHostAFDConnector\", " +
            "\"host\": \"127.0.0.1\", \"port\": " + std::to_string(port) +

@@ -36,11 +36,6 @@ struct TempDir {
   }
 };
 
-int FreePort() {
-  comm::Socket s = comm::Listen("127.0.0.1", 0);
-  return comm::LocalPort(s);
-}
-
 // The afd object of each role: the user's extra fields, then the deployment's own.
 std::string RoleConfig(const json& base, Role role, int port, int A, int F) {
   json afd = base;
@@ -93,7 +88,7 @@ std::vector<DeploymentResult> RunDeployment(const DeploymentSpec& spec,
               parsed.connector);
   }
   base["connector"] = std::string(kP2pHostConnector);
-  const int port = FreePort();
+  const int port = comm::PickRendezvousPort();
 
   TempDir dir;
   const std::string prompts_file = dir.path + "/prompts.json";

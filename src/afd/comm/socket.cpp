@@ -11,6 +11,8 @@
 
 #include <cerrno>
 #include <cstring>
+#include <fstream>
+#include <random>
 #include <thread>
 
 #include "afd/common/error.h"
@@ -213,6 +215,26 @@ Socket Connect(const std::string& host, int port, const Deadline& deadline,
         std::chrono::milliseconds(std::min(backoff_ms, std::max(1, deadline.remaining_ms()))));
     backoff_ms = std::min(backoff_ms * 2, 200);
   }
+}
+
+int PickRendezvousPort() {
+  int low = 32768;  // the kernel's default start of the ephemeral range
+  std::ifstream range("/proc/sys/net/ipv4/ip_local_port_range");
+  int lo = 0, hi = 0;
+  if (range >> lo >> hi && lo > 2048) low = lo;
+  const int first = std::max(1024, low / 2), span = low - first;
+  std::random_device seed;
+  std::mt19937 rng(seed());
+  for (int attempt = 0; attempt < 200; ++attempt) {
+    const int port = first + static_cast<int>(rng() % static_cast<unsigned>(span));
+    try {
+      Socket probe = Listen("", port);
+      return port;
+    } catch (const Error&) {
+      // taken: try another
+    }
+  }
+  AFD_THROW("no free port found in {}..{} for the rendezvous store", first, low - 1);
 }
 
 std::string ResolveIPv4(const std::string& host) {

@@ -58,6 +58,12 @@ std::string LocalAddressToward(const std::string& host, int port);
 // Resolves a host name or dotted address to a dotted IPv4 address. Throws naming the host.
 std::string ResolveIPv4(const std::string& host);
 
+// A port for a rendezvous store that is free now, chosen at random below the kernel's
+// ephemeral range (ip_local_port_range), where the ports that connections and `bind(0)` take
+// come from -- so, unlike a released ephemeral port, nothing else on this host grabs it before
+// the store binds it, short of an explicit bind. Throws afd::Error if none is found.
+int PickRendezvousPort();
+
 // Sets non-blocking mode, TCP_NODELAY and keepalive (so a vanished host is noticed).
 void ConfigureStream(int fd);
 
