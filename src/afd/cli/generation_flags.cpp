@@ -4,6 +4,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include "afd/common/error.h"
+
 namespace afd::cli {
 
 void AddGenerationFlags(CLI::App* cmd, GenerationFlags& f) {
@@ -77,6 +79,27 @@ model::OpenOptions ToOpenOptions(const GenerationFlags& f) {
   open.preset_seed = f.preset_seed;
   if (f.bf16) open.weights.matrix_dtype = DType::kBF16;
   return open;
+}
+
+model::ModelConfig PeekModelConfig(const std::string& model) {
+  const std::string preset = "preset:";
+  if (model.rfind(preset, 0) == 0) return model::PresetConfig(model.substr(preset.size()));
+  return model::LoadModelConfig(model + "/config.json");
+}
+
+void ValidateGenerationInput(const GenerationFlags& f, const model::ModelConfig& c,
+                             const std::vector<std::vector<int32_t>>& prompts) {
+  runtime::ValidateSamplingParams(f.sampling);
+  for (size_t s = 0; s < prompts.size(); ++s) {
+    for (int32_t id : prompts[s]) {
+      AFD_CHECK(id >= 0 && id < c.vocab_size,
+                "prompt #{}: token id {} is outside the vocabulary [0, {})", s + 1, id,
+                c.vocab_size);
+    }
+    AFD_CHECK(static_cast<int64_t>(prompts[s].size()) + f.max_tokens <= c.max_position_embeddings,
+              "prompt #{}: {} tokens + --max-tokens {} exceed max_position_embeddings {}", s + 1,
+              prompts[s].size(), f.max_tokens, c.max_position_embeddings);
+  }
 }
 
 runtime::GenerationOptions ToGenerationOptions(const GenerationFlags& f) {

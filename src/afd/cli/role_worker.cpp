@@ -4,6 +4,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "afd/cli/generation_flags.h"
 #include "afd/cli/result_json.h"
 #include "afd/comm/afd_world.h"
 #include "afd/common/error.h"
@@ -45,10 +46,7 @@ void RunWorker(const WorkerOptions& o) {
   // the router when it runs here); an FFN rank the routers, the shared experts and its own
   // routed experts.
   model::OpenOptions open = o.open;
-  const std::string preset = "preset:";
-  const model::ModelConfig config = o.model.rfind(preset, 0) == 0
-                                        ? model::PresetConfig(o.model.substr(preset.size()))
-                                        : model::LoadModelConfig(o.model + "/config.json");
+  const model::ModelConfig config = PeekModelConfig(o.model);
   if (role == Role::kAttention) {
     open.weights.load_moe = c.compute_gate_on_attention;
     open.weights.expert_begin = 0;
@@ -108,6 +106,8 @@ void RunWorker(const WorkerOptions& o) {
       stats["decode_tokens"] = gs.decode_tokens;
       stats["decode_steps"] = gs.decode_steps;
       stats["decode_seconds"] = gs.decode_seconds;
+      stats["mixed_steps"] = gs.mixed_steps;
+      stats["mixed_seconds"] = gs.mixed_seconds;
       runner.Drain();
       if (tp_rank == 0 && !o.output_file.empty()) {
         std::string text;

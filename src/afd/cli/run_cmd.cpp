@@ -63,7 +63,6 @@ void RunOnDeployment(const RunArgs& args, const std::vector<std::vector<int32_t>
   DeploymentSpec spec = args.deployment;
   spec.print_stats = args.stats;
   spec.worker_flags = GenerationFlagsArgv(args.gen);
-  if (args.gen.bf16) spec.worker_flags.push_back("--bf16");
   std::vector<DeploymentResult> results;
   try {
     AFD_CHECK(args.dump_logits.empty(), "--dump-logits is not available with --topology");
@@ -95,7 +94,6 @@ void Run(const RunArgs& args, int& exit_code) {
     AFD_CHECK(args.dump_logits.empty() || prompts.size() == 1,
               "--dump-logits needs exactly one --prompt-ids, got {}", prompts.size());
     AFD_CHECK(args.gen.max_tokens >= 0, "--max-tokens must be >= 0, got {}", args.gen.max_tokens);
-    runtime::ValidateSamplingParams(args.gen.sampling);
     const model::OpenOptions open = ToOpenOptions(args.gen);
     model = model::OpenModel(args.gen.model, open);
     const model::ModelConfig& c = model->config();
@@ -105,18 +103,7 @@ void Run(const RunArgs& args, int& exit_code) {
         args.deployment.topology.empty() || args.deployment.attention_tp <= c.num_attention_heads,
         "--attention-tp {} exceeds the model's {} attention heads", args.deployment.attention_tp,
         c.num_attention_heads);
-    for (size_t s = 0; s < prompts.size(); ++s) {
-      for (int32_t id : prompts[s]) {
-        AFD_CHECK(id < c.vocab_size,
-                  "--prompt-ids #{}: token id {} is outside the vocabulary "
-                  "[0, {})",
-                  s + 1, id, c.vocab_size);
-      }
-      AFD_CHECK(static_cast<int64_t>(prompts[s].size()) + args.gen.max_tokens <=
-                    c.max_position_embeddings,
-                "--prompt-ids #{}: {} tokens + --max-tokens {} exceed max_position_embeddings {}",
-                s + 1, prompts[s].size(), args.gen.max_tokens, c.max_position_embeddings);
-    }
+    ValidateGenerationInput(args.gen, c, prompts);
   } catch (const Error& e) {
     std::cerr << "afd run: " << e.what() << "\n";
     exit_code = 2;
@@ -162,6 +149,11 @@ void Run(const RunArgs& args, int& exit_code) {
         stats.decode_steps, stats.decode_seconds,
         stats.decode_tokens / std::max(stats.decode_seconds, 1e-9),
         1e3 * stats.decode_seconds / std::max<int64_t>(stats.decode_steps, 1));
+    if (stats.mixed_steps > 0) {
+      std::cerr << fmt::format("mixed: {} steps of prefill + decode ({} + {} tokens) in {:.4f} s\n",
+                               stats.mixed_steps, stats.mixed_prefill_tokens,
+                               stats.mixed_decode_tokens, stats.mixed_seconds);
+    }
   }
   exit_code = 0;
 }

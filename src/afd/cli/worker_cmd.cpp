@@ -97,6 +97,7 @@ WorkerOptions ToWorkerOptions(const RoleArgs& a) {
   o.model = a.gen.model;
   o.open = ToOpenOptions(a.gen);
   o.prompts = ReadPrompts(a.prompts_file);
+  ValidateGenerationInput(a.gen, PeekModelConfig(a.gen.model), o.prompts);
   o.generation = ToGenerationOptions(a.gen);
   o.dbo = a.gen.dbo;
   o.output_file = a.output_file;

@@ -218,11 +218,21 @@ Socket Connect(const std::string& host, int port, const Deadline& deadline,
 }
 
 int PickRendezvousPort() {
-  int low = 32768;  // the kernel's default start of the ephemeral range
+  int lo = 32768, hi = 60999;  // the kernel's default ephemeral range
   std::ifstream range("/proc/sys/net/ipv4/ip_local_port_range");
-  int lo = 0, hi = 0;
-  if (range >> lo >> hi && lo > 2048) low = lo;
-  const int first = std::max(1024, low / 2), span = low - first;
+  int l = 0, h = 0;
+  if (range >> l >> h && l >= 1 && h >= l && h <= 65535) {
+    lo = l;
+    hi = h;
+  }
+  // Below the range when there is room there, else above it.
+  int first = std::max(1024, lo / 2), span = lo - first;
+  if (span < 1024) {
+    first = hi + 1;
+    span = 65536 - first;
+  }
+  AFD_CHECK(span >= 16, "the ephemeral port range {}..{} leaves no room for a rendezvous port", lo,
+            hi);
   std::random_device seed;
   std::mt19937 rng(seed());
   for (int attempt = 0; attempt < 200; ++attempt) {
@@ -234,7 +244,7 @@ int PickRendezvousPort() {
       // taken: try another
     }
   }
-  AFD_THROW("no free port found in {}..{} for the rendezvous store", first, low - 1);
+  AFD_THROW("no free port found in {}..{} for the rendezvous store", first, first + span - 1);
 }
 
 std::string ResolveIPv4(const std::string& host) {

@@ -58,7 +58,7 @@ std::vector<int64_t> AttentionRunner::ExchangeCounts(const model::ForwardBatch& 
   if (dbo_.enabled && n > 0) {
     const int64_t threshold =
         HasPrefill(batch) ? dbo_.prefill_token_threshold : dbo_.decode_token_threshold;
-    v[2 * A + me] = n >= threshold ? 1 : 0;
+    v[2 * A + me] = n >= std::max<int64_t>(threshold, 2) ? 1 : 0;  // two non-empty halves
   }
   attention_world_->AllReduce(v.data(), v.size(), DType::kI64, comm::ReduceOp::kSum);
   return v;
@@ -116,6 +116,7 @@ void AttentionRunner::Drain() {
     SendMetadata(v, stages, 0);
     RunLayers(empty, nullptr, nullptr, stages);
     ++steps_;
+    dbo_steps_ += stages > 1;
   }
 }
 

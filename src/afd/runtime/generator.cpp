@@ -106,13 +106,19 @@ std::vector<GenerationResult> Generator::Generate(const std::vector<std::vector<
     logits.resize(batch.size() * vocab);  // [batch tokens, vocab]
     runner_.Forward(batch, cache, logits.data());
     const double seconds = Seconds(start);
+    const int64_t num_decode = static_cast<int64_t>(decoding.size());
     if (prefilling.empty()) {
-      st.decode_tokens += batch.size();
+      st.decode_tokens += num_decode;
       ++st.decode_steps;
       st.decode_seconds += seconds;
-    } else {
-      st.prefill_tokens += batch.size() - static_cast<int64_t>(decoding.size());
+    } else if (decoding.empty()) {
+      st.prefill_tokens += batch.size();
       st.prefill_seconds += seconds;
+    } else {
+      ++st.mixed_steps;
+      st.mixed_prefill_tokens += batch.size() - num_decode;
+      st.mixed_decode_tokens += num_decode;
+      st.mixed_seconds += seconds;
     }
     // Rows: the decode tokens first, then each admitted prompt's tokens.
     int64_t row = 0;

@@ -44,9 +44,14 @@ struct GenerationResult {
 struct GenerationStats {
   int64_t prefill_tokens = 0;
   double prefill_seconds = 0.0;
-  int64_t decode_tokens = 0;  // tokens fed through decode steps
+  int64_t decode_tokens = 0;  // tokens fed through decode-only steps
   int64_t decode_steps = 0;
   double decode_seconds = 0.0;
+  // Steps with both prefill and decode tokens (continuous batching): their tokens and time.
+  int64_t mixed_steps = 0;
+  int64_t mixed_prefill_tokens = 0;
+  int64_t mixed_decode_tokens = 0;
+  double mixed_seconds = 0.0;
 };
 
 // Runs one forward step: logits [n, vocab] for the batch's tokens, appending them to the cache.
