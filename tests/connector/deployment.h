@@ -12,18 +12,12 @@
 
 #include "afd/comm/socket.h"
 #include "afd/common/subprocess.h"
+#include "testing/files.h"
 
 namespace afd::testing_util {
 
 // A port that was free a moment ago, outside the ephemeral range.
 inline int FreePort() { return comm::PickRendezvousPort(); }
-
-inline std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 struct RankProcess {
   std::string label;  // "ffn 0", "attention 2"

@@ -13,18 +13,14 @@
 #include <thread>
 
 #include "afd/common/subprocess.h"
+#include "testing/files.h"
 
 namespace afd {
 namespace {
 
 using nlohmann::json;
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+using testing_util::ReadFile;
 
 struct Output {
   int status;

@@ -9,18 +9,14 @@
 
 #include "afd/comm/socket.h"
 #include "afd/common/subprocess.h"
+#include "testing/files.h"
 
 namespace afd {
 namespace {
 
 using nlohmann::json;
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+using testing_util::ReadFile;
 
 TEST(AfdServe, RecipeShapedRoleCommandsMatchTheMonolithicRun) {
   const std::string dir = ::testing::TempDir() + "/afd_serve_test";

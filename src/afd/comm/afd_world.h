@@ -59,7 +59,6 @@ class AfdWorld {
   DType dtype() const { return request_.dtype; }
   // The address this process publishes (its interface toward the rendezvous host).
   const std::string& local_address() const { return local_address_; }
-  Store& store() { return *client_; }
 
   // "world rank 3 (attention 1)".
   std::string Describe(int world_rank) const;

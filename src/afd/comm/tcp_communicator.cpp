@@ -185,7 +185,6 @@ void TcpCommunicator::RunOps() {
       const size_t m =
           s.SendSome(op.buf + op.payload_done, op.bytes - op.payload_done, Where(op.peer));
       op.payload_done += m;
-      bytes_sent_ += m;
       moved += m;
     }
     return moved > 0;
@@ -215,7 +214,6 @@ void TcpCommunicator::RunOps() {
       const size_t m =
           s.RecvSome(op.buf + op.payload_done, op.bytes - op.payload_done, Where(op.peer));
       op.payload_done += m;
-      bytes_received_ += m;
       moved += m;
     }
     return moved > 0;

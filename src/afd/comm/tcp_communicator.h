@@ -49,10 +49,6 @@ class TcpCommunicator : public Communicator {
                  const std::vector<size_t>& recv_counts, DType dtype) override;
   void Shutdown() override;
 
-  // Bytes sent and received so far, for per-layer transfer counters.
-  uint64_t bytes_sent() const { return bytes_sent_; }
-  uint64_t bytes_received() const { return bytes_received_; }
-
   // Exposed for the collective helpers; one per pending point-to-point operation.
   struct Op;
 
@@ -69,7 +65,6 @@ class TcpCommunicator : public Communicator {
   std::vector<Op> pending_;
   int group_depth_ = 0;
   bool shut_down_ = false;
-  uint64_t bytes_sent_ = 0, bytes_received_ = 0;
 };
 
 }  // namespace afd::comm

@@ -74,28 +74,4 @@ void Subprocess::Kill(int signal) {
   ::kill(pid_, signal);
 }
 
-int WaitAllOrFirstFailure(std::vector<Subprocess*>& children, const Deadline& deadline) {
-  while (true) {
-    bool all_done = true;
-    for (size_t i = 0; i < children.size(); ++i) {
-      const std::optional<int> s = children[i]->Poll();
-      if (s && *s != 0) {
-        for (auto* c : children) c->Kill(SIGKILL);
-        return static_cast<int>(i);
-      }
-      all_done &= s.has_value();
-    }
-    if (all_done) return -1;
-    if (deadline.expired()) {
-      int first = -1;
-      for (size_t i = 0; i < children.size(); ++i) {
-        if (!children[i]->Poll() && first < 0) first = static_cast<int>(i);
-        children[i]->Kill(SIGKILL);
-      }
-      return first;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-}
-
 }  // namespace afd

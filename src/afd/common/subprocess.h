@@ -40,9 +40,4 @@ class Subprocess {
   int term_signal_ = 0;
 };
 
-// Waits for all children; returns when every one has ended, or when one fails (non-zero status)
-// or the deadline passes -- then the rest are killed. Returns the index of the first failure
-// (or of the first child still running at the deadline), or -1 when all succeeded.
-int WaitAllOrFirstFailure(std::vector<Subprocess*>& children, const Deadline& deadline);
-
 }  // namespace afd
