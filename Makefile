@@ -18,8 +18,16 @@ build: configure
 demo: build
 	./scripts/demo.sh $(BUILD_DIR)
 
+# Every test, then again under each OpenBLAS core type this project must be exact on (the CPU
+# reference uses no BLAS; these runs prove that nothing depends on the kernel OpenBLAS would pick).
+CORETYPES ?= Haswell Zen SkylakeX Sandybridge
 test: build
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) --timeout 600
+	for ct in $(CORETYPES); do \
+	  echo "== make test: OPENBLAS_CORETYPE=$$ct"; \
+	  (cd $(BUILD_DIR) && OPENBLAS_CORETYPE=$$ct ctest --output-on-failure -j $(JOBS) --timeout 600) \
+	    || exit 1; \
+	done
 
 # Every test under AddressSanitizer + UndefinedBehaviorSanitizer (CPU build, separate folder).
 test-asan: setup

@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <fstream>
+#include <iostream>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
@@ -27,10 +28,12 @@ struct Output {
   std::string out, err;
 };
 
-Output RunAfd(const std::vector<std::string>& args, const std::string& tag) {
+// env: "NAME=value ..." put before the command, or "".
+Output RunAfd(const std::vector<std::string>& args, const std::string& tag,
+              const std::string& env = "") {
   const std::string out = ::testing::TempDir() + "/" + tag + ".out";
   const std::string err = ::testing::TempDir() + "/" + tag + ".err";
-  std::string cmd = AFD_BINARY;
+  std::string cmd = env + " " + AFD_BINARY;
   for (const auto& a : args) cmd += " '" + a + "'";
   const int rc = std::system((cmd + " >" + out + " 2>" + err).c_str());
   return {WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, ReadFile(out), ReadFile(err)};
@@ -93,6 +96,32 @@ TEST_P(AfdRunTopology, MatchesTheMonolithicModel) {
 }
 
 const std::string kTiny = "preset:tiny";
+
+std::string Golden(const std::string& name);
+
+// The CPU reference is exact by construction: whichever GEMM micro-kernel runs (AVX-512,
+// AVX2+FMA or portable C++), monolithic and AFD runs print the same bytes.
+TEST(CpuExactness, EveryGemmKernelGivesTheSameBytes) {
+  for (const std::string& model : {kTiny, Golden("v3_noaux_tc")}) {
+    std::vector<std::string> afd_args = BaseArgs(model);
+    afd_args.insert(afd_args.end(), {"--topology", "2A2F"});
+    const Output ref = RunAfd(BaseArgs(model), "gemm_ref", "AFD_CPU_GEMM=portable");
+    ASSERT_EQ(ref.status, 0) << ref.err;
+    for (const char* isa : {"portable", "avx2", "avx512"}) {
+      const std::string env = std::string("AFD_CPU_GEMM=") + isa;
+      const Output mono = RunAfd(BaseArgs(model), std::string("gemm_") + isa, env);
+      if (mono.status != 0 && mono.err.find("no such kernel") != std::string::npos) {
+        std::cout << "skipping " << isa << ": not supported by this CPU\n";
+        continue;
+      }
+      ASSERT_EQ(mono.status, 0) << mono.err;
+      EXPECT_EQ(mono.out, ref.out) << isa << " on " << model;
+      const Output afd = RunAfd(afd_args, std::string("gemm_afd_") + isa, env);
+      ASSERT_EQ(afd.status, 0) << afd.err;
+      EXPECT_EQ(afd.out, ref.out) << isa << " 2A2F on " << model;
+    }
+  }
+}
 const std::string kGate = R"({"afd": {"compute_gate_on_attention": true}})";
 std::string Golden(const std::string& name) {
   return std::string(AFD_SOURCE_DIR) + "/tests/data/golden/" + name;

@@ -1,14 +1,18 @@
-// Linear (OpenBLAS) against the double-accumulating reference, and its batch invariance: a row's
-// output must be bit-identical whatever the batch size and the row's place in the batch.
+// Linear against the double-accumulating reference, and its exactness by construction: a row's
+// output must be bit-identical whatever the batch size, the row's place in the batch, the
+// thread count and the micro-kernel (AVX-512, AVX2+FMA, portable) -- and equal to the fma chain
+// gemm.h defines, computed here the slow obvious way.
 #include "afd/kernels/cpu/linear.h"
 
-#include <cblas.h>
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <cmath>
 #include <cstring>
 #include <random>
 #include <vector>
+
+#include "afd/kernels/cpu/gemm.h"
 
 namespace afd::kernels {
 namespace {
@@ -62,8 +66,8 @@ TEST_P(LinearTest, BatchInvariant) {
   const int64_t n = 41, in = 160, out = 520;
   const Matrix w = RandomMatrix(GetParam(), out, in, 3);
   const std::vector<float> x = RandomVector(n * in, 4);
-  for (int threads : {1, 2}) {
-    openblas_set_num_threads(threads);
+  for (int threads : {1, 2, 3}) {
+    omp_set_num_threads(threads);
     std::vector<float> full(n * out);
     Linear(x.data(), n, w, full.data());
     // Each row alone, and a batch starting at an odd offset, must give the same bits.
@@ -76,6 +80,40 @@ TEST_P(LinearTest, BatchInvariant) {
     std::vector<float> part((n - 3) * out);
     Linear(x.data() + 3 * in, n - 3, w, part.data());
     EXPECT_EQ(0, std::memcmp(part.data(), full.data() + 3 * out, part.size() * sizeof(float)));
+  }
+}
+
+// The fma chain of gemm.h, one element at a time.
+float ChainElement(const float* x, const Matrix& w, int64_t o) {
+  std::vector<float> row(w.cols());
+  w.RowsToF32(o, 1, row.data());
+  float acc = 0.0f;
+  for (int64_t j = 0; j < w.cols(); ++j) acc = std::fma(x[j], row[j], acc);
+  return acc;
+}
+
+TEST_P(LinearTest, EveryKernelIsTheDefinedChain) {
+  // k spans several k chunks (partial sums pass through y) and ends off a chunk boundary;
+  // n_out leaves a partial panel; n covers every tile height of every kernel.
+  const int64_t n = 29, in = 600, out = 37;
+  const Matrix w = RandomMatrix(GetParam(), out, in, 5);
+  const std::vector<float> x = RandomVector(n * in, 6);
+  std::vector<float> chain(n * out);
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t o = 0; o < out; ++o) chain[i * out + o] = ChainElement(&x[i * in], w, o);
+  }
+  for (GemmIsa isa : {GemmIsa::kPortable, GemmIsa::kAvx2, GemmIsa::kAvx512}) {
+    if (isa == GemmIsa::kAvx512 && BestGemmIsa() != GemmIsa::kAvx512) continue;
+    if (isa == GemmIsa::kAvx2 && BestGemmIsa() == GemmIsa::kPortable) continue;
+    // y has a wider stride than n_out: columns past it must stay untouched.
+    const int64_t ldy = out + 3;
+    std::vector<float> y(n * ldy, -7.0f);
+    Gemm(x.data(), n, in, w, y.data(), ldy, isa);
+    for (int64_t i = 0; i < n; ++i) {
+      ASSERT_EQ(0, std::memcmp(&y[i * ldy], &chain[i * out], out * sizeof(float)))
+          << GemmIsaName(isa) << " row " << i;
+      for (int64_t o = out; o < ldy; ++o) ASSERT_EQ(y[i * ldy + o], -7.0f);
+    }
   }
 }
 
