@@ -5,7 +5,7 @@
 #include <cmath>
 #include <vector>
 
-namespace afd::kernels {
+namespace afd::kernels::cpu {
 namespace {
 
 TEST(Ops, RmsNorm) {
@@ -42,4 +42,4 @@ TEST(Ops, SiluMulSoftmaxArgmax) {
 }
 
 }  // namespace
-}  // namespace afd::kernels
+}  // namespace afd::kernels::cpu

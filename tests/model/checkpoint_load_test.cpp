@@ -20,7 +20,6 @@ namespace afd::model {
 namespace {
 
 namespace fs = std::filesystem;
-using kernels::DType;
 
 uint16_t ExactF16(float f) {  // f is 0 or a normal half value
   if (f == 0.0f) return 0;
@@ -49,9 +48,9 @@ class RecordingSource : public TensorSource {
       if (dst_type == DType::kF32) {
         static_cast<float*>(dst)[i] = v;
       } else {
-        static_cast<uint16_t*>(dst)[i] = kernels::F32ToBf16(v);
+        static_cast<uint16_t*>(dst)[i] = F32ToBf16(v);
       }
-      const uint16_t half = dtype_ == "BF16" ? kernels::F32ToBf16(v) : ExactF16(v);
+      const uint16_t half = dtype_ == "BF16" ? F32ToBf16(v) : ExactF16(v);
       if (dtype_ == "F32") {
         std::memcpy(&t.bytes[4 * i], &v, 4);
       } else {
@@ -85,13 +84,18 @@ std::string ConfigJson(const ModelConfig& c) {
 }
 
 std::vector<float> Logits(const DeepseekModel& model, const std::vector<int32_t>& ids) {
-  LocalMoeBackend moe(model.config(), model.weights());
-  MlaKvCache cache = model.NewCache();
+  LocalMoeBackend moe(model);
+  kernels::Backend& backend = model.backend();
+  kv::PagedKvCache cache(backend, model.CacheShape(4));
+  Workspace ws(backend);
+  const int64_t seq = cache.AddSequence();
+  EXPECT_TRUE(cache.Reserve(seq, ids.size()));
   ForwardBatch batch;
-  batch.Add(cache.AddSequence(ids.size()), ids, 0);
-  std::vector<float> logits(ids.size() * model.config().vocab_size);
-  model.Forward(batch, cache, moe, logits.data());
-  return logits;
+  batch.Add(cache, seq, ids, 0, ForwardBatch::Logits::kAll);
+  const Tensor logits = model.Forward(batch, cache, moe, ws);
+  std::vector<float> out(logits.numel());
+  backend.CopyToHost(out.data(), logits);
+  return out;
 }
 
 class CheckpointLoadTest : public ::testing::TestWithParam<std::string> {
@@ -108,7 +112,8 @@ class CheckpointLoadTest : public ::testing::TestWithParam<std::string> {
 TEST_P(CheckpointLoadTest, RoundTripIsExact) {
   const ModelConfig config = PresetConfig("tiny");
   RecordingSource source(GetParam());
-  DeepseekModel direct(config, BuildWeights(config, WeightOptions{}, source));
+  const auto backend = kernels::MakeBackend(Device::Cpu());
+  DeepseekModel direct(config, BuildWeights(config, WeightOptions{}, source), *backend);
   // Two shards, without an index: all *.safetensors of the directory are read.
   const size_t half = source.tensors.size() / 2;
   WriteSafetensors((dir_ / "a.safetensors").string(),
@@ -117,7 +122,7 @@ TEST_P(CheckpointLoadTest, RoundTripIsExact) {
                    {source.tensors.begin() + half, source.tensors.end()});
   std::ofstream(dir_ / "config.json") << ConfigJson(config);
 
-  const auto loaded = OpenModel(dir_.string(), OpenOptions{});
+  const auto loaded = OpenModel(dir_.string(), OpenOptions{}, *backend);
   const std::vector<int32_t> ids = {3, 17, 900, 4, 4, 250};
   EXPECT_EQ(Logits(*loaded, ids), Logits(direct, ids));
 
@@ -126,7 +131,7 @@ TEST_P(CheckpointLoadTest, RoundTripIsExact) {
   WriteSafetensors((dir_ / "b.safetensors").string(),
                    {source.tensors.begin() + half + 1, source.tensors.end()});
   try {
-    OpenModel(dir_.string(), OpenOptions{});
+    OpenModel(dir_.string(), OpenOptions{}, *backend);
     FAIL() << "no error for a missing tensor";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find(dropped), std::string::npos) << e.what();

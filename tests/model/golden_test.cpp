@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
-#include "afd/kernels/cpu/ops.h"
 #include "afd/model/loader.h"
 #include "model/npy_reader.h"
+#include "testing/model_harness.h"
 
 namespace afd::model {
 namespace {
@@ -34,14 +34,17 @@ double RelFrobenius(const std::vector<float>& a, const std::vector<float>& ref) 
   return std::sqrt(num / den);
 }
 
-// Prefill of `prompt` into a fresh cache slot; returns the logits [T, V].
-std::vector<float> Prefill(const DeepseekModel& model, MoeBackend& moe, MlaKvCache& cache, int slot,
-                           const std::vector<int32_t>& prompt) {
-  ForwardBatch batch;
-  batch.Add(slot, prompt, 0);
-  std::vector<float> logits(prompt.size() * model.config().vocab_size);
-  model.Forward(batch, cache, moe, logits.data());
-  return logits;
+// log_softmax(x)[id] in double, and the first argmax: the test's own references.
+double LogProb(const float* x, int64_t n, int32_t id) {
+  double max = x[0], sum = 0;
+  for (int64_t i = 1; i < n; ++i) max = std::max<double>(max, x[i]);
+  for (int64_t i = 0; i < n; ++i) sum += std::exp(x[i] - max);
+  return x[id] - max - std::log(sum);
+}
+int32_t ArgMax(const float* x, int64_t n) {
+  int64_t best = 0;
+  for (int64_t i = 1; i < n; ++i) best = x[i] > x[best] ? i : best;
+  return static_cast<int32_t>(best);
 }
 
 class GoldenTest : public ::testing::TestWithParam<std::string> {};
@@ -49,17 +52,16 @@ class GoldenTest : public ::testing::TestWithParam<std::string> {};
 TEST_P(GoldenTest, LogitsAndGreedyMatchTransformers) {
   const std::string dir = CaseDir(GetParam());
   const nlohmann::json golden = ReadJson(dir + "/golden.json");
-  OpenOptions options;
-  const auto model = OpenModel(dir, options);
-  LocalMoeBackend moe(model->config(), model->weights());
-  const int64_t vocab = model->config().vocab_size;
+  testing_util::ModelHarness h(dir);
+  const int64_t vocab = h.vocab();
   const int max_new = golden["greedy_max_new_tokens"].get<int>();
   for (size_t p = 0; p < golden["prompts"].size(); ++p) {
     const auto prompt = golden["prompts"][p].get<std::vector<int32_t>>();
     const int64_t t = prompt.size();
-    MlaKvCache cache = model->NewCache();
-    const int slot = cache.AddSequence(t + max_new);
-    const std::vector<float> logits = Prefill(*model, moe, cache, slot, prompt);
+    const int64_t seq = h.NewSequence(t + max_new);
+    ForwardBatch prefill;
+    h.Add(prefill, seq, prompt, 0);
+    const std::vector<float> logits = h.Run(prefill);
 
     const testing::NpyArray ref =
         testing::ReadNpyF32(dir + "/" + golden["prompt_logits_files"][p].get<std::string>());
@@ -68,24 +70,21 @@ TEST_P(GoldenTest, LogitsAndGreedyMatchTransformers) {
     EXPECT_LT(err, 1e-4) << GetParam() << " prompt " << p;
     std::printf("%s prompt %zu: rel err %.3g\n", GetParam().c_str(), p, err);
 
-    std::vector<float> logprobs(vocab);
     for (int64_t j = 1; j < t; ++j) {
-      kernels::LogSoftmax(logits.data() + (j - 1) * vocab, vocab, logprobs.data());
-      EXPECT_NEAR(logprobs[prompt[j]], golden["prompt_logprobs"][p][j].get<double>(), 1e-4)
+      EXPECT_NEAR(LogProb(logits.data() + (j - 1) * vocab, vocab, prompt[j]),
+                  golden["prompt_logprobs"][p][j].get<double>(), 1e-4)
           << GetParam() << " prompt " << p << " position " << j;
     }
 
     // Greedy decode over the cache.
     std::vector<int32_t> out;
-    int32_t next = kernels::ArgMax(logits.data() + (t - 1) * vocab, vocab);
-    std::vector<float> step(vocab);
+    int32_t next = ArgMax(logits.data() + (t - 1) * vocab, vocab);
     for (int i = 0; i < max_new; ++i) {
       out.push_back(next);
       if (i + 1 == max_new) break;
       ForwardBatch batch;
-      batch.Add(slot, {next}, t + i);
-      model->Forward(batch, cache, moe, step.data());
-      next = kernels::ArgMax(step.data(), vocab);
+      h.Add(batch, seq, {next}, t + i);
+      next = ArgMax(h.Run(batch).data(), vocab);
     }
     EXPECT_EQ(out, golden["greedy_output_ids"][p].get<std::vector<int32_t>>())
         << GetParam() << " prompt " << p;

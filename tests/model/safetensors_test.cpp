@@ -69,7 +69,7 @@ TEST_F(SafetensorsTest, ReadsValidFile) {
   const TensorInfo* t = f.Find("a");
   ASSERT_NE(t, nullptr);
   EXPECT_EQ(t->shape, (std::vector<int64_t>{2, 3}));
-  EXPECT_EQ(*t->dtype, kernels::DType::kF32);
+  EXPECT_EQ(*t->dtype, DType::kF32);
   EXPECT_EQ(static_cast<const float*>(t->data)[0], 1.0f);
   EXPECT_EQ(f.Find("b")->num_bytes, 8u);
 }
@@ -143,7 +143,7 @@ TEST_F(SafetensorsTest, ShardedIndex) {
       << R"({"metadata": {"total_size": 6}, "weight_map": {"a": "s1.safetensors", "b": "s2.safetensors"}})";
   const Checkpoint ckpt = Checkpoint::Open(dir_.string());
   EXPECT_NE(ckpt.Find("a"), nullptr);
-  EXPECT_EQ(*ckpt.Find("b")->dtype, kernels::DType::kF16);
+  EXPECT_EQ(*ckpt.Find("b")->dtype, DType::kF16);
 
   // The index names a tensor its shard lacks.
   std::ofstream(Path("model.safetensors.index.json"))

@@ -2,6 +2,8 @@
 // are composed (prompts join while others decode: mixed steps) but never the results.
 #include <gtest/gtest.h>
 
+#include "afd/common/error.h"
+#include "afd/kernels/cpu/cpu_backend.h"
 #include "afd/model/loader.h"
 #include "afd/runtime/generator.h"
 
@@ -11,12 +13,13 @@ namespace {
 // Counts the steps and whether any step mixed decode and prefill tokens.
 class CountingRunner : public StepRunner {
  public:
-  CountingRunner(const model::DeepseekModel& m, model::MoeBackend& moe) : local_(m, moe) {}
-  void Forward(const model::ForwardBatch& batch, model::MlaKvCache& cache, float* logits) override {
+  explicit CountingRunner(const model::DeepseekModel& m) : local_(m) {}
+  Tensor Forward(const model::ForwardBatch& batch, kv::PagedKvCache& cache,
+                 Workspace& ws) override {
     bool prefill = false, decode = false;
     for (int64_t i = 0; i < batch.size(); ++i) {
       // A prefill token either starts a sequence or follows another token of the same step.
-      const bool continues = i > 0 && batch.seq_slots[i - 1] == batch.seq_slots[i];
+      const bool continues = i > 0 && batch.seq_index[i - 1] == batch.seq_index[i];
       if (batch.positions[i] == 0 || continues) {
         prefill = true;
       } else {
@@ -25,7 +28,7 @@ class CountingRunner : public StepRunner {
     }
     mixed_steps += prefill && decode;
     ++steps;
-    local_.Forward(batch, cache, logits);
+    return local_.Forward(batch, cache, ws);
   }
   int steps = 0;
   int mixed_steps = 0;
@@ -35,14 +38,15 @@ class CountingRunner : public StepRunner {
 };
 
 TEST(ContinuousBatching, LimitsChangeTheStepsNotTheResults) {
-  const auto model = model::OpenModel("preset:tiny", model::OpenOptions{});
-  model::LocalMoeBackend moe(model->config(), model->weights());
+  kernels::cpu::CpuBackend cpu;
+  const auto model = model::OpenModel("preset:tiny", model::OpenOptions{}, cpu);
   const std::vector<std::vector<int32_t>> prompts = {
       {1, 2, 3, 4, 5}, {7, 8, 9}, {10, 11, 12, 13, 14, 15, 16, 17}, {20, 21}, {30, 31, 32, 33}};
   GenerationOptions base;
+  base.prompt_logprobs = true;
   base.max_tokens = 7;
   base.ignore_eos = true;
-  Generator reference(*model, moe);
+  Generator reference(*model);
   const auto want = reference.Generate(prompts, base);
 
   struct Limits {
@@ -54,7 +58,7 @@ TEST(ContinuousBatching, LimitsChangeTheStepsNotTheResults) {
     GenerationOptions o = base;
     o.max_num_seqs = lim.seqs;
     o.max_num_batched_tokens = lim.tokens;
-    CountingRunner runner(*model, moe);
+    CountingRunner runner(*model);
     Generator g(*model, runner);
     const auto got = g.Generate(prompts, o);
     ASSERT_EQ(got.size(), want.size());
@@ -73,13 +77,41 @@ TEST(ContinuousBatching, LimitsChangeTheStepsNotTheResults) {
   }
 }
 
+TEST(ContinuousBatching, PreemptionByRecomputeKeepsTheResults) {
+  kernels::cpu::CpuBackend cpu;
+  const auto model = model::OpenModel("preset:tiny", model::OpenOptions{}, cpu);
+  const std::vector<std::vector<int32_t>> prompts = {
+      {1, 2, 3, 4, 5}, {7, 8, 9}, {10, 11, 12, 13, 14, 15, 16, 17}, {20, 21}};
+  GenerationOptions base;
+  base.max_tokens = 70;  // every sequence grows past one 64-token block
+  base.ignore_eos = true;
+  base.sampling = {0.8f, 20, 0.9f, 3};  // sampled: the random streams must survive a recompute
+  Generator g(*model);
+  GenerationStats roomy_stats, tight_stats;
+  const auto want = g.Generate(prompts, base, &roomy_stats);
+  EXPECT_EQ(roomy_stats.preemptions, 0);
+  GenerationOptions tight = base;
+  tight.num_kv_blocks = 5;  // 4 sequences need 8 blocks at the end
+  const auto got = g.Generate(prompts, tight, &tight_stats);
+  EXPECT_GT(tight_stats.preemptions, 0);
+  EXPECT_LE(tight_stats.peak_kv_blocks, 5);
+  for (size_t s = 0; s < want.size(); ++s) {
+    EXPECT_EQ(got[s].output_ids, want[s].output_ids) << "prompt " << s;
+    EXPECT_EQ(got[s].logprobs, want[s].logprobs) << "prompt " << s;
+  }
+  // A prompt that can never fit is an error, not a hang.
+  GenerationOptions tiny = base;
+  tiny.num_kv_blocks = 1;
+  EXPECT_THROW(g.Generate({std::vector<int32_t>(70, 3)}, tiny), Error);
+}
+
 TEST(ContinuousBatching, APromptLargerThanTheBudgetStillRuns) {
-  const auto model = model::OpenModel("preset:tiny", model::OpenOptions{});
-  model::LocalMoeBackend moe(model->config(), model->weights());
+  kernels::cpu::CpuBackend cpu;
+  const auto model = model::OpenModel("preset:tiny", model::OpenOptions{}, cpu);
   GenerationOptions o;
   o.max_tokens = 3;
   o.max_num_batched_tokens = 2;
-  Generator g(*model, moe);
+  Generator g(*model);
   const auto got = g.Generate({{1, 2, 3, 4, 5, 6}, {7, 8, 9}}, o);
   EXPECT_EQ(got[0].output_ids.size(), 3u);
   EXPECT_EQ(got[1].output_ids.size(), 3u);

@@ -9,23 +9,24 @@
 #include <nlohmann/json.hpp>
 
 #include "afd/common/error.h"
+#include "afd/kernels/cpu/cpu_backend.h"
 #include "afd/model/loader.h"
 
 namespace afd::runtime {
 namespace {
 
 using model::DeepseekModel;
-using model::LocalMoeBackend;
 
 TEST(Generator, BatchedGreedyMatchesTransformers) {
   for (const std::string name : {"v2_group_limited", "v3_noaux_tc"}) {
     const std::string dir = std::string(AFD_SOURCE_DIR) + "/tests/data/golden/" + name;
     std::ifstream in(dir + "/golden.json");
     const nlohmann::json golden = nlohmann::json::parse(in);
-    const auto model = model::OpenModel(dir, model::OpenOptions{});
-    LocalMoeBackend moe(model->config(), model->weights());
-    Generator gen(*model, moe);
+    kernels::cpu::CpuBackend cpu;
+    const auto model = model::OpenModel(dir, model::OpenOptions{}, cpu);
+    Generator gen(*model);
     GenerationOptions options;
+    options.prompt_logprobs = true;
     options.max_tokens = golden["greedy_max_new_tokens"].get<int>();
     options.ignore_eos = true;
     const auto prompts = golden["prompts"].get<std::vector<std::vector<int32_t>>>();
@@ -50,9 +51,9 @@ class TinyGeneratorTest : public ::testing::Test {
   std::vector<GenerationResult> Run(const model::ModelConfig& config,
                                     const std::vector<std::vector<int32_t>>& prompts,
                                     const GenerationOptions& options) {
-    DeepseekModel model(config, model::RandomWeights(config, 0, model::WeightOptions{}));
-    LocalMoeBackend moe(model.config(), model.weights());
-    Generator gen(model, moe);
+    kernels::cpu::CpuBackend cpu;
+    DeepseekModel model(config, model::RandomWeights(config, 0, model::WeightOptions{}), cpu);
+    Generator gen(model);
     return gen.Generate(prompts, options);
   }
   model::ModelConfig config_ = model::PresetConfig("tiny");
@@ -112,16 +113,38 @@ TEST_F(TinyGeneratorTest, Sampling) {
   EXPECT_THROW(Run(config_, {{1024}}, greedy), Error);
 }
 
+// One draw of the CPU backend's Sample op on one row.
+int32_t SampleOnce(std::vector<float> logits, Sampler& s) {
+  kernels::cpu::CpuBackend cpu;
+  int32_t id = -1;
+  const int64_t v = static_cast<int64_t>(logits.size());
+  cpu.Sample(Tensor(logits.data(), DType::kF32, {1, v}), {s.NextRow()},
+             Tensor(&id, DType::kI32, {1}));
+  return id;
+}
+
 TEST(Sampler, TopPKeepsTheSmallestSufficientPrefix) {
   // p ~ {0.64, 0.24, 0.09, 0.03}: top_p 0.6 keeps only the first token.
   const std::vector<float> logits = {3.0f, 2.0f, 1.0f, 0.0f};
   Sampler s({1.0f, 0, 0.6f, 9}, 0);
-  for (int i = 0; i < 50; ++i) EXPECT_EQ(s.Sample(logits.data(), 4), 0);
+  for (int i = 0; i < 50; ++i) EXPECT_EQ(SampleOnce(logits, s), 0);
   Sampler all({1.0f, 0, 1.0f, 9}, 0);
   std::vector<int> counts(4);
-  for (int i = 0; i < 2000; ++i) ++counts[all.Sample(logits.data(), 4)];
+  for (int i = 0; i < 2000; ++i) ++counts[SampleOnce(logits, all)];
   EXPECT_GT(counts[3], 10);  // the unlikely token does get sampled
   EXPECT_GT(counts[0], counts[1]);
+}
+
+TEST(Sampler, NaNLogitsAreNeverChosen) {
+  const float nan = std::nanf("");
+  Sampler greedy({0.0f, 0, 1.0f, 0}, 0);
+  EXPECT_EQ(SampleOnce({nan, 1.0f, 3.0f, nan}, greedy), 2);
+  EXPECT_EQ(SampleOnce({nan, nan}, greedy), 0);  // nothing to choose: the first id
+  Sampler hot({1.0f, 0, 1.0f, 3}, 0);
+  for (int i = 0; i < 200; ++i) {
+    const int32_t id = SampleOnce({nan, 0.0f, 0.5f, nan}, hot);
+    EXPECT_TRUE(id == 1 || id == 2) << id;
+  }
 }
 
 }  // namespace

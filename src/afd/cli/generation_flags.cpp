@@ -34,6 +34,12 @@ void AddGenerationFlags(CLI::App* cmd, GenerationFlags& f) {
   cmd->add_flag("--enable-dbo", f.dbo.enabled,
                 "AFD attention role: big steps run as two pipelined micro-batches (dual-batch "
                 "overlap of attention and FFN)");
+  cmd->add_flag("--prompt-logprobs", f.prompt_logprobs,
+                "Compute the log-probability of every prompt token (the last one only otherwise)");
+  cmd->add_option("--num-gpu-blocks-override", f.num_kv_blocks,
+                  "KV cache blocks of 64 tokens (vLLM's name; also on CPU); 0 (default): room for "
+                  "every prompt at full length; fewer blocks preempt and recompute sequences")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--dbo-decode-token-threshold", f.dbo.decode_token_threshold,
                   "DBO for decode-only steps of at least this many tokens per rank (default 32)")
       ->check(CLI::PositiveNumber);
@@ -66,7 +72,10 @@ std::vector<std::string> GenerationFlagsArgv(const GenerationFlags& f) {
                                 "--dbo-decode-token-threshold",
                                 std::to_string(f.dbo.decode_token_threshold),
                                 "--dbo-prefill-token-threshold",
-                                std::to_string(f.dbo.prefill_token_threshold)};
+                                std::to_string(f.dbo.prefill_token_threshold),
+                                "--num-gpu-blocks-override",
+                                std::to_string(f.num_kv_blocks)};
+  if (f.prompt_logprobs) v.push_back("--prompt-logprobs");
   if (f.ignore_eos) v.push_back("--ignore-eos");
   if (f.bf16) v.push_back("--bf16");
   if (f.dbo.enabled) v.push_back("--enable-dbo");
@@ -109,6 +118,8 @@ runtime::GenerationOptions ToGenerationOptions(const GenerationFlags& f) {
   g.max_num_batched_tokens = f.max_num_batched_tokens;
   g.ignore_eos = f.ignore_eos;
   g.sampling = f.sampling;
+  g.prompt_logprobs = f.prompt_logprobs;
+  g.num_kv_blocks = f.num_kv_blocks;
   return g;
 }
 

@@ -27,11 +27,14 @@ struct GenerationFlags {
   uint64_t preset_seed = 0;
   bool bf16 = false;
   runtime::DboOptions dbo;
+  bool prompt_logprobs = false;  // log-probabilities of the prompt tokens (afd run --json)
+  int64_t num_kv_blocks = 0;     // --num-gpu-blocks-override; 0: room for every prompt
 };
 
 // Registers --model (required), --max-tokens, --max-num-seqs, --max-num-batched-tokens,
 // --ignore-eos, --temperature, --top-k, --top-p, --seed, --num-layers, --preset-seed, --bf16,
-// --enable-dbo, --dbo-decode-token-threshold, --dbo-prefill-token-threshold.
+// --enable-dbo, --dbo-decode-token-threshold, --dbo-prefill-token-threshold,
+// --prompt-logprobs, --num-gpu-blocks-override.
 void AddGenerationFlags(CLI::App* cmd, GenerationFlags& flags);
 
 // The same flags as a command line, for a rank process started by a launcher.

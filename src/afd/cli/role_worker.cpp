@@ -56,7 +56,8 @@ void RunWorker(const WorkerOptions& o) {
     open.weights.expert_begin = SplitOffset(config.n_routed_experts, num_ranks, o.role_rank);
     open.weights.expert_end = SplitOffset(config.n_routed_experts, num_ranks, o.role_rank + 1);
   }
-  std::unique_ptr<model::DeepseekModel> model = model::OpenModel(o.model, open);
+  const std::unique_ptr<kernels::Backend> backend = kernels::MakeBackend(Device::Cpu());
+  std::unique_ptr<model::DeepseekModel> model = model::OpenModel(o.model, open, *backend);
   const model::ModelConfig& mc = model->config();
   comm::JoinRequest request{c, o.role_rank, mc.hidden_size, DType::kF32, {}};
   // Both roles must run the same model layout, or their per-layer exchanges cannot pair up.

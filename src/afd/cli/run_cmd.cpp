@@ -84,8 +84,11 @@ void RunOnDeployment(const RunArgs& args, const std::vector<std::vector<int32_t>
   exit_code = 0;
 }
 
-void Run(const RunArgs& args, int& exit_code) {
+void Run(RunArgs args, int& exit_code) {
+  // --json prints the prompt log-probabilities: compute them (here and on every rank).
+  args.gen.prompt_logprobs = args.gen.prompt_logprobs || args.json;
   std::vector<std::vector<int32_t>> prompts;
+  const std::unique_ptr<kernels::Backend> backend = kernels::MakeBackend(Device::Cpu());
   std::unique_ptr<model::DeepseekModel> model;
   runtime::GenerationOptions options;
   const auto load_start = std::chrono::steady_clock::now();
@@ -95,7 +98,7 @@ void Run(const RunArgs& args, int& exit_code) {
               "--dump-logits needs exactly one --prompt-ids, got {}", prompts.size());
     AFD_CHECK(args.gen.max_tokens >= 0, "--max-tokens must be >= 0, got {}", args.gen.max_tokens);
     const model::OpenOptions open = ToOpenOptions(args.gen);
-    model = model::OpenModel(args.gen.model, open);
+    model = model::OpenModel(args.gen.model, open, *backend);
     const model::ModelConfig& c = model->config();
     AFD_CHECK(!args.gen.dbo.enabled || !args.deployment.topology.empty(),
               "--enable-dbo overlaps the attention and FFN roles: it needs --topology");
@@ -118,8 +121,7 @@ void Run(const RunArgs& args, int& exit_code) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
   options = ToGenerationOptions(args.gen);
   options.keep_prompt_logits = !args.dump_logits.empty();
-  model::LocalMoeBackend moe(model->config(), model->weights());
-  runtime::Generator generator(*model, moe);
+  runtime::Generator generator(*model);
   runtime::GenerationStats stats;
   const auto results = generator.Generate(prompts, options, &stats);
   if (!args.dump_logits.empty()) {
@@ -149,6 +151,9 @@ void Run(const RunArgs& args, int& exit_code) {
         stats.decode_steps, stats.decode_seconds,
         stats.decode_tokens / std::max(stats.decode_seconds, 1e-9),
         1e3 * stats.decode_seconds / std::max<int64_t>(stats.decode_steps, 1));
+    std::cerr << fmt::format("kv cache: {} blocks of {} tokens, peak {} in use, {} preemptions\n",
+                             stats.kv_blocks, kv::kDefaultBlockSize, stats.peak_kv_blocks,
+                             stats.preemptions);
     if (stats.mixed_steps > 0) {
       std::cerr << fmt::format("mixed: {} steps of prefill + decode ({} + {} tokens) in {:.4f} s\n",
                                stats.mixed_steps, stats.mixed_prefill_tokens,

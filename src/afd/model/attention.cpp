@@ -1,10 +1,16 @@
-#include "afd/model/attention.h"
-
-#include <vector>
-
+// The MLA attention layer of DeepseekModel, in the "absorbed" form that works directly on the
+// latent cache. For head h, with W_k[h] = kv_b_proj rows of its dn key dims and W_v[h] those of
+// its dv value dims (both [*, kv_lora]):
+//   q_lat = W_k[h]ᵀ · q_nope                       [kv_lora]
+//   score_j = (q_lat · c_j + q_pe · k_pe_j) · scale, softmax over j = 0..pos (causal)
+//   o_lat = Σ_j p_j · c_j                          [kv_lora]
+//   out_h = W_v[h] · o_lat                         [dv]
+// which equals transformers' expanded form (k_nope_j = W_k[h]·c_j, v_j = W_v[h]·c_j) up to
+// fp32 rounding. q is projected for all heads whatever the head range (a GEMM over a slice of
+// the weight rows is the same chain per element here, but projecting all keeps one code path),
+// so attention tensor parallelism gives exactly the results of one rank.
 #include "afd/common/error.h"
-#include "afd/kernels/cpu/linear.h"
-#include "afd/kernels/cpu/ops.h"
+#include "afd/model/model.h"
 
 namespace afd::model {
 
@@ -14,84 +20,49 @@ namespace {
 constexpr float kLatentNormEps = 1e-6f;
 }  // namespace
 
-void MlaAttention::Forward(const AttentionWeights& w, int64_t layer, const float* x,
-                           const ForwardBatch& batch, MlaKvCache& cache, float* out) const {
-  const int64_t n = batch.size(), nh = c_.num_attention_heads;
-  WriteCache(w, layer, x, batch, cache);
-  std::vector<float> q(n * nh * c_.qk_head_dim());  // [n, nH, dn + dr]
-  ProjectQuery(w, x, batch, 0, nh, q.data());
-  std::vector<float> heads(n * nh * c_.v_head_dim);  // [n, nH·dv]
-  AttendHeads(w, layer, q.data(), batch, cache, 0, nh, heads.data());
-  kernels::Linear(heads.data(), n, w.o_proj, out);
-}
-
-void MlaAttention::WriteCache(const AttentionWeights& w, int64_t layer, const float* x,
-                              const ForwardBatch& batch, MlaKvCache& cache) const {
-  const int64_t n = batch.size(), kvr = c_.kv_lora_rank, dr = c_.qk_rope_head_dim;
-  std::vector<float> ckv(n * (kvr + dr));  // [n, kv_lora + dr]
-  kernels::Linear(x, n, w.kv_a_proj, ckv.data());
-  for (int64_t i = 0; i < n; ++i) {
-    float* row = cache.Row(layer, batch.seq_slots[i], batch.positions[i]);
-    const float* src = ckv.data() + i * (kvr + dr);
-    kernels::RmsNorm(src, 1, kvr, w.kv_a_norm.data(), kLatentNormEps, row);
-    std::copy(src + kvr, src + kvr + dr, row + kvr);
-    rope_.Apply(row + kvr, 1, dr, batch.positions[i]);
-  }
-}
-
-void MlaAttention::ProjectQuery(const AttentionWeights& w, const float* x,
-                                const ForwardBatch& batch, int64_t h0, int64_t h1, float* q) const {
-  const int64_t n = batch.size(), qk = c_.qk_head_dim();
-  AFD_CHECK(0 <= h0 && h0 < h1 && h1 <= c_.num_attention_heads, "heads [{}, {}) out of {}", h0, h1,
-            c_.num_attention_heads);
-  if (c_.q_lora_rank == 0) {
-    kernels::Linear(x, n, w.q_proj.RowSlice(h0 * qk, (h1 - h0) * qk), q);
+void DeepseekModel::Attention(int64_t layer, const StepInputs& in, kv::PagedKvCache& cache,
+                              const Tensor& x, const Tensor& mlp_in, Workspace& ws,
+                              HeadParallel* tp) const {
+  const ModelConfig& c = config_;
+  const AttentionWeights& w = weights_.layers[layer].attn;
+  const int64_t n = in.n, h = c.hidden_size, nh = c.num_attention_heads;
+  const int64_t kvr = c.kv_lora_rank, dr = c.qk_rope_head_dim, qk = c.qk_head_dim();
+  const int64_t dv = c.v_head_dim;
+  const int64_t h0 = tp ? tp->head_begin() : 0, h1 = tp ? tp->head_end() : nh;
+  AFD_CHECK(0 <= h0 && h0 < h1 && h1 <= nh, "heads [{}, {}) out of {}", h0, h1, nh);
+  const Tensor normed = ws.Take(DType::kF32, {n, h});
+  backend_.RmsNorm(x, w.input_norm, c.rms_norm_eps, normed);
+  // Cache rows of this layer for the step's tokens: c = kv_a_layernorm(x·W_kv_aᵀ[:kv_lora]),
+  // k_pe = rope(x·W_kv_aᵀ[kv_lora:]).
+  const Tensor ckv = ws.Take(DType::kF32, {n, kvr + dr});
+  backend_.Linear(normed, w.kv_a_proj, ckv);
+  kernels::AttentionTokens tokens = in.attn;
+  tokens.block_size = cache.block_size();
+  backend_.MlaCacheWrite(ckv, w.kv_a_norm, kLatentNormEps, tokens, rope_spec_, cache.Layer(layer));
+  // q of all heads: [n, nH, dn + dr], rope on the last dr dims of each head.
+  const Tensor q = ws.Take(DType::kF32, {n, nh, qk});
+  const Tensor q2 = q.Reshape({n, nh * qk});
+  if (c.q_lora_rank == 0) {
+    backend_.Linear(normed, w.q_proj, q2);
   } else {
-    std::vector<float> qa(n * c_.q_lora_rank);  // [n, q_lora]
-    kernels::Linear(x, n, w.q_a_proj, qa.data());
-    kernels::RmsNorm(qa.data(), n, c_.q_lora_rank, w.q_a_norm.data(), kLatentNormEps, qa.data());
-    kernels::Linear(qa.data(), n, w.q_b_proj.RowSlice(h0 * qk, (h1 - h0) * qk), q);
+    const Tensor qa = ws.Take(DType::kF32, {n, c.q_lora_rank});
+    backend_.Linear(normed, w.q_a_proj, qa);
+    backend_.RmsNorm(qa, w.q_a_norm, kLatentNormEps, qa);
+    backend_.Linear(qa, w.q_b_proj, q2);
   }
-  for (int64_t i = 0; i < n; ++i) {
-    rope_.Apply(q + i * (h1 - h0) * qk + c_.qk_nope_head_dim, h1 - h0, qk, batch.positions[i]);
+  backend_.Rope(q, c.qk_nope_head_dim, in.attn.positions, rope_spec_);
+  const Tensor mine = ws.Take(DType::kF32, {n, (h1 - h0) * dv});
+  backend_.MlaAttention(q, w.kv_b_proj, tokens, cache.Layer(layer), h0, h1, c.qk_nope_head_dim, dv,
+                        rope_.softmax_scale(), mine);
+  Tensor heads = mine;
+  if (tp != nullptr) {
+    heads = ws.Take(DType::kF32, {n, nh * dv});
+    tp->AllGatherHeads(mine, heads);
   }
-}
-
-void MlaAttention::AttendHeads(const AttentionWeights& w, int64_t layer, const float* q,
-                               const ForwardBatch& batch, const MlaKvCache& cache, int64_t h0,
-                               int64_t h1, float* out) const {
-  const int64_t n = batch.size(), kvr = c_.kv_lora_rank, dn = c_.qk_nope_head_dim;
-  const int64_t dr = c_.qk_rope_head_dim, dv = c_.v_head_dim, qk = dn + dr;
-  const int64_t width = cache.row_width();
-  const float* kv_b = w.kv_b_proj.f32();  // [nH·(dn+dv), kv_lora]
-  const float scale = rope_.softmax_scale();
-  std::vector<float> q_lat(kvr), o_lat(kvr), scores;
-  for (int64_t i = 0; i < n; ++i) {
-    const int seq = batch.seq_slots[i];
-    const int64_t len = batch.positions[i] + 1;    // causal: positions 0..pos
-    const float* rows = cache.Row(layer, seq, 0);  // [capacity, width], contiguous
-    scores.resize(len);
-    for (int64_t h = h0; h < h1; ++h) {
-      const float* qh = q + (i * (h1 - h0) + (h - h0)) * qk;
-      const float* w_k = kv_b + h * (dn + dv) * kvr;  // [dn, kv_lora]
-      const float* w_v = w_k + dn * kvr;              // [dv, kv_lora]
-      std::fill(q_lat.begin(), q_lat.end(), 0.0f);
-      for (int64_t d = 0; d < dn; ++d)
-        kernels::AxpyInPlace(q_lat.data(), qh[d], w_k + d * kvr, kvr);
-      for (int64_t j = 0; j < len; ++j) {
-        const float* row = rows + j * width;
-        scores[j] =
-            (kernels::Dot(q_lat.data(), row, kvr) + kernels::Dot(qh + dn, row + kvr, dr)) * scale;
-      }
-      kernels::SoftmaxInPlace(scores.data(), len);
-      std::fill(o_lat.begin(), o_lat.end(), 0.0f);
-      for (int64_t j = 0; j < len; ++j) {
-        kernels::AxpyInPlace(o_lat.data(), scores[j], rows + j * width, kvr);
-      }
-      float* out_h = out + (i * (h1 - h0) + (h - h0)) * dv;
-      for (int64_t e = 0; e < dv; ++e) out_h[e] = kernels::Dot(w_v + e * kvr, o_lat.data(), kvr);
-    }
-  }
+  const Tensor out = ws.Take(DType::kF32, {n, h});
+  backend_.Linear(heads, w.o_proj, out);
+  backend_.Add(x, out);
+  backend_.RmsNorm(x, weights_.layers[layer].post_attention_norm, c.rms_norm_eps, mlp_in);
 }
 
 }  // namespace afd::model

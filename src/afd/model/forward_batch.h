@@ -1,27 +1,37 @@
-// The tokens of one forward step. Several sequences may share a step; each contributes tokens
-// at consecutive positions that continue what its KV cache slot already holds.
+// The tokens of one forward step, on the host. Several sequences may share a step; each
+// contributes tokens at consecutive positions that continue what its KV cache sequence already
+// holds. Built by the scheduler/generator, uploaded by DeepseekModel::Upload.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <vector>
 
+#include "afd/kv/paged_cache.h"
+
 namespace afd::model {
 
 struct ForwardBatch {
-  std::vector<int32_t> token_ids;  // [n]
-  std::vector<int32_t> seq_slots;  // [n] KV cache slot of each token
-  std::vector<int64_t> positions;  // [n] position of each token in its sequence
+  std::vector<int32_t> token_ids;     // [n]
+  std::vector<int64_t> positions;     // [n] position of each token in its sequence
+  std::vector<int32_t> seq_index;     // [n] row of block_tables of the token's sequence
+  std::vector<int64_t> slot_mapping;  // [n] cache slot the token's row is written to
+  std::vector<int64_t> seq_ids;       // [rows] cache sequence of each block-table row
+  std::vector<std::vector<int32_t>> block_tables;  // [rows][blocks]
+  // Tokens whose logits the step returns, ascending (e.g. each sequence's last token; all
+  // tokens when prompt log-probabilities are wanted).
+  std::vector<int32_t> logits_rows;
 
   int64_t size() const { return static_cast<int64_t>(token_ids.size()); }
-  // Appends `ids` of sequence `slot` at positions start, start + 1, ...
-  void Add(int32_t slot, const std::vector<int32_t>& ids, int64_t start) {
-    for (std::size_t i = 0; i < ids.size(); ++i) {
-      token_ids.push_back(ids[i]);
-      seq_slots.push_back(slot);
-      positions.push_back(start + static_cast<int64_t>(i));
-    }
-  }
+  // Appends `ids` of cache sequence `seq` at positions start, start + 1, ...; the cache must have
+  // room reserved for them (PagedKvCache::Reserve). want_logits: rows of every appended token
+  // (all) or only the last one (last_only).
+  enum class Logits { kNone, kLast, kAll };
+  void Add(const kv::PagedKvCache& cache, int64_t seq, const std::vector<int32_t>& ids,
+           int64_t start, Logits logits);
+  // Tokens [begin, begin + count) with the same block tables; logits_rows keeps those in range
+  // (renumbered).
+  ForwardBatch Slice(int64_t begin, int64_t count) const;
 };
 
 }  // namespace afd::model

@@ -1,6 +1,7 @@
 #include "afd/model/loader.h"
 
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include "afd/common/error.h"
@@ -126,7 +127,43 @@ int64_t ParameterCount(const ModelConfig& c) {
   return total;
 }
 
-std::unique_ptr<DeepseekModel> OpenModel(const std::string& spec, const OpenOptions& options) {
+int64_t LoadedParameterCount(const ModelConfig& c, const WeightOptions& o) {
+  ModelConfig attention_only = c, experts_only = c;
+  attention_only.n_routed_experts = 0;
+  attention_only.n_shared_experts = 0;
+  const int64_t h = c.hidden_size, moe_layers = [&c] {
+    int64_t m = 0;
+    for (int64_t l = 0; l < c.num_hidden_layers; ++l) m += c.IsMoeLayer(l);
+    return m;
+  }();
+  const int64_t expert = 3 * h * c.moe_intermediate_size;
+  const int64_t end = o.expert_end < 0 ? c.n_routed_experts : o.expert_end;
+  int64_t total = 0;
+  if (o.load_attention) total += ParameterCount(attention_only);
+  if (o.load_moe)
+    total += moe_layers * (c.n_routed_experts * (h + 1) + expert * c.n_shared_experts);
+  total += moe_layers * expert * std::max<int64_t>(0, end - o.expert_begin);
+  return total;
+}
+
+void MoveToDevice(ModelWeights& weights, kernels::Backend& backend) {
+  if (backend.device().is_cpu()) return;  // host tensors are the CPU backend's memory
+  std::map<void*, Tensor> moved;          // tied tensors (lm_head = embed) move once
+  ForEachTensor(weights, [&](Tensor& t) {
+    auto it = moved.find(t.data());
+    if (it == moved.end()) {
+      std::shared_ptr<void> mem = backend.Allocate(t.nbytes());
+      Tensor d(mem.get(), t.dtype(), t.shape(), backend.device(), mem);
+      backend.CopyToDevice(d, t.data());
+      it = moved.emplace(t.data(), d).first;
+    }
+    t = it->second;
+  });
+  backend.Synchronize();
+}
+
+std::unique_ptr<DeepseekModel> OpenModel(const std::string& spec, const OpenOptions& options,
+                                         kernels::Backend& backend) {
   const std::string kPrefix = "preset:";
   const bool preset = spec.rfind(kPrefix, 0) == 0;
   ModelConfig config;
@@ -145,9 +182,10 @@ std::unique_ptr<DeepseekModel> OpenModel(const std::string& spec, const OpenOpti
   }
   WeightOptions weights = options.weights;
   if (options.auto_bf16 && ParameterCount(config) * 4 > kAutoBf16Bytes) {
-    weights.matrix_dtype = kernels::DType::kBF16;
+    weights.matrix_dtype = DType::kBF16;
   }
-  const int64_t need = ParameterCount(config) * DTypeSize(weights.matrix_dtype);
+  // Only what this process loads counts: an FFN rank holds its experts, not the whole model.
+  const int64_t need = LoadedParameterCount(config, weights) * DTypeSize(weights.matrix_dtype);
   const int64_t available = AvailableMemory();
   AFD_CHECK(available < 0 || need <= available,
             "{}: the weights need about {:.1f} GiB as {}, but only {:.1f} GiB of memory is "
@@ -155,7 +193,8 @@ std::unique_ptr<DeepseekModel> OpenModel(const std::string& spec, const OpenOpti
             spec, need / 1073741824.0, DTypeName(weights.matrix_dtype), available / 1073741824.0);
   ModelWeights w = preset ? RandomWeights(config, options.preset_seed, weights)
                           : LoadWeights(config, *ckpt, weights);
-  return std::make_unique<DeepseekModel>(std::move(config), std::move(w));
+  MoveToDevice(w, backend);
+  return std::make_unique<DeepseekModel>(std::move(config), std::move(w), backend);
 }
 
 }  // namespace afd::model

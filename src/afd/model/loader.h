@@ -29,7 +29,14 @@ ModelConfig PresetConfig(const std::string& name);
 // Parameter count of the weights a config implies (all experts).
 int64_t ParameterCount(const ModelConfig& config);
 
-// `spec` is "preset:NAME" or a checkpoint directory. Throws afd::Error on bad input.
-std::unique_ptr<DeepseekModel> OpenModel(const std::string& spec, const OpenOptions& options);
+// Parameters a process holds under `options` (its role's part: attention, router and shared
+// experts, its range of routed experts).
+int64_t LoadedParameterCount(const ModelConfig& config, const WeightOptions& options);
+
+// `spec` is "preset:NAME" or a checkpoint directory; the weights end up in `backend`'s memory
+// (which must outlive the model). Throws afd::Error on bad input or too little memory for the
+// part this process loads.
+std::unique_ptr<DeepseekModel> OpenModel(const std::string& spec, const OpenOptions& options,
+                                         kernels::Backend& backend);
 
 }  // namespace afd::model

@@ -1,104 +1,163 @@
 #include "afd/model/model.h"
 
+#include <algorithm>
 #include <map>
-#include <vector>
 
 #include "afd/common/error.h"
-#include "afd/kernels/cpu/linear.h"
-#include "afd/kernels/cpu/ops.h"
-#include "afd/model/experts.h"
+#include "afd/model/router.h"
 
 namespace afd::model {
 
-DeepseekModel::DeepseekModel(ModelConfig config, ModelWeights weights)
+StepInputs StepInputs::Slice(int64_t begin, int64_t count) const {
+  StepInputs s = *this;
+  s.n = count;
+  s.token_ids = token_ids.Rows(begin, count);
+  s.attn.positions = attn.positions.Rows(begin, count);
+  s.attn.seq_index = attn.seq_index.Rows(begin, count);
+  s.attn.slot_mapping = attn.slot_mapping.Rows(begin, count);
+  s.logits_rows = Tensor();
+  return s;
+}
+
+DeepseekModel::DeepseekModel(ModelConfig config, ModelWeights weights, kernels::Backend& backend)
     : config_(std::move(config)),
       weights_(std::move(weights)),
+      backend_(backend),
       rope_(config_),
-      attention_(config_, rope_) {
+      router_spec_(RouterSpecOf(config_)) {
   AFD_CHECK(static_cast<int64_t>(weights_.layers.size()) == config_.num_hidden_layers,
             "weights have {} layers, the config {}", weights_.layers.size(),
             config_.num_hidden_layers);
+  const int64_t half = static_cast<int64_t>(rope_.inv_freq().size());
+  std::shared_ptr<void> mem = backend_.Allocate(half * sizeof(float));
+  inv_freq_ = Tensor(mem.get(), DType::kF32, {half}, backend_.device(), mem);
+  backend_.CopyToDevice(inv_freq_, rope_.inv_freq().data());
+  rope_spec_ = {inv_freq_, rope_.attention_factor(), rope_.interleave()};
 }
 
-MlaKvCache DeepseekModel::NewCache() const {
-  return MlaKvCache(config_.num_hidden_layers, config_.kv_lora_rank, config_.qk_rope_head_dim);
+kv::CacheShape DeepseekModel::CacheShape(int64_t num_blocks, int64_t block_size) const {
+  kv::CacheShape s;
+  s.num_layers = config_.num_hidden_layers;
+  s.row_width = config_.kv_lora_rank + config_.qk_rope_head_dim;
+  s.block_size = block_size;
+  s.num_blocks = num_blocks;
+  return s;
 }
 
-void DeepseekModel::CheckBatch(const ForwardBatch& batch, const MlaKvCache& cache) const {
-  AFD_CHECK(batch.seq_slots.size() == batch.token_ids.size() &&
-                batch.positions.size() == batch.token_ids.size(),
-            "forward batch: token_ids, seq_slots and positions differ in length");
-  std::map<int32_t, int64_t> next;  // slot -> expected position
-  for (int64_t i = 0; i < batch.size(); ++i) {
-    const int32_t slot = batch.seq_slots[i];
-    AFD_CHECK(slot >= 0 && slot < cache.num_sequences(), "forward batch: no cache slot {}", slot);
-    auto it = next.try_emplace(slot, cache.length(slot)).first;
-    AFD_CHECK(batch.positions[i] == it->second,
-              "forward batch: token {} of sequence {} has position {}, expected {}", i, slot,
-              batch.positions[i], it->second);
-    AFD_CHECK(batch.positions[i] < cache.capacity(slot),
-              "sequence {} is full: position {} exceeds the cache capacity {}", slot,
-              batch.positions[i], cache.capacity(slot));
+void DeepseekModel::CheckBatch(const ForwardBatch& b, const kv::PagedKvCache& cache) const {
+  const int64_t n = b.size();
+  AFD_CHECK(static_cast<int64_t>(b.positions.size()) == n &&
+                static_cast<int64_t>(b.seq_index.size()) == n &&
+                static_cast<int64_t>(b.slot_mapping.size()) == n &&
+                b.seq_ids.size() == b.block_tables.size(),
+            "forward batch: token_ids, positions, seq_index, slot_mapping differ in length");
+  std::map<int32_t, int64_t> next;  // block-table row -> expected position
+  for (int64_t i = 0; i < n; ++i) {
+    AFD_CHECK(b.token_ids[i] >= 0 && b.token_ids[i] < config_.vocab_size,
+              "token id {} is outside the vocabulary [0, {})", b.token_ids[i], config_.vocab_size);
+    const int32_t row = b.seq_index[i];
+    AFD_CHECK(row >= 0 && row < static_cast<int32_t>(b.seq_ids.size()),
+              "forward batch: token {} has no sequence row {}", i, row);
+    const int64_t seq = b.seq_ids[row];
+    auto it = next.try_emplace(row, cache.length(seq)).first;
+    AFD_CHECK(b.positions[i] == it->second,
+              "forward batch: token {} of sequence {} has position {}, expected {}", i, seq,
+              b.positions[i], it->second);
+    AFD_CHECK(b.positions[i] < cache.capacity(seq) &&
+                  b.slot_mapping[i] == cache.Slot(seq, b.positions[i]),
+              "sequence {}: position {} has no reserved cache slot (capacity {})", seq,
+              b.positions[i], cache.capacity(seq));
     ++it->second;
   }
+  for (size_t r = 1; r < b.logits_rows.size(); ++r) {
+    AFD_CHECK(b.logits_rows[r - 1] < b.logits_rows[r], "forward batch: logits rows not ascending");
+  }
+  AFD_CHECK(b.logits_rows.empty() || (b.logits_rows.front() >= 0 && b.logits_rows.back() < n),
+            "forward batch: logits rows outside the {} tokens", n);
 }
 
-void DeepseekModel::CommitBatch(const ForwardBatch& batch, MlaKvCache& cache) {
-  for (int64_t i = 0; i < batch.size(); ++i) {
-    const int32_t slot = batch.seq_slots[i];
-    if (batch.positions[i] + 1 > cache.length(slot)) cache.SetLength(slot, batch.positions[i] + 1);
+void DeepseekModel::CommitBatch(const ForwardBatch& b, kv::PagedKvCache& cache) {
+  for (int64_t i = 0; i < b.size(); ++i) {
+    const int64_t seq = b.seq_ids[b.seq_index[i]];
+    if (b.positions[i] + 1 > cache.length(seq)) cache.SetLength(seq, b.positions[i] + 1);
   }
 }
 
-void DeepseekModel::Embed(const int32_t* ids, int64_t n, float* x) const {
-  for (int64_t i = 0; i < n; ++i) {
-    AFD_CHECK(ids[i] >= 0 && ids[i] < config_.vocab_size,
-              "token id {} is outside the vocabulary [0, {})", ids[i], config_.vocab_size);
-    weights_.embed.RowsToF32(ids[i], 1, x + i * config_.hidden_size);
+StepInputs DeepseekModel::Upload(const ForwardBatch& b, Workspace& ws) const {
+  StepInputs in;
+  in.n = b.size();
+  auto put = [&](const auto& v, DType dtype, std::vector<int64_t> shape) {
+    Tensor t = ws.Take(dtype, shape);
+    backend_.CopyToDevice(t, v.data());
+    return t;
+  };
+  in.token_ids = put(b.token_ids, DType::kI32, {in.n});
+  in.attn.positions = put(b.positions, DType::kI64, {in.n});
+  in.attn.seq_index = put(b.seq_index, DType::kI32, {in.n});
+  in.attn.slot_mapping = put(b.slot_mapping, DType::kI64, {in.n});
+  int64_t max_blocks = 1;
+  for (const auto& t : b.block_tables) max_blocks = std::max<int64_t>(max_blocks, t.size());
+  const int64_t rows = static_cast<int64_t>(b.block_tables.size());
+  std::vector<int32_t> tables(std::max<int64_t>(rows, 1) * max_blocks, 0);  // [rows, max_blocks]
+  for (int64_t r = 0; r < rows; ++r) {
+    std::copy(b.block_tables[r].begin(), b.block_tables[r].end(), tables.begin() + r * max_blocks);
   }
+  in.attn.block_tables = put(tables, DType::kI32, {std::max<int64_t>(rows, 1), max_blocks});
+  in.attn.block_size = kv::kDefaultBlockSize;
+  in.logits_rows = put(b.logits_rows, DType::kI32, {static_cast<int64_t>(b.logits_rows.size())});
+  return in;
 }
 
-void DeepseekModel::AttentionStep(int64_t layer, const ForwardBatch& batch, MlaKvCache& cache,
-                                  float* x, float* mlp_in) const {
-  const int64_t n = batch.size(), h = config_.hidden_size;
-  const LayerWeights& lw = weights_.layers[layer];
-  std::vector<float> normed(n * h), attn(n * h);  // [n, H] each
-  kernels::RmsNorm(x, n, h, lw.attn.input_norm.data(), config_.rms_norm_eps, normed.data());
-  attention_.Forward(lw.attn, layer, normed.data(), batch, cache, attn.data());
-  kernels::AddInPlace(x, attn.data(), n * h);
-  kernels::RmsNorm(x, n, h, lw.post_attention_norm.data(), config_.rms_norm_eps, mlp_in);
+void DeepseekModel::Embed(const StepInputs& in, const Tensor& x) const {
+  backend_.Embedding(weights_.embed, in.token_ids, x);
 }
 
-void DeepseekModel::DenseMlp(int64_t layer, const float* mlp_in, int64_t n, float* out) const {
+void DeepseekModel::Mlp(const MlpWeights& w, const Tensor& x, const Tensor& out,
+                        Workspace& ws) const {
+  const int64_t n = x.dim(0), inter = w.down.dim(1);
+  const Tensor gate_up = ws.Take(DType::kF32, {n, 2 * inter});
+  const Tensor act = ws.Take(DType::kF32, {n, inter});
+  backend_.Linear(x, w.gate_up, gate_up);
+  backend_.SiluMul(gate_up, act);
+  backend_.Linear(act, w.down, out);
+}
+
+void DeepseekModel::DenseMlp(int64_t layer, const Tensor& mlp_in, const Tensor& out,
+                             Workspace& ws) const {
   AFD_CHECK(!config_.IsMoeLayer(layer), "layer {} is a MoE layer", layer);
-  MlpForward(weights_.layers[layer].dense, mlp_in, n, out);
+  Mlp(weights_.layers[layer].dense, mlp_in, out, ws);
 }
 
-void DeepseekModel::Logits(const float* x, int64_t n, float* logits) const {
-  std::vector<float> normed(n * config_.hidden_size);  // [n, H]
-  kernels::RmsNorm(x, n, config_.hidden_size, weights_.final_norm.data(), config_.rms_norm_eps,
-                   normed.data());
-  kernels::Linear(normed.data(), n, weights_.lm_head, logits);
+Tensor DeepseekModel::Logits(const Tensor& x, const StepInputs& in, Workspace& ws) const {
+  const int64_t m = in.logits_rows.numel(), h = config_.hidden_size;
+  const Tensor rows = ws.Take(DType::kF32, {m, h});
+  backend_.GatherRows(x, in.logits_rows, rows);
+  backend_.RmsNorm(rows, weights_.final_norm, config_.rms_norm_eps, rows);
+  const Tensor logits = ws.Take(DType::kF32, {m, config_.vocab_size});
+  if (m > 0) backend_.Linear(rows, weights_.lm_head, logits);
+  return logits;
 }
 
-void DeepseekModel::Forward(const ForwardBatch& batch, MlaKvCache& cache, MoeBackend& moe,
-                            float* logits) const {
+Tensor DeepseekModel::Forward(const ForwardBatch& batch, kv::PagedKvCache& cache, MoeBackend& moe,
+                              Workspace& ws) const {
   CheckBatch(batch, cache);
   const int64_t n = batch.size(), h = config_.hidden_size;
-  if (n == 0) return;
-  std::vector<float> x(n * h), mlp_in(n * h), mlp_out(n * h);  // [n, H] each
-  Embed(batch.token_ids.data(), n, x.data());
-  for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
-    AttentionStep(l, batch, cache, x.data(), mlp_in.data());
+  const StepInputs in = Upload(batch, ws);
+  const Tensor x = ws.Take(DType::kF32, {n, h});
+  const Tensor mlp_in = ws.Take(DType::kF32, {n, h});
+  const Tensor mlp_out = ws.Take(DType::kF32, {n, h});
+  if (n > 0) Embed(in, x);
+  for (int64_t l = 0; n > 0 && l < config_.num_hidden_layers; ++l) {
+    Attention(l, in, cache, x, mlp_in, ws);
     if (config_.IsMoeLayer(l)) {
-      moe.Forward(l, mlp_in.data(), n, mlp_out.data());
+      moe.Forward(l, mlp_in, mlp_out, ws);
     } else {
-      DenseMlp(l, mlp_in.data(), n, mlp_out.data());
+      DenseMlp(l, mlp_in, mlp_out, ws);
     }
-    kernels::AddInPlace(x.data(), mlp_out.data(), n * h);
+    backend_.Add(x, mlp_out);
   }
   CommitBatch(batch, cache);
-  Logits(x.data(), n, logits);
+  return Logits(x, in, ws);
 }
 
 }  // namespace afd::model

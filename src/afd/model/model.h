@@ -1,66 +1,110 @@
-// A DeepSeek-V2/V3 causal LM on the CPU: embedding, decoder layers (MLA attention, then a dense
-// MLP or a MoE block), final norm and lm_head; hidden states are fp32 [n, H], token-major.
+// A DeepSeek-V2/V3 causal LM written once against the backend op interface: embedding, decoder
+// layers (MLA attention over the paged latent cache, then a dense MLP or a MoE block), final
+// norm and lm_head. Hidden states are fp32 [n, H], token-major, in the backend's memory; a
+// step's scratch tensors come from a Workspace (nothing is allocated inside a step).
 //
-// Forward runs the whole stack; the per-layer steps are public so that the AFD attention role
-// can run them and send the MoE input elsewhere:
-//   x = Embed(ids)
-//   for each layer l: AttentionStep(l, ...) -> x += attn(norm(x)); mlp_in = post_norm(x)
+// Forward runs the whole stack; the per-layer functions are public so that the AFD roles run
+// the same code (the attention role with a head range and the MoE sent elsewhere, the FFN role
+// the MoE of its experts):
+//   in = Upload(batch); x = Embed(in)
+//   for each layer l: Attention(l, ...)  -> x += attn(norm(x)); mlp_in = post_norm(x)
 //                     mlp_out = l is MoE ? moe.Forward(l, mlp_in) : DenseMlp(l, mlp_in)
 //                     x += mlp_out
-//   logits = Logits(x)
-// Thread safety: const methods may run concurrently on distinct caches.
+//   logits = Logits(x, in)            (rows in.logits_rows only)
+// Thread safety: const methods may run concurrently on distinct caches, workspaces and backends
+// (one backend is used by one thread at a time).
 #pragma once
 
 #include <cstdint>
+#include <memory>
 
-#include "afd/model/attention.h"
+#include "afd/kernels/backend.h"
+#include "afd/kv/paged_cache.h"
 #include "afd/model/forward_batch.h"
-#include "afd/model/kv_cache.h"
 #include "afd/model/model_config.h"
 #include "afd/model/moe_backend.h"
 #include "afd/model/rope.h"
 #include "afd/model/weights.h"
+#include "afd/tensor/workspace.h"
 
 namespace afd::model {
 
+// A step's inputs in the backend's memory (views into the step's workspace).
+struct StepInputs {
+  int64_t n = 0;
+  Tensor token_ids;               // [n] i32
+  kernels::AttentionTokens attn;  // positions, seq_index, slot_mapping, block tables
+  Tensor logits_rows;             // [m] i32
+  // Tokens [begin, begin + count): per-token views; block tables shared; no logits rows.
+  StepInputs Slice(int64_t begin, int64_t count) const;
+};
+
+// Attention tensor parallelism: this rank attends heads [head_begin, head_end) and the head
+// outputs of all ranks are gathered before o_proj (implemented by the runtime over its TP group).
+class HeadParallel {
+ public:
+  virtual ~HeadParallel() = default;
+  virtual int64_t head_begin() const = 0;
+  virtual int64_t head_end() const = 0;
+  // all: [n, heads·dv] = every rank's `mine` ([n, its heads·dv]) side by side, heads in order.
+  virtual void AllGatherHeads(const Tensor& mine, const Tensor& all) = 0;
+};
+
 class DeepseekModel {
  public:
-  DeepseekModel(ModelConfig config, ModelWeights weights);
+  // `backend` must outlive the model; the weights must be in its memory.
+  DeepseekModel(ModelConfig config, ModelWeights weights, kernels::Backend& backend);
   DeepseekModel(const DeepseekModel&) = delete;
   DeepseekModel& operator=(const DeepseekModel&) = delete;
 
   const ModelConfig& config() const { return config_; }
   const ModelWeights& weights() const { return weights_; }
-  const MlaAttention& attention() const { return attention_; }
-  // An empty cache for this model; add sequences with MlaKvCache::AddSequence.
-  MlaKvCache NewCache() const;
+  kernels::Backend& backend() const { return backend_; }
+  // The cache shape of this model for `num_blocks` blocks.
+  kv::CacheShape CacheShape(int64_t num_blocks, int64_t block_size = kv::kDefaultBlockSize) const;
 
-  // Runs `batch` through the model, appending its tokens to `cache` (the positions of each
-  // sequence's tokens must be consecutive and start at its cache length; checked).
-  // logits: [n, vocab] for every token of the batch.
-  void Forward(const ForwardBatch& batch, MlaKvCache& cache, MoeBackend& moe, float* logits) const;
-
-  // x: [n, H] = embedding rows of ids (checked against the vocabulary).
-  void Embed(const int32_t* ids, int64_t n, float* x) const;
-  // x: [n, H] residual stream, updated in place with the attention of `layer`;
-  // mlp_in: [n, H] = post_attention_layernorm(x) afterwards.
-  void AttentionStep(int64_t layer, const ForwardBatch& batch, MlaKvCache& cache, float* x,
-                     float* mlp_in) const;
-  // Dense MLP of a layer < first_k_dense_replace: out [n, H].
-  void DenseMlp(int64_t layer, const float* mlp_in, int64_t n, float* out) const;
-  // logits [n, vocab] = lm_head(norm(x)), x: [n, H].
-  void Logits(const float* x, int64_t n, float* logits) const;
-
-  // Checks that the batch continues the cache; throws afd::Error otherwise.
-  void CheckBatch(const ForwardBatch& batch, const MlaKvCache& cache) const;
+  // Checks that the batch continues the cache and its ids are in the vocabulary; throws
+  // afd::Error otherwise.
+  void CheckBatch(const ForwardBatch& batch, const kv::PagedKvCache& cache) const;
   // Advances each sequence's cache length past the batch's tokens.
-  static void CommitBatch(const ForwardBatch& batch, MlaKvCache& cache);
+  static void CommitBatch(const ForwardBatch& batch, kv::PagedKvCache& cache);
+  StepInputs Upload(const ForwardBatch& batch, Workspace& ws) const;
+
+  // The whole stack: logits [m, vocab] for batch.logits_rows (in ws), cache committed.
+  Tensor Forward(const ForwardBatch& batch, kv::PagedKvCache& cache, MoeBackend& moe,
+                 Workspace& ws) const;
+
+  // x: [n, H] = embedding rows of the step's ids.
+  void Embed(const StepInputs& in, const Tensor& x) const;
+  // x: [n, H] residual stream, updated with the attention of `layer` (cache rows written
+  // first); mlp_in: [n, H] = post_attention_layernorm(x). tp: null for all heads here.
+  void Attention(int64_t layer, const StepInputs& in, kv::PagedKvCache& cache, const Tensor& x,
+                 const Tensor& mlp_in, Workspace& ws, HeadParallel* tp = nullptr) const;
+  // out: [n, H] = dense MLP of a layer < first_k_dense_replace.
+  void DenseMlp(int64_t layer, const Tensor& mlp_in, const Tensor& out, Workspace& ws) const;
+  // Router of MoE `layer`: ids, weights: [n, k] (ids ascending per token).
+  void Route(int64_t layer, const Tensor& hidden, const Tensor& ids, const Tensor& weights,
+             Workspace& ws) const;
+  // out: [n, H] = Σ over each token's slots whose expert is loaded here (ascending) of
+  // weight · expert(hidden), from zero.
+  void RoutedExperts(int64_t layer, const Tensor& hidden, const Tensor& ids, const Tensor& weights,
+                     const Tensor& out, Workspace& ws) const;
+  // out += shared experts(hidden) (nothing when the model has none).
+  void AddSharedExperts(int64_t layer, const Tensor& hidden, const Tensor& out,
+                        Workspace& ws) const;
+  // logits: [m, vocab] of the rows in.logits_rows of x: [n, H].
+  Tensor Logits(const Tensor& x, const StepInputs& in, Workspace& ws) const;
 
  private:
+  void Mlp(const MlpWeights& w, const Tensor& x, const Tensor& out, Workspace& ws) const;
+
   ModelConfig config_;
   ModelWeights weights_;
+  kernels::Backend& backend_;
   Rope rope_;
-  MlaAttention attention_;
+  kernels::RopeSpec rope_spec_;
+  kernels::RouterSpec router_spec_;
+  Tensor inv_freq_;  // [dr/2] on the device
 };
 
 }  // namespace afd::model

@@ -63,24 +63,4 @@ Rope::Rope(const ModelConfig& config)
   }
 }
 
-void Rope::Apply(float* x, int64_t count, int64_t stride, int64_t pos) const {
-  const int64_t half = dim_ / 2;
-  float cos_v[256], sin_v[256];  // dr <= 512 is checked by ModelConfig::Validate
-  for (int64_t i = 0; i < half; ++i) {
-    const float angle = static_cast<float>(pos) * inv_freq_[i];
-    cos_v[i] = static_cast<float>(std::cos(static_cast<double>(angle))) * attention_factor_;
-    sin_v[i] = static_cast<float>(std::sin(static_cast<double>(angle))) * attention_factor_;
-  }
-  for (int64_t v = 0; v < count; ++v) {
-    float* y = x + v * stride;
-    for (int64_t i = 0; i < half; ++i) {
-      float* a = interleave_ ? &y[2 * i] : &y[i];
-      float* b = interleave_ ? &y[2 * i + 1] : &y[i + half];
-      const float x1 = *a, x2 = *b;
-      *a = x1 * cos_v[i] - x2 * sin_v[i];
-      *b = x2 * cos_v[i] + x1 * sin_v[i];
-    }
-  }
-}
-
 }  // namespace afd::model

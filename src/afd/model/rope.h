@@ -8,6 +8,7 @@
 // Pairing: interleaved rotates (x[2i], x[2i+1]) by angle pos·inv_freq[i] (V2, and V3 with
 // rope_interleave; V3 then stores the result de-interleaved, which leaves every q·k product
 // unchanged, so this runtime keeps the interleaved layout); otherwise (x[i], x[i + dr/2]).
+// The rotation itself is a backend op (kernels/backend.h Rope, MlaCacheWrite).
 // Thread safety: immutable after construction.
 #pragma once
 
@@ -22,12 +23,10 @@ class Rope {
  public:
   explicit Rope(const ModelConfig& config);
 
-  // Rotates `count` vectors of dr floats, the i-th at x + i·stride, for position `pos`.
-  void Apply(float* x, int64_t count, int64_t stride, int64_t pos) const;
-
   const std::vector<float>& inv_freq() const { return inv_freq_; }
   float attention_factor() const { return attention_factor_; }
   float softmax_scale() const { return softmax_scale_; }
+  bool interleave() const { return interleave_; }
 
  private:
   int64_t dim_;

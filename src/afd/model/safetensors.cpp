@@ -29,10 +29,10 @@ int ElementSize(const std::string& dtype) {
   return it == kSizes.end() ? 0 : it->second;
 }
 
-std::optional<kernels::DType> ModelDType(const std::string& dtype) {
-  if (dtype == "F32") return kernels::DType::kF32;
-  if (dtype == "BF16") return kernels::DType::kBF16;
-  if (dtype == "F16") return kernels::DType::kF16;
+std::optional<DType> ModelDType(const std::string& dtype) {
+  if (dtype == "F32") return DType::kF32;
+  if (dtype == "BF16") return DType::kBF16;
+  if (dtype == "F16") return DType::kF16;
   return std::nullopt;
 }
 

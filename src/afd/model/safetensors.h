@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "afd/kernels/cpu/dtype.h"
+#include "afd/common/dtype_convert.h"
 
 namespace afd::model {
 
@@ -42,8 +42,8 @@ class MappedFile {
 
 struct TensorInfo {
   std::string name;
-  std::string dtype_name;               // as in the header, e.g. "BF16", "F8_E4M3"
-  std::optional<kernels::DType> dtype;  // set for the element types the model can read
+  std::string dtype_name;      // as in the header, e.g. "BF16", "F8_E4M3"
+  std::optional<DType> dtype;  // set for the element types the model can read
   std::vector<int64_t> shape;
   const void* data = nullptr;  // inside the file's map
   size_t num_bytes = 0;

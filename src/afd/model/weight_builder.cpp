@@ -8,24 +8,22 @@ namespace afd::model {
 
 namespace {
 
-using kernels::DType;
-
 class Builder {
  public:
   Builder(const ModelConfig& c, const WeightOptions& o, TensorSource& s) : c_(c), o_(o), s_(s) {}
 
-  std::vector<float> Vector(const std::string& name, int64_t n, TensorKind kind) {
-    std::vector<float> v(n);
+  Tensor Vector(const std::string& name, int64_t n, TensorKind kind) {
+    Tensor v = Tensor::HostZeros(DType::kF32, {n});
     s_.Read(name, {n}, kind, DType::kF32, v.data());
     return v;
   }
 
-  Matrix Mat(const std::string& name, int64_t rows, int64_t cols, TensorKind kind, DType dtype) {
-    Matrix m = Matrix::Allocate(dtype, rows, cols);
-    s_.Read(name, {rows, cols}, kind, dtype, m.mutable_data());
+  Tensor Mat(const std::string& name, int64_t rows, int64_t cols, TensorKind kind, DType dtype) {
+    Tensor m = Tensor::HostZeros(dtype, {rows, cols});
+    s_.Read(name, {rows, cols}, kind, dtype, m.data());
     return m;
   }
-  Matrix Mat(const std::string& name, int64_t rows, int64_t cols, TensorKind kind) {
+  Tensor Mat(const std::string& name, int64_t rows, int64_t cols, TensorKind kind) {
     return Mat(name, rows, cols, kind, o_.matrix_dtype);
   }
 
@@ -33,8 +31,8 @@ class Builder {
   MlpWeights Mlp(const std::string& prefix, int64_t inter) {
     const int64_t h = c_.hidden_size;
     MlpWeights w;
-    w.gate_up = Matrix::Allocate(o_.matrix_dtype, 2 * inter, h);
-    char* base = static_cast<char*>(w.gate_up.mutable_data());
+    w.gate_up = Tensor::HostZeros(o_.matrix_dtype, {2 * inter, h});
+    char* base = static_cast<char*>(w.gate_up.data());
     s_.Read(prefix + "gate_proj.weight", {inter, h}, TensorKind::kLinear, o_.matrix_dtype, base);
     s_.Read(prefix + "up_proj.weight", {inter, h}, TensorKind::kLinear, o_.matrix_dtype,
             base + inter * h * DTypeSize(o_.matrix_dtype));
@@ -65,7 +63,7 @@ class Builder {
   MoeWeights Moe(const std::string& p, int64_t expert_begin, int64_t expert_end) {
     const int64_t e = c_.n_routed_experts;
     MoeWeights m;
-    m.experts.resize(e);
+    m.experts.expert_begin = expert_begin;
     if (o_.load_moe) {
       m.gate = Mat(p + "gate.weight", e, c_.hidden_size, TensorKind::kLinear, DType::kF32);
       if (c_.model_type == ModelType::kDeepseekV3) {
@@ -77,7 +75,9 @@ class Builder {
       }
     }
     for (int64_t i = expert_begin; i < expert_end; ++i) {
-      m.experts[i] = Mlp(fmt::format("{}experts.{}.", p, i), c_.moe_intermediate_size);
+      MlpWeights expert = Mlp(fmt::format("{}experts.{}.", p, i), c_.moe_intermediate_size);
+      m.experts.gate_up.push_back(expert.gate_up);
+      m.experts.down.push_back(expert.down);
     }
     return m;
   }
@@ -125,6 +125,31 @@ ModelWeights BuildWeights(const ModelConfig& config, const WeightOptions& option
   AFD_CHECK(options.matrix_dtype == DType::kF32 || options.matrix_dtype == DType::kBF16,
             "weights can be stored as fp32 or bf16 only");
   return Builder(config, options, source).Build();
+}
+
+void ForEachTensor(ModelWeights& w, const std::function<void(Tensor&)>& fn) {
+  auto visit = [&fn](Tensor& t) {
+    if (!t.empty()) fn(t);
+  };
+  auto mlp = [&visit](MlpWeights& m) {
+    visit(m.gate_up);
+    visit(m.down);
+  };
+  visit(w.embed);
+  visit(w.final_norm);
+  visit(w.lm_head);
+  for (LayerWeights& l : w.layers) {
+    for (Tensor* t :
+         {&l.attn.input_norm, &l.attn.q_proj, &l.attn.q_a_proj, &l.attn.q_a_norm, &l.attn.q_b_proj,
+          &l.attn.kv_a_proj, &l.attn.kv_a_norm, &l.attn.kv_b_proj, &l.attn.o_proj,
+          &l.post_attention_norm, &l.moe.gate, &l.moe.e_score_correction_bias}) {
+      visit(*t);
+    }
+    mlp(l.dense);
+    mlp(l.moe.shared);
+    for (Tensor& t : l.moe.experts.gate_up) visit(t);
+    for (Tensor& t : l.moe.experts.down) visit(t);
+  }
 }
 
 }  // namespace afd::model

@@ -19,7 +19,7 @@ class TensorSource {
   // Writes tensor `name` (which must have `shape`) converted to `dst_type` (kF32 or kBF16),
   // row-major, to dst.
   virtual void Read(const std::string& name, const std::vector<int64_t>& shape, TensorKind kind,
-                    kernels::DType dst_type, void* dst) = 0;
+                    DType dst_type, void* dst) = 0;
 };
 
 ModelWeights BuildWeights(const ModelConfig& config, const WeightOptions& options,

@@ -1,64 +1,65 @@
-// The weights of a DeepSeek-V2/V3 model in memory, and how they are read from a checkpoint.
-// Linear weights are [out, in] (y = x · Wᵀ). Big matrices are stored as `matrix_dtype` (fp32,
-// or bf16 to halve memory; the GEMM converts bf16 panels on the fly). kv_b_proj and the router
-// gate are always fp32: attention reads kv_b_proj per head and the router is tiny.
+// The weights of a DeepSeek-V2/V3 model as Tensors in a backend's memory, and how they are read
+// from a checkpoint. Linear weights are [out, in] (y = x · Wᵀ). Big matrices are stored as
+// `matrix_dtype` (fp32, or bf16 to halve memory); norms, kv_b_proj, the router gate and its bias
+// are always fp32: attention reads kv_b_proj per head and the router is tiny.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
-#include "afd/kernels/cpu/matrix.h"
+#include "afd/common/dtype_convert.h"
+#include "afd/kernels/backend.h"
 #include "afd/model/model_config.h"
+#include "afd/tensor/tensor.h"
 
 namespace afd::model {
 
 class Checkpoint;
 
-using kernels::Matrix;
-
 struct AttentionWeights {
-  std::vector<float> input_norm;  // [H]
-  Matrix q_proj;                  // [nH·(dn+dr), H], when q_lora_rank == 0
-  Matrix q_a_proj;                // [q_lora, H], when q_lora_rank > 0
-  std::vector<float> q_a_norm;    // [q_lora]
-  Matrix q_b_proj;                // [nH·(dn+dr), q_lora]
-  Matrix kv_a_proj;               // [kv_lora + dr, H]
-  std::vector<float> kv_a_norm;   // [kv_lora]
-  Matrix kv_b_proj;  // [nH·(dn+dv), kv_lora], fp32; per head: dn key rows, dv value rows
-  Matrix o_proj;     // [H, nH·dv]
+  Tensor input_norm;  // [H]
+  Tensor q_proj;      // [nH·(dn+dr), H], when q_lora_rank == 0
+  Tensor q_a_proj;    // [q_lora, H], when q_lora_rank > 0
+  Tensor q_a_norm;    // [q_lora]
+  Tensor q_b_proj;    // [nH·(dn+dr), q_lora]
+  Tensor kv_a_proj;   // [kv_lora + dr, H]
+  Tensor kv_a_norm;   // [kv_lora]
+  Tensor kv_b_proj;   // [nH·(dn+dv), kv_lora], fp32; per head: dn key rows, dv value rows
+  Tensor o_proj;      // [H, nH·dv]
 };
 
 // gate/up fused: rows [0, I) are gate_proj, rows [I, 2I) up_proj.
 struct MlpWeights {
-  Matrix gate_up;  // [2·I, H]
-  Matrix down;     // [H, I]
+  Tensor gate_up;  // [2·I, H]
+  Tensor down;     // [H, I]
   bool empty() const { return gate_up.empty(); }
 };
 
 struct MoeWeights {
-  Matrix gate;                                 // router [E, H], fp32
-  std::vector<float> e_score_correction_bias;  // [E], V3 only
-  std::vector<MlpWeights> experts;             // [E]; experts outside the loaded range are empty
-  MlpWeights shared;                           // intermediate moe_inter·n_shared; empty if none
+  Tensor gate;                     // router [E, H], fp32
+  Tensor e_score_correction_bias;  // [E], V3 only
+  kernels::ExpertWeights experts;  // the loaded range of routed experts
+  MlpWeights shared;               // intermediate moe_inter·n_shared; empty if none
 };
 
 struct LayerWeights {
   AttentionWeights attn;
-  std::vector<float> post_attention_norm;  // [H]
-  MlpWeights dense;                        // layers < first_k_dense_replace
-  MoeWeights moe;                          // the other layers
+  Tensor post_attention_norm;  // [H]
+  MlpWeights dense;            // layers < first_k_dense_replace
+  MoeWeights moe;              // the other layers
 };
 
 struct ModelWeights {
-  Matrix embed;  // [V, H]
+  Tensor embed;  // [V, H]
   std::vector<LayerWeights> layers;
-  std::vector<float> final_norm;  // [H]
-  Matrix lm_head;                 // [V, H]; shares the embedding's storage when tied
+  Tensor final_norm;  // [H]
+  Tensor lm_head;     // [V, H]; shares the embedding's storage when tied
 };
 
 struct WeightOptions {
-  kernels::DType matrix_dtype = kernels::DType::kF32;  // kF32 or kBf16
+  DType matrix_dtype = DType::kF32;  // kF32 or kBf16
   // Which parts to hold, so that the attention role and the FFN role can each load their part.
   bool load_attention = true;  // embedding, attention, norms, dense MLP, lm_head
   bool load_moe = true;        // router and shared experts of MoE layers
@@ -70,6 +71,9 @@ struct WeightOptions {
 // dtypes checked, errors name file and tensor). Tensors not needed (e.g. MTP layers) are ignored.
 ModelWeights LoadWeights(const ModelConfig& config, const Checkpoint& ckpt,
                          const WeightOptions& options);
+
+// Calls fn on every tensor of the weights (to move them to a device, count bytes, ...).
+void ForEachTensor(ModelWeights& weights, const std::function<void(Tensor&)>& fn);
 
 // Deterministic random weights for `seed` (same seed, same weights, on any machine), with the
 // init of the golden data: embedding ~ unit variance, linear weights variance 1/fan_in,

@@ -11,8 +11,6 @@ namespace afd::model {
 
 namespace {
 
-using kernels::DType;
-
 class CheckpointSource : public TensorSource {
  public:
   explicit CheckpointSource(const Checkpoint& ckpt) : ckpt_(ckpt) {}
@@ -25,7 +23,7 @@ class CheckpointSource : public TensorSource {
     if (src == dst_type) {
       std::memcpy(dst, t.data, t.num_bytes);
     } else if (dst_type == DType::kF32) {
-      kernels::ConvertToF32(src, t.data, n, static_cast<float*>(dst));
+      ConvertToF32(src, t.data, n, static_cast<float*>(dst));
     } else {  // to bf16, through fp32, in chunks
       constexpr int64_t kChunk = 1 << 16;
       std::vector<float> buf(kChunk);
@@ -33,8 +31,8 @@ class CheckpointSource : public TensorSource {
       const auto* in = static_cast<const char*>(t.data);
       for (int64_t i = 0; i < n; i += kChunk) {
         const int64_t m = std::min(kChunk, n - i);
-        kernels::ConvertToF32(src, in + i * DTypeSize(src), m, buf.data());
-        for (int64_t j = 0; j < m; ++j) out[i + j] = kernels::F32ToBf16(buf[j]);
+        ConvertToF32(src, in + i * DTypeSize(src), m, buf.data());
+        for (int64_t j = 0; j < m; ++j) out[i + j] = F32ToBf16(buf[j]);
       }
     }
   }

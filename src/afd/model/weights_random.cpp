@@ -12,8 +12,6 @@ namespace afd::model {
 
 namespace {
 
-using kernels::DType;
-
 uint64_t SplitMix64(uint64_t x) {
   x += 0x9E3779B97F4A7C15ull;
   x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
@@ -68,7 +66,7 @@ class RandomSource : public TensorSource {
         if (dst_type == DType::kF32) {
           static_cast<float*>(dst)[i] = v;
         } else {
-          static_cast<uint16_t*>(dst)[i] = kernels::F32ToBf16(v);
+          static_cast<uint16_t*>(dst)[i] = F32ToBf16(v);
         }
       }
     };

@@ -8,7 +8,16 @@ namespace afd::runtime {
 
 AttentionRunner::AttentionRunner(const model::DeepseekModel& model, comm::AfdWorld& world,
                                  connector::P2pConnector& connector, int tp, DboOptions dbo)
-    : model_(model), world_(world), connector_(connector), tp_(tp), dbo_(dbo) {
+    : model_(model),
+      world_(world),
+      connector_(connector),
+      tp_(tp),
+      dbo_(dbo),
+      drain_ws_(model.backend()) {
+  AFD_CHECK(model.backend().device().is_cpu(),
+            "the P2P connector moves host rows: the attention role runs on the CPU backend, not {} "
+            "(GPU roles need the async window connector)",
+            model.backend().name());
   const Topology& t = world.topology();
   const int me = world.self().rank;
   AFD_CHECK(world.self().role == Role::kAttention, "AttentionRunner on an FFN rank");
@@ -19,8 +28,6 @@ AttentionRunner::AttentionRunner(const model::DeepseekModel& model, comm::AfdWor
   AFD_CHECK(tp <= heads, "attention tensor-parallel size {} exceeds the {} attention heads", tp,
             heads);
   tp_rank_ = me % tp;
-  head_begin_ = SplitOffset(heads, tp, tp_rank_);
-  head_end_ = SplitOffset(heads, tp, tp_rank_ + 1);
   std::vector<int> all, replica;
   for (int a = 0; a < t.num_attention(); ++a) all.push_back(t.WorldRank({Role::kAttention, a}));
   attention_world_ = world.CreateGroup("attention_world", all);
@@ -29,7 +36,8 @@ AttentionRunner::AttentionRunner(const model::DeepseekModel& model, comm::AfdWor
     for (int i = 0; i < tp; ++i) {
       replica.push_back(t.WorldRank({Role::kAttention, dp_rank * tp + i}));
     }
-    tp_group_ = world.CreateGroup(fmt::format("attention_tp_{}", dp_rank), replica);
+    tp_comm_ = world.CreateGroup(fmt::format("attention_tp_{}", dp_rank), replica);
+    tp_group_ = std::make_unique<TpGroup>(*tp_comm_, heads, model.config().v_head_dim);
   }
 }
 
@@ -39,8 +47,8 @@ namespace {
 // past the start (a decode token).
 bool HasPrefill(const model::ForwardBatch& b) {
   for (int64_t i = 0; i < b.size(); ++i) {
-    const bool alone = (i == 0 || b.seq_slots[i - 1] != b.seq_slots[i]) &&
-                       (i + 1 == b.size() || b.seq_slots[i + 1] != b.seq_slots[i]);
+    const bool alone = (i == 0 || b.seq_index[i - 1] != b.seq_index[i]) &&
+                       (i + 1 == b.size() || b.seq_index[i + 1] != b.seq_index[i]);
     if (!alone || b.positions[i] == 0) return true;
   }
   return false;
@@ -84,21 +92,25 @@ void AttentionRunner::SendMetadata(const std::vector<int64_t>& counts, int stage
   meta.flags = flags;
   meta.num_stages = stages;
   meta.num_attention_ranks = A;
+  // Rows attention rank r sends in stage s: its TP share of micro-batch s of its replica.
   for (int s = 0; s < stages; ++s) {
-    for (int r = 0; r < A; ++r) meta.token_counts.push_back(SplitSize(counts[r], stages, s));
+    for (int r = 0; r < A; ++r) {
+      meta.token_counts.push_back(SplitSize(SplitSize(counts[r], stages, s), tp_, r % tp_));
+    }
   }
   connector_.control_plane().Send(meta);
 }
 
-void AttentionRunner::Forward(const model::ForwardBatch& batch, model::MlaKvCache& cache,
-                              float* logits) {
+Tensor AttentionRunner::Forward(const model::ForwardBatch& batch, kv::PagedKvCache& cache,
+                                Workspace& ws) {
   model_.CheckBatch(batch, cache);
   const std::vector<int64_t> v = ExchangeCounts(batch, true);
   const int stages = ChooseStages(v);
   SendMetadata(v, stages, 0);
-  RunLayers(batch, &cache, logits, stages);
+  Tensor logits = RunLayers(batch, &cache, stages, ws);
   ++steps_;
   dbo_steps_ += stages > 1;
+  return logits;
 }
 
 void AttentionRunner::Drain() {
@@ -114,7 +126,8 @@ void AttentionRunner::Drain() {
     }
     const int stages = ChooseStages(v);
     SendMetadata(v, stages, 0);
-    RunLayers(empty, nullptr, nullptr, stages);
+    drain_ws_.Reset();
+    RunLayers(empty, nullptr, stages, drain_ws_);
     ++steps_;
     dbo_steps_ += stages > 1;
   }

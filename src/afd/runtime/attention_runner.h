@@ -10,10 +10,11 @@
 // then the control-plane senders send the shutdown step.
 //
 // Tensor parallelism: the ranks of one replica hold the same tokens and the full MLA cache; each
-// attends its heads (SplitSizes(num_heads, tp)), the head outputs are all-gathered, and every
-// rank applies the full o_proj (and projects q for all heads), so results are exactly those of
-// the monolithic model: TP splits the attention over the cache, the part that grows with the
-// context, and repeats the projections.
+// attends its heads (SplitSizes(num_heads, tp)) through the model's own attention layer with a
+// head range (runtime/tp_group.h), the head outputs are all-gathered, and every rank applies the
+// full o_proj (and projects q for all heads), so results are exactly those of the monolithic
+// model. For each MoE layer, TP rank r sends only its share of the rows (SplitSizes(n, tp)) to
+// the FFN role and the MoE outputs are all-gathered in the replica: the FFN does the work once.
 //
 // Dual-batch overlap (DBO, the seeds' --enable-dbo): when every rank with tokens has at least
 // the threshold (decode or prefill), the step runs as two micro-batches -- each rank's tokens
@@ -32,6 +33,7 @@
 #include "afd/connector/p2p_connector.h"
 #include "afd/model/model.h"
 #include "afd/runtime/generator.h"
+#include "afd/runtime/tp_group.h"
 
 namespace afd::runtime {
 
@@ -49,7 +51,7 @@ class AttentionRunner : public StepRunner {
   AttentionRunner(const model::DeepseekModel& model, comm::AfdWorld& world,
                   connector::P2pConnector& connector, int tp, DboOptions dbo = {});
 
-  void Forward(const model::ForwardBatch& batch, model::MlaKvCache& cache, float* logits) override;
+  Tensor Forward(const model::ForwardBatch& batch, kv::PagedKvCache& cache, Workspace& ws) override;
 
   // Runs empty steps until every replica is done, then sends the shutdown step.
   void Drain();
@@ -58,10 +60,13 @@ class AttentionRunner : public StepRunner {
   int64_t dbo_steps() const { return dbo_steps_; }
 
  private:
-  // One micro-batch of a step: its tokens and activations ([n, H] each).
+  // One micro-batch of a step: its tokens and activations ([n, H] each, views of the step's).
   struct MicroBatch {
-    model::ForwardBatch batch;
-    std::vector<float> x, mlp_in, mlp_out;
+    model::StepInputs in;
+    Tensor x, mlp_in, mlp_out;
+    int64_t n() const { return in.n; }
+    int64_t share_begin = 0, share_count = 0;  // this TP rank's rows of the MoE exchange
+    Tensor ids, weights;                       // routing of the share (gate on attention)
   };
 
   // All-reduces this rank's (count, active, wants DBO) with every attention rank; returns
@@ -70,34 +75,30 @@ class AttentionRunner : public StepRunner {
   // 1 or 2: the same on every rank, since it depends only on the exchanged vector.
   int ChooseStages(const std::vector<int64_t>& exchanged) const;
   void SendMetadata(const std::vector<int64_t>& counts, int stages, uint32_t flags);
-  // x: [n, H] updated with layer's attention; mlp_in: [n, H] = post_attention_layernorm(x).
-  void AttentionLayer(int64_t layer, const model::ForwardBatch& batch, model::MlaKvCache& cache,
-                      float* x, float* mlp_in);
   // Attention (and the dense MLP of a dense layer) of one micro-batch.
-  void ComputeLayer(int64_t layer, MicroBatch& mb, model::MlaKvCache* cache);
+  void ComputeLayer(int64_t layer, MicroBatch& mb, kv::PagedKvCache* cache, Workspace& ws);
   // Posts the MoE rows of `mb` (and its routing when the gate runs here) for `stage`.
-  void PostMoeSend(int64_t layer, int stage, MicroBatch& mb);
+  void PostMoeSend(int64_t layer, int stage, MicroBatch& mb, Workspace& ws);
   void PostMoeRecv(int64_t layer, int stage, MicroBatch& mb);
-  void FinishMoe(MicroBatch& mb);  // x += mlp_out
-  // Layers of one step on `batch` (possibly empty) as `stages` micro-batches; logits
-  // [n, vocab] unless null.
-  void RunLayers(const model::ForwardBatch& batch, model::MlaKvCache* cache, float* logits,
-                 int stages);
-  void RunOneStage(MicroBatch& mb, model::MlaKvCache* cache);
-  void RunTwoStages(MicroBatch& mb0, MicroBatch& mb1, model::MlaKvCache* cache);
+  void FinishMoe(MicroBatch& mb);  // all-gather the TP shares, x += mlp_out
+  // Layers of one step on `batch` (possibly empty) as `stages` micro-batches; returns the
+  // logits of its logits rows (empty without a cache: a drain step).
+  Tensor RunLayers(const model::ForwardBatch& batch, kv::PagedKvCache* cache, int stages,
+                   Workspace& ws);
+  void RunOneStage(MicroBatch& mb, kv::PagedKvCache* cache, Workspace& ws);
+  void RunTwoStages(MicroBatch& mb0, MicroBatch& mb1, kv::PagedKvCache* cache, Workspace& ws);
 
   const model::DeepseekModel& model_;
   comm::AfdWorld& world_;
   connector::P2pConnector& connector_;
   int tp_, tp_rank_;
-  int64_t head_begin_, head_end_;
   std::unique_ptr<comm::Communicator> attention_world_;
-  std::unique_ptr<comm::Communicator> tp_group_;  // null when tp == 1
+  std::unique_ptr<comm::Communicator> tp_comm_;  // null when tp == 1
+  std::unique_ptr<TpGroup> tp_group_;            // null when tp == 1
   DboOptions dbo_;
+  Workspace drain_ws_;  // scratch of the empty steps Drain runs
   int64_t steps_ = 0;
   int64_t dbo_steps_ = 0;
-  std::vector<std::vector<int32_t>> routing_ids_;  // kept alive until a group completes
-  std::vector<std::vector<float>> routing_weights_;
 };
 
 }  // namespace afd::runtime

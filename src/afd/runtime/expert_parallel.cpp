@@ -1,18 +1,19 @@
 #include "afd/runtime/expert_parallel.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "afd/common/error.h"
-#include "afd/kernels/cpu/ops.h"
-#include "afd/model/experts.h"
 #include "afd/topology/topology.h"
 
 namespace afd::runtime {
 
-ExpertParallelMoe::ExpertParallelMoe(const model::ModelConfig& config,
-                                     const model::ModelWeights& weights, comm::Communicator& ep)
-    : config_(config), weights_(weights), ep_(ep) {
-  const int64_t E = config.n_routed_experts;
+ExpertParallelMoe::ExpertParallelMoe(const model::DeepseekModel& model, comm::Communicator& ep)
+    : model_(model), ep_(ep) {
+  AFD_CHECK(model.backend().device().is_cpu(),
+            "expert parallelism over the host transport needs the CPU backend, not {}",
+            model.backend().name());
+  const int64_t E = model.config().n_routed_experts;
   const int F = ep.size();
   owner_.resize(E);
   for (int f = 0; f < F; ++f) {
@@ -22,22 +23,25 @@ ExpertParallelMoe::ExpertParallelMoe(const model::ModelConfig& config,
   end_ = SplitOffset(E, F, ep.rank() + 1);
 }
 
-void ExpertParallelMoe::Forward(int64_t layer, const float* rows, int64_t n, const int32_t* ids,
-                                const float* weights, float* out) {
-  const int64_t H = config_.hidden_size, k = config_.num_experts_per_tok;
+void ExpertParallelMoe::Forward(int64_t layer, const Tensor& rows, const Tensor& ids_t,
+                                const Tensor& weights, const Tensor& out, Workspace& ws) {
+  const model::ModelConfig& c = model_.config();
+  kernels::Backend& backend = model_.backend();
+  const int64_t H = c.hidden_size, k = c.num_experts_per_tok, n = rows.dim(0);
   const int F = ep_.size(), me = ep_.rank();
-  const model::MoeWeights& w = weights_.layers[layer].moe;
+  const int32_t* ids = ids_t.data_as<const int32_t>();
+  const kernels::ExpertWeights& experts = model_.weights().layers[layer].moe.experts;
+  AFD_CHECK(experts.expert_begin == begin_ && experts.num_experts() == end_ - begin_,
+            "FFN rank {} holds experts [{}, {}), expert parallelism needs [{}, {})", me,
+            experts.expert_begin, experts.expert_begin + experts.num_experts(), begin_, end_);
 
   // 1. Dispatch: entries (token, slot) grouped by owner, in (token, slot) order within a group.
   std::vector<std::vector<int64_t>> by_owner(F);  // entry index t*k + j
-  for (int64_t t = 0; t < n; ++t) {
-    for (int64_t j = 0; j < k; ++j) {
-      const int32_t e = ids[t * k + j];
-      AFD_CHECK(e >= 0 && e < config_.n_routed_experts,
-                "layer {}: token {} is routed to expert {}, outside [0, {})", layer, t, e,
-                config_.n_routed_experts);
-      by_owner[owner_[e]].push_back(t * k + j);
-    }
+  for (int64_t s = 0; s < n * k; ++s) {
+    AFD_CHECK(ids[s] >= 0 && ids[s] < c.n_routed_experts,
+              "layer {}: token {} is routed to expert {}, outside [0, {})", layer, s / k, ids[s],
+              c.n_routed_experts);
+    by_owner[owner_[ids[s]]].push_back(s);
   }
   std::vector<int64_t> send_n(F), recv_n(F);
   for (int p = 0; p < F; ++p) send_n[p] = static_cast<int64_t>(by_owner[p].size());
@@ -48,15 +52,19 @@ void ExpertParallelMoe::Forward(int64_t layer, const float* rows, int64_t n, con
     total_send += send_n[p];
     total_recv += recv_n[p];
   }
-  std::vector<float> send_rows(total_send * H);  // [total_send, H]
-  std::vector<int32_t> send_ids(total_send);
+  const Tensor send_rows = ws.Take(DType::kF32, {total_send, H});
+  const Tensor send_ids = ws.Take(DType::kI32, {total_send});
+  std::vector<int32_t> src(total_send);  // token of each sent row
   int64_t pos = 0;
   for (int p = 0; p < F; ++p) {
     for (int64_t entry : by_owner[p]) {
-      std::copy(rows + (entry / k) * H, rows + (entry / k + 1) * H, send_rows.begin() + pos * H);
-      send_ids[pos++] = ids[entry];
+      src[pos] = static_cast<int32_t>(entry / k);
+      send_ids.data_as<int32_t>()[pos++] = ids[entry];
     }
   }
+  const Tensor src_t = ws.Take(DType::kI32, {total_send});
+  backend.CopyToDevice(src_t, src.data());
+  backend.GatherRows(rows, src_t, send_rows);
   std::vector<size_t> send_rows_n(F), recv_rows_n(F), send_ids_n(F), recv_ids_n(F);
   for (int p = 0; p < F; ++p) {
     send_rows_n[p] = send_n[p] * H;
@@ -64,61 +72,41 @@ void ExpertParallelMoe::Forward(int64_t layer, const float* rows, int64_t n, con
     send_ids_n[p] = send_n[p];
     recv_ids_n[p] = recv_n[p];
   }
-  std::vector<float> held_rows(total_recv * H);  // [total_recv, H] rows for my experts
-  std::vector<int32_t> held_ids(total_recv);
+  const Tensor held_rows = ws.Take(DType::kF32, {total_recv, H});  // rows for my experts
+  const Tensor held_ids = ws.Take(DType::kI32, {total_recv, 1});
   ep_.AllToAllV(send_rows.data(), send_rows_n, held_rows.data(), recv_rows_n, DType::kF32);
   ep_.AllToAllV(send_ids.data(), send_ids_n, held_ids.data(), recv_ids_n, DType::kI32);
-
-  // 2. Run each owned expert on all the rows it holds.
-  std::vector<float> held_out(total_recv * H);  // [total_recv, H] unweighted expert outputs
-  std::vector<std::vector<int64_t>> by_expert(end_ - begin_);
   for (int64_t i = 0; i < total_recv; ++i) {
-    AFD_CHECK(held_ids[i] >= begin_ && held_ids[i] < end_,
-              "layer {}: received a row for expert {}, which FFN rank {} does not own", layer,
-              held_ids[i], me);
-    by_expert[held_ids[i] - begin_].push_back(i);
-  }
-  std::vector<float> x, y;
-  for (int64_t e = begin_; e < end_; ++e) {
-    const auto& list = by_expert[e - begin_];
-    if (list.empty()) continue;
-    AFD_CHECK(!w.experts[e].empty(), "routed expert {} is not loaded on FFN rank {}", e, me);
-    const int64_t m = static_cast<int64_t>(list.size());
-    x.resize(m * H);
-    y.resize(m * H);
-    for (int64_t r = 0; r < m; ++r) {
-      std::copy(held_rows.begin() + list[r] * H, held_rows.begin() + (list[r] + 1) * H,
-                x.begin() + r * H);
-    }
-    model::MlpForward(w.experts[e], x.data(), m, y.data());
-    for (int64_t r = 0; r < m; ++r) {
-      std::copy(y.begin() + r * H, y.begin() + (r + 1) * H, held_out.begin() + list[r] * H);
-    }
+    const int32_t e = held_ids.data_as<const int32_t>()[i];
+    AFD_CHECK(e >= begin_ && e < end_,
+              "layer {}: received a row for expert {}, which FFN rank {} does not own", layer, e,
+              me);
   }
 
-  // 3. Combine: outputs go back the way the rows came.
-  std::vector<float> back(total_send * H);  // [total_send, H], aligned with send_rows
+  // 2. Run each owned expert on all the rows it holds, grouped by expert.
+  const int64_t local = end_ - begin_;
+  const Tensor offsets = ws.Take(DType::kI32, {local + 1});
+  const Tensor grouped_src = ws.Take(DType::kI32, {total_recv});
+  const Tensor grouped_of_held = ws.Take(DType::kI32, {total_recv, 1});
+  backend.MoePermute(held_ids, begin_, local, offsets, grouped_src, grouped_of_held);
+  const Tensor grouped = ws.Take(DType::kF32, {total_recv, H});
+  const Tensor grouped_out = ws.Take(DType::kF32, {total_recv, H});
+  const Tensor held_out = ws.Take(DType::kF32, {total_recv, H});  // unweighted, held order
+  backend.GatherRows(held_rows, grouped_src, grouped);
+  backend.GroupedExpertMlp(grouped, offsets, experts, grouped_out);
+  backend.GatherRows(grouped_out, grouped_of_held.Reshape({total_recv}), held_out);
+
+  // 3. Combine: outputs go back the way the rows came, then weight x output per token in slot
+  // (= ascending expert) order from zero, then the shared experts.
+  const Tensor back = ws.Take(DType::kF32, {total_send, H});  // aligned with send_rows
   ep_.AllToAllV(held_out.data(), recv_rows_n, back.data(), send_rows_n, DType::kF32);
-  std::vector<const float*> slot_out(n * k);
+  const Tensor row_of_slot = ws.Take(DType::kI32, {n, k});
   pos = 0;
   for (int p = 0; p < F; ++p) {
-    for (int64_t entry : by_owner[p]) slot_out[entry] = back.data() + (pos++) * H;
+    for (int64_t entry : by_owner[p]) row_of_slot.data_as<int32_t>()[entry] = pos++;
   }
-  // Per token, weight x output in ascending expert order from zero: RoutedExperts' order.
-  std::fill(out, out + n * H, 0.0f);
-  for (int64_t t = 0; t < n; ++t) {
-    float* o = out + t * H;
-    for (int64_t j = 0; j < k; ++j) {
-      const float* yr = slot_out[t * k + j];
-      const float wt = weights[t * k + j];
-      for (int64_t i = 0; i < H; ++i) o[i] += yr[i] * wt;
-    }
-  }
-  if (!w.shared.empty() && n > 0) {
-    std::vector<float> shared(n * H);  // [n, H]
-    model::MlpForward(w.shared, rows, n, shared.data());
-    kernels::AddInPlace(out, shared.data(), n * H);
-  }
+  backend.MoeCombine(back, row_of_slot, weights, /*accumulate=*/false, out);
+  model_.AddSharedExperts(layer, rows, out, ws);
 }
 
 }  // namespace afd::runtime

@@ -4,42 +4,42 @@
 // Forward (collective over the EP group; every FFN rank calls it for every MoE layer of every
 // step, with zero rows when it has none -- the dummy step of seed 001):
 //   1. dispatch: each (token, slot) whose expert lives elsewhere goes to its owner, all-to-all;
-//   2. each owner runs its experts on every row it holds (its own and received ones);
+//   2. each owner runs its experts on every row it holds (its own and received ones), grouped by
+//      expert (the backend's MoePermute / GroupedExpertMlp);
 //   3. combine: the unweighted expert outputs return to the token's home rank, which adds
-//      weight x output over the token's slots in ascending expert order, then the shared experts.
-// That is exactly the arithmetic of model::MoeForwardWithRouting over all experts in one
-// process, so an AFD deployment reproduces the monolithic model bit for bit.
+//      weight x output over the token's slots in ascending expert order (MoeCombine), then the
+//      shared experts.
+// That is exactly the arithmetic of the in-process MoE over all experts, so an AFD deployment
+// reproduces the monolithic model bit for bit.
 //
-// Thread safety: one Forward at a time.
+// The all-to-alls run over a host communicator, so the tensors must be in host memory (the CPU
+// backend; checked). Thread safety: one Forward at a time.
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
 #include "afd/comm/communicator.h"
-#include "afd/model/model_config.h"
-#include "afd/model/weights.h"
+#include "afd/model/model.h"
 
 namespace afd::runtime {
 
 class ExpertParallelMoe {
  public:
-  // `config`, `weights` and `ep` must outlive this. The experts this rank owns (and the shared
-  // experts) must be loaded in `weights`.
-  ExpertParallelMoe(const model::ModelConfig& config, const model::ModelWeights& weights,
-                    comm::Communicator& ep);
+  // `model` and `ep` must outlive this. The experts this rank owns (and the shared experts)
+  // must be loaded in the model.
+  ExpertParallelMoe(const model::DeepseekModel& model, comm::Communicator& ep);
 
   int64_t expert_begin() const { return begin_; }
   int64_t expert_end() const { return end_; }
 
   // rows: [n, H] this rank's tokens of MoE layer `layer`; ids, weights: [n, k] routing (ids
   // ascending per token); out: [n, H] = routed experts (all of them) + shared experts.
-  void Forward(int64_t layer, const float* rows, int64_t n, const int32_t* ids,
-               const float* weights, float* out);
+  void Forward(int64_t layer, const Tensor& rows, const Tensor& ids, const Tensor& weights,
+               const Tensor& out, Workspace& ws);
 
  private:
-  const model::ModelConfig& config_;
-  const model::ModelWeights& weights_;
+  const model::DeepseekModel& model_;
   comm::Communicator& ep_;
   std::vector<int> owner_;  // [E] owning EP rank of each expert
   int64_t begin_, end_;

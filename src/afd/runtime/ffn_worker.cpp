@@ -3,7 +3,6 @@
 #include <numeric>
 
 #include "afd/common/error.h"
-#include "afd/model/router.h"
 
 namespace afd::runtime {
 
@@ -17,13 +16,17 @@ constexpr double kIdlePollSeconds = 0.2;
 
 FfnWorker::FfnWorker(const model::DeepseekModel& model, comm::AfdWorld& world,
                      connector::P2pConnector& connector)
-    : model_(model), world_(world), connector_(connector) {
+    : model_(model), world_(world), connector_(connector), ws_(model.backend()) {
+  AFD_CHECK(model.backend().device().is_cpu(),
+            "the P2P connector moves host rows: the FFN role runs on the CPU backend, not {} "
+            "(GPU roles need the async window connector)",
+            model.backend().name());
   AFD_CHECK(world.self().role == Role::kFfn, "FfnWorker on an attention rank");
   const Topology& t = world.topology();
   std::vector<int> members;
   for (int f = 0; f < t.num_ffn(); ++f) members.push_back(t.WorldRank({Role::kFfn, f}));
   ep_group_ = world.CreateGroup("ffn_ep", members);
-  moe_ = std::make_unique<ExpertParallelMoe>(model.config(), model.weights(), *ep_group_);
+  moe_ = std::make_unique<ExpertParallelMoe>(model, *ep_group_);
 }
 
 void FfnWorker::MoeLayer(int64_t layer, int stage, const connector::StepMetadata& meta) {
@@ -32,9 +35,9 @@ void FfnWorker::MoeLayer(int64_t layer, int stage, const connector::StepMetadata
   const std::vector<int64_t> counts = connector_.IncomingRowCounts(meta, stage);
   const int64_t n = std::accumulate(counts.begin(), counts.end(), int64_t{0});
   const connector::RowFormat hidden{H, DType::kF32};
-  std::vector<float> rows(n * H), out(n * H);  // [n, H]: all attention peers' rows, in order
-  std::vector<int32_t> ids(n * k);             // [n, k]
-  std::vector<float> weights(n * k);
+  // [n, H]: all attention peers' rows, in order; ids, weights: [n, k].
+  const Tensor rows = ws_.Take(DType::kF32, {n, H}), out = ws_.Take(DType::kF32, {n, H});
+  const Tensor ids = ws_.Take(DType::kI32, {n, k}), weights = ws_.Take(DType::kF32, {n, k});
   const int l = static_cast<int>(layer);
   connector_.RecvFromAttention(l, stage, kHiddenChannel, hidden, meta, rows.data());
   if (world_.config().compute_gate_on_attention) {
@@ -42,10 +45,9 @@ void FfnWorker::MoeLayer(int64_t layer, int stage, const connector::StepMetadata
     connector_.RecvFromAttention(l, stage, kTopkWeightsChannel, {k, DType::kF32}, meta,
                                  weights.data());
   } else if (n > 0) {
-    model::RouteTokens(c, model_.weights().layers[layer].moe, rows.data(), n, ids.data(),
-                       weights.data());
+    model_.Route(layer, rows, ids, weights, ws_);
   }
-  moe_->Forward(layer, rows.data(), n, ids.data(), weights.data(), out.data());
+  moe_->Forward(layer, rows, ids, weights, out, ws_);
   connector_.SendToAttention(l, stage, hidden, meta, out.data());
   rows_served_ += n;
 }
@@ -60,6 +62,7 @@ int64_t FfnWorker::Run() {
       continue;
     }
     if (meta->has(connector::kShutdown)) return steps;
+    ws_.Reset();
     // Stage 0 then stage 1 (and so on) of every MoE layer: the order the attention ranks'
     // micro-batch pipeline posts them in (attention_layers.cpp).
     for (int64_t l = 0; l < c.num_hidden_layers; ++l) {

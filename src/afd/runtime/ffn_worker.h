@@ -38,6 +38,7 @@ class FfnWorker {
   connector::P2pConnector& connector_;
   std::unique_ptr<comm::Communicator> ep_group_;
   std::unique_ptr<ExpertParallelMoe> moe_;
+  Workspace ws_;  // reset every step
   int64_t rows_served_ = 0;
 };
 

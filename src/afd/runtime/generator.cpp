@@ -3,10 +3,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <memory>
 
 #include "afd/common/error.h"
-#include "afd/kernels/cpu/ops.h"
+#include "afd/runtime/scheduler.h"
 
 namespace afd::runtime {
 
@@ -16,137 +15,151 @@ double Seconds(std::chrono::steady_clock::time_point since) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
 }
 
-float LogProb(const float* logits, int64_t vocab, int32_t id, std::vector<float>& scratch) {
-  scratch.resize(vocab);
-  kernels::LogSoftmax(logits, vocab, scratch.data());
-  return scratch[id];
+void Validate(const model::ModelConfig& c, const std::vector<std::vector<int32_t>>& prompts,
+              const GenerationOptions& o) {
+  ValidateSamplingParams(o.sampling);
+  AFD_CHECK(o.max_tokens >= 0, "max_tokens must be >= 0, got {}", o.max_tokens);
+  AFD_CHECK(o.num_kv_blocks >= 0, "num_kv_blocks must be >= 0, got {}", o.num_kv_blocks);
+  AFD_CHECK(o.sampler_streams.empty() || o.sampler_streams.size() == prompts.size(),
+            "{} sampler streams for {} prompts", o.sampler_streams.size(), prompts.size());
+  for (size_t s = 0; s < prompts.size(); ++s) {
+    AFD_CHECK(!prompts[s].empty(), "prompt {} is empty", s);
+    for (int32_t id : prompts[s]) {
+      AFD_CHECK(id >= 0 && id < c.vocab_size,
+                "prompt {}: token id {} is outside the vocabulary [0, {})", s, id, c.vocab_size);
+    }
+    const int64_t total = static_cast<int64_t>(prompts[s].size()) + o.max_tokens;
+    AFD_CHECK(total <= c.max_position_embeddings,
+              "prompt {}: {} prompt tokens + {} new tokens exceed max_position_embeddings {}", s,
+              prompts[s].size(), o.max_tokens, c.max_position_embeddings);
+  }
 }
 
 }  // namespace
+
+Generator::Generator(const model::DeepseekModel& model)
+    : model_(model),
+      local_(std::make_unique<LocalStepRunner>(model)),
+      runner_(*local_),
+      ws_(model.backend()) {}
+
+Generator::Generator(const model::DeepseekModel& model, StepRunner& runner)
+    : model_(model), runner_(runner), ws_(model.backend()) {}
 
 std::vector<GenerationResult> Generator::Generate(const std::vector<std::vector<int32_t>>& prompts,
                                                   const GenerationOptions& options,
                                                   GenerationStats* stats) {
   const model::ModelConfig& c = model_.config();
+  kernels::Backend& backend = model_.backend();
   const int64_t vocab = c.vocab_size;
-  ValidateSamplingParams(options.sampling);
-  AFD_CHECK(options.max_tokens >= 0, "max_tokens must be >= 0, got {}", options.max_tokens);
-  AFD_CHECK(options.max_num_seqs >= 0, "max_num_seqs must be >= 0, got {}", options.max_num_seqs);
-  AFD_CHECK(options.max_num_batched_tokens >= 0, "max_num_batched_tokens must be >= 0, got {}",
-            options.max_num_batched_tokens);
-  AFD_CHECK(options.sampler_streams.empty() || options.sampler_streams.size() == prompts.size(),
-            "{} sampler streams for {} prompts", options.sampler_streams.size(), prompts.size());
-  for (size_t s = 0; s < prompts.size(); ++s) {
-    const auto& prompt = prompts[s];
-    AFD_CHECK(!prompt.empty(), "prompt {} is empty", s);
-    for (int32_t id : prompt) {
-      AFD_CHECK(id >= 0 && id < vocab, "prompt {}: token id {} is outside the vocabulary [0, {})",
-                s, id, vocab);
-    }
-    const int64_t total = static_cast<int64_t>(prompt.size()) + options.max_tokens;
-    AFD_CHECK(total <= c.max_position_embeddings,
-              "prompt {}: {} prompt tokens + {} new tokens exceed max_position_embeddings {}", s,
-              prompt.size(), options.max_tokens, c.max_position_embeddings);
-  }
+  Validate(c, prompts, options);
   GenerationStats local_stats;
   GenerationStats& st = stats ? *stats : local_stats;
   st = GenerationStats{};
+  const bool want_prompt_logprobs = options.prompt_logprobs || options.keep_prompt_logits;
 
-  model::MlaKvCache cache = model_.NewCache();
+  kv::CacheShape shape = model_.CacheShape(1);
+  int64_t blocks = options.num_kv_blocks;
+  if (blocks == 0) {
+    for (const auto& p : prompts) {
+      blocks += shape.BlocksFor(static_cast<int64_t>(p.size()) + options.max_tokens + 1);
+    }
+  }
+  shape.num_blocks = std::max<int64_t>(blocks, 1);
+  st.kv_blocks = shape.num_blocks;
+  kv::PagedKvCache cache(backend, shape);
+  Scheduler scheduler({options.max_num_seqs, options.max_num_batched_tokens}, cache);
+
   std::vector<GenerationResult> results(prompts.size());
-  std::vector<std::unique_ptr<Sampler>> samplers(prompts.size());
-  std::vector<int> slot(prompts.size(), -1);             // KV cache slot of each admitted prompt
-  std::vector<std::vector<float>> last(prompts.size());  // logits row predicting the next token
-  std::vector<int> running;                              // admitted, still generating
-  size_t next_waiting = 0;
-  std::vector<float> scratch, logits;
+  std::vector<Sampler> samplers;
+  samplers.reserve(prompts.size());
+  for (size_t s = 0; s < prompts.size(); ++s) {
+    results[s].prompt_ids = prompts[s];
+    samplers.emplace_back(options.sampling, options.sampler_streams.empty()
+                                                ? static_cast<int64_t>(s)
+                                                : options.sampler_streams[s]);
+    scheduler.Add(static_cast<int64_t>(s), prompts[s], want_prompt_logprobs);
+  }
   auto is_eos = [&c](int32_t id) {
     return std::find(c.eos_token_ids.begin(), c.eos_token_ids.end(), id) != c.eos_token_ids.end();
   };
-  const size_t limit =
-      options.max_num_seqs > 0 ? static_cast<size_t>(options.max_num_seqs) : prompts.size();
-  while (true) {
-    // Decode: the next token of every running sequence, from its last logits row.
-    model::ForwardBatch batch;
-    std::vector<int> decoding, prefilling;
-    for (int s : running) {
-      GenerationResult& r = results[s];
-      const int32_t id = samplers[s]->Sample(last[s].data(), vocab);
-      r.output_ids.push_back(id);
-      r.logprobs.push_back(LogProb(last[s].data(), vocab, id, scratch));
-      const bool done = static_cast<int64_t>(r.output_ids.size()) >= options.max_tokens ||
-                        (!options.ignore_eos && is_eos(id));
-      if (done) {
-        cache.ReleaseSequence(slot[s]);
-        std::vector<float>().swap(last[s]);
+  std::vector<int32_t> ids, targets;
+  std::vector<float> logprobs;
+  while (scheduler.HasWork()) {
+    const StepPlan plan = scheduler.Schedule();
+    AFD_CHECK(!plan.empty(), "scheduler: work left but nothing scheduled");
+    st.peak_kv_blocks = std::max(st.peak_kv_blocks, cache.num_used_blocks());
+    const auto start = std::chrono::steady_clock::now();
+    ws_.Reset();
+    const Tensor logits = runner_.Forward(plan.batch, cache, ws_);  // [m, vocab]
+    const int64_t m = logits.dim(0);
+    // Each sequence's last logits row is sampled; the others (prompt rows) stay greedy and unused.
+    std::vector<kernels::SampleRow> rows(m);
+    for (const ScheduledSeq& e : plan.seqs) {
+      rows[e.first_logits_row + e.num_logits_rows - 1] = samplers[e.request].NextRow();
+    }
+    const Tensor ids_t = ws_.Take(DType::kI32, {m});
+    backend.Sample(logits, rows, ids_t);
+    ids.resize(m);
+    backend.CopyToHost(ids.data(), ids_t);
+    // Log-probabilities at the sampled ids, and at the next prompt token for prompt rows.
+    targets = ids;
+    for (const ScheduledSeq& e : plan.seqs) {
+      const auto& prompt = prompts[e.request];
+      for (int64_t r = 0; r + 1 < e.num_logits_rows; ++r) {
+        targets[e.first_logits_row + r] = prompt[r + 1];
+      }
+    }
+    const Tensor targets_t = ws_.Take(DType::kI32, {m});
+    backend.CopyToDevice(targets_t, targets.data());
+    const Tensor lp_t = ws_.Take(DType::kF32, {m});
+    backend.LogSoftmaxAt(logits, targets_t, lp_t);
+    logprobs.resize(m);
+    backend.CopyToHost(logprobs.data(), lp_t);
+
+    std::vector<int32_t> next(plan.seqs.size());
+    std::vector<char> finished(plan.seqs.size(), 0);
+    for (size_t i = 0; i < plan.seqs.size(); ++i) {
+      const ScheduledSeq& e = plan.seqs[i];
+      GenerationResult& r = results[e.request];
+      if (e.first_prefill && want_prompt_logprobs) {
+        const int64_t t = static_cast<int64_t>(r.prompt_ids.size());
+        r.prompt_logprobs.assign(t, std::nanf(""));
+        for (int64_t j = 1; j < t; ++j) r.prompt_logprobs[j] = logprobs[e.first_logits_row + j - 1];
+        if (options.keep_prompt_logits) {
+          r.prompt_logits.resize(t * vocab);
+          backend.CopyToHost(r.prompt_logits.data(), logits.Rows(e.first_logits_row, t));
+        }
+      }
+      if (options.max_tokens == 0) {
+        finished[i] = 1;
         continue;
       }
-      batch.Add(slot[s], {id}, cache.length(slot[s]));
-      decoding.push_back(s);
+      const int64_t last = e.first_logits_row + e.num_logits_rows - 1;
+      const int32_t id = ids[last];
+      r.output_ids.push_back(id);
+      r.logprobs.push_back(logprobs[last]);
+      next[i] = id;
+      finished[i] = static_cast<int64_t>(r.output_ids.size()) >= options.max_tokens ||
+                    (!options.ignore_eos && is_eos(id));
     }
-    // Admit waiting prompts while there is room: their whole prompt is prefilled in this step.
-    while (next_waiting < prompts.size() && decoding.size() + prefilling.size() < limit) {
-      const int64_t len = static_cast<int64_t>(prompts[next_waiting].size());
-      if (options.max_num_batched_tokens > 0 && batch.size() > 0 &&
-          batch.size() + len > options.max_num_batched_tokens) {
-        break;  // waits for a step with room
-      }
-      const int s = static_cast<int>(next_waiting++);
-      const int64_t total = static_cast<int64_t>(prompts[s].size()) + options.max_tokens;
-      slot[s] = cache.AddSequence(std::max<int64_t>(total, 1));
-      batch.Add(slot[s], prompts[s], 0);
-      prefilling.push_back(s);
-      results[s].prompt_ids = prompts[s];
-      samplers[s] = std::make_unique<Sampler>(options.sampling, options.sampler_streams.empty()
-                                                                    ? static_cast<int64_t>(s)
-                                                                    : options.sampler_streams[s]);
-    }
-    if (batch.size() == 0) break;
-    const auto start = std::chrono::steady_clock::now();
-    logits.resize(batch.size() * vocab);  // [batch tokens, vocab]
-    runner_.Forward(batch, cache, logits.data());
+    scheduler.Update(plan, next, finished);
     const double seconds = Seconds(start);
-    const int64_t num_decode = static_cast<int64_t>(decoding.size());
-    if (prefilling.empty()) {
-      st.decode_tokens += num_decode;
+    if (plan.num_prefill_tokens == 0) {
+      st.decode_tokens += plan.num_decode_tokens;
       ++st.decode_steps;
       st.decode_seconds += seconds;
-    } else if (decoding.empty()) {
-      st.prefill_tokens += batch.size();
+    } else if (plan.num_decode_tokens == 0) {
+      st.prefill_tokens += plan.num_prefill_tokens;
       st.prefill_seconds += seconds;
     } else {
       ++st.mixed_steps;
-      st.mixed_prefill_tokens += batch.size() - num_decode;
-      st.mixed_decode_tokens += num_decode;
+      st.mixed_prefill_tokens += plan.num_prefill_tokens;
+      st.mixed_decode_tokens += plan.num_decode_tokens;
       st.mixed_seconds += seconds;
     }
-    // Rows: the decode tokens first, then each admitted prompt's tokens.
-    int64_t row = 0;
-    for (int s : decoding) {
-      last[s].assign(logits.begin() + row * vocab, logits.begin() + (row + 1) * vocab);
-      ++row;
-    }
-    running = decoding;
-    for (int s : prefilling) {
-      GenerationResult& r = results[s];
-      const int64_t t = static_cast<int64_t>(r.prompt_ids.size());
-      r.prompt_logprobs.assign(t, std::nanf(""));
-      for (int64_t j = 1; j < t; ++j) {
-        r.prompt_logprobs[j] =
-            LogProb(&logits[(row + j - 1) * vocab], vocab, r.prompt_ids[j], scratch);
-      }
-      if (options.keep_prompt_logits) {
-        r.prompt_logits.assign(logits.begin() + row * vocab, logits.begin() + (row + t) * vocab);
-      }
-      last[s].assign(logits.begin() + (row + t - 1) * vocab, logits.begin() + (row + t) * vocab);
-      row += t;
-      if (options.max_tokens > 0) {
-        running.push_back(s);
-      } else {
-        cache.ReleaseSequence(slot[s]);
-      }
-    }
   }
+  st.preemptions = scheduler.num_preemptions();
   return results;
 }
 

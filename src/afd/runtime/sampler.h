@@ -1,10 +1,13 @@
-// Picking the next token from a row of logits: greedy (temperature <= 0: argmax, first maximum
-// wins) or sampling with temperature, top-k and top-p. Each sequence owns a Sampler whose random
-// stream depends only on (seed, sequence index), so results do not depend on batching.
+// Sampling parameters and each sequence's random stream. The choice of a token is the
+// backend's Sample op (greedy: argmax, first maximum; else temperature, top-k, top-p) given the
+// row's uniform draw u, which comes from the sequence's Sampler: its stream depends only on
+// (seed, sequence index), so results do not depend on batching.
 #pragma once
 
 #include <cstdint>
 #include <random>
+
+#include "afd/kernels/backend.h"
 
 namespace afd::runtime {
 
@@ -21,8 +24,8 @@ void ValidateSamplingParams(const SamplingParams& params);
 class Sampler {
  public:
   Sampler(const SamplingParams& params, int64_t sequence_index);
-  // Returns a token id in [0, vocab).
-  int32_t Sample(const float* logits, int64_t vocab);
+  // The next row's parameters; draws from the stream only when sampling (not greedy).
+  kernels::SampleRow NextRow();
 
  private:
   SamplingParams params_;

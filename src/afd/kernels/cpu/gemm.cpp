@@ -9,9 +9,10 @@
 #include <string>
 #include <vector>
 
+#include "afd/common/dtype_convert.h"
 #include "afd/common/error.h"
 
-namespace afd::kernels {
+namespace afd::kernels::cpu {
 
 namespace {
 
@@ -21,18 +22,25 @@ constexpr int64_t kNc = 128;  // columns per parallel task (8 panels)
 
 // Packs W rows [o0, o0 + cols) x k range [k0, k0 + kc) into panels of 16 columns, k-major:
 // packed[(p·kc + kk)·16 + j] = W[o0 + 16p + j][k0 + kk], zero for columns past `cols`.
-void PackPanels(const Matrix& w, int64_t o0, int64_t cols, int64_t k0, int64_t kc, float* packed) {
-  const int64_t k = w.cols();
+// The weight matrix of one Gemm call.
+struct Weights {
+  const void* data;
+  DType dtype;
+  int64_t k;
+};
+
+void PackPanels(const Weights& w, int64_t o0, int64_t cols, int64_t k0, int64_t kc, float* packed) {
+  const int64_t k = w.k;
   const int64_t panels = (cols + kNr - 1) / kNr;
   std::fill(packed, packed + panels * kc * kNr, 0.0f);
   for (int64_t c = 0; c < cols; ++c) {
     const int64_t p = c / kNr, j = c % kNr;
     float* dst = packed + p * kc * kNr + j;
-    if (w.dtype() == DType::kF32) {
-      const float* src = w.f32() + (o0 + c) * k + k0;
+    if (w.dtype == DType::kF32) {
+      const float* src = static_cast<const float*>(w.data) + (o0 + c) * k + k0;
       for (int64_t kk = 0; kk < kc; ++kk) dst[kk * kNr] = src[kk];
     } else {
-      const uint16_t* src = static_cast<const uint16_t*>(w.data()) + (o0 + c) * k + k0;
+      const uint16_t* src = static_cast<const uint16_t*>(w.data) + (o0 + c) * k + k0;
       for (int64_t kk = 0; kk < kc; ++kk) dst[kk * kNr] = Bf16ToF32(src[kk]);
     }
   }
@@ -54,9 +62,8 @@ void KernelPortable(int mr, const float* x, int64_t ldx, const float* panel, int
 }
 
 template <int MR>
-__attribute__((target("avx2,fma"))) void KernelAvx2(const float* x, int64_t ldx,
-                                                     const float* panel, int64_t kc, float* c,
-                                                     int64_t ldc, bool first) {
+__attribute__((target("avx2,fma"))) void KernelAvx2(const float* x, int64_t ldx, const float* panel,
+                                                    int64_t kc, float* c, int64_t ldc, bool first) {
   __m256 acc[MR][2];
   for (int r = 0; r < MR; ++r) {
     acc[r][0] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(c + r * ldc);
@@ -79,8 +86,8 @@ __attribute__((target("avx2,fma"))) void KernelAvx2(const float* x, int64_t ldx,
 
 template <int MR>
 __attribute__((target("avx512f"))) void KernelAvx512(const float* x, int64_t ldx,
-                                                      const float* panel, int64_t kc, float* c,
-                                                      int64_t ldc, bool first) {
+                                                     const float* panel, int64_t kc, float* c,
+                                                     int64_t ldc, bool first) {
   __m512 acc[MR];
   for (int r = 0; r < MR; ++r) acc[r] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(c + r * ldc);
   for (int64_t kk = 0; kk < kc; ++kk) {
@@ -164,10 +171,10 @@ bool Supported(GemmIsa isa) {
 }
 
 // Columns [o0, o0 + cols) of y for every row of x.
-void ColumnBlock(GemmIsa isa, const float* x, int64_t n, int64_t ldx, const Matrix& w, int64_t o0,
+void ColumnBlock(GemmIsa isa, const float* x, int64_t n, int64_t ldx, const Weights& w, int64_t o0,
                  int64_t cols, float* y, int64_t ldy) {
   thread_local std::vector<float> packed;  // [panels, kc, 16]
-  const int64_t k = w.cols();
+  const int64_t k = w.k;
   const int64_t panels = (cols + kNr - 1) / kNr;
   packed.resize(panels * kKc * kNr);
   const int max_rows = MaxRows(isa);
@@ -220,11 +227,13 @@ const char* GemmIsaName(GemmIsa isa) {
   return "?";
 }
 
-void Gemm(const float* x, int64_t n, int64_t ldx, const Matrix& w, float* y, int64_t ldy,
-          GemmIsa isa) {
+void Gemm(const float* x, int64_t n, int64_t ldx, const void* w_data, DType w_dtype, int64_t n_out,
+          int64_t k, float* y, int64_t ldy, GemmIsa isa) {
   if (isa == GemmIsa::kAuto) isa = BestGemmIsa();
   AFD_CHECK(Supported(isa), "Gemm: this CPU has no {} kernel", GemmIsaName(isa));
-  const int64_t k = w.cols(), n_out = w.rows();
+  AFD_CHECK(w_dtype == DType::kF32 || w_dtype == DType::kBF16, "Gemm: {} weights",
+            DTypeName(w_dtype));
+  const Weights w{w_data, w_dtype, k};
   AFD_CHECK(ldx >= k && ldy >= n_out, "Gemm: strides ({}, {}) below the shape ({}, {})", ldx, ldy,
             k, n_out);
   if (n == 0 || n_out == 0) return;
@@ -242,4 +251,17 @@ void Gemm(const float* x, int64_t n, int64_t ldx, const Matrix& w, float* y, int
   }
 }
 
-}  // namespace afd::kernels
+void GemmReference(const float* x, int64_t n, const void* w, DType w_dtype, int64_t n_out,
+                   int64_t k, float* y) {
+  std::vector<float> row(k);
+  for (int64_t o = 0; o < n_out; ++o) {
+    ConvertToF32(w_dtype, static_cast<const char*>(w) + o * k * DTypeSize(w_dtype), k, row.data());
+    for (int64_t i = 0; i < n; ++i) {
+      double acc = 0.0;
+      for (int64_t j = 0; j < k; ++j) acc += static_cast<double>(x[i * k + j]) * row[j];
+      y[i * n_out + o] = static_cast<float>(acc);
+    }
+  }
+}
+
+}  // namespace afd::kernels::cpu

@@ -18,9 +18,9 @@
 
 #include <cstdint>
 
-#include "afd/kernels/cpu/matrix.h"
+#include "afd/common/dtype.h"
 
-namespace afd::kernels {
+namespace afd::kernels::cpu {
 
 // Which micro-kernel runs; every one gives the same bits.
 enum class GemmIsa { kAuto, kPortable, kAvx2, kAvx512 };
@@ -30,10 +30,14 @@ enum class GemmIsa { kAuto, kPortable, kAvx2, kAvx512 };
 GemmIsa BestGemmIsa();
 const char* GemmIsaName(GemmIsa isa);
 
-// y[i, o] (row stride ldy) = Σ_k x[i, k] · w[o, k] (row stride ldx) in the order above.
-// Requires ldx >= w.cols(), ldy >= w.rows(). isa kAuto: BestGemmIsa(); a kernel the CPU lacks
-// throws afd::Error.
-void Gemm(const float* x, int64_t n, int64_t ldx, const Matrix& w, float* y, int64_t ldy,
-          GemmIsa isa = GemmIsa::kAuto);
+// y[i, o] (row stride ldy) = Σ_j x[i, j] · w[o, j] (row stride ldx) in the order above, for
+// w: [n_out, k] row-major of w_dtype (kF32 or kBF16). Requires ldx >= k, ldy >= n_out. isa
+// kAuto: BestGemmIsa(); a kernel the CPU lacks throws afd::Error.
+void Gemm(const float* x, int64_t n, int64_t ldx, const void* w, DType w_dtype, int64_t n_out,
+          int64_t k, float* y, int64_t ldy, GemmIsa isa = GemmIsa::kAuto);
 
-}  // namespace afd::kernels
+// The readable reference: one dot product per output accumulated in double. For tests.
+void GemmReference(const float* x, int64_t n, const void* w, DType w_dtype, int64_t n_out,
+                   int64_t k, float* y);
+
+}  // namespace afd::kernels::cpu

@@ -2,7 +2,7 @@
 
 #include <cmath>
 
-namespace afd::kernels {
+namespace afd::kernels::cpu {
 
 void RmsNorm(const float* x, int64_t n, int64_t dim, const float* w, float eps, float* out) {
   for (int64_t r = 0; r < n; ++r) {
@@ -83,4 +83,4 @@ int64_t ArgMax(const float* x, int64_t count) {
   return best;
 }
 
-}  // namespace afd::kernels
+}  // namespace afd::kernels::cpu

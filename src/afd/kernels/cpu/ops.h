@@ -6,7 +6,7 @@
 
 #include <cstdint>
 
-namespace afd::kernels {
+namespace afd::kernels::cpu {
 
 // out[r, :] = w * x[r, :] / sqrt(mean(x[r, :]²) + eps), x and out: [n, dim], w: [dim].
 // out may alias x.
@@ -37,4 +37,4 @@ void AxpyInPlace(float* y, float a, const float* x, int64_t count);
 // Index of the largest x[i]; the first one on ties (like torch.argmax).
 int64_t ArgMax(const float* x, int64_t count);
 
-}  // namespace afd::kernels
+}  // namespace afd::kernels::cpu

@@ -2,7 +2,7 @@
 // output must be bit-identical whatever the batch size, the row's place in the batch, the
 // thread count and the micro-kernel (AVX-512, AVX2+FMA, portable) -- and equal to the fma chain
 // gemm.h defines, computed here the slow obvious way.
-#include "afd/kernels/cpu/linear.h"
+#include "afd/kernels/cpu/gemm.h"
 
 #include <gtest/gtest.h>
 #include <omp.h>
@@ -12,9 +12,9 @@
 #include <random>
 #include <vector>
 
-#include "afd/kernels/cpu/gemm.h"
+#include "afd/common/dtype_convert.h"
 
-namespace afd::kernels {
+namespace afd::kernels::cpu {
 namespace {
 
 std::vector<float> RandomVector(int64_t n, uint32_t seed) {
@@ -25,17 +25,33 @@ std::vector<float> RandomVector(int64_t n, uint32_t seed) {
   return v;
 }
 
-Matrix RandomMatrix(DType dtype, int64_t rows, int64_t cols, uint32_t seed) {
-  Matrix m = Matrix::Allocate(dtype, rows, cols);
+// A weight matrix [rows, cols] of `dtype`.
+struct Weights {
+  DType dtype;
+  int64_t rows, cols;
+  std::vector<char> bytes;
+  const void* data() const { return bytes.data(); }
+};
+
+Weights RandomMatrix(DType dtype, int64_t rows, int64_t cols, uint32_t seed) {
+  Weights m{dtype, rows, cols, std::vector<char>(rows * cols * DTypeSize(dtype))};
   const std::vector<float> v = RandomVector(rows * cols, seed);
   for (int64_t i = 0; i < rows * cols; ++i) {
     if (dtype == DType::kF32) {
-      static_cast<float*>(m.mutable_data())[i] = v[i];
+      reinterpret_cast<float*>(m.bytes.data())[i] = v[i];
     } else {
-      static_cast<uint16_t*>(m.mutable_data())[i] = F32ToBf16(v[i]);
+      reinterpret_cast<uint16_t*>(m.bytes.data())[i] = F32ToBf16(v[i]);
     }
   }
   return m;
+}
+
+void Linear(const float* x, int64_t n, const Weights& w, float* y) {
+  Gemm(x, n, w.cols, w.data(), w.dtype, w.rows, w.cols, y, w.rows);
+}
+
+void LinearReference(const float* x, int64_t n, const Weights& w, float* y) {
+  GemmReference(x, n, w.data(), w.dtype, w.rows, w.cols, y);
 }
 
 double RelError(const std::vector<float>& a, const std::vector<float>& b) {
@@ -53,7 +69,7 @@ TEST_P(LinearTest, MatchesReference) {
   // Shapes that are not multiples of the row/column blocks.
   for (auto [n, out, in] :
        {std::tuple<int64_t, int64_t, int64_t>{1, 7, 5}, {37, 300, 96}, {16, 513, 64}}) {
-    const Matrix w = RandomMatrix(GetParam(), out, in, 1);
+    const Weights w = RandomMatrix(GetParam(), out, in, 1);
     const std::vector<float> x = RandomVector(n * in, 2);
     std::vector<float> y(n * out), ref(n * out);
     Linear(x.data(), n, w, y.data());
@@ -64,7 +80,7 @@ TEST_P(LinearTest, MatchesReference) {
 
 TEST_P(LinearTest, BatchInvariant) {
   const int64_t n = 41, in = 160, out = 520;
-  const Matrix w = RandomMatrix(GetParam(), out, in, 3);
+  const Weights w = RandomMatrix(GetParam(), out, in, 3);
   const std::vector<float> x = RandomVector(n * in, 4);
   for (int threads : {1, 2, 3}) {
     omp_set_num_threads(threads);
@@ -84,11 +100,11 @@ TEST_P(LinearTest, BatchInvariant) {
 }
 
 // The fma chain of gemm.h, one element at a time.
-float ChainElement(const float* x, const Matrix& w, int64_t o) {
-  std::vector<float> row(w.cols());
-  w.RowsToF32(o, 1, row.data());
+float ChainElement(const float* x, const Weights& w, int64_t o) {
+  std::vector<float> row(w.cols);
+  ConvertToF32(w.dtype, w.bytes.data() + o * w.cols * DTypeSize(w.dtype), w.cols, row.data());
   float acc = 0.0f;
-  for (int64_t j = 0; j < w.cols(); ++j) acc = std::fma(x[j], row[j], acc);
+  for (int64_t j = 0; j < w.cols; ++j) acc = std::fma(x[j], row[j], acc);
   return acc;
 }
 
@@ -96,7 +112,7 @@ TEST_P(LinearTest, EveryKernelIsTheDefinedChain) {
   // k spans several k chunks (partial sums pass through y) and ends off a chunk boundary;
   // n_out leaves a partial panel; n covers every tile height of every kernel.
   const int64_t n = 29, in = 600, out = 37;
-  const Matrix w = RandomMatrix(GetParam(), out, in, 5);
+  const Weights w = RandomMatrix(GetParam(), out, in, 5);
   const std::vector<float> x = RandomVector(n * in, 6);
   std::vector<float> chain(n * out);
   for (int64_t i = 0; i < n; ++i) {
@@ -108,7 +124,7 @@ TEST_P(LinearTest, EveryKernelIsTheDefinedChain) {
     // y has a wider stride than n_out: columns past it must stay untouched.
     const int64_t ldy = out + 3;
     std::vector<float> y(n * ldy, -7.0f);
-    Gemm(x.data(), n, in, w, y.data(), ldy, isa);
+    Gemm(x.data(), n, in, w.data(), w.dtype, out, in, y.data(), ldy, isa);
     for (int64_t i = 0; i < n; ++i) {
       ASSERT_EQ(0, std::memcmp(&y[i * ldy], &chain[i * out], out * sizeof(float)))
           << GemmIsaName(isa) << " row " << i;
@@ -131,4 +147,4 @@ TEST(DType, Conversions) {
 }
 
 }  // namespace
-}  // namespace afd::kernels
+}  // namespace afd::kernels::cpu

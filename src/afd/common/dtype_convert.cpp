@@ -1,8 +1,8 @@
-#include "afd/kernels/cpu/dtype.h"
+#include "afd/common/dtype_convert.h"
 
 #include "afd/common/error.h"
 
-namespace afd::kernels {
+namespace afd {
 
 uint16_t F32ToBf16(float f) {
   uint32_t bits;
@@ -61,4 +61,4 @@ void ConvertToF32(DType src_type, const void* src, int64_t count, float* dst) {
   AFD_THROW("ConvertToF32: {} is not a floating-point weight type", DTypeName(src_type));
 }
 
-}  // namespace afd::kernels
+}  // namespace afd

@@ -1,5 +1,4 @@
-// Scalar element types of weights and their conversion to fp32. Activations are always fp32;
-// weights may stay bf16 in memory (converted per row / per panel by the GEMM).
+// Conversions between the element types of weights (afd::DType: kF32, kBF16, kF16) and fp32.
 #pragma once
 
 #include <cstdint>
@@ -7,11 +6,7 @@
 
 #include "afd/common/dtype.h"
 
-namespace afd::kernels {
-
-// Element types are afd::DType (common/dtype.h): the weights use kF32, kBF16 and kF16, with
-// afd::DTypeSize / afd::DTypeName.
-using DType = ::afd::DType;
+namespace afd {
 
 // bf16 -> fp32 is exact: the bf16 bits are the high half of the fp32 bits.
 inline float Bf16ToF32(uint16_t v) {
@@ -29,4 +24,4 @@ float F16ToF32(uint16_t h);
 // dst[i] = src[i] converted to fp32, for `count` elements of type `src_type`.
 void ConvertToF32(DType src_type, const void* src, int64_t count, float* dst);
 
-}  // namespace afd::kernels
+}  // namespace afd

@@ -1,0 +1,156 @@
+// The op interface every backend implements (cpu/ is the exact reference; cuda/ the fast path).
+// The model and the runtime are written once against it: they hold Tensors in the backend's
+// memory (weights, the paged latent cache, a per-step Workspace) and call these ops.
+//
+// Conventions of every op:
+//  * Tensors live on the backend's device; float activations are fp32, weight matrices fp32 or
+//    bf16, shapes are noted per op ("x: [n, K]"); an op checks shapes and dtypes and throws
+//    afd::Error naming the op and the tensor.
+//  * Ops are enqueued on the backend's stream in call order; the CPU backend runs them inline.
+//    Only CopyToHost and Synchronize wait for the device.
+//  * Rows are independent: a token's result never depends on the other rows of the batch
+//    (batch invariance), on every backend.
+// Thread safety: a Backend is used by one thread at a time (one per rank).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "afd/tensor/allocator.h"
+#include "afd/tensor/tensor.h"
+
+namespace afd::kernels {
+
+// Rotary embedding of dr = 2·inv_freq.numel() dims (model/rope.h has the semantics).
+struct RopeSpec {
+  Tensor inv_freq;  // [dr/2] f32 on the device
+  float attention_factor = 1.0f;
+  bool interleave = true;  // pairs (x[2i], x[2i+1]); else (x[i], x[i + dr/2])
+};
+
+// Per-token metadata of a step for attention over the paged latent cache.
+struct AttentionTokens {
+  Tensor positions;     // [n] i64 position of each token in its sequence
+  Tensor seq_index;     // [n] i32 row of block_tables of the token's sequence
+  Tensor slot_mapping;  // [n] i64 cache slot (block·block_size + offset) of the token's row
+  Tensor block_tables;  // [num_seqs, max_blocks] i32 physical blocks of each sequence
+  int64_t block_size = 0;
+};
+
+// Router top-k semantics (model/router.h documents each method).
+enum class RouterScoring { kSoftmax, kSigmoid };
+struct RouterSpec {
+  RouterScoring scoring = RouterScoring::kSoftmax;
+  bool group_limited = false;  // softmax: group_limited_greedy (max score per group)
+  int64_t top_k = 1;
+  int64_t n_group = 1;
+  int64_t topk_group = 1;
+  bool norm_topk_prob = false;  // sigmoid only
+  float routed_scaling_factor = 1.0f;
+};
+
+// The SwiGLU experts a rank holds: gate_up[e] [2I, H], down[e] [H, I] for local expert e
+// (global id expert_begin + e); an empty tensor is an expert not loaded here.
+struct ExpertWeights {
+  std::vector<Tensor> gate_up;
+  std::vector<Tensor> down;
+  int64_t expert_begin = 0;
+  int64_t num_experts() const { return static_cast<int64_t>(gate_up.size()); }
+};
+
+// One row's sampling: greedy when temperature <= 0; else temperature, top-k (0: none), top-p,
+// and u in [0, 1), the row's uniform draw (the host's per-sequence random stream).
+struct SampleRow {
+  float temperature = 0.0f;
+  int64_t top_k = 0;
+  float top_p = 1.0f;
+  double u = 0.0;
+};
+
+class Backend : public Allocator {
+ public:
+  ~Backend() override = default;
+  virtual std::string name() const = 0;  // "cpu", "cuda:0 (NVIDIA H200)"
+  virtual Stream stream() const = 0;
+
+  // ---- Memory --------------------------------------------------------------------------
+  // dst (contiguous, on the device) = dst.nbytes() bytes from host memory src.
+  virtual void CopyToDevice(const Tensor& dst, const void* src) = 0;
+  // dst (host) = src.nbytes() bytes of src; waits for the work that writes src.
+  virtual void CopyToHost(void* dst, const Tensor& src) = 0;
+  // dst = src, same shape and dtype, both on the device.
+  virtual void Copy(const Tensor& dst, const Tensor& src) = 0;
+  virtual void Fill(const Tensor& dst, float value) = 0;  // f32 tensors
+  virtual void Synchronize() = 0;
+
+  // ---- Dense ops -----------------------------------------------------------------------
+  // out: [n, H] f32 = rows ids: [n] i32 of table: [V, H] (f32/bf16). Ids are checked by callers.
+  virtual void Embedding(const Tensor& table, const Tensor& ids, const Tensor& out) = 0;
+  // y: [n, N] = x: [n, K] · wᵀ, w: [N, K] f32/bf16.
+  virtual void Linear(const Tensor& x, const Tensor& w, const Tensor& y) = 0;
+  // out: [n, D] = w ⊙ x / sqrt(mean(x²) + eps) per row, w: [D] f32; out may alias x.
+  virtual void RmsNorm(const Tensor& x, const Tensor& w, float eps, const Tensor& out) = 0;
+  // y += x, same shape.
+  virtual void Add(const Tensor& y, const Tensor& x) = 0;
+  // out: [n, I] = silu(gate_up[:, :I]) · gate_up[:, I:], gate_up: [n, 2I].
+  virtual void SiluMul(const Tensor& gate_up, const Tensor& out) = 0;
+  // Rotates dims [offset, offset + dr) of every head of x: [n, heads, width] in place, token t
+  // at positions[t] (i64 [n]).
+  virtual void Rope(const Tensor& x, int64_t offset, const Tensor& positions,
+                    const RopeSpec& rope) = 0;
+  // Gathers rows: out[i] = x[index[i]] for index: [m] i32, x: [n, H], out: [m, H].
+  virtual void GatherRows(const Tensor& x, const Tensor& index, const Tensor& out) = 0;
+
+  // ---- MLA over the paged latent cache --------------------------------------------------
+  // ckv: [n, kv_lora + dr] (x · W_kv_aᵀ). Writes cache[slot_mapping[t]] =
+  // [rmsnorm(ckv[t, :kv_lora], norm_w, eps) | rope(ckv[t, kv_lora:], positions[t])].
+  // cache: [num_slots, kv_lora + dr] f32 (one layer).
+  virtual void MlaCacheWrite(const Tensor& ckv, const Tensor& norm_w, float eps,
+                             const AttentionTokens& tokens, const RopeSpec& rope,
+                             const Tensor& cache) = 0;
+  // Absorbed MLA of heads [head_begin, head_end) (model/attention.h has the math), causal over
+  // each token's sequence positions [0, positions[t]]. q: [n, heads, dn + dr] for all heads
+  // (rope applied; only the range is read), kv_b: [heads·(dn + dv), kv_lora] f32,
+  // out: [n, nh·dv] with nh = head_end - head_begin.
+  virtual void MlaAttention(const Tensor& q, const Tensor& kv_b, const AttentionTokens& tokens,
+                            const Tensor& cache, int64_t head_begin, int64_t head_end, int64_t dn,
+                            int64_t dv, float scale, const Tensor& out) = 0;
+
+  // ---- MoE ----------------------------------------------------------------------------
+  // logits: [n, E] (h · W_gateᵀ), bias: [E] (sigmoid: e_score_correction_bias) or empty.
+  // ids: [n, k] i32 ascending per token, weights: [n, k] f32.
+  virtual void RouterTopk(const Tensor& logits, const Tensor& bias, const RouterSpec& spec,
+                          const Tensor& ids, const Tensor& weights) = 0;
+  // Groups the (token, slot) pairs whose expert is in [begin, begin + num_local) by expert,
+  // tokens ascending within an expert. ids: [n, k] i32. Outputs: offsets: [num_local + 1] i32
+  // (expert e's rows are [offsets[e], offsets[e+1])), src_row: [n·k] i32 (token of each grouped
+  // row; 0 past offsets[num_local]), row_of_slot: [n, k] i32 (grouped row of each
+  // slot, -1 for experts outside the range). Device side only: no host sync.
+  virtual void MoePermute(const Tensor& ids, int64_t begin, int64_t num_local,
+                          const Tensor& offsets, const Tensor& src_row,
+                          const Tensor& row_of_slot) = 0;
+  // out[r] = expert_e(x[r]) (SwiGLU, unweighted) for the rows [offsets[e], offsets[e+1]) of each
+  // local expert e. x, out: [m, H] with m >= offsets[num_local] (rows past it untouched).
+  virtual void GroupedExpertMlp(const Tensor& x, const Tensor& offsets,
+                                const ExpertWeights& experts, const Tensor& out) = 0;
+  // out[t] = Σ_j weights[t, j] · y[row_of_slot[t, j]] over j ascending with row >= 0, starting
+  // from 0 (accumulate: from out[t]). y: [m, H], out: [n, H].
+  virtual void MoeCombine(const Tensor& y, const Tensor& row_of_slot, const Tensor& weights,
+                          bool accumulate, const Tensor& out) = 0;
+
+  // ---- Outputs ------------------------------------------------------------------------
+  // out[t] = log_softmax(logits[t])[ids[t]], logits: [n, V], ids: [n] i32, out: [n] f32.
+  virtual void LogSoftmaxAt(const Tensor& logits, const Tensor& ids, const Tensor& out) = 0;
+  // ids: [n] i32 sampled from logits: [n, V] with rows[t]. NaN logits are never chosen (a row
+  // of only NaN gives id 0).
+  virtual void Sample(const Tensor& logits, const std::vector<SampleRow>& rows,
+                      const Tensor& ids) = 0;
+};
+
+// The backend of `device`: CpuBackend, or the CUDA backend in CUDA builds. Throws afd::Error
+// when the device is not available in this build or on this machine.
+std::unique_ptr<Backend> MakeBackend(Device device);
+
+}  // namespace afd::kernels

@@ -1,0 +1,56 @@
+// The MoE block of DeepseekModel on this process's experts, and the in-process MoeBackend.
+#include "afd/common/error.h"
+#include "afd/model/model.h"
+
+namespace afd::model {
+
+void DeepseekModel::Route(int64_t layer, const Tensor& hidden, const Tensor& ids,
+                          const Tensor& weights, Workspace& ws) const {
+  AFD_CHECK(config_.IsMoeLayer(layer), "layer {} is not a MoE layer", layer);
+  const MoeWeights& w = weights_.layers[layer].moe;
+  AFD_CHECK(!w.gate.empty(), "the router of layer {} is not loaded in this process", layer);
+  const Tensor logits = ws.Take(DType::kF32, {hidden.dim(0), config_.n_routed_experts});
+  backend_.Linear(hidden, w.gate, logits);
+  backend_.RouterTopk(logits, w.e_score_correction_bias, router_spec_, ids, weights);
+}
+
+void DeepseekModel::RoutedExperts(int64_t layer, const Tensor& hidden, const Tensor& ids,
+                                  const Tensor& weights, const Tensor& out, Workspace& ws) const {
+  const kernels::ExpertWeights& experts = weights_.layers[layer].moe.experts;
+  const int64_t n = hidden.dim(0), k = config_.num_experts_per_tok, h = config_.hidden_size;
+  const int64_t local = experts.num_experts();
+  const Tensor offsets = ws.Take(DType::kI32, {local + 1});
+  const Tensor src_row = ws.Take(DType::kI32, {n * k});
+  const Tensor row_of_slot = ws.Take(DType::kI32, {n, k});
+  backend_.MoePermute(ids, experts.expert_begin, local, offsets, src_row, row_of_slot);
+  // Every slot may land here: size the grouped rows for all of them.
+  const Tensor grouped = ws.Take(DType::kF32, {n * k, h});
+  const Tensor expert_out = ws.Take(DType::kF32, {n * k, h});
+  backend_.GatherRows(hidden, src_row, grouped);
+  backend_.GroupedExpertMlp(grouped, offsets, experts, expert_out);
+  backend_.MoeCombine(expert_out, row_of_slot, weights, /*accumulate=*/false, out);
+}
+
+void DeepseekModel::AddSharedExperts(int64_t layer, const Tensor& hidden, const Tensor& out,
+                                     Workspace& ws) const {
+  const MlpWeights& shared = weights_.layers[layer].moe.shared;
+  if (shared.empty() || hidden.dim(0) == 0) return;
+  const Tensor y = ws.Take(DType::kF32, {hidden.dim(0), config_.hidden_size});
+  Mlp(shared, hidden, y, ws);
+  backend_.Add(out, y);
+}
+
+void LocalMoeBackend::Forward(int64_t layer, const Tensor& hidden, const Tensor& out,
+                              Workspace& ws) {
+  const ModelConfig& c = model_.config();
+  const int64_t n = hidden.dim(0), k = c.num_experts_per_tok;
+  AFD_CHECK(model_.weights().layers[layer].moe.experts.num_experts() == c.n_routed_experts,
+            "in-process MoE needs every routed expert loaded");
+  const Tensor ids = ws.Take(DType::kI32, {n, k});
+  const Tensor weights = ws.Take(DType::kF32, {n, k});
+  model_.Route(layer, hidden, ids, weights, ws);
+  model_.RoutedExperts(layer, hidden, ids, weights, out, ws);
+  model_.AddSharedExperts(layer, hidden, out, ws);
+}
+
+}  // namespace afd::model

@@ -1,0 +1,93 @@
+// The continuous-batching scheduler over the paged latent cache (vLLM's rules, without chunked
+// prefill):
+//  * every running sequence decodes one token per step;
+//  * waiting requests are admitted in arrival order while the step has room: at most
+//    max_num_seqs running sequences and max_num_batched_tokens tokens per step (0: no limit; a
+//    prompt larger than the budget still runs alone when nothing else would), and free cache
+//    blocks for the whole prompt;
+//  * when a running sequence's next token needs a block and none is free, the most recently
+//    admitted running sequence is preempted: its blocks are freed and it returns to the front of
+//    the waiting queue; when admitted again it recomputes its prompt and the tokens generated so
+//    far (batch-invariant kernels make that give the same bits) and goes on.
+// A sequence's logits row is its last token of the step; with prompt_logprobs, every prompt
+// token of its first prefill too.
+// Thread safety: none; one thread schedules and updates.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <optional>
+#include <vector>
+
+#include "afd/kv/paged_cache.h"
+#include "afd/model/forward_batch.h"
+
+namespace afd::runtime {
+
+struct SchedulerLimits {
+  int64_t max_num_seqs = 0;            // 0: no limit
+  int64_t max_num_batched_tokens = 0;  // 0: no limit
+};
+
+// What one sequence does in a planned step.
+struct ScheduledSeq {
+  int64_t request = 0;
+  bool prefill = false;        // prompt (or recompute) tokens, not a decode token
+  bool first_prefill = false;  // the prompt's first computation (prompt logprobs come from it)
+  int64_t first_row = 0;       // its first token row in the batch
+  int64_t num_tokens = 0;
+  int64_t first_logits_row = 0;  // index into batch.logits_rows of its first logits row
+  int64_t num_logits_rows = 0;   // 1, or the prompt length with prompt logprobs
+};
+
+struct StepPlan {
+  model::ForwardBatch batch;
+  std::vector<ScheduledSeq> seqs;  // in batch order: decodes first, then admitted prompts
+  int64_t num_decode_tokens = 0;
+  int64_t num_prefill_tokens = 0;
+  bool empty() const { return seqs.empty(); }
+};
+
+class Scheduler {
+ public:
+  // `cache` must outlive the scheduler.
+  Scheduler(SchedulerLimits limits, kv::PagedKvCache& cache);
+
+  // Queues a request; prompt_logprobs: the first prefill returns logits of every prompt token.
+  // Throws afd::Error when the prompt alone cannot ever fit in the cache.
+  void Add(int64_t request, std::vector<int32_t> prompt, bool prompt_logprobs);
+  // Removes a request wherever it is (its blocks are freed).
+  void Abort(int64_t request);
+  bool HasWork() const { return !running_.empty() || !waiting_.empty(); }
+  int64_t num_running() const { return static_cast<int64_t>(running_.size()); }
+  int64_t num_waiting() const { return static_cast<int64_t>(waiting_.size()); }
+  int64_t num_preemptions() const { return preemptions_; }
+
+  // The next step (empty when there is no work).
+  StepPlan Schedule();
+  // After the step ran: `next_ids[i]` is the token sampled for plan.seqs[i] (each sequence's
+  // last logits row), `finished[i]` whether that request is done (its blocks are freed then).
+  void Update(const StepPlan& plan, const std::vector<int32_t>& next_ids,
+              const std::vector<char>& finished);
+
+ private:
+  struct Seq {
+    int64_t request = 0;
+    std::vector<int32_t> tokens;  // prompt + generated, the last not yet in the cache
+    int64_t prompt_len = 0;
+    int64_t cache_seq = -1;  // -1: holds no cache sequence (waiting)
+    bool prompt_logprobs = false;
+    bool prefilled = false;  // its prompt's logits were produced once
+  };
+  // Frees the running sequence's cache and queues it first for recompute.
+  void Preempt(size_t running_index);
+  Seq* Find(int64_t request);
+
+  SchedulerLimits limits_;
+  kv::PagedKvCache& cache_;
+  std::deque<Seq> waiting_;
+  std::vector<Seq> running_;  // admission order
+  int64_t preemptions_ = 0;
+};
+
+}  // namespace afd::runtime
