@@ -36,6 +36,26 @@ Result RunAfd(const std::string& args, bool stderr_too = true) {
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
 }
 
+// A connector the config accepts but this build cannot run is refused before anything starts,
+// never replaced by another one.
+TEST(Cli, UnimplementedConnectorIsRefusedAtStartup) {
+  const std::string cfg = Quote(R"({"afd": {"role": "ffn", "connector": "GpuAsyncAFDConnector", )"
+                                R"("num_attention_ranks": 1, "num_ffn_ranks": 1, "port": 1}})");
+  Result r = RunAfd("config check " + cfg);
+  EXPECT_EQ(r.exit_code, 0) << r.out;  // a valid config...
+  for (const std::string cmd :
+       {"serve --model preset:tiny --additional-config " + cfg,
+        "worker --model preset:tiny --role-rank 0 --additional-config " + cfg}) {
+    r = RunAfd(cmd);  // ...that cannot run here
+    EXPECT_EQ(r.exit_code, 2) << cmd << "\n" << r.out;
+    EXPECT_NE(r.out.find("GpuAsyncAFDConnector"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("not implemented"), std::string::npos) << r.out;
+  }
+  r = RunAfd("connector-test --role-rank 0 --additional-config " + cfg);
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_NE(r.out.find("not implemented"), std::string::npos) << r.out;
+}
+
 TEST(Cli, VersionAndHelp) {
   Result r = RunAfd("--version");
   EXPECT_EQ(r.exit_code, 0);

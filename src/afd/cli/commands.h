@@ -22,10 +22,5 @@ void AddRunCommand(CLI::App& app, int& exit_code);
 // `afd worker` (one rank) and `afd serve` (one role's ranks on this host) (worker_cmd.cpp).
 void AddWorkerCommands(CLI::App& app, int& exit_code);
 
-// Human-readable rank map in the style of seed 000's 4A2F worked example.
-std::string TopologyText(const Topology& topology);
-// {"attention", "ffn", "world", "subgroups", "control_plane"} as documented in docs/topology.md.
-std::string TopologyJson(const Topology& topology, int indent = 2);
-
 }  // namespace cli
 }  // namespace afd

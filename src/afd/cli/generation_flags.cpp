@@ -90,12 +90,6 @@ model::OpenOptions ToOpenOptions(const GenerationFlags& f) {
   return open;
 }
 
-model::ModelConfig PeekModelConfig(const std::string& model) {
-  const std::string preset = "preset:";
-  if (model.rfind(preset, 0) == 0) return model::PresetConfig(model.substr(preset.size()));
-  return model::LoadModelConfig(model + "/config.json");
-}
-
 void ValidateGenerationInput(const GenerationFlags& f, const model::ModelConfig& c,
                              const std::vector<std::vector<int32_t>>& prompts) {
   runtime::ValidateSamplingParams(f.sampling);

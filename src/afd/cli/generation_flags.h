@@ -42,9 +42,6 @@ std::vector<std::string> GenerationFlagsArgv(const GenerationFlags& flags);
 
 model::OpenOptions ToOpenOptions(const GenerationFlags& flags);
 
-// The config of `model` (preset:NAME or a checkpoint directory) without loading weights.
-model::ModelConfig PeekModelConfig(const std::string& model);
-
 // Checks the sampling flags, and each prompt's ids and length (+ max_tokens) against the model.
 // Throws afd::Error naming the flag or prompt (1-based), for an exit 2 before anything starts.
 void ValidateGenerationInput(const GenerationFlags& flags, const model::ModelConfig& config,

@@ -11,10 +11,10 @@
 #include <vector>
 
 #include "afd/cli/commands.h"
-#include "afd/cli/deployment_run.h"
 #include "afd/cli/generation_flags.h"
-#include "afd/cli/result_json.h"
 #include "afd/common/error.h"
+#include "afd/deploy/deployment_run.h"
+#include "afd/deploy/result_json.h"
 #include "afd/model/loader.h"
 #include "afd/runtime/generator.h"
 #include "afd/runtime/npy.h"
@@ -29,7 +29,7 @@ struct RunArgs {
   bool json = false;
   std::string dump_logits;
   bool stats = false;
-  DeploymentSpec deployment;  // --topology: run on an AFD deployment of local processes
+  deploy::DeploymentSpec deployment;  // --topology: run on an AFD deployment of local processes
 };
 
 // "1,2,3" -> {1, 2, 3}; throws afd::Error on anything else.
@@ -60,13 +60,13 @@ std::vector<int32_t> ParseIds(const std::string& text) {
 // `afd run --topology`: the same prompts and output through an AFD deployment.
 void RunOnDeployment(const RunArgs& args, const std::vector<std::vector<int32_t>>& prompts,
                      int& exit_code) {
-  DeploymentSpec spec = args.deployment;
+  deploy::DeploymentSpec spec = args.deployment;
   spec.print_stats = args.stats;
   spec.worker_flags = GenerationFlagsArgv(args.gen);
-  std::vector<DeploymentResult> results;
+  std::vector<deploy::DeploymentResult> results;
   try {
     AFD_CHECK(args.dump_logits.empty(), "--dump-logits is not available with --topology");
-    results = RunDeployment(spec, prompts);
+    results = deploy::RunDeployment(spec, prompts);
   } catch (const Error& e) {
     std::cerr << "afd run --topology " << spec.topology << ": " << e.what() << "\n";
     exit_code = 1;
@@ -131,7 +131,7 @@ void Run(RunArgs args, int& exit_code) {
   }
   for (size_t s = 0; s < results.size(); ++s) {
     if (args.json) {
-      std::cout << ResultJsonLine(results[s]) << "\n";
+      std::cout << deploy::ResultJsonLine(results[s]) << "\n";
     } else {
       std::cout << "prompt " << s << " (" << results[s].prompt_ids.size() << " tokens) ->";
       for (int32_t id : results[s].output_ids) std::cout << " " << id;

@@ -15,9 +15,11 @@
 
 #include "afd/cli/commands.h"
 #include "afd/cli/generation_flags.h"
-#include "afd/cli/launcher.h"
-#include "afd/cli/role_worker.h"
 #include "afd/common/error.h"
+#include "afd/deploy/launcher.h"
+#include "afd/deploy/role_worker.h"
+#include "afd/deploy/serve.h"
+#include "afd/deploy/transport.h"
 
 namespace afd::cli {
 
@@ -86,18 +88,19 @@ std::vector<std::vector<int32_t>> ReadPrompts(const std::string& path) {
   return prompts;
 }
 
-WorkerOptions ToWorkerOptions(const RoleArgs& a) {
+deploy::WorkerOptions ToWorkerOptions(const RoleArgs& a) {
   AFD_CHECK(a.device == "cpu",
             "--device {}: this build runs the model on the CPU only; use --device cpu", a.device);
-  WorkerOptions o;
+  deploy::WorkerOptions o;
   o.config = ParseAfdConfig(a.additional_config);
+  deploy::CheckConnectorImplemented(o.config);
   o.role_rank = a.role_rank;
   o.dp = a.dp;
   o.tp = a.tp;
   o.model = a.gen.model;
   o.open = ToOpenOptions(a.gen);
   o.prompts = ReadPrompts(a.prompts_file);
-  ValidateGenerationInput(a.gen, PeekModelConfig(a.gen.model), o.prompts);
+  ValidateGenerationInput(a.gen, model::PeekModelConfig(a.gen.model), o.prompts);
   o.generation = ToGenerationOptions(a.gen);
   o.dbo = a.gen.dbo;
   o.output_file = a.output_file;
@@ -132,9 +135,9 @@ void AddWorkerCommands(CLI::App& app, int& exit_code) {
                      "PID of the launcher: end this rank when it ends (launchers set it)");
   worker->add_option("--stats-file", wargs->stats_file, "JSON summary of this rank");
   worker->callback([wargs, exit_with_parent, &exit_code] {
-    if (*exit_with_parent > 0) ExitWithParent(*exit_with_parent);
+    if (*exit_with_parent > 0) deploy::ExitWithParent(*exit_with_parent);
     std::string who = "worker";
-    WorkerOptions o;
+    deploy::WorkerOptions o;
     try {
       o = ToWorkerOptions(*wargs);
     } catch (const Error& e) {  // invalid input: exit 2
@@ -144,7 +147,7 @@ void AddWorkerCommands(CLI::App& app, int& exit_code) {
     }
     try {
       who = fmt::format("{} rank {}", RoleName(o.config.role), o.role_rank);
-      RunWorker(o);
+      deploy::RunWorker(o);
       exit_code = 0;
     } catch (const Error& e) {
       std::cerr << "afd worker (" << who << "): error: " << e.what() << std::endl;
@@ -167,7 +170,7 @@ void AddWorkerCommands(CLI::App& app, int& exit_code) {
   serve->add_option("--log-dir", sargs->log_dir, "Where rank logs go (default: a temp dir)");
   serve->callback([sargs, &exit_code] {
     const RoleArgs& a = *sargs;
-    WorkerOptions base;
+    deploy::WorkerOptions base;
     try {
       base = ToWorkerOptions(a);  // validates everything before starting
     } catch (const Error& e) {    // invalid input: exit 2
@@ -176,58 +179,15 @@ void AddWorkerCommands(CLI::App& app, int& exit_code) {
       return;
     }
     try {
-      const int local = a.dp_local < 0 ? a.dp - a.dp_start : a.dp_local;
-      AFD_CHECK(local >= 1 && a.dp_start + local <= a.dp,
-                "--data-parallel-start-rank {} + --data-parallel-size-local {} exceed "
-                "--data-parallel-size {}",
-                a.dp_start, local, a.dp);
-      const std::string dir = a.log_dir.empty() ? std::filesystem::temp_directory_path().string() +
-                                                      "/afd-serve-" + std::to_string(getpid())
-                                                : a.log_dir;
-      std::filesystem::create_directories(dir);
-      const std::string role(RoleName(base.config.role));
-      std::vector<RankProcessSpec> specs;
-      for (int d = a.dp_start; d < a.dp_start + local; ++d) {
-        for (int t = 0; t < a.tp; ++t) {
-          const int rank = d * a.tp + t;
-          RankProcessSpec s;
-          s.label = fmt::format("{} rank {}", role, rank);
-          s.log = fmt::format("{}/{}{}.log", dir, role, rank);
-          s.argv = {SelfExe(),
-                    "worker",
-                    "--exit-with-parent",
-                    std::to_string(getpid()),
-                    "--role-rank",
-                    std::to_string(rank)};
-          for (auto& f : PassThrough(a)) s.argv.push_back(f);
-          if (!a.output_file.empty() && t == 0) {
-            s.argv.insert(s.argv.end(), {"--output-file", fmt::format("{}/out{}.jsonl", dir, d)});
-          }
-          specs.push_back(std::move(s));
-        }
-      }
-      std::cerr << "afd serve: " << specs.size() << " " << role << " rank(s), logs in " << dir
-                << std::endl;
-      if (!a.http_host.empty() || a.http_port != 0) {
-        std::cerr << "afd serve: note: the HTTP API is not built yet; --host/--port are ignored"
-                  << std::endl;
-      }
-      RunRankProcesses(specs);
-      if (!a.output_file.empty()) {
-        std::string merged;
-        for (int d = a.dp_start; d < a.dp_start + local; ++d) {
-          const std::string part = fmt::format("{}/out{}.jsonl", dir, d);
-          std::ifstream in(part);
-          AFD_CHECK(in.is_open(), "attention replica {} wrote no results ({} is missing)", d, part);
-          std::stringstream text;
-          text << in.rdbuf();  // an empty file (a replica without prompts) adds nothing
-          merged += text.str();
-        }
-        std::ofstream out(a.output_file, std::ios::trunc);
-        out << merged;
-        out.close();
-        AFD_CHECK(out.good(), "--output-file {}: cannot write", a.output_file);
-      }
+      deploy::ServeOptions so;
+      so.base = base;
+      so.dp_start = a.dp_start;
+      so.dp_local = a.dp_local < 0 ? a.dp - a.dp_start : a.dp_local;
+      so.log_dir = a.log_dir;
+      so.output_file = a.output_file;
+      so.worker_flags = PassThrough(a);
+      so.http_requested = !a.http_host.empty() || a.http_port != 0;
+      deploy::ServeRole(so);
       exit_code = 0;
     } catch (const Error& e) {
       std::cerr << "afd serve: error: " << e.what() << std::endl;

@@ -127,6 +127,12 @@ int64_t ParameterCount(const ModelConfig& c) {
   return total;
 }
 
+ModelConfig PeekModelConfig(const std::string& spec) {
+  const std::string preset = "preset:";
+  if (spec.rfind(preset, 0) == 0) return PresetConfig(spec.substr(preset.size()));
+  return LoadModelConfig(spec + "/config.json");
+}
+
 int64_t LoadedParameterCount(const ModelConfig& c, const WeightOptions& o) {
   ModelConfig attention_only = c, experts_only = c;
   attention_only.n_routed_experts = 0;

@@ -22,6 +22,9 @@ struct OpenOptions {
 
 inline constexpr int64_t kAutoBf16Bytes = int64_t{8} << 30;
 
+// The config of `spec` (preset:NAME or a checkpoint directory) without loading weights.
+ModelConfig PeekModelConfig(const std::string& spec);
+
 // Names accepted after "preset:".
 std::vector<std::string> PresetNames();
 // The config of a preset; throws afd::Error listing the presets for an unknown name.

@@ -7,8 +7,8 @@
 
 #include "afd/runtime/generator.h"
 
-namespace afd::cli {
+namespace afd::deploy {
 
 std::string ResultJsonLine(const runtime::GenerationResult& result);
 
-}  // namespace afd::cli
+}  // namespace afd::deploy

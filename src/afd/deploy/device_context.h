@@ -5,7 +5,7 @@
 
 #include "afd/comm/afd_world.h"
 
-namespace afd::cli {
+namespace afd::deploy {
 
 struct DeviceContext {
   comm::CommunicatorFactory factory;  // null: every group on the host transport
@@ -17,4 +17,4 @@ struct DeviceContext {
 // CUDA and NCCL, or when no CUDA device is usable.
 DeviceContext MakeDeviceContext(int cuda_device, int world_rank);
 
-}  // namespace afd::cli
+}  // namespace afd::deploy

@@ -1,6 +1,6 @@
 // Device rows for `afd connector-test --device cuda` (CUDA + NCCL builds).
-#include "afd/cli/row_io.h"
 #include "afd/common/error.h"
+#include "afd/deploy/row_io.h"
 
 #if AFD_WITH_NCCL
 #include <cuda_runtime.h>
@@ -8,7 +8,7 @@
 #include "afd/comm_nccl/nccl_communicator.h"
 #include "afd/comm_nccl/selftest_kernels.h"
 
-namespace afd::cli {
+namespace afd::deploy {
 
 namespace {
 
@@ -75,16 +75,16 @@ std::unique_ptr<RowIo> MakeDeviceRowIo(int cuda_device, void* stream) {
   return std::make_unique<DeviceRowIo>(cuda_device, static_cast<cudaStream_t>(stream));
 }
 
-}  // namespace afd::cli
+}  // namespace afd::deploy
 
 #else
 
-namespace afd::cli {
+namespace afd::deploy {
 
 std::unique_ptr<RowIo> MakeDeviceRowIo(int, void*) {
   AFD_THROW("--device cuda: this afd was built without CUDA and NCCL");
 }
 
-}  // namespace afd::cli
+}  // namespace afd::deploy
 
 #endif

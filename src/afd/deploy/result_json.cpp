@@ -1,9 +1,9 @@
-#include "afd/cli/result_json.h"
+#include "afd/deploy/result_json.h"
 
 #include <cmath>
 #include <nlohmann/json.hpp>
 
-namespace afd::cli {
+namespace afd::deploy {
 
 std::string ResultJsonLine(const runtime::GenerationResult& r) {
   nlohmann::ordered_json j;
@@ -18,4 +18,4 @@ std::string ResultJsonLine(const runtime::GenerationResult& r) {
   return j.dump();
 }
 
-}  // namespace afd::cli
+}  // namespace afd::deploy

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-namespace afd::cli {
+namespace afd::deploy {
 
 struct DeploymentSpec {
   std::string topology;                    // "3A2F"
@@ -29,4 +29,4 @@ struct DeploymentResult {
 std::vector<DeploymentResult> RunDeployment(const DeploymentSpec& spec,
                                             const std::vector<std::vector<int32_t>>& prompts);
 
-}  // namespace afd::cli
+}  // namespace afd::deploy

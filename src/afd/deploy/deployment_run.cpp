@@ -1,4 +1,4 @@
-#include "afd/cli/deployment_run.h"
+#include "afd/deploy/deployment_run.h"
 
 #include <unistd.h>
 
@@ -8,14 +8,15 @@
 #include <nlohmann/json.hpp>
 #include <regex>
 
-#include "afd/cli/commands.h"
-#include "afd/cli/launcher.h"
 #include "afd/comm/socket.h"
 #include "afd/common/error.h"
 #include "afd/config/afd_config.h"
+#include "afd/deploy/launcher.h"
+#include "afd/deploy/rank_map.h"
+#include "afd/deploy/transport.h"
 #include "afd/topology/parallel.h"
 
-namespace afd::cli {
+namespace afd::deploy {
 
 namespace {
 
@@ -45,7 +46,7 @@ std::string RoleConfig(const json& base, Role role, int port, int A, int F) {
   afd["num_attention_ranks"] = A;
   afd["num_ffn_ranks"] = F;
   const std::string text = json{{"afd", afd}}.dump();
-  ParseAfdConfig(text);  // validate now, before any process starts
+  CheckConnectorImplemented(ParseAfdConfig(text));  // validate now, before any process starts
   return text;
 }
 
@@ -171,6 +172,10 @@ std::vector<DeploymentResult> RunDeployment(const DeploymentSpec& spec,
       if (st.value("dbo_steps", int64_t{0}) > 0) {
         std::cerr << fmt::format(" ({} as two micro-batches)", st["dbo_steps"].get<int64_t>());
       }
+      if (st.value("mixed_steps", int64_t{0}) > 0) {
+        std::cerr << fmt::format(", {} mixed prefill+decode steps",
+                                 st["mixed_steps"].get<int64_t>());
+      }
       if (st.contains("experts")) {
         std::cerr << fmt::format(", experts [{}, {}), {} rows", st["experts"][0].get<int64_t>(),
                                  st["experts"][1].get<int64_t>(), st["rows"].get<int64_t>());
@@ -196,4 +201,4 @@ std::vector<DeploymentResult> RunDeployment(const DeploymentSpec& spec,
   return results;
 }
 
-}  // namespace afd::cli
+}  // namespace afd::deploy

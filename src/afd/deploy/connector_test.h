@@ -1,15 +1,17 @@
-// Internals of `afd connector-test` shared by its files: the arguments and the two modes.
+// `afd connector-test`: one role process of a P2P connector round trip (checks every row's
+// origin and order end to end), or its round-trip benchmark.
 #pragma once
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "afd/cli/row_io.h"
 #include "afd/comm/afd_world.h"
+#include "afd/config/afd_config.h"
 #include "afd/connector/p2p_connector.h"
+#include "afd/deploy/row_io.h"
 
-namespace afd::cli {
+namespace afd::deploy {
 
 struct ConnectorTestArgs {
   std::string additional_config;
@@ -28,9 +30,14 @@ struct ConnectorTestArgs {
   int cuda_device = -1;
 };
 
+// Joins the deployment of `config` as role rank args.role_rank, runs the check (or --bench),
+// waits for every rank, and returns this rank's JSON report. Throws afd::Error after
+// publishing an abort so the other ranks stop too.
+nlohmann::json RunConnectorTest(const ConnectorTestArgs& args, const AfdConfig& config);
+
 // Round-trip latency per layer for each row count (--bench); the FFN side echoes rows
 // unchanged. Adds "bench": [{rows, bytes_each_way, median_us, p10_us, p90_us}] to `report`.
 void RunConnectorBench(const ConnectorTestArgs& args, comm::AfdWorld& world,
                        connector::P2pConnector& conn, RowIo& io, nlohmann::json& report);
 
-}  // namespace afd::cli
+}  // namespace afd::deploy

@@ -1,4 +1,4 @@
-#include "afd/cli/launcher.h"
+#include "afd/deploy/launcher.h"
 
 #include <signal.h>
 #include <sys/prctl.h>
@@ -15,7 +15,7 @@
 #include "afd/common/error.h"
 #include "afd/common/subprocess.h"
 
-namespace afd::cli {
+namespace afd::deploy {
 
 void ExitWithParent(int launcher_pid) {
   prctl(PR_SET_PDEATHSIG, SIGKILL);
@@ -118,4 +118,4 @@ void RunRankProcesses(const std::vector<RankProcessSpec>& specs) {
             others.empty() ? "" : "the other processes:\n" + others);
 }
 
-}  // namespace afd::cli
+}  // namespace afd::deploy

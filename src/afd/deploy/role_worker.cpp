@@ -1,20 +1,20 @@
-#include "afd/cli/role_worker.h"
+#include "afd/deploy/role_worker.h"
 
 #include <chrono>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "afd/cli/generation_flags.h"
-#include "afd/cli/result_json.h"
 #include "afd/comm/afd_world.h"
 #include "afd/common/error.h"
 #include "afd/connector/p2p_connector.h"
+#include "afd/deploy/result_json.h"
+#include "afd/deploy/transport.h"
 #include "afd/model/model_config.h"
 #include "afd/runtime/attention_runner.h"
 #include "afd/runtime/ffn_worker.h"
 #include "afd/topology/parallel.h"
 
-namespace afd::cli {
+namespace afd::deploy {
 
 namespace {
 
@@ -41,12 +41,13 @@ void RunWorker(const WorkerOptions& o) {
   const Role role = c.role;
   const int num_ranks = role == Role::kAttention ? c.num_attention_ranks : c.num_ffn_ranks;
   CheckRankRule(role, num_ranks, ParallelSizes{o.dp, 1, o.tp});
+  CheckConnectorImplemented(c);
   const auto start = std::chrono::steady_clock::now();
   // Each role holds only its part of the weights: attention everything but the experts (plus
   // the router when it runs here); an FFN rank the routers, the shared experts and its own
   // routed experts.
   model::OpenOptions open = o.open;
-  const model::ModelConfig config = PeekModelConfig(o.model);
+  const model::ModelConfig config = model::PeekModelConfig(o.model);
   if (role == Role::kAttention) {
     open.weights.load_moe = c.compute_gate_on_attention;
     open.weights.expert_begin = 0;
@@ -145,4 +146,4 @@ void RunWorker(const WorkerOptions& o) {
   }
 }
 
-}  // namespace afd::cli
+}  // namespace afd::deploy

@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-namespace afd::cli {
+namespace afd::deploy {
 
 struct RankProcessSpec {
   std::string label;              // "attention rank 1", "ffn rank 0"
@@ -32,4 +32,4 @@ std::string SelfExe();
 // Last `max_lines` lines of a file ("" if unreadable).
 std::string TailOfFile(const std::string& path, int max_lines);
 
-}  // namespace afd::cli
+}  // namespace afd::deploy

@@ -11,7 +11,7 @@
 #include "afd/runtime/attention_runner.h"
 #include "afd/runtime/generator.h"
 
-namespace afd::cli {
+namespace afd::deploy {
 
 struct WorkerOptions {
   AfdConfig config;
@@ -31,4 +31,4 @@ struct WorkerOptions {
 // Throws afd::Error on any failure (after publishing an abort so the other ranks stop too).
 void RunWorker(const WorkerOptions& options);
 
-}  // namespace afd::cli
+}  // namespace afd::deploy

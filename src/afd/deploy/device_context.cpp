@@ -1,4 +1,4 @@
-#include "afd/cli/device_context.h"
+#include "afd/deploy/device_context.h"
 
 #include "afd/common/error.h"
 
@@ -7,7 +7,7 @@
 
 #include "afd/comm_nccl/nccl_communicator.h"
 
-namespace afd::cli {
+namespace afd::deploy {
 
 DeviceContext MakeDeviceContext(int cuda_device, int world_rank) {
   int count = 0;
@@ -35,11 +35,11 @@ DeviceContext MakeDeviceContext(int cuda_device, int world_rank) {
   return d;
 }
 
-}  // namespace afd::cli
+}  // namespace afd::deploy
 
 #else
 
-namespace afd::cli {
+namespace afd::deploy {
 
 DeviceContext MakeDeviceContext(int, int) {
   AFD_THROW(
@@ -47,6 +47,6 @@ DeviceContext MakeDeviceContext(int, int) {
       "NCCL present)");
 }
 
-}  // namespace afd::cli
+}  // namespace afd::deploy
 
 #endif

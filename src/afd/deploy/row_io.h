@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-namespace afd::cli {
+namespace afd::deploy {
 
 class RowIo {
  public:
@@ -27,4 +27,4 @@ std::unique_ptr<RowIo> MakeHostRowIo();
 // without CUDA and NCCL.
 std::unique_ptr<RowIo> MakeDeviceRowIo(int cuda_device, void* stream);
 
-}  // namespace afd::cli
+}  // namespace afd::deploy

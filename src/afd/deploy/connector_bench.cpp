@@ -4,10 +4,10 @@
 #include <numeric>
 #include <sstream>
 
-#include "afd/cli/connector_test.h"
 #include "afd/common/error.h"
+#include "afd/deploy/connector_test.h"
 
-namespace afd::cli {
+namespace afd::deploy {
 
 using connector::P2pConnector;
 using connector::RowFormat;
@@ -84,4 +84,4 @@ void RunConnectorBench(const ConnectorTestArgs& args, comm::AfdWorld& world, P2p
   report["bench"] = results;
 }
 
-}  // namespace afd::cli
+}  // namespace afd::deploy

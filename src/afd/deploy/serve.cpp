@@ -1,0 +1,70 @@
+#include "afd/deploy/serve.h"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include "afd/common/error.h"
+#include "afd/deploy/launcher.h"
+
+namespace afd::deploy {
+
+void ServeRole(const ServeOptions& o) {
+  const WorkerOptions& base = o.base;
+  AFD_CHECK(o.dp_local >= 1 && o.dp_start + o.dp_local <= base.dp,
+            "--data-parallel-start-rank {} + --data-parallel-size-local {} exceed "
+            "--data-parallel-size {}",
+            o.dp_start, o.dp_local, base.dp);
+  const std::string dir = o.log_dir.empty() ? std::filesystem::temp_directory_path().string() +
+                                                  "/afd-serve-" + std::to_string(getpid())
+                                            : o.log_dir;
+  std::filesystem::create_directories(dir);
+  const std::string role(RoleName(base.config.role));
+  std::vector<RankProcessSpec> specs;
+  for (int d = o.dp_start; d < o.dp_start + o.dp_local; ++d) {
+    for (int t = 0; t < base.tp; ++t) {
+      const int rank = d * base.tp + t;
+      RankProcessSpec s;
+      s.label = fmt::format("{} rank {}", role, rank);
+      s.log = fmt::format("{}/{}{}.log", dir, role, rank);
+      s.argv = {SelfExe(),
+                "worker",
+                "--exit-with-parent",
+                std::to_string(getpid()),
+                "--role-rank",
+                std::to_string(rank)};
+      for (const auto& f : o.worker_flags) s.argv.push_back(f);
+      if (!o.output_file.empty() && t == 0) {
+        s.argv.insert(s.argv.end(), {"--output-file", fmt::format("{}/out{}.jsonl", dir, d)});
+      }
+      specs.push_back(std::move(s));
+    }
+  }
+  std::cerr << "afd serve: " << specs.size() << " " << role << " rank(s), logs in " << dir
+            << std::endl;
+  if (o.http_requested) {
+    std::cerr << "afd serve: note: the HTTP API is not built yet; --host/--port are ignored"
+              << std::endl;
+  }
+  RunRankProcesses(specs);
+  if (o.output_file.empty()) return;
+  std::string merged;
+  for (int d = o.dp_start; d < o.dp_start + o.dp_local; ++d) {
+    const std::string part = fmt::format("{}/out{}.jsonl", dir, d);
+    std::ifstream in(part);
+    AFD_CHECK(in.is_open(), "attention replica {} wrote no results ({} is missing)", d, part);
+    std::stringstream text;
+    text << in.rdbuf();  // an empty file (a replica without prompts) adds nothing
+    merged += text.str();
+  }
+  std::ofstream out(o.output_file, std::ios::trunc);
+  out << merged;
+  out.close();
+  AFD_CHECK(out.good(), "--output-file {}: cannot write", o.output_file);
+}
+
+}  // namespace afd::deploy

@@ -1,0 +1,27 @@
+// `afd serve`: this host's ranks of one AFD role (one command per role and host, as the seed
+// recipes start `vllm serve`), each an `afd worker` process, supervised until all end.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "afd/deploy/role_worker.h"
+
+namespace afd::deploy {
+
+struct ServeOptions {
+  WorkerOptions base;       // validated; role, dp and tp come from here
+  int dp_start = 0;         // first DP rank on this host
+  int dp_local = 1;         // DP ranks on this host
+  std::string log_dir;      // "" : a fresh temp directory
+  std::string output_file;  // attention: merged results of this host's replicas
+  // Flags every worker gets (model, generation, role and parallel sizes), as a command line.
+  std::vector<std::string> worker_flags;
+  bool http_requested = false;  // --host/--port were given (no HTTP API yet: reported)
+};
+
+// Starts the ranks, waits for them, merges the outputs. Throws afd::Error naming the rank
+// that failed.
+void ServeRole(const ServeOptions& options);
+
+}  // namespace afd::deploy
