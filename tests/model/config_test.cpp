@@ -97,5 +97,28 @@ TEST(ModelConfig, ErrorsNameTheProblem) {
   EXPECT_NE(message(text).find("num_experts_per_tok"), std::string::npos);
 }
 
+TEST(ModelConfig, MemoryCheckCountsOnlyWhatARoleLoads) {
+  const ModelConfig c = PresetConfig("deepseek-v2-lite");
+  WeightOptions all;
+  const int64_t whole = LoadedParameterCount(c, all);
+  EXPECT_NEAR(static_cast<double>(whole), static_cast<double>(ParameterCount(c)), 1.0);
+  WeightOptions ffn;  // an FFN rank of 8: routers, shared experts, 8 of 64 routed experts
+  ffn.load_attention = false;
+  ffn.expert_begin = 0;
+  ffn.expert_end = 8;
+  WeightOptions attention;  // attention without any expert
+  attention.load_moe = false;
+  attention.expert_end = 0;
+  const int64_t f = LoadedParameterCount(c, ffn), a = LoadedParameterCount(c, attention);
+  EXPECT_LT(f, whole / 4);
+  EXPECT_LT(a, whole / 4);
+  WeightOptions ffn_rest = ffn;
+  ffn_rest.load_moe = false;
+  ffn_rest.expert_begin = 8;
+  ffn_rest.expert_end = 64;
+  // Attention + every FFN part (routers and shared counted once) = the whole model.
+  EXPECT_EQ(a + f + LoadedParameterCount(c, ffn_rest), whole);
+}
+
 }  // namespace
 }  // namespace afd::model

@@ -1,0 +1,719 @@
+// backend_ops_test: every op of the Backend interface on every backend this build and machine
+// have (cpu; cuda:N when the CUDA backend is built and a GPU is present), against a readable
+// reference written here in double precision (not the CPU backend's code), with a per-op
+// tolerance. ggml's test-backend-ops is the model.
+//
+//   backend_ops_test                      check every op (exit 1 on any failure)
+//   backend_ops_test --perf [--iters N]   time each op at DeepSeek-V2-Lite-like shapes:
+//                                         ms, GB/s (bytes an op must touch) and TFLOP/s
+//   backend_ops_test --op NAME            only ops whose name contains NAME
+//   backend_ops_test --backend cpu|cuda   only that backend
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "afd/common/dtype_convert.h"
+#include "afd/common/error.h"
+#include "afd/kernels/backend.h"
+
+namespace afd::kernels {
+namespace {
+
+// ---- Host <-> backend helpers ------------------------------------------------------------
+
+struct Ctx {
+  Backend& b;
+  std::mt19937 rng{1234};
+  bool perf = false;
+  int iters = 20;
+
+  std::vector<float> Randn(int64_t n, float scale = 1.0f) {
+    std::normal_distribution<float> d(0.0f, scale);
+    std::vector<float> v(n);
+    for (float& x : v) x = d(rng);
+    return v;
+  }
+  Tensor Alloc(DType dtype, const std::vector<int64_t>& shape) {
+    int64_t n = 1;
+    for (int64_t s : shape) n *= s;
+    auto mem = b.Allocate(std::max<size_t>(1, n * DTypeSize(dtype)));
+    return Tensor(mem.get(), dtype, shape, b.device(), mem);
+  }
+  template <typename T>
+  Tensor Up(const std::vector<T>& v, DType dtype, const std::vector<int64_t>& shape) {
+    Tensor t = Alloc(dtype, shape);
+    b.CopyToDevice(t, v.data());
+    return t;
+  }
+  // fp32 values stored as bf16 (the host copy is rounded to what the device holds).
+  Tensor UpBf16(std::vector<float>& v, const std::vector<int64_t>& shape) {
+    std::vector<uint16_t> h(v.size());
+    for (size_t i = 0; i < v.size(); ++i) {
+      h[i] = F32ToBf16(v[i]);
+      v[i] = Bf16ToF32(h[i]);
+    }
+    return Up(h, DType::kBF16, shape);
+  }
+  template <typename T>
+  std::vector<T> Down(const Tensor& t) {
+    std::vector<T> v(t.numel());
+    b.CopyToHost(v.data(), t);
+    return v;
+  }
+  // Seconds per call of fn (median of iters after a warm-up), device work included.
+  double Time(const std::function<void()>& fn) {
+    fn();
+    b.Synchronize();
+    std::vector<double> s;
+    for (int i = 0; i < iters; ++i) {
+      const auto t0 = std::chrono::steady_clock::now();
+      fn();
+      b.Synchronize();
+      s.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+    std::sort(s.begin(), s.end());
+    return s[s.size() / 2];
+  }
+};
+
+// max |got - want| / max(max |want|, 1e-30): a relative error that ignores tiny entries' noise.
+double RelErr(const std::vector<float>& got, const std::vector<double>& want) {
+  double num = 0, den = 1e-30;
+  for (size_t i = 0; i < want.size(); ++i) {
+    num = std::max(num, std::fabs(static_cast<double>(got[i]) - want[i]));
+    den = std::max(den, std::fabs(want[i]));
+  }
+  return got.size() == want.size() ? num / den : INFINITY;
+}
+
+struct Result {
+  double err = 0, tol = 0;      // check mode
+  double seconds = 0;           // perf mode
+  double bytes = 0, flops = 0;  // per call
+  std::string note;
+};
+
+struct Case {
+  std::string op, shape;
+  std::function<Result(Ctx&)> run;
+};
+
+// ---- References (double) -----------------------------------------------------------------
+
+std::vector<double> RefLinear(const std::vector<float>& x, const std::vector<float>& w, int64_t n,
+                              int64_t k, int64_t m) {
+  std::vector<double> y(n * m);
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t o = 0; o < m; ++o) {
+      double acc = 0;
+      for (int64_t j = 0; j < k; ++j) acc += double(x[i * k + j]) * w[o * k + j];
+      y[i * m + o] = acc;
+    }
+  }
+  return y;
+}
+
+std::vector<double> RefRmsNorm(const std::vector<double>& x, const std::vector<float>& w, int64_t n,
+                               int64_t d, double eps) {
+  std::vector<double> y(n * d);
+  for (int64_t i = 0; i < n; ++i) {
+    double ss = 0;
+    for (int64_t j = 0; j < d; ++j) ss += x[i * d + j] * x[i * d + j];
+    const double inv = 1.0 / std::sqrt(ss / d + eps);
+    for (int64_t j = 0; j < d; ++j) y[i * d + j] = w[j] * x[i * d + j] * inv;
+  }
+  return y;
+}
+
+double Silu(double g) { return g / (1 + std::exp(-g)); }
+
+// Rotates v[0, dr) for position pos.
+void RefRope(double* v, int64_t dr, int64_t pos, const std::vector<float>& inv_freq, double factor,
+             bool interleave) {
+  const int64_t half = dr / 2;
+  std::vector<double> out(v, v + dr);
+  for (int64_t i = 0; i < half; ++i) {
+    const double a = double(float(pos) * inv_freq[i]);
+    const double c = std::cos(a) * factor, s = std::sin(a) * factor;
+    const int64_t p = interleave ? 2 * i : i, q = interleave ? 2 * i + 1 : i + half;
+    out[p] = v[p] * c - v[q] * s;
+    out[q] = v[q] * c + v[p] * s;
+  }
+  std::copy(out.begin(), out.end(), v);
+}
+
+std::vector<double> ToDouble(const std::vector<float>& v) { return {v.begin(), v.end()}; }
+
+// ---- Cases -------------------------------------------------------------------------------
+
+Result Linear(Ctx& c, int64_t n, int64_t k, int64_t m, DType wt) {
+  std::vector<float> x = c.Randn(n * k), w = c.Randn(m * k, 1.0f / std::sqrt(float(k)));
+  const Tensor tx = c.Up(x, DType::kF32, {n, k});
+  const Tensor tw = wt == DType::kBF16 ? c.UpBf16(w, {m, k}) : c.Up(w, DType::kF32, {m, k});
+  const Tensor ty = c.Alloc(DType::kF32, {n, m});
+  Result r;
+  r.bytes = tw.nbytes() + tx.nbytes() + ty.nbytes();
+  r.flops = 2.0 * n * k * m;
+  if (c.perf) {
+    r.seconds = c.Time([&] { c.b.Linear(tx, tw, ty); });
+    return r;
+  }
+  c.b.Linear(tx, tw, ty);
+  r.err = RelErr(c.Down<float>(ty), RefLinear(x, w, n, k, m));
+  r.tol = 1e-5;
+  return r;
+}
+
+Result Embedding(Ctx& c, int64_t n, int64_t v, int64_t h) {
+  std::vector<float> table = c.Randn(v * h);
+  std::vector<int32_t> ids(n);
+  for (auto& id : ids) id = c.rng() % v;
+  const Tensor tt = c.UpBf16(table, {v, h}), ti = c.Up(ids, DType::kI32, {n});
+  const Tensor out = c.Alloc(DType::kF32, {n, h});
+  c.b.Embedding(tt, ti, out);
+  std::vector<double> want(n * h);
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t j = 0; j < h; ++j) want[i * h + j] = table[ids[i] * h + j];
+  }
+  return {RelErr(c.Down<float>(out), want), 0.0};
+}
+
+Result RmsNorm(Ctx& c, int64_t n, int64_t d) {
+  std::vector<float> x = c.Randn(n * d, 3.0f), w = c.Randn(d);
+  const Tensor tx = c.Up(x, DType::kF32, {n, d}), tw = c.Up(w, DType::kF32, {d});
+  Result r;
+  r.bytes = 2.0 * tx.nbytes();
+  if (c.perf) {
+    const Tensor out = c.Alloc(DType::kF32, {n, d});
+    r.seconds = c.Time([&] { c.b.RmsNorm(tx, tw, 1e-6f, out); });
+    return r;
+  }
+  c.b.RmsNorm(tx, tw, 1e-6f, tx);  // in place (out may alias x)
+  r.err = RelErr(c.Down<float>(tx), RefRmsNorm(ToDouble(x), w, n, d, 1e-6));
+  r.tol = 1e-5;
+  return r;
+}
+
+Result AddSilu(Ctx& c, int64_t n, int64_t inter) {
+  std::vector<float> gu = c.Randn(n * 2 * inter, 2.0f), y = c.Randn(n * inter);
+  const Tensor tg = c.Up(gu, DType::kF32, {n, 2 * inter}), ty = c.Up(y, DType::kF32, {n, inter});
+  const Tensor act = c.Alloc(DType::kF32, {n, inter});
+  c.b.SiluMul(tg, act);
+  c.b.Add(ty, act);
+  std::vector<double> want(n * inter);
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t j = 0; j < inter; ++j) {
+      want[i * inter + j] =
+          y[i * inter + j] + Silu(gu[i * 2 * inter + j]) * double(gu[i * 2 * inter + inter + j]);
+    }
+  }
+  return {RelErr(c.Down<float>(ty), want), 1e-6};
+}
+
+Result Rope(Ctx& c, bool interleave) {
+  const int64_t n = 5, heads = 3, dn = 8, dr = 16, width = dn + dr;
+  std::vector<float> x = c.Randn(n * heads * width), inv(dr / 2);
+  for (int64_t i = 0; i < dr / 2; ++i) inv[i] = std::pow(10000.0f, -2.0f * i / dr);
+  std::vector<int64_t> pos = {0, 1, 7, 300, 4095};
+  const Tensor tx = c.Up(x, DType::kF32, {n, heads, width});
+  const RopeSpec spec{c.Up(inv, DType::kF32, {dr / 2}), 1.3f, interleave};
+  c.b.Rope(tx, dn, c.Up(pos, DType::kI64, {n}), spec);
+  std::vector<double> want = ToDouble(x);
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t h = 0; h < heads; ++h) {
+      RefRope(&want[(i * heads + h) * width + dn], dr, pos[i], inv, 1.3, interleave);
+    }
+  }
+  return {RelErr(c.Down<float>(tx), want), 1e-6};
+}
+
+Result Gather(Ctx& c) {
+  const int64_t n = 7, h = 33;
+  std::vector<float> x = c.Randn(n * h);
+  std::vector<int32_t> idx = {6, 0, 0, 3, 5};
+  const Tensor out = c.Alloc(DType::kF32, {5, h});
+  c.b.GatherRows(c.Up(x, DType::kF32, {n, h}), c.Up(idx, DType::kI32, {5}), out);
+  std::vector<double> want;
+  for (int32_t r : idx) want.insert(want.end(), x.begin() + r * h, x.begin() + (r + 1) * h);
+  return {RelErr(c.Down<float>(out), want), 0.0};
+}
+
+// A paged MLA setup: `seqs` sequences of length `len` (blocks scattered over the pool), latent
+// rows written by MlaCacheWrite, one query token per sequence at its last position.
+struct MlaSetup {
+  int64_t heads = 4, dn = 16, dr = 8, dv = 12, kvr = 32, block = 4;
+  std::vector<float> inv, norm_w, kv_b;
+  std::vector<double> cache_ref;  // [seqs, len, kvr + dr] expected rows
+  Tensor cache, kv_b_t;
+  AttentionTokens last;  // one token per sequence: position len - 1
+  RopeSpec rope;
+};
+
+MlaSetup MakeMla(Ctx& c, int64_t seqs, int64_t len, Result* write_check) {
+  MlaSetup s;
+  const int64_t width = s.kvr + s.dr, blocks_per_seq = (len + s.block - 1) / s.block;
+  const int64_t num_blocks = seqs * blocks_per_seq + 3;
+  s.inv.resize(s.dr / 2);
+  for (int64_t i = 0; i < s.dr / 2; ++i) s.inv[i] = std::pow(10000.0f, -2.0f * i / s.dr);
+  s.norm_w = c.Randn(s.kvr, 0.5f);
+  for (float& w : s.norm_w) w += 1.0f;
+  s.kv_b = c.Randn(s.heads * (s.dn + s.dv) * s.kvr, 1.0f / std::sqrt(float(s.kvr)));
+  s.kv_b_t = c.Up(s.kv_b, DType::kF32, {s.heads * (s.dn + s.dv), s.kvr});
+  s.rope = {c.Up(s.inv, DType::kF32, {s.dr / 2}), 1.0f, true};
+  s.cache = c.Alloc(DType::kF32, {num_blocks * s.block, width});
+  // Block tables: a permutation of the pool, so no sequence has contiguous blocks.
+  std::vector<int32_t> perm(num_blocks);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), c.rng);
+  std::vector<int32_t> tables(seqs * blocks_per_seq);
+  for (size_t i = 0; i < tables.size(); ++i) tables[i] = perm[i];
+  const Tensor tables_t = c.Up(tables, DType::kI32, {seqs, blocks_per_seq});
+  // Write every position of every sequence in one call.
+  const int64_t n = seqs * len;
+  std::vector<float> ckv = c.Randn(n * width);
+  std::vector<int64_t> pos(n), slots(n);
+  std::vector<int32_t> seq_index(n);
+  for (int64_t q = 0; q < seqs; ++q) {
+    for (int64_t p = 0; p < len; ++p) {
+      const int64_t i = q * len + p;
+      pos[i] = p;
+      seq_index[i] = static_cast<int32_t>(q);
+      slots[i] = tables[q * blocks_per_seq + p / s.block] * s.block + p % s.block;
+    }
+  }
+  AttentionTokens all{c.Up(pos, DType::kI64, {n}), c.Up(seq_index, DType::kI32, {n}),
+                      c.Up(slots, DType::kI64, {n}), tables_t, s.block};
+  c.b.MlaCacheWrite(c.Up(ckv, DType::kF32, {n, width}), c.Up(s.norm_w, DType::kF32, {s.kvr}), 1e-6f,
+                    all, s.rope, s.cache);
+  s.cache_ref.resize(n * width);
+  std::vector<double> latent(n * s.kvr);
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t j = 0; j < s.kvr; ++j) latent[i * s.kvr + j] = ckv[i * width + j];
+  }
+  latent = RefRmsNorm(latent, s.norm_w, n, s.kvr, 1e-6);
+  for (int64_t i = 0; i < n; ++i) {
+    std::copy(latent.begin() + i * s.kvr, latent.begin() + (i + 1) * s.kvr,
+              s.cache_ref.begin() + i * width);
+    for (int64_t j = 0; j < s.dr; ++j)
+      s.cache_ref[i * width + s.kvr + j] = ckv[i * width + s.kvr + j];
+    RefRope(&s.cache_ref[i * width + s.kvr], s.dr, pos[i], s.inv, 1.0, true);
+  }
+  if (write_check) {
+    const std::vector<float> got_cache = c.Down<float>(s.cache);
+    std::vector<float> got(n * width);
+    for (int64_t i = 0; i < n; ++i) {
+      std::copy(got_cache.begin() + slots[i] * width, got_cache.begin() + (slots[i] + 1) * width,
+                got.begin() + i * width);
+    }
+    *write_check = {RelErr(got, s.cache_ref), 1e-5};
+  }
+  std::vector<int64_t> lpos(seqs, len - 1), lslots(seqs);
+  std::vector<int32_t> lseq(seqs);
+  for (int64_t q = 0; q < seqs; ++q) {
+    lseq[q] = static_cast<int32_t>(q);
+    lslots[q] = slots[q * len + len - 1];
+  }
+  s.last = {c.Up(lpos, DType::kI64, {seqs}), c.Up(lseq, DType::kI32, {seqs}),
+            c.Up(lslots, DType::kI64, {seqs}), tables_t, s.block};
+  return s;
+}
+
+Result MlaCacheWrite(Ctx& c) {
+  Result r;
+  MakeMla(c, 3, 9, &r);
+  return r;
+}
+
+// Attention of heads [h0, h1) for the last token of each sequence, against the expanded
+// (non-absorbed) form: k_j = W_k·c_j, v_j = W_v·c_j.
+Result MlaAttention(Ctx& c, int64_t h0, int64_t h1) {
+  const int64_t seqs = 3, len = 11;
+  MlaSetup s = MakeMla(c, seqs, len, nullptr);
+  const int64_t width = s.kvr + s.dr, qk = s.dn + s.dr, nh = h1 - h0;
+  std::vector<float> q = c.Randn(seqs * s.heads * qk);
+  const Tensor out = c.Alloc(DType::kF32, {seqs, nh * s.dv});
+  const float scale = 1.0f / std::sqrt(float(qk));
+  c.b.MlaAttention(c.Up(q, DType::kF32, {seqs, s.heads, qk}), s.kv_b_t, s.last, s.cache, h0, h1,
+                   s.dn, s.dv, scale, out);
+  std::vector<double> want(seqs * nh * s.dv);
+  for (int64_t t = 0; t < seqs; ++t) {
+    for (int64_t h = h0; h < h1; ++h) {
+      const float* qh = &q[(t * s.heads + h) * qk];
+      const float* wk = &s.kv_b[h * (s.dn + s.dv) * s.kvr];
+      const float* wv = wk + s.dn * s.kvr;
+      std::vector<double> score(len);
+      for (int64_t j = 0; j < len; ++j) {
+        const double* row = &s.cache_ref[(t * len + j) * width];
+        double acc = 0;
+        for (int64_t d = 0; d < s.dn; ++d) {
+          double k = 0;
+          for (int64_t l = 0; l < s.kvr; ++l) k += double(wk[d * s.kvr + l]) * row[l];
+          acc += qh[d] * k;
+        }
+        for (int64_t d = 0; d < s.dr; ++d) acc += qh[s.dn + d] * row[s.kvr + d];
+        score[j] = acc * scale;
+      }
+      const double mx = *std::max_element(score.begin(), score.end());
+      double sum = 0;
+      for (double& v : score) sum += (v = std::exp(v - mx));
+      for (int64_t e = 0; e < s.dv; ++e) {
+        double o = 0;
+        for (int64_t j = 0; j < len; ++j) {
+          const double* row = &s.cache_ref[(t * len + j) * width];
+          double v = 0;
+          for (int64_t l = 0; l < s.kvr; ++l) v += double(wv[e * s.kvr + l]) * row[l];
+          o += score[j] / sum * v;
+        }
+        want[(t * nh + (h - h0)) * s.dv + e] = o;
+      }
+    }
+  }
+  return {RelErr(c.Down<float>(out), want), 1e-4};
+}
+
+// Decode attention perf: `seqs` tokens over `ctx` cached positions each, 16 heads, 512 + 64.
+Result MlaDecodePerf(Ctx& c, int64_t seqs, int64_t ctx) {
+  const int64_t heads = 16, dn = 128, dr = 64, dv = 128, kvr = 512, block = 64, width = kvr + dr;
+  const int64_t blocks = (ctx + block - 1) / block;
+  const Tensor cache = c.Alloc(DType::kF32, {seqs * blocks * block, width});
+  c.b.Fill(cache, 0.01f);
+  std::vector<int32_t> tables(seqs * blocks);
+  std::iota(tables.begin(), tables.end(), 0);
+  std::vector<int64_t> pos(seqs, ctx - 1), slots(seqs);
+  std::vector<int32_t> seq(seqs);
+  std::iota(seq.begin(), seq.end(), 0);
+  AttentionTokens t{c.Up(pos, DType::kI64, {seqs}), c.Up(seq, DType::kI32, {seqs}),
+                    c.Up(slots, DType::kI64, {seqs}), c.Up(tables, DType::kI32, {seqs, blocks}),
+                    block};
+  std::vector<float> q = c.Randn(seqs * heads * (dn + dr)), kv_b = c.Randn(heads * (dn + dv) * kvr);
+  const Tensor tq = c.Up(q, DType::kF32, {seqs, heads, dn + dr});
+  const Tensor tkv = c.Up(kv_b, DType::kF32, {heads * (dn + dv), kvr});
+  const Tensor out = c.Alloc(DType::kF32, {seqs, heads * dv});
+  Result r;
+  r.bytes = double(seqs) * ctx * width * 4 + tkv.nbytes();
+  r.flops = 2.0 * seqs * heads * (ctx * (kvr + dr) + ctx * kvr + (dn + dv) * kvr);
+  r.seconds = c.Time([&] { c.b.MlaAttention(tq, tkv, t, cache, 0, heads, dn, dv, 0.1f, out); });
+  return r;
+}
+
+Result Router(Ctx& c, RouterScoring scoring, bool group_limited) {
+  const int64_t n = 6, e = 16, k = 4;
+  RouterSpec spec{scoring, group_limited, k, 4, 2, scoring == RouterScoring::kSigmoid, 2.5f};
+  std::vector<float> logits = c.Randn(n * e, 2.0f), bias = c.Randn(e, 0.1f);
+  const bool use_bias = scoring == RouterScoring::kSigmoid;
+  const Tensor ids = c.Alloc(DType::kI32, {n, k}), w = c.Alloc(DType::kF32, {n, k});
+  c.b.RouterTopk(c.Up(logits, DType::kF32, {n, e}),
+                 use_bias ? c.Up(bias, DType::kF32, {e}) : Tensor(), spec, ids, w);
+  const std::vector<int32_t> got_ids = c.Down<int32_t>(ids);
+  std::vector<double> want(n * k);
+  for (int64_t t = 0; t < n; ++t) {
+    std::vector<double> score(e), choice(e);
+    double mx = -INFINITY, sum = 0;
+    for (int64_t i = 0; i < e; ++i) mx = std::max(mx, double(logits[t * e + i]));
+    for (int64_t i = 0; i < e; ++i) sum += std::exp(logits[t * e + i] - mx);
+    for (int64_t i = 0; i < e; ++i) {
+      score[i] = use_bias ? 1 / (1 + std::exp(-double(logits[t * e + i])))
+                          : std::exp(logits[t * e + i] - mx) / sum;
+      choice[i] = score[i] + (use_bias ? bias[i] : 0.0);
+    }
+    if (use_bias || group_limited) {  // keep the 2 best of 4 groups
+      std::vector<std::pair<double, int>> g;
+      for (int q = 0; q < 4; ++q) {
+        std::vector<double> m(choice.begin() + q * 4, choice.begin() + q * 4 + 4);
+        std::sort(m.rbegin(), m.rend());
+        g.push_back({use_bias ? m[0] + m[1] : m[0], -q});
+      }
+      std::sort(g.rbegin(), g.rend());
+      for (int q = 2; q < 4; ++q) {
+        for (int i = 0; i < 4; ++i) choice[-g[q].second * 4 + i] = use_bias ? -INFINITY : 0.0;
+      }
+    }
+    std::vector<int> idx(e);
+    std::iota(idx.begin(), idx.end(), 0);
+    std::stable_sort(idx.begin(), idx.end(), [&](int a, int b) { return choice[a] > choice[b]; });
+    std::vector<int> top(idx.begin(), idx.begin() + k);
+    std::sort(top.begin(), top.end());
+    double norm = 0;
+    for (int i : top) norm += score[i];
+    for (int64_t j = 0; j < k; ++j) {
+      if (got_ids[t * k + j] != top[j]) return {INFINITY, 0, 0, 0, 0, "ids differ"};
+      want[t * k + j] = score[top[j]] / (spec.norm_topk_prob ? norm : 1.0) * 2.5;
+    }
+  }
+  return {RelErr(c.Down<float>(w), want), 1e-5};
+}
+
+// Permute -> grouped experts -> combine, against per-token SwiGLU experts in double.
+Result Moe(Ctx& c, int64_t n, int64_t num_experts, int64_t k, int64_t h, int64_t inter,
+           int64_t begin, int64_t local) {
+  std::vector<float> x = c.Randn(n * h), wts = c.Randn(n * k);
+  std::vector<int32_t> ids(n * k);
+  for (int64_t t = 0; t < n; ++t) {
+    std::vector<int32_t> all(num_experts);
+    std::iota(all.begin(), all.end(), 0);
+    std::shuffle(all.begin(), all.end(), c.rng);
+    std::sort(all.begin(), all.begin() + k);
+    std::copy(all.begin(), all.begin() + k, ids.begin() + t * k);
+  }
+  ExpertWeights ew;
+  ew.expert_begin = begin;
+  std::vector<std::vector<float>> gu(local), dn(local);
+  for (int64_t e = 0; e < local; ++e) {
+    gu[e] = c.Randn(2 * inter * h, 1.0f / std::sqrt(float(h)));
+    dn[e] = c.Randn(h * inter, 1.0f / std::sqrt(float(inter)));
+    ew.gate_up.push_back(c.UpBf16(gu[e], {2 * inter, h}));
+    ew.down.push_back(c.UpBf16(dn[e], {h, inter}));
+  }
+  const Tensor tx = c.Up(x, DType::kF32, {n, h}), tids = c.Up(ids, DType::kI32, {n, k});
+  const Tensor tw = c.Up(wts, DType::kF32, {n, k});
+  const Tensor offsets = c.Alloc(DType::kI32, {local + 1}), src = c.Alloc(DType::kI32, {n * k});
+  const Tensor row_of_slot = c.Alloc(DType::kI32, {n, k});
+  const Tensor grouped = c.Alloc(DType::kF32, {n * k, h}), y = c.Alloc(DType::kF32, {n * k, h});
+  const Tensor out = c.Alloc(DType::kF32, {n, h});
+  auto run = [&] {
+    c.b.MoePermute(tids, begin, local, offsets, src, row_of_slot);
+    c.b.GatherRows(tx, src, grouped);
+    c.b.GroupedExpertMlp(grouped, offsets, ew, y);
+    c.b.MoeCombine(y, row_of_slot, tw, false, out);
+  };
+  Result r;
+  if (c.perf) {
+    int64_t used = 0;
+    std::vector<char> hit(local, 0);
+    for (int32_t id : ids) {
+      if (id >= begin && id < begin + local && !hit[id - begin]) ++used, hit[id - begin] = 1;
+    }
+    r.bytes = used * 3.0 * inter * h * 2 + 2.0 * n * h * 4;
+    int64_t rows = 0;
+    for (int32_t id : ids) rows += id >= begin && id < begin + local;
+    r.flops = rows * 6.0 * inter * h;
+    r.seconds = c.Time(run);
+    return r;
+  }
+  run();
+  // Permutation invariants.
+  const auto off = c.Down<int32_t>(offsets), srcv = c.Down<int32_t>(src);
+  const auto ros = c.Down<int32_t>(row_of_slot);
+  for (int64_t s = 0; s < n * k; ++s) {
+    const bool mine = ids[s] >= begin && ids[s] < begin + local;
+    if (!mine && ros[s] != -1) return {INFINITY, 0, 0, 0, 0, "foreign slot mapped"};
+    if (mine && (ros[s] < off[ids[s] - begin] || ros[s] >= off[ids[s] - begin + 1] ||
+                 srcv[ros[s]] != s / k)) {
+      return {INFINITY, 0, 0, 0, 0, "bad permutation"};
+    }
+  }
+  std::vector<double> want(n * h, 0.0);
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t j = 0; j < k; ++j) {
+      const int64_t e = ids[t * k + j] - begin;
+      if (e < 0 || e >= local) continue;
+      std::vector<double> act(inter);
+      for (int64_t i = 0; i < inter; ++i) {
+        double g = 0, u = 0;
+        for (int64_t d = 0; d < h; ++d) {
+          g += double(gu[e][i * h + d]) * x[t * h + d];
+          u += double(gu[e][(inter + i) * h + d]) * x[t * h + d];
+        }
+        act[i] = Silu(g) * u;
+      }
+      for (int64_t d = 0; d < h; ++d) {
+        double o = 0;
+        for (int64_t i = 0; i < inter; ++i) o += double(dn[e][d * inter + i]) * act[i];
+        want[t * h + d] += wts[t * k + j] * o;
+      }
+    }
+  }
+  return {RelErr(c.Down<float>(out), want), 1e-4};
+}
+
+Result LogSoftmaxAt(Ctx& c) {
+  const int64_t n = 4, v = 1000;
+  std::vector<float> logits = c.Randn(n * v, 4.0f);
+  std::vector<int32_t> ids = {0, 999, 17, 500};
+  const Tensor out = c.Alloc(DType::kF32, {n});
+  c.b.LogSoftmaxAt(c.Up(logits, DType::kF32, {n, v}), c.Up(ids, DType::kI32, {n}), out);
+  std::vector<double> want(n);
+  for (int64_t i = 0; i < n; ++i) {
+    double mx = -INFINITY, sum = 0;
+    for (int64_t j = 0; j < v; ++j) mx = std::max(mx, double(logits[i * v + j]));
+    for (int64_t j = 0; j < v; ++j) sum += std::exp(logits[i * v + j] - mx);
+    want[i] = logits[i * v + ids[i]] - mx - std::log(sum);
+  }
+  return {RelErr(c.Down<float>(out), want), 1e-6};
+}
+
+// Greedy, top-k 1, NaN rows, and inverse-CDF sampling at chosen u on a known distribution.
+Result Sample(Ctx& c) {
+  const float nan = std::nanf("");
+  const int64_t v = 4;
+  // logits ln(p) for p = {0.1, 0.2, 0.3, 0.4}: sorted descending 3, 2, 1, 0.
+  std::vector<float> base = {std::log(0.1f), std::log(0.2f), std::log(0.3f), std::log(0.4f)};
+  struct Row {
+    std::vector<float> logits;
+    SampleRow p;
+    int32_t want;
+  };
+  const std::vector<Row> rows = {
+      {{1, 5, 5, 2}, {0.0f, 0, 1.0f, 0.0}, 1},          // greedy: first maximum
+      {{nan, 1, 3, nan}, {0.0f, 0, 1.0f, 0.0}, 2},      // NaN never chosen
+      {{nan, nan, nan, nan}, {0.0f, 0, 1.0f, 0.0}, 0},  // nothing to choose
+      {base, {1.0f, 1, 1.0f, 0.99}, 3},                 // top-k 1 is greedy
+      {base, {1.0f, 0, 1.0f, 0.39}, 3},                 // cdf 0.4 | 0.7 | 0.9 | 1
+      {base, {1.0f, 0, 1.0f, 0.41}, 2},
+      {base, {1.0f, 0, 1.0f, 0.95}, 0},
+      {base, {1.0f, 0, 0.65f, 0.99}, 2},                 // top-p keeps {3, 2}
+      {base, {1.0f, 2, 1.0f, 0.5}, 3},                   // top-k 2: 0.4/0.7 = 0.57 > 0.5
+      {{nan, 0, 0.5f, nan}, {1.0f, 0, 1.0f, 0.99}, 1}};  // NaN has no probability
+  std::vector<float> logits;
+  std::vector<SampleRow> params;
+  for (const Row& r : rows) {
+    logits.insert(logits.end(), r.logits.begin(), r.logits.end());
+    params.push_back(r.p);
+  }
+  const int64_t n = static_cast<int64_t>(rows.size());
+  const Tensor ids = c.Alloc(DType::kI32, {n});
+  c.b.Sample(c.Up(logits, DType::kF32, {n, v}), params, ids);
+  const auto got = c.Down<int32_t>(ids);
+  for (int64_t i = 0; i < n; ++i) {
+    if (got[i] != rows[i].want) {
+      return {INFINITY, 0, 0,
+              0,        0, fmt::format("row {}: {} instead of {}", i, got[i], rows[i].want)};
+    }
+  }
+  return {0.0, 0.0};
+}
+
+Result CopyFill(Ctx& c) {
+  std::vector<float> x = c.Randn(100);
+  const Tensor a = c.Up(x, DType::kF32, {10, 10}), b = c.Alloc(DType::kF32, {10, 10});
+  c.b.Copy(b, a);
+  c.b.Fill(a.Rows(0, 3), 2.5f);
+  std::vector<double> want = ToDouble(x);
+  const double err_copy = RelErr(c.Down<float>(b), want);
+  for (int i = 0; i < 30; ++i) want[i] = 2.5;
+  return {std::max(err_copy, RelErr(c.Down<float>(a), want)), 0.0};
+}
+
+std::vector<Case> CheckCases() {
+  using D = DType;
+  return {
+      {"Linear", "f32 1x7->5", [](Ctx& c) { return Linear(c, 1, 7, 5, D::kF32); }},
+      {"Linear", "bf16 37x600->300", [](Ctx& c) { return Linear(c, 37, 600, 300, D::kBF16); }},
+      {"Linear", "f32 16x64->513", [](Ctx& c) { return Linear(c, 16, 64, 513, D::kF32); }},
+      {"Embedding", "bf16 9 of 50x24", [](Ctx& c) { return Embedding(c, 9, 50, 24); }},
+      {"RmsNorm", "5x96 in place", [](Ctx& c) { return RmsNorm(c, 5, 96); }},
+      {"SiluMul+Add", "3x40", [](Ctx& c) { return AddSilu(c, 3, 40); }},
+      {"Rope", "interleaved", [](Ctx& c) { return Rope(c, true); }},
+      {"Rope", "half split", [](Ctx& c) { return Rope(c, false); }},
+      {"GatherRows", "5 of 7x33", Gather},
+      {"MlaCacheWrite", "3 seqs x 9, block 4", MlaCacheWrite},
+      {"MlaAttention", "all heads", [](Ctx& c) { return MlaAttention(c, 0, 4); }},
+      {"MlaAttention", "heads [1, 3)", [](Ctx& c) { return MlaAttention(c, 1, 3); }},
+      {"RouterTopk", "softmax greedy",
+       [](Ctx& c) { return Router(c, RouterScoring::kSoftmax, false); }},
+      {"RouterTopk", "softmax group-limited",
+       [](Ctx& c) { return Router(c, RouterScoring::kSoftmax, true); }},
+      {"RouterTopk", "sigmoid noaux_tc",
+       [](Ctx& c) { return Router(c, RouterScoring::kSigmoid, false); }},
+      {"MoePermute+GroupedExpertMlp+MoeCombine", "all 8 experts",
+       [](Ctx& c) { return Moe(c, 7, 8, 3, 32, 24, 0, 8); }},
+      {"MoePermute+GroupedExpertMlp+MoeCombine", "experts [3, 6)",
+       [](Ctx& c) { return Moe(c, 7, 8, 3, 32, 24, 3, 3); }},
+      {"LogSoftmaxAt", "4x1000", LogSoftmaxAt},
+      {"Sample", "greedy, NaN, top-k, top-p, cdf", Sample},
+      {"Copy+Fill", "10x10", CopyFill},
+  };
+}
+
+std::vector<Case> PerfCases() {
+  using D = DType;
+  std::vector<Case> v;
+  for (int64_t n : {1, 16, 64, 256}) {
+    v.push_back({"Linear", fmt::format("bf16 {}x2048->2816", n),
+                 [n](Ctx& c) { return Linear(c, n, 2048, 2816, D::kBF16); }});
+  }
+  v.push_back(
+      {"Linear", "f32 256x2048->2048", [](Ctx& c) { return Linear(c, 256, 2048, 2048, D::kF32); }});
+  v.push_back({"RmsNorm", "256x2048", [](Ctx& c) { return RmsNorm(c, 256, 2048); }});
+  for (int64_t seqs : {1, 16}) {
+    v.push_back({"MlaAttention", fmt::format("decode {} x ctx 1024, 16 heads", seqs),
+                 [seqs](Ctx& c) { return MlaDecodePerf(c, seqs, 1024); }});
+  }
+  for (int64_t n : {1, 16, 64}) {
+    v.push_back({"MoE (permute+experts+combine)", fmt::format("{} tok, top-6 of 16, 2048x1408", n),
+                 [n](Ctx& c) { return Moe(c, n, 16, 6, 2048, 1408, 0, 16); }});
+  }
+  return v;
+}
+
+int Main(int argc, char** argv) {
+  bool perf = false;
+  int iters = 20;
+  std::string only_op, only_backend;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--perf") {
+      perf = true;
+    } else if (a == "--iters" && i + 1 < argc) {
+      iters = std::max(1, std::atoi(argv[++i]));
+    } else if (a == "--op" && i + 1 < argc) {
+      only_op = argv[++i];
+    } else if (a == "--backend" && i + 1 < argc) {
+      only_backend = argv[++i];
+    } else {
+      std::fprintf(
+          stderr,
+          "usage: backend_ops_test [--perf [--iters N]] [--op NAME] [--backend cpu|cuda]\n");
+      return 2;
+    }
+  }
+  std::vector<std::unique_ptr<Backend>> backends;
+  if (only_backend.empty() || only_backend == "cpu") backends.push_back(MakeBackend(Device::Cpu()));
+  if (only_backend.empty() || only_backend == "cuda") {
+    try {
+      backends.push_back(MakeBackend(Device::Cuda(0)));
+    } catch (const Error& e) {
+      std::printf("skipping cuda: %s\n", e.what());
+    }
+  }
+  int passed = 0, failed = 0;
+  for (auto& backend : backends) {
+    Ctx ctx{*backend};
+    ctx.perf = perf;
+    ctx.iters = iters;
+    for (const Case& c : perf ? PerfCases() : CheckCases()) {
+      if (!only_op.empty() && c.op.find(only_op) == std::string::npos) continue;
+      Result r;
+      try {
+        r = c.run(ctx);
+      } catch (const Error& e) {
+        r = {INFINITY, 0, 0, 0, 0, e.what()};
+      }
+      if (perf) {
+        std::printf("%-6s %-38s %-36s %9.3f ms %9.1f GB/s %8.3f TFLOP/s\n", backend->name().c_str(),
+                    c.op.c_str(), c.shape.c_str(), r.seconds * 1e3, r.bytes / r.seconds / 1e9,
+                    r.flops / r.seconds / 1e12);
+        ++passed;
+        continue;
+      }
+      const bool ok = r.err <= r.tol;
+      (ok ? passed : failed)++;
+      std::printf("%-6s %-40s %-30s err %.2e (tol %.0e) %s %s\n", backend->name().c_str(),
+                  c.op.c_str(), c.shape.c_str(), r.err, r.tol, ok ? "OK" : "FAIL", r.note.c_str());
+    }
+  }
+  std::printf("%d passed, %d failed\n", passed, failed);
+  return failed == 0 ? 0 : 1;
+}
+
+}  // namespace
+}  // namespace afd::kernels
+
+int main(int argc, char** argv) { return afd::kernels::Main(argc, argv); }

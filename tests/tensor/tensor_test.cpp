@@ -1,0 +1,105 @@
+// Tensor views and the per-step Workspace arena (stable addresses within a step, no allocation
+// once a step's size has been seen), the KV block allocator and paged cache bookkeeping.
+#include "afd/tensor/tensor.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <set>
+
+#include "afd/common/error.h"
+#include "afd/kv/paged_cache.h"
+#include "afd/tensor/workspace.h"
+
+namespace afd {
+namespace {
+
+class CountingAllocator : public Allocator {
+ public:
+  Device device() const override { return Device::Cpu(); }
+  std::shared_ptr<void> Allocate(size_t bytes) override {
+    ++calls;
+    total += bytes;
+    // 256-byte aligned, as the Allocator contract says.
+    return std::shared_ptr<void>(std::aligned_alloc(256, (bytes + 255) / 256 * 256),
+                                 [](void* p) { std::free(p); });
+  }
+  int calls = 0;
+  size_t total = 0;
+};
+
+TEST(Tensor, ViewsShapesAndErrors) {
+  Tensor t = Tensor::HostZeros(DType::kF32, {4, 3, 2});
+  EXPECT_EQ(t.numel(), 24);
+  EXPECT_EQ(t.dim(-1), 2);
+  EXPECT_EQ(t.stride(0), 6);
+  EXPECT_TRUE(t.is_contiguous());
+  const Tensor rows = t.Rows(1, 2);
+  EXPECT_EQ(rows.data_as<float>(), t.data_as<float>() + 6);
+  EXPECT_EQ(rows.owner(), t.owner());  // a view keeps the memory alive
+  EXPECT_EQ(t.Reshape({-1, 2}).dim(0), 12);
+  EXPECT_THROW(t.Reshape({5, -1}), Error);
+  EXPECT_THROW(t.Rows(3, 2), Error);
+  EXPECT_THROW(t.Expect("x", DType::kF32, {4, 3}), Error);
+  EXPECT_NO_THROW(t.Expect("x", DType::kF32, {-1, 3, 2}));
+  try {
+    t.Expect("Linear x", DType::kBF16, {4, 3, 2});
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("Linear x: expected bfloat16[4, 3, 2], got float32"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(Workspace, AddressesStayPutAndSteadyStepsAllocateNothing) {
+  CountingAllocator alloc;
+  Workspace ws(alloc, 1024);
+  EXPECT_EQ(alloc.calls, 1);
+  std::set<void*> seen;
+  std::vector<float*> first;
+  for (int i = 0; i < 10; ++i) {  // outgrows the first chunk: more chunks, old tensors unmoved
+    Tensor t = ws.Take(DType::kF32, {100});
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(t.data()) % 256, 0u);
+    EXPECT_TRUE(seen.insert(t.data()).second);
+    t.data_as<float>()[0] = static_cast<float>(i);
+    first.push_back(t.data_as<float>());
+  }
+  for (int i = 0; i < 10; ++i) EXPECT_EQ(first[i][0], static_cast<float>(i));
+  EXPECT_GT(alloc.calls, 1);
+  ws.Reset();  // merged into one chunk of the high-water size
+  const int after_merge = alloc.calls;
+  for (int step = 0; step < 5; ++step) {
+    for (int i = 0; i < 10; ++i) ws.Take(DType::kF32, {100});
+    ws.Reset();
+  }
+  EXPECT_EQ(alloc.calls, after_merge);
+  EXPECT_GE(ws.capacity(), ws.high_water());
+}
+
+TEST(PagedKvCache, BlocksTablesSlotsAndRelease) {
+  CountingAllocator alloc;
+  kv::CacheShape shape{2, 8, 4, 5};  // 2 layers, width 8, block 4, 5 blocks
+  kv::PagedKvCache cache(alloc, shape);
+  EXPECT_EQ(cache.Layer(1).dim(0), 20);
+  const int64_t a = cache.AddSequence(), b = cache.AddSequence();
+  ASSERT_TRUE(cache.Reserve(a, 9));  // 3 blocks
+  ASSERT_TRUE(cache.Reserve(b, 4));  // 1 block
+  EXPECT_EQ(cache.num_free_blocks(), 1);
+  EXPECT_FALSE(cache.Reserve(b, 9));  // needs 2 more: nothing changes
+  EXPECT_EQ(cache.capacity(b), 4);
+  EXPECT_EQ(cache.Slot(a, 5), cache.block_table(a)[1] * 4 + 1);
+  EXPECT_THROW(cache.Slot(a, 12), Error);
+  EXPECT_THROW(cache.SetLength(b, 5), Error);
+  cache.Release(a);
+  EXPECT_EQ(cache.num_free_blocks(), 4);
+  EXPECT_TRUE(cache.Reserve(b, 17));
+  EXPECT_THROW(cache.length(a), Error);
+  kv::BlockAllocator blocks(3);
+  auto got = blocks.Allocate(2);
+  ASSERT_TRUE(got.has_value());
+  blocks.Free(*got);
+  EXPECT_THROW(blocks.Free(*got), Error);  // double free
+}
+
+}  // namespace
+}  // namespace afd
