@@ -29,6 +29,9 @@ struct RunArgs {
   bool json = false;
   std::string dump_logits;
   bool stats = false;
+  std::string device = "cpu";  // cpu or cuda
+  std::string dtype;           // "" (cpu: fp32 unless big or --bf16; cuda: bf16), bf16, fp32
+  int cuda_device = 0;
   deploy::DeploymentSpec deployment;  // --topology: run on an AFD deployment of local processes
 };
 
@@ -88,7 +91,7 @@ void Run(RunArgs args, int& exit_code) {
   // --json prints the prompt log-probabilities: compute them (here and on every rank).
   args.gen.prompt_logprobs = args.gen.prompt_logprobs || args.json;
   std::vector<std::vector<int32_t>> prompts;
-  const std::unique_ptr<kernels::Backend> backend = kernels::MakeBackend(Device::Cpu());
+  std::unique_ptr<kernels::Backend> backend;
   std::unique_ptr<model::DeepseekModel> model;
   runtime::GenerationOptions options;
   const auto load_start = std::chrono::steady_clock::now();
@@ -97,7 +100,21 @@ void Run(RunArgs args, int& exit_code) {
     AFD_CHECK(args.dump_logits.empty() || prompts.size() == 1,
               "--dump-logits needs exactly one --prompt-ids, got {}", prompts.size());
     AFD_CHECK(args.gen.max_tokens >= 0, "--max-tokens must be >= 0, got {}", args.gen.max_tokens);
-    const model::OpenOptions open = ToOpenOptions(args.gen);
+    model::OpenOptions open = ToOpenOptions(args.gen);
+    const bool cuda = args.device == "cuda";
+    AFD_CHECK(!cuda || args.deployment.topology.empty(),
+              "--device cuda with --topology: AFD roles on GPUs need the asynchronous window "
+              "connector, which is not built yet; run --topology on the CPU, or one process on "
+              "the GPU");
+    AFD_CHECK(args.dtype.empty() || !args.gen.bf16 || args.dtype == "bf16",
+              "--bf16 and --dtype {} disagree", args.dtype);
+    const std::string dtype = !args.dtype.empty() ? args.dtype : cuda ? "bf16" : "";
+    if (dtype == "bf16") open.weights.matrix_dtype = DType::kBF16;
+    if (dtype == "fp32") {
+      open.weights.matrix_dtype = DType::kF32;
+      open.auto_bf16 = false;
+    }
+    backend = kernels::MakeBackend(cuda ? Device::Cuda(args.cuda_device) : Device::Cpu());
     model = model::OpenModel(args.gen.model, open, *backend);
     const model::ModelConfig& c = model->config();
     AFD_CHECK(!args.gen.dbo.enabled || !args.deployment.topology.empty(),
@@ -167,7 +184,7 @@ void Run(RunArgs args, int& exit_code) {
 
 void AddRunCommand(CLI::App& app, int& exit_code) {
   auto* run = app.add_subcommand(
-      "run", "Run a DeepSeek-V2/V3 model in this process (CPU) on token-id prompts");
+      "run", "Run a DeepSeek-V2/V3 model in this process (CPU or one GPU) on token-id prompts");
   auto args = std::make_shared<RunArgs>();
   AddGenerationFlags(run, args->gen);
   run->add_option("--prompt-ids", args->prompt_ids,
@@ -181,6 +198,14 @@ void AddRunCommand(CLI::App& app, int& exit_code) {
                   "Write the logits of every prompt position as float32 .npy [prompt_len, vocab] "
                   "(one prompt only)");
   run->add_flag("--stats", args->stats, "Print load/prefill/decode timings to stderr");
+  run->add_option("--device", args->device, "cpu (default; the exact reference) or cuda")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
+  run->add_option("--dtype", args->dtype,
+                  "Weight matrices as bf16 or fp32 (default: bf16 on cuda; fp32 on cpu unless the "
+                  "model is big)")
+      ->check(CLI::IsMember({"bf16", "fp32"}));
+  run->add_option("--cuda-device", args->cuda_device, "CUDA device ordinal (default 0)")
+      ->check(CLI::NonNegativeNumber);
   run->add_option("--topology", args->deployment.topology,
                   "Run on an AFD deployment xAyF of processes on this host (e.g. 3A2F)");
   run->add_option("--attention-dp", args->deployment.attention_dp, "Attention DP size")

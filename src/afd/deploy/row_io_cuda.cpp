@@ -1,4 +1,5 @@
 // Device rows for `afd connector-test --device cuda` (CUDA + NCCL builds).
+#include "afd/common/cuda_check.h"
 #include "afd/common/error.h"
 #include "afd/deploy/row_io.h"
 
@@ -12,16 +13,10 @@ namespace afd::deploy {
 
 namespace {
 
-#define AFD_CUDA_OK(call)                                                         \
-  do {                                                                            \
-    const cudaError_t e_ = (call);                                                \
-    AFD_CHECK(e_ == cudaSuccess, "{} failed: {}", #call, cudaGetErrorString(e_)); \
-  } while (0)
-
 class DeviceRowIo : public RowIo {
  public:
   DeviceRowIo(int device, cudaStream_t stream) : stream_(stream) {
-    AFD_CUDA_OK(cudaSetDevice(device));
+    AFD_CUDA_CHECK(cudaSetDevice(device));
   }
   ~DeviceRowIo() override {
     for (auto& b : buffers_) {
@@ -31,33 +26,33 @@ class DeviceRowIo : public RowIo {
   void* Buffer(size_t bytes, int slot) override {
     Buf& b = buffers_[slot & 1];
     if (b.bytes < bytes) {
-      if (b.ptr) AFD_CUDA_OK(cudaFree(b.ptr));
-      AFD_CUDA_OK(cudaMalloc(&b.ptr, bytes));
+      if (b.ptr) AFD_CUDA_CHECK(cudaFree(b.ptr));
+      AFD_CUDA_CHECK(cudaMalloc(&b.ptr, bytes));
       b.bytes = bytes;
     }
     if (!b.ptr) {  // zero bytes: still a valid device pointer
-      AFD_CUDA_OK(cudaMalloc(&b.ptr, 256));
+      AFD_CUDA_CHECK(cudaMalloc(&b.ptr, 256));
       b.bytes = 256;
     }
     return b.ptr;
   }
   void Upload(void* dst, const std::vector<char>& src) override {
     if (!src.empty()) {
-      AFD_CUDA_OK(cudaMemcpyAsync(dst, src.data(), src.size(), cudaMemcpyHostToDevice, stream_));
+      AFD_CUDA_CHECK(cudaMemcpyAsync(dst, src.data(), src.size(), cudaMemcpyHostToDevice, stream_));
     }
   }
   void Download(std::vector<char>& dst, const void* src, size_t bytes) override {
     dst.resize(bytes);
     if (bytes) {
-      AFD_CUDA_OK(cudaMemcpyAsync(dst.data(), src, bytes, cudaMemcpyDeviceToHost, stream_));
+      AFD_CUDA_CHECK(cudaMemcpyAsync(dst.data(), src, bytes, cudaMemcpyDeviceToHost, stream_));
     }
-    AFD_CUDA_OK(cudaStreamSynchronize(stream_));
+    AFD_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
   void Synchronize(double timeout_s) override {
     comm::SynchronizeStream(stream_, timeout_s, "connector-test rows");
   }
   void ApplyFfnFunction(void* data, size_t count, size_t width) override {
-    AFD_CUDA_OK(comm::LaunchSelftestFfnFunction(data, count, width, stream_));
+    AFD_CUDA_CHECK(comm::LaunchSelftestFfnFunction(data, count, width, stream_));
   }
 
  private:

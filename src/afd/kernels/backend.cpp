@@ -3,12 +3,19 @@
 #include "afd/common/error.h"
 #include "afd/kernels/cpu/cpu_backend.h"
 
+#if AFD_WITH_CUDA
+#include "afd/kernels/cuda/cuda_backend.h"
+#endif
+
 namespace afd::kernels {
 
 std::unique_ptr<Backend> MakeBackend(Device device) {
   if (device.is_cpu()) return std::make_unique<cpu::CpuBackend>();
-  AFD_THROW("device {}: this build has no CUDA backend yet (the CPU backend is the only one)",
-            device.ToString());
+#if AFD_WITH_CUDA
+  return std::make_unique<cuda::CudaBackend>(device.index);
+#else
+  AFD_THROW("device {}: this build has no CUDA backend (built without nvcc)", device.ToString());
+#endif
 }
 
 }  // namespace afd::kernels

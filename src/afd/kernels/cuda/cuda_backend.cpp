@@ -1,0 +1,383 @@
+#include "afd/kernels/cuda/cuda_backend.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "afd/common/cuda_check.h"
+#include "afd/common/error.h"
+#include "afd/kernels/cuda/launch.cuh"
+
+namespace afd::kernels::cuda {
+
+struct CudaBackend::State {
+  cudaStream_t stream = nullptr;
+  cublasHandle_t cublas = nullptr;
+  std::vector<std::shared_ptr<void>> scratch;  // by slot
+  std::vector<size_t> scratch_bytes;
+  // Expert pointer tables, by the address of the first gate_up tensor's data.
+  std::map<std::pair<const void*, int>, std::shared_ptr<void>> expert_tables;
+};
+
+namespace {
+
+enum ScratchSlot { kBf16Input, kSortKeys, kSortVals, kSortTemp, kSampleParams, kMoeAct, kNumSlots };
+
+void CheckOn(const char* op, const Tensor& t, int device) {
+  AFD_CHECK(t.empty() || (t.device().type == DeviceType::kCuda && t.device().index == device),
+            "{}: tensor {} is not on cuda:{}", op, t.ToString(), device);
+  AFD_CHECK(t.is_contiguous(), "{}: tensor {} is not contiguous", op, t.ToString());
+}
+
+PagedArgs Paged(const AttentionTokens& t) {
+  return {t.positions.data_as<const int64_t>(),
+          t.seq_index.data_as<const int32_t>(),
+          t.slot_mapping.data_as<const int64_t>(),
+          t.block_tables.data_as<const int32_t>(),
+          t.block_tables.dim(1),
+          t.block_size};
+}
+
+RopeArgs Rope(const RopeSpec& r) {
+  return {r.inv_freq.data_as<const float>(), 2 * r.inv_freq.numel(), r.attention_factor,
+          r.interleave};
+}
+
+}  // namespace
+
+CudaBackend::CudaBackend(int device) : device_(device), state_(std::make_unique<State>()) {
+  int count = 0;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  AFD_CHECK(e == cudaSuccess && count > 0, "cuda:{}: no usable CUDA device ({})", device,
+            e == cudaSuccess ? "none found" : cudaGetErrorString(e));
+  AFD_CHECK(device >= 0 && device < count, "cuda:{}: this machine has {} CUDA device(s)", device,
+            count);
+  AFD_CUDA_CHECK(cudaSetDevice(device));
+  cudaDeviceProp prop;
+  AFD_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+  name_ = fmt::format("cuda:{} ({})", device, prop.name);
+  AFD_CUDA_CHECK(cudaStreamCreateWithFlags(&state_->stream, cudaStreamNonBlocking));
+  AFD_CUBLAS_CHECK(cublasCreate(&state_->cublas));
+  AFD_CUBLAS_CHECK(cublasSetStream(state_->cublas, state_->stream));
+  // fp32 GEMMs stay fp32 (no TF32): the verification mode must match the CPU reference.
+  AFD_CUBLAS_CHECK(cublasSetMathMode(state_->cublas, CUBLAS_PEDANTIC_MATH));
+  state_->scratch.resize(kNumSlots);
+  state_->scratch_bytes.assign(kNumSlots, 0);
+}
+
+CudaBackend::~CudaBackend() {
+  if (state_->stream) cudaStreamSynchronize(state_->stream);
+  state_->scratch.clear();
+  state_->expert_tables.clear();
+  if (state_->cublas) cublasDestroy(state_->cublas);
+  if (state_->stream) cudaStreamDestroy(state_->stream);
+}
+
+Stream CudaBackend::stream() const { return {state_->stream}; }
+
+std::shared_ptr<void> CudaBackend::Allocate(size_t bytes) {
+  AFD_CUDA_CHECK(cudaSetDevice(device_));
+  void* p = nullptr;
+  const cudaError_t e = cudaMalloc(&p, std::max<size_t>(bytes, 256));
+  if (e != cudaSuccess) {
+    size_t free_bytes = 0, total = 0;
+    cudaMemGetInfo(&free_bytes, &total);
+    AFD_THROW("{}: cannot allocate {:.2f} GiB ({}; {:.2f} GiB free of {:.2f})", name_,
+              bytes / 1073741824.0, cudaGetErrorString(e), free_bytes / 1073741824.0,
+              total / 1073741824.0);
+  }
+  const int device = device_;
+  return std::shared_ptr<void>(p, [device](void* q) {
+    cudaSetDevice(device);
+    cudaFree(q);
+  });
+}
+
+void* CudaBackend::Scratch(int slot, size_t bytes) {
+  if (state_->scratch_bytes[slot] < bytes) {
+    Synchronize();  // the old buffer may still be read by queued work
+    state_->scratch[slot] = Allocate(bytes);
+    state_->scratch_bytes[slot] = bytes;
+  }
+  return state_->scratch[slot].get();
+}
+
+void CudaBackend::CopyToDevice(const Tensor& dst, const void* src) {
+  CheckOn("CopyToDevice", dst, device_);
+  if (dst.nbytes() == 0) return;
+  AFD_CUDA_CHECK(
+      cudaMemcpyAsync(dst.data(), src, dst.nbytes(), cudaMemcpyHostToDevice, state_->stream));
+  // The source is the caller's (possibly temporary) host memory: done before returning.
+  AFD_CUDA_CHECK(cudaStreamSynchronize(state_->stream));
+}
+
+void CudaBackend::CopyToHost(void* dst, const Tensor& src) {
+  CheckOn("CopyToHost", src, device_);
+  if (src.nbytes() == 0) return;
+  AFD_CUDA_CHECK(
+      cudaMemcpyAsync(dst, src.data(), src.nbytes(), cudaMemcpyDeviceToHost, state_->stream));
+  Synchronize();
+}
+
+void CudaBackend::Copy(const Tensor& dst, const Tensor& src) {
+  CheckOn("Copy", dst, device_);
+  CheckOn("Copy", src, device_);
+  AFD_CHECK(dst.nbytes() == src.nbytes() && dst.dtype() == src.dtype(), "Copy: {} from {}",
+            dst.ToString(), src.ToString());
+  if (dst.nbytes() == 0 || dst.data() == src.data()) return;
+  AFD_CUDA_CHECK(cudaMemcpyAsync(dst.data(), src.data(), dst.nbytes(), cudaMemcpyDeviceToDevice,
+                                 state_->stream));
+}
+
+void CudaBackend::Fill(const Tensor& dst, float value) {
+  CheckOn("Fill", dst, device_);
+  dst.Expect("Fill", DType::kF32, dst.shape());
+  LaunchFill(dst.data_as<float>(), dst.numel(), value, state_->stream);
+}
+
+void CudaBackend::Synchronize() {
+  AFD_CUDA_CHECK(cudaStreamSynchronize(state_->stream));
+  AFD_CUDA_CHECK(cudaGetLastError());
+}
+
+void CudaBackend::Embedding(const Tensor& table, const Tensor& ids, const Tensor& out) {
+  CheckOn("Embedding", table, device_);
+  const int64_t n = ids.numel(), h = table.dim(1);
+  ids.Expect("Embedding ids", DType::kI32, {n});
+  out.Expect("Embedding out", DType::kF32, {n, h});
+  LaunchEmbedding(table.data(), table.dtype() == DType::kBF16, ids.data_as<const int32_t>(), n, h,
+                  out.data_as<float>(), state_->stream);
+}
+
+void CudaBackend::Linear(const Tensor& x, const Tensor& w, const Tensor& y) {
+  CheckOn("Linear", w, device_);
+  CheckOn("Linear", x, device_);
+  const int64_t n = x.dim(0), k = w.dim(1), m = w.dim(0);
+  x.Expect("Linear x", DType::kF32, {n, k});
+  y.Expect("Linear y", DType::kF32, {n, m});
+  if (n == 0) return;
+  const float alpha = 1.0f, beta = 0.0f;
+  // Row-major y[n, m] = x[n, k] · w[m, k]ᵀ is column-major yᵀ[m, n] = w · xᵀ.
+  if (w.dtype() == DType::kF32) {
+    AFD_CUBLAS_CHECK(cublasSgemm(state_->cublas, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha,
+                                 w.data_as<const float>(), k, x.data_as<const float>(), k, &beta,
+                                 y.data_as<float>(), m));
+    return;
+  }
+  AFD_CHECK(w.dtype() == DType::kBF16, "Linear: {} weights", DTypeName(w.dtype()));
+  auto* xb = static_cast<uint16_t*>(Scratch(kBf16Input, n * k * 2));
+  LaunchToBf16(x.data_as<const float>(), n * k, xb, state_->stream);
+  AFD_CUBLAS_CHECK(cublasGemmEx(state_->cublas, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha, w.data(),
+                                CUDA_R_16BF, k, xb, CUDA_R_16BF, k, &beta, y.data(), CUDA_R_32F, m,
+                                CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+void CudaBackend::RmsNorm(const Tensor& x, const Tensor& w, float eps, const Tensor& out) {
+  const int64_t d = w.numel(), n = x.numel() / std::max<int64_t>(d, 1);
+  w.Expect("RmsNorm weight", DType::kF32, {d});
+  x.Expect("RmsNorm x", DType::kF32, {n, d});
+  out.Expect("RmsNorm out", DType::kF32, {n, d});
+  LaunchRmsNorm(x.data_as<const float>(), n, d, w.data_as<const float>(), eps, out.data_as<float>(),
+                state_->stream);
+}
+
+void CudaBackend::Add(const Tensor& y, const Tensor& x) {
+  AFD_CHECK(y.numel() == x.numel() && y.dtype() == DType::kF32 && x.dtype() == DType::kF32,
+            "Add: {} += {}", y.ToString(), x.ToString());
+  LaunchAdd(y.data_as<float>(), x.data_as<const float>(), y.numel(), state_->stream);
+}
+
+void CudaBackend::SiluMul(const Tensor& gate_up, const Tensor& out) {
+  const int64_t n = gate_up.dim(0), inter = gate_up.dim(1) / 2;
+  gate_up.Expect("SiluMul gate_up", DType::kF32, {n, 2 * inter});
+  out.Expect("SiluMul out", DType::kF32, {n, inter});
+  LaunchSiluMul(gate_up.data_as<const float>(), n, inter, out.data_as<float>(), state_->stream);
+}
+
+void CudaBackend::Rope(const Tensor& x, int64_t offset, const Tensor& positions,
+                       const RopeSpec& rope) {
+  const int64_t n = x.dim(0), heads = x.dim(1), width = x.dim(2);
+  x.Expect("Rope x", DType::kF32, {n, heads, width});
+  positions.Expect("Rope positions", DType::kI64, {n});
+  AFD_CHECK(offset >= 0 && offset + 2 * rope.inv_freq.numel() <= width,
+            "Rope: dims from {} outside width {}", offset, width);
+  LaunchRope(x.data_as<float>(), n, heads, width, offset, positions.data_as<const int64_t>(),
+             cuda::Rope(rope), state_->stream);
+}
+
+void CudaBackend::GatherRows(const Tensor& x, const Tensor& index, const Tensor& out) {
+  const int64_t m = index.numel(), h = x.dim(1);
+  index.Expect("GatherRows index", DType::kI32, {m});
+  x.Expect("GatherRows x", DType::kF32, {-1, h});
+  out.Expect("GatherRows out", DType::kF32, {-1, h});
+  AFD_CHECK(out.dim(0) >= m, "GatherRows: {} rows into {}", m, out.ToString());
+  LaunchGatherRows(x.data_as<const float>(), index.data_as<const int32_t>(), m, h,
+                   out.data_as<float>(), state_->stream);
+}
+
+void CudaBackend::MlaCacheWrite(const Tensor& ckv, const Tensor& norm_w, float eps,
+                                const AttentionTokens& tokens, const RopeSpec& rope,
+                                const Tensor& cache) {
+  const int64_t n = ckv.dim(0), kvr = norm_w.numel(), width = kvr + 2 * rope.inv_freq.numel();
+  ckv.Expect("MlaCacheWrite ckv", DType::kF32, {n, width});
+  cache.Expect("MlaCacheWrite cache", DType::kF32, {-1, width});
+  LaunchMlaCacheWrite(ckv.data_as<const float>(), n, kvr, norm_w.data_as<const float>(), eps,
+                      Paged(tokens), cuda::Rope(rope), cache.data_as<float>(), state_->stream);
+}
+
+void CudaBackend::MlaAttention(const Tensor& q, const Tensor& kv_b, const AttentionTokens& tokens,
+                               const Tensor& cache, int64_t head_begin, int64_t head_end,
+                               int64_t dn, int64_t dv, float scale, const Tensor& out) {
+  const int64_t n = q.dim(0), heads = q.dim(1), kvr = kv_b.dim(1), dr = cache.dim(1) - kvr;
+  q.Expect("MlaAttention q", DType::kF32, {n, heads, dn + dr});
+  kv_b.Expect("MlaAttention kv_b", DType::kF32, {heads * (dn + dv), kvr});
+  AFD_CHECK(0 <= head_begin && head_begin < head_end && head_end <= heads,
+            "MlaAttention: heads [{}, {}) of {}", head_begin, head_end, heads);
+  out.Expect("MlaAttention out", DType::kF32, {n, (head_end - head_begin) * dv});
+  LaunchMlaAttention(q.data_as<const float>(), n, heads, kv_b.data_as<const float>(), kvr, dn, dr,
+                     dv, Paged(tokens), cache.data_as<const float>(), head_begin, head_end, scale,
+                     out.data_as<float>(), state_->stream);
+}
+
+void CudaBackend::RouterTopk(const Tensor& logits, const Tensor& bias, const RouterSpec& spec,
+                             const Tensor& ids, const Tensor& weights) {
+  const int64_t n = logits.dim(0), e = logits.dim(1), k = spec.top_k;
+  logits.Expect("RouterTopk logits", DType::kF32, {n, e});
+  if (!bias.empty()) bias.Expect("RouterTopk bias", DType::kF32, {e});
+  ids.Expect("RouterTopk ids", DType::kI32, {n, k});
+  weights.Expect("RouterTopk weights", DType::kF32, {n, k});
+  AFD_CHECK(k >= 1 && k <= e && spec.n_group >= 1 && e % spec.n_group == 0 &&
+                spec.topk_group >= 1 && spec.topk_group <= spec.n_group,
+            "RouterTopk: top_k {}, n_group {}, topk_group {} for {} experts", k, spec.n_group,
+            spec.topk_group, e);
+  const RouterArgs a{spec.scoring == RouterScoring::kSigmoid,
+                     spec.group_limited,
+                     k,
+                     spec.n_group,
+                     spec.topk_group,
+                     spec.norm_topk_prob,
+                     spec.routed_scaling_factor};
+  LaunchRouterTopk(logits.data_as<const float>(), n, e,
+                   bias.empty() ? nullptr : bias.data_as<const float>(), a, ids.data_as<int32_t>(),
+                   weights.data_as<float>(), state_->stream);
+}
+
+void CudaBackend::MoePermute(const Tensor& ids, int64_t begin, int64_t num_local,
+                             const Tensor& offsets, const Tensor& src_row,
+                             const Tensor& row_of_slot) {
+  const int64_t n = ids.dim(0), k = ids.dim(1);
+  ids.Expect("MoePermute ids", DType::kI32, {n, k});
+  offsets.Expect("MoePermute offsets", DType::kI32, {num_local + 1});
+  src_row.Expect("MoePermute src_row", DType::kI32, {n * k});
+  row_of_slot.Expect("MoePermute row_of_slot", DType::kI32, {n, k});
+  LaunchMoePermute(ids.data_as<const int32_t>(), n, k, begin, num_local, offsets.data_as<int32_t>(),
+                   src_row.data_as<int32_t>(), row_of_slot.data_as<int32_t>(), state_->stream);
+}
+
+const void* const* CudaBackend::ExpertTable(const ExpertWeights& experts, int kind) {
+  const std::vector<Tensor>& list = kind == 0 ? experts.gate_up : experts.down;
+  const auto key = std::make_pair(list.front().data(), kind);
+  auto it = state_->expert_tables.find(key);
+  if (it == state_->expert_tables.end()) {
+    std::vector<const void*> ptrs;
+    for (size_t e = 0; e < list.size(); ++e) {
+      AFD_CHECK(!list[e].empty(), "routed expert {} is not loaded on {}",
+                experts.expert_begin + static_cast<int64_t>(e), name_);
+      CheckOn("GroupedExpertMlp", list[e], device_);
+      ptrs.push_back(list[e].data());
+    }
+    std::shared_ptr<void> table = Allocate(ptrs.size() * sizeof(void*));
+    AFD_CUDA_CHECK(
+        cudaMemcpy(table.get(), ptrs.data(), ptrs.size() * sizeof(void*), cudaMemcpyHostToDevice));
+    it = state_->expert_tables.emplace(key, table).first;
+  }
+  return static_cast<const void* const*>(it->second.get());
+}
+
+void CudaBackend::GroupedExpertMlp(const Tensor& x, const Tensor& offsets,
+                                   const ExpertWeights& experts, const Tensor& out) {
+  const int64_t h = x.dim(1), e = experts.num_experts(), m = x.dim(0);
+  offsets.Expect("GroupedExpertMlp offsets", DType::kI32, {e + 1});
+  x.Expect("GroupedExpertMlp x", DType::kF32, {-1, h});
+  out.Expect("GroupedExpertMlp out", DType::kF32, {m, h});
+  if (e == 0 || m == 0) return;
+  const int64_t inter = experts.down.front().dim(1);
+  const bool bf16 = experts.gate_up.front().dtype() == DType::kBF16;
+  auto* act = static_cast<float*>(Scratch(kMoeAct, m * inter * sizeof(float)));  // [m, I]
+  LaunchGroupedLinear(x.data_as<const float>(), m, h, ExpertTable(experts, 0), bf16,
+                      offsets.data_as<const int32_t>(), e, inter, /*swiglu=*/true, act,
+                      state_->stream);
+  LaunchGroupedLinear(act, m, inter, ExpertTable(experts, 1), bf16,
+                      offsets.data_as<const int32_t>(), e, h, /*swiglu=*/false,
+                      out.data_as<float>(), state_->stream);
+}
+
+void CudaBackend::MoeCombine(const Tensor& y, const Tensor& row_of_slot, const Tensor& weights,
+                             bool accumulate, const Tensor& out) {
+  const int64_t n = row_of_slot.dim(0), k = row_of_slot.dim(1), h = out.dim(1);
+  row_of_slot.Expect("MoeCombine row_of_slot", DType::kI32, {n, k});
+  weights.Expect("MoeCombine weights", DType::kF32, {n, k});
+  y.Expect("MoeCombine y", DType::kF32, {-1, h});
+  out.Expect("MoeCombine out", DType::kF32, {n, h});
+  LaunchMoeCombine(y.data_as<const float>(), h, row_of_slot.data_as<const int32_t>(),
+                   weights.data_as<const float>(), n, k, accumulate, out.data_as<float>(),
+                   state_->stream);
+}
+
+void CudaBackend::LogSoftmaxAt(const Tensor& logits, const Tensor& ids, const Tensor& out) {
+  const int64_t n = logits.dim(0), v = logits.dim(1);
+  logits.Expect("LogSoftmaxAt logits", DType::kF32, {n, v});
+  ids.Expect("LogSoftmaxAt ids", DType::kI32, {n});
+  out.Expect("LogSoftmaxAt out", DType::kF32, {n});
+  LaunchLogSoftmaxAt(logits.data_as<const float>(), n, v, ids.data_as<const int32_t>(),
+                     out.data_as<float>(), state_->stream);
+}
+
+void CudaBackend::Sample(const Tensor& logits, const std::vector<SampleRow>& rows,
+                         const Tensor& ids) {
+  const int64_t n = logits.dim(0), v = logits.dim(1);
+  logits.Expect("Sample logits", DType::kF32, {n, v});
+  ids.Expect("Sample ids", DType::kI32, {n});
+  AFD_CHECK(static_cast<int64_t>(rows.size()) == n, "Sample: {} rows of parameters for {} logits",
+            rows.size(), n);
+  LaunchArgMax(logits.data_as<const float>(), n, v, ids.data_as<int32_t>(), state_->stream);
+  const bool any_sampled =
+      std::any_of(rows.begin(), rows.end(), [](const SampleRow& r) { return r.temperature > 0; });
+  if (!any_sampled || n == 0) return;
+  // Per-row parameters: [temperature f32 x n | top_k i64 x n | top_p f32 x n | u f64 x n].
+  std::vector<char> host(n * (4 + 8 + 4 + 8));
+  char* p = host.data();
+  auto* temp = reinterpret_cast<float*>(p);
+  auto* top_k = reinterpret_cast<int64_t*>(p + n * 4);
+  auto* top_p = reinterpret_cast<float*>(p + n * 12);
+  auto* u = reinterpret_cast<double*>(p + n * 16);
+  for (int64_t i = 0; i < n; ++i) {
+    temp[i] = rows[i].temperature;
+    top_k[i] = rows[i].top_k;
+    top_p[i] = rows[i].top_p;
+    u[i] = rows[i].u;
+  }
+  char* dev = static_cast<char*>(Scratch(kSampleParams, host.size()));
+  AFD_CUDA_CHECK(
+      cudaMemcpyAsync(dev, host.data(), host.size(), cudaMemcpyHostToDevice, state_->stream));
+  const SampleParamsDev params{
+      reinterpret_cast<const float*>(dev), reinterpret_cast<const int64_t*>(dev + n * 4),
+      reinterpret_cast<const float*>(dev + n * 12), reinterpret_cast<const double*>(dev + n * 16)};
+  // keys/vals in (2 n v) and out (2 n v), offsets (n + 1).
+  auto* keys = static_cast<float*>(Scratch(kSortKeys, 2 * n * v * sizeof(float)));
+  auto* vals = static_cast<int32_t*>(Scratch(kSortVals, (2 * n * v + n + 1) * sizeof(int32_t)));
+  int32_t* offsets = vals + 2 * n * v;
+  LaunchPrepareSort(logits.data_as<const float>(), n, v, keys, vals, offsets, state_->stream);
+  const size_t temp_bytes = SegmentedSortTempBytes(n, v);
+  void* sort_temp = Scratch(kSortTemp, temp_bytes);
+  SegmentedSortDescending(sort_temp, temp_bytes, keys, keys + n * v, vals, vals + n * v, n, v,
+                          offsets, state_->stream);
+  LaunchSampleSorted(keys + n * v, vals + n * v, n, v, params, ids.data_as<int32_t>(),
+                     state_->stream);
+  // The host parameter buffer must outlive the async copy.
+  Synchronize();
+}
+
+}  // namespace afd::kernels::cuda

@@ -1,0 +1,71 @@
+// The CUDA backend: weights, the paged cache and activations in one GPU's memory, every op a
+// kernel or a cuBLAS call on one stream (ops enqueue; only CopyToHost and Synchronize wait).
+// fp32 weights use fp32 GEMMs (no TF32): the verification mode, within 1e-4 of the CPU
+// reference. bf16 weights use bf16 tensor-core GEMMs with fp32 accumulation and output
+// (activations rounded to bf16 at the GEMM input, as a bf16 model does).
+// No CUDA include here: the CUDA objects live behind an opaque State.
+// Thread safety: one thread at a time (as every Backend).
+#pragma once
+
+#include <map>
+#include <memory>
+
+#include "afd/kernels/backend.h"
+
+namespace afd::kernels::cuda {
+
+class CudaBackend : public Backend {
+ public:
+  // Throws afd::Error when the device is missing or unusable.
+  explicit CudaBackend(int device);
+  ~CudaBackend() override;
+
+  Device device() const override { return Device::Cuda(device_); }
+  std::shared_ptr<void> Allocate(size_t bytes) override;
+  std::string name() const override { return name_; }
+  Stream stream() const override;
+
+  void CopyToDevice(const Tensor& dst, const void* src) override;
+  void CopyToHost(void* dst, const Tensor& src) override;
+  void Copy(const Tensor& dst, const Tensor& src) override;
+  void Fill(const Tensor& dst, float value) override;
+  void Synchronize() override;
+
+  void Embedding(const Tensor& table, const Tensor& ids, const Tensor& out) override;
+  void Linear(const Tensor& x, const Tensor& w, const Tensor& y) override;
+  void RmsNorm(const Tensor& x, const Tensor& w, float eps, const Tensor& out) override;
+  void Add(const Tensor& y, const Tensor& x) override;
+  void SiluMul(const Tensor& gate_up, const Tensor& out) override;
+  void Rope(const Tensor& x, int64_t offset, const Tensor& positions,
+            const RopeSpec& rope) override;
+  void GatherRows(const Tensor& x, const Tensor& index, const Tensor& out) override;
+  void MlaCacheWrite(const Tensor& ckv, const Tensor& norm_w, float eps,
+                     const AttentionTokens& tokens, const RopeSpec& rope,
+                     const Tensor& cache) override;
+  void MlaAttention(const Tensor& q, const Tensor& kv_b, const AttentionTokens& tokens,
+                    const Tensor& cache, int64_t head_begin, int64_t head_end, int64_t dn,
+                    int64_t dv, float scale, const Tensor& out) override;
+  void RouterTopk(const Tensor& logits, const Tensor& bias, const RouterSpec& spec,
+                  const Tensor& ids, const Tensor& weights) override;
+  void MoePermute(const Tensor& ids, int64_t begin, int64_t num_local, const Tensor& offsets,
+                  const Tensor& src_row, const Tensor& row_of_slot) override;
+  void GroupedExpertMlp(const Tensor& x, const Tensor& offsets, const ExpertWeights& experts,
+                        const Tensor& out) override;
+  void MoeCombine(const Tensor& y, const Tensor& row_of_slot, const Tensor& weights,
+                  bool accumulate, const Tensor& out) override;
+  void LogSoftmaxAt(const Tensor& logits, const Tensor& ids, const Tensor& out) override;
+  void Sample(const Tensor& logits, const std::vector<SampleRow>& rows, const Tensor& ids) override;
+
+ private:
+  struct State;
+  // Device scratch of at least `bytes` for slot `slot` (grows between uses; kept).
+  void* Scratch(int slot, size_t bytes);
+  // Device table of an expert set's gate_up (kind 0) or down (kind 1) weight pointers.
+  const void* const* ExpertTable(const ExpertWeights& experts, int kind);
+
+  int device_;
+  std::string name_;
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace afd::kernels::cuda

@@ -1,0 +1,125 @@
+// Elementwise and per-row ops of the CUDA backend: fill, add, SiLU·mul, bf16 conversion,
+// embedding, row gather, RMSNorm.
+#include <cuda_bf16.h>
+
+#include "afd/common/cuda_check.h"
+#include "afd/kernels/cuda/launch.cuh"
+
+namespace afd::kernels::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+
+int Blocks(int64_t n) { return static_cast<int>(std::min<int64_t>((n + kThreads - 1) / kThreads, 65535 * 8)); }
+
+__global__ void Fill(float* x, int64_t n, float v) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) x[i] = v;
+}
+
+__global__ void Add(float* y, const float* x, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) y[i] += x[i];
+}
+
+__global__ void SiluMul(const float* gu, int64_t n, int64_t inter, float* out) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n * inter;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = i / inter, c = i % inter;
+    const float g = gu[r * 2 * inter + c], u = gu[r * 2 * inter + inter + c];
+    out[i] = g / (1.0f + expf(-g)) * u;
+  }
+}
+
+__global__ void ToBf16(const float* x, int64_t n, __nv_bfloat16* out) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    out[i] = __float2bfloat16_rn(x[i]);
+  }
+}
+
+__global__ void Embedding(const void* table, bool bf16, const int32_t* ids, int64_t h, float* out) {
+  const int64_t row = ids[blockIdx.x];
+  for (int64_t j = threadIdx.x; j < h; j += blockDim.x) {
+    out[blockIdx.x * h + j] =
+        bf16 ? __bfloat162float(static_cast<const __nv_bfloat16*>(table)[row * h + j])
+             : static_cast<const float*>(table)[row * h + j];
+  }
+}
+
+__global__ void Gather(const float* x, const int32_t* index, int64_t h, float* out) {
+  const int64_t r = index[blockIdx.x];
+  for (int64_t j = threadIdx.x; j < h; j += blockDim.x) out[blockIdx.x * h + j] = x[r * h + j];
+}
+
+__device__ float BlockSum(float v) {
+  __shared__ float partial[32];
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __syncthreads();
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  float total = 0.0f;
+  for (int w = 0; w < (blockDim.x + 31) / 32; ++w) total += partial[w];
+  return total;
+}
+
+__global__ void RmsNorm(const float* x, int64_t d, const float* w, float eps, float* out) {
+  const float* xr = x + blockIdx.x * d;
+  float ss = 0.0f;
+  for (int64_t j = threadIdx.x; j < d; j += blockDim.x) ss += xr[j] * xr[j];
+  const float inv = rsqrtf(BlockSum(ss) / d + eps);
+  for (int64_t j = threadIdx.x; j < d; j += blockDim.x) out[blockIdx.x * d + j] = w[j] * (xr[j] * inv);
+}
+
+}  // namespace
+
+void CheckLaunch(const char* what) {
+  const cudaError_t e = cudaGetLastError();
+  AFD_CHECK(e == cudaSuccess, "CUDA kernel {} failed to launch: {}", what, cudaGetErrorString(e));
+}
+
+void LaunchFill(float* x, int64_t n, float value, cudaStream_t s) {
+  if (n == 0) return;
+  Fill<<<Blocks(n), kThreads, 0, s>>>(x, n, value);
+  CheckLaunch("Fill");
+}
+
+void LaunchAdd(float* y, const float* x, int64_t n, cudaStream_t s) {
+  if (n == 0) return;
+  Add<<<Blocks(n), kThreads, 0, s>>>(y, x, n);
+  CheckLaunch("Add");
+}
+
+void LaunchSiluMul(const float* gate_up, int64_t n, int64_t inter, float* out, cudaStream_t s) {
+  if (n * inter == 0) return;
+  SiluMul<<<Blocks(n * inter), kThreads, 0, s>>>(gate_up, n, inter, out);
+  CheckLaunch("SiluMul");
+}
+
+void LaunchToBf16(const float* x, int64_t n, uint16_t* out, cudaStream_t s) {
+  if (n == 0) return;
+  ToBf16<<<Blocks(n), kThreads, 0, s>>>(x, n, reinterpret_cast<__nv_bfloat16*>(out));
+  CheckLaunch("ToBf16");
+}
+
+void LaunchEmbedding(const void* table, bool bf16, const int32_t* ids, int64_t n, int64_t h,
+                     float* out, cudaStream_t s) {
+  if (n == 0) return;
+  Embedding<<<static_cast<unsigned>(n), kThreads, 0, s>>>(table, bf16, ids, h, out);
+  CheckLaunch("Embedding");
+}
+
+void LaunchGatherRows(const float* x, const int32_t* index, int64_t m, int64_t h, float* out,
+                      cudaStream_t s) {
+  if (m == 0) return;
+  Gather<<<static_cast<unsigned>(m), kThreads, 0, s>>>(x, index, h, out);
+  CheckLaunch("GatherRows");
+}
+
+void LaunchRmsNorm(const float* x, int64_t n, int64_t d, const float* w, float eps, float* out,
+                   cudaStream_t s) {
+  if (n == 0) return;
+  RmsNorm<<<static_cast<unsigned>(n), kThreads, 0, s>>>(x, d, w, eps, out);
+  CheckLaunch("RmsNorm");
+}
+
+}  // namespace afd::kernels::cuda

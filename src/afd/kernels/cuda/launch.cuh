@@ -1,0 +1,102 @@
+// Launchers of the CUDA backend's kernels: raw device pointers and a stream in, nothing else
+// (no Tensors, no CUDA types beyond cudaStream_t). Each .cu file implements one op family;
+// shapes follow kernels/backend.h. A launcher checks its launch (cudaGetLastError) and throws
+// afd::Error on failure.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace afd::kernels::cuda {
+
+// elementwise.cu
+void LaunchFill(float* x, int64_t n, float value, cudaStream_t s);
+void LaunchAdd(float* y, const float* x, int64_t n, cudaStream_t s);
+void LaunchSiluMul(const float* gate_up, int64_t n, int64_t inter, float* out, cudaStream_t s);
+void LaunchToBf16(const float* x, int64_t n, uint16_t* out, cudaStream_t s);
+// table: [V, H] f32 (bf16 = false) or bf16 bits.
+void LaunchEmbedding(const void* table, bool bf16, const int32_t* ids, int64_t n, int64_t h,
+                     float* out, cudaStream_t s);
+void LaunchGatherRows(const float* x, const int32_t* index, int64_t m, int64_t h, float* out,
+                      cudaStream_t s);
+void LaunchRmsNorm(const float* x, int64_t n, int64_t d, const float* w, float eps, float* out,
+                   cudaStream_t s);
+
+// mla.cu
+struct RopeArgs {
+  const float* inv_freq;  // [dr/2]
+  int64_t dim;            // dr
+  float factor;
+  bool interleave;
+};
+struct PagedArgs {
+  const int64_t* positions;
+  const int32_t* seq_index;
+  const int64_t* slot_mapping;
+  const int32_t* block_tables;
+  int64_t max_blocks;
+  int64_t block_size;
+};
+// x: [n, heads, width], rotates dims [offset, offset + dr) of each head.
+void LaunchRope(float* x, int64_t n, int64_t heads, int64_t width, int64_t offset,
+                const int64_t* positions, const RopeArgs& rope, cudaStream_t s);
+void LaunchMlaCacheWrite(const float* ckv, int64_t n, int64_t kvr, const float* norm_w, float eps,
+                         const PagedArgs& t, const RopeArgs& rope, float* cache, cudaStream_t s);
+void LaunchMlaAttention(const float* q, int64_t n, int64_t heads, const float* kv_b, int64_t kvr,
+                        int64_t dn, int64_t dr, int64_t dv, const PagedArgs& t, const float* cache,
+                        int64_t h0, int64_t h1, float scale, float* out, cudaStream_t s);
+
+// router.cu: one thread per token; num_experts <= kMaxRouterExperts.
+inline constexpr int kMaxRouterExperts = 512;
+struct RouterArgs {
+  bool sigmoid;
+  bool group_limited;
+  int64_t top_k, n_group, topk_group;
+  bool norm_topk_prob;
+  float scaling;
+};
+void LaunchRouterTopk(const float* logits, int64_t n, int64_t num_experts, const float* bias,
+                      const RouterArgs& args, int32_t* ids, float* weights, cudaStream_t s);
+
+// moe.cu
+void LaunchMoePermute(const int32_t* ids, int64_t n, int64_t k, int64_t begin, int64_t num_local,
+                      int32_t* offsets, int32_t* src_row, int32_t* row_of_slot, cudaStream_t s);
+// Grouped y[r] = x[r] · W_e^T for the rows of each expert; weights by pointer table
+// (w_ptrs[e], bf16 or f32 [N, K]). swiglu: W is [2N', K] gate|up and y[r, c] =
+// silu(gate_c) · up_c for c < N' = n_out.
+void LaunchGroupedLinear(const float* x, int64_t m, int64_t k, const void* const* w_ptrs, bool bf16,
+                         const int32_t* offsets, int64_t num_local, int64_t n_out, bool swiglu,
+                         float* y, cudaStream_t s);
+void LaunchMoeCombine(const float* y, int64_t h, const int32_t* row_of_slot, const float* weights,
+                      int64_t n, int64_t k, bool accumulate, float* out, cudaStream_t s);
+
+// sample.cu
+void LaunchLogSoftmaxAt(const float* logits, int64_t n, int64_t v, const int32_t* ids, float* out,
+                        cudaStream_t s);
+void LaunchArgMax(const float* logits, int64_t n, int64_t v, int32_t* ids, cudaStream_t s);
+// Rows with temperature > 0: sorted (keys descending, NaN as -inf) candidates per row, then the
+// CPU backend's top-k / top-p / inverse-CDF rule with the row's u. params: [n, 4] f32
+// (temperature, top_k, top_p, u as float) ... u kept in double: u: [n] f64.
+struct SampleParamsDev {
+  const float* temperature;  // [n]
+  const int64_t* top_k;      // [n]
+  const float* top_p;        // [n]
+  const double* u;           // [n]
+};
+// sorted_logits / sorted_ids: [n, v] each row sorted descending (stable: ties by ascending id).
+void LaunchSampleSorted(const float* sorted_logits, const int32_t* sorted_ids, int64_t n, int64_t v,
+                        const SampleParamsDev& p, int32_t* ids, cudaStream_t s);
+// keys[r, i] = logits[r, i] with NaN -> -inf; vals[r, i] = i; offsets[r] = r·v (n + 1 entries).
+void LaunchPrepareSort(const float* logits, int64_t n, int64_t v, float* keys, int32_t* vals,
+                       int32_t* offsets, cudaStream_t s);
+// Bytes of temporary storage the segmented sort needs, and the sort itself.
+size_t SegmentedSortTempBytes(int64_t n, int64_t v);
+void SegmentedSortDescending(void* temp, size_t temp_bytes, const float* keys_in, float* keys_out,
+                             const int32_t* vals_in, int32_t* vals_out, int64_t n, int64_t v,
+                             const int32_t* offsets, cudaStream_t s);
+
+// Throws afd::Error naming `what` when the last launch failed.
+void CheckLaunch(const char* what);
+
+}  // namespace afd::kernels::cuda

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# One device call: the CUDA backend on the GPU machine with binaries built elsewhere (it
+# installs nothing). Usage (repo root there): tools/device/gpu_check.sh BIN_DIR OUT_DIR
+#   BIN_DIR: afd, backend_ops_test and the shared libraries they need that the machine lacks
+#            (libfmt, libgomp); cuBLAS comes from the machine's PyTorch environment.
+# Runs: backend_ops_test (every op, cpu and cuda), fp32 on the GPU vs the CPU reference on every
+# golden checkpoint (greedy ids, prompt logprobs, logits), bf16 on the GPU, and
+# backend_ops_test --perf on the GPU. Prints a summary; logs go to OUT_DIR.
+set -u
+BIN=$(readlink -f "$1")
+OUT=$2
+mkdir -p "$OUT"
+CUBLAS_DIR=$(dirname "$(find / -name 'libcublas.so.13*' -not -path '*/proc/*' 2>/dev/null | head -1)")
+export LD_LIBRARY_PATH="$BIN:$CUBLAS_DIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+AFD="$BIN/afd"
+PY=$(command -v python3)
+[ -x /opt/torch/.venv/bin/python3 ] && PY=/opt/torch/.venv/bin/python3
+nvidia-smi -L
+echo "cuBLAS from: $CUBLAS_DIR"
+"$AFD" --version
+status=0
+
+echo "== backend_ops_test (cpu + cuda)"
+"$BIN/backend_ops_test" 2>&1 | tee "$OUT/backend_ops.txt" | grep -v " OK " || true
+tail -1 "$OUT/backend_ops.txt" | grep -q " 0 failed" || status=1
+
+echo "== fp32 on cuda vs the cpu reference, golden checkpoints"
+for c in v2_greedy_yarn v2_group_limited v3_noaux_tc v3_sharded; do
+  M=tests/data/golden/$c
+  P=(--prompt-ids 1,2,3,4,5,6,7,8 --prompt-ids 90,80,70 --prompt-ids 5)
+  "$AFD" run --model "$M" "${P[@]}" --max-tokens 20 --ignore-eos --json >"$OUT/${c}_cpu.json"
+  "$AFD" run --model "$M" "${P[@]}" --max-tokens 20 --ignore-eos --json --device cuda \
+    --dtype fp32 >"$OUT/${c}_cuda.json" 2>"$OUT/${c}_cuda.err" || { cat "$OUT/${c}_cuda.err"; status=1; }
+  "$AFD" run --model "$M" --prompt-ids 3,1,4,1,5,9,2,6,5,3,5 --max-tokens 1 --dump-logits \
+    "$OUT/${c}_cpu.npy" >/dev/null
+  "$AFD" run --model "$M" --prompt-ids 3,1,4,1,5,9,2,6,5,3,5 --max-tokens 1 --device cuda \
+    --dtype fp32 --dump-logits "$OUT/${c}_cuda.npy" >/dev/null 2>&1 || status=1
+  "$AFD" run --model "$M" "${P[@]}" --max-tokens 20 --ignore-eos --json --device cuda \
+    --dtype bf16 >"$OUT/${c}_cuda_bf16.json" 2>&1 || status=1
+  $PY - "$OUT" "$c" <<'PYEOF' || status=1
+import json, sys
+import numpy as np
+out, c = sys.argv[1], sys.argv[2]
+cpu = [json.loads(l) for l in open(f"{out}/{c}_cpu.json")]
+gpu = [json.loads(l) for l in open(f"{out}/{c}_cuda.json")]
+bf = [json.loads(l) for l in open(f"{out}/{c}_cuda_bf16.json")]
+a, b = np.load(f"{out}/{c}_cpu.npy"), np.load(f"{out}/{c}_cuda.npy")
+rel = float(np.linalg.norm(a - b) / np.linalg.norm(a))
+same = all(x["output_ids"] == y["output_ids"] for x, y in zip(cpu, gpu)) and len(cpu) == len(gpu)
+lp = max(abs(p - q) for x, y in zip(cpu, gpu) for p, q in zip(x["logprobs"], y["logprobs"]))
+bf_agree = sum(p == q for x, y in zip(cpu, bf) for p, q in zip(x["output_ids"], y["output_ids"]))
+total = sum(len(x["output_ids"]) for x in cpu)
+print(f"{c}: fp32 greedy ids identical: {same}; logits rel err {rel:.2e}; max |dlogprob| {lp:.2e};"
+      f" bf16 greedy ids equal to fp32 cpu: {bf_agree}/{total}")
+sys.exit(0 if same and rel <= 1e-4 else 1)
+PYEOF
+done
+
+echo "== backend_ops_test --perf --backend cuda"
+"$BIN/backend_ops_test" --perf --backend cuda --iters 20 2>&1 | tee "$OUT/perf_cuda.txt"
+
+echo "== preset:deepseek-v2-lite bf16 on cuda: load, prefill, decode (afd run --stats)"
+IDS=$(seq -s, 1 128)
+for B in 1 16; do
+  ARGS=()
+  for i in $(seq 1 $B); do ARGS+=(--prompt-ids "$IDS"); done
+  timeout 240 "$AFD" run --model preset:deepseek-v2-lite --num-layers 4 --device cuda "${ARGS[@]}" --max-tokens 16 \
+    --ignore-eos --stats 2>&1 >/dev/null | grep -E "model|load|prefill|decode|error" | sed "s/^/batch $B: /"
+done
+echo "== exit status $status"
+exit $status
