@@ -9,6 +9,7 @@
 set -u
 BIN=$(readlink -f "$1")
 OUT=$2
+WORK=$(mktemp -d)  # scratch; only logs and references go to OUT (the tool returns 8 files)
 mkdir -p "$OUT"
 CUBLAS_DIR=$(dirname "$(find / -name 'libcublas.so.13*' -not -path '*/proc/*' 2>/dev/null | head -1)")
 export LD_LIBRARY_PATH="$BIN:$CUBLAS_DIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
@@ -28,16 +29,16 @@ echo "== fp32 on cuda vs the cpu reference, golden checkpoints"
 for c in v2_greedy_yarn v2_group_limited v3_noaux_tc v3_sharded; do
   M=tests/data/golden/$c
   P=(--prompt-ids 1,2,3,4,5,6,7,8 --prompt-ids 90,80,70 --prompt-ids 5)
-  "$AFD" run --model "$M" "${P[@]}" --max-tokens 20 --ignore-eos --json >"$OUT/${c}_cpu.json"
+  "$AFD" run --model "$M" "${P[@]}" --max-tokens 20 --ignore-eos --json >"$WORK/${c}_cpu.json"
   "$AFD" run --model "$M" "${P[@]}" --max-tokens 20 --ignore-eos --json --device cuda \
-    --dtype fp32 >"$OUT/${c}_cuda.json" 2>"$OUT/${c}_cuda.err" || { cat "$OUT/${c}_cuda.err"; status=1; }
+    --dtype fp32 >"$WORK/${c}_cuda.json" 2>"$WORK/${c}_cuda.err" || { cat "$WORK/${c}_cuda.err"; status=1; }
   "$AFD" run --model "$M" --prompt-ids 3,1,4,1,5,9,2,6,5,3,5 --max-tokens 1 --dump-logits \
-    "$OUT/${c}_cpu.npy" >/dev/null
+    "$WORK/${c}_cpu.npy" >/dev/null
   "$AFD" run --model "$M" --prompt-ids 3,1,4,1,5,9,2,6,5,3,5 --max-tokens 1 --device cuda \
-    --dtype fp32 --dump-logits "$OUT/${c}_cuda.npy" >/dev/null 2>&1 || status=1
+    --dtype fp32 --dump-logits "$WORK/${c}_cuda.npy" >/dev/null 2>&1 || status=1
   "$AFD" run --model "$M" "${P[@]}" --max-tokens 20 --ignore-eos --json --device cuda \
-    --dtype bf16 >"$OUT/${c}_cuda_bf16.json" 2>&1 || status=1
-  $PY - "$OUT" "$c" <<'PYEOF' || status=1
+    --dtype bf16 >"$WORK/${c}_cuda_bf16.json" 2>&1 || status=1
+  $PY - "$WORK" "$c" <<'PYEOF' || status=1
 import json, sys
 import numpy as np
 out, c = sys.argv[1], sys.argv[2]
@@ -56,16 +57,27 @@ sys.exit(0 if same and rel <= 1e-4 else 1)
 PYEOF
 done
 
+echo "== bf16 fidelity vs transformers bf16 on this GPU (seed 001's scoring, >= 1024 positions)"
+if [ -n "${MAKE_BF16_REFERENCE:-}" ]; then
+  $PY tools/golden/make_bf16_reference.py --golden tests/data/golden --out "$OUT/bf16_ref" || status=1
+fi
+for c in v2_greedy_yarn v2_group_limited v3_noaux_tc v3_sharded; do
+  REF=tests/data/golden/$c/bf16_reference.json
+  [ -f "$REF" ] || REF=$OUT/bf16_ref/$c/bf16_reference.json
+  [ -f "$REF" ] || { echo "$c: no bf16 reference"; continue; }
+  $PY tools/device/score_bf16.py "$AFD" tests/data/golden/$c "$REF" "$WORK" --device cuda --dtype bf16 || status=1
+  $PY tools/device/score_bf16.py "$AFD" tests/data/golden/$c "$REF" "$WORK" --device cuda --dtype fp32 || true
+done
+
 echo "== backend_ops_test --perf --backend cuda"
 "$BIN/backend_ops_test" --perf --backend cuda --iters 20 2>&1 | tee "$OUT/perf_cuda.txt"
 
-echo "== preset:deepseek-v2-lite bf16 on cuda: load, prefill, decode (afd run --stats)"
-IDS=$(seq -s, 1 128)
-for B in 1 16; do
-  ARGS=()
-  for i in $(seq 1 $B); do ARGS+=(--prompt-ids "$IDS"); done
-  timeout 240 "$AFD" run --model preset:deepseek-v2-lite --num-layers 4 --device cuda "${ARGS[@]}" --max-tokens 16 \
-    --ignore-eos --stats 2>&1 >/dev/null | grep -E "model|load|prefill|decode|error" | sed "s/^/batch $B: /"
-done
+echo "== afd bench decode on cuda (preset:deepseek-v2-lite, bf16)"
+timeout 420 "$AFD" bench decode --model preset:deepseek-v2-lite --device cuda --batch 1,16,64,256 --context 128 --steps 16 ${BENCH_LAYERS:+--num-layers $BENCH_LAYERS} 2>&1 | grep -v "loading weights \[" | tee "$OUT/bench_decode.txt"
+
+if [ -f "$BIN/torch_peer.py" ]; then  # the PyTorch peer (shared/bench), same call, same GPU
+  echo "== torch_peer.py (PyTorch + CUDA graphs), context 128"
+  timeout 200 $PY "$BIN/torch_peer.py" "$WORK/peer.json" 128 2>&1 | tail -12
+fi
 echo "== exit status $status"
 exit $status

@@ -21,6 +21,8 @@ void AddConnectorTestCommand(CLI::App& app, int& exit_code);
 void AddRunCommand(CLI::App& app, int& exit_code);
 // `afd worker` (one rank) and `afd serve` (one role's ranks on this host) (worker_cmd.cpp).
 void AddWorkerCommands(CLI::App& app, int& exit_code);
+// `afd bench decode` (bench_cmd.cpp).
+void AddBenchCommand(CLI::App& app, int& exit_code);
 
 }  // namespace cli
 }  // namespace afd

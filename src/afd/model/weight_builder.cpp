@@ -1,26 +1,67 @@
 #include "afd/model/weight_builder.h"
 
 #include <fmt/format.h>
+#include <unistd.h>
+
+#include <cstdio>
 
 #include "afd/common/error.h"
+#include "afd/model/loader.h"
 
 namespace afd::model {
 
 namespace {
 
+// A load progress bar on stderr for weights above 1 GiB: redrawn in place on a terminal,
+// one line per 10% otherwise (logs).
+class Progress {
+ public:
+  explicit Progress(double total_bytes)
+      : total_(total_bytes), enabled_(total_bytes > 1073741824.0), tty_(isatty(2) == 1) {}
+  ~Progress() {
+    if (!enabled_) return;
+    std::fprintf(stderr, "%sloading weights: done, %.1f GiB\n", tty_ ? "\r" : "",
+                 done_ / 1073741824.0);
+  }
+  void Add(double bytes) {
+    if (!enabled_) return;
+    done_ += bytes;
+    // The total is an estimate (some tensors are always fp32): stop short of 100% until done.
+    const int percent = static_cast<int>(std::min(99.0, 100.0 * done_ / total_));
+    if (tty_ ? percent == shown_ : percent / 10 == shown_ / 10) return;
+    shown_ = percent;
+    const int width = 40, filled = percent * width / 100;
+    std::fprintf(stderr, "%sloading weights [%s%s] %3d%% (%.1f / %.1f GiB)%s", tty_ ? "\r" : "",
+                 std::string(filled, '#').c_str(), std::string(width - filled, ' ').c_str(),
+                 percent, done_ / 1073741824.0, total_ / 1073741824.0, tty_ ? "" : "\n");
+    std::fflush(stderr);
+  }
+
+ private:
+  double total_, done_ = 0;
+  bool enabled_, tty_;
+  int shown_ = -1;
+};
+
 class Builder {
  public:
-  Builder(const ModelConfig& c, const WeightOptions& o, TensorSource& s) : c_(c), o_(o), s_(s) {}
+  Builder(const ModelConfig& c, const WeightOptions& o, TensorSource& s)
+      : c_(c),
+        o_(o),
+        s_(s),
+        progress_(static_cast<double>(LoadedParameterCount(c, o)) * DTypeSize(o.matrix_dtype)) {}
 
   Tensor Vector(const std::string& name, int64_t n, TensorKind kind) {
     Tensor v = Tensor::HostZeros(DType::kF32, {n});
     s_.Read(name, {n}, kind, DType::kF32, v.data());
+    progress_.Add(v.nbytes());
     return v;
   }
 
   Tensor Mat(const std::string& name, int64_t rows, int64_t cols, TensorKind kind, DType dtype) {
     Tensor m = Tensor::HostZeros(dtype, {rows, cols});
     s_.Read(name, {rows, cols}, kind, dtype, m.data());
+    progress_.Add(m.nbytes());
     return m;
   }
   Tensor Mat(const std::string& name, int64_t rows, int64_t cols, TensorKind kind) {
@@ -36,6 +77,7 @@ class Builder {
     s_.Read(prefix + "gate_proj.weight", {inter, h}, TensorKind::kLinear, o_.matrix_dtype, base);
     s_.Read(prefix + "up_proj.weight", {inter, h}, TensorKind::kLinear, o_.matrix_dtype,
             base + inter * h * DTypeSize(o_.matrix_dtype));
+    progress_.Add(w.gate_up.nbytes());
     w.down = Mat(prefix + "down_proj.weight", h, inter, TensorKind::kLinear);
     return w;
   }
@@ -116,6 +158,7 @@ class Builder {
   const ModelConfig& c_;
   const WeightOptions& o_;
   TensorSource& s_;
+  Progress progress_;
 };
 
 }  // namespace

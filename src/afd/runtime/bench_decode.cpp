@@ -1,0 +1,103 @@
+#include "afd/runtime/bench_decode.h"
+
+#include <chrono>
+#include <cmath>
+#include <random>
+
+#include "afd/common/error.h"
+#include "afd/runtime/generator.h"
+
+namespace afd::runtime {
+
+namespace {
+
+double Now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// Bytes of one tensor (0 when empty).
+double Bytes(const Tensor& t) { return t.empty() ? 0.0 : static_cast<double>(t.nbytes()); }
+
+// Bytes a decode step of `batch` sequences reads from the weights.
+double WeightBytes(const model::DeepseekModel& m, int64_t batch) {
+  const model::ModelConfig& c = m.config();
+  const model::ModelWeights& w = m.weights();
+  double total = Bytes(w.final_norm) + Bytes(w.lm_head) + batch * c.hidden_size * 4.0;  // embed rows
+  const double e = static_cast<double>(c.n_routed_experts), k = c.num_experts_per_tok;
+  const double touched = e > 0 ? e * (1.0 - std::pow(1.0 - k / e, static_cast<double>(batch))) : 0;
+  for (const model::LayerWeights& l : w.layers) {
+    for (const Tensor* t : {&l.attn.input_norm, &l.attn.q_proj, &l.attn.q_a_proj, &l.attn.q_a_norm,
+                            &l.attn.q_b_proj, &l.attn.kv_a_proj, &l.attn.kv_a_norm,
+                            &l.attn.kv_b_proj, &l.attn.o_proj, &l.post_attention_norm,
+                            &l.dense.gate_up, &l.dense.down, &l.moe.gate,
+                            &l.moe.shared.gate_up, &l.moe.shared.down}) {
+      total += Bytes(*t);
+    }
+    if (!l.moe.experts.gate_up.empty()) {
+      total += touched * (Bytes(l.moe.experts.gate_up[0]) + Bytes(l.moe.experts.down[0]));
+    }
+  }
+  return total;
+}
+
+}  // namespace
+
+double MeasureCopyBandwidth(kernels::Backend& backend) {
+  const int64_t n = backend.device().is_cpu() ? (int64_t{64} << 20) : (int64_t{1} << 28);  // floats
+  std::shared_ptr<void> a = backend.Allocate(n * 4), b = backend.Allocate(n * 4);
+  const Tensor ta(a.get(), DType::kF32, {n}, backend.device(), a);
+  const Tensor tb(b.get(), DType::kF32, {n}, backend.device(), b);
+  backend.Fill(ta, 1.0f);
+  backend.Copy(tb, ta);
+  backend.Synchronize();
+  double best = 0;
+  for (int i = 0; i < 5; ++i) {
+    const double t0 = Now();
+    backend.Copy(tb, ta);
+    backend.Synchronize();
+    best = std::max(best, n * 4.0 / (Now() - t0) / 1e9);
+  }
+  return best;
+}
+
+BenchDecodeResult BenchDecode(const model::DeepseekModel& model, const BenchDecodeOptions& o) {
+  const model::ModelConfig& c = model.config();
+  AFD_CHECK(!o.batch_sizes.empty(), "bench decode: no batch sizes");
+  AFD_CHECK(o.context >= 1 && o.steps >= 1, "bench decode: --context {} and --steps {} must be >= 1",
+            o.context, o.steps);
+  AFD_CHECK(o.context + o.steps + 1 <= c.max_position_embeddings,
+            "bench decode: --context {} + --steps {} exceed max_position_embeddings {}", o.context,
+            o.steps, c.max_position_embeddings);
+  BenchDecodeResult result;
+  result.device = model.backend().name();
+  result.copy_gb_per_s = MeasureCopyBandwidth(model.backend());
+  Generator generator(model);
+  std::mt19937_64 rng(o.seed);
+  std::uniform_int_distribution<int32_t> id(0, static_cast<int32_t>(c.vocab_size - 1));
+  const double kv_row_bytes = (c.kv_lora_rank + c.qk_rope_head_dim) * 4.0 * c.num_hidden_layers;
+  for (int64_t b : o.batch_sizes) {
+    AFD_CHECK(b >= 1, "bench decode: batch size {} must be >= 1", b);
+    std::vector<std::vector<int32_t>> prompts(b, std::vector<int32_t>(o.context));
+    for (auto& p : prompts) {
+      for (int32_t& t : p) t = id(rng);
+    }
+    GenerationOptions g;
+    g.max_tokens = o.steps + 1;  // the first token comes from the prefill step
+    g.ignore_eos = true;
+    GenerationStats st;
+    generator.Generate(prompts, g, &st);
+    BenchDecodeRow row;
+    row.batch = b;
+    row.ms_per_step = 1e3 * st.decode_seconds / std::max<int64_t>(st.decode_steps, 1);
+    row.tokens_per_s = st.decode_tokens / std::max(st.decode_seconds, 1e-12);
+    // KV read by the average step: each sequence's cache at mid-run length.
+    row.bytes_per_step = WeightBytes(model, b) + b * (o.context + o.steps / 2.0) * kv_row_bytes;
+    row.floor_ms = 1e3 * row.bytes_per_step / (result.copy_gb_per_s * 1e9);
+    row.prefill_tokens_per_s = st.prefill_tokens / std::max(st.prefill_seconds, 1e-12);
+    result.rows.push_back(row);
+  }
+  return result;
+}
+
+}  // namespace afd::runtime

@@ -1,0 +1,46 @@
+// `afd bench decode`: decode speed of one process at several batch sizes, against the memory
+// floor. For each batch size B: B random prompts of `context` tokens are prefilled together,
+// then `steps` decode steps run (every sequence one token per step); the time per decode step
+// is compared with the bytes a step must read -- the weights it uses (everything but the
+// routed experts, plus the routed experts the batch touches: E·(1 - (1 - k/E)^B) per MoE layer
+// in expectation under uniform routing) and the latent cache of every sequence -- divided by
+// the copy bandwidth measured on this device at start.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "afd/model/model.h"
+
+namespace afd::runtime {
+
+struct BenchDecodeOptions {
+  std::vector<int64_t> batch_sizes = {1, 16, 64, 256};
+  int64_t context = 128;  // prompt tokens of each sequence
+  int64_t steps = 32;     // timed decode steps
+  uint64_t seed = 0;      // prompt ids
+};
+
+struct BenchDecodeRow {
+  int64_t batch = 0;
+  double ms_per_step = 0;
+  double tokens_per_s = 0;
+  double bytes_per_step = 0;   // weights used + KV read
+  double floor_ms = 0;         // bytes_per_step / copy bandwidth
+  double prefill_tokens_per_s = 0;
+};
+
+struct BenchDecodeResult {
+  std::string device;
+  double copy_gb_per_s = 0;  // measured device-to-device copy rate
+  std::vector<BenchDecodeRow> rows;
+};
+
+// Copy bandwidth of the backend's memory (read + write of a large buffer), GB/s of bytes read.
+double MeasureCopyBandwidth(kernels::Backend& backend);
+
+// The model must hold every expert. Throws afd::Error for bad options.
+BenchDecodeResult BenchDecode(const model::DeepseekModel& model, const BenchDecodeOptions& options);
+
+}  // namespace afd::runtime
