@@ -76,6 +76,37 @@ TEST(Workspace, AddressesStayPutAndSteadyStepsAllocateNothing) {
   EXPECT_GE(ws.capacity(), ws.high_water());
 }
 
+TEST(Workspace, RewindReusesALayersScratchAndKeepsWhatCameBefore) {
+  CountingAllocator alloc;
+  Workspace ws(alloc, 4096);
+  Tensor kept = ws.Take(DType::kF32, {64});
+  kept.data_as<float>()[0] = 42.0f;
+  void* first_scratch = nullptr;
+  for (int layer = 0; layer < 5; ++layer) {
+    const Workspace::Mark m = ws.mark();
+    Tensor a = ws.Take(DType::kF32, {300});  // outgrows the first chunk on the way
+    Tensor b = ws.Take(DType::kF32, {700});
+    if (layer == 0) first_scratch = a.data();
+    EXPECT_EQ(a.data(), first_scratch) << "layer " << layer;  // the same memory every layer
+    ws.Rewind(m);
+    (void)b;
+  }
+  EXPECT_EQ(kept.data_as<float>()[0], 42.0f);
+  const size_t peak = ws.high_water();
+  EXPECT_LT(peak, 2 * (256 + 1280 + 2816));  // one layer's worth, not five
+  ws.Reset();
+  const int calls = alloc.calls;
+  for (int step = 0; step < 3; ++step) {  // steady steps: same addresses, no allocation
+    ws.Take(DType::kF32, {64});
+    const Workspace::Mark m = ws.mark();
+    ws.Take(DType::kF32, {300});
+    ws.Take(DType::kF32, {700});
+    ws.Rewind(m);
+    ws.Reset();
+  }
+  EXPECT_EQ(alloc.calls, calls);
+}
+
 TEST(PagedKvCache, BlocksTablesSlotsAndRelease) {
   CountingAllocator alloc;
   kv::CacheShape shape{2, 8, 4, 5};  // 2 layers, width 8, block 4, 5 blocks

@@ -148,6 +148,7 @@ Tensor DeepseekModel::Forward(const ForwardBatch& batch, kv::PagedKvCache& cache
   const Tensor mlp_out = ws.Take(DType::kF32, {n, h});
   if (n > 0) Embed(in, x);
   for (int64_t l = 0; n > 0 && l < config_.num_hidden_layers; ++l) {
+    const Workspace::Mark layer_scratch = ws.mark();  // the next layer reuses this one's scratch
     Attention(l, in, cache, x, mlp_in, ws);
     if (config_.IsMoeLayer(l)) {
       moe.Forward(l, mlp_in, mlp_out, ws);
@@ -155,6 +156,7 @@ Tensor DeepseekModel::Forward(const ForwardBatch& batch, kv::PagedKvCache& cache
       DenseMlp(l, mlp_in, mlp_out, ws);
     }
     backend_.Add(x, mlp_out);
+    ws.Rewind(layer_scratch);
   }
   CommitBatch(batch, cache);
   return Logits(x, in, ws);

@@ -18,11 +18,15 @@ constexpr int kTopkWeightsChannel = 2;
 void AttentionRunner::ComputeLayer(int64_t layer, MicroBatch& mb, kv::PagedKvCache* cache,
                                    Workspace& ws) {
   if (mb.n() == 0) return;
+  // Only this layer's scratch is taken after the mark (routing sent in a pending connector group
+  // was taken before it and stays).
+  const Workspace::Mark scratch = ws.mark();
   model_.Attention(layer, mb.in, *cache, mb.x, mb.mlp_in, ws, tp_group_.get());
   if (!model_.config().IsMoeLayer(layer)) {
     model_.DenseMlp(layer, mb.mlp_in, mb.mlp_out, ws);
     model_.backend().Add(mb.x, mb.mlp_out);
   }
+  ws.Rewind(scratch);
 }
 
 void AttentionRunner::PostMoeSend(int64_t layer, int stage, MicroBatch& mb, Workspace& ws) {

@@ -30,11 +30,17 @@ Tensor Workspace::Take(DType dtype, const std::vector<int64_t>& shape) {
     n *= s;
   }
   const size_t bytes = AlignUp(static_cast<size_t>(n) * DTypeSize(dtype));
-  if (chunks_.empty() || chunks_.back().offset + bytes > chunks_.back().size) {
+  // The next chunk with room (chunks after a Rewind are empty again), or a new one.
+  while (current_ < chunks_.size() && chunks_[current_].offset + bytes > chunks_[current_].size) {
+    ++current_;
+    if (current_ < chunks_.size()) chunks_[current_].offset = 0;
+  }
+  if (current_ >= chunks_.size()) {
     // Grow geometrically so that a growing step takes few chunks.
     AddChunk(std::max(bytes, capacity()));
+    current_ = chunks_.size() - 1;
   }
-  Chunk& c = chunks_.back();
+  Chunk& c = chunks_[current_];
   void* p = static_cast<char*>(c.memory.get()) + c.offset;
   c.offset += bytes;
   used_ += bytes;
@@ -48,7 +54,24 @@ void Workspace::Reset() {
     AddChunk(high_water_);
   }
   for (Chunk& c : chunks_) c.offset = 0;
+  current_ = 0;
   used_ = 0;
+}
+
+Workspace::Mark Workspace::mark() const {
+  if (chunks_.empty()) return {0, 0, used_};
+  const size_t chunk = std::min(current_, chunks_.size() - 1);
+  return {chunk, chunks_[chunk].offset, used_};
+}
+
+void Workspace::Rewind(const Mark& m) {
+  AFD_CHECK(m.used <= used_, "workspace: rewind to a mark ahead of the arena ({} > {} bytes)",
+            m.used, used_);
+  if (chunks_.empty()) return;
+  current_ = m.chunk;
+  chunks_[current_].offset = m.offset;
+  for (size_t i = current_ + 1; i < chunks_.size(); ++i) chunks_[i].offset = 0;
+  used_ = m.used;
 }
 
 void Workspace::Reserve(size_t bytes) {
@@ -56,6 +79,7 @@ void Workspace::Reserve(size_t bytes) {
   if (capacity() >= bytes && chunks_.size() <= 1) return;
   chunks_.clear();
   AddChunk(std::max(bytes, high_water_));
+  current_ = 0;
 }
 
 size_t Workspace::capacity() const {

@@ -4,7 +4,8 @@
 //
 // Memory: chunks from the Allocator. A step that outgrows the current chunk gets another one
 // (earlier tensors keep their addresses); at Reset the chunks are merged into one chunk of the
-// high-water size, so from then on a step of the same shape allocates nothing.
+// high-water size, so from then on a step of the same shape allocates nothing. Mark/Rewind
+// free a layer's scratch for the next layer within a step (addresses repeat step after step).
 // Thread safety: none; one step at a time.
 #pragma once
 
@@ -28,6 +29,15 @@ class Workspace {
   Tensor Take(DType dtype, const std::vector<int64_t>& shape);
   // Releases every tensor taken since the last Reset (their memory is reused).
   void Reset();
+  // A position in the arena: Rewind(mark) releases what was taken after Mark() (stack order),
+  // so a layer's scratch is reused by the next layer. Tensors taken before the mark stay.
+  struct Mark {
+    size_t chunk = 0;
+    size_t offset = 0;
+    size_t used = 0;
+  };
+  Mark mark() const;
+  void Rewind(const Mark& mark);
   // Makes sure a step needing up to `bytes` takes no new chunk (call between steps).
   void Reserve(size_t bytes);
 
@@ -46,6 +56,7 @@ class Workspace {
 
   Allocator& allocator_;
   std::vector<Chunk> chunks_;
+  size_t current_ = 0;  // the chunk Take allocates from
   size_t used_ = 0;
   size_t high_water_ = 0;
   int64_t chunk_allocations_ = 0;
