@@ -56,7 +56,7 @@ double MeasureCopyBandwidth(kernels::Backend& backend) {
     const double t0 = Now();
     backend.Copy(tb, ta);
     backend.Synchronize();
-    best = std::max(best, n * 4.0 / (Now() - t0) / 1e9);
+    best = std::max(best, 2.0 * n * 4.0 / (Now() - t0) / 1e9);  // bytes read + written
   }
   return best;
 }

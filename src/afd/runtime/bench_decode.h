@@ -33,11 +33,12 @@ struct BenchDecodeRow {
 
 struct BenchDecodeResult {
   std::string device;
-  double copy_gb_per_s = 0;  // measured device-to-device copy rate
+  double copy_gb_per_s = 0;  // measured copy rate (read + write)
   std::vector<BenchDecodeRow> rows;
 };
 
-// Copy bandwidth of the backend's memory (read + write of a large buffer), GB/s of bytes read.
+// Copy rate of the backend's memory: bytes read + written per second by a large device copy
+// (the H200's 4.25 TB/s of the issues is measured this way), in GB/s.
 double MeasureCopyBandwidth(kernels::Backend& backend);
 
 // The model must hold every expert. Throws afd::Error for bad options.
