@@ -43,7 +43,7 @@ TEST(Cli, UnimplementedConnectorIsRefusedAtStartup) {
                                 R"("num_attention_ranks": 1, "num_ffn_ranks": 1, "port": 1}})");
   Result r = RunAfd("config check " + cfg);
   EXPECT_EQ(r.exit_code, 0) << r.out;  // a valid config...
-  for (const std::string cmd :
+  for (const std::string& cmd :
        {"serve --model preset:tiny --additional-config " + cfg,
         "worker --model preset:tiny --role-rank 0 --additional-config " + cfg}) {
     r = RunAfd(cmd);  // ...that cannot run here
