@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
   afd::cli::AddConnectorTestCommand(app, exit_code);
   afd::cli::AddWorkerCommands(app, exit_code);
   afd::cli::AddRunCommand(app, exit_code);
+  afd::cli::AddTokenizeCommand(app, exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {  // --help, --version

@@ -21,6 +21,8 @@ void AddConnectorTestCommand(CLI::App& app, int& exit_code);
 void AddRunCommand(CLI::App& app, int& exit_code);
 // `afd worker` (one rank) and `afd serve` (one role's ranks on this host) (worker_cmd.cpp).
 void AddWorkerCommands(CLI::App& app, int& exit_code);
+// `afd tokenize`: JSON lines through a checkpoint's tokenizer and chat template (tokenize_cmd.cpp).
+void AddTokenizeCommand(CLI::App& app, int& exit_code);
 
 // Human-readable rank map in the style of seed 000's 4A2F worked example.
 std::string TopologyText(const Topology& topology);

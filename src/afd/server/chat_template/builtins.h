@@ -1,0 +1,32 @@
+// Built-in filters, tests, attribute/method access and global functions of the chat-template
+// interpreter (Jinja2's, plus transformers' tojson, raise_exception and strftime_now). Each throws
+// afd::Error with a plain message; the interpreter adds the template line.
+#pragma once
+
+#include <functional>
+#include <string>
+
+#include "afd/server/chat_template/value.h"
+
+namespace afd::server::jinja {
+
+// Applies test `name` to `value` with `args` (`value is name(args)`).
+bool ApplyTest(const std::string& name, const Value& value, Args& args);
+
+// Applies filter `name` to `value` (`value | name(args)`).
+Value ApplyFilter(const std::string& name, const Value& value, Args& args);
+
+// `obj.name`: a dict key (or dict method), a string/dict method bound to obj, else undefined.
+Value GetAttr(const Value& obj, const std::string& name);
+// `obj[key]`: list index (negative from the end), dict key, string character; else undefined.
+Value GetItem(const Value& obj, const Value& key);
+// `obj[start:stop:step]` for lists and strings (null Values = omitted).
+Value GetSlice(const Value& obj, const Value& start, const Value& stop, const Value& step);
+
+// Fills `globals` (a dict) with range, namespace, dict, raise_exception and strftime_now.
+void AddGlobalFunctions(Value* globals);
+
+// Python str.strip-family on code points; chars empty = whitespace.
+std::string StripChars(const std::string& s, const std::string* chars, bool left, bool right);
+
+}  // namespace afd::server::jinja

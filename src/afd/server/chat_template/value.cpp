@@ -1,0 +1,385 @@
+#include "afd/server/chat_template/value.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+
+#include "afd/common/error.h"
+#include "afd/server/tokenizer/utf8.h"
+
+namespace afd::server::jinja {
+
+Value* Dict::Find(const std::string& key) {
+  for (auto& [k, v] : items) {
+    if (k == key) return &v;
+  }
+  return nullptr;
+}
+
+void Dict::Set(const std::string& key, Value value) {
+  if (Value* v = Find(key)) {
+    *v = std::move(value);
+  } else {
+    items.emplace_back(key, std::move(value));
+  }
+}
+
+Value Value::None() {
+  Value v;
+  v.kind_ = Kind::kNone;
+  return v;
+}
+Value::Value(bool b) : kind_(Kind::kBool), b_(b) {}
+Value::Value(int64_t i) : kind_(Kind::kInt), i_(i) {}
+Value::Value(double d) : kind_(Kind::kFloat), d_(d) {}
+Value::Value(std::string s) : kind_(Kind::kString), s_(std::move(s)) {}
+
+Value Value::List(std::vector<Value> items) {
+  Value v;
+  v.kind_ = Kind::kList;
+  v.list_ = std::make_shared<std::vector<Value>>(std::move(items));
+  return v;
+}
+
+Value Value::MakeDict(bool is_namespace) {
+  Value v;
+  v.kind_ = Kind::kDict;
+  v.dict_ = std::make_shared<Dict>();
+  v.dict_->is_namespace = is_namespace;
+  return v;
+}
+
+Value Value::MakeFunction(Function f) {
+  Value v;
+  v.kind_ = Kind::kFunction;
+  v.fn_ = std::make_shared<Function>(std::move(f));
+  return v;
+}
+
+Value Value::FromJson(const nlohmann::json& j) {
+  switch (j.type()) {
+    case nlohmann::json::value_t::null:
+      return None();
+    case nlohmann::json::value_t::boolean:
+      return Value(j.get<bool>());
+    case nlohmann::json::value_t::number_integer:
+    case nlohmann::json::value_t::number_unsigned:
+      return Value(j.get<int64_t>());
+    case nlohmann::json::value_t::number_float:
+      return Value(j.get<double>());
+    case nlohmann::json::value_t::string:
+      return Value(j.get<std::string>());
+    case nlohmann::json::value_t::array: {
+      Value v = List();
+      for (const auto& e : j) v.list().push_back(FromJson(e));
+      return v;
+    }
+    case nlohmann::json::value_t::object: {
+      Value v = MakeDict();
+      for (const auto& [k, e] : j.items()) v.dict().items.emplace_back(k, FromJson(e));
+      return v;
+    }
+    default:
+      AFD_THROW("unsupported JSON value in template input");
+  }
+}
+
+bool Value::Truthy() const {
+  switch (kind_) {
+    case Kind::kUndefined:
+    case Kind::kNone:
+      return false;
+    case Kind::kBool:
+      return b_;
+    case Kind::kInt:
+      return i_ != 0;
+    case Kind::kFloat:
+      return d_ != 0;
+    case Kind::kString:
+      return !s_.empty();
+    case Kind::kList:
+      return !list_->empty();
+    case Kind::kDict:
+      return !dict_->items.empty();
+    case Kind::kFunction:
+      return true;
+  }
+  return false;
+}
+
+std::string Value::FloatRepr(double d) {
+  if (std::isnan(d)) return "nan";
+  if (std::isinf(d)) return d > 0 ? "inf" : "-inf";
+  char buf[64];
+  // Shortest round-trip digits, then Python's layout: exponent form when exp < -4 or >= 16.
+  auto r = std::to_chars(buf, buf + sizeof(buf), d, std::chars_format::scientific);
+  std::string sci(buf, r.ptr);
+  const size_t e = sci.find('e');
+  std::string mant = sci.substr(0, e);
+  const int exp = std::stoi(sci.substr(e + 1));
+  std::string sign;
+  if (mant[0] == '-') {
+    sign = "-";
+    mant.erase(0, 1);
+  }
+  std::string digits;
+  for (char c : mant) {
+    if (c != '.') digits += c;
+  }
+  if (exp < -4 || exp >= 16) {
+    std::string m = digits.substr(0, 1);
+    if (digits.size() > 1) m += "." + digits.substr(1);
+    return fmt::format("{}{}e{}{:02d}", sign, m, exp < 0 ? '-' : '+', std::abs(exp));
+  }
+  std::string out;
+  if (exp < 0) {
+    out = "0." + std::string(-exp - 1, '0') + digits;
+  } else if (static_cast<size_t>(exp) + 1 >= digits.size()) {
+    out = digits + std::string(exp + 1 - digits.size(), '0') + ".0";
+  } else {
+    out = digits.substr(0, exp + 1) + "." + digits.substr(exp + 1);
+  }
+  return sign + out;
+}
+
+namespace {
+
+std::string PyStringRepr(const std::string& s) {
+  const bool use_double = s.find('\'') != std::string::npos && s.find('"') == std::string::npos;
+  const char q = use_double ? '"' : '\'';
+  std::string out(1, q);
+  for (size_t pos = 0, len; pos < s.size(); pos += len) {
+    const char32_t cp = DecodeUtf8(s, pos, &len);
+    if (cp == static_cast<char32_t>(q) || cp == '\\') {
+      out += '\\';
+      out += static_cast<char>(cp);
+    } else if (cp == '\n') {
+      out += "\\n";
+    } else if (cp == '\r') {
+      out += "\\r";
+    } else if (cp == '\t') {
+      out += "\\t";
+    } else if (cp < 0x20 || cp == 0x7F) {
+      out += fmt::format("\\x{:02x}", static_cast<unsigned>(cp));
+    } else {
+      out.append(s, pos, len);
+    }
+  }
+  return out + q;
+}
+
+void JsonString(const std::string& s, std::string* out) {
+  *out += '"';
+  for (unsigned char c : s) {
+    switch (c) {
+      case '"':
+        *out += "\\\"";
+        break;
+      case '\\':
+        *out += "\\\\";
+        break;
+      case '\n':
+        *out += "\\n";
+        break;
+      case '\r':
+        *out += "\\r";
+        break;
+      case '\t':
+        *out += "\\t";
+        break;
+      case '\b':
+        *out += "\\b";
+        break;
+      case '\f':
+        *out += "\\f";
+        break;
+      default:
+        if (c < 0x20 || c == 0x7F) {
+          *out += fmt::format("\\u{:04x}", c);
+        } else {
+          *out += static_cast<char>(c);
+        }
+    }
+  }
+  *out += '"';
+}
+
+}  // namespace
+
+std::string Value::Str() const {
+  switch (kind_) {
+    case Kind::kUndefined:
+      return "";
+    case Kind::kNone:
+      return "None";
+    case Kind::kBool:
+      return b_ ? "True" : "False";
+    case Kind::kInt:
+      return std::to_string(i_);
+    case Kind::kFloat:
+      return FloatRepr(d_);
+    case Kind::kString:
+      return s_;
+    default:
+      return Repr();
+  }
+}
+
+std::string Value::Repr() const {
+  switch (kind_) {
+    case Kind::kString:
+      return PyStringRepr(s_);
+    case Kind::kList: {
+      std::string out = "[";
+      for (size_t i = 0; i < list_->size(); ++i) out += (i ? ", " : "") + (*list_)[i].Repr();
+      return out + "]";
+    }
+    case Kind::kDict: {
+      if (dict_->is_namespace) return "<Namespace>";
+      std::string out = "{";
+      for (size_t i = 0; i < dict_->items.size(); ++i) {
+        out += (i ? ", " : "") + PyStringRepr(dict_->items[i].first) + ": " +
+               dict_->items[i].second.Repr();
+      }
+      return out + "}";
+    }
+    case Kind::kFunction:
+      return "<function>";
+    default:
+      return Str();
+  }
+}
+
+void Value::ToJsonImpl(int indent, bool sort_keys, int depth, std::string* out) const {
+  auto newline = [&](int d) {
+    if (indent >= 0) *out += "\n" + std::string(static_cast<size_t>(indent * d), ' ');
+  };
+  const char* item_sep = indent >= 0 ? "," : ", ";
+  switch (kind_) {
+    case Kind::kUndefined:
+    case Kind::kNone:
+      *out += "null";
+      return;
+    case Kind::kBool:
+      *out += b_ ? "true" : "false";
+      return;
+    case Kind::kInt:
+      *out += std::to_string(i_);
+      return;
+    case Kind::kFloat:
+      *out += std::isnan(d_)   ? "NaN"
+              : std::isinf(d_) ? (d_ > 0 ? "Infinity" : "-Infinity")
+                               : FloatRepr(d_);
+      return;
+    case Kind::kString:
+      JsonString(s_, out);
+      return;
+    case Kind::kList: {
+      if (list_->empty()) {
+        *out += "[]";
+        return;
+      }
+      *out += "[";
+      for (size_t i = 0; i < list_->size(); ++i) {
+        if (i) *out += item_sep;
+        newline(depth + 1);
+        (*list_)[i].ToJsonImpl(indent, sort_keys, depth + 1, out);
+      }
+      newline(depth);
+      *out += "]";
+      return;
+    }
+    case Kind::kDict: {
+      if (dict_->items.empty()) {
+        *out += "{}";
+        return;
+      }
+      std::vector<const std::pair<std::string, Value>*> items;
+      for (const auto& kv : dict_->items) items.push_back(&kv);
+      if (sort_keys) {
+        std::stable_sort(items.begin(), items.end(),
+                         [](auto* a, auto* b) { return a->first < b->first; });
+      }
+      *out += "{";
+      for (size_t i = 0; i < items.size(); ++i) {
+        if (i) *out += item_sep;
+        newline(depth + 1);
+        JsonString(items[i]->first, out);
+        *out += ": ";
+        items[i]->second.ToJsonImpl(indent, sort_keys, depth + 1, out);
+      }
+      newline(depth);
+      *out += "}";
+      return;
+    }
+    case Kind::kFunction:
+      AFD_THROW("a function is not JSON serializable");
+  }
+}
+
+std::string Value::ToJson(int indent, bool sort_keys) const {
+  std::string out;
+  ToJsonImpl(indent, sort_keys, 0, &out);
+  return out;
+}
+
+bool Value::Equals(const Value& o) const {
+  const bool num_a = is_number() || is_bool(), num_b = o.is_number() || o.is_bool();
+  if (num_a && num_b) {
+    if (is_float() || o.is_float()) return as_double() == o.as_double();
+    return as_int() == o.as_int();
+  }
+  if (kind_ != o.kind_) return false;
+  switch (kind_) {
+    case Kind::kUndefined:
+    case Kind::kNone:
+      return true;
+    case Kind::kString:
+      return s_ == o.s_;
+    case Kind::kList: {
+      if (list_->size() != o.list_->size()) return false;
+      for (size_t i = 0; i < list_->size(); ++i) {
+        if (!(*list_)[i].Equals((*o.list_)[i])) return false;
+      }
+      return true;
+    }
+    case Kind::kDict: {
+      if (dict_->items.size() != o.dict_->items.size()) return false;
+      for (auto& [k, v] : dict_->items) {
+        const Value* ov = o.dict_->Find(k);
+        if (ov == nullptr || !v.Equals(*ov)) return false;
+      }
+      return true;
+    }
+    case Kind::kFunction:
+      return fn_ == o.fn_;
+    default:
+      return false;
+  }
+}
+
+std::vector<Value> Value::Iterate() const {
+  switch (kind_) {
+    case Kind::kUndefined:
+      return {};
+    case Kind::kList:
+      return *list_;
+    case Kind::kDict: {
+      std::vector<Value> keys;
+      for (const auto& kv : dict_->items) keys.emplace_back(kv.first);
+      return keys;
+    }
+    case Kind::kString: {
+      std::vector<Value> chars;
+      for (size_t pos = 0, len; pos < s_.size(); pos += len) {
+        DecodeUtf8(s_, pos, &len);
+        chars.emplace_back(s_.substr(pos, len));
+      }
+      return chars;
+    }
+    default:
+      AFD_THROW("'{}' object is not iterable", Repr());
+  }
+}
+
+}  // namespace afd::server::jinja
