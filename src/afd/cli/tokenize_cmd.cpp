@@ -13,7 +13,7 @@ namespace afd::cli {
 
 namespace {
 
-using nlohmann::json;
+using json = nlohmann::ordered_json;
 
 std::vector<uint32_t> IdsField(const json& ids) {
   AFD_CHECK(ids.is_array(), "\"ids\" must be an array of token ids");

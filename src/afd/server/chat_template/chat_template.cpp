@@ -12,7 +12,7 @@ ChatTemplate::ChatTemplate(const std::string& source)
 
 ChatTemplate::~ChatTemplate() = default;
 
-std::string ChatTemplate::Render(const nlohmann::json& context) const {
+std::string ChatTemplate::Render(const nlohmann::ordered_json& context) const {
   AFD_CHECK(context.is_object(), "chat template context must be a JSON object");
   jinja::Value globals = jinja::Value::MakeDict();
   jinja::AddGlobalFunctions(&globals);

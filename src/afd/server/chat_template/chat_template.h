@@ -24,7 +24,7 @@ class ChatTemplate {
   // Renders with `context`'s keys as variables (messages, tools, add_generation_prompt,
   // bos_token, eos_token, ...). Throws afd::Error naming the template line of a runtime error,
   // or with raise_exception's message.
-  std::string Render(const nlohmann::json& context) const;
+  std::string Render(const nlohmann::ordered_json& context) const;
 
  private:
   std::unique_ptr<std::vector<std::unique_ptr<jinja::Node>>> body_;

@@ -56,25 +56,25 @@ Value Value::MakeFunction(Function f) {
   return v;
 }
 
-Value Value::FromJson(const nlohmann::json& j) {
+Value Value::FromJson(const nlohmann::ordered_json& j) {
   switch (j.type()) {
-    case nlohmann::json::value_t::null:
+    case nlohmann::ordered_json::value_t::null:
       return None();
-    case nlohmann::json::value_t::boolean:
+    case nlohmann::ordered_json::value_t::boolean:
       return Value(j.get<bool>());
-    case nlohmann::json::value_t::number_integer:
-    case nlohmann::json::value_t::number_unsigned:
+    case nlohmann::ordered_json::value_t::number_integer:
+    case nlohmann::ordered_json::value_t::number_unsigned:
       return Value(j.get<int64_t>());
-    case nlohmann::json::value_t::number_float:
+    case nlohmann::ordered_json::value_t::number_float:
       return Value(j.get<double>());
-    case nlohmann::json::value_t::string:
+    case nlohmann::ordered_json::value_t::string:
       return Value(j.get<std::string>());
-    case nlohmann::json::value_t::array: {
+    case nlohmann::ordered_json::value_t::array: {
       Value v = List();
       for (const auto& e : j) v.list().push_back(FromJson(e));
       return v;
     }
-    case nlohmann::json::value_t::object: {
+    case nlohmann::ordered_json::value_t::object: {
       Value v = MakeDict();
       for (const auto& [k, e] : j.items()) v.dict().items.emplace_back(k, FromJson(e));
       return v;

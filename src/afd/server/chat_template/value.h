@@ -46,7 +46,7 @@ class Value {
   static Value List(std::vector<Value> items = {});
   static Value MakeDict(bool is_namespace = false);
   static Value MakeFunction(Function f);
-  static Value FromJson(const nlohmann::json& j);
+  static Value FromJson(const nlohmann::ordered_json& j);
 
   Kind kind() const { return kind_; }
   bool is_undefined() const { return kind_ == Kind::kUndefined; }

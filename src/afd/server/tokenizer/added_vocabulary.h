@@ -47,6 +47,8 @@ class AddedVocabulary {
   // Splits `text` into added tokens and normalized text segments, in order.
   std::vector<TextSegment> Split(const std::string& text) const;
 
+  // In the order of tokenizer.json.
+  const std::vector<AddedToken>& tokens() const { return tokens_; }
   const AddedToken* FindById(uint32_t id) const;
   std::optional<uint32_t> FindByContent(std::string_view content) const;
 

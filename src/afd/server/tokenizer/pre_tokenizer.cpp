@@ -100,12 +100,14 @@ class DigitsPreTokenizer : public PreTokenizer {
   bool individual_;
 };
 
-// Whitespace keeps the matches of \w+|[^\w\s]+ with Oniguruma's Unicode \w.
+// Whitespace keeps the matches of \w+|[^\w\s]+ with Oniguruma's Unicode \w (Alphabetic, marks,
+// decimal digits, connector punctuation and the join controls ZWNJ/ZWJ).
 class WhitespacePreTokenizer : public PreTokenizer {
  public:
   explicit WhitespacePreTokenizer(const std::string& where)
-      : regex_(R"([\p{Alphabetic}\p{M}\p{Nd}\p{Pc}]+|[^\p{Alphabetic}\p{M}\p{Nd}\p{Pc}\s]+)",
-               where) {}
+      : regex_(
+            R"([\p{Alphabetic}\p{M}\p{Nd}\p{Pc}\x{200C}\x{200D}]+|[^\p{Alphabetic}\p{M}\p{Nd}\p{Pc}\x{200C}\x{200D}\s]+)",
+            where) {}
   void PreTokenize(std::vector<Piece>* pieces) const override {
     SplitPieces(pieces, [&](const std::string& s) {
       return ApplySplitBehavior(SegmentsFromMatches(regex_.FindAll(s), s.size(), true),

@@ -81,6 +81,7 @@ std::unique_ptr<Tokenizer> Tokenizer::FromJson(const std::string& tokenizer_json
   t->decoder_ = MakeDecoder(j.value("decoder", nlohmann::json()), tname + ".decoder");
   t->added_ = AddedVocabulary(j.value("added_tokens", nlohmann::json()), t->normalizer_.get(),
                               tname + ".added_tokens");
+  t->CheckAddedTokenIds(tname + ".added_tokens");
 
   if (!tokenizer_config_json.empty()) {
     const std::string cname = name + "/tokenizer_config.json";
@@ -105,6 +106,30 @@ std::unique_ptr<Tokenizer> Tokenizer::FromJson(const std::string& tokenizer_json
     }
   }
   return t;
+}
+
+void Tokenizer::CheckAddedTokenIds(const std::string& where) const {
+  // HF tokenizers ignores the ids in the file: a token of the model's vocab keeps its vocab id,
+  // any other gets the next id after the vocab (or after the largest added id above it). A file
+  // that disagrees would be tokenized differently by HF, so it is refused.
+  std::optional<uint32_t> max_added;
+  const auto vocab_size = static_cast<uint32_t>(model_->VocabSize());
+  for (size_t i = 0; i < added_.tokens().size(); ++i) {
+    const AddedToken& t = added_.tokens()[i];
+    uint32_t expected;
+    if (const auto id = model_->TokenToId(t.content)) {
+      expected = *id;
+    } else if (max_added && *max_added >= vocab_size) {
+      expected = *max_added + 1;
+    } else {
+      expected = vocab_size;
+    }
+    AFD_CHECK(t.id == expected,
+              "{}[{}]: token \"{}\" has id {} but HF tokenizers would give it id {} (ids must "
+              "follow the model vocab)",
+              where, i, t.content, t.id, expected);
+    max_added = std::max(max_added.value_or(0), expected);
+  }
 }
 
 std::vector<uint32_t> Tokenizer::Encode(const std::string& text, bool add_special_tokens) const {

@@ -49,6 +49,7 @@ class Tokenizer {
 
  private:
   Tokenizer() = default;
+  void CheckAddedTokenIds(const std::string& where) const;
 
   std::unique_ptr<Normalizer> normalizer_;
   std::unique_ptr<PreTokenizer> pre_tokenizer_;

@@ -1,0 +1,75 @@
+"""Reference for chat-template rendering: Python's Jinja2 set up as transformers'
+apply_chat_template does (ImmutableSandboxedEnvironment, trim_blocks, lstrip_blocks, loopcontrols,
+tojson = json.dumps(ensure_ascii=False), raise_exception, strftime_now).
+
+Usage: python3 render_template.py [TOKENIZER_DIR] < lines
+Each input line is a JSON object of template variables (messages, tools, add_generation_prompt,
+...); a "template" key gives the template source, else TOKENIZER_DIR/tokenizer_config.json's
+chat_template is used with its bos_token / eos_token. Prints {"prompt": S} or {"error": S} per
+line.
+"""
+import json
+import os
+import sys
+from datetime import datetime
+
+import jinja2
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+
+class TemplateError(Exception):
+    pass
+
+
+def raise_exception(message):
+    raise TemplateError(message)
+
+
+def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                      sort_keys=sort_keys)
+
+
+def strftime_now(fmt):
+    return datetime.now().strftime(fmt)
+
+
+def make_env():
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=["jinja2.ext.loopcontrols"])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = strftime_now
+    return env
+
+
+def token_content(t):
+    return t.get("content") if isinstance(t, dict) else t
+
+
+def main():
+    env = make_env()
+    default_template, special = None, {}
+    if len(sys.argv) > 1:
+        with open(os.path.join(sys.argv[1], "tokenizer_config.json"), encoding="utf-8") as f:
+            cfg = json.load(f)
+        default_template = cfg.get("chat_template")
+        special = {"bos_token": token_content(cfg.get("bos_token")) or "",
+                   "eos_token": token_content(cfg.get("eos_token")) or ""}
+    out = []
+    for line in sys.stdin.read().split("\n"):
+        if not line:
+            continue
+        try:
+            ctx = json.loads(line)
+            source = ctx.pop("template", default_template)
+            ctx.setdefault("add_generation_prompt", False)
+            ctx = {**ctx, **special}
+            out.append({"prompt": env.from_string(source).render(**ctx)})
+        except Exception as e:  # noqa: BLE001 - every failure is reported on its line
+            out.append({"error": f"{type(e).__name__}: {e}"})
+    sys.stdout.write("".join(json.dumps(o, ensure_ascii=False) + "\n" for o in out))
+
+
+if __name__ == "__main__":
+    main()
