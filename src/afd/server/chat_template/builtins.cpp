@@ -211,7 +211,7 @@ Value DictMethod(const Value& d, const std::string& name) {
   if (name == "items") {
     return Bind([d](Args&) {
       std::vector<Value> items;
-      for (const auto& [k, v] : d.dict().items) items.push_back(Value::List({Value(k), v}));
+      for (const auto& [k, v] : d.dict().items) items.push_back(Value::List({Value(k), v}, true));
       return Value::List(std::move(items));
     });
   }

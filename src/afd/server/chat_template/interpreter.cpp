@@ -331,7 +331,7 @@ Value Interpreter::Eval(const Node& node) {
     case Node::Kind::kList: {
       std::vector<Value> items;
       for (const auto& a : node.args) items.push_back(Eval(*a));
-      return Value::List(std::move(items));
+      return Value::List(std::move(items), node.negated);
     }
     case Node::Kind::kDict: {
       Value d = Value::MakeDict();

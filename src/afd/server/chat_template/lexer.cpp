@@ -177,6 +177,15 @@ class Lexer {
           ++e;
           while (e < s_.size() && std::isdigit(static_cast<unsigned char>(s_[e]))) ++e;
         }
+        if (e < s_.size() && (s_[e] == 'e' || s_[e] == 'E')) {  // 1e3, 2.5e-4
+          size_t x = e + 1;
+          if (x < s_.size() && (s_[x] == '+' || s_[x] == '-')) ++x;
+          if (x < s_.size() && std::isdigit(static_cast<unsigned char>(s_[x]))) {
+            is_float = true;
+            e = x;
+            while (e < s_.size() && std::isdigit(static_cast<unsigned char>(s_[e]))) ++e;
+          }
+        }
         std::string num;
         for (size_t i = p; i < e; ++i) {
           if (s_[i] != '_') num += s_[i];

@@ -53,7 +53,7 @@ class Parser {
     while (true) {
       const Token& tok = Cur();
       if (tok.type == T::kEnd) {
-        if (!ends.empty()) Fail(fmt::format("missing {{% {} %}}", ends.front()));
+        if (!ends.empty()) Fail(fmt::format("missing {{% {} %}}", ends.back()));
         return body;
       }
       if (tok.type == T::kText) {
@@ -206,6 +206,7 @@ class Parser {
     NodePtr first = ParseExpression();
     if (!IsOp(",")) return first;
     auto n = Make(Node::Kind::kList, line);
+    n->negated = true;  // a tuple
     n->args.push_back(std::move(first));
     while (IsOp(",")) {
       ++pos_;
@@ -392,7 +393,9 @@ class Parser {
       ++pos_;
       if (IsOp(")")) {
         ++pos_;
-        return Make(Node::Kind::kList, line);
+        auto empty = Make(Node::Kind::kList, line);
+        empty->negated = true;  // ()
+        return empty;
       }
       NodePtr inner = ParseTuple();
       ExpectOp(")");

@@ -34,9 +34,10 @@ Value::Value(int64_t i) : kind_(Kind::kInt), i_(i) {}
 Value::Value(double d) : kind_(Kind::kFloat), d_(d) {}
 Value::Value(std::string s) : kind_(Kind::kString), s_(std::move(s)) {}
 
-Value Value::List(std::vector<Value> items) {
+Value Value::List(std::vector<Value> items, bool is_tuple) {
   Value v;
   v.kind_ = Kind::kList;
+  v.b_ = is_tuple;
   v.list_ = std::make_shared<std::vector<Value>>(std::move(items));
   return v;
 }
@@ -230,9 +231,10 @@ std::string Value::Repr() const {
     case Kind::kString:
       return PyStringRepr(s_);
     case Kind::kList: {
-      std::string out = "[";
+      std::string out = b_ ? "(" : "[";
       for (size_t i = 0; i < list_->size(); ++i) out += (i ? ", " : "") + (*list_)[i].Repr();
-      return out + "]";
+      if (b_ && list_->size() == 1) out += ",";
+      return out + (b_ ? ")" : "]");
     }
     case Kind::kDict: {
       if (dict_->is_namespace) return "<Namespace>";

@@ -43,7 +43,8 @@ class Value {
   Value(double d);                                  // NOLINT
   Value(std::string s);                             // NOLINT
   Value(const char* s) : Value(std::string(s)) {}   // NOLINT
-  static Value List(std::vector<Value> items = {});
+  // A list; is_tuple only changes how it prints: (a, b) instead of [a, b].
+  static Value List(std::vector<Value> items = {}, bool is_tuple = false);
   static Value MakeDict(bool is_namespace = false);
   static Value MakeFunction(Function f);
   static Value FromJson(const nlohmann::ordered_json& j);
@@ -90,7 +91,7 @@ class Value {
   void ToJsonImpl(int indent, bool sort_keys, int depth, std::string* out) const;
 
   Kind kind_ = Kind::kUndefined;
-  bool b_ = false;
+  bool b_ = false;  // also: a list is a tuple
   int64_t i_ = 0;
   double d_ = 0;
   std::string s_;

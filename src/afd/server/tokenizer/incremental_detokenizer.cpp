@@ -22,6 +22,7 @@ std::string IncrementalDetokenizer::DecodeFrom(size_t begin, size_t end) const {
 
 std::string IncrementalDetokenizer::Add(uint32_t id) {
   ids_.push_back(id);
+  if (tokenizer_.IsPendingByte(id)) return "";  // a later byte may turn the run into U+FFFDs
   std::string text = DecodeFrom(prefix_begin_, ids_.size());
   if (text.size() <= prefix_text_.size() || EndsWithReplacement(text) ||
       text.compare(0, prefix_text_.size(), prefix_text_) != 0) {

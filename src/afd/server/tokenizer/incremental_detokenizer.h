@@ -4,7 +4,8 @@
 //
 // Method (as HF's DecodeStream / vLLM): decode a window that starts a few tokens back (the
 // "prefix", already emitted) and emit what the new ids add beyond the prefix's text, unless that
-// ends in U+FFFD (bytes of a character still to come).
+// ends in U+FFFD (bytes of a character still to come). With a ByteFallback decoder nothing is
+// emitted while the last id is a <0xXX> byte token, since a run of them decodes as a whole.
 //
 // Thread safety: one instance per stream; not thread-safe. The tokenizer must outlive it.
 #pragma once

@@ -79,6 +79,8 @@ std::unique_ptr<Tokenizer> Tokenizer::FromJson(const std::string& tokenizer_json
   t->post_processor_ =
       MakePostProcessor(j.value("post_processor", nlohmann::json()), tname + ".post_processor");
   t->decoder_ = MakeDecoder(j.value("decoder", nlohmann::json()), tname + ".decoder");
+  t->byte_fallback_decoder_ =
+      j.contains("decoder") && j["decoder"].dump().find("\"ByteFallback\"") != std::string::npos;
   t->added_ = AddedVocabulary(j.value("added_tokens", nlohmann::json()), t->normalizer_.get(),
                               tname + ".added_tokens");
   t->CheckAddedTokenIds(tname + ".added_tokens");
@@ -167,6 +169,12 @@ std::string Tokenizer::Decode(const std::vector<uint32_t>& ids, bool skip_specia
   std::string out;
   for (const std::string& piece : decoder_->DecodeChain(std::move(tokens))) out += piece;
   return out;
+}
+
+bool Tokenizer::IsPendingByte(uint32_t id) const {
+  if (!byte_fallback_decoder_ || added_.FindById(id)) return false;
+  const std::string* s = model_->IdToToken(id);
+  return s != nullptr && s->size() == 6 && s->compare(0, 3, "<0x") == 0 && (*s)[5] == '>';
 }
 
 std::optional<uint32_t> Tokenizer::TokenToId(const std::string& token) const {

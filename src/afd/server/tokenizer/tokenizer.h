@@ -39,6 +39,10 @@ class Tokenizer {
   // The text of `ids` (ids unknown to the vocab are skipped, as HF does). Always valid UTF-8.
   std::string Decode(const std::vector<uint32_t>& ids, bool skip_special_tokens) const;
 
+  // True when `id` is a byte-fallback token (<0xXX>) and the decoder has ByteFallback: the text
+  // of a run of such tokens depends on the tokens after it (an invalid run becomes U+FFFDs).
+  bool IsPendingByte(uint32_t id) const;
+
   std::optional<uint32_t> TokenToId(const std::string& token) const;
   std::optional<std::string> IdToToken(uint32_t id) const;
 
@@ -56,6 +60,7 @@ class Tokenizer {
   std::unique_ptr<BpeModel> model_;
   std::unique_ptr<PostProcessor> post_processor_;
   std::unique_ptr<Decoder> decoder_;
+  bool byte_fallback_decoder_ = false;
   AddedVocabulary added_;
   std::string chat_template_;
   std::string bos_token_;
