@@ -23,10 +23,16 @@ Value GetItem(const Value& obj, const Value& key);
 // `obj[start:stop:step]` for lists and strings (null Values = omitted).
 Value GetSlice(const Value& obj, const Value& start, const Value& stop, const Value& step);
 
+// Argument `index` (or keyword `name`) of a call, or `fallback` when absent.
+Value Arg(const Args& args, size_t index, const char* name, Value fallback = Value());
+// Python < for the values sort/min/max/lt compare (numbers, strings); throws otherwise.
+bool SortLess(const Value& a, const Value& b);
+// The bound dict method `d.name` (items, keys, values, get), or undefined.
+Value DictMethod(const Value& d, const std::string& name);
+// The attribute of `item` named by a dotted path ("function.name", "0"), as map/selectattr use.
+Value AttributeOf(const Value& item, const Value& attribute);
+
 // Fills `globals` (a dict) with range, namespace, dict, raise_exception and strftime_now.
 void AddGlobalFunctions(Value* globals);
-
-// Python str.strip-family on code points; chars empty = whitespace.
-std::string StripChars(const std::string& s, const std::string* chars, bool left, bool right);
 
 }  // namespace afd::server::jinja
