@@ -42,11 +42,17 @@ json Answer(const server::Tokenizer& tokenizer, const server::ChatTemplate* chat
     AFD_CHECK(chat_template != nullptr, "the tokenizer directory has no chat template");
     AFD_CHECK(in["messages"].is_array(), "\"messages\" must be an array");
     // Every key of the line is a template variable (messages, tools, add_generation_prompt, and
-    // extras such as enable_thinking), plus the tokenizer's special tokens.
+    // extras such as enable_thinking).
+    // As transformers' apply_chat_template: tools and documents are none when not given, and the
+    // special tokens map is passed (only the tokens that are set).
     json context = in;
+    for (const char* key : {"tools", "documents"}) {
+      if (!context.contains(key)) context[key] = nullptr;
+    }
     if (!context.contains("add_generation_prompt")) context["add_generation_prompt"] = false;
-    context["bos_token"] = tokenizer.bos_token();
-    context["eos_token"] = tokenizer.eos_token();
+    for (const auto& [key, value] : tokenizer.special_tokens_map()) {
+      if (!context.contains(key)) context[key] = value;
+    }
     const std::string prompt = chat_template->Render(context);
     // As vLLM's chat path: the template already placed the special tokens it wants.
     return {{"prompt", prompt}, {"ids", tokenizer.Encode(prompt, /*add_special_tokens=*/false)}};

@@ -5,8 +5,8 @@ tojson = json.dumps(ensure_ascii=False), raise_exception, strftime_now).
 Usage: python3 render_template.py [TOKENIZER_DIR] < lines
 Each input line is a JSON object of template variables (messages, tools, add_generation_prompt,
 ...); a "template" key gives the template source, else TOKENIZER_DIR/tokenizer_config.json's
-chat_template is used with its bos_token / eos_token. Prints {"prompt": S} or {"error": S} per
-line.
+chat_template is used with its special tokens map and tools/documents defaulting to None, as
+transformers' apply_chat_template renders. Prints {"prompt": S} or {"error": S} per line.
 """
 import json
 import os
@@ -54,8 +54,14 @@ def main():
         with open(os.path.join(sys.argv[1], "tokenizer_config.json"), encoding="utf-8") as f:
             cfg = json.load(f)
         default_template = cfg.get("chat_template")
-        special = {"bos_token": token_content(cfg.get("bos_token")) or "",
-                   "eos_token": token_content(cfg.get("eos_token")) or ""}
+        # transformers' special_tokens_map: the tokens that are set.
+        for key in ["bos_token", "eos_token", "unk_token", "sep_token", "pad_token",
+                    "cls_token", "mask_token"]:
+            if token_content(cfg.get(key)):
+                special[key] = token_content(cfg.get(key))
+        if isinstance(cfg.get("additional_special_tokens"), list):
+            special["additional_special_tokens"] = [
+                token_content(t) for t in cfg["additional_special_tokens"]]
     out = []
     for line in sys.stdin.read().split("\n"):
         if not line:
@@ -64,7 +70,11 @@ def main():
             ctx = json.loads(line)
             source = ctx.pop("template", default_template)
             ctx.setdefault("add_generation_prompt", False)
-            ctx = {**ctx, **special}
+            if default_template is not None and "template" not in json.loads(line):
+                # apply_chat_template passes tools/documents (None when not given).
+                ctx.setdefault("tools", None)
+                ctx.setdefault("documents", None)
+            ctx = {**special, **ctx}
             out.append({"prompt": env.from_string(source).render(**ctx)})
         except Exception as e:  # noqa: BLE001 - every failure is reported on its line
             out.append({"error": f"{type(e).__name__}: {e}"})

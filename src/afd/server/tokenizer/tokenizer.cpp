@@ -92,6 +92,18 @@ std::unique_ptr<Tokenizer> Tokenizer::FromJson(const std::string& tokenizer_json
     t->chat_template_ = ChatTemplateField(c, cname);
     t->bos_token_ = TokenField(c, "bos_token");
     t->eos_token_ = TokenField(c, "eos_token");
+    for (const char* key : {"bos_token", "eos_token", "unk_token", "sep_token", "pad_token",
+                            "cls_token", "mask_token"}) {
+      const std::string token = TokenField(c, key);
+      if (!token.empty()) t->special_tokens_map_.emplace_back(key, token);
+    }
+    if (c.contains("additional_special_tokens") && c["additional_special_tokens"].is_array()) {
+      nlohmann::json list = nlohmann::json::array();
+      for (const auto& a : c["additional_special_tokens"]) {
+        list.push_back(a.is_object() ? a.value("content", "") : a.get<std::string>());
+      }
+      t->special_tokens_map_.emplace_back("additional_special_tokens", std::move(list));
+    }
     // transformers replaces the post-processor by "[bos] $A [eos]" when these flags are set.
     const bool add_bos = c.value("add_bos_token", false) && !t->bos_token_.empty();
     const bool add_eos = c.value("add_eos_token", false) && !t->eos_token_.empty();

@@ -50,6 +50,11 @@ class Tokenizer {
   const std::string& chat_template() const { return chat_template_; }
   const std::string& bos_token() const { return bos_token_; }
   const std::string& eos_token() const { return eos_token_; }
+  // transformers' special_tokens_map: bos/eos/unk/sep/pad/cls/mask_token (those that are set) and
+  // additional_special_tokens, as chat templates see them.
+  const std::vector<std::pair<std::string, nlohmann::json>>& special_tokens_map() const {
+    return special_tokens_map_;
+  }
 
  private:
   Tokenizer() = default;
@@ -65,6 +70,7 @@ class Tokenizer {
   std::string chat_template_;
   std::string bos_token_;
   std::string eos_token_;
+  std::vector<std::pair<std::string, nlohmann::json>> special_tokens_map_;
 };
 
 }  // namespace afd::server
