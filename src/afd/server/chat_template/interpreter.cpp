@@ -216,9 +216,12 @@ void Interpreter::ExecFor(const Node& node, std::string* out) {
             AFD_CHECK(!args.positional.empty(), "loop.cycle needs at least one value");
             return args.positional[i % args.positional.size()];
           }));
+    scopes_.emplace_back();  // each iteration starts fresh: a `set` does not reach the next
     Assign("loop", loop);
     bind(items[i]);
-    if (Exec(node.body, out) == Flow::kBreak) break;
+    const Flow flow = Exec(node.body, out);
+    scopes_.pop_back();
+    if (flow == Flow::kBreak) break;
   }
   scopes_.pop_back();
   if (n == 0) Exec(node.else_body, out);

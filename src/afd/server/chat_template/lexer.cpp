@@ -3,6 +3,7 @@
 #include <cctype>
 
 #include "afd/common/error.h"
+#include "afd/server/tokenizer/utf8.h"
 
 namespace afd::server::jinja {
 
@@ -212,40 +213,80 @@ class Lexer {
     }
   }
 
+  // A string literal, unescaped as Python's unicode-escape codec does (which Jinja2 uses).
   size_t LexString(size_t p, int line) {
     const char quote = s_[p++];
     std::string value;
+    auto hex = [&](size_t at, size_t n, char32_t* cp) {
+      if (at + n > s_.size()) return false;
+      *cp = 0;
+      for (size_t k = 0; k < n; ++k) {
+        const char c = s_[at + k];
+        if (!std::isxdigit(static_cast<unsigned char>(c))) return false;
+        *cp = *cp * 16 + static_cast<char32_t>(std::isdigit(static_cast<unsigned char>(c))
+                                                   ? c - '0'
+                                                   : std::tolower(c) - 'a' + 10);
+      }
+      return true;
+    };
     while (p < s_.size() && s_[p] != quote) {
-      if (s_[p] == '\\' && p + 1 < s_.size()) {
-        const char e = s_[++p];
-        switch (e) {
-          case 'n':
-            value += '\n';
-            break;
-          case 't':
-            value += '\t';
-            break;
-          case 'r':
-            value += '\r';
-            break;
-          case '\\':
-            value += '\\';
-            break;
-          case '\'':
-            value += '\'';
-            break;
-          case '"':
-            value += '"';
-            break;
-          case '\n':
-            break;
-          default:
+      if (s_[p] != '\\' || p + 1 >= s_.size()) {
+        value += s_[p++];
+        continue;
+      }
+      const char e = s_[++p];
+      ++p;
+      char32_t cp;
+      switch (e) {
+        case 'n':
+          value += '\n';
+          break;
+        case 't':
+          value += '\t';
+          break;
+        case 'r':
+          value += '\r';
+          break;
+        case 'a':
+          value += '\a';
+          break;
+        case 'b':
+          value += '\b';
+          break;
+        case 'f':
+          value += '\f';
+          break;
+        case 'v':
+          value += '\v';
+          break;
+        case '\\':
+        case '\'':
+        case '"':
+          value += e;
+          break;
+        case '\n':
+          break;  // line continuation
+        case 'x':
+        case 'u':
+        case 'U': {
+          const size_t n = e == 'x' ? 2 : e == 'u' ? 4 : 8;
+          AFD_CHECK(hex(p, n, &cp) && cp <= 0x10FFFF,
+                    "chat template line {}: bad \\{} escape in a string", line, e);
+          AppendUtf8(cp, &value);
+          p += n;
+          break;
+        }
+        default:
+          if (e >= '0' && e <= '7') {  // up to three octal digits
+            cp = static_cast<char32_t>(e - '0');
+            for (int k = 0; k < 2 && p < s_.size() && s_[p] >= '0' && s_[p] <= '7'; ++k) {
+              cp = cp * 8 + static_cast<char32_t>(s_[p++] - '0');
+            }
+            AppendUtf8(cp, &value);
+          } else {
             value += '\\';
             value += e;
-        }
-        ++p;
-      } else {
-        value += s_[p++];
+          }
       }
     }
     AFD_CHECK(p < s_.size(), "chat template line {}: unterminated string", line);
