@@ -1,553 +1,195 @@
 #include "afd/server/chat_template/parser.h"
 
 #include "afd/common/error.h"
+#include "afd/server/chat_template/parser_impl.h"
 
 namespace afd::server::jinja {
 
-namespace {
+Body Parser::ParseTemplate() {
+  std::string end;
+  Body body = ParseBody({}, &end);
+  return body;
+}
 
-using T = Token::Type;
+void Parser::Fail(const std::string& what) const {
+  AFD_THROW("chat template line {}: {}", Cur().line, what);
+}
 
-class Parser {
- public:
-  explicit Parser(const std::vector<Token>& tokens) : t_(tokens) {}
+void Parser::ExpectOp(const char* op) {
+  if (!IsOp(op)) Fail(fmt::format("expected '{}'", op));
+  ++pos_;
+}
 
-  Body ParseTemplate() {
+std::string Parser::ExpectName() {
+  if (Cur().type != T::kName) Fail("expected a name");
+  return t_[pos_++].value;
+}
+
+void Parser::ExpectBlockEnd() {
+  if (Cur().type != T::kBlockEnd) Fail("expected '%}'");
+  ++pos_;
+}
+
+NodePtr Parser::Make(Node::Kind kind, int line) {
+  auto n = std::make_unique<Node>();
+  n->kind = kind;
+  n->line = line;
+  return n;
+}
+
+// Parses statements until a block tag whose name is in `ends`; stores that name in *end and
+// leaves the position after the name. At top level `ends` is empty and the input must end.
+Body Parser::ParseBody(const std::vector<std::string>& ends, std::string* end) {
+  Body body;
+  while (true) {
+    const Token& tok = Cur();
+    if (tok.type == T::kEnd) {
+      if (!ends.empty()) Fail(fmt::format("missing {{% {} %}}", ends.back()));
+      return body;
+    }
+    if (tok.type == T::kText) {
+      auto n = Make(Node::Kind::kText, tok.line);
+      n->name = tok.value;
+      body.push_back(std::move(n));
+      ++pos_;
+    } else if (tok.type == T::kVarBegin) {
+      ++pos_;
+      auto n = Make(Node::Kind::kOutput, tok.line);
+      n->args.push_back(ParseExpression());
+      if (Cur().type != T::kVarEnd) Fail("expected '}}'");
+      ++pos_;
+      body.push_back(std::move(n));
+    } else if (tok.type == T::kBlockBegin) {
+      ++pos_;
+      const std::string name = Cur().type == T::kName ? Cur().value : "";
+      for (const auto& e : ends) {
+        if (name == e) {
+          ++pos_;
+          *end = name;
+          return body;
+        }
+      }
+      body.push_back(ParseStatement());
+    } else {
+      Fail("unexpected token");
+    }
+  }
+}
+
+NodePtr Parser::ParseStatement() {
+  const int line = Cur().line;
+  const std::string name = ExpectName();
+  if (name == "if") return ParseIf(line);
+  if (name == "for") return ParseFor(line);
+  if (name == "set") return ParseSet(line);
+  if (name == "macro") return ParseMacro(line);
+  if (name == "break" || name == "continue") {
+    ExpectBlockEnd();
+    return Make(name == "break" ? Node::Kind::kBreak : Node::Kind::kContinue, line);
+  }
+  if (name == "generation") {
+    ExpectBlockEnd();
+    auto n = Make(Node::Kind::kBlock, line);
     std::string end;
-    Body body = ParseBody({}, &end);
-    return body;
-  }
-
- private:
-  const Token& Cur() const { return t_[pos_]; }
-  const Token& Peek(size_t k = 1) const { return t_[std::min(pos_ + k, t_.size() - 1)]; }
-  bool IsOp(const char* op) const { return Cur().type == T::kOperator && Cur().value == op; }
-  bool IsName(const char* name) const { return Cur().type == T::kName && Cur().value == name; }
-
-  [[noreturn]] void Fail(const std::string& what) const {
-    AFD_THROW("chat template line {}: {}", Cur().line, what);
-  }
-  void ExpectOp(const char* op) {
-    if (!IsOp(op)) Fail(fmt::format("expected '{}'", op));
-    ++pos_;
-  }
-  std::string ExpectName() {
-    if (Cur().type != T::kName) Fail("expected a name");
-    return t_[pos_++].value;
-  }
-  void ExpectBlockEnd() {
-    if (Cur().type != T::kBlockEnd) Fail("expected '%}'");
-    ++pos_;
-  }
-  NodePtr Make(Node::Kind kind, int line) {
-    auto n = std::make_unique<Node>();
-    n->kind = kind;
-    n->line = line;
+    n->body = ParseBody({"endgeneration"}, &end);
+    ExpectBlockEnd();
     return n;
   }
+  AFD_THROW("chat template line {}: unsupported tag '{}'", line, name);
+}
 
-  // Parses statements until a block tag whose name is in `ends`; stores that name in *end and
-  // leaves the position after the name. At top level `ends` is empty and the input must end.
-  Body ParseBody(const std::vector<std::string>& ends, std::string* end) {
-    Body body;
-    while (true) {
-      const Token& tok = Cur();
-      if (tok.type == T::kEnd) {
-        if (!ends.empty()) Fail(fmt::format("missing {{% {} %}}", ends.back()));
-        return body;
-      }
-      if (tok.type == T::kText) {
-        auto n = Make(Node::Kind::kText, tok.line);
-        n->name = tok.value;
-        body.push_back(std::move(n));
-        ++pos_;
-      } else if (tok.type == T::kVarBegin) {
-        ++pos_;
-        auto n = Make(Node::Kind::kOutput, tok.line);
-        n->args.push_back(ParseExpression());
-        if (Cur().type != T::kVarEnd) Fail("expected '}}'");
-        ++pos_;
-        body.push_back(std::move(n));
-      } else if (tok.type == T::kBlockBegin) {
-        ++pos_;
-        const std::string name = Cur().type == T::kName ? Cur().value : "";
-        for (const auto& e : ends) {
-          if (name == e) {
-            ++pos_;
-            *end = name;
-            return body;
-          }
-        }
-        body.push_back(ParseStatement());
-      } else {
-        Fail("unexpected token");
-      }
-    }
-  }
-
-  NodePtr ParseStatement() {
-    const int line = Cur().line;
-    const std::string name = ExpectName();
-    if (name == "if") return ParseIf(line);
-    if (name == "for") return ParseFor(line);
-    if (name == "set") return ParseSet(line);
-    if (name == "macro") return ParseMacro(line);
-    if (name == "break" || name == "continue") {
-      ExpectBlockEnd();
-      return Make(name == "break" ? Node::Kind::kBreak : Node::Kind::kContinue, line);
-    }
-    if (name == "generation") {
-      ExpectBlockEnd();
-      auto n = Make(Node::Kind::kBlock, line);
-      std::string end;
-      n->body = ParseBody({"endgeneration"}, &end);
-      ExpectBlockEnd();
-      return n;
-    }
-    AFD_THROW("chat template line {}: unsupported tag '{}'", line, name);
-  }
-
-  NodePtr ParseIf(int line) {
-    auto n = Make(Node::Kind::kIf, line);
-    while (true) {
-      n->args.push_back(ParseExpression());
-      ExpectBlockEnd();
-      std::string end;
-      n->bodies.push_back(ParseBody({"elif", "else", "endif"}, &end));
-      if (end == "elif") continue;
-      if (end == "else") {
-        ExpectBlockEnd();
-        n->else_body = ParseBody({"endif"}, &end);
-      }
-      ExpectBlockEnd();
-      return n;
-    }
-  }
-
-  NodePtr ParseFor(int line) {
-    auto n = Make(Node::Kind::kFor, line);
-    n->targets.push_back(ExpectName());
-    while (IsOp(",")) {
-      ++pos_;
-      n->targets.push_back(ExpectName());
-    }
-    if (!IsName("in")) Fail("expected 'in'");
-    ++pos_;
-    n->args.push_back(ParseCondExpr(/*allow_cond=*/false));
-    if (IsName("if")) {
-      ++pos_;
-      n->args.push_back(ParseCondExpr(false));
-    } else {
-      n->args.push_back(nullptr);
-    }
-    if (IsName("recursive")) Fail("recursive loops are not supported");
+NodePtr Parser::ParseIf(int line) {
+  auto n = Make(Node::Kind::kIf, line);
+  while (true) {
+    n->args.push_back(ParseExpression());
     ExpectBlockEnd();
     std::string end;
-    n->body = ParseBody({"else", "endfor"}, &end);
+    n->bodies.push_back(ParseBody({"elif", "else", "endif"}, &end));
+    if (end == "elif") continue;
     if (end == "else") {
       ExpectBlockEnd();
-      n->else_body = ParseBody({"endfor"}, &end);
+      n->else_body = ParseBody({"endif"}, &end);
     }
     ExpectBlockEnd();
     return n;
   }
+}
 
-  NodePtr ParseSet(int line) {
-    auto n = Make(Node::Kind::kSet, line);
+NodePtr Parser::ParseFor(int line) {
+  auto n = Make(Node::Kind::kFor, line);
+  n->targets.push_back(ExpectName());
+  while (IsOp(",")) {
+    ++pos_;
     n->targets.push_back(ExpectName());
-    if (IsOp(".")) {
-      ++pos_;
-      n->attr = ExpectName();
-    } else {
-      while (IsOp(",")) {
-        ++pos_;
-        n->targets.push_back(ExpectName());
-      }
-    }
-    if (Cur().type == T::kBlockEnd) {  // {% set x %}...{% endset %}
-      ++pos_;
-      std::string end;
-      n->body = ParseBody({"endset"}, &end);
-      ExpectBlockEnd();
-      return n;
-    }
-    ExpectOp("=");
-    n->args.push_back(ParseTuple());
-    ExpectBlockEnd();
-    return n;
   }
-
-  NodePtr ParseMacro(int line) {
-    auto n = Make(Node::Kind::kMacro, line);
-    n->name = ExpectName();
-    ExpectOp("(");
-    while (!IsOp(")")) {
-      n->targets.push_back(ExpectName());
-      if (IsOp("=")) {
-        ++pos_;
-        n->args.push_back(ParseExpression());
-      } else {
-        if (!n->args.empty()) Fail("a parameter without default follows one with a default");
-      }
-      if (!IsOp(",")) break;
-      ++pos_;
-    }
-    ExpectOp(")");
-    ExpectBlockEnd();
-    std::string end;
-    n->body = ParseBody({"endmacro"}, &end);
-    ExpectBlockEnd();
-    return n;
+  if (!IsName("in")) Fail("expected 'in'");
+  ++pos_;
+  n->args.push_back(ParseCondExpr(/*allow_cond=*/false));
+  if (IsName("if")) {
+    ++pos_;
+    n->args.push_back(ParseCondExpr(false));
+  } else {
+    n->args.push_back(nullptr);
   }
+  if (IsName("recursive")) Fail("recursive loops are not supported");
+  ExpectBlockEnd();
+  std::string end;
+  n->body = ParseBody({"else", "endfor"}, &end);
+  if (end == "else") {
+    ExpectBlockEnd();
+    n->else_body = ParseBody({"endfor"}, &end);
+  }
+  ExpectBlockEnd();
+  return n;
+}
 
-  // expression [, expression ...] -> a list node when there is a comma (Python tuple).
-  NodePtr ParseTuple() {
-    const int line = Cur().line;
-    NodePtr first = ParseExpression();
-    if (!IsOp(",")) return first;
-    auto n = Make(Node::Kind::kList, line);
-    n->negated = true;  // a tuple
-    n->args.push_back(std::move(first));
+NodePtr Parser::ParseSet(int line) {
+  auto n = Make(Node::Kind::kSet, line);
+  n->targets.push_back(ExpectName());
+  if (IsOp(".")) {
+    ++pos_;
+    n->attr = ExpectName();
+  } else {
     while (IsOp(",")) {
       ++pos_;
-      if (Cur().type == T::kBlockEnd || IsOp(")")) break;
+      n->targets.push_back(ExpectName());
+    }
+  }
+  if (Cur().type == T::kBlockEnd) {  // {% set x %}...{% endset %}
+    ++pos_;
+    std::string end;
+    n->body = ParseBody({"endset"}, &end);
+    ExpectBlockEnd();
+    return n;
+  }
+  ExpectOp("=");
+  n->args.push_back(ParseTuple());
+  ExpectBlockEnd();
+  return n;
+}
+
+NodePtr Parser::ParseMacro(int line) {
+  auto n = Make(Node::Kind::kMacro, line);
+  n->name = ExpectName();
+  ExpectOp("(");
+  while (!IsOp(")")) {
+    n->targets.push_back(ExpectName());
+    if (IsOp("=")) {
+      ++pos_;
       n->args.push_back(ParseExpression());
-    }
-    return n;
-  }
-
-  NodePtr ParseExpression() { return ParseCondExpr(true); }
-
-  NodePtr ParseCondExpr(bool allow_cond) {
-    NodePtr expr = ParseOr();
-    while (allow_cond && IsName("if")) {
-      const int line = Cur().line;
-      ++pos_;
-      auto n = Make(Node::Kind::kCond, line);
-      n->args.push_back(std::move(expr));
-      n->args.push_back(ParseOr());
-      if (IsName("else")) {
-        ++pos_;
-        n->args.push_back(ParseCondExpr(true));
-      } else {
-        n->args.push_back(nullptr);
-      }
-      expr = std::move(n);
-    }
-    return expr;
-  }
-
-  NodePtr Binary(const std::string& op, NodePtr a, NodePtr b, int line) {
-    auto n = Make(Node::Kind::kBinary, line);
-    n->name = op;
-    n->args.push_back(std::move(a));
-    n->args.push_back(std::move(b));
-    return n;
-  }
-
-  NodePtr ParseOr() {
-    NodePtr left = ParseAnd();
-    while (IsName("or")) {
-      const int line = Cur().line;
-      ++pos_;
-      left = Binary("or", std::move(left), ParseAnd(), line);
-    }
-    return left;
-  }
-
-  NodePtr ParseAnd() {
-    NodePtr left = ParseNot();
-    while (IsName("and")) {
-      const int line = Cur().line;
-      ++pos_;
-      left = Binary("and", std::move(left), ParseNot(), line);
-    }
-    return left;
-  }
-
-  NodePtr ParseNot() {
-    if (IsName("not")) {
-      auto n = Make(Node::Kind::kUnary, Cur().line);
-      ++pos_;
-      n->name = "not";
-      n->args.push_back(ParseNot());
-      return n;
-    }
-    return ParseCompare();
-  }
-
-  NodePtr ParseCompare() {
-    NodePtr left = ParseMath1();
-    while (true) {
-      const int line = Cur().line;
-      std::string op;
-      if (Cur().type == T::kOperator &&
-          (Cur().value == "==" || Cur().value == "!=" || Cur().value == "<" || Cur().value == ">" ||
-           Cur().value == "<=" || Cur().value == ">=")) {
-        op = Cur().value;
-        ++pos_;
-      } else if (IsName("in")) {
-        op = "in";
-        ++pos_;
-      } else if (IsName("not") && Peek().type == T::kName && Peek().value == "in") {
-        op = "not in";
-        pos_ += 2;
-      } else {
-        return left;
-      }
-      left = Binary(op, std::move(left), ParseMath1(), line);
-    }
-  }
-
-  NodePtr ParseMath1() {
-    NodePtr left = ParseConcat();
-    while (IsOp("+") || IsOp("-")) {
-      const std::string op = Cur().value;
-      const int line = Cur().line;
-      ++pos_;
-      left = Binary(op, std::move(left), ParseConcat(), line);
-    }
-    return left;
-  }
-
-  NodePtr ParseConcat() {
-    NodePtr left = ParseMath2();
-    while (IsOp("~")) {
-      const int line = Cur().line;
-      ++pos_;
-      left = Binary("~", std::move(left), ParseMath2(), line);
-    }
-    return left;
-  }
-
-  NodePtr ParseMath2() {
-    NodePtr left = ParsePow();
-    while (IsOp("*") || IsOp("/") || IsOp("//") || IsOp("%")) {
-      const std::string op = Cur().value;
-      const int line = Cur().line;
-      ++pos_;
-      left = Binary(op, std::move(left), ParsePow(), line);
-    }
-    return left;
-  }
-
-  NodePtr ParsePow() {
-    NodePtr left = ParseUnary(true);
-    while (IsOp("**")) {
-      const int line = Cur().line;
-      ++pos_;
-      left = Binary("**", std::move(left), ParseUnary(true), line);
-    }
-    return left;
-  }
-
-  NodePtr ParseUnary(bool with_filter) {
-    NodePtr node;
-    if (IsOp("-") || IsOp("+")) {
-      auto n = Make(Node::Kind::kUnary, Cur().line);
-      n->name = Cur().value;
-      ++pos_;
-      n->args.push_back(ParseUnary(false));
-      node = std::move(n);
     } else {
-      node = ParsePrimary();
+      if (!n->args.empty()) Fail("a parameter without default follows one with a default");
     }
-    node = ParsePostfix(std::move(node));
-    if (with_filter) node = ParseFilterExpr(std::move(node));
-    return node;
+    if (!IsOp(",")) break;
+    ++pos_;
   }
-
-  NodePtr ParsePrimary() {
-    const Token& tok = Cur();
-    const int line = tok.line;
-    if (tok.type == T::kName) {
-      ++pos_;
-      const std::string& v = tok.value;
-      auto lit = [&](Value value) {
-        auto n = Make(Node::Kind::kLiteral, line);
-        n->literal = std::move(value);
-        return n;
-      };
-      if (v == "true" || v == "True") return lit(Value(true));
-      if (v == "false" || v == "False") return lit(Value(false));
-      if (v == "none" || v == "None") return lit(Value::None());
-      auto n = Make(Node::Kind::kName, line);
-      n->name = v;
-      return n;
-    }
-    if (tok.type == T::kString) {
-      std::string s;
-      while (Cur().type == T::kString) s += t_[pos_++].value;  // adjacent literals concatenate
-      auto n = Make(Node::Kind::kLiteral, line);
-      n->literal = Value(s);
-      return n;
-    }
-    if (tok.type == T::kInt || tok.type == T::kFloat) {
-      ++pos_;
-      auto n = Make(Node::Kind::kLiteral, line);
-      n->literal = tok.type == T::kInt ? Value(static_cast<int64_t>(std::stoll(tok.value)))
-                                       : Value(std::stod(tok.value));
-      return n;
-    }
-    if (IsOp("(")) {
-      ++pos_;
-      if (IsOp(")")) {
-        ++pos_;
-        auto empty = Make(Node::Kind::kList, line);
-        empty->negated = true;  // ()
-        return empty;
-      }
-      NodePtr inner = ParseTuple();
-      ExpectOp(")");
-      return inner;
-    }
-    if (IsOp("[")) {
-      ++pos_;
-      auto n = Make(Node::Kind::kList, line);
-      while (!IsOp("]")) {
-        n->args.push_back(ParseExpression());
-        if (!IsOp(",")) break;
-        ++pos_;
-      }
-      ExpectOp("]");
-      return n;
-    }
-    if (IsOp("{")) {
-      ++pos_;
-      auto n = Make(Node::Kind::kDict, line);
-      while (!IsOp("}")) {
-        n->args.push_back(ParseExpression());
-        ExpectOp(":");
-        n->args.push_back(ParseExpression());
-        if (!IsOp(",")) break;
-        ++pos_;
-      }
-      ExpectOp("}");
-      return n;
-    }
-    Fail(tok.type == T::kEnd || tok.type == T::kBlockEnd || tok.type == T::kVarEnd
-             ? "unexpected end of expression"
-             : fmt::format("unexpected '{}'", tok.value));
-  }
-
-  void ParseCallArgs(Node* n) {
-    ExpectOp("(");
-    while (!IsOp(")")) {
-      if (Cur().type == T::kName && Peek().type == T::kOperator && Peek().value == "=") {
-        std::string key = t_[pos_].value;
-        pos_ += 2;
-        n->kwargs.emplace_back(std::move(key), ParseExpression());
-      } else {
-        if (!n->kwargs.empty()) Fail("a positional argument follows a keyword argument");
-        n->args.push_back(ParseExpression());
-      }
-      if (!IsOp(",")) break;
-      ++pos_;
-    }
-    ExpectOp(")");
-  }
-
-  NodePtr ParsePostfix(NodePtr node) {
-    while (true) {
-      const int line = Cur().line;
-      if (IsOp(".")) {
-        ++pos_;
-        auto n = Make(Node::Kind::kGetAttr, line);
-        if (Cur().type == T::kInt) {  // foo.0 is foo[0]
-          n->kind = Node::Kind::kGetItem;
-          n->args.push_back(std::move(node));
-          auto idx = Make(Node::Kind::kLiteral, line);
-          idx->literal = Value(static_cast<int64_t>(std::stoll(t_[pos_++].value)));
-          n->args.push_back(std::move(idx));
-        } else {
-          n->name = ExpectName();
-          n->args.push_back(std::move(node));
-        }
-        node = std::move(n);
-      } else if (IsOp("[")) {
-        ++pos_;
-        node = ParseSubscript(std::move(node), line);
-      } else if (IsOp("(")) {
-        auto n = Make(Node::Kind::kCall, line);
-        n->args.push_back(std::move(node));
-        ParseCallArgs(n.get());
-        node = std::move(n);
-      } else {
-        return node;
-      }
-    }
-  }
-
-  NodePtr ParseSubscript(NodePtr target, int line) {
-    NodePtr parts[3];
-    int colons = 0;
-    while (!IsOp("]")) {
-      if (IsOp(":")) {
-        ++pos_;
-        if (++colons > 2) Fail("too many ':' in a slice");
-        continue;
-      }
-      if (parts[colons]) Fail("expected ':' or ']'");
-      parts[colons] = ParseExpression();
-    }
-    ExpectOp("]");
-    if (colons == 0) {
-      if (!parts[0]) Fail("empty subscript");
-      auto n = Make(Node::Kind::kGetItem, line);
-      n->args.push_back(std::move(target));
-      n->args.push_back(std::move(parts[0]));
-      return n;
-    }
-    auto n = Make(Node::Kind::kSlice, line);
-    n->args.push_back(std::move(target));
-    for (auto& p : parts) n->args.push_back(std::move(p));
-    return n;
-  }
-
-  NodePtr ParseFilterExpr(NodePtr node) {
-    while (true) {
-      const int line = Cur().line;
-      if (IsOp("|")) {
-        ++pos_;
-        auto n = Make(Node::Kind::kFilter, line);
-        n->name = ExpectName();
-        n->args.push_back(std::move(node));
-        if (IsOp("(")) ParseCallArgs(n.get());
-        node = std::move(n);
-      } else if (IsName("is")) {
-        ++pos_;
-        auto n = Make(Node::Kind::kTest, line);
-        if (IsName("not")) {
-          ++pos_;
-          n->negated = true;
-        }
-        n->name = ExpectName();
-        n->args.push_back(std::move(node));
-        if (IsOp("(")) {
-          ParseCallArgs(n.get());
-        } else if ((Cur().type == T::kName || Cur().type == T::kString || Cur().type == T::kInt ||
-                    Cur().type == T::kFloat || IsOp("[") || IsOp("{")) &&
-                   !IsName("else") && !IsName("or") && !IsName("and") && !IsName("if") &&
-                   !IsName("in") && !IsName("not")) {
-          n->args.push_back(ParsePostfix(ParsePrimary()));
-        }
-        node = std::move(n);
-      } else if (IsOp("(")) {
-        auto n = Make(Node::Kind::kCall, line);
-        n->args.push_back(std::move(node));
-        ParseCallArgs(n.get());
-        node = std::move(n);
-      } else {
-        return node;
-      }
-    }
-  }
-
-  const std::vector<Token>& t_;
-  size_t pos_ = 0;
-};
-
-}  // namespace
+  ExpectOp(")");
+  ExpectBlockEnd();
+  std::string end;
+  n->body = ParseBody({"endmacro"}, &end);
+  ExpectBlockEnd();
+  return n;
+}
 
 Body Parse(const std::vector<Token>& tokens) { return Parser(tokens).ParseTemplate(); }
 
