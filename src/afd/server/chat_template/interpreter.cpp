@@ -107,8 +107,8 @@ bool Contains(const Value& container, const Value& item) {
     return false;
   }
   if (container.is_dict()) return item.is_string() && container.dict().Find(item.as_string());
-  AFD_THROW("argument of type {} is not iterable",
-            container.is_undefined() ? "undefined" : container.Repr());
+  if (container.is_undefined()) return false;  // Jinja2's Undefined iterates as empty
+  AFD_THROW("argument of type {} is not iterable", container.Repr());
 }
 
 }  // namespace
