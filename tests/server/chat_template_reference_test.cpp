@@ -49,7 +49,7 @@ void CompareChat(const std::string& dir, const std::vector<std::string>& case_fi
   }
 }
 
-class ChatTemplateReference : public ::testing::Test {
+class server_ChatTemplateReference : public ::testing::Test {
  protected:
   void SetUp() override {
     std::string missing = PythonJinjaMissing();
@@ -58,13 +58,15 @@ class ChatTemplateReference : public ::testing::Test {
   }
 };
 
-TEST_F(ChatTemplateReference, Qwen3) { CompareChat(Qwen3Dir(), {"chat_cases.jsonl"}, "qwen3"); }
+TEST_F(server_ChatTemplateReference, Qwen3) {
+  CompareChat(Qwen3Dir(), {"chat_cases.jsonl"}, "qwen3");
+}
 
-TEST_F(ChatTemplateReference, DeepSeekV3) {
+TEST_F(server_ChatTemplateReference, DeepSeekV3) {
   CompareChat(DeepSeekV3Dir(), {"chat_cases.jsonl", "chat_cases_deepseek.jsonl"}, "deepseek_v3");
 }
 
-TEST(JinjaSnippets, MatchJinja2) {
+TEST(server_JinjaSnippets, MatchJinja2) {
   const std::string missing = PythonJinjaMissing();
   if (!missing.empty()) GTEST_SKIP() << "Jinja2 reference unavailable: " << missing;
   const std::string path = DataPath("jinja_snippets.jsonl");

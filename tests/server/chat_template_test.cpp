@@ -20,7 +20,7 @@ std::string ErrorOf(const std::string& source, const json& context = json::objec
   return "";
 }
 
-TEST(ChatTemplate, RendersMessages) {
+TEST(server_ChatTemplate, RendersMessages) {
   const json ctx = {{"messages", {{{"role", "user"}, {"content", "hi"}}}},
                     {"add_generation_prompt", true}};
   EXPECT_EQ(ChatTemplate("{% for m in messages %}<{{ m.role }}>{{ m.content }}\n{% endfor %}"
@@ -29,7 +29,7 @@ TEST(ChatTemplate, RendersMessages) {
             "<user>hi\n<assistant>");
 }
 
-TEST(ChatTemplate, RuntimeErrorsNameTheLine) {
+TEST(server_ChatTemplate, RuntimeErrorsNameTheLine) {
   const std::string e = ErrorOf("line one\n{% if true %}\n{{ x.y.z }}\n{% endif %}");
   EXPECT_NE(e.find("chat template line 3"), std::string::npos) << e;
   EXPECT_NE(ErrorOf("\n\n{{ 1 + 'a' }}").find("line 3"), std::string::npos);
@@ -37,7 +37,7 @@ TEST(ChatTemplate, RuntimeErrorsNameTheLine) {
             std::string::npos);
 }
 
-TEST(ChatTemplate, SyntaxErrorsNameTheLine) {
+TEST(server_ChatTemplate, SyntaxErrorsNameTheLine) {
   EXPECT_NE(ErrorOf("a\nb\n{% for x in y %}\n").find("missing {% endfor %}"), std::string::npos);
   const std::string e = ErrorOf("a\n{{ (1 + }}");
   EXPECT_NE(e.find("chat template line 2"), std::string::npos) << e;
@@ -46,17 +46,17 @@ TEST(ChatTemplate, SyntaxErrorsNameTheLine) {
   EXPECT_NE(ErrorOf("{{ 'unterminated }}").find("unterminated string"), std::string::npos);
 }
 
-TEST(ChatTemplate, RaiseException) {
+TEST(server_ChatTemplate, RaiseException) {
   const std::string e = ErrorOf("{{ raise_exception('Roles must alternate user/assistant') }}");
   EXPECT_NE(e.find("Roles must alternate user/assistant"), std::string::npos) << e;
 }
 
-TEST(ChatTemplate, NamespaceOnlyAssignment) {
+TEST(server_ChatTemplate, NamespaceOnlyAssignment) {
   EXPECT_NE(ErrorOf("{% set d = {} %}{% set d.x = 1 %}").find("not a namespace"),
             std::string::npos);
 }
 
-TEST(ChatTemplate, FloatReprMatchesPython) {
+TEST(server_ChatTemplate, FloatReprMatchesPython) {
   EXPECT_EQ(ChatTemplate("{{ a }} {{ b }} {{ c }} {{ d }} {{ e }}")
                 .Render({{"a", 1.0}, {"b", 0.1}, {"c", 1e16}, {"d", 1.5e-7}, {"e", 123456.789}}),
             "1.0 0.1 1e+16 1.5e-07 123456.789");

@@ -43,7 +43,7 @@ void CheckTokenizer(const std::string& dir) {
   }
 }
 
-TEST(IncrementalDetokenizer, RealTokenizers) {
+TEST(server_IncrementalDetokenizer, RealTokenizers) {
   if (!test::NodeReferenceMissing().empty()) {
     GTEST_SKIP() << "tokenizer data unavailable: " << test::NodeReferenceMissing();
   }
@@ -51,14 +51,14 @@ TEST(IncrementalDetokenizer, RealTokenizers) {
   CheckTokenizer(test::Qwen3Dir());
 }
 
-TEST(IncrementalDetokenizer, SyntheticTokenizers) {
+TEST(server_IncrementalDetokenizer, SyntheticTokenizers) {
   for (const char* name :
        {"llama_byte_fallback", "metaspace_nfkc", "whitespace_nfd", "gpt2_ignore_merges"}) {
     CheckTokenizer(test::DataPath(std::string("synthetic/") + name));
   }
 }
 
-TEST(IncrementalDetokenizer, HoldsBackSplitCharacters) {
+TEST(server_IncrementalDetokenizer, HoldsBackSplitCharacters) {
   // GPT-2 byte-level: "é" is two byte tokens when no merge joins them.
   const auto t = Tokenizer::Load(test::DataPath("synthetic/split_isolated_string"));
   const std::vector<uint32_t> ids = t->Encode("\xE4\xBD\xA0", false);  // 你: three bytes

@@ -1,5 +1,7 @@
 // Helpers of the tokenizer and chat-template tests: paths to the test data and the npm cache,
 // running a shell command with a file as stdin, and JSON-lines files.
+// The test suites of tests/server are named server_* so that `ctest -R server` selects them
+// (ctest's names are the gtest names).
 #pragma once
 
 #include <gtest/gtest.h>

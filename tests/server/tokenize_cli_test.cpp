@@ -8,7 +8,7 @@ namespace {
 
 using json = nlohmann::ordered_json;
 
-TEST(TokenizeCli, AnswersEveryLineAndFlagsBadOnes) {
+TEST(server_TokenizeCli, AnswersEveryLineAndFlagsBadOnes) {
   const std::string dir = DataPath("synthetic/llama_byte_fallback");
   const std::string input = ::testing::TempDir() + "/afd_tokenize_cli_" + std::to_string(getpid());
   {
@@ -42,7 +42,7 @@ TEST(TokenizeCli, AnswersEveryLineAndFlagsBadOnes) {
   EXPECT_EQ(special[0]["ids"], expected);
 }
 
-TEST(TokenizeCli, GoodInputExitsZeroAndMissingDirFails) {
+TEST(server_TokenizeCli, GoodInputExitsZeroAndMissingDirFails) {
   const std::string input = ::testing::TempDir() + "/afd_tokenize_ok_" + std::to_string(getpid());
   {
     std::ofstream(input) << R"({"text": ""})"

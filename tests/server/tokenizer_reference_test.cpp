@@ -51,7 +51,7 @@ void CompareWithHf(const std::string& dir, const std::string& name) {
                   name + " decode");
 }
 
-class TokenizerReference : public ::testing::Test {
+class server_TokenizerReference : public ::testing::Test {
  protected:
   void SetUp() override {
     const std::string missing = NodeReferenceMissing();
@@ -59,11 +59,11 @@ class TokenizerReference : public ::testing::Test {
   }
 };
 
-TEST_F(TokenizerReference, DeepSeekV3) { CompareWithHf(DeepSeekV3Dir(), "deepseek_v3"); }
+TEST_F(server_TokenizerReference, DeepSeekV3) { CompareWithHf(DeepSeekV3Dir(), "deepseek_v3"); }
 
-TEST_F(TokenizerReference, Qwen3) { CompareWithHf(Qwen3Dir(), "qwen3"); }
+TEST_F(server_TokenizerReference, Qwen3) { CompareWithHf(Qwen3Dir(), "qwen3"); }
 
-TEST_F(TokenizerReference, SyntheticTokenizers) {
+TEST_F(server_TokenizerReference, SyntheticTokenizers) {
   const auto dirs = SyntheticDirs();
   ASSERT_GE(dirs.size(), 20u);
   for (const auto& dir : dirs) {

@@ -29,14 +29,14 @@ std::string LoadError(const json& j) {
   return "";
 }
 
-TEST(Tokenizer, MiniEncodeDecode) {
+TEST(server_Tokenizer, MiniEncodeDecode) {
   const auto t = Tokenizer::FromJson(MiniTokenizer().dump(), "", "mini");
   EXPECT_EQ(t->Encode("abab<s>a", false), (std::vector<uint32_t>{2, 2, 3, 0}));
   EXPECT_EQ(t->Decode({2, 3, 0}, false), "ab <s> a");  // no decoder: tokens joined by spaces
   EXPECT_EQ(t->Decode({2, 3, 0}, true), "ab a");
 }
 
-TEST(Tokenizer, RefusesUnsupportedComponentsByName) {
+TEST(server_Tokenizer, RefusesUnsupportedComponentsByName) {
   const std::vector<std::pair<std::string, json>> cases = {
       {"normalizer", {{"type", "BertNormalizer"}}},
       {"pre_tokenizer", {{"type", "BertPreTokenizer"}}},
@@ -63,7 +63,7 @@ TEST(Tokenizer, RefusesUnsupportedComponentsByName) {
   EXPECT_NE(LoadError(j).find("unknown split behavior \"Sideways\""), std::string::npos);
 }
 
-TEST(Tokenizer, RefusesBadMergesAndIds) {
+TEST(server_Tokenizer, RefusesBadMergesAndIds) {
   json j = MiniTokenizer();
   j["model"]["merges"] = {"a c"};
   EXPECT_NE(LoadError(j).find("merges[0]: token \"c\" not in vocab"), std::string::npos)
@@ -85,7 +85,7 @@ TEST(Tokenizer, RefusesBadMergesAndIds) {
   }
 }
 
-TEST(Utf8, LossyReplacesMaximalSubparts) {
+TEST(server_Utf8, LossyReplacesMaximalSubparts) {
   EXPECT_EQ(Utf8Lossy("a\xE4\xB8"), "a\xEF\xBF\xBD");            // truncated 3-byte sequence
   EXPECT_EQ(Utf8Lossy("\x80\x80"), "\xEF\xBF\xBD\xEF\xBF\xBD");  // two lone continuations
   EXPECT_EQ(Utf8Lossy("\xED\xA0\x80"), "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD");  // surrogate
