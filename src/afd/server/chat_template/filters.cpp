@@ -68,10 +68,26 @@ std::string HtmlEscape(const std::string& s) {
 
 Value ApplyFilter(const std::string& name, const Value& v, Args& args) {
   if (name == "length" || name == "count") return Value(Length(v));
-  if (name == "tojson") {
-    const Value indent = Arg(args, 0, "indent", Value::None());
-    return Value(v.ToJson(indent.is_none() ? -1 : static_cast<int>(indent.as_int()),
-                          Arg(args, 3, "sort_keys", Value(false)).Truthy()));
+  if (name == "tojson") {  // transformers: tojson(x, ensure_ascii, indent, separators, sort_keys)
+    JsonOptions o;
+    o.ensure_ascii = Arg(args, 0, "ensure_ascii", Value(false)).Truthy();
+    const Value indent = Arg(args, 1, "indent", Value::None());
+    if (!indent.is_none()) {
+      o.pretty = true;
+      o.indent = indent.is_string()
+                     ? indent.as_string()
+                     : std::string(static_cast<size_t>(std::max<int64_t>(0, indent.as_int())), ' ');
+    }
+    o.item_sep = o.pretty ? "," : ", ";
+    const Value separators = Arg(args, 2, "separators", Value::None());
+    if (!separators.is_none()) {
+      AFD_CHECK(separators.is_list() && separators.list().size() == 2,
+                "tojson: separators must be an (item, key) pair");
+      o.item_sep = separators.list()[0].Str();
+      o.key_sep = separators.list()[1].Str();
+    }
+    o.sort_keys = Arg(args, 3, "sort_keys", Value(false)).Truthy();
+    return Value(v.ToJson(o));
   }
   if (name == "trim") {
     const Value chars = Arg(args, 0, "chars", Value::None());

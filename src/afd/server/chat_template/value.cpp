@@ -169,37 +169,46 @@ std::string PyStringRepr(const std::string& s) {
   return out + q;
 }
 
-void JsonString(const std::string& s, std::string* out) {
+// A JSON string as json.dumps writes it: ensure_ascii escapes all but printable ASCII (UTF-16
+// surrogate pairs above the BMP); otherwise only quotes, backslashes and control characters.
+void JsonString(const std::string& s, bool ensure_ascii, std::string* out) {
   *out += '"';
-  for (unsigned char c : s) {
+  for (size_t pos = 0, len; pos < s.size(); pos += len) {
+    const char32_t c = DecodeUtf8(s, pos, &len);
     switch (c) {
       case '"':
         *out += "\\\"";
-        break;
+        continue;
       case '\\':
         *out += "\\\\";
-        break;
+        continue;
       case '\n':
         *out += "\\n";
-        break;
+        continue;
       case '\r':
         *out += "\\r";
-        break;
+        continue;
       case '\t':
         *out += "\\t";
-        break;
+        continue;
       case '\b':
         *out += "\\b";
-        break;
+        continue;
       case '\f':
         *out += "\\f";
-        break;
+        continue;
       default:
-        if (c < 0x20 || c == 0x7F) {
-          *out += fmt::format("\\u{:04x}", c);
-        } else {
-          *out += static_cast<char>(c);
-        }
+        break;
+    }
+    if (c < 0x20 || (ensure_ascii && c > 0x7E)) {
+      if (c > 0xFFFF) {
+        const char32_t v = c - 0x10000;
+        *out += fmt::format("\\u{:04x}\\u{:04x}", 0xD800 + (v >> 10), 0xDC00 + (v & 0x3FF));
+      } else {
+        *out += fmt::format("\\u{:04x}", static_cast<unsigned>(c));
+      }
+    } else {
+      out->append(s, pos, len);
     }
   }
   *out += '"';
@@ -252,11 +261,12 @@ std::string Value::Repr() const {
   }
 }
 
-void Value::ToJsonImpl(int indent, bool sort_keys, int depth, std::string* out) const {
+void Value::ToJsonImpl(const JsonOptions& o, int depth, std::string* out) const {
   auto newline = [&](int d) {
-    if (indent >= 0) *out += "\n" + std::string(static_cast<size_t>(indent * d), ' ');
+    if (!o.pretty) return;
+    *out += "\n";
+    for (int i = 0; i < d; ++i) *out += o.indent;
   };
-  const char* item_sep = indent >= 0 ? "," : ", ";
   switch (kind_) {
     case Kind::kUndefined:
     case Kind::kNone:
@@ -274,7 +284,7 @@ void Value::ToJsonImpl(int indent, bool sort_keys, int depth, std::string* out) 
                                : FloatRepr(d_);
       return;
     case Kind::kString:
-      JsonString(s_, out);
+      JsonString(s_, o.ensure_ascii, out);
       return;
     case Kind::kList: {
       if (list_->empty()) {
@@ -283,9 +293,9 @@ void Value::ToJsonImpl(int indent, bool sort_keys, int depth, std::string* out) 
       }
       *out += "[";
       for (size_t i = 0; i < list_->size(); ++i) {
-        if (i) *out += item_sep;
+        if (i) *out += o.item_sep;
         newline(depth + 1);
-        (*list_)[i].ToJsonImpl(indent, sort_keys, depth + 1, out);
+        (*list_)[i].ToJsonImpl(o, depth + 1, out);
       }
       newline(depth);
       *out += "]";
@@ -298,17 +308,17 @@ void Value::ToJsonImpl(int indent, bool sort_keys, int depth, std::string* out) 
       }
       std::vector<const std::pair<std::string, Value>*> items;
       for (const auto& kv : dict_->items) items.push_back(&kv);
-      if (sort_keys) {
+      if (o.sort_keys) {
         std::stable_sort(items.begin(), items.end(),
                          [](auto* a, auto* b) { return a->first < b->first; });
       }
       *out += "{";
       for (size_t i = 0; i < items.size(); ++i) {
-        if (i) *out += item_sep;
+        if (i) *out += o.item_sep;
         newline(depth + 1);
-        JsonString(items[i]->first, out);
-        *out += ": ";
-        items[i]->second.ToJsonImpl(indent, sort_keys, depth + 1, out);
+        JsonString(items[i]->first, o.ensure_ascii, out);
+        *out += o.key_sep;
+        items[i]->second.ToJsonImpl(o, depth + 1, out);
       }
       newline(depth);
       *out += "}";
@@ -319,9 +329,9 @@ void Value::ToJsonImpl(int indent, bool sort_keys, int depth, std::string* out) 
   }
 }
 
-std::string Value::ToJson(int indent, bool sort_keys) const {
+std::string Value::ToJson(const JsonOptions& options) const {
   std::string out;
-  ToJsonImpl(indent, sort_keys, 0, &out);
+  ToJsonImpl(options, 0, &out);
   return out;
 }
 

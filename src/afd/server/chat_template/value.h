@@ -16,6 +16,16 @@ namespace afd::server::jinja {
 
 class Value;
 
+// json.dumps options of the tojson filter (transformers' signature).
+struct JsonOptions {
+  bool pretty = false;   // indent given: newlines and `indent` per level
+  std::string indent;    // per level (an int n is n spaces)
+  std::string item_sep;  // default ", " (or "," when pretty)
+  std::string key_sep = ": ";
+  bool sort_keys = false;
+  bool ensure_ascii = false;
+};
+
 // Positional and keyword arguments of a call.
 struct Args {
   std::vector<Value> positional;
@@ -76,9 +86,8 @@ class Value {
   std::string Str() const;
   // Python repr() (strings quoted), used inside printed lists and dicts.
   std::string Repr() const;
-  // JSON as transformers' tojson (json.dumps, ensure_ascii=False); indent < 0 is compact with
-  // ", " and ": " separators.
-  std::string ToJson(int indent, bool sort_keys) const;
+  // JSON as Python's json.dumps with `options` (transformers' tojson).
+  std::string ToJson(const JsonOptions& options) const;
   // Python ==.
   bool Equals(const Value& other) const;
   // Items iterated by `for`: list items, dict keys, string characters.
@@ -88,7 +97,7 @@ class Value {
   static std::string FloatRepr(double d);
 
  private:
-  void ToJsonImpl(int indent, bool sort_keys, int depth, std::string* out) const;
+  void ToJsonImpl(const JsonOptions& o, int depth, std::string* out) const;
 
   Kind kind_ = Kind::kUndefined;
   bool b_ = false;  // also: a list is a tuple
