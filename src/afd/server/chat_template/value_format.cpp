@@ -29,17 +29,26 @@ std::string Value::FloatRepr(double d) {
     if (c != '.') digits += c;
   }
   if (exp < -4 || exp >= 16) {
-    std::string m = digits.substr(0, 1);
-    if (digits.size() > 1) m += "." + digits.substr(1);
+    std::string m(1, digits[0]);
+    if (digits.size() > 1) {
+      m += '.';
+      m.append(digits, 1, std::string::npos);
+    }
     return fmt::format("{}{}e{}{:02d}", sign, m, exp < 0 ? '-' : '+', std::abs(exp));
   }
   std::string out;
   if (exp < 0) {
-    out = "0." + std::string(-exp - 1, '0') + digits;
+    out = "0.";
+    out.append(static_cast<size_t>(-exp - 1), '0');
+    out += digits;
   } else if (static_cast<size_t>(exp) + 1 >= digits.size()) {
-    out = digits + std::string(exp + 1 - digits.size(), '0') + ".0";
+    out = digits;
+    out.append(exp + 1 - digits.size(), '0');
+    out += ".0";
   } else {
-    out = digits.substr(0, exp + 1) + "." + digits.substr(exp + 1);
+    out.assign(digits, 0, static_cast<size_t>(exp) + 1);
+    out += '.';
+    out.append(digits, static_cast<size_t>(exp) + 1, std::string::npos);
   }
   return sign + out;
 }
