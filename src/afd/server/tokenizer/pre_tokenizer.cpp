@@ -68,7 +68,7 @@ class ByteLevelPreTokenizer : public PreTokenizer {
   void PreTokenize(std::vector<Piece>* pieces) const override {
     if (add_prefix_space_) {
       for (Piece& p : *pieces) {
-        if (p.text.empty() || p.text[0] != ' ') p.text.insert(0, " ");
+        if (p.text.empty() || p.text[0] != ' ') p.text.insert(p.text.begin(), ' ');
       }
     }
     if (regex_) {
