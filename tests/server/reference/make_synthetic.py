@@ -57,9 +57,10 @@ def train(words, base, num_merges, sep=""):
     return vocab, merges
 
 
-def byte_level_model(num_merges=150, ignore_merges=False, pairs=False):
+def byte_level_model(num_merges=150, ignore_merges=False, pairs=False, text=None):
     bc = byte_chars()
-    words = ["".join(bc[b] for b in w.encode()) for w in re.findall(r" ?\w+| ?[^\w\s]+|\s+", TRAIN)]
+    pieces = text.split(" ") if text else re.findall(r" ?\w+| ?[^\w\s]+|\s+", TRAIN)
+    words = ["".join(bc[b] for b in w.encode()) for w in pieces]
     vocab, merges = train(words, [bc[b] for b in range(256)], num_merges)
     return {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
             "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False,
@@ -180,6 +181,13 @@ def main():
                 write(name, {"model": byte_level_model(num_merges=60),
                              "pre_tokenizer": byte_level_split(behavior, invert, pattern),
                              "decoder": byte_decoder})
+    # Oniguruma's \w, \d and \s classes (inside and outside brackets) in a checkpoint's regex.
+    # Its merges join letters with marks, connectors and numbers, so a different \w splits differently.
+    marks = "a\u0301b x\u203fy \u216b\u216b \u00bd1 \u0e01\u0e34 \u0915\u093f A\u0308\u0323 z\u0300 e\u0301 "
+    write("split_word_classes", {"model": byte_level_model(num_merges=80, text=marks * 5 + TRAIN),
+                                 "pre_tokenizer": byte_level_split(
+                                     "Isolated", False, {"Regex": r"\w+|\d|[^\w\s]+|\s+(?!\S)|\W"}),
+                                 "decoder": byte_decoder})
 
 
 if __name__ == "__main__":

@@ -10,7 +10,12 @@ namespace afd::server {
 
 namespace {
 
-// \s -> [\s\x{85}] (in a class: \s\x{85}), \S -> [^\s\x{85}]; the rest is copied unchanged.
+// Oniguruma's Unicode \w: letters, marks, numbers, connector punctuation (PCRE2 10.42's leaves
+// out marks and connectors other than '_').
+constexpr const char* kWordClass = "\\p{L}\\p{M}\\p{N}\\p{Pc}";
+
+// \s -> [\s\x{85}] (in a class: \s\x{85}), \S -> [^\s\x{85}], \w -> [kWordClass],
+// \W -> [^kWordClass]; the rest is copied unchanged.
 std::string RewriteWhitespaceClasses(const std::string& p) {
   std::string out;
   bool in_class = false;
@@ -23,6 +28,10 @@ std::string RewriteWhitespaceClasses(const std::string& p) {
         out += in_class ? "\\s\\x{85}" : "[\\s\\x{85}]";
       } else if (n == 'S' && !in_class) {
         out += "[^\\s\\x{85}]";
+      } else if (n == 'w') {
+        out += in_class ? kWordClass : std::string("[") + kWordClass + "]";
+      } else if (n == 'W' && !in_class) {
+        out += std::string("[^") + kWordClass + "]";
       } else {
         out += c;
         out += n;

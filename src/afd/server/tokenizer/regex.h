@@ -1,7 +1,8 @@
 // A compiled Unicode regular expression (PCRE2, UTF + UCP, JIT when available) with the semantics
 // of the Oniguruma engine HF tokenizers uses for the patterns tokenizer.json files contain:
-// \p{..} classes, lookahead, and \s/\S matching Unicode White_Space (PCRE2 10.42's \s leaves out
-// U+0085, so the pattern is rewritten to include it).
+// \p{..} classes, lookahead, \s/\S matching Unicode White_Space (PCRE2 10.42's \s leaves out
+// U+0085) and \w/\W matching letters, marks, numbers and connector punctuation; the pattern is
+// rewritten to get those.
 //
 // Thread safety: FindAll may be called from several threads (match data is per call).
 #pragma once
