@@ -66,6 +66,11 @@ TEST_F(server_ChatTemplateReference, DeepSeekV3) {
   CompareChat(DeepSeekV3Dir(), {"chat_cases.jsonl", "chat_cases_deepseek.jsonl"}, "deepseek_v3");
 }
 
+// A Mistral-style template from chat_template.jinja, which replaces tokenizer_config.json's.
+TEST_F(server_ChatTemplateReference, ChatTemplateJinjaFile) {
+  CompareChat(DataPath("synthetic/llama_byte_fallback"), {"chat_cases.jsonl"}, "mistral");
+}
+
 TEST(server_JinjaSnippets, MatchJinja2) {
   const std::string missing = PythonJinjaMissing();
   if (!missing.empty()) GTEST_SKIP() << "Jinja2 reference unavailable: " << missing;

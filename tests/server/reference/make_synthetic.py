@@ -91,7 +91,34 @@ def added(id_, content, special=True, **flags):
     return t
 
 
-def write(name, tok, config=None):
+MISTRAL_TEMPLATE = """{%- if messages[0]['role'] == 'system' %}
+    {%- set system_message = messages[0]['content'] %}
+    {%- set loop_messages = messages[1:] %}
+{%- else %}
+    {%- set loop_messages = messages %}
+{%- endif %}
+
+{{- bos_token }}
+{%- for message in loop_messages %}
+    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}
+        {{- raise_exception('After the optional system message, conversation roles must alternate user/assistant/user/assistant/...') }}
+    {%- endif %}
+    {%- if message['role'] == 'user' %}
+        {%- if loop.first and system_message is defined %}
+            {{- ' [INST] ' + system_message + '\\n\\n' + message['content'] + ' [/INST]' }}
+        {%- else %}
+            {{- ' [INST] ' + message['content'] + ' [/INST]' }}
+        {%- endif %}
+    {%- elif message['role'] == 'assistant' %}
+        {{- ' ' + message['content'] + eos_token}}
+    {%- else %}
+        {{- raise_exception('Only user and assistant roles are supported, with the exception of an initial optional system message!') }}
+    {%- endif %}
+{%- endfor %}
+"""
+
+
+def write(name, tok, config=None, chat_template=None):
     d = os.path.join(OUT, name)
     os.makedirs(d, exist_ok=True)
     base = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": [],
@@ -102,6 +129,9 @@ def write(name, tok, config=None):
     if config is not None:
         with open(os.path.join(d, "tokenizer_config.json"), "w", encoding="utf-8") as f:
             json.dump(config, f, ensure_ascii=False, indent=1)
+    if chat_template is not None:
+        with open(os.path.join(d, "chat_template.jinja"), "w", encoding="utf-8") as f:
+            f.write(chat_template)
 
 
 def byte_level_split(behavior, invert, pattern):
@@ -132,7 +162,9 @@ def main():
             {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "},
             {"type": "ByteFallback"}, {"type": "Fuse"},
             {"type": "Strip", "content": " ", "start": 1, "stop": 0}]},
-    })
+    }, config={"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
+               "chat_template": "unused: chat_template.jinja replaces it"},
+       chat_template=MISTRAL_TEMPLATE)
     # Metaspace pre-tokenizer and decoder, NFKC + Lowercase, Digits, unk with fuse_unk.
     m = char_model(TRAIN.lower(), byte_fallback=False, unk="<unk>", fuse_unk=True)
     write("metaspace_nfkc", {

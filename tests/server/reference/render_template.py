@@ -5,7 +5,7 @@ tojson = json.dumps(ensure_ascii=False), raise_exception, strftime_now).
 Usage: python3 render_template.py [TOKENIZER_DIR] < lines
 Each input line is a JSON object of template variables (messages, tools, add_generation_prompt,
 ...); a "template" key gives the template source, else TOKENIZER_DIR/tokenizer_config.json's
-chat_template is used with its special tokens map and tools/documents defaulting to None, as
+chat_template (or TOKENIZER_DIR/chat_template.jinja) is used with its special tokens map and tools/documents defaulting to None, as
 transformers' apply_chat_template renders. Prints {"prompt": S} or {"error": S} per line.
 """
 import json
@@ -54,6 +54,10 @@ def main():
         with open(os.path.join(sys.argv[1], "tokenizer_config.json"), encoding="utf-8") as f:
             cfg = json.load(f)
         default_template = cfg.get("chat_template")
+        jinja_path = os.path.join(sys.argv[1], "chat_template.jinja")
+        if os.path.exists(jinja_path):  # transformers prefers the separate file
+            with open(jinja_path, encoding="utf-8") as f:
+                default_template = f.read()
         # transformers' special_tokens_map: the tokens that are set.
         for key in ["bos_token", "eos_token", "unk_token", "sep_token", "pad_token",
                     "cls_token", "mask_token"]:

@@ -54,7 +54,11 @@ std::unique_ptr<Tokenizer> Tokenizer::Load(const std::string& dir) {
   const std::string cfg_path = dir + "/tokenizer_config.json";
   AFD_CHECK(std::filesystem::exists(tok_path), "{}: no tokenizer.json in the directory", dir);
   const std::string config = std::filesystem::exists(cfg_path) ? ReadFile(cfg_path) : std::string();
-  return FromJson(ReadFile(tok_path), config, dir);
+  std::unique_ptr<Tokenizer> t = FromJson(ReadFile(tok_path), config, dir);
+  // Newer checkpoints keep the template in its own file, which transformers prefers.
+  const std::string template_path = dir + "/chat_template.jinja";
+  if (std::filesystem::exists(template_path)) t->chat_template_ = ReadFile(template_path);
+  return t;
 }
 
 std::unique_ptr<Tokenizer> Tokenizer::FromJson(const std::string& tokenizer_json,

@@ -24,8 +24,9 @@ namespace afd::server {
 
 class Tokenizer {
  public:
-  // Loads `dir`/tokenizer.json and, if it exists, `dir`/tokenizer_config.json. Throws afd::Error
-  // naming the file and field on any problem.
+  // Loads `dir`/tokenizer.json and, if they exist, `dir`/tokenizer_config.json and
+  // `dir`/chat_template.jinja (which replaces tokenizer_config.json's template, as in
+  // transformers). Throws afd::Error naming the file and field on any problem.
   static std::unique_ptr<Tokenizer> Load(const std::string& dir);
   // Builds from the JSON texts (tokenizer_config may be empty). `name` prefixes error messages.
   static std::unique_ptr<Tokenizer> FromJson(const std::string& tokenizer_json,
