@@ -32,7 +32,9 @@ TEST(server_TokenizeCli, AnswersEveryLineAndFlagsBadOnes) {
   ASSERT_TRUE(plain[0].contains("ids"));
   EXPECT_TRUE(plain[1].contains("error"));
   EXPECT_TRUE(plain[2].contains("error"));
-  EXPECT_NE(plain[3]["error"].get<std::string>().find("no chat template"), std::string::npos);
+  // The directory's chat_template.jinja (Mistral style) renders the messages.
+  EXPECT_EQ(plain[3].value("prompt", ""), "<s> [INST] hi [/INST]") << plain[3].dump();
+  EXPECT_TRUE(plain[3].contains("ids"));
   EXPECT_TRUE(plain[4].contains("error"));
   EXPECT_TRUE(plain[5].contains("text"));
   const std::vector<json> special = RunAfdTokenize(dir, input, true);
@@ -54,6 +56,16 @@ TEST(server_TokenizeCli, GoodInputExitsZeroAndMissingDirFails) {
   EXPECT_EQ(exit_code, 0);
   ASSERT_EQ(out.size(), 1u);
   EXPECT_EQ(out[0], json({{"ids", json::array()}}));
+  // A directory without a chat template answers messages with an error on that line.
+  {
+    std::ofstream(input) << R"({"messages": [{"role": "user", "content": "hi"}]})"
+                         << "\n";
+  }
+  const auto no_template =
+      RunAfdTokenize(DataPath("synthetic/gpt2_ignore_merges"), input, false, &exit_code);
+  EXPECT_EQ(exit_code, 1);
+  ASSERT_EQ(no_template.size(), 1u);
+  EXPECT_NE(no_template[0].value("error", "").find("no chat template"), std::string::npos);
   const CommandResult r = RunCommand(std::string(AFD_BINARY) +
                                      " tokenize --tokenizer /nonexistent < " + input + " 2>&1");
   EXPECT_EQ(r.exit_code, 1);
