@@ -1,5 +1,7 @@
 #include "afd/server/tokenizer/decoder.h"
 
+#include <cctype>
+
 #include "afd/common/error.h"
 #include "afd/server/tokenizer/byte_level.h"
 #include "afd/server/tokenizer/normalizer.h"
@@ -58,17 +60,18 @@ class ByteFallbackDecoder : public Decoder {
     std::string pending;
     auto flush = [&] {
       if (pending.empty()) return;
-      if (CompleteUtf8Prefix(pending) == pending.size() && Utf8Lossy(pending) == pending) {
+      if (Utf8Lossy(pending) == pending) {  // valid UTF-8: the bytes as text
         out.push_back(pending);
-      } else {
+      } else {  // as Rust's String::from_utf8 failing: one U+FFFD per byte
         for (size_t i = 0; i < pending.size(); ++i) out.push_back("\xEF\xBF\xBD");
       }
       pending.clear();
     };
     for (std::string& t : tokens) {
       int byte = -1;
-      if (t.size() == 6 && t.compare(0, 3, "<0x") == 0 && t[5] == '>' && isxdigit(t[3]) &&
-          isxdigit(t[4])) {
+      if (t.size() == 6 && t.compare(0, 3, "<0x") == 0 && t[5] == '>' &&
+          std::isxdigit(static_cast<unsigned char>(t[3])) &&
+          std::isxdigit(static_cast<unsigned char>(t[4]))) {
         byte = std::stoi(t.substr(3, 2), nullptr, 16);
       }
       if (byte >= 0) {
