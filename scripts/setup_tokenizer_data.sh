@@ -25,4 +25,4 @@ fi
 mkdir -p "$DIR"
 cd "$DIR"
 [ -f package.json ] || echo '{"private": true}' > package.json
-npm install --prefer-offline --no-audit --no-fund --loglevel=error "${PACKAGES[@]}"
+npm install --prefer-offline --save-exact --no-audit --no-fund --loglevel=error "${PACKAGES[@]}"
