@@ -5,6 +5,7 @@
 #include "afd/server/chat_template/builtins.h"
 #include "afd/server/chat_template/interpreter.h"
 #include "afd/server/chat_template/line_errors.h"
+#include "afd/server/chat_template/string_methods.h"
 
 namespace afd::server::jinja {
 
@@ -13,6 +14,9 @@ namespace {
 bool IsNum(const Value& v) { return v.is_number() || v.is_bool(); }
 
 Value Arith(const std::string& op, const Value& a, const Value& b) {
+  if (op == "%" && a.is_string()) {  // printf-style formatting, a tuple gives several values
+    return Value(PercentFormat(a.as_string(), b.is_tuple() ? b.list() : std::vector<Value>{b}));
+  }
   if (op == "+") {
     if (a.is_string() && b.is_string()) return Value(a.as_string() + b.as_string());
     if (a.is_list() && b.is_list()) {

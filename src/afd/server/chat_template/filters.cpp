@@ -1,3 +1,4 @@
+#include <fmt/printf.h>
 #include <utf8proc.h>
 
 #include <algorithm>
@@ -217,10 +218,66 @@ Value ApplyFilter(const std::string& name, const Value& v, Args& args) {
   if (name == "abs")
     return v.is_float() ? Value(std::fabs(v.as_double()))
                         : Value(static_cast<int64_t>(std::llabs(v.as_int())));
-  if (name == "round") {
-    const double p =
-        std::pow(10.0, static_cast<double>(Arg(args, 0, "precision", Value(int64_t{0})).as_int()));
-    return Value(std::round(v.as_double() * p) / p);
+  if (name == "round") {  // Jinja2: common = Python's round (half to even), floor, ceil
+    const int64_t precision = Arg(args, 0, "precision", Value(int64_t{0})).as_int();
+    const std::string method = Arg(args, 1, "method", Value("common")).Str();
+    const double p = std::pow(10.0, static_cast<double>(precision));
+    if (method == "floor") return Value(std::floor(v.as_double() * p) / p);
+    if (method == "ceil") return Value(std::ceil(v.as_double() * p) / p);
+    if (precision < 0) return Value(std::nearbyint(v.as_double() * p) / p);
+    // printf rounds the exact binary value half-to-even, as Python's round does.
+    return Value(std::stod(fmt::sprintf("%.*f", static_cast<int>(precision), v.as_double())));
+  }
+  if (name == "format") {
+    std::vector<Value> values = args.positional;
+    return Value(PercentFormat(v.Str(), values));
+  }
+  if (name == "center") {
+    const int64_t width = Arg(args, 0, "width", Value(int64_t{80})).as_int();
+    const std::string s = v.Str();
+    const int64_t len = static_cast<int64_t>(ToCodePoints(s).size());
+    if (width <= len) return Value(s);
+    // Python's str.center: the extra space goes left when the padding and width are both odd.
+    const int64_t pad = width - len;
+    const int64_t left = pad / 2 + (pad & width & 1);
+    return Value(std::string(static_cast<size_t>(left), ' ') + s +
+                 std::string(static_cast<size_t>(pad - left), ' '));
+  }
+  if (name == "batch") {
+    const int64_t n = Arg(args, 0, "linecount").as_int();
+    AFD_CHECK(n > 0, "batch: linecount must be positive");
+    const Value fill = Arg(args, 1, "fill_with", Value::None());
+    std::vector<Value> out;
+    std::vector<Value> cur;
+    for (const Value& x : v.Iterate()) {
+      cur.push_back(x);
+      if (static_cast<int64_t>(cur.size()) == n) {
+        out.push_back(Value::List(std::move(cur)));
+        cur.clear();
+      }
+    }
+    if (!cur.empty()) {
+      while (!fill.is_none() && static_cast<int64_t>(cur.size()) < n) cur.push_back(fill);
+      out.push_back(Value::List(std::move(cur)));
+    }
+    return Value::List(std::move(out));
+  }
+  if (name == "truncate") {
+    const std::vector<char32_t> cps = ToCodePoints(v.Str());
+    const int64_t length = Arg(args, 0, "length", Value(int64_t{255})).as_int();
+    const bool killwords = Arg(args, 1, "killwords", Value(false)).Truthy();
+    const std::string end = Arg(args, 2, "end", Value("...")).Str();
+    const int64_t leeway = Arg(args, 3, "leeway", Value(int64_t{5})).as_int();
+    if (static_cast<int64_t>(cps.size()) <= length + leeway) return Value(v.Str());
+    const int64_t keep =
+        std::max<int64_t>(0, length - static_cast<int64_t>(ToCodePoints(end).size()));
+    std::string head;
+    for (int64_t i = 0; i < keep; ++i) AppendUtf8(cps[static_cast<size_t>(i)], &head);
+    if (!killwords) {  // drop the last, partial word (Python: rsplit(" ", 1)[0])
+      const size_t sp = head.rfind(' ');
+      if (sp != std::string::npos) head.resize(sp);
+    }
+    return Value(head + end);
   }
   if (name == "sum") {
     const Value attr = Arg(args, 0, "attribute", Value::None());

@@ -1,10 +1,13 @@
 #include "afd/server/chat_template/string_methods.h"
 
+#include <fmt/printf.h>
 #include <utf8proc.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <ctime>
+#include <string_view>
 
 #include "afd/common/error.h"
 #include "afd/server/chat_template/builtins.h"
@@ -122,6 +125,66 @@ std::string PyReplace(const std::string& s, const std::string& from, const std::
     ++n;
   }
   return out + s.substr(pos);
+}
+
+std::string PercentFormat(const std::string& fmt, const std::vector<Value>& args) {
+  std::string out;
+  size_t next = 0;
+  for (size_t i = 0; i < fmt.size(); ++i) {
+    if (fmt[i] != '%') {
+      out += fmt[i];
+      continue;
+    }
+    size_t j = i + 1;
+    std::string spec = "%";
+    while (j < fmt.size() && std::string_view("-+ #0").find(fmt[j]) != std::string_view::npos) {
+      spec += fmt[j++];
+    }
+    while (j < fmt.size() && (std::isdigit(static_cast<unsigned char>(fmt[j])) || fmt[j] == '.')) {
+      spec += fmt[j++];
+    }
+    AFD_CHECK(j < fmt.size(), "incomplete format");
+    const char conv = fmt[j];
+    i = j;
+    if (conv == '%') {
+      out += '%';
+      continue;
+    }
+    AFD_CHECK(next < args.size(), "not enough arguments for format string");
+    const Value& a = args[next++];
+    switch (conv) {
+      case 's':
+      case 'r': {
+        const std::string text = conv == 's' ? a.Str() : a.Repr();
+        out += fmt::sprintf(spec + "s", text);
+        break;
+      }
+      case 'd':
+      case 'i':
+      case 'x':
+      case 'X':
+      case 'o':
+        AFD_CHECK(a.is_number() || a.is_bool(), "%{} format: a number is required", conv);
+        out += fmt::sprintf(spec + (conv == 'i' ? 'd' : conv), static_cast<long long>(a.as_int()));
+        break;
+      case 'f':
+      case 'F':
+      case 'e':
+      case 'E':
+      case 'g':
+      case 'G':
+        AFD_CHECK(a.is_number() || a.is_bool(), "%{} format: a number is required", conv);
+        out += fmt::sprintf(spec + conv, a.as_double());
+        break;
+      case 'c':
+        out += a.is_string() ? a.as_string() : EncodeUtf8(static_cast<char32_t>(a.as_int()));
+        break;
+      default:
+        AFD_THROW("unsupported format character '{}'", conv);
+    }
+  }
+  AFD_CHECK(next == args.size(), "not all arguments converted during string formatting");
+  return out;
 }
 
 namespace {

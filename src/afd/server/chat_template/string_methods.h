@@ -23,6 +23,10 @@ std::vector<Value> PySplit(const std::string& s, const Value& sep, int64_t maxsp
 // str.replace(old, new, count); count < 0 = all.
 std::string PyReplace(const std::string& s, const std::string& from, const std::string& to,
                       int64_t count);
+// Python's printf-style `fmt % args` (the format filter and the % operator on strings):
+// %s %r %d %i %f %F %e %g %x %o %c %% with flags, width and precision.
+std::string PercentFormat(const std::string& fmt, const std::vector<Value>& args);
+
 // The bound method `s.name`, or undefined when str has no such method here.
 Value StringMethod(const std::string& s, const std::string& name);
 

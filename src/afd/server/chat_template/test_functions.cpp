@@ -25,6 +25,7 @@ bool ApplyTest(const std::string& name, const Value& v, Args& args) {
   if (name == "true") return v.is_bool() && v.as_bool();
   if (name == "false") return v.is_bool() && !v.as_bool();
   if (name == "callable") return v.is_function();
+  if (name == "escaped") return false;  // no Markup values: nothing is marked escaped
   if (name == "iterable") return v.is_list() || v.is_dict() || v.is_string();
   if (name == "sequence") return v.is_list() || v.is_dict() || v.is_string();
   if (name == "even" || name == "odd") {

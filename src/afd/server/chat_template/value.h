@@ -68,6 +68,7 @@ class Value {
   bool is_number() const { return is_int() || is_float(); }  // bools are not numbers here
   bool is_string() const { return kind_ == Kind::kString; }
   bool is_list() const { return kind_ == Kind::kList; }
+  bool is_tuple() const { return is_list() && b_; }
   bool is_dict() const { return kind_ == Kind::kDict; }
   bool is_function() const { return kind_ == Kind::kFunction; }
 
