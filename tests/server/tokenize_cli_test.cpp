@@ -72,5 +72,29 @@ TEST(server_TokenizeCli, GoodInputExitsZeroAndMissingDirFails) {
   EXPECT_NE(r.out.find("no tokenizer.json"), std::string::npos) << r.out;
 }
 
+TEST(server_TokenizeCli, BadTemplateFailsOnlyMessageLines) {
+  const std::string dir = ::testing::TempDir() + "/afd_bad_template_" + std::to_string(getpid());
+  std::filesystem::create_directories(dir);
+  std::filesystem::copy_file(DataPath("synthetic/gpt2_ignore_merges/tokenizer.json"),
+                             dir + "/tokenizer.json",
+                             std::filesystem::copy_options::overwrite_existing);
+  { std::ofstream(dir + "/chat_template.jinja") << "line 1\n{% for m in messages %}\n"; }
+  const std::string input = dir + "/input.jsonl";
+  {
+    std::ofstream(input) << R"({"text": "hi"})"
+                         << "\n"
+                         << R"({"messages": [{"role": "user", "content": "hi"}]})"
+                         << "\n";
+  }
+  int exit_code = -1;
+  const auto out = RunAfdTokenize(dir, input, false, &exit_code);
+  EXPECT_EQ(exit_code, 1);
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_TRUE(out[0].contains("ids"));
+  const std::string error = out[1].value("error", "");
+  EXPECT_NE(error.find("does not parse"), std::string::npos) << error;
+  EXPECT_NE(error.find("missing {% endfor %}"), std::string::npos) << error;
+}
+
 }  // namespace
 }  // namespace afd::test

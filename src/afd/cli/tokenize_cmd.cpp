@@ -27,7 +27,14 @@ std::vector<uint32_t> IdsField(const json& ids) {
 }
 
 // Answers one input line; throws afd::Error (or a JSON error) for a bad line.
-json Answer(const server::Tokenizer& tokenizer, const server::ChatTemplate* chat_template,
+// The directory's chat template, parsed once; a template that does not parse fails only the
+// lines that need it.
+struct Template {
+  std::unique_ptr<server::ChatTemplate> parsed;
+  std::string error;  // why there is none
+};
+
+json Answer(const server::Tokenizer& tokenizer, const Template& chat_template,
             const std::string& line, bool add_special_tokens) {
   const json in = json::parse(line);
   AFD_CHECK(in.is_object(), "expected a JSON object");
@@ -39,7 +46,7 @@ json Answer(const server::Tokenizer& tokenizer, const server::ChatTemplate* chat
     return {{"text", tokenizer.Decode(IdsField(in["ids"]), /*skip_special_tokens=*/false)}};
   }
   if (in.contains("messages")) {
-    AFD_CHECK(chat_template != nullptr, "the tokenizer directory has no chat template");
+    AFD_CHECK(chat_template.parsed != nullptr, "{}", chat_template.error);
     AFD_CHECK(in["messages"].is_array(), "\"messages\" must be an array");
     // Every key of the line is a template variable (messages, tools, add_generation_prompt, and
     // extras such as enable_thinking).
@@ -53,7 +60,7 @@ json Answer(const server::Tokenizer& tokenizer, const server::ChatTemplate* chat
     for (const auto& [key, value] : tokenizer.special_tokens_map()) {
       if (!context.contains(key)) context[key] = value;
     }
-    const std::string prompt = chat_template->Render(context);
+    const std::string prompt = chat_template.parsed->Render(context);
     // As vLLM's chat path: the template already placed the special tokens it wants.
     return {{"prompt", prompt}, {"ids", tokenizer.Encode(prompt, /*add_special_tokens=*/false)}};
   }
@@ -80,9 +87,13 @@ void AddTokenizeCommand(CLI::App& app, int& exit_code) {
                 "Apply the post-processor to {\"text\"} lines (e.g. a BOS id in front)");
   cmd->callback([args, &exit_code] {
     const auto tokenizer = server::Tokenizer::Load(args->dir);
-    std::unique_ptr<server::ChatTemplate> chat_template;
+    Template chat_template{nullptr, "the tokenizer directory has no chat template"};
     if (!tokenizer->chat_template().empty()) {
-      chat_template = std::make_unique<server::ChatTemplate>(tokenizer->chat_template());
+      try {
+        chat_template.parsed = std::make_unique<server::ChatTemplate>(tokenizer->chat_template());
+      } catch (const Error& e) {
+        chat_template.error = std::string("the chat template does not parse: ") + e.what();
+      }
     }
     std::ios::sync_with_stdio(false);
     exit_code = 0;
@@ -90,7 +101,7 @@ void AddTokenizeCommand(CLI::App& app, int& exit_code) {
     while (std::getline(std::cin, line)) {
       json out;
       try {
-        out = Answer(*tokenizer, chat_template.get(), line, args->add_special_tokens);
+        out = Answer(*tokenizer, chat_template, line, args->add_special_tokens);
       } catch (const std::exception& e) {  // afd::Error or nlohmann::json's parse/type errors
         out = {{"error", e.what()}};
         exit_code = 1;
