@@ -42,6 +42,7 @@ bench: build
 	./bench/afd_run_tiny.sh $(BUILD_DIR)/afd
 	./bench/connector_roundtrip.sh $(BUILD_DIR)/afd
 	./bench/afd_decode.sh $(BUILD_DIR)/afd
+	./bench/tokenize_bench.sh $(BUILD_DIR)/afd
 
 format:
 	clang-format -i $$(git ls-files '*.h' '*.cpp' '*.cu' '*.cuh')

@@ -17,7 +17,15 @@ for p in "${PACKAGES[@]}"; do
     missing+=("$p")
   fi
 done
+# References for the tokenizer and chat-template tests (Debian's packages unless present).
+if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+  missing+=(nodejs npm)
+fi
+if ! python3 -c 'import jinja2' 2>/dev/null; then
+  missing+=(python3-jinja2)
+fi
 if [ ${#missing[@]} -eq 0 ]; then
+  "$(dirname "$0")/setup_tokenizer_data.sh"
   exit 0
 fi
 
@@ -29,3 +37,4 @@ if ! $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"; then
   $SUDO apt-get update -q
   $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
+"$(dirname "$0")/setup_tokenizer_data.sh"

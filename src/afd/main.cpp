@@ -22,6 +22,7 @@ int main(int argc, char** argv) {
   afd::cli::AddWorkerCommands(app, exit_code);
   afd::cli::AddRunCommand(app, exit_code);
   afd::cli::AddBenchCommand(app, exit_code);
+  afd::cli::AddTokenizeCommand(app, exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {  // --help, --version

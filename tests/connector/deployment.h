@@ -52,7 +52,8 @@ std::vector<RankProcess> StartDeployment(int A, int F, int timeout_s, const std:
       for (const auto& a : extra_args(role, r)) argv.push_back(a);
       RankProcess p;
       p.label = role + " " + std::to_string(r);
-      p.log = ::testing::TempDir() + "/" + tag + "_" + role + std::to_string(r) + ".log";
+      p.log = ::testing::TempDir() + "/afd_" + std::to_string(getpid()) + "_" + tag + "_" + role +
+              std::to_string(r) + ".log";
       std::remove(p.log.c_str());
       p.process = std::make_unique<Subprocess>(argv, p.log);
       procs.push_back(std::move(p));

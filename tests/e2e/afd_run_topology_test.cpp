@@ -31,8 +31,10 @@ struct Output {
 // env: "NAME=value ..." put before the command, or "".
 Output RunAfd(const std::vector<std::string>& args, const std::string& tag,
               const std::string& env = "") {
-  const std::string out = ::testing::TempDir() + "/" + tag + ".out";
-  const std::string err = ::testing::TempDir() + "/" + tag + ".err";
+  // The pid keeps concurrent test runs (other build trees, ctest -j) off each other's files.
+  const std::string base = ::testing::TempDir() + "/afd_e2e_" + std::to_string(getpid()) + "_" + tag;
+  const std::string out = base + ".out";
+  const std::string err = base + ".err";
   std::string cmd = env + " " + AFD_BINARY;
   for (const auto& a : args) cmd += " '" + a + "'";
   const int rc = std::system((cmd + " >" + out + " 2>" + err).c_str());

