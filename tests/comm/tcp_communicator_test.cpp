@@ -161,6 +161,28 @@ TEST(TcpCommunicator, SilentPeerTimesOutListingWhatIsMissing) {
       << errors[0];
 }
 
+TEST(TcpCommunicator, FailedOperationMakesTheGroupUnusable) {
+  auto errors = RunGroup(2, 5, [](int rank, Communicator& c) {
+    float x = 1;
+    if (rank == 1) {
+      c.Send(&x, 1, 0, 9);  // rank 0 expects tag 5
+      return;
+    }
+    try {
+      c.Recv(&x, 1, 1, 5);
+      ADD_FAILURE() << "the mismatched receive succeeded";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("sent tag 0x9"), std::string::npos) << e.what();
+    }
+    c.Send(&x, 1, 1, 6);  // must fail at once: the streams are out of step
+  });
+  EXPECT_EQ(errors[1], "");
+  EXPECT_NE(errors[0].find("group test_group: group unusable after an earlier failed operation"),
+            std::string::npos)
+      << errors[0];
+  EXPECT_NE(errors[0].find("sent tag 0x9"), std::string::npos) << errors[0];
+}
+
 TEST(TcpCommunicator, MissingMemberIsNamedAtCreation) {
   TcpStoreServer server(0);
   TcpStoreClient client("127.0.0.1", server.port(), 5);

@@ -2,6 +2,8 @@
 // host, with logs in the test's temp dir.
 #pragma once
 
+#include <cstdlib>
+
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -39,6 +41,8 @@ template <typename ExtraArgs>
 std::vector<RankProcess> StartDeployment(int A, int F, int timeout_s, const std::string& tag,
                                          ExtraArgs extra_args) {
   const int port = FreePort();
+  // Every process proves one join secret to the store, as a real deployment does (inherited).
+  setenv("AFD_JOIN_SECRET", "connector-test-join-secret-0123456789", /*overwrite=*/0);
   std::vector<RankProcess> procs;
   for (const std::string role : {"ffn", "attention"}) {
     const int n = role == "ffn" ? F : A;

@@ -10,6 +10,7 @@
 
 #include "afd/cli/commands.h"
 #include "afd/cli/launcher.h"
+#include "afd/comm/join_secret.h"
 #include "afd/comm/socket.h"
 #include "afd/common/error.h"
 #include "afd/config/afd_config.h"
@@ -127,6 +128,7 @@ std::vector<DeploymentResult> RunDeployment(const DeploymentSpec& spec,
     }
   }
   if (spec.show_rank_map) std::cerr << TopologyText(Topology(A, F));
+  comm::EnsureLocalJoinSecret();  // every rank is a child of this process: one fresh secret
   try {
     RunRankProcesses(specs);
   } catch (const Error& e) {

@@ -1,8 +1,10 @@
 #include "afd/comm/afd_world.h"
 
+#include <algorithm>
 #include <chrono>
 #include <thread>
 
+#include "afd/comm/join_secret.h"
 #include "afd/common/error.h"
 
 namespace afd::comm {
@@ -56,17 +58,81 @@ AfdWorld::AfdWorld(JoinRequest request, CommunicatorFactory factory)
       topology_(request_.config.num_attention_ranks, request_.config.num_ffn_ranks),
       world_rank_(-1) {}
 
-// World rank 0 serves the store: it stays until every rank has come (one connection each) and
-// hung up again, bounded by the timeout, so nobody loses the store while reading a barrier or
-// an abort message -- not even a rank that arrives after the deployment was aborted.
+// World rank 0 serves the store. After a completed join it stays until every rank has come
+// and hung up again, bounded by the timeout, so nobody loses the store while reading a barrier
+// or an abort message. After a failed join the same wait is bounded by kFailedJoinLingerSeconds
+// instead: enough for ranks starting late to read the abort, short enough to exit promptly.
 AfdWorld::~AfdWorld() {
+  {
+    std::lock_guard<std::mutex> lock(heartbeat_mu_);
+    heartbeat_stop_ = true;
+  }
+  heartbeat_cv_.notify_all();
+  if (heartbeat_.joinable()) heartbeat_.join();
+  if (joined_ && client_) {
+    try {  // a rank that leaves on purpose is not a stalled one
+      client_->Set(fmt::format("hb_done/{}", world_rank_), "1");
+    } catch (const Error&) {
+    }
+  }
   client_.reset();
   if (!server_) return;
-  const Deadline deadline = Deadline::In(request_.config.afd_process_group_timeout_s);
+  constexpr double kFailedJoinLingerSeconds = 5.0;
+  const double timeout = request_.config.afd_process_group_timeout_s;
+  const Deadline deadline =
+      Deadline::In(joined_ ? timeout : std::min(timeout, kFailedJoinLingerSeconds));
   while ((server_->num_clients() > 0 || server_->num_accepted() < topology_.world_size()) &&
-         !deadline.expired()) {
+         !deadline.expired() && !server_->failure()) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
+}
+
+double AfdWorld::heartbeat_interval_s() const {
+  return std::clamp(request_.config.afd_process_group_timeout_s / 10.0, 0.05, 1.0);
+}
+
+void AfdWorld::StartHeartbeat() {
+  heartbeat_ = std::thread([this] { HeartbeatLoop(); });
+}
+
+void AfdWorld::HeartbeatLoop() {
+  const int n = topology_.world_size();
+  std::vector<std::string> last_value(n);
+  std::vector<std::chrono::steady_clock::time_point> last_change(
+      n, std::chrono::steady_clock::now());
+  bool watching = world_rank_ == 0;
+  const auto interval = std::chrono::duration<double>(heartbeat_interval_s());
+  while (true) {
+    try {
+      client_->Add(fmt::format("hb/{}", world_rank_), 1);
+      if (watching) watching = WatchHeartbeats(last_value, last_change);
+    } catch (const Error&) {
+      return;  // the store is gone: every wait of this rank notices that on its own
+    }
+    std::unique_lock<std::mutex> lock(heartbeat_mu_);
+    if (heartbeat_cv_.wait_for(lock, interval, [this] { return heartbeat_stop_; })) return;
+  }
+}
+
+bool AfdWorld::WatchHeartbeats(std::vector<std::string>& last_value,
+                               std::vector<std::chrono::steady_clock::time_point>& last_change) {
+  const auto now = std::chrono::steady_clock::now();
+  const double bound = request_.config.afd_process_group_timeout_s;
+  for (int w = 0; w < topology_.world_size(); ++w) {
+    const std::string value = client_->TryGet(fmt::format("hb/{}", w)).value_or("");
+    if (value != last_value[w]) {
+      last_value[w] = value;
+      last_change[w] = now;
+      continue;
+    }
+    if (std::chrono::duration<double>(now - last_change[w]).count() < bound) continue;
+    if (client_->TryGet(fmt::format("hb_done/{}", w))) continue;  // it left on purpose
+    Abort(fmt::format("{} sent no heartbeat for {}s (the process is stopped or hung, or its "
+                      "host is cut off)",
+                      Describe(w), bound));
+    return false;
+  }
+  return true;
 }
 
 std::string AfdWorld::Describe(int world_rank) const {
@@ -94,6 +160,11 @@ std::optional<std::string> AfdWorld::AbortMessage() {
 }
 
 void AfdWorld::CheckAbort() {
+  if (server_) {
+    if (auto failure = server_->failure()) {
+      AFD_THROW("the rendezvous store served by {} failed: {}", Describe(world_rank_), *failure);
+    }
+  }
   if (auto abort = client_->TryGet(kAbortKey)) AFD_THROW("aborted: {}", *abort);
 }
 
@@ -135,8 +206,15 @@ std::unique_ptr<AfdWorld> AfdWorld::Join(const JoinRequest& request, Communicato
       request.role_rank >= 0 &&
       request.role_rank < (c.role == Role::kAttention ? c.num_attention_ranks : c.num_ffn_ranks);
   if (in_range) w->world_rank_ = w->topology_.WorldRank({c.role, request.role_rank});
-  if (w->world_rank_ == 0) w->server_ = std::make_unique<TcpStoreServer>(c.port);
-  w->client_ = std::make_unique<TcpStoreClient>(c.host, c.port, timeout);
+  const std::optional<std::string> secret = ResolveJoinSecret(c.host);
+  if (w->world_rank_ == 0) {
+    StoreServerOptions options;
+    options.bind_host = ResolveIPv4(c.host);  // the configured address only, never every one
+    options.port = c.port;
+    options.secret = secret;
+    w->server_ = std::make_unique<TcpStoreServer>(std::move(options));
+  }
+  w->client_ = std::make_unique<TcpStoreClient>(c.host, c.port, timeout, secret);
   if (!in_range) {
     const std::string msg = fmt::format(
         "{} is out of range: num_{}_ranks is {}", Label({c.role, request.role_rank}),
@@ -146,6 +224,8 @@ std::unique_ptr<AfdWorld> AfdWorld::Join(const JoinRequest& request, Communicato
   }
   w->local_address_ = LocalAddressToward(c.host, c.port);
   w->VerifyJoin();
+  w->joined_ = true;
+  w->StartHeartbeat();
   return w;
 }
 

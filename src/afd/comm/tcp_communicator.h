@@ -55,7 +55,10 @@ class TcpCommunicator : public Communicator {
  private:
   explicit TcpCommunicator(GroupSpec spec);
   void Enqueue(bool is_send, void* buf, size_t count, DType dtype, int peer, uint32_t tag);
-  void RunOps();  // progresses every queued op concurrently until done or timeout
+  // Progresses every queued op concurrently until done or timeout; a failure marks the group
+  // unusable (broken_), since the byte streams are then out of step.
+  void RunOps();
+  void RunPendingOps();
   void CheckPeer(int peer) const;
   std::string Where(int peer) const;  // "rank 2 (attention 0) of group afd_subgroup_0"
 
@@ -65,6 +68,7 @@ class TcpCommunicator : public Communicator {
   std::vector<Op> pending_;
   int group_depth_ = 0;
   bool shut_down_ = false;
+  std::string broken_;  // why the group is unusable; empty while it is fine
 };
 
 }  // namespace afd::comm

@@ -1,75 +1,58 @@
-// TcpStoreClient and TcpStoreServer. Frame format (little-endian, docs/wire_formats.md):
-//   request:  u32 magic 'AFDS' | u32 body_len | u8 op | fields
-//   response: u32 magic 'AFDS' | u32 body_len | u8 status | fields
-//   field:    u32 len | len bytes
+// TcpStoreClient and TcpStoreServer over the protocol of store_protocol.h
+// (docs/wire_formats.md, "Rendezvous store").
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <poll.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
+#include <chrono>
+#include <cstdio>
 #include <cstring>
-#include <map>
+#include <list>
 
 #include "afd/comm/store.h"
+#include "afd/comm/store_protocol.h"
 #include "afd/common/error.h"
+#include "afd/common/sha256.h"
 
 namespace afd::comm {
 
-namespace {
-
-constexpr uint32_t kStoreMagic = 0x53444641;  // "AFDS"
-constexpr uint32_t kMaxBody = 64u << 20;      // no store value is anywhere near 64 MiB
-
-enum StoreOp : uint8_t { kSet = 1, kGet = 2, kAdd = 3, kDelete = 4, kCheck = 5 };
-enum StoreStatus : uint8_t { kOk = 0, kMissing = 1, kBadRequest = 2 };
-
-struct FrameHeader {
-  uint32_t magic;
-  uint32_t body_len;
-};
-static_assert(sizeof(FrameHeader) == 8, "store frame header is 8 bytes on the wire");
-
-void PutField(std::string& out, const std::string& field) {
-  const uint32_t len = static_cast<uint32_t>(field.size());
-  out.append(reinterpret_cast<const char*>(&len), 4);
-  out += field;
-}
-
-// Splits a body into fields; returns false when malformed.
-bool ParseFields(const std::string& body, size_t pos, std::vector<std::string>& fields) {
-  while (pos < body.size()) {
-    if (body.size() - pos < 4) return false;
-    uint32_t len;
-    std::memcpy(&len, body.data() + pos, 4);
-    pos += 4;
-    if (body.size() - pos < len) return false;
-    fields.emplace_back(body.substr(pos, len));
-    pos += len;
-  }
-  return true;
-}
-
-std::string Frame(uint8_t code, const std::vector<std::string>& fields) {
-  std::string body(1, static_cast<char>(code));
-  for (const auto& f : fields) PutField(body, f);
-  FrameHeader h{kStoreMagic, static_cast<uint32_t>(body.size())};
-  return std::string(reinterpret_cast<const char*>(&h), sizeof(h)) + body;
-}
-
-std::string EncodeI64(int64_t v) { return std::string(reinterpret_cast<const char*>(&v), 8); }
-int64_t DecodeI64(const std::string& s) {
-  int64_t v = 0;
-  if (s.size() == 8) std::memcpy(&v, s.data(), 8);
-  return v;
-}
-
-}  // namespace
+using namespace store_wire;
 
 // ---- Client ------------------------------------------------------------------------------
 
-TcpStoreClient::TcpStoreClient(const std::string& host, int port, double timeout_s)
+TcpStoreClient::TcpStoreClient(const std::string& host, int port, double timeout_s,
+                               std::optional<std::string> secret)
     : where_(fmt::format("rendezvous store at {}:{}", host, port)), timeout_s_(timeout_s) {
-  socket_ = Connect(host, port, Deadline::In(timeout_s),
-                    where_ + " (served by FFN rank 0; is it running?)");
+  const Deadline deadline = Deadline::In(timeout_s);
+  socket_ = Connect(host, port, deadline, where_ + " (served by FFN rank 0; is it running?)");
+  try {
+    const std::string challenge = ReadFrame(deadline, kMaxHandshakeBody);
+    const std::string client_nonce = RandomBytes(kNonceBytes);
+    std::string server_nonce;
+    const std::string auth =
+        AnswerChallenge(challenge, secret, client_nonce, &server_nonce, where_);
+    socket_.SendAll(auth.data(), auth.size(), deadline, where_);
+    CheckAuthReply(ReadFrame(deadline, kMaxHandshakeBody), secret, server_nonce, client_nonce,
+                   where_);
+  } catch (const Error&) {
+    socket_.Close();
+    throw;
+  }
+}
+
+std::string TcpStoreClient::ReadFrame(const Deadline& deadline, uint32_t max_body) {
+  FrameHeader h;
+  socket_.RecvAll(&h, sizeof(h), deadline, where_);
+  AFD_CHECK(h.magic == kMagic && h.body_len >= 1 && h.body_len <= max_body,
+            "{} sent a malformed frame (magic {:#010x}, {} bytes; is something else listening on "
+            "that port?)",
+            where_, h.magic, h.body_len);
+  std::string body(h.body_len, '\0');
+  socket_.RecvAll(body.data(), body.size(), deadline, where_);
+  return body;
 }
 
 std::string TcpStoreClient::Request(uint8_t op, const std::vector<std::string>& fields) {
@@ -79,13 +62,7 @@ std::string TcpStoreClient::Request(uint8_t op, const std::vector<std::string>& 
   try {
     const std::string frame = Frame(op, fields);
     socket_.SendAll(frame.data(), frame.size(), deadline, where_);
-    FrameHeader h;
-    socket_.RecvAll(&h, sizeof(h), deadline, where_);
-    AFD_CHECK(h.magic == kStoreMagic && h.body_len >= 1 && h.body_len <= kMaxBody,
-              "{} sent a malformed response (is something else listening on that port?)", where_);
-    std::string body(h.body_len, '\0');
-    socket_.RecvAll(body.data(), body.size(), deadline, where_);
-    return body;
+    return ReadFrame(deadline, kMaxBody);
   } catch (const Error&) {
     socket_.Close();  // the stream is out of sync now; later requests fail fast
     throw;
@@ -108,7 +85,7 @@ std::optional<std::string> TcpStoreClient::TryGet(const std::string& key) {
 int64_t TcpStoreClient::Add(const std::string& key, int64_t delta) {
   const std::string r = Request(kAdd, {key, EncodeI64(delta)});
   std::vector<std::string> f;
-  AFD_CHECK(r[0] == kOk && ParseFields(r, 1, f) && f.size() == 1,
+  AFD_CHECK(r[0] == kOk && ParseFields(r, 1, f) && f.size() == 1 && f[0].size() == 8,
             "{}: add {} failed (is the key a counter?)", where_, key);
   return DecodeI64(f[0]);
 }
@@ -127,8 +104,45 @@ std::vector<bool> TcpStoreClient::Check(const std::vector<std::string>& keys) {
 
 // ---- Server ------------------------------------------------------------------------------
 
-TcpStoreServer::TcpStoreServer(int port) {
-  listener_ = Listen("", port);
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr size_t kMaxPendingOut = 4u << 20;  // stop reading a client whose replies pile up
+
+std::string PeerName(int fd) {
+  sockaddr_in addr{};
+  socklen_t len = sizeof(addr);
+  if (getpeername(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) return "unknown peer";
+  char buf[INET_ADDRSTRLEN] = "?";
+  inet_ntop(AF_INET, &addr.sin_addr, buf, sizeof(buf));
+  return fmt::format("{}:{}", buf, ntohs(addr.sin_port));
+}
+
+Clock::duration Seconds(double s) {
+  return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
+}
+
+// Accept errors a busy or hostile network causes; anything else ends the server.
+bool TransientAcceptError(int err) {
+  return err == EINTR || err == ECONNABORTED || err == EPROTO || err == EPERM ||
+         err == ENETDOWN || err == ENOPROTOOPT || err == EHOSTDOWN || err == ENONET ||
+         err == EHOSTUNREACH || err == EOPNOTSUPP || err == ENETUNREACH;
+}
+
+}  // namespace
+
+namespace {
+StoreServerOptions LoopbackOptions(int port) {
+  StoreServerOptions o;
+  o.port = port;
+  return o;
+}
+}  // namespace
+
+TcpStoreServer::TcpStoreServer(int port) : TcpStoreServer(LoopbackOptions(port)) {}
+
+TcpStoreServer::TcpStoreServer(StoreServerOptions options) : options_(std::move(options)) {
+  listener_ = Listen(options_.bind_host, options_.port);
   port_ = LocalPort(listener_);
   AFD_CHECK(pipe2(wake_fd_, O_CLOEXEC) == 0, "pipe failed: {}", std::strerror(errno));
   thread_ = std::thread([this] { Serve(); });
@@ -145,93 +159,178 @@ TcpStoreServer::~TcpStoreServer() {
   }
 }
 
+std::optional<std::string> TcpStoreServer::failure() const {
+  std::lock_guard<std::mutex> lock(failure_mu_);
+  return failure_;
+}
+
+void TcpStoreServer::Log(const std::string& line) const {
+  if (options_.log) {
+    options_.log(line);
+  } else {
+    std::fprintf(stderr, "afd store: %s\n", line.c_str());
+  }
+}
+
 void TcpStoreServer::Serve() {
   struct Client {
     Socket socket;
-    std::string in;
+    std::string peer;
+    std::unique_ptr<StoreSession> session;
+    std::string in, out;
+    Clock::time_point connected;
+    Clock::time_point partial_since;  // meaningful while `in` is not empty
+    Clock::time_point blocked_since;  // meaningful while `out` is not empty
+    std::string drop_reason;          // set: drop after one last attempt to send `out`
   };
-  std::map<std::string, std::string> data;
-  std::vector<Client> clients;
-  auto handle = [&data](const std::string& body) -> std::string {
-    std::vector<std::string> f;
-    if (body.empty() || !ParseFields(body, 1, f)) return Frame(kBadRequest, {});
-    switch (static_cast<uint8_t>(body[0])) {
-      case kSet:
-        if (f.size() != 2) break;
-        data[f[0]] = f[1];
-        return Frame(kOk, {});
-      case kGet: {
-        if (f.size() != 1) break;
-        auto it = data.find(f[0]);
-        return it == data.end() ? Frame(kMissing, {}) : Frame(kOk, {it->second});
-      }
-      case kAdd: {
-        if (f.size() != 2 || f[1].size() != 8) break;
-        auto it = data.find(f[0]);
-        if (it != data.end() && it->second.size() != 8) break;
-        const int64_t v = (it == data.end() ? 0 : DecodeI64(it->second)) + DecodeI64(f[1]);
-        data[f[0]] = EncodeI64(v);
-        return Frame(kOk, {EncodeI64(v)});
-      }
-      case kDelete:
-        if (f.size() != 1) break;
-        return Frame(data.erase(f[0]) ? kOk : kMissing, {});
-      case kCheck: {
-        std::string bits(f.size(), '\0');
-        for (size_t i = 0; i < f.size(); ++i) bits[i] = data.count(f[i]) ? 1 : 0;
-        return Frame(kOk, {bits});
-      }
+  StoreData data;
+  std::list<Client> clients;
+  const auto handshake = Seconds(options_.handshake_timeout_s);
+  const auto frame = Seconds(options_.frame_timeout_s);
+  const auto send = Seconds(options_.send_timeout_s);
+  auto fail = [&](const std::string& why) {
+    {
+      std::lock_guard<std::mutex> lock(failure_mu_);
+      failure_ = why;
     }
-    return Frame(kBadRequest, {});
+    Log("FATAL: " + why + "; the store stops serving and every rank loses it");
+  };
+  auto consume = [](Client& c) {
+    try {
+      c.session->Consume(c.in, c.out, kMaxPendingOut);
+    } catch (const Error& e) {
+      c.drop_reason = e.what();
+    }
   };
 
   while (true) {
+    const Clock::time_point now = Clock::now();
+    // Earliest client deadline bounds the poll, so timeouts fire without traffic.
+    Clock::time_point wake_at = now + std::chrono::seconds(1);
     std::vector<pollfd> fds;
     fds.push_back({wake_fd_[0], POLLIN, 0});
     fds.push_back({listener_.fd(), POLLIN, 0});
-    for (auto& c : clients) fds.push_back({c.socket.fd(), POLLIN, 0});
-    if (poll(fds.data(), fds.size(), -1) < 0) {
+    for (Client& c : clients) {
+      short events = 0;
+      if (c.out.size() < kMaxPendingOut) events |= POLLIN;
+      if (!c.out.empty()) events |= POLLOUT;
+      fds.push_back({c.socket.fd(), events, 0});
+      if (!c.session->authenticated()) wake_at = std::min(wake_at, c.connected + handshake);
+      if (!c.in.empty()) wake_at = std::min(wake_at, c.partial_since + frame);
+      if (!c.out.empty()) wake_at = std::min(wake_at, c.blocked_since + send);
+    }
+    const auto wait_ms = std::chrono::duration_cast<std::chrono::milliseconds>(wake_at - now);
+    const int rc = poll(fds.data(), fds.size(), std::max<int>(0, wait_ms.count() + 1));
+    if (rc < 0) {
       if (errno == EINTR) continue;
-      return;
+      fail(fmt::format("poll failed: {}", std::strerror(errno)));
+      break;
     }
-    if (fds[0].revents) return;
-    const size_t polled = clients.size();  // fds[2 + i] belongs to clients[i], i < polled
-    if (fds[1].revents & POLLIN) {
-      try {
-        clients.push_back({Accept(listener_, Deadline::In(0), "store client"), {}});
-        ++num_accepted_;
-      } catch (const Error&) {
-        // A client that went away between poll and accept.
-      }
+    if (fds[0].revents) break;
+    if (fds[1].revents & (POLLERR | POLLNVAL)) {
+      fail("the listening socket reported an error");
+      break;
     }
-    for (size_t i = 0; i < polled; ++i) {
-      if (!(fds[i + 2].revents & (POLLIN | POLLHUP | POLLERR))) continue;
-      Client& c = clients[i];
-      bool drop = false;
-      try {
-        char buf[65536];
-        const size_t n = c.socket.RecvSome(buf, sizeof(buf), "store client");
-        c.in.append(buf, n);
-        while (c.in.size() >= sizeof(FrameHeader)) {
-          FrameHeader h;
-          std::memcpy(&h, c.in.data(), sizeof(h));
-          if (h.magic != kStoreMagic || h.body_len > kMaxBody) {
-            drop = true;  // not our protocol
-            break;
+    // Per-client work first: fds[2 + i] belongs to the i-th client as polled.
+    size_t i = 2;
+    for (Client& c : clients) {
+      const short rev = fds[i++].revents;
+      if (rev & (POLLIN | POLLHUP | POLLERR)) {
+        try {
+          char buf[65536];
+          const size_t n = c.socket.RecvSome(buf, sizeof(buf), "store client " + c.peer);
+          if (n > 0 && c.in.empty()) c.partial_since = Clock::now();
+          c.in.append(buf, n);
+          consume(c);
+        } catch (const Error&) {
+          if (!c.session->authenticated()) {
+            c.drop_reason = "closed the connection before authenticating";
+          } else if (!c.in.empty()) {
+            c.drop_reason = fmt::format("closed the connection in the middle of a frame ({} bytes "
+                                        "of it sent)",
+                                        c.in.size());
+          } else {
+            c.socket.Close();  // an ordinary hang-up
+            continue;
           }
-          if (c.in.size() < sizeof(h) + h.body_len) break;
-          const std::string reply = handle(c.in.substr(sizeof(h), h.body_len));
-          c.in.erase(0, sizeof(h) + h.body_len);
-          c.socket.SendAll(reply.data(), reply.size(), Deadline::In(10), "store client");
         }
-      } catch (const Error&) {
-        drop = true;  // the client closed its connection or stalled
+        if (c.in.empty()) c.partial_since = Clock::time_point();
       }
-      if (drop) c.socket.Close();
+      if ((rev & POLLOUT) && !c.out.empty()) {
+        try {
+          const size_t n = c.socket.SendSome(c.out.data(), c.out.size(), "store client " + c.peer);
+          if (n > 0) {
+            c.out.erase(0, n);
+            c.blocked_since = Clock::now();
+            if (c.drop_reason.empty()) consume(c);  // frames held back while replies piled up
+          }
+        } catch (const Error& e) {
+          if (c.drop_reason.empty()) c.drop_reason = e.what();
+        }
+      }
     }
-    std::erase_if(clients, [](const Client& c) { return !c.socket.valid(); });
+    // Deadlines and drops.
+    const Clock::time_point later = Clock::now();
+    for (Client& c : clients) {
+      if (!c.socket.valid()) continue;
+      if (c.drop_reason.empty()) {
+        if (!c.session->authenticated() && later >= c.connected + handshake) {
+          c.drop_reason = fmt::format("did not authenticate within {}s of connecting",
+                                      options_.handshake_timeout_s);
+        } else if (!c.in.empty() && later >= c.partial_since + frame) {
+          c.drop_reason = fmt::format("left a frame half-sent ({} bytes) for {}s", c.in.size(),
+                                      options_.frame_timeout_s);
+        } else if (!c.out.empty() && later >= c.blocked_since + send) {
+          c.drop_reason = fmt::format("did not read its replies ({} bytes pending) for {}s",
+                                      c.out.size(), options_.send_timeout_s);
+        }
+      }
+      if (!c.drop_reason.empty()) {
+        try {  // e.g. AUTH_FAILED: worth one attempt, never a wait
+          if (!c.out.empty()) c.socket.SendSome(c.out.data(), c.out.size(), c.peer);
+        } catch (const Error&) {
+        }
+        Log(fmt::format("dropped client {}: {}", c.peer, c.drop_reason));
+        ++num_dropped_;
+        c.socket.Close();
+      }
+    }
+    clients.remove_if([](const Client& c) { return !c.socket.valid(); });
+    // New connections.
+    if (fds[1].revents & POLLIN) {
+      bool fatal = false;
+      while (true) {
+        const int fd = ::accept4(listener_.fd(), nullptr, nullptr, SOCK_CLOEXEC);
+        if (fd < 0) {
+          if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+          if (TransientAcceptError(errno)) continue;
+          fail(fmt::format("accept failed: {}{}", std::strerror(errno),
+                           errno == EMFILE || errno == ENFILE ? " (raise `ulimit -n`)" : ""));
+          fatal = true;
+          break;
+        }
+        ConfigureStream(fd);
+        Client c;
+        c.socket = Socket(fd);
+        c.peer = PeerName(fd);
+        ++num_accepted_;
+        if (static_cast<int>(clients.size()) >= options_.max_clients) {
+          Log(fmt::format("refused client {}: {} clients are connected already", c.peer,
+                          clients.size()));
+          ++num_dropped_;
+          continue;
+        }
+        c.session = std::make_unique<StoreSession>(data, options_.secret, RandomBytes(kNonceBytes));
+        c.out = c.session->Greeting();
+        c.connected = c.blocked_since = Clock::now();
+        clients.push_back(std::move(c));
+      }
+      if (fatal) break;
+    }
     num_clients_.store(static_cast<int>(clients.size()));
   }
+  clients.clear();  // every client fails fast instead of waiting for its timeout
+  num_clients_.store(0);
 }
 
 }  // namespace afd::comm
