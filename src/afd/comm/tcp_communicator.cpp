@@ -106,16 +106,9 @@ std::unique_ptr<TcpCommunicator> TcpCommunicator::Create(Store& store, const Gro
       const Deadline hello_deadline =
           Deadline::In(std::min(kHelloSeconds, deadline.remaining_ms() / 1000.0));
       s.RecvAll(&hello, sizeof(hello), hello_deadline, "a connecting member of group " + spec.name);
-      AFD_CHECK(hello.magic == kHelloMagic && hello.version == kWireVersion && hello.reserved == 0,
-                "bad handshake (magic {:#x}, version {}, reserved {:#x}; expected {:#x}, "
-                "version {}, 0)",
-                hello.magic, hello.version, hello.reserved, kHelloMagic, kWireVersion);
-      AFD_CHECK(hello.group_hash == group_hash,
-                "a member of another group (hash {:#x}, expected {:#x})", hello.group_hash,
-                group_hash);
-      AFD_CHECK(hello.rank > spec.rank && hello.rank < spec.size && !comm->peers_[hello.rank].valid(),
-                "unexpected or duplicate rank {} (expected one of {})", hello.rank,
-                missing_members());
+      ValidateHello(hello, group_hash, spec.rank + 1, spec.size);
+      AFD_CHECK(!comm->peers_[hello.rank].valid(), "duplicate connection from rank {}",
+                hello.rank);
     } catch (const Error& e) {
       std::fprintf(stderr, "afd: group %s: dropped a connection to %s: %s\n", spec.name.c_str(),
                    comm->DescribeRank(spec.rank).c_str(), e.what());
@@ -229,20 +222,9 @@ void TcpCommunicator::RunPendingOps() {
       op.header_done += moved;
       if (op.header_done < sizeof(MessageHeader)) return moved > 0;
       const MessageHeader& h = op.header;
-      AFD_CHECK(h.magic == kMessageMagic && h.version == kWireVersion,
-                "{} sent a corrupt message header (magic {:#x}, version {}; expected {:#x}, "
-                "version {})",
-                Where(op.peer), h.magic, h.version, kMessageMagic, kWireVersion);
-      AFD_CHECK(h.reserved0 == 0 && h.reserved1 == 0,
-                "{} sent a corrupt message header (reserved fields {:#x}, {:#x} are not zero)",
-                Where(op.peer), h.reserved0, h.reserved1);
-      AFD_CHECK(h.seq == recv_seq_[op.peer], "{}: message {} arrived where message {} was expected",
-                Where(op.peer), h.seq, recv_seq_[op.peer]);
-      AFD_CHECK(h.tag == op.tag && h.dtype == static_cast<uint8_t>(op.dtype) && h.bytes == op.bytes,
-                "{} sent tag {:#x}, {} bytes of {} but this rank expected tag {:#x}, {} bytes of "
-                "{} (the ranks disagree on the step's shapes)",
-                Where(op.peer), h.tag, h.bytes, DTypeName(static_cast<DType>(h.dtype)), op.tag,
-                op.bytes, DTypeName(op.dtype));
+      ValidateMessageHeader(
+          h, {recv_seq_[op.peer], op.tag, static_cast<uint8_t>(op.dtype), op.bytes},
+          Where(op.peer));
       ++recv_seq_[op.peer];
     }
     if (op.payload_done < op.bytes) {

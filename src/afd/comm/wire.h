@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 namespace afd::comm {
 
@@ -38,5 +39,22 @@ constexpr uint32_t HashName(const char* s) {
   for (; *s; ++s) h = (h ^ static_cast<uint8_t>(*s)) * 16777619u;
   return h;
 }
+
+// What a receiver expects of the next message from one peer.
+struct ExpectedMessage {
+  uint64_t seq;
+  uint32_t tag;
+  uint8_t dtype;
+  uint64_t bytes;
+};
+
+// Throws afd::Error naming `from` (the sending peer) unless `h` is a well-formed header (magic,
+// version, zero reserved fields) carrying exactly what the receiver expects.
+void ValidateMessageHeader(const MessageHeader& h, const ExpectedMessage& expected,
+                           const std::string& from);
+
+// Throws afd::Error describing the problem unless `h` is a well-formed hello of the group with
+// hash `group_hash` from a rank in [min_rank, size).
+void ValidateHello(const HelloHeader& h, uint32_t group_hash, int min_rank, int size);
 
 }  // namespace afd::comm
