@@ -9,30 +9,6 @@ constexpr uint32_t kHeaderTag = 0x10;
 constexpr uint32_t kCountsTag = 0x11;
 }  // namespace
 
-void ValidateControlHeader(const ControlHeader& h, int num_attention_ranks, int source) {
-  AFD_CHECK(h.magic == kControlMagic && h.version == kControlVersion,
-            "control plane: attention rank {} sent a header with magic {:#x} version {} "
-            "(expected {:#x} version {})",
-            source, h.magic, h.version, kControlMagic, kControlVersion);
-  AFD_CHECK(h.num_stages >= 1 && h.num_stages <= kMaxStages &&
-                h.num_attention_ranks == static_cast<uint32_t>(num_attention_ranks),
-            "control plane: attention rank {} sent {} stages for {} attention ranks; expected "
-            "1..{} stages for {} ranks",
-            source, h.num_stages, h.num_attention_ranks, kMaxStages, num_attention_ranks);
-  AFD_CHECK((h.flags & ~kKnownStepFlags) == 0,
-            "control plane: attention rank {} sent unknown step flags {:#x} (known: {:#x})", source,
-            h.flags & ~kKnownStepFlags, kKnownStepFlags);
-}
-
-void ValidateTokenCounts(const std::vector<int64_t>& counts, int source) {
-  for (size_t i = 0; i < counts.size(); ++i) {
-    AFD_CHECK(counts[i] >= 0 && counts[i] <= kMaxTokensPerStage,
-              "control plane: attention rank {} sent token count {} (entry {}); each must be in "
-              "0..{}",
-              source, counts[i], i, kMaxTokensPerStage);
-  }
-}
-
 ControlPlane::ControlPlane(comm::AfdWorld& world) : world_(world) {
   const Topology& t = world.topology();
   if (t.ControlPlaneRank(world.self()).has_value()) {
