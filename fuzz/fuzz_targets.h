@@ -77,6 +77,7 @@ inline void SafetensorsIndexInput(const uint8_t* data, size_t size) {
 // then int64 token counts.
 inline void WireHeadersInput(const uint8_t* data, size_t size) {
   auto take = [&](void* out, size_t n) {
+    if (n == 0) return;  // memcpy/memset must not see a null pointer, even for 0 bytes
     std::memset(out, 0, n);
     std::memcpy(out, data, std::min(n, size));
     const size_t used = std::min(n, size);

@@ -34,6 +34,60 @@ std::vector<std::pair<std::string, std::string>> Decode(const std::string& text)
 
 std::string Label(RoleRank r) { return fmt::format("{} rank {}", RoleName(r.role), r.rank); }
 
+// A group's communicator whose failures name the root cause when another rank -- or world rank
+// 0's heartbeat watch -- has reported one: a rank that times out waiting on a healthy peer,
+// which itself waits on a stopped one, then says so instead of blaming the healthy peer.
+class WatchedCommunicator : public Communicator {
+ public:
+  WatchedCommunicator(std::unique_ptr<Communicator> inner, std::function<void(const Error&)> on_error)
+      : inner_(std::move(inner)), on_error_(std::move(on_error)) {}
+
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  const std::string& name() const override { return inner_->name(); }
+  std::string DescribeRank(int rank) const override { return inner_->DescribeRank(rank); }
+  void Send(const void* buf, size_t count, DType dtype, int peer, uint32_t tag) override {
+    Watch([&] { inner_->Send(buf, count, dtype, peer, tag); });
+  }
+  void Recv(void* buf, size_t count, DType dtype, int peer, uint32_t tag) override {
+    Watch([&] { inner_->Recv(buf, count, dtype, peer, tag); });
+  }
+  void GroupStart() override { inner_->GroupStart(); }
+  void GroupEnd() override {
+    Watch([&] { inner_->GroupEnd(); });
+  }
+  bool WaitReadable(int peer, double timeout_s) override {
+    bool readable = false;
+    Watch([&] { readable = inner_->WaitReadable(peer, timeout_s); });
+    return readable;
+  }
+  void Barrier() override {
+    Watch([&] { inner_->Barrier(); });
+  }
+  void AllReduce(void* buf, size_t count, DType dtype, ReduceOp op) override {
+    Watch([&] { inner_->AllReduce(buf, count, dtype, op); });
+  }
+  void AllToAllV(const void* send, const std::vector<size_t>& send_counts, void* recv,
+                 const std::vector<size_t>& recv_counts, DType dtype) override {
+    Watch([&] { inner_->AllToAllV(send, send_counts, recv, recv_counts, dtype); });
+  }
+  void Shutdown() override { inner_->Shutdown(); }
+
+ private:
+  template <typename F>
+  void Watch(F&& f) {
+    try {
+      f();
+    } catch (const Error& e) {
+      on_error_(e);  // throws the explained error, or returns to rethrow the original
+      throw;
+    }
+  }
+
+  std::unique_ptr<Communicator> inner_;
+  std::function<void(const Error&)> on_error_;
+};
+
 }  // namespace
 
 std::vector<std::pair<std::string, std::string>> JoinFingerprint(const JoinRequest& r) {
@@ -84,6 +138,19 @@ AfdWorld::~AfdWorld() {
   while ((server_->num_clients() > 0 || server_->num_accepted() < topology_.world_size()) &&
          !deadline.expired() && !server_->failure()) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
+void AfdWorld::ExplainFailure(const Error& e) {
+  if (std::string(e.what()).find("(the deployment was aborted:") != std::string::npos) return;
+  // The heartbeat watch may be a moment from naming a stopped rank: give it that moment.
+  const Deadline grace = Deadline::In(3 * heartbeat_interval_s());
+  while (true) {
+    if (std::optional<std::string> cause = AbortMessage()) {
+      AFD_THROW("{} (the deployment was aborted: {})", e.what(), *cause);
+    }
+    if (grace.expired()) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
 }
 
@@ -308,7 +375,8 @@ std::unique_ptr<Communicator> AfdWorld::CreateGroup(const std::string& name,
   spec.timeout_s = request_.config.afd_process_group_timeout_s;
   PrefixStore store(*client_, name);
   try {
-    return factory_(store, spec);
+    return std::make_unique<WatchedCommunicator>(
+        factory_(store, spec), [this](const Error& e) { ExplainFailure(e); });
   } catch (const Error& e) {
     // Prefer the root cause another rank reported over our own timeout.
     if (auto abort = client_->TryGet(kAbortKey)) AFD_THROW("group {}: aborted: {}", name, *abort);

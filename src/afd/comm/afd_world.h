@@ -36,6 +36,7 @@
 #include "afd/comm/store.h"
 #include "afd/comm/tcp_communicator.h"
 #include "afd/common/dtype.h"
+#include "afd/common/error.h"
 #include "afd/config/afd_config.h"
 #include "afd/topology/topology.h"
 
@@ -97,6 +98,10 @@ class AfdWorld {
  private:
   AfdWorld(JoinRequest request, CommunicatorFactory factory);
   void VerifyJoin();
+  // Called when an operation of one of this world's groups failed with `e`: throws `e`
+  // explained by the abort message of another rank if one appears within a short grace (three
+  // heartbeat periods); returns when there is none.
+  void ExplainFailure(const Error& e);
   void StartHeartbeat();
   void HeartbeatLoop();
   // World rank 0: aborts naming a rank whose heartbeat is stale; false once it has aborted.

@@ -55,7 +55,7 @@ RopeConfig ParseRope(const json& j, const std::string& source) {
     params = j["rope_scaling"];
   }
   AFD_CHECK(params.is_object(), "{}: rope settings must be an object, got {}", source,
-            params.dump());
+            json_fields::Describe(params));
   RopeConfig rope;
   rope.theta =
       Get<double>(params, "rope_theta", Get<double>(j, "rope_theta", 10000.0, source), source);

@@ -134,15 +134,15 @@ SafetensorsFile SafetensorsFile::Parse(const uint8_t* bytes, size_t size, const 
     int64_t numel = 1;
     for (const auto& d : entry["shape"]) {
       AFD_CHECK(d.is_number_integer(), "{}: tensor {}: bad shape {}",
-                path, name, entry["shape"].dump());
+                path, name, json_fields::Describe(entry["shape"]));
       AFD_CHECK(!d.is_number_unsigned() || d.get<uint64_t>() <= INT64_MAX,
                 "{}: tensor {}: shape {} has a dimension beyond int64", path, name,
-                entry["shape"].dump());
+                json_fields::Describe(entry["shape"]));
       const int64_t dim = d.get<int64_t>();
-      AFD_CHECK(dim >= 0, "{}: tensor {}: bad shape {}", path, name, entry["shape"].dump());
+      AFD_CHECK(dim >= 0, "{}: tensor {}: bad shape {}", path, name, json_fields::Describe(entry["shape"]));
       AFD_CHECK(!__builtin_mul_overflow(numel, dim, &numel),
                 "{}: tensor {}: shape {} has more elements than fit in 64 bits", path, name,
-                entry["shape"].dump());
+                json_fields::Describe(entry["shape"]));
       t.shape.push_back(dim);
     }
     uint64_t needed = 0;
@@ -153,7 +153,7 @@ SafetensorsFile SafetensorsFile::Parse(const uint8_t* bytes, size_t size, const 
     const auto& off = entry["data_offsets"];
     AFD_CHECK(off[0].is_number_unsigned() && off[1].is_number_unsigned(),
               "{}: tensor {}: data_offsets must be non-negative integers, got {}", path, name,
-              off.dump());
+              json_fields::Describe(off));
     const uint64_t begin = off[0].get<uint64_t>();
     const uint64_t end = off[1].get<uint64_t>();
     AFD_CHECK(begin <= end && end <= data_size,
