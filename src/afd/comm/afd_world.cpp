@@ -144,7 +144,7 @@ AfdWorld::~AfdWorld() {
 void AfdWorld::ExplainFailure(const Error& e) {
   if (std::string(e.what()).find("(the deployment was aborted:") != std::string::npos) return;
   // The heartbeat watch may be a moment from naming a stopped rank: give it that moment.
-  const Deadline grace = Deadline::In(3 * heartbeat_interval_s());
+  const Deadline grace = Deadline::In(std::min(3 * heartbeat_interval_s(), 2.0));
   while (true) {
     if (std::optional<std::string> cause = AbortMessage()) {
       AFD_THROW("{} (the deployment was aborted: {})", e.what(), *cause);
@@ -152,6 +152,10 @@ void AfdWorld::ExplainFailure(const Error& e) {
     if (grace.expired()) return;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
+}
+
+double AfdWorld::heartbeat_silence_s() const {
+  return std::max<double>(request_.config.afd_process_group_timeout_s, 2.0);
 }
 
 double AfdWorld::heartbeat_interval_s() const {
@@ -169,9 +173,17 @@ void AfdWorld::HeartbeatLoop() {
       n, std::chrono::steady_clock::now());
   bool watching = world_rank_ == 0;
   const auto interval = std::chrono::duration<double>(heartbeat_interval_s());
+  auto last_round = std::chrono::steady_clock::now();
   while (true) {
     try {
       client_->Add(fmt::format("hb/{}", world_rank_), 1);
+      const auto now = std::chrono::steady_clock::now();
+      if (now - last_round > 3 * interval) {
+        // This thread itself was starved (an overloaded host): it cannot judge the others'
+        // silence, so their clocks restart.
+        std::fill(last_change.begin(), last_change.end(), now);
+      }
+      last_round = now;
       if (watching) watching = WatchHeartbeats(last_value, last_change);
     } catch (const Error&) {
       return;  // the store is gone: every wait of this rank notices that on its own
@@ -184,7 +196,7 @@ void AfdWorld::HeartbeatLoop() {
 bool AfdWorld::WatchHeartbeats(std::vector<std::string>& last_value,
                                std::vector<std::chrono::steady_clock::time_point>& last_change) {
   const auto now = std::chrono::steady_clock::now();
-  const double bound = request_.config.afd_process_group_timeout_s;
+  const double bound = heartbeat_silence_s();
   for (int w = 0; w < topology_.world_size(); ++w) {
     const std::string value = client_->TryGet(fmt::format("hb/{}", w)).value_or("");
     if (value != last_value[w]) {

@@ -14,7 +14,7 @@
 //
 // Liveness: once joined, every rank bumps its heartbeat key "hb/<world rank>" from a thread of
 // its own every heartbeat_interval_s(); world rank 0 watches them and, when one stops for
-// afd_process_group_timeout_s (a process stopped or hung as a whole, or its host cut off),
+// heartbeat_silence_s() (a process stopped or hung as a whole, or its host cut off),
 // aborts the deployment naming that rank -- so idle loops that call CheckAbort() end.
 //
 // CreateGroup(): a communicator over any set of world ranks, keyed by name in the store (data
@@ -82,6 +82,9 @@ class AfdWorld {
 
   // How often the heartbeat thread beats: a tenth of the timeout, at most once a second.
   double heartbeat_interval_s() const;
+  // How long a rank's heartbeat may stay unchanged before world rank 0 declares it stopped:
+  // the timeout, at least 2 s.
+  double heartbeat_silence_s() const;
 
   // Publishes an abort message so ranks still joining, forming groups, idle or in a barrier
   // fail fast, naming the root cause. The first message wins.
