@@ -215,3 +215,67 @@ TEST(StoreClient, TricklingStoreCannotOutliveTheDeadline) {
 
 }  // namespace
 }  // namespace afd::comm
+
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+namespace afd::comm {
+namespace {
+
+TEST(StoreServer, AcceptFailureEndsTheStoreNamingTheCause) {
+  // In a child process with almost no file descriptors left, connections from the parent
+  // exhaust them: the store must stop with "accept failed: Too many open files" instead of
+  // spinning or exiting silently.
+  int to_parent[2];
+  ASSERT_EQ(pipe(to_parent), 0);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    close(to_parent[0]);
+    const int probe = dup(0);
+    close(probe);
+    const rlimit limit{static_cast<rlim_t>(probe + 6), static_cast<rlim_t>(probe + 6)};
+    setrlimit(RLIMIT_NOFILE, &limit);
+    std::string report = "no failure";
+    try {
+      StoreServerOptions o;
+      o.log = [](const std::string&) {};
+      TcpStoreServer server(std::move(o));
+      const int port = server.port();
+      [[maybe_unused]] ssize_t w = write(to_parent[1], &port, sizeof(port));
+      const auto until = Clock::now() + std::chrono::seconds(10);
+      while (!server.failure() && Clock::now() < until) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+      if (server.failure()) report = *server.failure();
+    } catch (const Error& e) {
+      report = std::string("setup: ") + e.what();
+    }
+    [[maybe_unused]] ssize_t w = write(to_parent[1], report.data(), report.size());
+    _exit(0);
+  }
+  close(to_parent[1]);
+  int port = 0;
+  ASSERT_EQ(read(to_parent[0], &port, sizeof(port)), static_cast<ssize_t>(sizeof(port)));
+  std::vector<Socket> clients;
+  for (int i = 0; i < 20; ++i) {
+    try {
+      clients.push_back(RawConnect(port));
+    } catch (const Error&) {
+      break;  // the store has stopped listening
+    }
+  }
+  std::string report;
+  char buf[512];
+  for (ssize_t n; (n = read(to_parent[0], buf, sizeof(buf))) > 0;) report.append(buf, n);
+  close(to_parent[0]);
+  int status = 0;
+  waitpid(child, &status, 0);
+  EXPECT_NE(report.find("accept failed: Too many open files (raise `ulimit -n`)"),
+            std::string::npos)
+      << report;
+}
+
+}  // namespace
+}  // namespace afd::comm
