@@ -143,8 +143,8 @@ TEST(StoreServer, HalfMessageIsDroppedAndCostsOthersNothing) {
   std::string body(h.body_len, '\0');
   raw.RecvAll(body.data(), body.size(), Deadline::In(5), "store");
   std::string server_nonce;
-  const std::string auth = store_wire::AnswerChallenge(body, kSecret, std::string(32, 'c'),
-                                                       &server_nonce, "store");
+  const std::string auth =
+      store_wire::AnswerChallenge(body, kSecret, std::string(32, 'c'), &server_nonce, "store");
   raw.SendAll(auth.data(), auth.size(), Deadline::In(5), "store");
   const std::string set = store_wire::Frame(store_wire::kSet, {"key", std::string(1000, 'v')});
   raw.SendAll(set.data(), set.size() / 2, Deadline::In(5), "store");
@@ -180,8 +180,7 @@ TEST(StoreServer, ListensOnTheGivenAddressOnly) {
   o.bind_host = "127.0.0.2";  // all of 127/8 is loopback on Linux
   TcpStoreServer server(std::move(o));
   TcpStoreClient ok("127.0.0.2", server.port(), 5);
-  const std::string e =
-      ErrorOf([&] { TcpStoreClient other("127.0.0.1", server.port(), 0.3); });
+  const std::string e = ErrorOf([&] { TcpStoreClient other("127.0.0.1", server.port(), 0.3); });
   EXPECT_NE(e.find("could not connect"), std::string::npos) << e;
 }
 

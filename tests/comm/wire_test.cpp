@@ -12,8 +12,8 @@ namespace afd::comm {
 namespace {
 
 TEST(Wire, EveryCorruptedMessageHeaderByteIsCaught) {
-  const MessageHeader good{kMessageMagic, kWireVersion, static_cast<uint8_t>(DType::kF32), 0, 7, 0,
-                           64, 3};
+  const MessageHeader good{
+      kMessageMagic, kWireVersion, static_cast<uint8_t>(DType::kF32), 0, 7, 0, 64, 3};
   const ExpectedMessage expected{3, 7, static_cast<uint8_t>(DType::kF32), 64};
   EXPECT_NO_THROW(ValidateMessageHeader(good, expected, "rank 1 (ffn 0)"));
   for (size_t byte = 0; byte < sizeof(MessageHeader); ++byte) {

@@ -2,10 +2,9 @@
 // host, with logs in the test's temp dir.
 #pragma once
 
-#include <cstdlib>
-
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <fstream>
 #include <memory>
 #include <sstream>

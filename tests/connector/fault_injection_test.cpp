@@ -167,7 +167,9 @@ TEST(FaultInjection, EveryFaultEndsInANamedErrorWithinTheTimeout) {
   const std::vector<Kind> kinds = {
       {FaultPlan::Kind::kDrop, 0, {"timed out", "sent tag", "arrived where message"}},
       {FaultPlan::Kind::kDelay, 3 * kTimeoutS, {"timed out"}},
-      {FaultPlan::Kind::kCorrupt, 0, {"corrupt message header", "arrived where message", "sent tag"}},
+      {FaultPlan::Kind::kCorrupt,
+       0,
+       {"corrupt message header", "arrived where message", "sent tag"}},
       {FaultPlan::Kind::kClose, 0, {"closed the connection", "injected fault"}},
   };
   int injected = 0, survived = 0;

@@ -4,8 +4,8 @@
 #include <signal.h>
 
 #include <chrono>
-#include <thread>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "connector/deployment.h"
 
@@ -116,7 +116,7 @@ TEST(P2pProcesses, StoppedPeerIsDetectedAndNamed) {
     return std::vector<std::string>{"--steps", "1000000"};
   });
   std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // joined and stepping
-  testing_util::RankProcess& stopped = procs.back();  // attention 1
+  testing_util::RankProcess& stopped = procs.back();             // attention 1
   ASSERT_FALSE(stopped.process->Poll().has_value()) << ReadFile(stopped.log);
   const auto start = std::chrono::steady_clock::now();
   ::kill(stopped.process->pid(), SIGSTOP);

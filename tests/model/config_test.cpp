@@ -115,13 +115,15 @@ TEST(ModelConfig, UntrustedValuesAreRejectedNamingTheField) {
   };
   const std::vector<Case> cases = {
       // 1.5 (or 2.0) is not an integer: no silent truncation.
-      {"\"hidden_size\": 2048", "\"hidden_size\": 2048.5", "cfg.json: \"hidden_size\": must be an integer"},
+      {"\"hidden_size\": 2048", "\"hidden_size\": 2048.5",
+       "cfg.json: \"hidden_size\": must be an integer"},
       {"\"n_routed_experts\": 64", "\"n_routed_experts\": 64.0",
        "cfg.json: \"n_routed_experts\": must be an integer"},
       {"\"n_group\": 1", "\"n_group\": 1.5", "cfg.json: \"n_group\": must be an integer"},
       {"\"hidden_size\": 2048", "\"hidden_size\": \"2048\"", "\"hidden_size\": must be an integer"},
       {"\"hidden_size\": 2048", "\"hidden_size\": 18446744073709551615", "\"hidden_size\""},
-      {"\"hidden_size\": 2048", "\"hidden_size\": 4194304", "\"hidden_size\" must be in 1..1048576"},
+      {"\"hidden_size\": 2048", "\"hidden_size\": 4194304",
+       "\"hidden_size\" must be in 1..1048576"},
       {"\"vocab_size\": 102400", "\"vocab_size\": -1", "\"vocab_size\" must be in 1..1048576"},
       {"\"num_hidden_layers\": 27", "\"num_hidden_layers\": 100000", "num_hidden_layers"},
       {"\"rms_norm_eps\": 1e-06", "\"rms_norm_eps\": 1e300", "rms_norm_eps"},
@@ -129,7 +131,8 @@ TEST(ModelConfig, UntrustedValuesAreRejectedNamingTheField) {
       {"\"eos_token_id\": 100001", "\"eos_token_id\": [100001, 1.5]",
        "cfg.json: \"eos_token_id\"[1]: must be an integer"},
       {"\"rope_theta\": 10000", "\"rope_theta\": -5", "rope_theta must be a finite number > 0"},
-      {"\"norm_topk_prob\": false", "\"norm_topk_prob\": 0", "\"norm_topk_prob\" must be a boolean"},
+      {"\"norm_topk_prob\": false", "\"norm_topk_prob\": 0",
+       "\"norm_topk_prob\" must be a boolean"},
       // A key twice: which value wins is not the file's author's guess to make.
       {"\"hidden_size\": 2048", "\"hidden_size\": 2048, \"hidden_size\": 4096",
        "key \"hidden_size\" appears more than once"},

@@ -164,9 +164,10 @@ TEST_F(SafetensorsTest, ShardedIndex) {
 TEST_F(SafetensorsTest, ElementCountOverflowIsRejected) {
   // 2^32 x 2^32 elements wraps to 0 in 64 bits: it must not match an empty data range.
   ExpectOpenError(
-      WriteRaw("wrap.safetensors",
-               R"({"t": {"dtype": "F32", "shape": [4294967296, 4294967296], "data_offsets": [0, 0]}})",
-               0),
+      WriteRaw(
+          "wrap.safetensors",
+          R"({"t": {"dtype": "F32", "shape": [4294967296, 4294967296], "data_offsets": [0, 0]}})",
+          0),
       {"wrap.safetensors", "tensor t", "more elements than fit in 64 bits"});
   // numel fits, numel x 8 bytes does not.
   ExpectOpenError(
@@ -193,16 +194,18 @@ TEST_F(SafetensorsTest, MisalignedDataIsRejected) {
 
 TEST_F(SafetensorsTest, DuplicateTensorEntriesAndBadMetadataAreRejected) {
   ExpectOpenError(
-      WriteRaw("dup.safetensors",
-               R"({"t": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]}, "t": {"dtype": "U8", "shape": [1], "data_offsets": [1, 2]}})",
-               8),
+      WriteRaw(
+          "dup.safetensors",
+          R"({"t": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]}, "t": {"dtype": "U8", "shape": [1], "data_offsets": [1, 2]}})",
+          8),
       {"dup.safetensors", "key \"t\" appears more than once"});
   ExpectOpenError(WriteRaw("meta.safetensors", R"({"__metadata__": {"format": 5}})", 0),
                   {"meta.safetensors", "__metadata__.format must be a string"});
   ExpectOpenError(
-      WriteRaw("dims.safetensors",
-               R"({"t": {"dtype": "U8", "shape": [1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1], "data_offsets": [0, 1]}})",
-               8),
+      WriteRaw(
+          "dims.safetensors",
+          R"({"t": {"dtype": "U8", "shape": [1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1], "data_offsets": [0, 1]}})",
+          8),
       {"dims.safetensors", "tensor t", "17 dimensions"});
 }
 
@@ -223,8 +226,7 @@ TEST_F(SafetensorsTest, IndexShardNamesCannotLeaveTheModelDirectory) {
   for (const std::string bad :
        {"../secret.safetensors", "/etc/passwd.safetensors", "sub/x.safetensors", "..", "",
         "a\\\\b.safetensors", "a\\u0000b.safetensors", "a\\nb.safetensors"}) {
-    const std::string m =
-        message(R"({"weight_map": {"w": ")" + bad + R"("}})");
+    const std::string m = message(R"({"weight_map": {"w": ")" + bad + R"("}})");
     EXPECT_NE(m.find("dir/model.safetensors.index.json: weight_map.w: shard"), std::string::npos)
         << bad << " -> " << m;
   }
@@ -236,8 +238,7 @@ TEST_F(SafetensorsTest, IndexShardNamesCannotLeaveTheModelDirectory) {
                 .find("appears more than once"),
             std::string::npos);
   EXPECT_NE(message("[1]").find("no \"weight_map\" object"), std::string::npos);
-  EXPECT_EQ(ParseSafetensorsIndex(R"({"weight_map": {"w": "model-1.safetensors"}})", "i")
-                .at("w"),
+  EXPECT_EQ(ParseSafetensorsIndex(R"({"weight_map": {"w": "model-1.safetensors"}})", "i").at("w"),
             "model-1.safetensors");
   // Through Checkpoint::Open too: the traversal never reaches the file system.
   std::ofstream(Path("model.safetensors.index.json"))

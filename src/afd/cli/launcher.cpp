@@ -92,9 +92,10 @@ void RunRankProcesses(const std::vector<RankProcessSpec>& specs, double finish_b
         }
       }
       procs.clear();  // kills and reaps whatever is left
-      AFD_THROW("{} finished, but these processes were still running {}s later and have been "
-                "stopped:\n{}",
-                specs[first_finished].label, finish_bound_s, running);
+      AFD_THROW(
+          "{} finished, but these processes were still running {}s later and have been "
+          "stopped:\n{}",
+          specs[first_finished].label, finish_bound_s, running);
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }

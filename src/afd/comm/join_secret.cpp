@@ -51,8 +51,8 @@ std::optional<std::string> LoadJoinSecret() {
             kJoinSecretFileEnv);
   if (!direct && !file) return std::nullopt;
   const std::string secret = direct ? *direct : ReadSecretFile(*file);
-  const std::string source = direct ? std::string(kJoinSecretEnv)
-                                    : fmt::format("{} ({})", kJoinSecretFileEnv, *file);
+  const std::string source =
+      direct ? std::string(kJoinSecretEnv) : fmt::format("{} ({})", kJoinSecretFileEnv, *file);
   AFD_CHECK(secret.size() >= kMinJoinSecretBytes,
             "{}: the join secret has {} bytes; it needs at least {} (e.g. `openssl rand -hex 32`)",
             source, secret.size(), kMinJoinSecretBytes);

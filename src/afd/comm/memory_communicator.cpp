@@ -109,8 +109,9 @@ void MemoryCommunicator::RunOps() {
 void MemoryCommunicator::SendNow(const Op& op) {
   MemoryFabric& f = *fabric_;
   MemoryFabric::Message m;
-  m.header = MessageHeader{kMessageMagic, kWireVersion, static_cast<uint8_t>(op.dtype), 0, op.tag,
-                           0,             op.bytes,     send_seq_[op.peer]++};
+  m.header = MessageHeader{
+      kMessageMagic, kWireVersion,        static_cast<uint8_t>(op.dtype), 0, op.tag, 0,
+      op.bytes,      send_seq_[op.peer]++};
   if (op.bytes > 0) m.payload.assign(op.buf, op.buf + op.bytes);
   m.deliver_at = MemoryFabric::Clock::now();
   std::lock_guard<std::mutex> lock(f.mu_);
@@ -156,10 +157,11 @@ void MemoryCommunicator::RecvNow(const Op& op, const Deadline& deadline) {
     AFD_CHECK(!(queue.empty() && f.closed_[op.peer]),
               "{} closed the connection (process exited or shut down)", Where(op.peer));
     if (deadline.expired()) {
-      AFD_THROW("group {}: {} timed out after {}s; still pending; receive of {} bytes (tag {:#x}) "
-                "from {}",
-                spec_.name, DescribeRank(spec_.rank), spec_.timeout_s, op.bytes, op.tag,
-                DescribeRank(op.peer));
+      AFD_THROW(
+          "group {}: {} timed out after {}s; still pending; receive of {} bytes (tag {:#x}) "
+          "from {}",
+          spec_.name, DescribeRank(spec_.rank), spec_.timeout_s, op.bytes, op.tag,
+          DescribeRank(op.peer));
     }
     auto wake = MemoryFabric::Clock::now() + std::chrono::milliseconds(deadline.remaining_ms());
     if (!queue.empty()) wake = std::min(wake, queue.front().deliver_at);
@@ -168,9 +170,9 @@ void MemoryCommunicator::RecvNow(const Op& op, const Deadline& deadline) {
   MemoryFabric::Message m = std::move(queue.front());
   queue.pop_front();
   lock.unlock();
-  ValidateMessageHeader(
-      m.header, {recv_seq_[op.peer], op.tag, static_cast<uint8_t>(op.dtype), op.bytes},
-      Where(op.peer));
+  ValidateMessageHeader(m.header,
+                        {recv_seq_[op.peer], op.tag, static_cast<uint8_t>(op.dtype), op.bytes},
+                        Where(op.peer));
   ++recv_seq_[op.peer];
   if (op.bytes > 0) std::memcpy(op.buf, m.payload.data(), op.bytes);
 }
@@ -223,7 +225,8 @@ std::shared_ptr<MemoryFabric> MemoryFabricRegistry::Get(const std::string& group
   auto& fabric = fabrics_[group];
   if (!fabric) {
     auto plan = plans_.find(group);
-    fabric = std::make_shared<MemoryFabric>(size, plan == plans_.end() ? FaultPlan{} : plan->second);
+    fabric =
+        std::make_shared<MemoryFabric>(size, plan == plans_.end() ? FaultPlan{} : plan->second);
   }
   return fabric;
 }

@@ -121,7 +121,7 @@ class MemoryFabricRegistry {
 
  private:
   std::mutex mu_;
-  std::map<std::string, FaultPlan> plans_;                     // GUARDED_BY(mu_)
+  std::map<std::string, FaultPlan> plans_;                        // GUARDED_BY(mu_)
   std::map<std::string, std::shared_ptr<MemoryFabric>> fabrics_;  // GUARDED_BY(mu_)
 };
 

@@ -27,8 +27,7 @@ void P2pBarrier(Communicator& c) {
 void P2pAllReduce(Communicator& c, void* buf, size_t count, DType dtype, ReduceOp op) {
   AFD_CHECK(op == ReduceOp::kSum, "group {}: only sum all-reduce is supported", c.name());
   AFD_CHECK(dtype == DType::kF32 || dtype == DType::kI64,
-            "group {}: all-reduce supports float32 and int64, not {}", c.name(),
-            DTypeName(dtype));
+            "group {}: all-reduce supports float32 and int64, not {}", c.name(), DTypeName(dtype));
   if (c.size() == 1) return;
   const size_t bytes = count * DTypeSize(dtype);
   // Gather every rank's contribution, then sum in rank order on every rank.

@@ -82,16 +82,15 @@ std::string StoreSession::Greeting() const {
 void StoreSession::Consume(std::string& in, std::string& out, size_t max_out) {
   size_t pos = 0;
   while (out.size() < max_out) {
-    const std::optional<size_t> len =
-        FrameLength(std::string_view(in).substr(pos), max_body());
+    const std::optional<size_t> len = FrameLength(std::string_view(in).substr(pos), max_body());
     if (!len) break;
-    const std::string_view body = std::string_view(in).substr(pos + sizeof(FrameHeader),
-                                                           *len - sizeof(FrameHeader));
+    const std::string_view body =
+        std::string_view(in).substr(pos + sizeof(FrameHeader), *len - sizeof(FrameHeader));
     pos += *len;
     if (!authenticated_) {
       std::vector<std::string> f;
-      AFD_CHECK(static_cast<uint8_t>(body[0]) == kAuth,
-                "sent request op {} before authenticating", static_cast<int>(body[0]));
+      AFD_CHECK(static_cast<uint8_t>(body[0]) == kAuth, "sent request op {} before authenticating",
+                static_cast<int>(body[0]));
       AFD_CHECK(ParseFields(body, 1, f) && f.size() == 2 && f[0].size() == kNonceBytes,
                 "sent a malformed authentication request");
       if (secret_ && !DigestsEqual(f[1], ClientMac(*secret_, server_nonce_, f[0]))) {
@@ -149,8 +148,8 @@ std::string AnswerChallenge(std::string_view challenge_body,
                             const std::string& where) {
   std::vector<std::string> f;
   AFD_CHECK(!challenge_body.empty() && static_cast<uint8_t>(challenge_body[0]) == kChallenge &&
-                ParseFields(challenge_body, 1, f) && f.size() == 2 &&
-                f[0].size() == kNonceBytes && f[1].size() == 1,
+                ParseFields(challenge_body, 1, f) && f.size() == 2 && f[0].size() == kNonceBytes &&
+                f[1].size() == 1,
             "{} sent a malformed greeting (is something else listening on that port, or an "
             "older afd?)",
             where);

@@ -25,19 +25,13 @@
 
 namespace afd::comm::store_wire {
 
-inline constexpr uint32_t kMagic = 0x53444641;        // "AFDS"
-inline constexpr uint32_t kMaxBody = 64u << 20;       // no store value is anywhere near 64 MiB
-inline constexpr uint32_t kMaxHandshakeBody = 256;    // a frame before authentication
+inline constexpr uint32_t kMagic = 0x53444641;      // "AFDS"
+inline constexpr uint32_t kMaxBody = 64u << 20;     // no store value is anywhere near 64 MiB
+inline constexpr uint32_t kMaxHandshakeBody = 256;  // a frame before authentication
 inline constexpr size_t kNonceBytes = 32;
 
 enum Op : uint8_t { kSet = 1, kGet = 2, kAdd = 3, kDelete = 4, kCheck = 5, kAuth = 6 };
-enum Status : uint8_t {
-  kOk = 0,
-  kMissing = 1,
-  kBadRequest = 2,
-  kChallenge = 3,
-  kAuthFailed = 4
-};
+enum Status : uint8_t { kOk = 0, kMissing = 1, kBadRequest = 2, kChallenge = 3, kAuthFailed = 4 };
 
 struct FrameHeader {
   uint32_t magic;

@@ -89,7 +89,8 @@ std::unique_ptr<TcpCommunicator> TcpCommunicator::Create(Store& store, const Gro
   auto missing_members = [&] {
     std::string missing;
     for (int p = spec.rank + 1; p < spec.size; ++p) {
-      if (!comm->peers_[p].valid()) missing += (missing.empty() ? "" : ", ") + comm->DescribeRank(p);
+      if (!comm->peers_[p].valid())
+        missing += (missing.empty() ? "" : ", ") + comm->DescribeRank(p);
     }
     return missing;
   };
@@ -107,8 +108,7 @@ std::unique_ptr<TcpCommunicator> TcpCommunicator::Create(Store& store, const Gro
           Deadline::In(std::min(kHelloSeconds, deadline.remaining_ms() / 1000.0));
       s.RecvAll(&hello, sizeof(hello), hello_deadline, "a connecting member of group " + spec.name);
       ValidateHello(hello, group_hash, spec.rank + 1, spec.size);
-      AFD_CHECK(!comm->peers_[hello.rank].valid(), "duplicate connection from rank {}",
-                hello.rank);
+      AFD_CHECK(!comm->peers_[hello.rank].valid(), "duplicate connection from rank {}", hello.rank);
     } catch (const Error& e) {
       std::fprintf(stderr, "afd: group %s: dropped a connection to %s: %s\n", spec.name.c_str(),
                    comm->DescribeRank(spec.rank).c_str(), e.what());
@@ -222,9 +222,9 @@ void TcpCommunicator::RunPendingOps() {
       op.header_done += moved;
       if (op.header_done < sizeof(MessageHeader)) return moved > 0;
       const MessageHeader& h = op.header;
-      ValidateMessageHeader(
-          h, {recv_seq_[op.peer], op.tag, static_cast<uint8_t>(op.dtype), op.bytes},
-          Where(op.peer));
+      ValidateMessageHeader(h,
+                            {recv_seq_[op.peer], op.tag, static_cast<uint8_t>(op.dtype), op.bytes},
+                            Where(op.peer));
       ++recv_seq_[op.peer];
     }
     if (op.payload_done < op.bytes) {

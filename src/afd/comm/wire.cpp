@@ -7,9 +7,10 @@ namespace afd::comm {
 
 void ValidateMessageHeader(const MessageHeader& h, const ExpectedMessage& expected,
                            const std::string& from) {
-  AFD_CHECK(h.magic == kMessageMagic && h.version == kWireVersion,
-            "{} sent a corrupt message header (magic {:#x}, version {}; expected {:#x}, version {})",
-            from, h.magic, h.version, kMessageMagic, kWireVersion);
+  AFD_CHECK(
+      h.magic == kMessageMagic && h.version == kWireVersion,
+      "{} sent a corrupt message header (magic {:#x}, version {}; expected {:#x}, version {})",
+      from, h.magic, h.version, kMessageMagic, kWireVersion);
   AFD_CHECK(h.reserved0 == 0 && h.reserved1 == 0,
             "{} sent a corrupt message header (reserved fields {:#x}, {:#x} are not zero)", from,
             h.reserved0, h.reserved1);
@@ -23,9 +24,10 @@ void ValidateMessageHeader(const MessageHeader& h, const ExpectedMessage& expect
 }
 
 void ValidateHello(const HelloHeader& h, uint32_t group_hash, int min_rank, int size) {
-  AFD_CHECK(h.magic == kHelloMagic && h.version == kWireVersion && h.reserved == 0,
-            "bad handshake (magic {:#x}, version {}, reserved {:#x}; expected {:#x}, version {}, 0)",
-            h.magic, h.version, h.reserved, kHelloMagic, kWireVersion);
+  AFD_CHECK(
+      h.magic == kHelloMagic && h.version == kWireVersion && h.reserved == 0,
+      "bad handshake (magic {:#x}, version {}, reserved {:#x}; expected {:#x}, version {}, 0)",
+      h.magic, h.version, h.reserved, kHelloMagic, kWireVersion);
   AFD_CHECK(h.group_hash == group_hash, "a member of another group (hash {:#x}, expected {:#x})",
             h.group_hash, group_hash);
   AFD_CHECK(h.rank >= min_rank && h.rank < size, "rank {} is outside {}..{}", h.rank, min_rank,

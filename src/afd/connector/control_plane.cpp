@@ -29,8 +29,8 @@ void ControlPlane::Send(const StepMetadata& meta) {
       "control plane: {} token counts, expected {} stages x {} ranks", meta.token_counts.size(),
       meta.num_stages, meta.num_attention_ranks);
   for (int64_t n : meta.token_counts) {
-    AFD_CHECK(n >= 0 && n <= kMaxTokensPerStage,
-              "control plane: token count {} is outside 0..{}", n, kMaxTokensPerStage);
+    AFD_CHECK(n >= 0 && n <= kMaxTokensPerStage, "control plane: token count {} is outside 0..{}",
+              n, kMaxTokensPerStage);
   }
   AFD_CHECK((meta.flags & ~kKnownStepFlags) == 0, "control plane: unknown step flags {:#x}",
             meta.flags & ~kKnownStepFlags);

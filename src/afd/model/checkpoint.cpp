@@ -44,7 +44,8 @@ std::map<std::string, std::string> ParseSafetensorsIndex(std::string_view text,
               "(no '/', '\\', control characters, '..' or empty names)",
               index_path, name, shard);
     AFD_CHECK(shard.size() > 12 && shard.ends_with(".safetensors"),
-              "{}: weight_map.{}: shard \"{}\" is not a .safetensors file", index_path, name, shard);
+              "{}: weight_map.{}: shard \"{}\" is not a .safetensors file", index_path, name,
+              shard);
     weight_map[name] = shard;
   }
   return weight_map;

@@ -190,19 +190,19 @@ void ModelConfig::Validate(const std::string& source) const {
   AFD_CHECK(n_routed_experts >= 0 && n_routed_experts <= kMaxExperts,
             "{}: \"n_routed_experts\" must be in 0..{}, got {}", source, kMaxExperts,
             n_routed_experts);
-  AFD_CHECK(n_shared_experts <= kMaxExperts, "{}: \"n_shared_experts\" must be at most {}",
-            source, kMaxExperts);
+  AFD_CHECK(n_shared_experts <= kMaxExperts, "{}: \"n_shared_experts\" must be at most {}", source,
+            kMaxExperts);
   AFD_CHECK(moe_intermediate_size >= 0 && moe_intermediate_size <= kMaxDimension &&
                 intermediate_size >= 0 && intermediate_size <= kMaxDimension,
             "{}: intermediate sizes must be in 0..{}", source, kMaxDimension);
   AFD_CHECK(std::isfinite(rms_norm_eps) && rms_norm_eps > 0,
             "{}: \"rms_norm_eps\" must be a finite number > 0, got {}", source, rms_norm_eps);
-  AFD_CHECK(std::isfinite(routed_scaling_factor),
-            "{}: \"routed_scaling_factor\" must be finite", source);
+  AFD_CHECK(std::isfinite(routed_scaling_factor), "{}: \"routed_scaling_factor\" must be finite",
+            source);
   AFD_CHECK(std::isfinite(rope.theta) && rope.theta > 0,
             "{}: rope_theta must be a finite number > 0, got {}", source, rope.theta);
-  AFD_CHECK(first_k_dense_replace <= kMaxLayers,
-            "{}: first_k_dense_replace must be at most {}", source, kMaxLayers);
+  AFD_CHECK(first_k_dense_replace <= kMaxLayers, "{}: first_k_dense_replace must be at most {}",
+            source, kMaxLayers);
   AFD_CHECK(first_k_dense_replace >= 0, "{}: first_k_dense_replace must be >= 0", source);
   if (first_k_dense_replace > 0) positive(intermediate_size, "intermediate_size");
   if (first_k_dense_replace < num_hidden_layers) {  // some MoE layers

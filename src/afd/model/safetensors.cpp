@@ -6,8 +6,8 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <climits>
 #include <cerrno>
+#include <climits>
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -133,23 +133,23 @@ SafetensorsFile SafetensorsFile::Parse(const uint8_t* bytes, size_t size, const 
     // to a small number that then matches small data_offsets.
     int64_t numel = 1;
     for (const auto& d : entry["shape"]) {
-      AFD_CHECK(d.is_number_integer(), "{}: tensor {}: bad shape {}",
-                path, name, json_fields::Describe(entry["shape"]));
+      AFD_CHECK(d.is_number_integer(), "{}: tensor {}: bad shape {}", path, name,
+                json_fields::Describe(entry["shape"]));
       AFD_CHECK(!d.is_number_unsigned() || d.get<uint64_t>() <= INT64_MAX,
                 "{}: tensor {}: shape {} has a dimension beyond int64", path, name,
                 json_fields::Describe(entry["shape"]));
       const int64_t dim = d.get<int64_t>();
-      AFD_CHECK(dim >= 0, "{}: tensor {}: bad shape {}", path, name, json_fields::Describe(entry["shape"]));
+      AFD_CHECK(dim >= 0, "{}: tensor {}: bad shape {}", path, name,
+                json_fields::Describe(entry["shape"]));
       AFD_CHECK(!__builtin_mul_overflow(numel, dim, &numel),
                 "{}: tensor {}: shape {} has more elements than fit in 64 bits", path, name,
                 json_fields::Describe(entry["shape"]));
       t.shape.push_back(dim);
     }
     uint64_t needed = 0;
-    AFD_CHECK(!__builtin_mul_overflow(static_cast<uint64_t>(numel), static_cast<uint64_t>(elem),
-                                      &needed),
-              "{}: tensor {}: {} {} is too large to address", path, name, t.dtype_name,
-              t.ShapeString());
+    AFD_CHECK(
+        !__builtin_mul_overflow(static_cast<uint64_t>(numel), static_cast<uint64_t>(elem), &needed),
+        "{}: tensor {}: {} {} is too large to address", path, name, t.dtype_name, t.ShapeString());
     const auto& off = entry["data_offsets"];
     AFD_CHECK(off[0].is_number_unsigned() && off[1].is_number_unsigned(),
               "{}: tensor {}: data_offsets must be non-negative integers, got {}", path, name,
