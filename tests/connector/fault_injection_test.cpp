@@ -56,7 +56,7 @@ void AttentionRank(comm::AfdWorld& world, P2pConnector& conn, int A) {
     StepMetadata meta;
     meta.step = step;
     meta.num_attention_ranks = A;
-    meta.flags = step == kSteps ? kShutdown : 0;
+    meta.flags = step == kSteps ? static_cast<uint32_t>(kShutdown) : 0u;
     for (int a = 0; a < A; ++a) meta.token_counts.push_back(step == kSteps ? 0 : 3 + a);
     conn.control_plane().Send(meta);
     if (step == kSteps) break;

@@ -214,6 +214,7 @@ std::unique_ptr<AfdWorld> AfdWorld::Join(const JoinRequest& request, Communicato
       request.role_rank < (c.role == Role::kAttention ? c.num_attention_ranks : c.num_ffn_ranks);
   if (in_range) w->world_rank_ = w->topology_.WorldRank({c.role, request.role_rank});
   const std::optional<std::string> secret = ResolveJoinSecret(c.host);
+  w->secret_ = secret;
   if (w->world_rank_ == 0) {
     StoreServerOptions options;
     options.bind_host = ResolveIPv4(c.host);  // the configured address only, never every one
@@ -313,6 +314,7 @@ std::unique_ptr<Communicator> AfdWorld::CreateGroup(const std::string& name,
   AFD_CHECK(spec.rank >= 0, "group {}: {} is not a member", name, Describe(world_rank_));
   spec.local_address = local_address_;
   spec.timeout_s = request_.config.afd_process_group_timeout_s;
+  spec.join_secret = secret_;
   PrefixStore store(*client_, name);
   try {
     return std::make_unique<WatchedCommunicator>(factory_(store, spec),

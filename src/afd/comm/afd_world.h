@@ -118,7 +118,8 @@ class AfdWorld {
   std::string local_address_;
   std::unique_ptr<TcpStoreServer> server_;  // world rank 0 only
   std::unique_ptr<TcpStoreClient> client_;
-  bool joined_ = false;  // the join completed (rank 0 then lingers for the others)
+  std::optional<std::string> secret_;  // the join secret, handed to every group
+  bool joined_ = false;                // the join completed (rank 0 then lingers for the others)
 
   std::thread heartbeat_;
   std::mutex heartbeat_mu_;

@@ -9,6 +9,7 @@
 
 #include "afd/comm/wire.h"
 #include "afd/common/error.h"
+#include "afd/common/sha256.h"
 
 namespace afd::comm {
 
@@ -81,6 +82,10 @@ std::unique_ptr<TcpCommunicator> TcpCommunicator::Create(Store& store, const Gro
     Socket s = Connect(addr.substr(0, colon), port, deadline, comm->Where(peer));
     const HelloHeader hello{kHelloMagic, kWireVersion, 0, group_hash, spec.rank};
     s.SendAll(&hello, sizeof(hello), deadline, comm->Where(peer));
+    std::string nonce(kHelloNonceBytes, '\0');
+    s.RecvAll(nonce.data(), nonce.size(), deadline, comm->Where(peer));
+    const std::string proof = HelloProof(spec.join_secret, spec.name, spec.rank, nonce);
+    s.SendAll(proof.data(), proof.size(), deadline, comm->Where(peer));
     comm->peers_[peer] = std::move(s);
   }
   // Accept every higher rank. A connection that is not one (an outsider, a member of another
@@ -109,6 +114,14 @@ std::unique_ptr<TcpCommunicator> TcpCommunicator::Create(Store& store, const Gro
       s.RecvAll(&hello, sizeof(hello), hello_deadline, "a connecting member of group " + spec.name);
       ValidateHello(hello, group_hash, spec.rank + 1, spec.size);
       AFD_CHECK(!comm->peers_[hello.rank].valid(), "duplicate connection from rank {}", hello.rank);
+      const std::string nonce = RandomBytes(kHelloNonceBytes);
+      s.SendAll(nonce.data(), nonce.size(), hello_deadline, "a connecting member");
+      std::string proof(kHelloNonceBytes, '\0');
+      s.RecvAll(proof.data(), proof.size(), hello_deadline, "a connecting member");
+      AFD_CHECK(DigestsEqual(proof, HelloProof(spec.join_secret, spec.name, hello.rank, nonce)),
+                "the connection claiming rank {} did not prove the join secret (an outsider, or a "
+                "process with another secret)",
+                hello.rank);
     } catch (const Error& e) {
       std::fprintf(stderr, "afd: group %s: dropped a connection to %s: %s\n", spec.name.c_str(),
                    comm->DescribeRank(spec.rank).c_str(), e.what());

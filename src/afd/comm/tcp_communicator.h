@@ -4,10 +4,12 @@
 // one that routes toward the rendezvous host, seed 001), publishes "addr/<rank>" in the group's
 // store, connects to every lower rank and accepts every higher one. So each group's transport is
 // rooted at its first member's own address, never at the configured rendezvous host, and groups
-// spread over several hosts come up. Every step is bounded by spec.timeout_s.
+// spread over several hosts come up. Every step is bounded by spec.timeout_s. A connection that
+// does not prove spec.join_secret, or is not a member at all, is dropped with a log line.
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -24,6 +26,9 @@ struct GroupSpec {
   std::vector<std::string> labels;  // per group rank, e.g. "world rank 2 (attention 0)"
   std::string local_address;        // this process's address, reachable by the other members
   double timeout_s = 120;           // bound on every wait (creation and every operation)
+  // The deployment's join secret: a connecting member proves it (wire.h, HelloProof), so an
+  // outsider cannot take a member's place. nullopt in a deployment without one.
+  std::optional<std::string> join_secret;
 };
 
 class TcpCommunicator : public Communicator {

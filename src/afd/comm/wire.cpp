@@ -2,6 +2,7 @@
 
 #include "afd/common/dtype.h"
 #include "afd/common/error.h"
+#include "afd/common/sha256.h"
 
 namespace afd::comm {
 
@@ -21,6 +22,16 @@ void ValidateMessageHeader(const MessageHeader& h, const ExpectedMessage& expect
             "(the ranks disagree on the step's shapes)",
             from, h.tag, h.bytes, DTypeName(static_cast<DType>(h.dtype)), expected.tag,
             expected.bytes, DTypeName(static_cast<DType>(expected.dtype)));
+}
+
+std::string HelloProof(const std::optional<std::string>& secret, const std::string& group,
+                       int32_t rank, std::string_view nonce) {
+  if (!secret) return std::string(32, '\0');
+  std::string msg = "afd-group-v1" + group;
+  msg += '\0';
+  msg.append(reinterpret_cast<const char*>(&rank), sizeof(rank));
+  msg.append(nonce);
+  return std::string(AsBytes(HmacSha256(*secret, msg)));
 }
 
 void ValidateHello(const HelloHeader& h, uint32_t group_hash, int min_rank, int size) {
