@@ -36,7 +36,9 @@ std::string Label(RoleRank r) { return fmt::format("{} rank {}", RoleName(r.role
 
 // A group's communicator whose failures name the root cause when another rank -- or world rank
 // 0's heartbeat watch -- has reported one: a rank that times out waiting on a healthy peer,
-// which itself waits on a stopped one, then says so instead of blaming the healthy peer.
+// which itself waits on a stopped one, then says so instead of blaming the healthy peer. After
+// a failure it is unusable whatever the transport (NCCL included): every later call fails
+// naming the first failure.
 class WatchedCommunicator : public Communicator {
  public:
   WatchedCommunicator(std::unique_ptr<Communicator> inner,
@@ -53,7 +55,9 @@ class WatchedCommunicator : public Communicator {
   void Recv(void* buf, size_t count, DType dtype, int peer, uint32_t tag) override {
     Watch([&] { inner_->Recv(buf, count, dtype, peer, tag); });
   }
-  void GroupStart() override { inner_->GroupStart(); }
+  void GroupStart() override {
+    Watch([&] { inner_->GroupStart(); });
+  }
   void GroupEnd() override {
     Watch([&] { inner_->GroupEnd(); });
   }
@@ -77,16 +81,25 @@ class WatchedCommunicator : public Communicator {
  private:
   template <typename F>
   void Watch(F&& f) {
+    AFD_CHECK(broken_.empty(), "group {}: group unusable after an earlier failed operation: {}",
+              inner_->name(), broken_);
     try {
       f();
     } catch (const Error& e) {
-      on_error_(e);  // throws the explained error, or returns to rethrow the original
+      broken_ = e.what();
+      try {
+        on_error_(e);  // throws the explained error, or returns to rethrow the original
+      } catch (const Error& explained) {
+        broken_ = explained.what();
+        throw;
+      }
       throw;
     }
   }
 
   std::unique_ptr<Communicator> inner_;
   std::function<void(const Error&)> on_error_;
+  std::string broken_;  // the first failure; empty while the group is usable
 };
 
 }  // namespace
