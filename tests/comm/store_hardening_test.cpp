@@ -152,6 +152,27 @@ TEST(StoreServer, HalfMessageIsDroppedAndCostsOthersNothing) {
   EXPECT_TRUE(s.Logged("left a frame half-sent"));
 }
 
+TEST(StoreServer, ClientThatDoesNotReadItsRepliesIsDroppedAndCostsOthersNothing) {
+  LoggedServer s(kSecret);
+  TcpStoreClient writer("127.0.0.1", s.port(), 5, kSecret);
+  writer.Set("big", std::string(1 << 20, 'v'));
+  // Authenticate, then ask for the 1 MiB value 200 times without reading a byte.
+  Socket raw = RawConnect(s.port());
+  store_wire::FrameHeader h;
+  raw.RecvAll(&h, sizeof(h), Deadline::In(5), "store");
+  std::string body(h.body_len, '\0');
+  raw.RecvAll(body.data(), body.size(), Deadline::In(5), "store");
+  std::string server_nonce;
+  const std::string auth =
+      store_wire::AnswerChallenge(body, kSecret, std::string(32, 'c'), &server_nonce, "store");
+  raw.SendAll(auth.data(), auth.size(), Deadline::In(5), "store");
+  std::string gets;
+  for (int i = 0; i < 200; ++i) gets += store_wire::Frame(store_wire::kGet, {"big"});
+  raw.SendAll(gets.data(), gets.size(), Deadline::In(5), "store");
+  ExpectOthersUnaffected(s.port(), kSecret);
+  EXPECT_TRUE(s.Logged("did not read its replies"));
+}
+
 TEST(StoreServer, OversizedFrameBeforeAuthenticationIsDropped) {
   LoggedServer s(kSecret);
   Socket raw = RawConnect(s.port());

@@ -112,11 +112,14 @@ void TcpStoreServer::Serve() {
     Log("FATAL: " + why + "; the store stops serving and every rank loses it");
   };
   auto consume = [](Client& c) {
+    const size_t before = c.in.size();
     try {
       c.session->Consume(c.in, c.out, kMaxPendingOut);
     } catch (const Error& e) {
       c.drop_reason = e.what();
     }
+    // Frames held back while replies piled up are the server's delay, not the client's.
+    if (c.in.size() != before) c.partial_since = Clock::now();
   };
 
   while (true) {
@@ -132,7 +135,7 @@ void TcpStoreServer::Serve() {
       if (!c.out.empty()) events |= POLLOUT;
       fds.push_back({c.socket.fd(), events, 0});
       if (!c.session->authenticated()) wake_at = std::min(wake_at, c.connected + handshake);
-      if (!c.in.empty()) wake_at = std::min(wake_at, c.partial_since + frame);
+      if (!c.in.empty() && c.out.empty()) wake_at = std::min(wake_at, c.partial_since + frame);
       if (!c.out.empty()) wake_at = std::min(wake_at, c.blocked_since + send);
     }
     const auto wait_ms = std::chrono::duration_cast<std::chrono::milliseconds>(wake_at - now);
@@ -194,7 +197,7 @@ void TcpStoreServer::Serve() {
         if (!c.session->authenticated() && later >= c.connected + handshake) {
           c.drop_reason = fmt::format("did not authenticate within {}s of connecting",
                                       options_.handshake_timeout_s);
-        } else if (!c.in.empty() && later >= c.partial_since + frame) {
+        } else if (!c.in.empty() && c.out.empty() && later >= c.partial_since + frame) {
           c.drop_reason = fmt::format("left a frame half-sent ({} bytes) for {}s", c.in.size(),
                                       options_.frame_timeout_s);
         } else if (!c.out.empty() && later >= c.blocked_since + send) {
