@@ -3,7 +3,7 @@ BUILD_DIR ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: setup configure build demo test test-asan bench clean format
+.PHONY: setup configure build demo test test-asan test-tsan fuzz fuzz-build fuzz-ci bench clean format
 
 setup:
 	./scripts/setup.sh
@@ -36,6 +36,34 @@ test-asan: setup
 	    -DCMAKE_CXX_FLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer"; fi
 	cmake --build build-asan -j $(JOBS)
 	cd build-asan && UBSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure -j $(JOBS) --timeout 600
+
+# Every test under ThreadSanitizer (CPU build, separate folder). The multi-process tests run the
+# TSan-built afd binary too.
+test-tsan: setup
+	@if [ ! -f build-tsan/build.ninja ]; then \
+	  cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DAFD_CUDA=OFF \
+	    -DCMAKE_CXX_FLAGS="-fsanitize=thread -fno-omit-frame-pointer -O1"; fi
+	cmake --build build-tsan -j $(JOBS)
+	cd build-tsan && TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
+	  ctest --output-on-failure -j $(JOBS) --timeout 900
+
+# libFuzzer targets (fuzz/, clang with ASan + UBSan, separate folder), FUZZ_SECONDS each.
+FUZZ_SECONDS ?= 60
+FUZZ_CXX ?= clang++-14
+fuzz-build: setup
+	@if [ ! -f build-fuzz/build.ninja ]; then \
+	  cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DAFD_CUDA=OFF \
+	    -DAFD_BUILD_TESTS=OFF -DAFD_FUZZ=ON -DCMAKE_CXX_COMPILER=$(FUZZ_CXX) \
+	    -DCMAKE_CXX_FLAGS="-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined"; fi
+	cmake --build build-fuzz -j $(JOBS) --target afd_config_fuzz model_config_fuzz \
+	  safetensors_fuzz safetensors_index_fuzz wire_headers_fuzz store_protocol_fuzz
+
+fuzz: fuzz-build
+	./fuzz/run.sh build-fuzz $(FUZZ_SECONDS)
+
+# What CI runs: every target for 30 s (6 targets: about 3 minutes plus the build).
+fuzz-ci:
+	$(MAKE) fuzz FUZZ_SECONDS=30
 
 # Benchmarks (not tests): results go to docs/perf.md by hand, with the machine and the floor.
 bench: build

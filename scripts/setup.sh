@@ -9,6 +9,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libopenblas-openmp-dev libpcre2-dev libutf8proc-dev libcpp-httplib-dev
   iproute2 python3
+  clang-14 llvm-14 libclang-rt-14-dev
 )
 
 missing=()

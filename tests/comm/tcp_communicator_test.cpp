@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "afd/comm/socket.h"
+#include "afd/comm/wire.h"
 #include "afd/common/error.h"
 
 namespace afd::comm {
@@ -161,11 +162,83 @@ TEST(TcpCommunicator, SilentPeerTimesOutListingWhatIsMissing) {
       << errors[0];
 }
 
+TEST(TcpCommunicator, FailedOperationMakesTheGroupUnusable) {
+  auto errors = RunGroup(2, 5, [](int rank, Communicator& c) {
+    float x = 1;
+    if (rank == 1) {
+      c.Send(&x, 1, 0, 9);  // rank 0 expects tag 5
+      return;
+    }
+    try {
+      c.Recv(&x, 1, 1, 5);
+      ADD_FAILURE() << "the mismatched receive succeeded";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("sent tag 0x9"), std::string::npos) << e.what();
+    }
+    c.Send(&x, 1, 1, 6);  // must fail at once: the streams are out of step
+  });
+  EXPECT_EQ(errors[1], "");
+  EXPECT_NE(errors[0].find("group test_group: group unusable after an earlier failed operation"),
+            std::string::npos)
+      << errors[0];
+  EXPECT_NE(errors[0].find("sent tag 0x9"), std::string::npos) << errors[0];
+}
+
+TEST(TcpCommunicator, OutsiderWithoutTheSecretCannotTakeAMembersPlace) {
+  // An outsider who learned rank 0's listening address connects first, with a well-formed hello
+  // claiming rank 1 but no knowledge of the join secret: rank 0 drops it, and the real rank 1
+  // (which proves the secret) still joins.
+  const std::string secret = "group-test-secret-0123456789";
+  TcpStoreServer server(0);
+  auto spec_of = [&](int rank) {
+    GroupSpec spec{"guarded", rank, 2, {"a", "b"}, "127.0.0.1", 5, secret};
+    return spec;
+  };
+  std::string errors[2];
+  std::thread rank0([&] {
+    try {
+      TcpStoreClient client("127.0.0.1", server.port(), 5);
+      PrefixStore store(client, "g");
+      auto comm = TcpCommunicator::Create(store, spec_of(0));
+      int32_t x = 7;
+      static_cast<Communicator&>(*comm).Send(&x, 1, 1, 3);
+    } catch (const Error& e) {
+      errors[0] = e.what();
+    }
+  });
+  TcpStoreClient client("127.0.0.1", server.port(), 5);
+  const std::string addr = client.Get("g/addr/0", 5);
+  const size_t colon = addr.rfind(':');
+  Socket outsider =
+      Connect(addr.substr(0, colon), std::stoi(addr.substr(colon + 1)), Deadline::In(5), "rank 0");
+  const HelloHeader hello{kHelloMagic, kWireVersion, 0, HashName("guarded"), 1};
+  outsider.SendAll(&hello, sizeof(hello), Deadline::In(5), "rank 0");
+  std::string nonce(kHelloNonceBytes, '\0');
+  outsider.RecvAll(nonce.data(), nonce.size(), Deadline::In(5), "rank 0");
+  const std::string forged = HelloProof(std::string("a-guessed-secret-0123"), "guarded", 1, nonce);
+  outsider.SendAll(forged.data(), forged.size(), Deadline::In(5), "rank 0");
+  std::thread rank1([&] {
+    try {
+      PrefixStore store(client, "g");
+      auto comm = TcpCommunicator::Create(store, spec_of(1));
+      int32_t x = 0;
+      static_cast<Communicator&>(*comm).Recv(&x, 1, 0, 3);
+      AFD_CHECK(x == 7, "rank 1 received {}", x);
+    } catch (const Error& e) {
+      errors[1] = e.what();
+    }
+  });
+  rank0.join();
+  rank1.join();
+  EXPECT_EQ(errors[0], "");
+  EXPECT_EQ(errors[1], "");
+}
+
 TEST(TcpCommunicator, MissingMemberIsNamedAtCreation) {
   TcpStoreServer server(0);
   TcpStoreClient client("127.0.0.1", server.port(), 5);
   PrefixStore store(client, "g");
-  GroupSpec spec{"lonely", 0, 3, {"a", "b", "c"}, "127.0.0.1", 0.3};
+  GroupSpec spec{"lonely", 0, 3, {"a", "b", "c"}, "127.0.0.1", 0.3, std::nullopt};
   try {
     TcpCommunicator::Create(store, spec);
     FAIL();

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <fstream>
 #include <memory>
 #include <sstream>
@@ -39,6 +40,8 @@ template <typename ExtraArgs>
 std::vector<RankProcess> StartDeployment(int A, int F, int timeout_s, const std::string& tag,
                                          ExtraArgs extra_args) {
   const int port = FreePort();
+  // Every process proves one join secret to the store, as a real deployment does (inherited).
+  setenv("AFD_JOIN_SECRET", "connector-test-join-secret-0123456789", /*overwrite=*/0);
   std::vector<RankProcess> procs;
   for (const std::string role : {"ffn", "attention"}) {
     const int n = role == "ffn" ? F : A;

@@ -41,6 +41,8 @@ done
 set +e
 
 PORT=29517
+# Several hosts: the store is reachable from the network, so every process needs the join secret.
+export AFD_JOIN_SECRET="netns-test-secret-$(od -An -tx8 -N8 /dev/urandom | tr -d " ")"
 cfg() {
   echo "{\"afd\": {\"role\": \"$1\", \"connector\": \"P2pHostAFDConnector\", \"host\": \"10.213.0.1\", \"port\": $PORT, \"num_attention_ranks\": 2, \"num_ffn_ranks\": 2, \"afd_process_group_timeout_s\": 30}}"
 }

@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "connector/deployment.h"
 
@@ -105,6 +106,32 @@ TEST(P2pProcesses, KilledPeerIsNamedByTheOthers) {
     EXPECT_NE(log.find("attention 1"), std::string::npos) << p.label << ":\n" << log;
   }
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(25));
+}
+
+TEST(P2pProcesses, StoppedPeerIsDetectedAndNamed) {
+  // A live but wedged process (SIGSTOP: its connections stay open, nothing moves) is named by
+  // the others within a few timeouts, by their heartbeat watch or their transfer deadline.
+  const int timeout_s = 2;
+  auto procs = StartDeployment(2, 1, timeout_s, "stopped", [](const std::string&, int) {
+    return std::vector<std::string>{"--steps", "1000000"};
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // joined and stepping
+  testing_util::RankProcess& stopped = procs.back();             // attention 1
+  ASSERT_FALSE(stopped.process->Poll().has_value()) << ReadFile(stopped.log);
+  const auto start = std::chrono::steady_clock::now();
+  ::kill(stopped.process->pid(), SIGSTOP);
+  for (size_t i = 0; i + 1 < procs.size(); ++i) {
+    const std::optional<int> status = procs[i].process->Wait(Deadline::In(8 * timeout_s));
+    const std::string log = ReadFile(procs[i].log);
+    ASSERT_TRUE(status.has_value()) << procs[i].label << " did not notice the stopped peer";
+    EXPECT_NE(*status, 0);
+    EXPECT_TRUE(log.find("attention 1") != std::string::npos ||
+                log.find("attention rank 1") != std::string::npos)
+        << procs[i].label << ":\n"
+        << log;
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(4 * timeout_s + 3));
+  stopped.process->Kill(SIGKILL);  // a stopped process still dies of SIGKILL
 }
 
 TEST(P2pProcesses, MissingRankTimesOutListingIt) {

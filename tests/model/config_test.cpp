@@ -84,7 +84,7 @@ TEST(ModelConfig, ErrorsNameTheProblem) {
     }
     return std::string("no error");
   };
-  EXPECT_NE(message("{").find("cfg.json: invalid JSON"), std::string::npos);
+  EXPECT_NE(message("{").find("cfg.json is not valid JSON"), std::string::npos);
   EXPECT_NE(message(R"({"model_type": "llama"})").find("llama"), std::string::npos);
   std::string text = kV2LiteJson;
   text.replace(text.find("\"greedy\""), 8, "\"noaux_tc\"");
@@ -118,6 +118,52 @@ TEST(ModelConfig, MemoryCheckCountsOnlyWhatARoleLoads) {
   ffn_rest.expert_end = 64;
   // Attention + every FFN part (routers and shared counted once) = the whole model.
   EXPECT_EQ(a + f + LoadedParameterCount(c, ffn_rest), whole);
+}
+
+TEST(ModelConfig, UntrustedValuesAreRejectedNamingTheField) {
+  auto message = [](const std::string& from, const std::string& to) {
+    std::string text = kV2LiteJson;
+    const size_t at = text.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    text.replace(at, from.size(), to);
+    try {
+      ParseModelConfig(text, "cfg.json");
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  struct Case {
+    std::string from, to, needle;
+  };
+  const std::vector<Case> cases = {
+      // 1.5 (or 2.0) is not an integer: no silent truncation.
+      {"\"hidden_size\": 2048", "\"hidden_size\": 2048.5",
+       "cfg.json: \"hidden_size\": must be an integer"},
+      {"\"n_routed_experts\": 64", "\"n_routed_experts\": 64.0",
+       "cfg.json: \"n_routed_experts\": must be an integer"},
+      {"\"n_group\": 1", "\"n_group\": 1.5", "cfg.json: \"n_group\": must be an integer"},
+      {"\"hidden_size\": 2048", "\"hidden_size\": \"2048\"", "\"hidden_size\": must be an integer"},
+      {"\"hidden_size\": 2048", "\"hidden_size\": 18446744073709551615", "\"hidden_size\""},
+      {"\"hidden_size\": 2048", "\"hidden_size\": 4194304",
+       "\"hidden_size\" must be in 1..1048576"},
+      {"\"vocab_size\": 102400", "\"vocab_size\": -1", "\"vocab_size\" must be in 1..1048576"},
+      {"\"num_hidden_layers\": 27", "\"num_hidden_layers\": 100000", "num_hidden_layers"},
+      {"\"rms_norm_eps\": 1e-06", "\"rms_norm_eps\": 1e300", "rms_norm_eps"},
+      {"\"rms_norm_eps\": 1e-06", "\"rms_norm_eps\": true", "\"rms_norm_eps\": must be a number"},
+      {"\"eos_token_id\": 100001", "\"eos_token_id\": [100001, 1.5]",
+       "cfg.json: \"eos_token_id\"[1]: must be an integer"},
+      {"\"rope_theta\": 10000", "\"rope_theta\": -5", "rope_theta must be a finite number > 0"},
+      {"\"norm_topk_prob\": false", "\"norm_topk_prob\": 0",
+       "\"norm_topk_prob\" must be a boolean"},
+      // A key twice: which value wins is not the file's author's guess to make.
+      {"\"hidden_size\": 2048", "\"hidden_size\": 2048, \"hidden_size\": 4096",
+       "key \"hidden_size\" appears more than once"},
+  };
+  for (const Case& c : cases) {
+    const std::string m = message(c.from, c.to);
+    EXPECT_NE(m.find(c.needle), std::string::npos) << c.to << " -> " << m;
+  }
 }
 
 }  // namespace

@@ -161,5 +161,95 @@ TEST_F(SafetensorsTest, ShardedIndex) {
   EXPECT_THROW(Checkpoint::Open(dir_.string()), Error);
 }
 
+TEST_F(SafetensorsTest, ElementCountOverflowIsRejected) {
+  // 2^32 x 2^32 elements wraps to 0 in 64 bits: it must not match an empty data range.
+  ExpectOpenError(
+      WriteRaw(
+          "wrap.safetensors",
+          R"({"t": {"dtype": "F32", "shape": [4294967296, 4294967296], "data_offsets": [0, 0]}})",
+          0),
+      {"wrap.safetensors", "tensor t", "more elements than fit in 64 bits"});
+  // numel fits, numel x 8 bytes does not.
+  ExpectOpenError(
+      WriteRaw("bytes.safetensors",
+               R"({"t": {"dtype": "F64", "shape": [4611686018427387904], "data_offsets": [0, 0]}})",
+               0),
+      {"bytes.safetensors", "tensor t", "too large to address"});
+  ExpectOpenError(WriteRaw("neg.safetensors",
+                           R"({"t": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 0]}})", 0),
+                  {"neg.safetensors", "tensor t", "bad shape"});
+  ExpectOpenError(WriteRaw("float.safetensors",
+                           R"({"t": {"dtype": "F32", "shape": [1.5], "data_offsets": [0, 4]}})", 8),
+                  {"float.safetensors", "tensor t", "bad shape"});
+}
+
+TEST_F(SafetensorsTest, MisalignedDataIsRejected) {
+  // Header padded to 8 bytes; a BF16 tensor starting at data offset 1 is misaligned.
+  std::string header =
+      R"({"a": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]}, "b": {"dtype": "BF16", "shape": [2], "data_offsets": [1, 5]}})";
+  while (header.size() % 8 != 0) header += ' ';
+  ExpectOpenError(WriteRaw("misaligned.safetensors", header, 8),
+                  {"misaligned.safetensors", "tensor b", "not a multiple of its 2-byte element"});
+}
+
+TEST_F(SafetensorsTest, DuplicateTensorEntriesAndBadMetadataAreRejected) {
+  ExpectOpenError(
+      WriteRaw(
+          "dup.safetensors",
+          R"({"t": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]}, "t": {"dtype": "U8", "shape": [1], "data_offsets": [1, 2]}})",
+          8),
+      {"dup.safetensors", "key \"t\" appears more than once"});
+  ExpectOpenError(WriteRaw("meta.safetensors", R"({"__metadata__": {"format": 5}})", 0),
+                  {"meta.safetensors", "__metadata__.format must be a string"});
+  ExpectOpenError(
+      WriteRaw(
+          "dims.safetensors",
+          R"({"t": {"dtype": "U8", "shape": [1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1], "data_offsets": [0, 1]}})",
+          8),
+      {"dims.safetensors", "tensor t", "17 dimensions"});
+}
+
+TEST_F(SafetensorsTest, HugeHeaderLengthIsRejected) {
+  ExpectOpenError(WriteRaw("huge.safetensors", "{}", 0, int64_t{1} << 62),
+                  {"huge.safetensors", "runs past the end"});
+}
+
+TEST_F(SafetensorsTest, IndexShardNamesCannotLeaveTheModelDirectory) {
+  auto message = [](const std::string& text) {
+    try {
+      ParseSafetensorsIndex(text, "dir/model.safetensors.index.json");
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  for (const std::string bad :
+       {"../secret.safetensors", "/etc/passwd.safetensors", "sub/x.safetensors", "..", "",
+        "a\\\\b.safetensors", "a\\u0000b.safetensors", "a\\nb.safetensors"}) {
+    const std::string m = message(R"({"weight_map": {"w": ")" + bad + R"("}})");
+    EXPECT_NE(m.find("dir/model.safetensors.index.json: weight_map.w: shard"), std::string::npos)
+        << bad << " -> " << m;
+  }
+  EXPECT_NE(message(R"({"weight_map": {"w": "passwd"}})").find("is not a .safetensors file"),
+            std::string::npos);
+  EXPECT_NE(message(R"({"weight_map": {"w": 5}})").find("must be a file name string"),
+            std::string::npos);
+  EXPECT_NE(message(R"({"weight_map": {"w": "a.safetensors", "w": "b.safetensors"}})")
+                .find("appears more than once"),
+            std::string::npos);
+  EXPECT_NE(message("[1]").find("no \"weight_map\" object"), std::string::npos);
+  EXPECT_EQ(ParseSafetensorsIndex(R"({"weight_map": {"w": "model-1.safetensors"}})", "i").at("w"),
+            "model-1.safetensors");
+  // Through Checkpoint::Open too: the traversal never reaches the file system.
+  std::ofstream(Path("model.safetensors.index.json"))
+      << R"({"weight_map": {"w": "../../etc/shadow.safetensors"}})";
+  try {
+    Checkpoint::Open(dir_.string());
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("not a plain file name"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace afd::model

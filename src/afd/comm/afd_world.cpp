@@ -1,8 +1,10 @@
 #include "afd/comm/afd_world.h"
 
+#include <algorithm>
 #include <chrono>
 #include <thread>
 
+#include "afd/comm/join_secret.h"
 #include "afd/common/error.h"
 
 namespace afd::comm {
@@ -32,6 +34,74 @@ std::vector<std::pair<std::string, std::string>> Decode(const std::string& text)
 
 std::string Label(RoleRank r) { return fmt::format("{} rank {}", RoleName(r.role), r.rank); }
 
+// A group's communicator whose failures name the root cause when another rank -- or world rank
+// 0's heartbeat watch -- has reported one: a rank that times out waiting on a healthy peer,
+// which itself waits on a stopped one, then says so instead of blaming the healthy peer. After
+// a failure it is unusable whatever the transport (NCCL included): every later call fails
+// naming the first failure.
+class WatchedCommunicator : public Communicator {
+ public:
+  WatchedCommunicator(std::unique_ptr<Communicator> inner,
+                      std::function<void(const Error&)> on_error)
+      : inner_(std::move(inner)), on_error_(std::move(on_error)) {}
+
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  const std::string& name() const override { return inner_->name(); }
+  std::string DescribeRank(int rank) const override { return inner_->DescribeRank(rank); }
+  void Send(const void* buf, size_t count, DType dtype, int peer, uint32_t tag) override {
+    Watch([&] { inner_->Send(buf, count, dtype, peer, tag); });
+  }
+  void Recv(void* buf, size_t count, DType dtype, int peer, uint32_t tag) override {
+    Watch([&] { inner_->Recv(buf, count, dtype, peer, tag); });
+  }
+  void GroupStart() override {
+    Watch([&] { inner_->GroupStart(); });
+  }
+  void GroupEnd() override {
+    Watch([&] { inner_->GroupEnd(); });
+  }
+  bool WaitReadable(int peer, double timeout_s) override {
+    bool readable = false;
+    Watch([&] { readable = inner_->WaitReadable(peer, timeout_s); });
+    return readable;
+  }
+  void Barrier() override {
+    Watch([&] { inner_->Barrier(); });
+  }
+  void AllReduce(void* buf, size_t count, DType dtype, ReduceOp op) override {
+    Watch([&] { inner_->AllReduce(buf, count, dtype, op); });
+  }
+  void AllToAllV(const void* send, const std::vector<size_t>& send_counts, void* recv,
+                 const std::vector<size_t>& recv_counts, DType dtype) override {
+    Watch([&] { inner_->AllToAllV(send, send_counts, recv, recv_counts, dtype); });
+  }
+  void Shutdown() override { inner_->Shutdown(); }
+
+ private:
+  template <typename F>
+  void Watch(F&& f) {
+    AFD_CHECK(broken_.empty(), "group {}: group unusable after an earlier failed operation: {}",
+              inner_->name(), broken_);
+    try {
+      f();
+    } catch (const Error& e) {
+      broken_ = e.what();
+      try {
+        on_error_(e);  // throws the explained error, or returns to rethrow the original
+      } catch (const Error& explained) {
+        broken_ = explained.what();
+        throw;
+      }
+      throw;
+    }
+  }
+
+  std::unique_ptr<Communicator> inner_;
+  std::function<void(const Error&)> on_error_;
+  std::string broken_;  // the first failure; empty while the group is usable
+};
+
 }  // namespace
 
 std::vector<std::pair<std::string, std::string>> JoinFingerprint(const JoinRequest& r) {
@@ -56,15 +126,31 @@ AfdWorld::AfdWorld(JoinRequest request, CommunicatorFactory factory)
       topology_(request_.config.num_attention_ranks, request_.config.num_ffn_ranks),
       world_rank_(-1) {}
 
-// World rank 0 serves the store: it stays until every rank has come (one connection each) and
-// hung up again, bounded by the timeout, so nobody loses the store while reading a barrier or
-// an abort message -- not even a rank that arrives after the deployment was aborted.
+// World rank 0 serves the store. After a completed join it stays until every rank has come
+// and hung up again, bounded by the timeout, so nobody loses the store while reading a barrier
+// or an abort message. After a failed join the same wait is bounded by kFailedJoinLingerSeconds
+// instead: enough for ranks starting late to read the abort, short enough to exit promptly.
 AfdWorld::~AfdWorld() {
+  {
+    std::lock_guard<std::mutex> lock(heartbeat_mu_);
+    heartbeat_stop_ = true;
+  }
+  heartbeat_cv_.notify_all();
+  if (heartbeat_.joinable()) heartbeat_.join();
+  if (joined_ && client_) {
+    try {  // a rank that leaves on purpose is not a stalled one
+      client_->Set(fmt::format("hb_done/{}", world_rank_), "1");
+    } catch (const Error&) {
+    }
+  }
   client_.reset();
   if (!server_) return;
-  const Deadline deadline = Deadline::In(request_.config.afd_process_group_timeout_s);
+  constexpr double kFailedJoinLingerSeconds = 5.0;
+  const double timeout = request_.config.afd_process_group_timeout_s;
+  const Deadline deadline =
+      Deadline::In(joined_ ? timeout : std::min(timeout, kFailedJoinLingerSeconds));
   while ((server_->num_clients() > 0 || server_->num_accepted() < topology_.world_size()) &&
-         !deadline.expired()) {
+         !deadline.expired() && !server_->failure()) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
 }
@@ -94,6 +180,11 @@ std::optional<std::string> AfdWorld::AbortMessage() {
 }
 
 void AfdWorld::CheckAbort() {
+  if (server_) {
+    if (auto failure = server_->failure()) {
+      AFD_THROW("the rendezvous store served by {} failed: {}", Describe(world_rank_), *failure);
+    }
+  }
   if (auto abort = client_->TryGet(kAbortKey)) AFD_THROW("aborted: {}", *abort);
 }
 
@@ -135,8 +226,16 @@ std::unique_ptr<AfdWorld> AfdWorld::Join(const JoinRequest& request, Communicato
       request.role_rank >= 0 &&
       request.role_rank < (c.role == Role::kAttention ? c.num_attention_ranks : c.num_ffn_ranks);
   if (in_range) w->world_rank_ = w->topology_.WorldRank({c.role, request.role_rank});
-  if (w->world_rank_ == 0) w->server_ = std::make_unique<TcpStoreServer>(c.port);
-  w->client_ = std::make_unique<TcpStoreClient>(c.host, c.port, timeout);
+  const std::optional<std::string> secret = ResolveJoinSecret(c.host);
+  w->secret_ = secret;
+  if (w->world_rank_ == 0) {
+    StoreServerOptions options;
+    options.bind_host = ResolveIPv4(c.host);  // the configured address only, never every one
+    options.port = c.port;
+    options.secret = secret;
+    w->server_ = std::make_unique<TcpStoreServer>(std::move(options));
+  }
+  w->client_ = std::make_unique<TcpStoreClient>(c.host, c.port, timeout, secret);
   if (!in_range) {
     const std::string msg = fmt::format(
         "{} is out of range: num_{}_ranks is {}", Label({c.role, request.role_rank}),
@@ -146,6 +245,8 @@ std::unique_ptr<AfdWorld> AfdWorld::Join(const JoinRequest& request, Communicato
   }
   w->local_address_ = LocalAddressToward(c.host, c.port);
   w->VerifyJoin();
+  w->joined_ = true;
+  w->StartHeartbeat();
   return w;
 }
 
@@ -226,9 +327,11 @@ std::unique_ptr<Communicator> AfdWorld::CreateGroup(const std::string& name,
   AFD_CHECK(spec.rank >= 0, "group {}: {} is not a member", name, Describe(world_rank_));
   spec.local_address = local_address_;
   spec.timeout_s = request_.config.afd_process_group_timeout_s;
+  spec.join_secret = secret_;
   PrefixStore store(*client_, name);
   try {
-    return factory_(store, spec);
+    return std::make_unique<WatchedCommunicator>(factory_(store, spec),
+                                                 [this](const Error& e) { ExplainFailure(e); });
   } catch (const Error& e) {
     // Prefer the root cause another rank reported over our own timeout.
     if (auto abort = client_->TryGet(kAbortKey)) AFD_THROW("group {}: aborted: {}", name, *abort);

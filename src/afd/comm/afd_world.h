@@ -8,22 +8,35 @@
 // and the two ranks, and is broadcast through an abort key so the others fail fast too. At
 // timeout the error lists the ranks that never arrived.
 //
+// The store listens on the configured host's address only and admits a process only once it
+// has proven the join secret (join_secret.h); without a secret, only a loopback deployment may
+// run.
+//
+// Liveness: once joined, every rank bumps its heartbeat key "hb/<world rank>" from a thread of
+// its own every heartbeat_interval_s(); world rank 0 watches them and, when one stops for
+// heartbeat_silence_s() (a process stopped or hung as a whole, or its host cut off),
+// aborts the deployment naming that rank -- so idle loops that call CheckAbort() end.
+//
 // CreateGroup(): a communicator over any set of world ranks, keyed by name in the store (data
 // plane subgroups "afd_subgroup_<g>", control plane "p2p", later attention TP and FFN EP groups).
 //
 // Thread safety: one thread at a time.
 #pragma once
 
+#include <condition_variable>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "afd/comm/communicator.h"
 #include "afd/comm/store.h"
 #include "afd/comm/tcp_communicator.h"
 #include "afd/common/dtype.h"
+#include "afd/common/error.h"
 #include "afd/config/afd_config.h"
 #include "afd/topology/topology.h"
 
@@ -67,10 +80,17 @@ class AfdWorld {
   std::unique_ptr<Communicator> CreateGroup(const std::string& name,
                                             const std::vector<int>& members);
 
+  // How often the heartbeat thread beats: a tenth of the timeout, at most once a second.
+  double heartbeat_interval_s() const;
+  // How long a rank's heartbeat may stay unchanged before world rank 0 declares it stopped:
+  // the timeout, at least 2 s.
+  double heartbeat_silence_s() const;
+
   // Publishes an abort message so ranks still joining, forming groups, idle or in a barrier
   // fail fast, naming the root cause. The first message wins.
   void Abort(const std::string& message);
-  // Throws afd::Error carrying the abort message if any rank has aborted.
+  // Throws afd::Error carrying the abort message if any rank has aborted (a stalled heartbeat
+  // is reported that way), or, on world rank 0, when its store stopped serving.
   void CheckAbort();
   // The abort message, if any rank has aborted (nullopt also when the store is unreachable).
   std::optional<std::string> AbortMessage();
@@ -81,6 +101,15 @@ class AfdWorld {
  private:
   AfdWorld(JoinRequest request, CommunicatorFactory factory);
   void VerifyJoin();
+  // Called when an operation of one of this world's groups failed with `e`: throws `e`
+  // explained by the abort message of another rank if one appears within a short grace (three
+  // heartbeat periods); returns when there is none.
+  void ExplainFailure(const Error& e);
+  void StartHeartbeat();
+  void HeartbeatLoop();
+  // World rank 0: aborts naming a rank whose heartbeat is stale; false once it has aborted.
+  bool WatchHeartbeats(std::vector<std::string>& last_value,
+                       std::vector<std::chrono::steady_clock::time_point>& last_change);
 
   JoinRequest request_;
   CommunicatorFactory factory_;
@@ -89,6 +118,13 @@ class AfdWorld {
   std::string local_address_;
   std::unique_ptr<TcpStoreServer> server_;  // world rank 0 only
   std::unique_ptr<TcpStoreClient> client_;
+  std::optional<std::string> secret_;  // the join secret, handed to every group
+  bool joined_ = false;                // the join completed (rank 0 then lingers for the others)
+
+  std::thread heartbeat_;
+  std::mutex heartbeat_mu_;
+  std::condition_variable heartbeat_cv_;
+  bool heartbeat_stop_ = false;  // GUARDED_BY(heartbeat_mu_)
 };
 
 // The fingerprint fields in a fixed order, as (name, value) pairs. Exposed for tests.

@@ -107,7 +107,9 @@ void Socket::SendAll(const void* data, size_t bytes, const Deadline& deadline,
     const size_t n = SendSome(p, bytes, what);
     p += n;
     bytes -= n;
-    if (bytes > 0 && n == 0 && !WaitFor(fd_, POLLOUT, deadline)) {
+    // The deadline is checked after every chunk, so a peer that drains a byte at a time cannot
+    // keep the operation alive past it.
+    if (bytes > 0 && (deadline.expired() || (n == 0 && !WaitFor(fd_, POLLOUT, deadline)))) {
       AFD_THROW("timed out sending to {} ({} bytes still unsent)", what, bytes);
     }
   }
@@ -119,7 +121,8 @@ void Socket::RecvAll(void* data, size_t bytes, const Deadline& deadline, const s
     const size_t n = RecvSome(p, bytes, what);
     p += n;
     bytes -= n;
-    if (bytes > 0 && n == 0 && !WaitFor(fd_, POLLIN, deadline)) {
+    // Checked after every chunk: a peer that trickles bytes cannot outlive the deadline.
+    if (bytes > 0 && (deadline.expired() || (n == 0 && !WaitFor(fd_, POLLIN, deadline)))) {
       AFD_THROW("timed out waiting for {} ({} bytes still missing)", what, bytes);
     }
   }

@@ -4,11 +4,12 @@
 // space on the one port. Wire format: docs/wire_formats.md ("Rendezvous store").
 //
 // Thread safety: TcpStoreClient and PrefixStore may be called from several threads (requests are
-// serialized). TcpStoreServer runs its own thread.
+// serialized). TcpStoreServer runs its own thread; its accessors may be called from any thread.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -57,9 +58,12 @@ class PrefixStore : public Store {
 
 class TcpStoreClient : public Store {
  public:
-  // Connects to host:port, retrying until timeout_s (the server may start later). Every request
-  // is bounded by timeout_s. Throws afd::Error naming the address when the store is unreachable.
-  TcpStoreClient(const std::string& host, int port, double timeout_s);
+  // Connects to host:port, retrying until timeout_s (the server may start later), and
+  // authenticates with `secret` (docs/reliability.md; nullopt for a store without one). Every
+  // request is bounded by timeout_s, checked on every byte. Throws afd::Error naming the address
+  // when the store is unreachable or the secrets do not match.
+  TcpStoreClient(const std::string& host, int port, double timeout_s,
+                 std::optional<std::string> secret = std::nullopt);
 
   void Set(const std::string& key, const std::string& value) override;
   std::optional<std::string> TryGet(const std::string& key) override;
@@ -70,6 +74,8 @@ class TcpStoreClient : public Store {
  private:
   // Sends one request frame and returns the response payload.
   std::string Request(uint8_t op, const std::vector<std::string>& fields);
+  // Reads one frame body (unlocked helper of Request and the handshake).
+  std::string ReadFrame(const Deadline& deadline, uint32_t max_body);
 
   std::string where_;  // "rendezvous store at host:port"
   double timeout_s_;
@@ -77,10 +83,28 @@ class TcpStoreClient : public Store {
   Socket socket_;  // GUARDED_BY(mu_)
 };
 
+struct StoreServerOptions {
+  std::string bind_host = "127.0.0.1";  // an IPv4 address of this host ("0.0.0.0": every one)
+  int port = 0;                         // 0: an ephemeral port
+  std::optional<std::string> secret;    // join secret; nullopt: any client may authenticate
+  // A client is dropped (with a log line) when it has not authenticated this long after
+  // connecting, leaves a frame half-sent this long, or does not read its replies this long.
+  double handshake_timeout_s = 10;
+  double frame_timeout_s = 10;
+  double send_timeout_s = 10;
+  int max_clients = 4096;  // connections beyond this are closed at once
+  // Where log lines go; default: stderr, prefixed "afd store: ".
+  std::function<void(const std::string&)> log;
+};
+
 class TcpStoreServer {
  public:
-  // Listens on all interfaces at `port` and serves until destroyed. Throws afd::Error naming the
-  // port when it cannot listen (e.g. taken).
+  // Listens on options.bind_host:options.port and serves until destroyed: one thread, a poll
+  // loop over non-blocking connections with their own buffers, so a stalled, silent or
+  // garbage-sending client costs the others nothing. Throws afd::Error naming the address when
+  // it cannot listen (e.g. taken).
+  explicit TcpStoreServer(StoreServerOptions options);
+  // Loopback, ephemeral or given port, no secret (tests).
   explicit TcpStoreServer(int port);
   ~TcpStoreServer();
   TcpStoreServer(const TcpStoreServer&) = delete;
@@ -91,16 +115,26 @@ class TcpStoreServer {
   int num_clients() const { return num_clients_.load(); }
   // Connections accepted since the server started.
   int num_accepted() const { return num_accepted_.load(); }
+  // Clients dropped for misbehaving (garbage, timeouts, failed authentication).
+  int num_dropped() const { return num_dropped_.load(); }
+  // Why the server stopped serving (a poll or accept error), or nullopt while it serves. Every
+  // client loses its connection at that point.
+  std::optional<std::string> failure() const;
 
  private:
   void Serve();
+  void Log(const std::string& line) const;
 
+  StoreServerOptions options_;
   Socket listener_;
   int port_;
   int wake_fd_[2] = {-1, -1};  // pipe that stops the serving thread
   std::thread thread_;
   std::atomic<int> num_clients_{0};
   std::atomic<int> num_accepted_{0};
+  std::atomic<int> num_dropped_{0};
+  mutable std::mutex failure_mu_;
+  std::optional<std::string> failure_;  // GUARDED_BY(failure_mu_)
 };
 
 }  // namespace afd::comm

@@ -3,10 +3,13 @@
 #include <poll.h>
 #include <sys/socket.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <cstring>
 
 #include "afd/comm/wire.h"
 #include "afd/common/error.h"
+#include "afd/common/sha256.h"
 
 namespace afd::comm {
 
@@ -79,39 +82,63 @@ std::unique_ptr<TcpCommunicator> TcpCommunicator::Create(Store& store, const Gro
     Socket s = Connect(addr.substr(0, colon), port, deadline, comm->Where(peer));
     const HelloHeader hello{kHelloMagic, kWireVersion, 0, group_hash, spec.rank};
     s.SendAll(&hello, sizeof(hello), deadline, comm->Where(peer));
+    std::string nonce(kHelloNonceBytes, '\0');
+    s.RecvAll(nonce.data(), nonce.size(), deadline, comm->Where(peer));
+    const std::string proof = HelloProof(spec.join_secret, spec.name, spec.rank, nonce);
+    s.SendAll(proof.data(), proof.size(), deadline, comm->Where(peer));
     comm->peers_[peer] = std::move(s);
   }
-  // Accept every higher rank.
-  for (int n = spec.rank + 1; n < spec.size; ++n) {
+  // Accept every higher rank. A connection that is not one (an outsider, a member of another
+  // group, garbage, silence) is dropped with a log line and costs at most kHelloSeconds.
+  constexpr double kHelloSeconds = 5.0;
+  auto missing_members = [&] {
+    std::string missing;
+    for (int p = spec.rank + 1; p < spec.size; ++p) {
+      if (!comm->peers_[p].valid())
+        missing += (missing.empty() ? "" : ", ") + comm->DescribeRank(p);
+    }
+    return missing;
+  };
+  for (int n = spec.rank + 1; n < spec.size;) {
     Socket s;
     try {
       s = Accept(listener, deadline, "members");
     } catch (const Error&) {
-      std::string missing;
-      for (int p = spec.rank + 1; p < spec.size; ++p) {
-        if (!comm->peers_[p].valid())
-          missing += (missing.empty() ? "" : ", ") + comm->DescribeRank(p);
-      }
       AFD_THROW("group {}: timed out after {}s waiting for {} to connect to {}", spec.name,
-                spec.timeout_s, missing, comm->DescribeRank(spec.rank));
+                spec.timeout_s, missing_members(), comm->DescribeRank(spec.rank));
     }
-    HelloHeader hello;
-    s.RecvAll(&hello, sizeof(hello), deadline, "a connecting member of group " + spec.name);
-    AFD_CHECK(hello.magic == kHelloMagic && hello.version == kWireVersion,
-              "group {}: a connection with a bad handshake (magic {:#x}, version {}) arrived",
-              spec.name, hello.magic, hello.version);
-    AFD_CHECK(hello.group_hash == group_hash,
-              "group {}: a member of another group connected (hash {:#x})", spec.name,
-              hello.group_hash);
-    AFD_CHECK(hello.rank > spec.rank && hello.rank < spec.size && !comm->peers_[hello.rank].valid(),
-              "group {}: unexpected or duplicate connection from rank {}", spec.name, hello.rank);
+    HelloHeader hello{};
+    try {
+      const Deadline hello_deadline =
+          Deadline::In(std::min(kHelloSeconds, deadline.remaining_ms() / 1000.0));
+      s.RecvAll(&hello, sizeof(hello), hello_deadline, "a connecting member of group " + spec.name);
+      ValidateHello(hello, group_hash, spec.rank + 1, spec.size);
+      AFD_CHECK(!comm->peers_[hello.rank].valid(), "duplicate connection from rank {}", hello.rank);
+      const std::string nonce = RandomBytes(kHelloNonceBytes);
+      s.SendAll(nonce.data(), nonce.size(), hello_deadline, "a connecting member");
+      std::string proof(kHelloNonceBytes, '\0');
+      s.RecvAll(proof.data(), proof.size(), hello_deadline, "a connecting member");
+      AFD_CHECK(DigestsEqual(proof, HelloProof(spec.join_secret, spec.name, hello.rank, nonce)),
+                "the connection claiming rank {} did not prove the join secret (an outsider, or a "
+                "process with another secret)",
+                hello.rank);
+    } catch (const Error& e) {
+      std::fprintf(stderr, "afd: group %s: dropped a connection to %s: %s\n", spec.name.c_str(),
+                   comm->DescribeRank(spec.rank).c_str(), e.what());
+      continue;
+    }
     comm->peers_[hello.rank] = std::move(s);
+    ++n;
   }
   return comm;
 }
 
 void TcpCommunicator::CheckPeer(int peer) const {
   AFD_CHECK(!shut_down_, "group {}: used after shutdown", spec_.name);
+  AFD_CHECK(broken_.empty(),
+            "group {}: group unusable after an earlier failed operation (the byte streams are out "
+            "of step): {}",
+            spec_.name, broken_);
   AFD_CHECK(peer >= 0 && peer < spec_.size && peer != spec_.rank,
             "group {}: peer {} is not another rank of the group (size {}, self {})", spec_.name,
             peer, spec_.size, spec_.rank);
@@ -152,6 +179,16 @@ void TcpCommunicator::GroupEnd() {
 }
 
 void TcpCommunicator::RunOps() {
+  try {
+    RunPendingOps();
+  } catch (const Error& e) {
+    // Some bytes of some messages may have moved: the streams are out of step for good.
+    broken_ = e.what();
+    throw;
+  }
+}
+
+void TcpCommunicator::RunPendingOps() {
   std::vector<Op> ops;
   ops.swap(pending_);
   const Deadline deadline = Deadline::In(spec_.timeout_s);
@@ -198,16 +235,9 @@ void TcpCommunicator::RunOps() {
       op.header_done += moved;
       if (op.header_done < sizeof(MessageHeader)) return moved > 0;
       const MessageHeader& h = op.header;
-      AFD_CHECK(h.magic == kMessageMagic && h.version == kWireVersion,
-                "{} sent a corrupt message header (magic {:#x}, version {})", Where(op.peer),
-                h.magic, h.version);
-      AFD_CHECK(h.seq == recv_seq_[op.peer], "{}: message {} arrived where message {} was expected",
-                Where(op.peer), h.seq, recv_seq_[op.peer]);
-      AFD_CHECK(h.tag == op.tag && h.dtype == static_cast<uint8_t>(op.dtype) && h.bytes == op.bytes,
-                "{} sent tag {:#x}, {} bytes of {} but this rank expected tag {:#x}, {} bytes of "
-                "{} (the ranks disagree on the step's shapes)",
-                Where(op.peer), h.tag, h.bytes, DTypeName(static_cast<DType>(h.dtype)), op.tag,
-                op.bytes, DTypeName(op.dtype));
+      ValidateMessageHeader(h,
+                            {recv_seq_[op.peer], op.tag, static_cast<uint8_t>(op.dtype), op.bytes},
+                            Where(op.peer));
       ++recv_seq_[op.peer];
     }
     if (op.payload_done < op.bytes) {
@@ -217,6 +247,24 @@ void TcpCommunicator::RunOps() {
       moved += m;
     }
     return moved > 0;
+  };
+
+  auto throw_timeout = [&]() {
+    std::string missing;
+    for (int p = 0; p < n; ++p) {
+      if (next_recv[p] != SIZE_MAX) {
+        const Op& op = ops[next_recv[p]];
+        missing += fmt::format("; receive of {} bytes (tag {:#x}) from {}, {} bytes in", op.bytes,
+                               op.tag, DescribeRank(p), op.payload_done + op.header_done);
+      }
+      if (next_send[p] != SIZE_MAX) {
+        const Op& op = ops[next_send[p]];
+        missing += fmt::format("; send of {} bytes (tag {:#x}) to {}, {} bytes out", op.bytes,
+                               op.tag, DescribeRank(p), op.payload_done);
+      }
+    }
+    AFD_THROW("group {}: {} timed out after {}s; still pending{}", spec_.name,
+              DescribeRank(spec_.rank), spec_.timeout_s, missing);
   };
 
   while (true) {
@@ -241,6 +289,9 @@ void TcpCommunicator::RunOps() {
       all_done &= next_send[p] == SIZE_MAX && next_recv[p] == SIZE_MAX;
     }
     if (all_done) return;
+    // Checked on every pass, not only when poll times out: a peer that trickles bytes keeps
+    // poll busy but cannot outlive the deadline.
+    if (deadline.expired()) throw_timeout();
     if (progressed) continue;
     std::vector<pollfd> fds;
     for (int p = 0; p < n; ++p) {
@@ -254,23 +305,7 @@ void TcpCommunicator::RunOps() {
       AFD_THROW("group {}: poll failed on {}: {}", spec_.name, DescribeRank(spec_.rank),
                 std::strerror(errno));
     }
-    if (rc == 0) {
-      std::string missing;
-      for (int p = 0; p < n; ++p) {
-        if (next_recv[p] != SIZE_MAX) {
-          const Op& op = ops[next_recv[p]];
-          missing += fmt::format("; receive of {} bytes (tag {:#x}) from {}, {} bytes in", op.bytes,
-                                 op.tag, DescribeRank(p), op.payload_done + op.header_done);
-        }
-        if (next_send[p] != SIZE_MAX) {
-          const Op& op = ops[next_send[p]];
-          missing += fmt::format("; send of {} bytes (tag {:#x}) to {}, {} bytes out", op.bytes,
-                                 op.tag, DescribeRank(p), op.payload_done);
-        }
-      }
-      AFD_THROW("group {}: {} timed out after {}s; still pending{}", spec_.name,
-                DescribeRank(spec_.rank), spec_.timeout_s, missing);
-    }
+    if (rc == 0) throw_timeout();
   }
 }
 

@@ -4,10 +4,12 @@
 // one that routes toward the rendezvous host, seed 001), publishes "addr/<rank>" in the group's
 // store, connects to every lower rank and accepts every higher one. So each group's transport is
 // rooted at its first member's own address, never at the configured rendezvous host, and groups
-// spread over several hosts come up. Every step is bounded by spec.timeout_s.
+// spread over several hosts come up. Every step is bounded by spec.timeout_s. A connection that
+// does not prove spec.join_secret, or is not a member at all, is dropped with a log line.
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -24,6 +26,9 @@ struct GroupSpec {
   std::vector<std::string> labels;  // per group rank, e.g. "world rank 2 (attention 0)"
   std::string local_address;        // this process's address, reachable by the other members
   double timeout_s = 120;           // bound on every wait (creation and every operation)
+  // The deployment's join secret: a connecting member proves it (wire.h, HelloProof), so an
+  // outsider cannot take a member's place. nullopt in a deployment without one.
+  std::optional<std::string> join_secret;
 };
 
 class TcpCommunicator : public Communicator {
@@ -55,7 +60,10 @@ class TcpCommunicator : public Communicator {
  private:
   explicit TcpCommunicator(GroupSpec spec);
   void Enqueue(bool is_send, void* buf, size_t count, DType dtype, int peer, uint32_t tag);
-  void RunOps();  // progresses every queued op concurrently until done or timeout
+  // Progresses every queued op concurrently until done or timeout; a failure marks the group
+  // unusable (broken_), since the byte streams are then out of step.
+  void RunOps();
+  void RunPendingOps();
   void CheckPeer(int peer) const;
   std::string Where(int peer) const;  // "rank 2 (attention 0) of group afd_subgroup_0"
 
@@ -65,6 +73,7 @@ class TcpCommunicator : public Communicator {
   std::vector<Op> pending_;
   int group_depth_ = 0;
   bool shut_down_ = false;
+  std::string broken_;  // why the group is unusable; empty while it is fine
 };
 
 }  // namespace afd::comm

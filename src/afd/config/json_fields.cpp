@@ -37,7 +37,8 @@ json ParseStrict(std::string_view text, std::string_view what) {
   json value;
   try {
     value = json::parse(text.begin(), text.end(), cb);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {
+    // parse_error, but also out_of_range (a number like 1e400 overflows a double).
     AFD_THROW("{} is not valid JSON: {}", what, e.what());
   }
   AFD_CHECK(duplicate.empty(), "{}: key \"{}\" appears more than once in one object", what,
@@ -46,7 +47,8 @@ json ParseStrict(std::string_view text, std::string_view what) {
 }
 
 std::string Describe(const json& value) {
-  std::string text = value.dump();
+  // Invalid UTF-8 in a string is replaced, not thrown: a message about bad input must not fail.
+  std::string text = value.dump(-1, ' ', false, json::error_handler_t::replace);
   if (text.size() > 60) text = text.substr(0, 57) + "...";
   return fmt::format("{} {}", value.type_name(), text);
 }

@@ -29,8 +29,11 @@ void ControlPlane::Send(const StepMetadata& meta) {
       "control plane: {} token counts, expected {} stages x {} ranks", meta.token_counts.size(),
       meta.num_stages, meta.num_attention_ranks);
   for (int64_t n : meta.token_counts) {
-    AFD_CHECK(n >= 0, "control plane: negative token count {}", n);
+    AFD_CHECK(n >= 0 && n <= kMaxTokensPerStage, "control plane: token count {} is outside 0..{}",
+              n, kMaxTokensPerStage);
   }
+  AFD_CHECK((meta.flags & ~kKnownStepFlags) == 0, "control plane: unknown step flags {:#x}",
+            meta.flags & ~kKnownStepFlags);
   if (!comm_) return;
   const ControlHeader h{kControlMagic,
                         kControlVersion,
@@ -56,15 +59,7 @@ std::optional<StepMetadata> ControlPlane::Recv(double timeout_s) {
   if (!comm_->WaitReadable(peer, timeout_s)) return std::nullopt;
   ControlHeader h;
   comm_->Recv(&h, sizeof(h), DType::kU8, peer, kHeaderTag);
-  AFD_CHECK(h.magic == kControlMagic && h.version == kControlVersion,
-            "control plane: attention rank {} sent a header with magic {:#x} version {} "
-            "(expected {:#x} version {})",
-            source, h.magic, h.version, kControlMagic, kControlVersion);
-  AFD_CHECK(h.num_stages >= 1 && h.num_stages <= kMaxStages &&
-                h.num_attention_ranks == static_cast<uint32_t>(t.num_attention()),
-            "control plane: attention rank {} sent {} stages for {} attention ranks; expected "
-            "1..{} stages for {} ranks",
-            source, h.num_stages, h.num_attention_ranks, kMaxStages, t.num_attention());
+  ValidateControlHeader(h, t.num_attention(), source);
   StepMetadata meta;
   meta.step = h.step;
   meta.flags = h.flags;
@@ -72,9 +67,7 @@ std::optional<StepMetadata> ControlPlane::Recv(double timeout_s) {
   meta.num_attention_ranks = t.num_attention();
   meta.token_counts.resize(static_cast<size_t>(meta.num_stages) * meta.num_attention_ranks);
   comm_->Recv(meta.token_counts.data(), meta.token_counts.size(), DType::kI64, peer, kCountsTag);
-  for (int64_t n : meta.token_counts) {
-    AFD_CHECK(n >= 0, "control plane: attention rank {} sent a negative token count {}", source, n);
-  }
+  ValidateTokenCounts(meta.token_counts, source);
   return meta;
 }
 

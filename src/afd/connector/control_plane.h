@@ -52,6 +52,17 @@ static_assert(sizeof(ControlHeader) == 24, "ControlHeader is 24 bytes on the wir
 inline constexpr uint32_t kControlMagic = 0x43444641;  // "AFDC"
 inline constexpr uint16_t kControlVersion = 1;
 inline constexpr int kMaxStages = 64;
+inline constexpr uint32_t kKnownStepFlags = kGraphCapture | kGraphReplay | kWarmup | kShutdown;
+// Rows one attention rank may send in one stage: bounds what a received count can make the FFN
+// side allocate.
+inline constexpr int64_t kMaxTokensPerStage = int64_t{1} << 24;
+
+// Checks a received header (from attention rank `source`) against a topology of
+// num_attention_ranks attention ranks: magic, version, known flags, stage and rank counts.
+// Throws afd::Error naming the source and the field.
+void ValidateControlHeader(const ControlHeader& h, int num_attention_ranks, int source);
+// Checks received token counts: each in 0..kMaxTokensPerStage. Throws naming the source.
+void ValidateTokenCounts(const std::vector<int64_t>& counts, int source);
 
 class ControlPlane {
  public:

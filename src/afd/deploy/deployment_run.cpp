@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <regex>
 
+#include "afd/comm/join_secret.h"
 #include "afd/comm/socket.h"
 #include "afd/common/error.h"
 #include "afd/config/afd_config.h"
@@ -128,6 +129,7 @@ std::vector<DeploymentResult> RunDeployment(const DeploymentSpec& spec,
     }
   }
   if (spec.show_rank_map) std::cerr << TopologyText(Topology(A, F));
+  comm::EnsureLocalJoinSecret();  // every rank is a child of this process: one fresh secret
   try {
     RunRankProcesses(specs);
   } catch (const Error& e) {

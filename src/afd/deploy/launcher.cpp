@@ -57,7 +57,7 @@ bool FailedBecauseOfAnother(const std::string& log) {
 
 }  // namespace
 
-void RunRankProcesses(const std::vector<RankProcessSpec>& specs) {
+void RunRankProcesses(const std::vector<RankProcessSpec>& specs, double finish_bound_s) {
   // The ranks share this host's cores: give each its share of BLAS/OpenMP threads (unless the
   // user chose), or their spinning threads starve each other (26x slower decode seen on 2 cores).
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
@@ -67,16 +67,36 @@ void RunRankProcesses(const std::vector<RankProcessSpec>& specs) {
   setenv("OPENBLAS_NUM_THREADS", threads.c_str(), /*overwrite=*/0);
   std::vector<std::unique_ptr<Subprocess>> procs;
   for (const auto& s : specs) procs.push_back(std::make_unique<Subprocess>(s.argv, s.log));
-  // Wait for all, or for the first failure.
-  int first_failed = -1;
+  // Wait for all, or for the first failure. Once one process has finished cleanly, the others
+  // must finish within finish_bound_s: the ranks of a deployment end together.
+  int first_failed = -1, first_finished = -1;
+  std::optional<Deadline> finish_deadline;
   while (first_failed < 0) {
     bool all_done = true;
     for (size_t i = 0; i < procs.size(); ++i) {
       const std::optional<int> st = procs[i]->Poll();
       if (st && *st != 0 && first_failed < 0) first_failed = static_cast<int>(i);
+      if (st && *st == 0 && first_finished < 0) {
+        first_finished = static_cast<int>(i);
+        finish_deadline = Deadline::In(finish_bound_s);
+      }
       all_done &= st.has_value();
     }
     if (first_failed >= 0 || all_done) break;
+    if (finish_deadline && finish_deadline->expired()) {
+      std::string running;
+      for (size_t i = 0; i < procs.size(); ++i) {
+        if (!procs[i]->Poll()) {
+          running += fmt::format("  {} (pid {}); last log lines:\n{}", specs[i].label,
+                                 procs[i]->pid(), TailOfFile(specs[i].log, 3));
+        }
+      }
+      procs.clear();  // kills and reaps whatever is left
+      AFD_THROW(
+          "{} finished, but these processes were still running {}s later and have been "
+          "stopped:\n{}",
+          specs[first_finished].label, finish_bound_s, running);
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   if (first_failed < 0) return;

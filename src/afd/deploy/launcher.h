@@ -18,8 +18,10 @@ struct RankProcessSpec {
 // -- then are killed, and afd::Error names the process that failed first (a process killed by a
 // signal counts as the root cause before those that exited with an error), with the tail of
 // its log. No process outlives this call. Unless already set, OMP_NUM_THREADS and
-// OPENBLAS_NUM_THREADS give each process its share of this host's cores.
-void RunRankProcesses(const std::vector<RankProcessSpec>& specs);
+// OPENBLAS_NUM_THREADS give each process its share of this host's cores. Once one process has
+// finished cleanly, the others must finish within finish_bound_s, or they are stopped and
+// afd::Error names them.
+void RunRankProcesses(const std::vector<RankProcessSpec>& specs, double finish_bound_s = 300);
 
 // Makes the kernel send SIGKILL to this process when its parent ends (a launcher that was
 // killed), so no rank outlives its launcher; exits at once if the parent is no longer

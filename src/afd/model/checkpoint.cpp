@@ -1,11 +1,14 @@
 #include "afd/model/checkpoint.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <sstream>
 
 #include "afd/common/error.h"
+#include "afd/config/json_fields.h"
 
 namespace afd::model {
 
@@ -21,6 +24,33 @@ std::string ShapeString(const std::vector<int64_t>& shape) {
 
 }  // namespace
 
+std::map<std::string, std::string> ParseSafetensorsIndex(std::string_view text,
+                                                         const std::string& index_path) {
+  const nlohmann::json index = json_fields::ParseStrict(text, index_path);
+  AFD_CHECK(index.is_object() && index.contains("weight_map") && index["weight_map"].is_object(),
+            "{}: no \"weight_map\" object", index_path);
+  std::map<std::string, std::string> weight_map;
+  for (const auto& [name, file] : index["weight_map"].items()) {
+    AFD_CHECK(file.is_string(), "{}: weight_map.{}: the shard must be a file name string, got {}",
+              index_path, name, json_fields::Describe(file));
+    const std::string shard = file.get<std::string>();
+    // A shard is a plain file name inside the model directory: no path of any kind.
+    const bool plain =
+        !shard.empty() && shard != "." && shard != ".." &&
+        shard.find_first_of("/\\") == std::string::npos &&
+        std::none_of(shard.begin(), shard.end(), [](char c) { return c >= 0 && c < 0x20; });
+    AFD_CHECK(plain,
+              "{}: weight_map.{}: shard \"{}\" is not a plain file name in the model directory "
+              "(no '/', '\\', control characters, '..' or empty names)",
+              index_path, name, shard);
+    AFD_CHECK(shard.size() > 12 && shard.ends_with(".safetensors"),
+              "{}: weight_map.{}: shard \"{}\" is not a .safetensors file", index_path, name,
+              shard);
+    weight_map[name] = shard;
+  }
+  return weight_map;
+}
+
 Checkpoint Checkpoint::Open(const std::string& dir) {
   AFD_CHECK(fs::is_directory(dir), "model directory {} does not exist", dir);
   Checkpoint ckpt;
@@ -29,21 +59,12 @@ Checkpoint Checkpoint::Open(const std::string& dir) {
   std::map<std::string, std::string> weight_map;  // tensor -> file name, from the index
   std::set<std::string> files;
   if (fs::exists(index_path)) {
-    nlohmann::json index;
-    try {
-      std::ifstream in(index_path);
-      index = nlohmann::json::parse(in);
-    } catch (const nlohmann::json::exception& e) {
-      AFD_THROW("{}: invalid JSON: {}", index_path.string(), e.what());
-    }
-    AFD_CHECK(index.is_object() && index.contains("weight_map") && index["weight_map"].is_object(),
-              "{}: no \"weight_map\" object", index_path.string());
-    for (const auto& [name, file] : index["weight_map"].items()) {
-      AFD_CHECK(file.is_string(), "{}: tensor {}: file name must be a string", index_path.string(),
-                name);
-      weight_map[name] = file.get<std::string>();
-      files.insert(file.get<std::string>());
-    }
+    std::ifstream in(index_path, std::ios::binary);
+    AFD_CHECK(in.good(), "{}: cannot read", index_path.string());
+    std::stringstream text;
+    text << in.rdbuf();
+    weight_map = ParseSafetensorsIndex(text.str(), index_path.string());
+    for (const auto& [name, file] : weight_map) files.insert(file);
   } else {
     for (const auto& entry : fs::directory_iterator(dir)) {
       if (entry.path().extension() == ".safetensors") files.insert(entry.path().filename());
@@ -54,6 +75,7 @@ Checkpoint Checkpoint::Open(const std::string& dir) {
   for (const std::string& name : files) {
     const std::string path = (fs::path(dir) / name).string();
     AFD_CHECK(fs::exists(path), "{}: shard {} listed in the index is missing", dir, name);
+    AFD_CHECK(fs::is_regular_file(path), "{}: shard {} is not a regular file", dir, name);
     SafetensorsFile file = SafetensorsFile::Open(path);
     for (const auto& [tensor_name, info] : file.tensors()) {
       auto [it, inserted] = ckpt.tensors_.emplace(tensor_name, info);

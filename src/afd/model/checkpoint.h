@@ -6,11 +6,19 @@
 
 #include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "afd/model/safetensors.h"
 
 namespace afd::model {
+
+// Parses model.safetensors.index.json text (named `index_path` in errors) into tensor name ->
+// shard file name. Throws afd::Error naming the file and the weight_map entry on invalid JSON,
+// duplicate keys, a non-string shard, or a shard that is not a plain "*.safetensors" file name
+// (a path such as "../x" or "/etc/x" could read outside the model directory).
+std::map<std::string, std::string> ParseSafetensorsIndex(std::string_view text,
+                                                         const std::string& index_path);
 
 class Checkpoint {
  public:

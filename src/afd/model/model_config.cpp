@@ -1,10 +1,14 @@
 #include "afd/model/model_config.h"
 
+#include <climits>
+#include <cmath>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "afd/common/error.h"
+#include "afd/config/json_fields.h"
 
 namespace afd::model {
 
@@ -18,9 +22,17 @@ T Get(const json& j, const char* key, T fallback, const std::string& source) {
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) return fallback;
   if constexpr (std::is_same_v<T, bool>) {
-    AFD_CHECK(it->is_boolean(), "{}: \"{}\" must be a boolean, got {}", source, key, it->dump());
+    AFD_CHECK(it->is_boolean(), "{}: \"{}\" must be a boolean, got {}", source, key,
+              json_fields::Describe(*it));
+  } else if constexpr (std::is_integral_v<T>) {
+    // No coercion: 1.5 (or 2.0) where an integer belongs is an error, not a silent truncation.
+    return static_cast<T>(json_fields::GetInt(*it, fmt::format("{}: \"{}\"", source, key),
+                                              std::numeric_limits<T>::min(),
+                                              std::numeric_limits<T>::max()));
   } else {
-    AFD_CHECK(it->is_number(), "{}: \"{}\" must be a number, got {}", source, key, it->dump());
+    return static_cast<T>(json_fields::GetNumber(*it, fmt::format("{}: \"{}\"", source, key),
+                                                 std::numeric_limits<T>::lowest(),
+                                                 std::numeric_limits<T>::max()));
   }
   return it->get<T>();
 }
@@ -43,7 +55,7 @@ RopeConfig ParseRope(const json& j, const std::string& source) {
     params = j["rope_scaling"];
   }
   AFD_CHECK(params.is_object(), "{}: rope settings must be an object, got {}", source,
-            params.dump());
+            json_fields::Describe(params));
   RopeConfig rope;
   rope.theta =
       Get<double>(params, "rope_theta", Get<double>(j, "rope_theta", 10000.0, source), source);
@@ -77,12 +89,7 @@ RopeConfig ParseRope(const json& j, const std::string& source) {
 }  // namespace
 
 ModelConfig ParseModelConfig(const std::string& json_text, const std::string& source) {
-  json j;
-  try {
-    j = json::parse(json_text);
-  } catch (const json::exception& e) {
-    AFD_THROW("{}: invalid JSON: {}", source, e.what());
-  }
+  const json j = json_fields::ParseStrict(json_text, source);
   AFD_CHECK(j.is_object(), "{}: config must be a JSON object", source);
   ModelConfig c;
   const std::string model_type = GetString(j, "model_type", "", source);
@@ -92,9 +99,9 @@ ModelConfig ParseModelConfig(const std::string& json_text, const std::string& so
             model_type);
   c.model_type = v3 ? ModelType::kDeepseekV3 : ModelType::kDeepseekV2;
   auto req = [&](const char* key) {
-    AFD_CHECK(j.contains(key) && j[key].is_number_integer(),
-              "{}: \"{}\" is missing or not an integer", source, key);
-    return j[key].get<int64_t>();
+    AFD_CHECK(j.contains(key), "{}: \"{}\" is missing", source, key);
+    return json_fields::GetInt(j[key], fmt::format("{}: \"{}\"", source, key), INT64_MIN,
+                               INT64_MAX);
   };
   c.vocab_size = req("vocab_size");
   c.hidden_size = req("hidden_size");
@@ -120,7 +127,11 @@ ModelConfig ParseModelConfig(const std::string& json_text, const std::string& so
   c.tie_word_embeddings = Get<bool>(j, "tie_word_embeddings", false, source);
   c.bos_token_id = Get<int64_t>(j, "bos_token_id", v3 ? 0 : 1, source);
   if (j.contains("eos_token_id") && j["eos_token_id"].is_array()) {
-    for (const auto& e : j["eos_token_id"]) c.eos_token_ids.push_back(e.get<int64_t>());
+    for (size_t i = 0; i < j["eos_token_id"].size(); ++i) {
+      c.eos_token_ids.push_back(json_fields::GetInt(
+          j["eos_token_id"][i], fmt::format("{}: \"eos_token_id\"[{}]", source, i), INT64_MIN,
+          INT64_MAX));
+    }
   } else {
     c.eos_token_ids.push_back(Get<int64_t>(j, "eos_token_id", v3 ? 1 : 2, source));
   }
@@ -156,8 +167,11 @@ ModelConfig ParseModelConfig(const std::string& json_text, const std::string& so
 }
 
 void ModelConfig::Validate(const std::string& source) const {
+  // Upper bounds keep every size product the model computes (weights, caches) far from
+  // overflow; real DeepSeek checkpoints are well inside them.
   auto positive = [&](int64_t v, const char* name) {
-    AFD_CHECK(v > 0, "{}: \"{}\" must be > 0, got {}", source, name, v);
+    AFD_CHECK(v > 0 && v <= kMaxDimension, "{}: \"{}\" must be in 1..{}, got {}", source, name,
+              kMaxDimension, v);
   };
   positive(vocab_size, "vocab_size");
   positive(hidden_size, "hidden_size");
@@ -169,7 +183,26 @@ void ModelConfig::Validate(const std::string& source) const {
   positive(max_position_embeddings, "max_position_embeddings");
   AFD_CHECK(qk_rope_head_dim > 0 && qk_rope_head_dim % 2 == 0 && qk_rope_head_dim <= 512,
             "{}: qk_rope_head_dim must be even and in [2, 512], got {}", source, qk_rope_head_dim);
-  AFD_CHECK(q_lora_rank >= 0, "{}: q_lora_rank must be >= 0 or null", source);
+  AFD_CHECK(q_lora_rank >= 0 && q_lora_rank <= kMaxDimension,
+            "{}: q_lora_rank must be in 0..{} or null, got {}", source, kMaxDimension, q_lora_rank);
+  AFD_CHECK(num_hidden_layers <= kMaxLayers, "{}: \"num_hidden_layers\" must be at most {}, got {}",
+            source, kMaxLayers, num_hidden_layers);
+  AFD_CHECK(n_routed_experts >= 0 && n_routed_experts <= kMaxExperts,
+            "{}: \"n_routed_experts\" must be in 0..{}, got {}", source, kMaxExperts,
+            n_routed_experts);
+  AFD_CHECK(n_shared_experts <= kMaxExperts, "{}: \"n_shared_experts\" must be at most {}", source,
+            kMaxExperts);
+  AFD_CHECK(moe_intermediate_size >= 0 && moe_intermediate_size <= kMaxDimension &&
+                intermediate_size >= 0 && intermediate_size <= kMaxDimension,
+            "{}: intermediate sizes must be in 0..{}", source, kMaxDimension);
+  AFD_CHECK(std::isfinite(rms_norm_eps) && rms_norm_eps > 0,
+            "{}: \"rms_norm_eps\" must be a finite number > 0, got {}", source, rms_norm_eps);
+  AFD_CHECK(std::isfinite(routed_scaling_factor), "{}: \"routed_scaling_factor\" must be finite",
+            source);
+  AFD_CHECK(std::isfinite(rope.theta) && rope.theta > 0,
+            "{}: rope_theta must be a finite number > 0, got {}", source, rope.theta);
+  AFD_CHECK(first_k_dense_replace <= kMaxLayers, "{}: first_k_dense_replace must be at most {}",
+            source, kMaxLayers);
   AFD_CHECK(first_k_dense_replace >= 0, "{}: first_k_dense_replace must be >= 0", source);
   if (first_k_dense_replace > 0) positive(intermediate_size, "intermediate_size");
   if (first_k_dense_replace < num_hidden_layers) {  // some MoE layers

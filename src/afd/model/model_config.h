@@ -33,6 +33,12 @@ struct RopeConfig {
   bool truncate = true;
 };
 
+// Bounds on config.json values: every product of sizes the model computes stays far from
+// int64 overflow. DeepSeek-V3 is well inside them (hidden 7168, 61 layers, 256 experts).
+inline constexpr int64_t kMaxDimension = 1 << 20;  // any size, rank or head count
+inline constexpr int64_t kMaxLayers = 4096;
+inline constexpr int64_t kMaxExperts = 1 << 16;
+
 struct ModelConfig {
   ModelType model_type = ModelType::kDeepseekV2;
   int64_t vocab_size = 0;

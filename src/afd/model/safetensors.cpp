@@ -7,11 +7,13 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <climits>
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "afd/common/error.h"
+#include "afd/config/json_fields.h"
 
 namespace afd::model {
 
@@ -67,7 +69,7 @@ MappedFile::~MappedFile() {
 
 int64_t TensorInfo::numel() const {
   int64_t n = 1;
-  for (int64_t d : shape) n *= d;
+  for (int64_t d : shape) n *= d;  // Parse guarantees this does not overflow
   return n;
 }
 
@@ -79,29 +81,39 @@ std::string TensorInfo::ShapeString() const {
 
 SafetensorsFile SafetensorsFile::Open(const std::string& path) {
   std::shared_ptr<MappedFile> map = MappedFile::Open(path);
-  const size_t size = map->size();
+  return Parse(map->data(), map->size(), path, map);
+}
+
+SafetensorsFile SafetensorsFile::Parse(const uint8_t* bytes, size_t size, const std::string& path,
+                                       std::shared_ptr<const void> keep_alive) {
   AFD_CHECK(size >= 8, "{}: truncated safetensors file ({} bytes, the header length needs 8)", path,
             size);
   uint64_t header_len = 0;
-  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | map->data()[i];  // little-endian
+  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | bytes[i];  // little-endian
   AFD_CHECK(header_len <= size - 8, "{}: header length {} runs past the end of the file ({} bytes)",
             path, header_len, size);
-  const char* header_begin = reinterpret_cast<const char*>(map->data() + 8);
-  json header;
-  try {
-    header = json::parse(header_begin, header_begin + header_len);
-  } catch (const json::exception& e) {
-    AFD_THROW("{}: bad safetensors header JSON: {}", path, e.what());
-  }
+  AFD_CHECK(header_len <= kMaxHeaderBytes,
+            "{}: header length {} exceeds the format's limit of {} bytes", path, header_len,
+            kMaxHeaderBytes);
+  const std::string_view header_text(reinterpret_cast<const char*>(bytes + 8), header_len);
+  // Strict: a key given twice (two entries for one tensor) is an error, not a silent overwrite.
+  const json header = json_fields::ParseStrict(header_text, path + ": safetensors header");
   AFD_CHECK(header.is_object(), "{}: safetensors header is not a JSON object", path);
-  const uint8_t* data = map->data() + 8 + header_len;
+  const uint8_t* data = bytes + 8 + header_len;
   const uint64_t data_size = size - 8 - header_len;
 
   SafetensorsFile file;
   file.path_ = path;
   std::vector<std::pair<uint64_t, std::string>> spans;  // (begin, name) of non-empty tensors
   for (const auto& [name, entry] : header.items()) {
-    if (name == "__metadata__") continue;
+    if (name == "__metadata__") {
+      AFD_CHECK(entry.is_object(), "{}: __metadata__ must be an object of strings", path);
+      for (const auto& [key, value] : entry.items()) {
+        AFD_CHECK(value.is_string(), "{}: __metadata__.{} must be a string, got {}", path, key,
+                  json_fields::Describe(value));
+      }
+      continue;
+    }
     AFD_CHECK(entry.is_object() && entry.contains("dtype") && entry["dtype"].is_string() &&
                   entry.contains("shape") && entry["shape"].is_array() &&
                   entry.contains("data_offsets") && entry["data_offsets"].is_array() &&
@@ -115,26 +127,48 @@ SafetensorsFile SafetensorsFile::Open(const std::string& path) {
     const int elem = ElementSize(t.dtype_name);
     AFD_CHECK(elem > 0, "{}: tensor {}: unknown dtype \"{}\"", path, name, t.dtype_name);
     t.dtype = ModelDType(t.dtype_name);
+    AFD_CHECK(entry["shape"].size() <= kMaxDims, "{}: tensor {}: shape has {} dimensions (max {})",
+              path, name, entry["shape"].size(), kMaxDims);
+    // numel and the byte size must fit in int64 / uint64: a crafted shape must not wrap around
+    // to a small number that then matches small data_offsets.
+    int64_t numel = 1;
     for (const auto& d : entry["shape"]) {
-      AFD_CHECK(d.is_number_integer() && d.get<int64_t>() >= 0, "{}: tensor {}: bad shape {}", path,
-                name, entry["shape"].dump());
-      t.shape.push_back(d.get<int64_t>());
+      AFD_CHECK(d.is_number_integer(), "{}: tensor {}: bad shape {}", path, name,
+                json_fields::Describe(entry["shape"]));
+      AFD_CHECK(!d.is_number_unsigned() || d.get<uint64_t>() <= INT64_MAX,
+                "{}: tensor {}: shape {} has a dimension beyond int64", path, name,
+                json_fields::Describe(entry["shape"]));
+      const int64_t dim = d.get<int64_t>();
+      AFD_CHECK(dim >= 0, "{}: tensor {}: bad shape {}", path, name,
+                json_fields::Describe(entry["shape"]));
+      AFD_CHECK(!__builtin_mul_overflow(numel, dim, &numel),
+                "{}: tensor {}: shape {} has more elements than fit in 64 bits", path, name,
+                json_fields::Describe(entry["shape"]));
+      t.shape.push_back(dim);
     }
+    uint64_t needed = 0;
+    AFD_CHECK(
+        !__builtin_mul_overflow(static_cast<uint64_t>(numel), static_cast<uint64_t>(elem), &needed),
+        "{}: tensor {}: {} {} is too large to address", path, name, t.dtype_name, t.ShapeString());
     const auto& off = entry["data_offsets"];
     AFD_CHECK(off[0].is_number_unsigned() && off[1].is_number_unsigned(),
               "{}: tensor {}: data_offsets must be non-negative integers, got {}", path, name,
-              off.dump());
+              json_fields::Describe(off));
     const uint64_t begin = off[0].get<uint64_t>();
     const uint64_t end = off[1].get<uint64_t>();
     AFD_CHECK(begin <= end && end <= data_size,
               "{}: tensor {}: data_offsets [{}, {}] out of range (data section is {} bytes)", path,
               name, begin, end, data_size);
-    AFD_CHECK(end - begin == static_cast<uint64_t>(t.numel()) * elem,
-              "{}: tensor {}: {} bytes in data_offsets, but {} {} needs {}", path, name,
-              end - begin, t.dtype_name, t.ShapeString(), t.numel() * elem);
+    AFD_CHECK(end - begin == needed, "{}: tensor {}: {} bytes in data_offsets, but {} {} needs {}",
+              path, name, end - begin, t.dtype_name, t.ShapeString(), needed);
+    // Kernels read elements in place (e.g. bf16 as uint16_t): each must be naturally aligned.
+    AFD_CHECK(reinterpret_cast<uintptr_t>(data + begin) % elem == 0,
+              "{}: tensor {}: data starts at file offset {}, not a multiple of its {}-byte "
+              "element size ({})",
+              path, name, 8 + header_len + begin, elem, t.dtype_name);
     t.data = data + begin;
     t.num_bytes = end - begin;
-    t.keep_alive = map;
+    t.keep_alive = keep_alive;
     if (end > begin) spans.emplace_back(begin, name);
     file.tensors_.emplace(name, std::move(t));
   }

@@ -56,8 +56,18 @@ struct TensorInfo {
 
 class SafetensorsFile {
  public:
+  // The format's limit on the header (safetensors rejects larger ones too).
+  static constexpr uint64_t kMaxHeaderBytes = 100u << 20;
+  static constexpr size_t kMaxDims = 16;
+
   // Maps and validates `path`; throws afd::Error naming the file (and tensor) on bad input.
   static SafetensorsFile Open(const std::string& path);
+  // Validates the file image bytes[0..size) (named `path` in errors); tensors point into it and
+  // hold `keep_alive`. Besides the checks listed above: duplicate header keys, element counts
+  // or byte sizes that overflow 64 bits, data not aligned to its element size, more than
+  // kMaxDims dimensions, a header over kMaxHeaderBytes, non-string metadata.
+  static SafetensorsFile Parse(const uint8_t* bytes, size_t size, const std::string& path,
+                               std::shared_ptr<const void> keep_alive);
 
   const std::string& path() const { return path_; }
   // Tensors sorted by name.
