@@ -639,6 +639,9 @@ std::vector<Case> CheckCases() {
        [](Ctx& c) { return Moe(c, 7, 8, 3, 32, 24, 0, 8); }},
       {"MoePermute+GroupedExpertMlp+MoeCombine", "experts [3, 6)",
        [](Ctx& c) { return Moe(c, 7, 8, 3, 32, 24, 3, 3); }},
+      // Over 32 grouped rows per expert: the GPU's tiled path instead of its per-column one.
+      {"MoePermute+GroupedExpertMlp+MoeCombine", "100 tokens, top-3 of 8",
+       [](Ctx& c) { return Moe(c, 100, 8, 3, 32, 24, 0, 8); }},
       {"LogSoftmaxAt", "4x1000", LogSoftmaxAt},
       {"Sample", "greedy, NaN, top-k, top-p, cdf", Sample},
       {"Copy+Fill", "10x10", CopyFill},

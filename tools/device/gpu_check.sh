@@ -2,7 +2,7 @@
 # One device call: the CUDA backend on the GPU machine with binaries built elsewhere (it
 # installs nothing). Usage (repo root there): tools/device/gpu_check.sh BIN_DIR OUT_DIR
 #   BIN_DIR: afd, backend_ops_test and the shared libraries they need that the machine lacks
-#            (libfmt, libgomp); cuBLAS comes from the machine's PyTorch environment.
+#            (libfmt, libgomp, libpcre2-8, libutf8proc); cuBLAS comes from the machine's CUDA.
 # Runs: backend_ops_test (every op, cpu and cuda), fp32 on the GPU vs the CPU reference on every
 # golden checkpoint (greedy ids, prompt logprobs, logits), bf16 on the GPU, and
 # backend_ops_test --perf on the GPU. Prints a summary; logs go to OUT_DIR.

@@ -17,8 +17,14 @@ struct CudaBackend::State {
   cublasHandle_t cublas = nullptr;
   std::vector<std::shared_ptr<void>> scratch;  // by slot
   std::vector<size_t> scratch_bytes;
-  // Expert pointer tables, by the address of the first gate_up tensor's data.
-  std::map<std::pair<const void*, int>, std::shared_ptr<void>> expert_tables;
+  // Expert pointer tables by (first tensor's address, kind), with the pointers they hold: a
+  // table is reused only for the very same tensors (freed memory can come back at the same
+  // address with other experts around it).
+  struct ExpertTable {
+    std::vector<const void*> ptrs;
+    std::shared_ptr<void> device;
+  };
+  std::map<std::pair<const void*, int>, ExpertTable> expert_tables;
 };
 
 namespace {
@@ -278,22 +284,22 @@ void CudaBackend::MoePermute(const Tensor& ids, int64_t begin, int64_t num_local
 
 const void* const* CudaBackend::ExpertTable(const ExpertWeights& experts, int kind) {
   const std::vector<Tensor>& list = kind == 0 ? experts.gate_up : experts.down;
-  const auto key = std::make_pair(list.front().data(), kind);
-  auto it = state_->expert_tables.find(key);
-  if (it == state_->expert_tables.end()) {
-    std::vector<const void*> ptrs;
-    for (size_t e = 0; e < list.size(); ++e) {
-      AFD_CHECK(!list[e].empty(), "routed expert {} is not loaded on {}",
-                experts.expert_begin + static_cast<int64_t>(e), name_);
-      CheckOn("GroupedExpertMlp", list[e], device_);
-      ptrs.push_back(list[e].data());
-    }
-    std::shared_ptr<void> table = Allocate(ptrs.size() * sizeof(void*));
-    AFD_CUDA_CHECK(
-        cudaMemcpy(table.get(), ptrs.data(), ptrs.size() * sizeof(void*), cudaMemcpyHostToDevice));
-    it = state_->expert_tables.emplace(key, table).first;
+  std::vector<const void*> ptrs;
+  for (size_t e = 0; e < list.size(); ++e) {
+    AFD_CHECK(!list[e].empty(), "routed expert {} is not loaded on {}",
+              experts.expert_begin + static_cast<int64_t>(e), name_);
+    CheckOn("GroupedExpertMlp", list[e], device_);
+    ptrs.push_back(list[e].data());
   }
-  return static_cast<const void* const*>(it->second.get());
+  State::ExpertTable& table = state_->expert_tables[std::make_pair(ptrs.front(), kind)];
+  if (table.ptrs != ptrs) {
+    Synchronize();  // an older table at this key may still be read by queued work
+    table.device = Allocate(ptrs.size() * sizeof(void*));
+    AFD_CUDA_CHECK(cudaMemcpy(table.device.get(), ptrs.data(), ptrs.size() * sizeof(void*),
+                              cudaMemcpyHostToDevice));
+    table.ptrs = ptrs;
+  }
+  return static_cast<const void* const*>(table.device.get());
 }
 
 void CudaBackend::GroupedExpertMlp(const Tensor& x, const Tensor& offsets,

@@ -10,9 +10,13 @@ namespace afd::kernels::cuda {
 
 namespace {
 
-// One thread: deterministic and graph-safe; a step has at most a few thousand slots.
+// One thread: deterministic and graph-safe; O(n·k + experts) with the cursors in shared
+// memory (at most kMaxLocalExperts local experts).
+constexpr int kMaxLocalExperts = 4096;
+
 __global__ void Permute(const int32_t* ids, int64_t n, int64_t k, int64_t begin, int64_t local,
                         int32_t* offsets, int32_t* src_row, int32_t* row_of_slot) {
+  __shared__ int32_t cursor[kMaxLocalExperts];
   if (threadIdx.x != 0 || blockIdx.x != 0) return;
   for (int64_t e = 0; e <= local; ++e) offsets[e] = 0;
   for (int64_t s = 0; s < n * k; ++s) {
@@ -20,19 +24,19 @@ __global__ void Permute(const int32_t* ids, int64_t n, int64_t k, int64_t begin,
     const int64_t e = ids[s] - begin;
     if (e >= 0 && e < local) ++offsets[e + 1];
   }
-  for (int64_t e = 0; e < local; ++e) offsets[e + 1] += offsets[e];
-  for (int64_t e = 0; e < local; ++e) {  // fill expert by expert: tokens ascending
-    int32_t r = offsets[e];
-    for (int64_t s = 0; s < n * k; ++s) {
-      if (ids[s] - begin == e) {
-        src_row[r] = static_cast<int32_t>(s / k);
-        row_of_slot[s] = r++;
-      }
-    }
+  for (int64_t e = 0; e < local; ++e) {
+    offsets[e + 1] += offsets[e];
+    cursor[e] = offsets[e];
   }
-  for (int64_t s = 0; s < n * k; ++s) {
+  for (int64_t s = 0; s < n * k; ++s) {  // slots ascending: tokens ascending within an expert
     const int64_t e = ids[s] - begin;
-    if (e < 0 || e >= local) row_of_slot[s] = -1;
+    if (e >= 0 && e < local) {
+      const int32_t r = cursor[e]++;
+      src_row[r] = static_cast<int32_t>(s / k);
+      row_of_slot[s] = r;
+    } else {
+      row_of_slot[s] = -1;
+    }
   }
 }
 
@@ -103,6 +107,68 @@ __global__ void GroupedLinear(const float* x, int64_t k, const void* const* w_pt
   }
 }
 
+// Small-M path (decode): one warp per output column, 16-byte weight loads along K, the rows
+// of the column's expert (in chunks of kGemvRows) accumulated in registers; x rows come from
+// L1/L2 (every warp of the expert reads the same few rows). Reads each used expert's weights
+// once at close to the copy rate. grid: (ceil(n_out / warps), 1, num_local).
+constexpr int kGemvRows = 8, kGemvWarps = 8;
+
+template <bool kBf16>
+__device__ void Load8(const void* w, int64_t idx, float* out) {
+  if constexpr (kBf16) {
+    const uint4 v = *reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(w) + idx);
+    const __nv_bfloat162* p = reinterpret_cast<const __nv_bfloat162*>(&v);
+    for (int i = 0; i < 4; ++i) {
+      const float2 f = __bfloat1622float2(p[i]);
+      out[2 * i] = f.x;
+      out[2 * i + 1] = f.y;
+    }
+  } else {
+    const float4 a = *reinterpret_cast<const float4*>(static_cast<const float*>(w) + idx);
+    const float4 b = *reinterpret_cast<const float4*>(static_cast<const float*>(w) + idx + 4);
+    out[0] = a.x, out[1] = a.y, out[2] = a.z, out[3] = a.w;
+    out[4] = b.x, out[5] = b.y, out[6] = b.z, out[7] = b.w;
+  }
+}
+
+template <bool kBf16, bool kSwiglu>
+__global__ void GroupedGemv(const float* x, int64_t k, const void* const* w_ptrs,
+                            const int32_t* offsets, int64_t n_out, float* y) {
+  const int64_t e = blockIdx.z, r_begin = offsets[e], r_end = offsets[e + 1];
+  if (r_begin >= r_end) return;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t c = int64_t(blockIdx.x) * kGemvWarps + warp;
+  if (c >= n_out) return;
+  const void* w = w_ptrs[e];
+  for (int64_t r0 = r_begin; r0 < r_end; r0 += kGemvRows) {
+    const int rows = static_cast<int>(min(static_cast<int64_t>(kGemvRows), r_end - r0));
+    float acc[2][kGemvRows] = {};
+    for (int64_t k0 = lane * 8; k0 < k; k0 += 32 * 8) {
+      float wv[2][8];
+      Load8<kBf16>(w, c * k + k0, wv[0]);
+      if (kSwiglu) Load8<kBf16>(w, (c + n_out) * k + k0, wv[1]);
+      for (int r = 0; r < kGemvRows; ++r) {
+        if (r >= rows) break;
+        const float4 xa = *reinterpret_cast<const float4*>(x + (r0 + r) * k + k0);
+        const float4 xb = *reinterpret_cast<const float4*>(x + (r0 + r) * k + k0 + 4);
+        const float xv[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
+        for (int i = 0; i < 8; ++i) {
+          acc[0][r] += xv[i] * wv[0][i];
+          if (kSwiglu) acc[1][r] += xv[i] * wv[1][i];
+        }
+      }
+    }
+    for (int r = 0; r < rows; ++r) {
+      float g = acc[0][r], u = kSwiglu ? acc[1][r] : 0.0f;
+      for (int o = 16; o > 0; o >>= 1) {
+        g += __shfl_xor_sync(0xffffffffu, g, o);
+        if (kSwiglu) u += __shfl_xor_sync(0xffffffffu, u, o);
+      }
+      if (lane == 0) y[(r0 + r) * n_out + c] = kSwiglu ? g / (1.0f + expf(-g)) * u : g;
+    }
+  }
+}
+
 __global__ void Combine(const float* y, int64_t h, const int32_t* ros, const float* w, int64_t k,
                         bool accumulate, float* out) {
   const int64_t t = blockIdx.x;
@@ -120,6 +186,8 @@ __global__ void Combine(const float* y, int64_t h, const int32_t* ros, const flo
 
 void LaunchMoePermute(const int32_t* ids, int64_t n, int64_t k, int64_t begin, int64_t num_local,
                       int32_t* offsets, int32_t* src_row, int32_t* row_of_slot, cudaStream_t s) {
+  AFD_CHECK(num_local <= kMaxLocalExperts, "MoePermute on cuda: {} local experts, at most {}",
+            num_local, kMaxLocalExperts);
   Permute<<<1, 1, 0, s>>>(ids, n, k, begin, num_local, offsets, src_row, row_of_slot);
   CheckLaunch("MoePermute");
 }
@@ -128,6 +196,27 @@ void LaunchGroupedLinear(const float* x, int64_t m, int64_t k, const void* const
                          const int32_t* offsets, int64_t num_local, int64_t n_out, bool swiglu,
                          float* y, cudaStream_t s) {
   if (m == 0 || num_local == 0) return;
+  // Decode sizes (up to ~32 rows per expert on average): the per-column path reads each used
+  // expert's weights once (row chunks re-read them from L1/L2). Needs K a multiple of 8
+  // (16-byte loads). Prefill-sized groups take the tiled path.
+  if (m <= 32 * num_local && k % 8 == 0) {
+    const dim3 g(static_cast<unsigned>((n_out + kGemvWarps - 1) / kGemvWarps), 1,
+                 static_cast<unsigned>(num_local));
+    const int threads = 32 * kGemvWarps;
+    if (bf16) {
+      if (swiglu) {
+        GroupedGemv<true, true><<<g, threads, 0, s>>>(x, k, w_ptrs, offsets, n_out, y);
+      } else {
+        GroupedGemv<true, false><<<g, threads, 0, s>>>(x, k, w_ptrs, offsets, n_out, y);
+      }
+    } else if (swiglu) {
+      GroupedGemv<false, true><<<g, threads, 0, s>>>(x, k, w_ptrs, offsets, n_out, y);
+    } else {
+      GroupedGemv<false, false><<<g, threads, 0, s>>>(x, k, w_ptrs, offsets, n_out, y);
+    }
+    CheckLaunch("GroupedExpertMlp (gemv)");
+    return;
+  }
   const dim3 grid(static_cast<unsigned>((n_out + kTn - 1) / kTn),
                   static_cast<unsigned>((m + kTm - 1) / kTm), static_cast<unsigned>(num_local));
   if (bf16) {
