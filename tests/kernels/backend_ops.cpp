@@ -523,6 +523,14 @@ Result Moe(Ctx& c, int64_t n, int64_t num_experts, int64_t k, int64_t h, int64_t
       return Result::Fail("bad permutation");
     }
   }
+  // The GPU's tensor-core path (bf16 experts, 16+ rows per expert, K and N multiples of 16)
+  // rounds its GEMM inputs to bf16: the reference does the same there.
+  const bool gpu = !c.b.device().is_cpu();
+  auto tensor_cores = [&](int64_t kk, int64_t nn) {
+    return gpu && n * k >= 16 * local && kk % 16 == 0 && nn % 16 == 0;
+  };
+  const bool round_x = tensor_cores(h, inter), round_act = tensor_cores(inter, h);
+  auto rnd = [](double v, bool on) { return on ? double(Bf16ToF32(F32ToBf16(float(v)))) : v; };
   std::vector<double> want(n * h, 0.0);
   for (int64_t t = 0; t < n; ++t) {
     for (int64_t j = 0; j < k; ++j) {
@@ -532,10 +540,10 @@ Result Moe(Ctx& c, int64_t n, int64_t num_experts, int64_t k, int64_t h, int64_t
       for (int64_t i = 0; i < inter; ++i) {
         double g = 0, u = 0;
         for (int64_t d = 0; d < h; ++d) {
-          g += double(gu[e][i * h + d]) * x[t * h + d];
-          u += double(gu[e][(inter + i) * h + d]) * x[t * h + d];
+          g += double(gu[e][i * h + d]) * rnd(x[t * h + d], round_x);
+          u += double(gu[e][(inter + i) * h + d]) * rnd(x[t * h + d], round_x);
         }
-        act[i] = Silu(g) * u;
+        act[i] = rnd(float(Silu(g) * u), round_act);
       }
       for (int64_t d = 0; d < h; ++d) {
         double o = 0;
@@ -642,6 +650,9 @@ std::vector<Case> CheckCases() {
       // Over 32 grouped rows per expert: the GPU's tiled path instead of its per-column one.
       {"MoePermute+GroupedExpertMlp+MoeCombine", "100 tokens, top-3 of 8",
        [](Ctx& c) { return Moe(c, 100, 8, 3, 32, 24, 0, 8); }},
+      // bf16 experts with 16+ rows each and K, N multiples of 16: the GPU's tensor-core path.
+      {"MoePermute+GroupedExpertMlp+MoeCombine", "60 tokens, top-4 of 8, 64x48",
+       [](Ctx& c) { return Moe(c, 60, 8, 4, 64, 48, 0, 8); }},
       {"LogSoftmaxAt", "4x1000", LogSoftmaxAt},
       {"Sample", "greedy, NaN, top-k, top-p, cdf", Sample},
       {"Copy+Fill", "10x10", CopyFill},

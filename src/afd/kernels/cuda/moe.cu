@@ -2,6 +2,7 @@
 // expert), grouped expert GEMMs reading the per-expert row ranges on the device (no host loop
 // over experts, no host sync), weighted combine in slot order.
 #include <cuda_bf16.h>
+#include <mma.h>
 
 #include "afd/common/cuda_check.h"
 #include "afd/kernels/cuda/launch.cuh"
@@ -10,33 +11,52 @@ namespace afd::kernels::cuda {
 
 namespace {
 
-// One thread: deterministic and graph-safe; O(n·k + experts) with the cursors in shared
-// memory (at most kMaxLocalExperts local experts).
-constexpr int kMaxLocalExperts = 4096;
+// One block, deterministic and graph-safe. Thread e owns local expert e (and e + blockDim,
+// ...): it counts its slots, then (after a prefix sum over experts) places them in slot order,
+// so tokens stay ascending within an expert. The ids are staged through shared memory in
+// tiles, so each thread's scan reads shared memory, not global.
+constexpr int kPermuteThreads = 1024, kPermuteTile = 4096, kMaxLocalExperts = 4096;
 
 __global__ void Permute(const int32_t* ids, int64_t n, int64_t k, int64_t begin, int64_t local,
                         int32_t* offsets, int32_t* src_row, int32_t* row_of_slot) {
-  __shared__ int32_t cursor[kMaxLocalExperts];
-  if (threadIdx.x != 0 || blockIdx.x != 0) return;
-  for (int64_t e = 0; e <= local; ++e) offsets[e] = 0;
-  for (int64_t s = 0; s < n * k; ++s) {
+  __shared__ int32_t tile[kPermuteTile];
+  __shared__ int32_t count[kMaxLocalExperts];
+  const int64_t slots = n * k;
+  for (int64_t e = threadIdx.x; e < local; e += blockDim.x) count[e] = 0;
+  for (int64_t s = threadIdx.x; s < slots; s += blockDim.x) {
     src_row[s] = 0;
     const int64_t e = ids[s] - begin;
-    if (e >= 0 && e < local) ++offsets[e + 1];
+    row_of_slot[s] = -1;
+    if (e >= 0 && e < local) atomicAdd(&count[e], 1);
   }
-  for (int64_t e = 0; e < local; ++e) {
-    offsets[e + 1] += offsets[e];
-    cursor[e] = offsets[e];
-  }
-  for (int64_t s = 0; s < n * k; ++s) {  // slots ascending: tokens ascending within an expert
-    const int64_t e = ids[s] - begin;
-    if (e >= 0 && e < local) {
-      const int32_t r = cursor[e]++;
-      src_row[r] = static_cast<int32_t>(s / k);
-      row_of_slot[s] = r;
-    } else {
-      row_of_slot[s] = -1;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int32_t total = 0;
+    for (int64_t e = 0; e < local; ++e) {
+      offsets[e] = total;
+      const int32_t c = count[e];
+      count[e] = total;  // becomes the expert's cursor
+      total += c;
     }
+    offsets[local] = total;
+  }
+  __syncthreads();
+  for (int64_t t0 = 0; t0 < slots; t0 += kPermuteTile) {
+    const int64_t len = min(static_cast<int64_t>(kPermuteTile), slots - t0);
+    for (int64_t i = threadIdx.x; i < len; i += blockDim.x) tile[i] = ids[t0 + i];
+    __syncthreads();
+    for (int64_t e = threadIdx.x; e < local; e += blockDim.x) {
+      const int32_t id = static_cast<int32_t>(begin + e);
+      int32_t cursor = count[e];
+      for (int64_t i = 0; i < len; ++i) {
+        if (tile[i] != id) continue;
+        const int64_t s = t0 + i;
+        src_row[cursor] = static_cast<int32_t>(s / k);
+        row_of_slot[s] = cursor++;
+      }
+      count[e] = cursor;
+    }
+    __syncthreads();
   }
 }
 
@@ -169,6 +189,69 @@ __global__ void GroupedGemv(const float* x, int64_t k, const void* const* w_ptrs
   }
 }
 
+// Tensor-core path for bf16 experts with many rows per expert (large decode batches, prefill):
+// bf16 WMMA 16x16x16 fragments, fp32 accumulation; the fp32 activations are rounded to bf16
+// while staged in shared memory (as the dense cuBLAS GEMMs do). Block tile: 32 rows x 64 cols,
+// one 16x16 output fragment per warp (8 warps), gate and up fragments for SwiGLU; K in chunks
+// of 64. Weights [N, K] row-major are read straight from global memory as col-major B.
+// grid: (ceil(n_out / 64), ceil(m / 32), num_local); needs K % 16 == 0.
+constexpr int kWmTm = 32, kWmTn = 64, kWmTk = 64;
+
+template <bool kSwiglu>
+__global__ void GroupedWmma(const float* x, int64_t k, const void* const* w_ptrs,
+                            const int32_t* offsets, int64_t n_out, float* y) {
+  using namespace nvcuda;
+  const int64_t e = blockIdx.z;
+  const int64_t r0 = offsets[e] + int64_t(blockIdx.y) * kWmTm, r_end = offsets[e + 1];
+  if (r0 >= r_end) return;
+  const int64_t c0 = int64_t(blockIdx.x) * kWmTn;
+  const auto* w = static_cast<const __nv_bfloat16*>(w_ptrs[e]);
+  __shared__ __align__(32) __nv_bfloat16 xs[kWmTm][kWmTk + 16];
+  __shared__ __align__(32) float out[2][kWmTm][kWmTn + 4];
+  const int warp = threadIdx.x >> 5, wr = warp / 4, wc = warp % 4;  // 2 x 4 fragments
+  const int64_t col = c0 + wc * 16;
+  const bool col_ok = col + 16 <= n_out;  // n_out % 16 == 0 in practice; else this warp idles
+  wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc_g, acc_u;
+  wmma::fill_fragment(acc_g, 0.0f);
+  wmma::fill_fragment(acc_u, 0.0f);
+  for (int64_t k0 = 0; k0 < k; k0 += kWmTk) {
+    for (int i = threadIdx.x; i < kWmTm * kWmTk; i += blockDim.x) {
+      const int rr = i / kWmTk, kk = i % kWmTk;
+      const int64_t r = r0 + rr, kg = k0 + kk;
+      xs[rr][kk] = __float2bfloat16_rn((r < r_end && kg < k) ? x[r * k + kg] : 0.0f);
+    }
+    __syncthreads();
+    if (col_ok) {
+      for (int kk = 0; kk < kWmTk && k0 + kk < k; kk += 16) {
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> a;
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> b;
+        wmma::load_matrix_sync(a, &xs[wr * 16][kk], kWmTk + 16);
+        wmma::load_matrix_sync(b, w + col * k + k0 + kk, static_cast<unsigned>(k));
+        wmma::mma_sync(acc_g, a, b, acc_g);
+        if (kSwiglu) {
+          wmma::load_matrix_sync(b, w + (col + n_out) * k + k0 + kk, static_cast<unsigned>(k));
+          wmma::mma_sync(acc_u, a, b, acc_u);
+        }
+      }
+    }
+    __syncthreads();
+  }
+  if (col_ok) {
+    wmma::store_matrix_sync(&out[0][wr * 16][wc * 16], acc_g, kWmTn + 4, wmma::mem_row_major);
+    if (kSwiglu) {
+      wmma::store_matrix_sync(&out[1][wr * 16][wc * 16], acc_u, kWmTn + 4, wmma::mem_row_major);
+    }
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < kWmTm * kWmTn; i += blockDim.x) {
+    const int rr = i / kWmTn, cc = i % kWmTn;
+    const int64_t r = r0 + rr, c = c0 + cc;
+    if (r >= r_end || c >= n_out || c0 + (cc / 16) * 16 + 16 > n_out) continue;
+    const float g = out[0][rr][cc];
+    y[r * n_out + c] = kSwiglu ? g / (1.0f + expf(-g)) * out[1][rr][cc] : g;
+  }
+}
+
 __global__ void Combine(const float* y, int64_t h, const int32_t* ros, const float* w, int64_t k,
                         bool accumulate, float* out) {
   const int64_t t = blockIdx.x;
@@ -188,7 +271,8 @@ void LaunchMoePermute(const int32_t* ids, int64_t n, int64_t k, int64_t begin, i
                       int32_t* offsets, int32_t* src_row, int32_t* row_of_slot, cudaStream_t s) {
   AFD_CHECK(num_local <= kMaxLocalExperts, "MoePermute on cuda: {} local experts, at most {}",
             num_local, kMaxLocalExperts);
-  Permute<<<1, 1, 0, s>>>(ids, n, k, begin, num_local, offsets, src_row, row_of_slot);
+  Permute<<<1, kPermuteThreads, 0, s>>>(ids, n, k, begin, num_local, offsets, src_row,
+                                        row_of_slot);
   CheckLaunch("MoePermute");
 }
 
@@ -196,9 +280,21 @@ void LaunchGroupedLinear(const float* x, int64_t m, int64_t k, const void* const
                          const int32_t* offsets, int64_t num_local, int64_t n_out, bool swiglu,
                          float* y, cudaStream_t s) {
   if (m == 0 || num_local == 0) return;
+  // bf16 experts with 16+ rows each on average: tensor cores (needs K and N multiples of 16).
+  if (bf16 && m >= 16 * num_local && k % 16 == 0 && n_out % 16 == 0) {
+    const dim3 g(static_cast<unsigned>((n_out + kWmTn - 1) / kWmTn),
+                 static_cast<unsigned>((m + kWmTm - 1) / kWmTm), static_cast<unsigned>(num_local));
+    if (swiglu) {
+      GroupedWmma<true><<<g, 256, 0, s>>>(x, k, w_ptrs, offsets, n_out, y);
+    } else {
+      GroupedWmma<false><<<g, 256, 0, s>>>(x, k, w_ptrs, offsets, n_out, y);
+    }
+    CheckLaunch("GroupedExpertMlp (wmma)");
+    return;
+  }
   // Decode sizes (up to ~32 rows per expert on average): the per-column path reads each used
   // expert's weights once (row chunks re-read them from L1/L2). Needs K a multiple of 8
-  // (16-byte loads). Prefill-sized groups take the tiled path.
+  // (16-byte loads). Prefill-sized fp32 groups take the tiled path.
   if (m <= 32 * num_local && k % 8 == 0) {
     const dim3 g(static_cast<unsigned>((n_out + kGemvWarps - 1) / kGemvWarps), 1,
                  static_cast<unsigned>(num_local));
