@@ -347,8 +347,7 @@ Result MlaCacheWrite(Ctx& c) {
 
 // Attention of heads [h0, h1) for the last token of each sequence, against the expanded
 // (non-absorbed) form: k_j = W_k·c_j, v_j = W_v·c_j.
-Result MlaAttention(Ctx& c, int64_t h0, int64_t h1) {
-  const int64_t seqs = 3, len = 11;
+Result MlaAttention(Ctx& c, int64_t h0, int64_t h1, int64_t seqs = 3, int64_t len = 11) {
   MlaSetup s = MakeMla(c, seqs, len, nullptr);
   const int64_t width = s.kvr + s.dr, qk = s.dn + s.dr, nh = h1 - h0;
   std::vector<float> q = c.Randn(seqs * s.heads * qk);
@@ -637,6 +636,9 @@ std::vector<Case> CheckCases() {
       {"MlaCacheWrite", "3 seqs x 9, block 4", MlaCacheWrite},
       {"MlaAttention", "all heads", [](Ctx& c) { return MlaAttention(c, 0, 4); }},
       {"MlaAttention", "heads [1, 3)", [](Ctx& c) { return MlaAttention(c, 1, 3); }},
+      // Long contexts: the GPU splits them over several blocks and merges the partials.
+      {"MlaAttention", "2 seqs x 700 positions",
+       [](Ctx& c) { return MlaAttention(c, 0, 4, 2, 700); }},
       {"RouterTopk", "softmax greedy",
        [](Ctx& c) { return Router(c, RouterScoring::kSoftmax, false); }},
       {"RouterTopk", "softmax group-limited",

@@ -37,6 +37,9 @@ struct AttentionTokens {
   Tensor slot_mapping;  // [n] i64 cache slot (block·block_size + offset) of the token's row
   Tensor block_tables;  // [num_seqs, max_blocks] i32 physical blocks of each sequence
   int64_t block_size = 0;
+  // Host-side upper bound of positions[t] + 1 over the tokens (0: unknown, then the block tables'
+  // width bounds it): lets a GPU split long contexts over more blocks without reading positions.
+  int64_t max_context = 0;
 };
 
 // Router top-k semantics (model/router.h documents each method).

@@ -104,6 +104,7 @@ StepInputs DeepseekModel::Upload(const ForwardBatch& b, Workspace& ws) const {
   }
   in.attn.block_tables = put(tables, DType::kI32, {std::max<int64_t>(rows, 1), max_blocks});
   in.attn.block_size = kv::kDefaultBlockSize;
+  for (int64_t pos : b.positions) in.attn.max_context = std::max(in.attn.max_context, pos + 1);
   in.logits_rows = put(b.logits_rows, DType::kI32, {static_cast<int64_t>(b.logits_rows.size())});
   return in;
 }

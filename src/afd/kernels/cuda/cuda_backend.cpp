@@ -29,7 +29,16 @@ struct CudaBackend::State {
 
 namespace {
 
-enum ScratchSlot { kBf16Input, kSortKeys, kSortVals, kSortTemp, kSampleParams, kMoeAct, kNumSlots };
+enum ScratchSlot {
+  kBf16Input,
+  kSortKeys,
+  kSortVals,
+  kSortTemp,
+  kSampleParams,
+  kMoeAct,
+  kMlaPartial,
+  kNumSlots
+};
 
 void CheckOn(const char* op, const Tensor& t, int device) {
   AFD_CHECK(t.empty() || (t.device().type == DeviceType::kCuda && t.device().index == device),
@@ -242,9 +251,16 @@ void CudaBackend::MlaAttention(const Tensor& q, const Tensor& kv_b, const Attent
   AFD_CHECK(0 <= head_begin && head_begin < head_end && head_end <= heads,
             "MlaAttention: heads [{}, {}) of {}", head_begin, head_end, heads);
   out.Expect("MlaAttention out", DType::kF32, {n, (head_end - head_begin) * dv});
+  // The context bound: the host's hint, else the block tables' width.
+  const int64_t max_context =
+      tokens.max_context > 0 ? tokens.max_context : tokens.block_tables.dim(1) * tokens.block_size;
+  const int64_t nh = head_end - head_begin;
+  const int64_t splits = MlaSplits(n, nh, max_context);
+  auto* partial = static_cast<float*>(
+      Scratch(kMlaPartial, MlaPartialFloats(n, nh, splits, kvr) * sizeof(float)));
   LaunchMlaAttention(q.data_as<const float>(), n, heads, kv_b.data_as<const float>(), kvr, dn, dr,
                      dv, Paged(tokens), cache.data_as<const float>(), head_begin, head_end, scale,
-                     out.data_as<float>(), state_->stream);
+                     max_context, splits, partial, out.data_as<float>(), state_->stream);
 }
 
 void CudaBackend::RouterTopk(const Tensor& logits, const Tensor& bias, const RouterSpec& spec,

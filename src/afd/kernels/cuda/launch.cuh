@@ -43,9 +43,14 @@ void LaunchRope(float* x, int64_t n, int64_t heads, int64_t width, int64_t offse
                 const int64_t* positions, const RopeArgs& rope, cudaStream_t s);
 void LaunchMlaCacheWrite(const float* ckv, int64_t n, int64_t kvr, const float* norm_w, float eps,
                          const PagedArgs& t, const RopeArgs& rope, float* cache, cudaStream_t s);
+// Splits each (token, head)'s context over `splits` blocks (flash-decoding); partial: device
+// scratch of MlaPartialFloats(...) floats.
+int64_t MlaSplits(int64_t n, int64_t nh, int64_t max_context);
+int64_t MlaPartialFloats(int64_t n, int64_t nh, int64_t splits, int64_t kvr);
 void LaunchMlaAttention(const float* q, int64_t n, int64_t heads, const float* kv_b, int64_t kvr,
                         int64_t dn, int64_t dr, int64_t dv, const PagedArgs& t, const float* cache,
-                        int64_t h0, int64_t h1, float scale, float* out, cudaStream_t s);
+                        int64_t h0, int64_t h1, float scale, int64_t max_context, int64_t splits,
+                        float* partial, float* out, cudaStream_t s);
 
 // router.cu: one thread per token; num_experts <= kMaxRouterExperts.
 inline constexpr int kMaxRouterExperts = 512;

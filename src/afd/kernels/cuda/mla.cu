@@ -1,5 +1,6 @@
 // RoPE, MLA cache write and absorbed MLA attention over the paged latent cache (the readable
 // first CUDA version: one block per (token, head), online softmax over chunks of positions).
+#include <algorithm>
 #include <cfloat>
 
 #include "afd/common/cuda_check.h"
@@ -59,19 +60,33 @@ __global__ void CacheWrite(const float* ckv, int64_t kvr, const float* norm_w, f
 constexpr int kAttnThreads = 256;
 constexpr int kChunk = 128;  // positions scored per round
 
+// Block (token, head, split) attends positions [split·span, min((split+1)·span, len)) and
+// writes its partial result: partial[((t·nh + h)·splits + split)] = [m | l | o_lat[kvr]]
+// (running max, sum of exp(score - m), Σ exp(score - m)·c_j). An empty range writes m = -inf.
 // Shared memory: q_lat[kvr] | q_pe[dr] | o_lat[kvr] | p[kChunk].
-__global__ void Attention(const float* q, int64_t heads, const float* kv_b, int64_t kvr,
-                          int64_t dn, int64_t dr, int64_t dv, PagedArgs t, const float* cache,
-                          int64_t h0, int64_t nh, float scale, float* out) {
+__global__ void AttentionPartial(const float* q, int64_t heads, const float* kv_b, int64_t kvr,
+                                 int64_t dn, int64_t dr, int64_t dv, PagedArgs t,
+                                 const float* cache, int64_t h0, int64_t nh, float scale,
+                                 int64_t span, float* partial) {
   extern __shared__ float smem[];
   float* q_lat = smem;
   float* q_pe = q_lat + kvr;
   float* o_lat = q_pe + dr;
   float* p = o_lat + kvr;
-  const int64_t tok = blockIdx.x, h = h0 + blockIdx.y, width = kvr + dr;
+  const int64_t tok = blockIdx.x, h = h0 + blockIdx.y, width = kvr + dr, splits = gridDim.z;
+  const int64_t len = t.positions[tok] + 1, seq = t.seq_index[tok];
+  const int64_t j_begin = int64_t(blockIdx.z) * span, j_end = min(len, j_begin + span);
+  float* part = partial + ((tok * nh + blockIdx.y) * splits + blockIdx.z) * (kvr + 2);
+  if (j_begin >= j_end) {
+    if (threadIdx.x == 0) {
+      part[0] = -FLT_MAX;
+      part[1] = 0.0f;
+    }
+    for (int64_t l = threadIdx.x; l < kvr; l += blockDim.x) part[2 + l] = 0.0f;
+    return;
+  }
   const float* qh = q + (tok * heads + h) * (dn + dr);
   const float* w_k = kv_b + h * (dn + dv) * kvr;  // [dn, kvr]
-  const float* w_v = w_k + dn * kvr;              // [dv, kvr]
   for (int64_t l = threadIdx.x; l < kvr; l += blockDim.x) {
     float acc = 0.0f;
     for (int64_t d = 0; d < dn; ++d) acc += qh[d] * w_k[d * kvr + l];
@@ -80,13 +95,11 @@ __global__ void Attention(const float* q, int64_t heads, const float* kv_b, int6
   }
   for (int64_t d = threadIdx.x; d < dr; d += blockDim.x) q_pe[d] = qh[dn + d];
   __syncthreads();
-  const int64_t len = t.positions[tok] + 1, seq = t.seq_index[tok];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   float m = -FLT_MAX, lsum = 0.0f;
-  for (int64_t j0 = 0; j0 < len; j0 += kChunk) {
-    const int64_t cnt = min(static_cast<int64_t>(kChunk), len - j0);
-    // Scores: one warp per position.
-    for (int64_t jj = warp; jj < cnt; jj += warps) {
+  for (int64_t j0 = j_begin; j0 < j_end; j0 += kChunk) {
+    const int64_t cnt = min(static_cast<int64_t>(kChunk), j_end - j0);
+    for (int64_t jj = warp; jj < cnt; jj += warps) {  // scores: one warp per position
       const int64_t j = j0 + jj;
       const int64_t slot =
           int64_t(t.block_tables[seq * t.max_blocks + j / t.block_size]) * t.block_size +
@@ -122,13 +135,42 @@ __global__ void Attention(const float* q, int64_t heads, const float* kv_b, int6
     }
     __syncthreads();
   }
-  // out_h[e] = W_v[e] · o_lat / lsum, one warp per output.
+  if (threadIdx.x == 0) {
+    part[0] = m;
+    part[1] = lsum;
+  }
+  for (int64_t l = threadIdx.x; l < kvr; l += blockDim.x) part[2 + l] = o_lat[l];
+}
+
+// Block (token, head): merges the splits' partials and applies W_v:
+// out_h[e] = W_v[e] · (Σ_s e^{m_s - M} o_s) / (Σ_s e^{m_s - M} l_s). Shared: o_lat[kvr].
+__global__ void AttentionCombine(const float* kv_b, int64_t kvr, int64_t dn, int64_t dv, int64_t h0,
+                                 int64_t nh, int64_t splits, const float* partial, float* out) {
+  extern __shared__ float o_lat[];
+  const int64_t tok = blockIdx.x, h = h0 + blockIdx.y;
+  const float* part = partial + (tok * nh + blockIdx.y) * splits * (kvr + 2);
+  float mx = -FLT_MAX;
+  for (int64_t s = 0; s < splits; ++s) mx = fmaxf(mx, part[s * (kvr + 2)]);
+  float total = 0.0f;
+  for (int64_t s = 0; s < splits; ++s) {
+    total += part[s * (kvr + 2) + 1] * expf(part[s * (kvr + 2)] - mx);
+  }
+  for (int64_t l = threadIdx.x; l < kvr; l += blockDim.x) {
+    float acc = 0.0f;
+    for (int64_t s = 0; s < splits; ++s) {
+      acc += part[s * (kvr + 2) + 2 + l] * expf(part[s * (kvr + 2)] - mx);
+    }
+    o_lat[l] = acc;
+  }
+  __syncthreads();
+  const float* w_v = kv_b + h * (dn + dv) * kvr + dn * kvr;  // [dv, kvr]
   float* out_h = out + (tok * nh + blockIdx.y) * dv;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   for (int64_t e = warp; e < dv; e += warps) {
     float acc = 0.0f;
     for (int64_t l = lane; l < kvr; l += 32) acc += w_v[e * kvr + l] * o_lat[l];
     for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-    if (lane == 0) out_h[e] = acc / lsum;
+    if (lane == 0) out_h[e] = acc / total;
   }
 }
 
@@ -149,17 +191,38 @@ void LaunchMlaCacheWrite(const float* ckv, int64_t n, int64_t kvr, const float* 
   CheckLaunch("MlaCacheWrite");
 }
 
+int64_t MlaSplits(int64_t n, int64_t nh, int64_t max_context) {
+  // Enough blocks to fill the GPU (~2 per SM on an H200) when few tokens attend long contexts;
+  // each split keeps at least two chunks of positions.
+  const int64_t blocks = std::max<int64_t>(n * nh, 1);
+  const int64_t want = (264 + blocks - 1) / blocks;
+  const int64_t most = std::max<int64_t>(1, max_context / (2 * kChunk));
+  return std::max<int64_t>(1, std::min<int64_t>({want, most, 64}));
+}
+
+int64_t MlaPartialFloats(int64_t n, int64_t nh, int64_t splits, int64_t kvr) {
+  return n * nh * splits * (kvr + 2);
+}
+
 void LaunchMlaAttention(const float* q, int64_t n, int64_t heads, const float* kv_b, int64_t kvr,
                         int64_t dn, int64_t dr, int64_t dv, const PagedArgs& t, const float* cache,
-                        int64_t h0, int64_t h1, float scale, float* out, cudaStream_t s) {
+                        int64_t h0, int64_t h1, float scale, int64_t max_context, int64_t splits,
+                        float* partial, float* out, cudaStream_t s) {
   if (n == 0) return;
   const size_t smem = (2 * kvr + dr + kChunk) * sizeof(float);
   AFD_CHECK(smem <= 48 * 1024, "MlaAttention: kv_lora_rank {} needs {} bytes of shared memory", kvr,
             smem);
-  const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>(h1 - h0));
-  Attention<<<grid, kAttnThreads, smem, s>>>(q, heads, kv_b, kvr, dn, dr, dv, t, cache, h0, h1 - h0,
-                                             scale, out);
-  CheckLaunch("MlaAttention");
+  const int64_t nh = h1 - h0;
+  const int64_t span = (max_context + splits - 1) / splits;
+  const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>(nh),
+                  static_cast<unsigned>(splits));
+  AttentionPartial<<<grid, kAttnThreads, smem, s>>>(q, heads, kv_b, kvr, dn, dr, dv, t, cache, h0,
+                                                    nh, scale, span, partial);
+  CheckLaunch("MlaAttention (partial)");
+  const dim3 grid2(static_cast<unsigned>(n), static_cast<unsigned>(nh));
+  AttentionCombine<<<grid2, kAttnThreads, kvr * sizeof(float), s>>>(kv_b, kvr, dn, dv, h0, nh,
+                                                                    splits, partial, out);
+  CheckLaunch("MlaAttention (combine)");
 }
 
 }  // namespace afd::kernels::cuda
