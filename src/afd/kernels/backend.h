@@ -7,7 +7,9 @@
 //    bf16, shapes are noted per op ("x: [n, K]"); an op checks shapes and dtypes and throws
 //    afd::Error naming the op and the tensor.
 //  * Ops are enqueued on the backend's stream in call order; the CPU backend runs them inline.
-//    Only CopyToHost and Synchronize wait for the device.
+//    CopyToHost and Synchronize wait for the device; CopyToDevice returns once `src` may be
+//    reused (the CUDA backend waits for that copy), and Sample with sampled (non-greedy) rows
+//    waits for its parameter upload. Every other op returns without waiting.
 //  * Rows are independent: a token's result never depends on the other rows of the batch
 //    (batch invariance), on every backend.
 // Thread safety: a Backend is used by one thread at a time (one per rank).
