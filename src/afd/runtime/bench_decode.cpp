@@ -12,8 +12,7 @@ namespace afd::runtime {
 namespace {
 
 double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 // Bytes of one tensor (0 when empty).
@@ -23,15 +22,16 @@ double Bytes(const Tensor& t) { return t.empty() ? 0.0 : static_cast<double>(t.n
 double WeightBytes(const model::DeepseekModel& m, int64_t batch) {
   const model::ModelConfig& c = m.config();
   const model::ModelWeights& w = m.weights();
-  double total = Bytes(w.final_norm) + Bytes(w.lm_head) + batch * c.hidden_size * 4.0;  // embed rows
+  double total =
+      Bytes(w.final_norm) + Bytes(w.lm_head) + batch * c.hidden_size * 4.0;  // embed rows
   const double e = static_cast<double>(c.n_routed_experts), k = c.num_experts_per_tok;
   const double touched = e > 0 ? e * (1.0 - std::pow(1.0 - k / e, static_cast<double>(batch))) : 0;
   for (const model::LayerWeights& l : w.layers) {
-    for (const Tensor* t : {&l.attn.input_norm, &l.attn.q_proj, &l.attn.q_a_proj, &l.attn.q_a_norm,
-                            &l.attn.q_b_proj, &l.attn.kv_a_proj, &l.attn.kv_a_norm,
-                            &l.attn.kv_b_proj, &l.attn.o_proj, &l.post_attention_norm,
-                            &l.dense.gate_up, &l.dense.down, &l.moe.gate,
-                            &l.moe.shared.gate_up, &l.moe.shared.down}) {
+    for (const Tensor* t :
+         {&l.attn.input_norm, &l.attn.q_proj, &l.attn.q_a_proj, &l.attn.q_a_norm, &l.attn.q_b_proj,
+          &l.attn.kv_a_proj, &l.attn.kv_a_norm, &l.attn.kv_b_proj, &l.attn.o_proj,
+          &l.post_attention_norm, &l.dense.gate_up, &l.dense.down, &l.moe.gate,
+          &l.moe.shared.gate_up, &l.moe.shared.down}) {
       total += Bytes(*t);
     }
     if (!l.moe.experts.gate_up.empty()) {
@@ -64,8 +64,8 @@ double MeasureCopyBandwidth(kernels::Backend& backend) {
 BenchDecodeResult BenchDecode(const model::DeepseekModel& model, const BenchDecodeOptions& o) {
   const model::ModelConfig& c = model.config();
   AFD_CHECK(!o.batch_sizes.empty(), "bench decode: no batch sizes");
-  AFD_CHECK(o.context >= 1 && o.steps >= 1, "bench decode: --context {} and --steps {} must be >= 1",
-            o.context, o.steps);
+  AFD_CHECK(o.context >= 1 && o.steps >= 1,
+            "bench decode: --context {} and --steps {} must be >= 1", o.context, o.steps);
   AFD_CHECK(o.context + o.steps + 1 <= c.max_position_embeddings,
             "bench decode: --context {} + --steps {} exceed max_position_embeddings {}", o.context,
             o.steps, c.max_position_embeddings);

@@ -26,8 +26,8 @@ struct BenchDecodeRow {
   int64_t batch = 0;
   double ms_per_step = 0;
   double tokens_per_s = 0;
-  double bytes_per_step = 0;   // weights used + KV read
-  double floor_ms = 0;         // bytes_per_step / copy bandwidth
+  double bytes_per_step = 0;  // weights used + KV read
+  double floor_ms = 0;        // bytes_per_step / copy bandwidth
   double prefill_tokens_per_s = 0;
 };
 

@@ -11,14 +11,20 @@ namespace {
 
 constexpr int kThreads = 256;
 
-int Blocks(int64_t n) { return static_cast<int>(std::min<int64_t>((n + kThreads - 1) / kThreads, 65535 * 8)); }
+int Blocks(int64_t n) {
+  return static_cast<int>(std::min<int64_t>((n + kThreads - 1) / kThreads, 65535 * 8));
+}
 
 __global__ void Fill(float* x, int64_t n, float v) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) x[i] = v;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    x[i] = v;
 }
 
 __global__ void Add(float* y, const float* x, int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) y[i] += x[i];
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    y[i] += x[i];
 }
 
 __global__ void SiluMul(const float* gu, int64_t n, int64_t inter, float* out) {
@@ -31,7 +37,8 @@ __global__ void SiluMul(const float* gu, int64_t n, int64_t inter, float* out) {
 }
 
 __global__ void ToBf16(const float* x, int64_t n, __nv_bfloat16* out) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
     out[i] = __float2bfloat16_rn(x[i]);
   }
 }
@@ -67,7 +74,8 @@ __global__ void RmsNorm(const float* x, int64_t d, const float* w, float eps, fl
   float ss = 0.0f;
   for (int64_t j = threadIdx.x; j < d; j += blockDim.x) ss += xr[j] * xr[j];
   const float inv = rsqrtf(BlockSum(ss) / d + eps);
-  for (int64_t j = threadIdx.x; j < d; j += blockDim.x) out[blockIdx.x * d + j] = w[j] * (xr[j] * inv);
+  for (int64_t j = threadIdx.x; j < d; j += blockDim.x)
+    out[blockIdx.x * d + j] = w[j] * (xr[j] * inv);
 }
 
 }  // namespace

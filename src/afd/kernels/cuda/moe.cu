@@ -85,7 +85,7 @@ __global__ void GroupedLinear(const float* x, int64_t k, const void* const* w_pt
   __shared__ float ws[kSwiglu ? 2 : 1][kTn][kTk + 1];
   // Each thread: 8 outputs (rows ty + 4i?), layout: 256 threads = 8 rows x 32 cols groups.
   const int tx = threadIdx.x % 32, ty = threadIdx.x / 32;  // cols tx, tx+32; rows ty + 8j
-  float acc[2][4][2] = {};  // [gate|up][row j][col i]
+  float acc[2][4][2] = {};                                 // [gate|up][row j][col i]
   for (int64_t k0 = 0; k0 < k; k0 += kTk) {
     for (int idx = threadIdx.x; idx < kTm * kTk; idx += kThreads) {
       const int rr = idx / kTk, kk = idx % kTk;
@@ -271,8 +271,7 @@ void LaunchMoePermute(const int32_t* ids, int64_t n, int64_t k, int64_t begin, i
                       int32_t* offsets, int32_t* src_row, int32_t* row_of_slot, cudaStream_t s) {
   AFD_CHECK(num_local <= kMaxLocalExperts, "MoePermute on cuda: {} local experts, at most {}",
             num_local, kMaxLocalExperts);
-  Permute<<<1, kPermuteThreads, 0, s>>>(ids, n, k, begin, num_local, offsets, src_row,
-                                        row_of_slot);
+  Permute<<<1, kPermuteThreads, 0, s>>>(ids, n, k, begin, num_local, offsets, src_row, row_of_slot);
   CheckLaunch("MoePermute");
 }
 

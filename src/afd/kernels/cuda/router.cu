@@ -111,7 +111,7 @@ void LaunchRouterTopk(const float* logits, int64_t n, int64_t num_experts, const
             args.n_group, args.top_k, kMaxRouterExperts);
   if (n == 0) return;
   Router<<<static_cast<unsigned>((n + 63) / 64), 64, 0, s>>>(logits, n, num_experts, bias, args,
-                                                              ids, weights);
+                                                             ids, weights);
   CheckLaunch("RouterTopk");
 }
 

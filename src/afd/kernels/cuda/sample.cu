@@ -1,8 +1,7 @@
 // Log-softmax at ids and token selection on the GPU: greedy argmax (NaN never wins, first
 // maximum), and for sampled rows the CPU reference's rule over candidates sorted on the device.
-#include <cub/device/device_segmented_radix_sort.cuh>
-
 #include <cfloat>
+#include <cub/device/device_segmented_radix_sort.cuh>
 
 #include "afd/common/cuda_check.h"
 #include "afd/kernels/cuda/launch.cuh"
@@ -36,7 +35,8 @@ __global__ void LogSoftmaxAt(const float* logits, int64_t v, const int32_t* ids,
     if (threadIdx.x < o) ssum[threadIdx.x] += ssum[threadIdx.x + o];
     __syncthreads();
   }
-  if (threadIdx.x == 0) out[blockIdx.x] = static_cast<float>(x[ids[blockIdx.x]] - (log(ssum[0]) + mx));
+  if (threadIdx.x == 0)
+    out[blockIdx.x] = static_cast<float>(x[ids[blockIdx.x]] - (log(ssum[0]) + mx));
 }
 
 __global__ void ArgMax(const float* logits, int64_t v, int32_t* ids) {
@@ -146,8 +146,8 @@ size_t SegmentedSortTempBytes(int64_t n, int64_t v) {
   size_t bytes = 0;
   AFD_CUDA_CHECK(cub::DeviceSegmentedRadixSort::SortPairsDescending(
       nullptr, bytes, static_cast<const float*>(nullptr), static_cast<float*>(nullptr),
-      static_cast<const int32_t*>(nullptr), static_cast<int32_t*>(nullptr),
-      static_cast<int>(n * v), static_cast<int>(n), static_cast<const int32_t*>(nullptr),
+      static_cast<const int32_t*>(nullptr), static_cast<int32_t*>(nullptr), static_cast<int>(n * v),
+      static_cast<int>(n), static_cast<const int32_t*>(nullptr),
       static_cast<const int32_t*>(nullptr) + 1));
   return bytes;
 }
@@ -164,7 +164,7 @@ void LaunchSampleSorted(const float* sorted_logits, const int32_t* sorted_ids, i
                         const SampleParamsDev& p, int32_t* ids, cudaStream_t s) {
   if (n == 0) return;
   SampleSorted<<<static_cast<unsigned>((n + 63) / 64), 64, 0, s>>>(sorted_logits, sorted_ids, n, v,
-                                                                  p, ids);
+                                                                   p, ids);
   CheckLaunch("SampleSorted");
 }
 
