@@ -9,6 +9,7 @@
 #include "afd/common/cuda_check.h"
 #include "afd/common/error.h"
 #include "afd/kernels/cuda/launch.cuh"
+#include "afd/kernels/op_checks.h"
 
 namespace afd::kernels::cuda {
 
@@ -41,9 +42,7 @@ enum ScratchSlot {
 };
 
 void CheckOn(const char* op, const Tensor& t, int device) {
-  AFD_CHECK(t.empty() || (t.device().type == DeviceType::kCuda && t.device().index == device),
-            "{}: tensor {} is not on cuda:{}", op, t.ToString(), device);
-  AFD_CHECK(t.is_contiguous(), "{}: tensor {} is not contiguous", op, t.ToString());
+  CheckOnDevice(op, t, Device::Cuda(device));
 }
 
 PagedArgs Paged(const AttentionTokens& t) {
@@ -158,20 +157,13 @@ void CudaBackend::Synchronize() {
 }
 
 void CudaBackend::Embedding(const Tensor& table, const Tensor& ids, const Tensor& out) {
-  CheckOn("Embedding", table, device_);
-  const int64_t n = ids.numel(), h = table.dim(1);
-  ids.Expect("Embedding ids", DType::kI32, {n});
-  out.Expect("Embedding out", DType::kF32, {n, h});
+  const auto [n, h] = CheckEmbedding(device(), table, ids, out);
   LaunchEmbedding(table.data(), table.dtype() == DType::kBF16, ids.data_as<const int32_t>(), n, h,
                   out.data_as<float>(), state_->stream);
 }
 
 void CudaBackend::Linear(const Tensor& x, const Tensor& w, const Tensor& y) {
-  CheckOn("Linear", w, device_);
-  CheckOn("Linear", x, device_);
-  const int64_t n = x.dim(0), k = w.dim(1), m = w.dim(0);
-  x.Expect("Linear x", DType::kF32, {n, k});
-  y.Expect("Linear y", DType::kF32, {n, m});
+  const auto [n, k, m] = CheckLinear(device(), x, w, y);
   if (n == 0) return;
   const float alpha = 1.0f, beta = 0.0f;
   // Row-major y[n, m] = x[n, k] · w[m, k]ᵀ is column-major yᵀ[m, n] = w · xᵀ.
@@ -181,7 +173,6 @@ void CudaBackend::Linear(const Tensor& x, const Tensor& w, const Tensor& y) {
                                  y.data_as<float>(), m));
     return;
   }
-  AFD_CHECK(w.dtype() == DType::kBF16, "Linear: {} weights", DTypeName(w.dtype()));
   auto* xb = static_cast<uint16_t*>(Scratch(kBf16Input, n * k * 2));
   LaunchToBf16(x.data_as<const float>(), n * k, xb, state_->stream);
   AFD_CUBLAS_CHECK(cublasGemmEx(state_->cublas, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha, w.data(),
@@ -190,44 +181,30 @@ void CudaBackend::Linear(const Tensor& x, const Tensor& w, const Tensor& y) {
 }
 
 void CudaBackend::RmsNorm(const Tensor& x, const Tensor& w, float eps, const Tensor& out) {
-  const int64_t d = w.numel(), n = x.numel() / std::max<int64_t>(d, 1);
-  w.Expect("RmsNorm weight", DType::kF32, {d});
-  x.Expect("RmsNorm x", DType::kF32, {n, d});
-  out.Expect("RmsNorm out", DType::kF32, {n, d});
+  const auto [n, d] = CheckRmsNorm(device(), x, w, out);
   LaunchRmsNorm(x.data_as<const float>(), n, d, w.data_as<const float>(), eps, out.data_as<float>(),
                 state_->stream);
 }
 
 void CudaBackend::Add(const Tensor& y, const Tensor& x) {
-  AFD_CHECK(y.numel() == x.numel() && y.dtype() == DType::kF32 && x.dtype() == DType::kF32,
-            "Add: {} += {}", y.ToString(), x.ToString());
+  CheckAdd(device(), y, x);
   LaunchAdd(y.data_as<float>(), x.data_as<const float>(), y.numel(), state_->stream);
 }
 
 void CudaBackend::SiluMul(const Tensor& gate_up, const Tensor& out) {
-  const int64_t n = gate_up.dim(0), inter = gate_up.dim(1) / 2;
-  gate_up.Expect("SiluMul gate_up", DType::kF32, {n, 2 * inter});
-  out.Expect("SiluMul out", DType::kF32, {n, inter});
+  const auto [n, inter] = CheckSiluMul(device(), gate_up, out);
   LaunchSiluMul(gate_up.data_as<const float>(), n, inter, out.data_as<float>(), state_->stream);
 }
 
 void CudaBackend::Rope(const Tensor& x, int64_t offset, const Tensor& positions,
                        const RopeSpec& rope) {
-  const int64_t n = x.dim(0), heads = x.dim(1), width = x.dim(2);
-  x.Expect("Rope x", DType::kF32, {n, heads, width});
-  positions.Expect("Rope positions", DType::kI64, {n});
-  AFD_CHECK(offset >= 0 && offset + 2 * rope.inv_freq.numel() <= width,
-            "Rope: dims from {} outside width {}", offset, width);
+  const auto [n, heads, width] = CheckRope(device(), x, offset, positions, rope);
   LaunchRope(x.data_as<float>(), n, heads, width, offset, positions.data_as<const int64_t>(),
              cuda::Rope(rope), state_->stream);
 }
 
 void CudaBackend::GatherRows(const Tensor& x, const Tensor& index, const Tensor& out) {
-  const int64_t m = index.numel(), h = x.dim(1);
-  index.Expect("GatherRows index", DType::kI32, {m});
-  x.Expect("GatherRows x", DType::kF32, {-1, h});
-  out.Expect("GatherRows out", DType::kF32, {-1, h});
-  AFD_CHECK(out.dim(0) >= m, "GatherRows: {} rows into {}", m, out.ToString());
+  const auto [m, h] = CheckGatherRows(device(), x, index, out);
   LaunchGatherRows(x.data_as<const float>(), index.data_as<const int32_t>(), m, h,
                    out.data_as<float>(), state_->stream);
 }
@@ -235,9 +212,7 @@ void CudaBackend::GatherRows(const Tensor& x, const Tensor& index, const Tensor&
 void CudaBackend::MlaCacheWrite(const Tensor& ckv, const Tensor& norm_w, float eps,
                                 const AttentionTokens& tokens, const RopeSpec& rope,
                                 const Tensor& cache) {
-  const int64_t n = ckv.dim(0), kvr = norm_w.numel(), width = kvr + 2 * rope.inv_freq.numel();
-  ckv.Expect("MlaCacheWrite ckv", DType::kF32, {n, width});
-  cache.Expect("MlaCacheWrite cache", DType::kF32, {-1, width});
+  const auto [n, kvr, width] = CheckMlaCacheWrite(device(), ckv, norm_w, tokens, rope, cache);
   LaunchMlaCacheWrite(ckv.data_as<const float>(), n, kvr, norm_w.data_as<const float>(), eps,
                       Paged(tokens), cuda::Rope(rope), cache.data_as<float>(), state_->stream);
 }
@@ -245,12 +220,8 @@ void CudaBackend::MlaCacheWrite(const Tensor& ckv, const Tensor& norm_w, float e
 void CudaBackend::MlaAttention(const Tensor& q, const Tensor& kv_b, const AttentionTokens& tokens,
                                const Tensor& cache, int64_t head_begin, int64_t head_end,
                                int64_t dn, int64_t dv, float scale, const Tensor& out) {
-  const int64_t n = q.dim(0), heads = q.dim(1), kvr = kv_b.dim(1), dr = cache.dim(1) - kvr;
-  q.Expect("MlaAttention q", DType::kF32, {n, heads, dn + dr});
-  kv_b.Expect("MlaAttention kv_b", DType::kF32, {heads * (dn + dv), kvr});
-  AFD_CHECK(0 <= head_begin && head_begin < head_end && head_end <= heads,
-            "MlaAttention: heads [{}, {}) of {}", head_begin, head_end, heads);
-  out.Expect("MlaAttention out", DType::kF32, {n, (head_end - head_begin) * dv});
+  const auto [n, heads, kvr, dr] =
+      CheckMlaAttention(device(), q, kv_b, tokens, cache, head_begin, head_end, dn, dv, out);
   // The context bound: the host's hint, else the block tables' width.
   const int64_t max_context =
       tokens.max_context > 0 ? tokens.max_context : tokens.block_tables.dim(1) * tokens.block_size;
@@ -265,15 +236,8 @@ void CudaBackend::MlaAttention(const Tensor& q, const Tensor& kv_b, const Attent
 
 void CudaBackend::RouterTopk(const Tensor& logits, const Tensor& bias, const RouterSpec& spec,
                              const Tensor& ids, const Tensor& weights) {
-  const int64_t n = logits.dim(0), e = logits.dim(1), k = spec.top_k;
-  logits.Expect("RouterTopk logits", DType::kF32, {n, e});
-  if (!bias.empty()) bias.Expect("RouterTopk bias", DType::kF32, {e});
-  ids.Expect("RouterTopk ids", DType::kI32, {n, k});
-  weights.Expect("RouterTopk weights", DType::kF32, {n, k});
-  AFD_CHECK(k >= 1 && k <= e && spec.n_group >= 1 && e % spec.n_group == 0 &&
-                spec.topk_group >= 1 && spec.topk_group <= spec.n_group,
-            "RouterTopk: top_k {}, n_group {}, topk_group {} for {} experts", k, spec.n_group,
-            spec.topk_group, e);
+  const auto [n, e] = CheckRouterTopk(device(), logits, bias, spec, ids, weights);
+  const int64_t k = spec.top_k;
   const RouterArgs a{spec.scoring == RouterScoring::kSigmoid,
                      spec.group_limited,
                      k,
@@ -289,11 +253,7 @@ void CudaBackend::RouterTopk(const Tensor& logits, const Tensor& bias, const Rou
 void CudaBackend::MoePermute(const Tensor& ids, int64_t begin, int64_t num_local,
                              const Tensor& offsets, const Tensor& src_row,
                              const Tensor& row_of_slot) {
-  const int64_t n = ids.dim(0), k = ids.dim(1);
-  ids.Expect("MoePermute ids", DType::kI32, {n, k});
-  offsets.Expect("MoePermute offsets", DType::kI32, {num_local + 1});
-  src_row.Expect("MoePermute src_row", DType::kI32, {n * k});
-  row_of_slot.Expect("MoePermute row_of_slot", DType::kI32, {n, k});
+  const auto [n, k] = CheckMoePermute(device(), ids, num_local, offsets, src_row, row_of_slot);
   LaunchMoePermute(ids.data_as<const int32_t>(), n, k, begin, num_local, offsets.data_as<int32_t>(),
                    src_row.data_as<int32_t>(), row_of_slot.data_as<int32_t>(), state_->stream);
 }
@@ -320,10 +280,8 @@ const void* const* CudaBackend::ExpertTable(const ExpertWeights& experts, int ki
 
 void CudaBackend::GroupedExpertMlp(const Tensor& x, const Tensor& offsets,
                                    const ExpertWeights& experts, const Tensor& out) {
-  const int64_t h = x.dim(1), e = experts.num_experts(), m = x.dim(0);
-  offsets.Expect("GroupedExpertMlp offsets", DType::kI32, {e + 1});
-  x.Expect("GroupedExpertMlp x", DType::kF32, {-1, h});
-  out.Expect("GroupedExpertMlp out", DType::kF32, {m, h});
+  const auto [m, h] = CheckGroupedExpertMlp(device(), x, offsets, experts, out);
+  const int64_t e = experts.num_experts();
   if (e == 0 || m == 0) return;
   const int64_t inter = experts.down.front().dim(1);
   const bool bf16 = experts.gate_up.front().dtype() == DType::kBF16;
@@ -338,32 +296,21 @@ void CudaBackend::GroupedExpertMlp(const Tensor& x, const Tensor& offsets,
 
 void CudaBackend::MoeCombine(const Tensor& y, const Tensor& row_of_slot, const Tensor& weights,
                              bool accumulate, const Tensor& out) {
-  const int64_t n = row_of_slot.dim(0), k = row_of_slot.dim(1), h = out.dim(1);
-  row_of_slot.Expect("MoeCombine row_of_slot", DType::kI32, {n, k});
-  weights.Expect("MoeCombine weights", DType::kF32, {n, k});
-  y.Expect("MoeCombine y", DType::kF32, {-1, h});
-  out.Expect("MoeCombine out", DType::kF32, {n, h});
+  const auto [n, k, h] = CheckMoeCombine(device(), y, row_of_slot, weights, out);
   LaunchMoeCombine(y.data_as<const float>(), h, row_of_slot.data_as<const int32_t>(),
                    weights.data_as<const float>(), n, k, accumulate, out.data_as<float>(),
                    state_->stream);
 }
 
 void CudaBackend::LogSoftmaxAt(const Tensor& logits, const Tensor& ids, const Tensor& out) {
-  const int64_t n = logits.dim(0), v = logits.dim(1);
-  logits.Expect("LogSoftmaxAt logits", DType::kF32, {n, v});
-  ids.Expect("LogSoftmaxAt ids", DType::kI32, {n});
-  out.Expect("LogSoftmaxAt out", DType::kF32, {n});
+  const auto [n, v] = CheckLogSoftmaxAt(device(), logits, ids, out);
   LaunchLogSoftmaxAt(logits.data_as<const float>(), n, v, ids.data_as<const int32_t>(),
                      out.data_as<float>(), state_->stream);
 }
 
 void CudaBackend::Sample(const Tensor& logits, const std::vector<SampleRow>& rows,
                          const Tensor& ids) {
-  const int64_t n = logits.dim(0), v = logits.dim(1);
-  logits.Expect("Sample logits", DType::kF32, {n, v});
-  ids.Expect("Sample ids", DType::kI32, {n});
-  AFD_CHECK(static_cast<int64_t>(rows.size()) == n, "Sample: {} rows of parameters for {} logits",
-            rows.size(), n);
+  const auto [n, v] = CheckSample(device(), logits, rows, ids);
   LaunchArgMax(logits.data_as<const float>(), n, v, ids.data_as<int32_t>(), state_->stream);
   const bool any_sampled =
       std::any_of(rows.begin(), rows.end(), [](const SampleRow& r) { return r.temperature > 0; });

@@ -1,0 +1,194 @@
+#include "afd/kernels/op_checks.h"
+
+#include <algorithm>
+
+#include "afd/common/error.h"
+
+namespace afd::kernels {
+
+namespace {
+
+void On(Device dev, const char* op, std::initializer_list<const Tensor*> ts) {
+  for (const Tensor* t : ts) CheckOnDevice(op, *t, dev);
+}
+
+void CheckTokens(Device dev, const char* op, const AttentionTokens& t, int64_t n) {
+  On(dev, op, {&t.positions, &t.seq_index, &t.slot_mapping, &t.block_tables});
+  t.positions.Expect(op, DType::kI64, {n});
+  t.seq_index.Expect(op, DType::kI32, {n});
+  t.slot_mapping.Expect(op, DType::kI64, {n});
+  t.block_tables.Expect(op, DType::kI32, {-1, -1});
+  AFD_CHECK(t.block_size > 0, "{}: block size {}", op, t.block_size);
+}
+
+}  // namespace
+
+void CheckOnDevice(const char* op, const Tensor& t, Device device) {
+  AFD_CHECK(t.empty() || t.device() == device, "{}: tensor {} is not on {}", op, t.ToString(),
+            device.ToString());
+  AFD_CHECK(t.is_contiguous(), "{}: tensor {} is not contiguous", op, t.ToString());
+}
+
+RowsShape CheckEmbedding(Device dev, const Tensor& table, const Tensor& ids, const Tensor& out) {
+  On(dev, "Embedding", {&table, &ids, &out});
+  AFD_CHECK(table.ndim() == 2 && (table.dtype() == DType::kF32 || table.dtype() == DType::kBF16),
+            "Embedding: table {} must be a float32 or bfloat16 matrix", table.ToString());
+  const int64_t n = ids.numel(), h = table.dim(1);
+  ids.Expect("Embedding ids", DType::kI32, {n});
+  out.Expect("Embedding out", DType::kF32, {n, h});
+  return {n, h};
+}
+
+LinearShape CheckLinear(Device dev, const Tensor& x, const Tensor& w, const Tensor& y) {
+  On(dev, "Linear", {&x, &w, &y});
+  AFD_CHECK(w.ndim() == 2 && (w.dtype() == DType::kF32 || w.dtype() == DType::kBF16),
+            "Linear: weight {} must be a float32 or bfloat16 matrix", w.ToString());
+  const int64_t n = x.dim(0), k = w.dim(1), m = w.dim(0);
+  x.Expect("Linear x", DType::kF32, {n, k});
+  y.Expect("Linear y", DType::kF32, {n, m});
+  return {n, k, m};
+}
+
+RowsShape CheckRmsNorm(Device dev, const Tensor& x, const Tensor& w, const Tensor& out) {
+  On(dev, "RmsNorm", {&x, &w, &out});
+  const int64_t d = w.numel(), n = x.numel() / std::max<int64_t>(d, 1);
+  w.Expect("RmsNorm weight", DType::kF32, {d});
+  x.Expect("RmsNorm x", DType::kF32, {n, d});
+  out.Expect("RmsNorm out", DType::kF32, {n, d});
+  return {n, d};
+}
+
+void CheckAdd(Device dev, const Tensor& y, const Tensor& x) {
+  On(dev, "Add", {&y, &x});
+  AFD_CHECK(y.numel() == x.numel() && y.dtype() == DType::kF32 && x.dtype() == DType::kF32,
+            "Add: {} += {}", y.ToString(), x.ToString());
+}
+
+RowsShape CheckSiluMul(Device dev, const Tensor& gate_up, const Tensor& out) {
+  On(dev, "SiluMul", {&gate_up, &out});
+  const int64_t n = gate_up.dim(0), inter = gate_up.dim(1) / 2;
+  gate_up.Expect("SiluMul gate_up", DType::kF32, {n, 2 * inter});
+  out.Expect("SiluMul out", DType::kF32, {n, inter});
+  return {n, inter};
+}
+
+RopeShape CheckRope(Device dev, const Tensor& x, int64_t offset, const Tensor& positions,
+                    const RopeSpec& rope) {
+  On(dev, "Rope", {&x, &positions, &rope.inv_freq});
+  const int64_t n = x.dim(0), heads = x.dim(1), width = x.dim(2);
+  x.Expect("Rope x", DType::kF32, {n, heads, width});
+  positions.Expect("Rope positions", DType::kI64, {n});
+  const int64_t dr = 2 * rope.inv_freq.numel();
+  AFD_CHECK(offset >= 0 && offset + dr <= width, "Rope: dims [{}, {}) outside width {}", offset,
+            offset + dr, width);
+  return {n, heads, width};
+}
+
+RowsShape CheckGatherRows(Device dev, const Tensor& x, const Tensor& index, const Tensor& out) {
+  On(dev, "GatherRows", {&x, &index, &out});
+  const int64_t m = index.numel(), h = x.dim(1);
+  index.Expect("GatherRows index", DType::kI32, {m});
+  x.Expect("GatherRows x", DType::kF32, {-1, h});
+  out.Expect("GatherRows out", DType::kF32, {-1, h});
+  AFD_CHECK(out.dim(0) >= m, "GatherRows: {} rows into {}", m, out.ToString());
+  return {m, h};
+}
+
+CacheWriteShape CheckMlaCacheWrite(Device dev, const Tensor& ckv, const Tensor& norm_w,
+                                   const AttentionTokens& tokens, const RopeSpec& rope,
+                                   const Tensor& cache) {
+  On(dev, "MlaCacheWrite", {&ckv, &norm_w, &cache, &rope.inv_freq});
+  const int64_t n = ckv.dim(0), kvr = norm_w.numel(), width = kvr + 2 * rope.inv_freq.numel();
+  ckv.Expect("MlaCacheWrite ckv", DType::kF32, {n, width});
+  cache.Expect("MlaCacheWrite cache", DType::kF32, {-1, width});
+  CheckTokens(dev, "MlaCacheWrite", tokens, n);
+  return {n, kvr, width};
+}
+
+AttentionShape CheckMlaAttention(Device dev, const Tensor& q, const Tensor& kv_b,
+                                 const AttentionTokens& tokens, const Tensor& cache,
+                                 int64_t head_begin, int64_t head_end, int64_t dn, int64_t dv,
+                                 const Tensor& out) {
+  On(dev, "MlaAttention", {&q, &kv_b, &cache, &out});
+  const int64_t n = q.dim(0), heads = q.dim(1), kvr = kv_b.dim(1), dr = cache.dim(1) - kvr;
+  q.Expect("MlaAttention q", DType::kF32, {n, heads, dn + dr});
+  kv_b.Expect("MlaAttention kv_b", DType::kF32, {heads * (dn + dv), kvr});
+  AFD_CHECK(0 <= head_begin && head_begin < head_end && head_end <= heads,
+            "MlaAttention: heads [{}, {}) of {}", head_begin, head_end, heads);
+  out.Expect("MlaAttention out", DType::kF32, {n, (head_end - head_begin) * dv});
+  CheckTokens(dev, "MlaAttention", tokens, n);
+  return {n, heads, kvr, dr};
+}
+
+RowsShape CheckRouterTopk(Device dev, const Tensor& logits, const Tensor& bias,
+                          const RouterSpec& spec, const Tensor& ids, const Tensor& weights) {
+  On(dev, "RouterTopk", {&logits, &bias, &ids, &weights});
+  const int64_t n = logits.dim(0), e = logits.dim(1), k = spec.top_k;
+  logits.Expect("RouterTopk logits", DType::kF32, {n, e});
+  if (!bias.empty()) bias.Expect("RouterTopk bias", DType::kF32, {e});
+  ids.Expect("RouterTopk ids", DType::kI32, {n, k});
+  weights.Expect("RouterTopk weights", DType::kF32, {n, k});
+  AFD_CHECK(k >= 1 && k <= e && spec.n_group >= 1 && e % spec.n_group == 0 &&
+                spec.topk_group >= 1 && spec.topk_group <= spec.n_group,
+            "RouterTopk: top_k {}, n_group {}, topk_group {} for {} experts", k, spec.n_group,
+            spec.topk_group, e);
+  return {n, e};
+}
+
+RowsShape CheckMoePermute(Device dev, const Tensor& ids, int64_t num_local, const Tensor& offsets,
+                          const Tensor& src_row, const Tensor& row_of_slot) {
+  On(dev, "MoePermute", {&ids, &offsets, &src_row, &row_of_slot});
+  const int64_t n = ids.dim(0), k = ids.dim(1);
+  ids.Expect("MoePermute ids", DType::kI32, {n, k});
+  offsets.Expect("MoePermute offsets", DType::kI32, {num_local + 1});
+  src_row.Expect("MoePermute src_row", DType::kI32, {n * k});
+  row_of_slot.Expect("MoePermute row_of_slot", DType::kI32, {n, k});
+  return {n, k};
+}
+
+RowsShape CheckGroupedExpertMlp(Device dev, const Tensor& x, const Tensor& offsets,
+                                const ExpertWeights& experts, const Tensor& out) {
+  On(dev, "GroupedExpertMlp", {&x, &offsets, &out});
+  const int64_t h = x.dim(1), e = experts.num_experts();
+  AFD_CHECK(experts.down.size() == experts.gate_up.size(),
+            "GroupedExpertMlp: {} gate_up and {} down weights", experts.gate_up.size(),
+            experts.down.size());
+  offsets.Expect("GroupedExpertMlp offsets", DType::kI32, {e + 1});
+  x.Expect("GroupedExpertMlp x", DType::kF32, {-1, h});
+  out.Expect("GroupedExpertMlp out", DType::kF32, {x.dim(0), h});
+  return {x.dim(0), h};
+}
+
+CombineShape CheckMoeCombine(Device dev, const Tensor& y, const Tensor& row_of_slot,
+                             const Tensor& weights, const Tensor& out) {
+  On(dev, "MoeCombine", {&y, &row_of_slot, &weights, &out});
+  const int64_t n = row_of_slot.dim(0), k = row_of_slot.dim(1), h = out.dim(1);
+  row_of_slot.Expect("MoeCombine row_of_slot", DType::kI32, {n, k});
+  weights.Expect("MoeCombine weights", DType::kF32, {n, k});
+  y.Expect("MoeCombine y", DType::kF32, {-1, h});
+  out.Expect("MoeCombine out", DType::kF32, {n, h});
+  return {n, k, h};
+}
+
+RowsShape CheckLogSoftmaxAt(Device dev, const Tensor& logits, const Tensor& ids,
+                            const Tensor& out) {
+  On(dev, "LogSoftmaxAt", {&logits, &ids, &out});
+  const int64_t n = logits.dim(0), v = logits.dim(1);
+  logits.Expect("LogSoftmaxAt logits", DType::kF32, {n, v});
+  ids.Expect("LogSoftmaxAt ids", DType::kI32, {n});
+  out.Expect("LogSoftmaxAt out", DType::kF32, {n});
+  return {n, v};
+}
+
+RowsShape CheckSample(Device dev, const Tensor& logits, const std::vector<SampleRow>& rows,
+                      const Tensor& ids) {
+  On(dev, "Sample", {&logits, &ids});
+  const int64_t n = logits.dim(0), v = logits.dim(1);
+  logits.Expect("Sample logits", DType::kF32, {n, v});
+  ids.Expect("Sample ids", DType::kI32, {n});
+  AFD_CHECK(static_cast<int64_t>(rows.size()) == n, "Sample: {} rows of parameters for {} logits",
+            rows.size(), n);
+  return {n, v};
+}
+
+}  // namespace afd::kernels
