@@ -610,6 +610,14 @@ Result Sample(Ctx& c) {
   return Result(0.0, 0.0);
 }
 
+Result SampleOneRow(Ctx& c) {
+  std::vector<float> logits = {std::log(0.1f), std::log(0.2f), std::log(0.3f), std::log(0.4f)};
+  const Tensor ids = c.Alloc(DType::kI32, {1});
+  c.b.Sample(c.Up(logits, DType::kF32, {1, 4}), {SampleRow{1.0f, 0, 1.0f, 0.41}}, ids);
+  const int32_t got = c.Down<int32_t>(ids)[0];
+  return got == 2 ? Result(0.0, 0.0) : Result::Fail(fmt::format("{} instead of 2", got));
+}
+
 Result CopyFill(Ctx& c) {
   std::vector<float> x = c.Randn(100);
   const Tensor a = c.Up(x, DType::kF32, {10, 10}), b = c.Alloc(DType::kF32, {10, 10});
@@ -657,6 +665,8 @@ std::vector<Case> CheckCases() {
        [](Ctx& c) { return Moe(c, 60, 8, 4, 64, 48, 0, 8); }},
       {"LogSoftmaxAt", "4x1000", LogSoftmaxAt},
       {"Sample", "greedy, NaN, top-k, top-p, cdf", Sample},
+      // One sampled row: parameter arrays of odd sizes must stay aligned on the device.
+      {"Sample", "one sampled row", SampleOneRow},
       {"Copy+Fill", "10x10", CopyFill},
   };
 }

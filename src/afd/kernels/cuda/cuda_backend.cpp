@@ -315,25 +315,28 @@ void CudaBackend::Sample(const Tensor& logits, const std::vector<SampleRow>& row
   const bool any_sampled =
       std::any_of(rows.begin(), rows.end(), [](const SampleRow& r) { return r.temperature > 0; });
   if (!any_sampled || n == 0) return;
-  // Per-row parameters: [temperature f32 x n | top_k i64 x n | top_p f32 x n | u f64 x n].
-  std::vector<char> host(n * (4 + 8 + 4 + 8));
-  char* p = host.data();
-  auto* temp = reinterpret_cast<float*>(p);
-  auto* top_k = reinterpret_cast<int64_t*>(p + n * 4);
-  auto* top_p = reinterpret_cast<float*>(p + n * 12);
-  auto* u = reinterpret_cast<double*>(p + n * 16);
+  // Per-row parameters, 8-byte fields first so that every array is aligned for any n:
+  // [u f64 x n | top_k i64 x n | temperature f32 x n | top_p f32 x n].
+  const size_t u_at = 0, top_k_at = 8 * n, temp_at = 16 * n, top_p_at = 20 * n;
+  std::vector<double> host_words((24 * n + 7) / 8);  // 8-byte aligned host staging
+  char* p = reinterpret_cast<char*>(host_words.data());
+  auto* u = reinterpret_cast<double*>(p + u_at);
+  auto* top_k = reinterpret_cast<int64_t*>(p + top_k_at);
+  auto* temp = reinterpret_cast<float*>(p + temp_at);
+  auto* top_p = reinterpret_cast<float*>(p + top_p_at);
   for (int64_t i = 0; i < n; ++i) {
     temp[i] = rows[i].temperature;
     top_k[i] = rows[i].top_k;
     top_p[i] = rows[i].top_p;
     u[i] = rows[i].u;
   }
-  char* dev = static_cast<char*>(Scratch(kSampleParams, host.size()));
-  AFD_CUDA_CHECK(
-      cudaMemcpyAsync(dev, host.data(), host.size(), cudaMemcpyHostToDevice, state_->stream));
-  const SampleParamsDev params{
-      reinterpret_cast<const float*>(dev), reinterpret_cast<const int64_t*>(dev + n * 4),
-      reinterpret_cast<const float*>(dev + n * 12), reinterpret_cast<const double*>(dev + n * 16)};
+  const size_t bytes = 24 * n;
+  char* dev = static_cast<char*>(Scratch(kSampleParams, bytes));
+  AFD_CUDA_CHECK(cudaMemcpyAsync(dev, p, bytes, cudaMemcpyHostToDevice, state_->stream));
+  const SampleParamsDev params{reinterpret_cast<const float*>(dev + temp_at),
+                               reinterpret_cast<const int64_t*>(dev + top_k_at),
+                               reinterpret_cast<const float*>(dev + top_p_at),
+                               reinterpret_cast<const double*>(dev + u_at)};
   // keys/vals in (2 n v) and out (2 n v), offsets (n + 1).
   auto* keys = static_cast<float*>(Scratch(kSortKeys, 2 * n * v * sizeof(float)));
   auto* vals = static_cast<int32_t*>(Scratch(kSortVals, (2 * n * v + n + 1) * sizeof(int32_t)));
