@@ -1,0 +1,72 @@
+// One request of the serving engine (runtime/engine.h) and what a step produces for it. These
+// are the types the OpenAI frontend (server/) and the attention replicas (deploy/) exchange.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "afd/runtime/sampler.h"
+
+namespace afd::runtime {
+
+// One sequence to generate (an OpenAI request with n > 1 is n of these).
+struct RequestParams {
+  std::vector<int32_t> prompt;
+  int64_t max_tokens = 16;  // new tokens at most (>= 1)
+  // Sampling; `sampling.seed` seeds the sequence's random stream together with sampler_stream
+  // (an OpenAI request with a seed and n > 1 gives choice i the stream i).
+  SamplingParams sampling;
+  int64_t sampler_stream = 0;
+  std::vector<int32_t> stop_token_ids;  // finish (reason "stop") after emitting one of these
+  bool ignore_eos = false;              // else the model's EOS ids stop it too
+  // -1: none. k >= 0: every output token's log-probability plus the k most likely tokens.
+  int32_t logprobs = -1;
+  // -1: none. k >= 0: log-probabilities of the prompt tokens (the first is undefined) plus the
+  // k most likely tokens at each prompt position (OpenAI `echo` with `logprobs`).
+  int32_t prompt_logprobs = -1;
+};
+
+struct TopLogprob {
+  int32_t id = 0;
+  float logprob = 0.0f;
+};
+
+// The log-probability of one token (of the model's distribution, log_softmax of the raw
+// logits, whatever the sampling parameters) and the `k` most likely tokens at that position,
+// most likely first (ties: lower id first).
+struct TokenLogprobs {
+  float logprob = 0.0f;
+  std::vector<TopLogprob> top;
+};
+
+enum class FinishReason { kNone, kStop, kLength, kAbort, kError };
+const char* FinishReasonName(FinishReason r);  // "", "stop", "length", "abort", "error"
+
+// What one engine step produced for one request: its new tokens (one per step), and on the
+// last output finished = true with the reason.
+struct RequestOutput {
+  uint64_t request_id = 0;
+  std::vector<int32_t> token_ids;
+  std::vector<TokenLogprobs> logprobs;  // parallel to token_ids when params.logprobs >= 0
+  // With params.prompt_logprobs >= 0, on the request's first output: one per prompt token
+  // ([0].logprob is NaN, [0].top empty).
+  std::vector<TokenLogprobs> prompt_logprobs;
+  int64_t num_prompt_tokens = 0;
+  bool finished = false;
+  FinishReason finish_reason = FinishReason::kNone;
+  int32_t stop_token_id = -1;  // the EOS or stop token that finished it (kStop), else -1
+  std::string error;           // kError: why
+};
+
+// Load and cache occupancy of one engine (one attention DP replica).
+struct EngineStats {
+  int64_t num_running = 0;
+  int64_t num_waiting = 0;
+  int64_t kv_blocks_used = 0;
+  int64_t kv_blocks_total = 0;
+  int64_t num_preemptions = 0;  // since start
+  int64_t steps = 0;            // since start
+};
+
+}  // namespace afd::runtime
