@@ -51,13 +51,17 @@ TEST(ContinuousBatching, LimitsChangeTheStepsNotTheResults) {
 
   struct Limits {
     int64_t seqs, tokens;
+    bool chunked;
   };
-  for (const Limits lim : {Limits{1, 0}, Limits{2, 0}, Limits{0, 10}, Limits{3, 10}}) {
-    SCOPED_TRACE(testing::Message()
-                 << "max_num_seqs " << lim.seqs << ", max_num_batched_tokens " << lim.tokens);
+  for (const Limits lim :
+       {Limits{1, 0, false}, Limits{2, 0, false}, Limits{0, 10, false}, Limits{3, 10, false},
+        Limits{0, 3, true}, Limits{2, 5, true}, Limits{0, 1, true}}) {
+    SCOPED_TRACE(testing::Message() << "max_num_seqs " << lim.seqs << ", max_num_batched_tokens "
+                                    << lim.tokens << (lim.chunked ? ", chunked" : ""));
     GenerationOptions o = base;
     o.max_num_seqs = lim.seqs;
     o.max_num_batched_tokens = lim.tokens;
+    o.chunked_prefill = lim.chunked;
     CountingRunner runner(*model);
     Generator g(*model, runner);
     const auto got = g.Generate(prompts, o);
@@ -71,7 +75,7 @@ TEST(ContinuousBatching, LimitsChangeTheStepsNotTheResults) {
       }
     }
     EXPECT_GT(runner.steps, 7);  // the prompts did not all run together
-    if (lim.tokens > 0) {
+    if (lim.tokens > 1) {
       EXPECT_GT(runner.mixed_steps, 0);  // prompts joined running ones
     }
   }
@@ -103,6 +107,36 @@ TEST(ContinuousBatching, PreemptionByRecomputeKeepsTheResults) {
   GenerationOptions tiny = base;
   tiny.num_kv_blocks = 1;
   EXPECT_THROW(g.Generate({std::vector<int32_t>(70, 3)}, tiny), Error);
+}
+
+TEST(ContinuousBatching, ChunkedPrefillUnderPreemptionKeepsTheResults) {
+  kernels::cpu::CpuBackend cpu;
+  const auto model = model::OpenModel("preset:tiny", model::OpenOptions{}, cpu);
+  std::vector<std::vector<int32_t>> prompts = {std::vector<int32_t>(100, 0), {7, 8, 9}, {20, 21}};
+  for (size_t i = 0; i < prompts[0].size(); ++i) prompts[0][i] = static_cast<int32_t>(i % 50 + 1);
+  GenerationOptions base;
+  base.max_tokens = 40;
+  base.ignore_eos = true;
+  base.prompt_logprobs = true;
+  base.sampling = {0.7f, 0, 0.95f, 11};
+  Generator g(*model);
+  const auto want = g.Generate(prompts, base);
+  GenerationOptions o = base;
+  o.chunked_prefill = true;
+  o.max_num_batched_tokens = 16;  // the long prompt takes 7 steps, beside the decodes
+  o.num_kv_blocks = 3;            // and the cache is tight: someone is preempted
+  GenerationStats st;
+  const auto got = g.Generate(prompts, o, &st);
+  EXPECT_GT(st.preemptions, 0);
+  EXPECT_GT(st.mixed_steps, 0);
+  for (size_t s = 0; s < want.size(); ++s) {
+    EXPECT_EQ(got[s].output_ids, want[s].output_ids) << "prompt " << s;
+    EXPECT_EQ(got[s].logprobs, want[s].logprobs) << "prompt " << s;
+    ASSERT_EQ(got[s].prompt_logprobs.size(), want[s].prompt_logprobs.size());
+    for (size_t j = 1; j < want[s].prompt_logprobs.size(); ++j) {
+      EXPECT_EQ(got[s].prompt_logprobs[j], want[s].prompt_logprobs[j]) << s << " " << j;
+    }
+  }
 }
 
 TEST(ContinuousBatching, APromptLargerThanTheBudgetStillRuns) {

@@ -5,15 +5,10 @@
 #include <cmath>
 
 #include "afd/common/error.h"
-#include "afd/runtime/scheduler.h"
 
 namespace afd::runtime {
 
 namespace {
-
-double Seconds(std::chrono::steady_clock::time_point since) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
-}
 
 void Validate(const model::ModelConfig& c, const std::vector<std::vector<int32_t>>& prompts,
               const GenerationOptions& o) {
@@ -38,128 +33,59 @@ void Validate(const model::ModelConfig& c, const std::vector<std::vector<int32_t
 }  // namespace
 
 Generator::Generator(const model::DeepseekModel& model)
-    : model_(model),
-      local_(std::make_unique<LocalStepRunner>(model)),
-      runner_(*local_),
-      ws_(model.backend()) {}
+    : model_(model), local_(std::make_unique<LocalStepRunner>(model)), runner_(*local_) {}
 
 Generator::Generator(const model::DeepseekModel& model, StepRunner& runner)
-    : model_(model), runner_(runner), ws_(model.backend()) {}
+    : model_(model), runner_(runner) {}
 
 std::vector<GenerationResult> Generator::Generate(const std::vector<std::vector<int32_t>>& prompts,
                                                   const GenerationOptions& options,
                                                   GenerationStats* stats) {
   const model::ModelConfig& c = model_.config();
-  kernels::Backend& backend = model_.backend();
-  const int64_t vocab = c.vocab_size;
   Validate(c, prompts, options);
-  GenerationStats local_stats;
-  GenerationStats& st = stats ? *stats : local_stats;
-  st = GenerationStats{};
   const bool want_prompt_logprobs = options.prompt_logprobs || options.keep_prompt_logits;
-
-  kv::CacheShape shape = model_.CacheShape(1);
-  int64_t blocks = options.num_kv_blocks;
-  if (blocks == 0) {
+  EngineOptions eo;
+  eo.max_num_seqs = options.max_num_seqs;
+  eo.max_num_batched_tokens = options.max_num_batched_tokens;
+  eo.chunked_prefill = options.chunked_prefill;
+  eo.num_kv_blocks = options.num_kv_blocks;
+  if (eo.num_kv_blocks == 0) {
+    // Enough for every prompt at full length at once: never preempts.
+    const kv::CacheShape shape = model_.CacheShape(1);
     for (const auto& p : prompts) {
-      blocks += shape.BlocksFor(static_cast<int64_t>(p.size()) + options.max_tokens + 1);
+      eo.num_kv_blocks += shape.BlocksFor(static_cast<int64_t>(p.size()) + options.max_tokens + 1);
     }
+    eo.num_kv_blocks = std::max<int64_t>(eo.num_kv_blocks, 1);
   }
-  shape.num_blocks = std::max<int64_t>(blocks, 1);
-  st.kv_blocks = shape.num_blocks;
-  kv::PagedKvCache cache(backend, shape);
-  Scheduler scheduler({options.max_num_seqs, options.max_num_batched_tokens}, cache);
-
+  Engine engine(model_, runner_, eo);
   std::vector<GenerationResult> results(prompts.size());
-  std::vector<Sampler> samplers;
-  samplers.reserve(prompts.size());
   for (size_t s = 0; s < prompts.size(); ++s) {
     results[s].prompt_ids = prompts[s];
-    samplers.emplace_back(options.sampling, options.sampler_streams.empty()
-                                                ? static_cast<int64_t>(s)
-                                                : options.sampler_streams[s]);
-    scheduler.Add(static_cast<int64_t>(s), prompts[s], want_prompt_logprobs);
+    RequestParams p;
+    p.prompt = prompts[s];
+    p.max_tokens = options.max_tokens;
+    p.sampling = options.sampling;
+    p.sampler_stream =
+        options.sampler_streams.empty() ? static_cast<int64_t>(s) : options.sampler_streams[s];
+    p.ignore_eos = options.ignore_eos;
+    p.logprobs = 0;
+    p.prompt_logprobs = want_prompt_logprobs ? 0 : -1;
+    p.keep_prompt_logits = options.keep_prompt_logits;
+    engine.Add(s, std::move(p));
   }
-  auto is_eos = [&c](int32_t id) {
-    return std::find(c.eos_token_ids.begin(), c.eos_token_ids.end(), id) != c.eos_token_ids.end();
-  };
-  std::vector<int32_t> ids, targets;
-  std::vector<float> logprobs;
-  while (scheduler.HasWork()) {
-    const StepPlan plan = scheduler.Schedule();
-    AFD_CHECK(!plan.empty(), "scheduler: work left but nothing scheduled");
-    st.peak_kv_blocks = std::max(st.peak_kv_blocks, cache.num_used_blocks());
-    const auto start = std::chrono::steady_clock::now();
-    ws_.Reset();
-    const Tensor logits = runner_.Forward(plan.batch, cache, ws_);  // [m, vocab]
-    const int64_t m = logits.dim(0);
-    // Each sequence's last logits row is sampled; the others (prompt rows) stay greedy and unused.
-    std::vector<kernels::SampleRow> rows(m);
-    for (const ScheduledSeq& e : plan.seqs) {
-      rows[e.first_logits_row + e.num_logits_rows - 1] = samplers[e.request].NextRow();
-    }
-    const Tensor ids_t = ws_.Take(DType::kI32, {m});
-    backend.Sample(logits, rows, ids_t);
-    ids.resize(m);
-    backend.CopyToHost(ids.data(), ids_t);
-    // Log-probabilities at the sampled ids, and at the next prompt token for prompt rows.
-    targets = ids;
-    for (const ScheduledSeq& e : plan.seqs) {
-      const auto& prompt = prompts[e.request];
-      for (int64_t r = 0; r + 1 < e.num_logits_rows; ++r) {
-        targets[e.first_logits_row + r] = prompt[r + 1];
+  while (engine.HasWork()) {
+    for (RequestOutput& o : engine.Step()) {
+      AFD_CHECK(o.finish_reason != FinishReason::kError, "prompt {}: {}", o.request_id, o.error);
+      GenerationResult& r = results[o.request_id];
+      for (const TokenLogprobs& t : o.prompt_logprobs) r.prompt_logprobs.push_back(t.logprob);
+      if (!o.prompt_logits.empty()) r.prompt_logits = std::move(o.prompt_logits);
+      for (size_t i = 0; i < o.token_ids.size(); ++i) {
+        r.output_ids.push_back(o.token_ids[i]);
+        r.logprobs.push_back(o.logprobs[i].logprob);
       }
-    }
-    const Tensor targets_t = ws_.Take(DType::kI32, {m});
-    backend.CopyToDevice(targets_t, targets.data());
-    const Tensor lp_t = ws_.Take(DType::kF32, {m});
-    backend.LogSoftmaxAt(logits, targets_t, lp_t);
-    logprobs.resize(m);
-    backend.CopyToHost(logprobs.data(), lp_t);
-
-    std::vector<int32_t> next(plan.seqs.size());
-    std::vector<char> finished(plan.seqs.size(), 0);
-    for (size_t i = 0; i < plan.seqs.size(); ++i) {
-      const ScheduledSeq& e = plan.seqs[i];
-      GenerationResult& r = results[e.request];
-      if (e.first_prefill && want_prompt_logprobs) {
-        const int64_t t = static_cast<int64_t>(r.prompt_ids.size());
-        r.prompt_logprobs.assign(t, std::nanf(""));
-        for (int64_t j = 1; j < t; ++j) r.prompt_logprobs[j] = logprobs[e.first_logits_row + j - 1];
-        if (options.keep_prompt_logits) {
-          r.prompt_logits.resize(t * vocab);
-          backend.CopyToHost(r.prompt_logits.data(), logits.Rows(e.first_logits_row, t));
-        }
-      }
-      if (options.max_tokens == 0) {
-        finished[i] = 1;
-        continue;
-      }
-      const int64_t last = e.first_logits_row + e.num_logits_rows - 1;
-      const int32_t id = ids[last];
-      r.output_ids.push_back(id);
-      r.logprobs.push_back(logprobs[last]);
-      next[i] = id;
-      finished[i] = static_cast<int64_t>(r.output_ids.size()) >= options.max_tokens ||
-                    (!options.ignore_eos && is_eos(id));
-    }
-    scheduler.Update(plan, next, finished);
-    const double seconds = Seconds(start);
-    if (plan.num_prefill_tokens == 0) {
-      st.decode_tokens += plan.num_decode_tokens;
-      ++st.decode_steps;
-      st.decode_seconds += seconds;
-    } else if (plan.num_decode_tokens == 0) {
-      st.prefill_tokens += plan.num_prefill_tokens;
-      st.prefill_seconds += seconds;
-    } else {
-      ++st.mixed_steps;
-      st.mixed_prefill_tokens += plan.num_prefill_tokens;
-      st.mixed_decode_tokens += plan.num_decode_tokens;
-      st.mixed_seconds += seconds;
     }
   }
-  st.preemptions = scheduler.num_preemptions();
+  if (stats) *stats = engine.generation_stats();
   return results;
 }
 

@@ -1,6 +1,6 @@
-// Generation on one DeepseekModel with continuous batching over the paged latent cache
-// (runtime/scheduler.h): each step decodes one token of every running sequence and prefills the
-// prompts admitted in that step. Stops a sequence at max_tokens or after it emits EOS (unless
+// Generation of a fixed set of prompts on one DeepseekModel: every prompt is queued at once on
+// a serving engine (runtime/engine.h: continuous batching over the paged latent cache) that
+// steps until all are done. Stops a sequence at max_tokens or after it emits EOS (unless
 // ignore_eos). Every token is computed alone, so results do not depend on how sequences were
 // batched or whether one was preempted and recomputed.
 // Log-probabilities are those of the model's distribution (log_softmax of the raw logits),
@@ -14,7 +14,9 @@
 #include <vector>
 
 #include "afd/model/model.h"
+#include "afd/runtime/engine.h"
 #include "afd/runtime/sampler.h"
+#include "afd/runtime/step_runner.h"
 
 namespace afd::runtime {
 
@@ -28,6 +30,7 @@ struct GenerationOptions {
   // Tokens per step at most (decode tokens plus admitted prompts); 0: no limit. A prompt that
   // does not fit waits, unless nothing else would run (then it runs alone, whatever its size).
   int64_t max_num_batched_tokens = 0;
+  bool chunked_prefill = false;  // needs max_num_batched_tokens > 0
   bool ignore_eos = false;
   SamplingParams sampling;
   bool prompt_logprobs = false;     // fill GenerationResult::prompt_logprobs
@@ -43,46 +46,6 @@ struct GenerationResult {
   std::vector<float> prompt_logprobs;  // [T] when asked; [0] is NaN, [j] = log p(ids[j] | ids[<j])
   std::vector<float> logprobs;         // one per output token
   std::vector<float> prompt_logits;    // [T, vocab] when keep_prompt_logits
-};
-
-struct GenerationStats {
-  int64_t prefill_tokens = 0;
-  double prefill_seconds = 0.0;
-  int64_t decode_tokens = 0;  // tokens fed through decode-only steps
-  int64_t decode_steps = 0;
-  double decode_seconds = 0.0;
-  // Steps with both prefill and decode tokens (continuous batching): their tokens and time.
-  int64_t mixed_steps = 0;
-  int64_t mixed_prefill_tokens = 0;
-  int64_t mixed_decode_tokens = 0;
-  double mixed_seconds = 0.0;
-  int64_t preemptions = 0;     // sequences preempted (and recomputed) for lack of KV blocks
-  int64_t kv_blocks = 0;       // blocks of the cache
-  int64_t peak_kv_blocks = 0;  // most blocks in use at once
-};
-
-// Runs one forward step: logits [m, vocab] (in ws) for the batch's logits rows, appending its
-// tokens to the cache. In process (LocalStepRunner) or as the AFD attention role with the MoE
-// layers elsewhere.
-class StepRunner {
- public:
-  virtual ~StepRunner() = default;
-  virtual Tensor Forward(const model::ForwardBatch& batch, kv::PagedKvCache& cache,
-                         Workspace& ws) = 0;
-};
-
-class LocalStepRunner : public StepRunner {
- public:
-  // `model` must outlive the runner; it must hold every expert.
-  explicit LocalStepRunner(const model::DeepseekModel& model) : model_(model), moe_(model) {}
-  Tensor Forward(const model::ForwardBatch& batch, kv::PagedKvCache& cache,
-                 Workspace& ws) override {
-    return model_.Forward(batch, cache, moe_, ws);
-  }
-
- private:
-  const model::DeepseekModel& model_;
-  model::LocalMoeBackend moe_;
 };
 
 class Generator {
@@ -102,7 +65,6 @@ class Generator {
   const model::DeepseekModel& model_;
   std::unique_ptr<LocalStepRunner> local_;  // set by the first constructor only
   StepRunner& runner_;
-  Workspace ws_;
 };
 
 }  // namespace afd::runtime

@@ -25,6 +25,8 @@ struct RequestParams {
   // -1: none. k >= 0: log-probabilities of the prompt tokens (the first is undefined) plus the
   // k most likely tokens at each prompt position (OpenAI `echo` with `logprobs`).
   int32_t prompt_logprobs = -1;
+  // The raw logits of every prompt position on the first output (`afd run --dump-logits`).
+  bool keep_prompt_logits = false;
 };
 
 struct TopLogprob {
@@ -52,6 +54,7 @@ struct RequestOutput {
   // With params.prompt_logprobs >= 0, on the request's first output: one per prompt token
   // ([0].logprob is NaN, [0].top empty).
   std::vector<TokenLogprobs> prompt_logprobs;
+  std::vector<float> prompt_logits;  // [T, vocab] with params.keep_prompt_logits, first output
   int64_t num_prompt_tokens = 0;
   bool finished = false;
   FinishReason finish_reason = FinishReason::kNone;

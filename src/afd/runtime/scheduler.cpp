@@ -1,6 +1,7 @@
 #include "afd/runtime/scheduler.h"
 
 #include <algorithm>
+#include <cstdint>
 
 #include "afd/common/error.h"
 
@@ -8,6 +9,8 @@ namespace afd::runtime {
 
 Scheduler::Scheduler(SchedulerLimits limits, kv::PagedKvCache& cache)
     : limits_(limits), cache_(cache) {
+  AFD_CHECK(!limits.chunked_prefill || limits.max_num_batched_tokens > 0,
+            "chunked prefill needs max_num_batched_tokens > 0");
   AFD_CHECK(limits.max_num_seqs >= 0, "max_num_seqs must be >= 0, got {}", limits.max_num_seqs);
   AFD_CHECK(limits.max_num_batched_tokens >= 0, "max_num_batched_tokens must be >= 0, got {}",
             limits.max_num_batched_tokens);
@@ -54,37 +57,63 @@ void Scheduler::Preempt(size_t i) {
   running_.erase(running_.begin() + i);
   cache_.Release(s.cache_seq);
   s.cache_seq = -1;
+  s.computed = 0;
   waiting_.push_front(std::move(s));
   ++preemptions_;
 }
 
+void Scheduler::Plan(Seq& s, int64_t count, StepPlan& plan) {
+  using Logits = model::ForwardBatch::Logits;
+  const int64_t total = static_cast<int64_t>(s.tokens.size());
+  ScheduledSeq e;
+  e.request = s.request;
+  e.prefill = s.computed == 0 || total - s.computed > 1;
+  e.first_prefill = !s.prefilled;
+  e.sample = s.computed + count == total;
+  e.first_row = plan.batch.size();
+  e.start = s.computed;
+  e.num_tokens = count;
+  e.first_logits_row = static_cast<int64_t>(plan.batch.logits_rows.size());
+  const bool all = e.prefill && e.first_prefill && s.prompt_logprobs;
+  e.num_logits_rows = all ? count : (e.sample ? 1 : 0);
+  const std::vector<int32_t> ids(s.tokens.begin() + s.computed,
+                                 s.tokens.begin() + s.computed + count);
+  plan.batch.Add(cache_, s.cache_seq, ids, s.computed,
+                 all ? Logits::kAll : (e.sample ? Logits::kLast : Logits::kNone));
+  plan.seqs.push_back(e);
+  if (e.prefill) {
+    plan.num_prefill_tokens += count;
+  } else {
+    ++plan.num_decode_tokens;
+  }
+  s.computed += count;
+}
+
 StepPlan Scheduler::Schedule() {
   StepPlan plan;
-  using Logits = model::ForwardBatch::Logits;
-  // Decode: one token per running sequence; free blocks by preempting the newest if needed.
+  const int64_t budget =
+      limits_.max_num_batched_tokens > 0 ? limits_.max_num_batched_tokens : INT64_MAX;
+  auto left = [&] { return budget - plan.batch.size(); };
+  // Running sequences in admission order: a decode token each, or the next chunk of a prompt
+  // (only with room left in the step). When the tokens need a block and none is free, the
+  // newest running sequence (possibly this one; never one planned already) gives its blocks
+  // back.
   for (size_t i = 0; i < running_.size();) {
     Seq& s = running_[i];
-    const int64_t pos = cache_.length(s.cache_seq);  // the last token's position
-    if (!cache_.Reserve(s.cache_seq, pos + 1)) {
-      // The newest running sequence gives its blocks back (possibly this one).
+    const int64_t todo = static_cast<int64_t>(s.tokens.size()) - s.computed;
+    const int64_t count = todo == 1 ? 1 : std::min(todo, left());
+    if (count <= 0) {
+      ++i;
+      continue;
+    }
+    if (!cache_.Reserve(s.cache_seq, s.computed + count)) {
       const size_t victim = running_.size() - 1;
       Preempt(victim);
       if (victim == i) break;
       continue;
     }
+    Plan(s, count, plan);
     ++i;
-  }
-  for (const Seq& s : running_) {
-    ScheduledSeq e;
-    e.request = s.request;
-    e.first_row = plan.batch.size();
-    e.num_tokens = 1;
-    e.first_logits_row = static_cast<int64_t>(plan.batch.logits_rows.size());
-    e.num_logits_rows = 1;
-    plan.batch.Add(cache_, s.cache_seq, {s.tokens.back()}, cache_.length(s.cache_seq),
-                   Logits::kLast);
-    plan.seqs.push_back(e);
-    ++plan.num_decode_tokens;
   }
   // Admit waiting sequences while there is room.
   const size_t max_seqs =
@@ -92,34 +121,27 @@ StepPlan Scheduler::Schedule() {
   while (!waiting_.empty() && running_.size() < max_seqs) {
     Seq& s = waiting_.front();
     const int64_t len = static_cast<int64_t>(s.tokens.size());
-    if (limits_.max_num_batched_tokens > 0 && plan.batch.size() > 0 &&
-        plan.batch.size() + len > limits_.max_num_batched_tokens) {
+    int64_t count = len;
+    if (limits_.chunked_prefill) {
+      count = std::min(len, left());
+      if (count <= 0) break;
+    } else if (plan.batch.size() > 0 && len > left()) {
       break;  // waits for a step with room
     }
     const int64_t seq = cache_.AddSequence();
     // Room for the tokens plus the next one, so that the first decode rarely preempts.
-    if (!cache_.Reserve(seq, len + 1) && !cache_.Reserve(seq, len)) {
+    if (!(count == len && cache_.Reserve(seq, len + 1)) && !cache_.Reserve(seq, count)) {
       cache_.Release(seq);
       AFD_CHECK(!running_.empty() || plan.batch.size() > 0,
                 "request {}: {} tokens do not fit in the free KV cache blocks ({} free)", s.request,
-                len, cache_.num_free_blocks());
+                count, cache_.num_free_blocks());
       break;
     }
     s.cache_seq = seq;
-    ScheduledSeq e;
-    e.request = s.request;
-    e.prefill = true;
-    e.first_prefill = !s.prefilled;
-    e.first_row = plan.batch.size();
-    e.num_tokens = len;
-    e.first_logits_row = static_cast<int64_t>(plan.batch.logits_rows.size());
-    const bool all = e.first_prefill && s.prompt_logprobs;
-    e.num_logits_rows = all ? len : 1;
-    plan.batch.Add(cache_, seq, s.tokens, 0, all ? Logits::kAll : Logits::kLast);
-    plan.seqs.push_back(e);
-    plan.num_prefill_tokens += len;
+    s.computed = 0;
     running_.push_back(std::move(s));
     waiting_.pop_front();
+    Plan(running_.back(), count, plan);
   }
   return plan;
 }
@@ -133,11 +155,12 @@ void Scheduler::Update(const StepPlan& plan, const std::vector<int32_t>& next_id
     Seq* s = Find(plan.seqs[i].request);
     AFD_CHECK(s != nullptr && s->cache_seq >= 0, "scheduler: request {} is not running",
               plan.seqs[i].request);
-    s->prefilled = true;
     if (finished[i]) {
       Abort(s->request);
       continue;
     }
+    if (!plan.seqs[i].sample) continue;  // a prompt chunk: the rest comes in the next steps
+    s->prefilled = true;
     s->tokens.push_back(next_ids[i]);
   }
 }

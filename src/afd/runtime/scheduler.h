@@ -1,16 +1,18 @@
-// The continuous-batching scheduler over the paged latent cache (vLLM's rules, without chunked
-// prefill):
-//  * every running sequence decodes one token per step;
+// The continuous-batching scheduler over the paged latent cache (vLLM's rules):
+//  * every running sequence that has computed its prompt decodes one token per step;
 //  * waiting requests are admitted in arrival order while the step has room: at most
-//    max_num_seqs running sequences and max_num_batched_tokens tokens per step (0: no limit; a
-//    prompt larger than the budget still runs alone when nothing else would), and free cache
-//    blocks for the whole prompt;
-//  * when a running sequence's next token needs a block and none is free, the most recently
+//    max_num_seqs running sequences and max_num_batched_tokens tokens per step (0: no limit),
+//    and free cache blocks;
+//  * without chunked prefill a prompt runs whole in one step (one larger than the budget still
+//    runs alone when nothing else would); with chunked prefill (vLLM's default) a prompt that
+//    does not fit the step's remaining token budget runs its first part now and the rest in the
+//    next steps, ahead of new admissions, so that decodes never stall behind a long prompt;
+//  * when a running sequence's next tokens need a block and none is free, the most recently
 //    admitted running sequence is preempted: its blocks are freed and it returns to the front of
 //    the waiting queue; when admitted again it recomputes its prompt and the tokens generated so
 //    far (batch-invariant kernels make that give the same bits) and goes on.
-// A sequence's logits row is its last token of the step; with prompt_logprobs, every prompt
-// token of its first prefill too.
+// A sequence's logits row is its last token of the step when that token completes what it has
+// to compute (it samples); with prompt_logprobs, every prompt token of its first computation too.
 // Thread safety: none; one thread schedules and updates.
 #pragma once
 
@@ -27,6 +29,7 @@ namespace afd::runtime {
 struct SchedulerLimits {
   int64_t max_num_seqs = 0;            // 0: no limit
   int64_t max_num_batched_tokens = 0;  // 0: no limit
+  bool chunked_prefill = false;        // split prompts over steps (needs a token budget)
 };
 
 // What one sequence does in a planned step.
@@ -34,10 +37,15 @@ struct ScheduledSeq {
   int64_t request = 0;
   bool prefill = false;        // prompt (or recompute) tokens, not a decode token
   bool first_prefill = false;  // the prompt's first computation (prompt logprobs come from it)
-  int64_t first_row = 0;       // its first token row in the batch
+  // Its last token completes what the sequence had to compute: its last logits row gives the
+  // next token. False for a prompt chunk that is not the last.
+  bool sample = true;
+  int64_t first_row = 0;  // its first token row in the batch
+  int64_t start = 0;      // the position of its first token in the sequence
   int64_t num_tokens = 0;
   int64_t first_logits_row = 0;  // index into batch.logits_rows of its first logits row
-  int64_t num_logits_rows = 0;   // 1, or the prompt length with prompt logprobs
+  int64_t num_logits_rows = 0;   // 1 (0 for a chunk that does not sample), or num_tokens with
+                                 // prompt logprobs
 };
 
 struct StepPlan {
@@ -65,8 +73,9 @@ class Scheduler {
 
   // The next step (empty when there is no work).
   StepPlan Schedule();
-  // After the step ran: `next_ids[i]` is the token sampled for plan.seqs[i] (each sequence's
-  // last logits row), `finished[i]` whether that request is done (its blocks are freed then).
+  // After the step ran: `next_ids[i]` is the token sampled for plan.seqs[i] (its last logits
+  // row; ignored when it does not sample), `finished[i]` whether that request is done (its
+  // blocks are freed then).
   void Update(const StepPlan& plan, const std::vector<int32_t>& next_ids,
               const std::vector<char>& finished);
 
@@ -78,7 +87,10 @@ class Scheduler {
     int64_t cache_seq = -1;  // -1: holds no cache sequence (waiting)
     bool prompt_logprobs = false;
     bool prefilled = false;  // its prompt's logits were produced once
+    int64_t computed = 0;    // tokens in the cache (running)
   };
+  // Schedules `s` (running, holding a cache sequence) for `count` of its uncomputed tokens.
+  void Plan(Seq& s, int64_t count, StepPlan& plan);
   // Frees the running sequence's cache and queues it first for recompute.
   void Preempt(size_t running_index);
   Seq* Find(int64_t request);

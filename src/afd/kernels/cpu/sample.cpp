@@ -60,13 +60,16 @@ int32_t SampleRowIds(const float* logits, int64_t vocab, const SampleRow& row) {
   return ids[keep - 1];
 }
 
-float LogSoftmaxAtId(const float* x, int64_t count, int32_t id) {
+double LogSumExp(const float* x, int64_t count) {
   float max = x[0];
   for (int64_t i = 1; i < count; ++i) max = std::fmax(max, x[i]);
   double sum = 0.0;
   for (int64_t i = 0; i < count; ++i) sum += std::exp(static_cast<double>(x[i]) - max);
-  const double log_sum = std::log(sum) + max;
-  return static_cast<float>(x[id] - log_sum);
+  return std::log(sum) + max;
+}
+
+float LogSoftmaxAtId(const float* x, int64_t count, int32_t id) {
+  return static_cast<float>(x[id] - LogSumExp(x, count));
 }
 
 }  // namespace afd::kernels::cpu

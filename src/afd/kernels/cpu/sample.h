@@ -12,7 +12,9 @@ namespace afd::kernels::cpu {
 
 int32_t SampleRowIds(const float* logits, int64_t vocab, const SampleRow& row);
 
-// log_softmax(logits)[id] with the sum in double.
+// log(sum(exp(logits))) with the sum in double (NaN logits make it NaN).
+double LogSumExp(const float* logits, int64_t vocab);
+// log_softmax(logits)[id] = logits[id] - LogSumExp(logits), rounded to float.
 float LogSoftmaxAtId(const float* logits, int64_t vocab, int32_t id);
 
 }  // namespace afd::kernels::cpu

@@ -1,0 +1,304 @@
+#include "afd/runtime/engine.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "afd/common/error.h"
+#include "afd/kernels/cpu/sample.h"
+
+namespace afd::runtime {
+
+const char* FinishReasonName(FinishReason r) {
+  switch (r) {
+    case FinishReason::kNone:
+      return "";
+    case FinishReason::kStop:
+      return "stop";
+    case FinishReason::kLength:
+      return "length";
+    case FinishReason::kAbort:
+      return "abort";
+    case FinishReason::kError:
+      return "error";
+  }
+  return "";
+}
+
+namespace {
+
+double Seconds(std::chrono::steady_clock::time_point since) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
+}
+
+// The k most likely tokens of a row of logits (ties: lower id first; NaN never ranks above a
+// number) with their log-probabilities, computed as the CPU reference's log-softmax does.
+std::vector<TopLogprob> TopK(const std::vector<float>& row, int64_t k, double log_sum) {
+  const int64_t vocab = static_cast<int64_t>(row.size());
+  k = std::min(k, vocab);
+  std::vector<int32_t> ids(vocab);
+  std::iota(ids.begin(), ids.end(), 0);
+  auto before = [&row](int32_t a, int32_t b) {
+    const float x = row[a], y = row[b];
+    if (std::isnan(x) || std::isnan(y)) return !std::isnan(x) || (std::isnan(y) && a < b);
+    return x > y || (x == y && a < b);
+  };
+  std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), before);
+  std::vector<TopLogprob> top(k);
+  for (int64_t i = 0; i < k; ++i) {
+    top[i] = {ids[i], static_cast<float>(row[ids[i]] - log_sum)};
+  }
+  return top;
+}
+
+}  // namespace
+
+Engine::Engine(const model::DeepseekModel& model, StepRunner& runner, const EngineOptions& options)
+    : model_(model), runner_(runner), ws_(model.backend()) {
+  const model::ModelConfig& c = model.config();
+  AFD_CHECK(options.num_kv_blocks > 0, "the engine needs KV cache blocks (num_kv_blocks {})",
+            options.num_kv_blocks);
+  AFD_CHECK(options.max_model_len >= 0, "max_model_len must be >= 0, got {}",
+            options.max_model_len);
+  AFD_CHECK(options.max_model_len <= c.max_position_embeddings,
+            "max_model_len {} exceeds the model's max_position_embeddings {}",
+            options.max_model_len, c.max_position_embeddings);
+  max_model_len_ = options.max_model_len > 0 ? options.max_model_len : c.max_position_embeddings;
+  kv::CacheShape shape = model.CacheShape(options.num_kv_blocks);
+  cache_ = std::make_unique<kv::PagedKvCache>(model.backend(), shape);
+  scheduler_ = std::make_unique<Scheduler>(
+      SchedulerLimits{options.max_num_seqs, options.max_num_batched_tokens,
+                      options.chunked_prefill},
+      *cache_);
+  gen_stats_.kv_blocks = shape.num_blocks;
+}
+
+Engine::~Engine() = default;
+
+std::string Engine::Check(const RequestParams& p) const {
+  const model::ModelConfig& c = model_.config();
+  if (p.prompt.empty()) return "the prompt is empty";
+  for (int32_t id : p.prompt) {
+    if (id < 0 || id >= c.vocab_size) {
+      return fmt::format("prompt token id {} is outside the vocabulary [0, {})", id, c.vocab_size);
+    }
+  }
+  if (p.max_tokens < 0) return fmt::format("max_tokens must be >= 0, got {}", p.max_tokens);
+  const int64_t len = static_cast<int64_t>(p.prompt.size());
+  if (len + p.max_tokens > max_model_len_) {
+    return fmt::format("{} prompt tokens + {} new tokens exceed the maximum model length {}", len,
+                       p.max_tokens, max_model_len_);
+  }
+  if (p.logprobs > c.vocab_size || p.prompt_logprobs > c.vocab_size) {
+    return fmt::format("logprobs {} / prompt_logprobs {} exceed the vocabulary size {}", p.logprobs,
+                       p.prompt_logprobs, c.vocab_size);
+  }
+  const int64_t blocks = cache_->shape().BlocksFor(len + 1);
+  if (blocks > cache_->shape().num_blocks) {
+    return fmt::format("a prompt of {} tokens needs {} KV cache blocks, the cache has {}", len,
+                       blocks, cache_->shape().num_blocks);
+  }
+  try {
+    ValidateSamplingParams(p.sampling);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return {};
+}
+
+void Engine::Add(uint64_t id, RequestParams params) {
+  AFD_CHECK(!index_of_.count(id), "request id {} is already live", id);
+  const std::string problem = Check(params);
+  if (!problem.empty()) {
+    RequestOutput o;
+    o.request_id = id;
+    o.num_prompt_tokens = static_cast<int64_t>(params.prompt.size());
+    o.finished = true;
+    o.finish_reason = FinishReason::kError;
+    o.error = problem;
+    pending_.push_back(std::move(o));
+    return;
+  }
+  const int64_t index = next_index_++;
+  const bool all_rows = params.prompt_logprobs >= 0 || params.keep_prompt_logits;
+  scheduler_->Add(index, params.prompt, all_rows);
+  const Sampler sampler(params.sampling, params.sampler_stream);
+  index_of_[id] = index;
+  live_.emplace(index, Live{id, std::move(params), sampler, 0, {}, {}});
+}
+
+void Engine::Finish(int64_t index, FinishReason reason, std::vector<RequestOutput>& out,
+                    const std::string& error) {
+  const auto it = live_.find(index);
+  RequestOutput o;
+  o.request_id = it->second.id;
+  o.num_prompt_tokens = static_cast<int64_t>(it->second.params.prompt.size());
+  o.finished = true;
+  o.finish_reason = reason;
+  o.error = error;
+  out.push_back(std::move(o));
+  index_of_.erase(it->second.id);
+  live_.erase(it);
+}
+
+void Engine::Abort(uint64_t id) {
+  const auto it = index_of_.find(id);
+  if (it == index_of_.end()) return;
+  scheduler_->Abort(it->second);
+  Finish(it->second, FinishReason::kAbort, pending_);
+}
+
+bool Engine::HasWork() const { return !live_.empty() || !pending_.empty(); }
+
+EngineStats Engine::stats() const {
+  EngineStats s;
+  s.num_running = scheduler_->num_running();
+  s.num_waiting = scheduler_->num_waiting();
+  s.kv_blocks_used = cache_->num_used_blocks();
+  s.kv_blocks_total = cache_->shape().num_blocks;
+  s.num_preemptions = scheduler_->num_preemptions();
+  s.steps = steps_;
+  return s;
+}
+
+std::vector<RequestOutput> Engine::Step() {
+  std::vector<RequestOutput> out = std::move(pending_);
+  pending_.clear();
+  if (!scheduler_->HasWork()) return out;
+  const StepPlan plan = scheduler_->Schedule();
+  AFD_CHECK(!plan.empty(), "scheduler: work left but nothing scheduled");
+  gen_stats_.peak_kv_blocks = std::max(gen_stats_.peak_kv_blocks, cache_->num_used_blocks());
+  const auto start = std::chrono::steady_clock::now();
+  kernels::Backend& backend = model_.backend();
+  const int64_t vocab = model_.config().vocab_size;
+  ws_.Reset();
+  const Tensor logits = runner_.Forward(plan.batch, *cache_, ws_);  // [m, vocab]
+  const int64_t m = logits.dim(0);
+
+  // Sample every sequence's last logits row when it completes its tokens; other rows (prompt
+  // positions) stay greedy and unused.
+  std::vector<int32_t> ids(m), targets;
+  std::vector<float> lps(m);
+  std::vector<std::vector<TopLogprob>> tops(m);
+  if (m > 0) {
+    std::vector<kernels::SampleRow> rows(m);
+    for (const ScheduledSeq& e : plan.seqs) {
+      if (e.sample)
+        rows[e.first_logits_row + e.num_logits_rows - 1] = live_.at(e.request).sampler.NextRow();
+    }
+    const Tensor ids_t = ws_.Take(DType::kI32, {m});
+    backend.Sample(logits, rows, ids_t);
+    backend.CopyToHost(ids.data(), ids_t);
+    // Log-probabilities at the sampled ids, and at the next prompt token for prompt rows.
+    targets = ids;
+    std::vector<int64_t> top_k(m, 0);
+    for (const ScheduledSeq& e : plan.seqs) {
+      const RequestParams& p = live_.at(e.request).params;
+      for (int64_t r = 0; r < e.num_logits_rows; ++r) {
+        const int64_t row = e.first_logits_row + r;
+        const bool sampled = e.sample && r + 1 == e.num_logits_rows;
+        if (!sampled) targets[row] = p.prompt[e.start + r + 1];
+        top_k[row] = sampled ? std::max(p.logprobs, 0) : std::max(p.prompt_logprobs, 0);
+      }
+    }
+    const Tensor targets_t = ws_.Take(DType::kI32, {m});
+    backend.CopyToDevice(targets_t, targets.data());
+    const Tensor lp_t = ws_.Take(DType::kF32, {m});
+    backend.LogSoftmaxAt(logits, targets_t, lp_t);
+    backend.CopyToHost(lps.data(), lp_t);
+    // The most likely tokens where asked: the row on the host, log-softmax as the CPU reference
+    // computes it (so the token's own value matches its entry in the list).
+    std::vector<float> row(vocab);
+    for (int64_t r = 0; r < m; ++r) {
+      if (top_k[r] == 0) continue;
+      backend.CopyToHost(row.data(), logits.Rows(r, 1));
+      const double log_sum = kernels::cpu::LogSumExp(row.data(), vocab);
+      tops[r] = TopK(row, top_k[r], log_sum);
+      lps[r] = static_cast<float>(row[targets[r]] - log_sum);
+    }
+  }
+
+  const auto& eos = model_.config().eos_token_ids;
+  std::vector<int32_t> next(plan.seqs.size(), 0);
+  std::vector<char> finished(plan.seqs.size(), 0);
+  std::vector<int64_t> done;
+  for (size_t i = 0; i < plan.seqs.size(); ++i) {
+    const ScheduledSeq& e = plan.seqs[i];
+    Live& live = live_.at(e.request);
+    const RequestParams& p = live.params;
+    const int64_t t = static_cast<int64_t>(p.prompt.size());
+    const bool want_prompt = p.prompt_logprobs >= 0 || p.keep_prompt_logits;
+    if (e.first_prefill && e.prefill && want_prompt) {
+      if (live.prompt_logprobs.empty()) {
+        live.prompt_logprobs.resize(t);
+        live.prompt_logprobs[0].logprob = std::nanf("");
+        if (p.keep_prompt_logits) live.prompt_logits.resize(t * vocab);
+      }
+      for (int64_t r = 0; r < e.num_logits_rows; ++r) {
+        const int64_t pos = e.start + r, row = e.first_logits_row + r;
+        if (pos + 1 < t) live.prompt_logprobs[pos + 1] = {lps[row], tops[row]};
+        if (p.keep_prompt_logits) {
+          backend.CopyToHost(live.prompt_logits.data() + pos * vocab, logits.Rows(row, 1));
+        }
+      }
+    }
+    if (!e.sample) continue;
+    RequestOutput o;
+    o.request_id = live.id;
+    o.num_prompt_tokens = t;
+    if (e.first_prefill) {
+      if (p.prompt_logprobs >= 0) o.prompt_logprobs = std::move(live.prompt_logprobs);
+      if (p.keep_prompt_logits) o.prompt_logits = std::move(live.prompt_logits);
+    }
+    if (p.max_tokens == 0) {
+      o.finish_reason = FinishReason::kLength;
+    } else {
+      const int64_t last = e.first_logits_row + e.num_logits_rows - 1;
+      const int32_t id = ids[last];
+      o.token_ids.push_back(id);
+      if (p.logprobs >= 0) o.logprobs.push_back({lps[last], std::move(tops[last])});
+      ++live.generated;
+      next[i] = id;
+      const bool stop =
+          (!p.ignore_eos && std::find(eos.begin(), eos.end(), id) != eos.end()) ||
+          std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), id) != p.stop_token_ids.end();
+      if (stop) {
+        o.finish_reason = FinishReason::kStop;
+        o.stop_token_id = id;
+      } else if (live.generated >= p.max_tokens) {
+        o.finish_reason = FinishReason::kLength;
+      }
+    }
+    if (o.finish_reason != FinishReason::kNone) {
+      o.finished = true;
+      finished[i] = 1;
+      done.push_back(e.request);
+    }
+    out.push_back(std::move(o));
+  }
+  scheduler_->Update(plan, next, finished);
+  for (int64_t index : done) {
+    index_of_.erase(live_.at(index).id);
+    live_.erase(index);
+  }
+  ++steps_;
+  const double seconds = Seconds(start);
+  GenerationStats& st = gen_stats_;
+  if (plan.num_prefill_tokens == 0) {
+    st.decode_tokens += plan.num_decode_tokens;
+    ++st.decode_steps;
+    st.decode_seconds += seconds;
+  } else if (plan.num_decode_tokens == 0) {
+    st.prefill_tokens += plan.num_prefill_tokens;
+    st.prefill_seconds += seconds;
+  } else {
+    ++st.mixed_steps;
+    st.mixed_prefill_tokens += plan.num_prefill_tokens;
+    st.mixed_decode_tokens += plan.num_decode_tokens;
+    st.mixed_seconds += seconds;
+  }
+  st.preemptions = scheduler_->num_preemptions();
+  return out;
+}
+
+}  // namespace afd::runtime

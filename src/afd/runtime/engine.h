@@ -1,0 +1,103 @@
+// The serving engine: continuous batching of requests that arrive and leave at any time, over
+// one StepRunner (the model in process, or the AFD attention role) and one paged latent cache.
+// Each Step() schedules (runtime/scheduler.h: decodes, prompt chunks, admissions, preemption),
+// runs one forward pass, samples every sequence that completed its tokens (backend Sample op
+// with the sequence's own random stream, so results do not depend on batching), and returns
+// what each request produced. Requests stop at max_tokens, at the model's EOS (unless
+// ignore_eos) or at one of their stop_token_ids; an abort or a bad request ends with an output
+// saying so. `Generator` (runtime/generator.h) runs a fixed set of prompts through it.
+// Thread safety: none; one thread owns an engine (server/ puts it behind a queue).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "afd/kv/paged_cache.h"
+#include "afd/model/model.h"
+#include "afd/runtime/request.h"
+#include "afd/runtime/sampler.h"
+#include "afd/runtime/scheduler.h"
+#include "afd/runtime/step_runner.h"
+
+namespace afd::runtime {
+
+struct EngineOptions {
+  int64_t max_num_seqs = 0;            // running sequences at most; 0: no limit
+  int64_t max_num_batched_tokens = 0;  // tokens per step at most; 0: no limit
+  bool chunked_prefill = false;        // needs max_num_batched_tokens > 0
+  int64_t num_kv_blocks = 0;           // cache blocks (kv::kDefaultBlockSize tokens); > 0
+  int64_t max_model_len = 0;           // prompt + new tokens at most; 0: the model's limit
+};
+
+// Wall time and tokens by kind of step, and the cache's use.
+struct GenerationStats {
+  int64_t prefill_tokens = 0;
+  double prefill_seconds = 0.0;
+  int64_t decode_tokens = 0;  // tokens fed through decode-only steps
+  int64_t decode_steps = 0;
+  double decode_seconds = 0.0;
+  // Steps with both prefill and decode tokens (continuous batching): their tokens and time.
+  int64_t mixed_steps = 0;
+  int64_t mixed_prefill_tokens = 0;
+  int64_t mixed_decode_tokens = 0;
+  double mixed_seconds = 0.0;
+  int64_t preemptions = 0;     // sequences preempted (and recomputed) for lack of KV blocks
+  int64_t kv_blocks = 0;       // blocks of the cache
+  int64_t peak_kv_blocks = 0;  // most blocks in use at once
+};
+
+class Engine {
+ public:
+  // `model` and `runner` must outlive the engine. Throws afd::Error for bad options.
+  Engine(const model::DeepseekModel& model, StepRunner& runner, const EngineOptions& options);
+  ~Engine();
+
+  // Queues a request under `id` (unique among live requests). Bad parameters (empty prompt,
+  // ids outside the vocabulary, prompt + max_tokens over max_model_len, a prompt larger than
+  // the cache, bad sampling values) end it at the next Step with an error output.
+  void Add(uint64_t id, RequestParams params);
+  // Ends a live request at the next Step (output with kAbort) and frees its blocks; unknown
+  // ids are ignored.
+  void Abort(uint64_t id);
+  // True while a request is live or an output is pending.
+  bool HasWork() const;
+  // Runs one step when anything is scheduled; returns every output produced (possibly none).
+  std::vector<RequestOutput> Step();
+
+  EngineStats stats() const;
+  const GenerationStats& generation_stats() const { return gen_stats_; }
+  int64_t max_model_len() const { return max_model_len_; }
+
+ private:
+  struct Live {
+    uint64_t id = 0;
+    RequestParams params;
+    Sampler sampler;
+    int64_t generated = 0;
+    std::vector<TokenLogprobs> prompt_logprobs;  // filled over the first prefill's chunks
+    std::vector<float> prompt_logits;            // [T, vocab] with keep_prompt_logits
+  };
+  // Empty when fine, else why the request cannot run.
+  std::string Check(const RequestParams& p) const;
+  void Finish(int64_t index, FinishReason reason, std::vector<RequestOutput>& out,
+              const std::string& error = {});
+
+  const model::DeepseekModel& model_;
+  StepRunner& runner_;
+  int64_t max_model_len_ = 0;
+  std::unique_ptr<kv::PagedKvCache> cache_;
+  std::unique_ptr<Scheduler> scheduler_;
+  Workspace ws_;
+  int64_t next_index_ = 0;                // scheduler request index of the next Add
+  std::map<int64_t, Live> live_;          // by scheduler index
+  std::map<uint64_t, int64_t> index_of_;  // request id -> scheduler index
+  std::vector<RequestOutput> pending_;    // outputs decided outside a step (errors, aborts)
+  GenerationStats gen_stats_;
+  int64_t steps_ = 0;
+};
+
+}  // namespace afd::runtime
