@@ -79,6 +79,9 @@ class Backend : public Allocator {
   ~Backend() override = default;
   virtual std::string name() const = 0;  // "cpu", "cuda:0 (NVIDIA H200)"
   virtual Stream stream() const = 0;
+  // Makes the backend's device current on the calling thread: a thread other than the one that
+  // created the backend calls it once before running ops (the serving engine's thread).
+  virtual void BindThread() {}
 
   // ---- Memory --------------------------------------------------------------------------
   // dst (contiguous, on the device) = dst.nbytes() bytes from host memory src.

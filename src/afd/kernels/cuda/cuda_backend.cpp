@@ -91,6 +91,8 @@ CudaBackend::~CudaBackend() {
 
 Stream CudaBackend::stream() const { return {state_->stream}; }
 
+void CudaBackend::BindThread() { AFD_CUDA_CHECK(cudaSetDevice(device_)); }
+
 std::shared_ptr<void> CudaBackend::Allocate(size_t bytes) {
   AFD_CUDA_CHECK(cudaSetDevice(device_));
   void* p = nullptr;

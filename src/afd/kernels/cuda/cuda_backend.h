@@ -30,6 +30,7 @@ class CudaBackend : public Backend {
   void Copy(const Tensor& dst, const Tensor& src) override;
   void Fill(const Tensor& dst, float value) override;
   void Synchronize() override;
+  void BindThread() override;
 
   void Embedding(const Tensor& table, const Tensor& ids, const Tensor& out) override;
   void Linear(const Tensor& x, const Tensor& w, const Tensor& y) override;

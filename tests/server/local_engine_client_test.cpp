@@ -1,0 +1,103 @@
+// The in-process engine client: requests submitted from many threads at once each get the
+// result of their prompt run alone; aborts and shutdown end requests with the right reason.
+#include "afd/server/local_engine_client.h"
+
+#include <gtest/gtest.h>
+
+#include <condition_variable>
+#include <future>
+#include <mutex>
+
+#include "afd/kernels/cpu/cpu_backend.h"
+#include "afd/model/loader.h"
+#include "afd/runtime/generator.h"
+
+namespace afd::server {
+namespace {
+
+struct Collected {
+  std::vector<int32_t> ids;
+  runtime::FinishReason reason = runtime::FinishReason::kNone;
+  std::string error;
+};
+
+// Submits and returns a future of the collected outputs.
+std::future<Collected> SubmitAndCollect(EngineClient& client, uint64_t id,
+                                        runtime::RequestParams p) {
+  auto promise = std::make_shared<std::promise<Collected>>();
+  auto acc = std::make_shared<Collected>();
+  client.Submit(id, std::move(p), [promise, acc](const runtime::RequestOutput& o) {
+    acc->ids.insert(acc->ids.end(), o.token_ids.begin(), o.token_ids.end());
+    if (o.finished) {
+      acc->reason = o.finish_reason;
+      acc->error = o.error;
+      promise->set_value(*acc);
+    }
+  });
+  return promise->get_future();
+}
+
+TEST(LocalEngineClient, ConcurrentRequestsMatchTheirRunAlone) {
+  kernels::cpu::CpuBackend cpu;
+  const auto model = model::OpenModel("preset:tiny", model::OpenOptions{}, cpu);
+  runtime::LocalStepRunner runner(*model);
+  LocalEngineClient client(*model, runner, {4, 32, true, 64, 0});
+  EXPECT_TRUE(client.Ready());
+  EXPECT_EQ(client.model_info().vocab_size, model->config().vocab_size);
+  constexpr int kRequests = 24;
+  std::vector<std::future<Collected>> futures(kRequests);
+  std::vector<std::thread> threads;
+  std::vector<runtime::RequestParams> params(kRequests);
+  for (int i = 0; i < kRequests; ++i) {
+    params[i].prompt = {static_cast<int32_t>(i + 1), 3, static_cast<int32_t>(2 * i + 5)};
+    params[i].max_tokens = 4 + i % 5;
+    params[i].ignore_eos = true;
+    params[i].sampling = {i % 2 ? 0.8f : 0.0f, 0, 1.0f, static_cast<uint64_t>(i)};
+  }
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = t; i < kRequests; i += 4) futures[i] = SubmitAndCollect(client, 100 + i, params[i]);
+    });
+  }
+  for (auto& t : threads) t.join();
+  runtime::Generator g(*model);
+  for (int i = 0; i < kRequests; ++i) {
+    const Collected got = futures[i].get();
+    runtime::GenerationOptions o;
+    o.max_tokens = params[i].max_tokens;
+    o.ignore_eos = true;
+    o.sampling = params[i].sampling;
+    const auto want = g.Generate({params[i].prompt}, o)[0];
+    EXPECT_EQ(got.ids, want.output_ids) << "request " << i;
+    EXPECT_EQ(got.reason, runtime::FinishReason::kLength);
+  }
+  EXPECT_EQ(client.Load().total.kv_blocks_used, 0);
+}
+
+TEST(LocalEngineClient, AbortAndShutdownEndRequests) {
+  kernels::cpu::CpuBackend cpu;
+  const auto model = model::OpenModel("preset:tiny", model::OpenOptions{}, cpu);
+  runtime::LocalStepRunner runner(*model);
+  std::future<Collected> pending;
+  {
+    LocalEngineClient client(*model, runner, {0, 0, false, 64, 0});
+    runtime::RequestParams p;
+    p.prompt = {1, 2, 3};
+    p.max_tokens = 2000;
+    p.ignore_eos = true;
+    auto aborted = SubmitAndCollect(client, 1, p);
+    client.Abort(1);
+    const Collected a = aborted.get();
+    EXPECT_EQ(a.reason, runtime::FinishReason::kAbort);
+    runtime::RequestParams bad = p;
+    bad.prompt = {};
+    EXPECT_EQ(SubmitAndCollect(client, 2, bad).get().reason, runtime::FinishReason::kError);
+    pending = SubmitAndCollect(client, 3, p);  // still running when the client goes away
+  }
+  const Collected c = pending.get();
+  EXPECT_EQ(c.reason, runtime::FinishReason::kError);
+  EXPECT_NE(c.error.find("stopped"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace afd::server
