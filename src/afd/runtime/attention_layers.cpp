@@ -1,3 +1,5 @@
+#include <chrono>
+
 #include "afd/common/error.h"
 #include "afd/runtime/attention_runner.h"
 
@@ -13,7 +15,15 @@ constexpr int kHiddenChannel = 0;
 constexpr int kTopkIdsChannel = 1;
 constexpr int kTopkWeightsChannel = 2;
 
+
 }  // namespace
+
+void AttentionRunner::NoteRoundTrip(const MicroBatch& mb,
+                                    std::chrono::steady_clock::time_point sent) {
+  if (!record_round_trips_ || mb.share_count == 0) return;
+  round_trips_.push_back(
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - sent).count());
+}
 
 void AttentionRunner::ComputeLayer(int64_t layer, MicroBatch& mb, kv::PagedKvCache* cache,
                                    Workspace& ws) {
@@ -62,8 +72,10 @@ void AttentionRunner::RunOneStage(MicroBatch& mb, kv::PagedKvCache* cache, Works
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     ComputeLayer(l, mb, cache, ws);
     if (!c.IsMoeLayer(l)) continue;
+    const auto sent = std::chrono::steady_clock::now();
     PostMoeSend(l, 0, mb, ws);
     PostMoeRecv(l, 0, mb);
+    NoteRoundTrip(mb, sent);
     FinishMoe(mb);
   }
 }
@@ -75,28 +87,37 @@ void AttentionRunner::RunTwoStages(MicroBatch& mb0, MicroBatch& mb1, kv::PagedKv
                                    Workspace& ws) {
   const model::ModelConfig& c = model_.config();
   int64_t pending1 = -1;  // layer whose micro-batch 1 MoE output is still to be received
+  // When the pending micro-batch's rows left (round trips: until its output is back).
+  auto sent0 = std::chrono::steady_clock::now(), sent1 = sent0;
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     ComputeLayer(l, mb0, cache, ws);
     const bool moe = c.IsMoeLayer(l);
     if (moe || pending1 >= 0) {
+      if (moe) sent0 = std::chrono::steady_clock::now();
       connector_.GroupStart();
       if (moe) PostMoeSend(l, 0, mb0, ws);
       if (pending1 >= 0) PostMoeRecv(pending1, 1, mb1);
       connector_.GroupEnd(static_cast<int>(moe ? l : pending1));
-      if (pending1 >= 0) FinishMoe(mb1);
+      if (pending1 >= 0) {
+        NoteRoundTrip(mb1, sent1);
+        FinishMoe(mb1);
+      }
       pending1 = -1;
     }
     ComputeLayer(l, mb1, cache, ws);
     if (!moe) continue;
+    sent1 = std::chrono::steady_clock::now();
     connector_.GroupStart();
     PostMoeSend(l, 1, mb1, ws);
     PostMoeRecv(l, 0, mb0);
     connector_.GroupEnd(static_cast<int>(l));
+    NoteRoundTrip(mb0, sent0);
     FinishMoe(mb0);
     pending1 = l;
   }
   if (pending1 >= 0) {
     PostMoeRecv(pending1, 1, mb1);
+    NoteRoundTrip(mb1, sent1);
     FinishMoe(mb1);
   }
 }

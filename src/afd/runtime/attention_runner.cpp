@@ -114,23 +114,37 @@ Tensor AttentionRunner::Forward(const model::ForwardBatch& batch, kv::PagedKvCac
 }
 
 void AttentionRunner::Drain() {
+  while (Idle(false) != IdleResult::kShutdown) {
+  }
+}
+
+AttentionRunner::IdleResult AttentionRunner::Idle(bool active) {
   const int A = world_.topology().num_attention();
   const model::ForwardBatch empty;
-  while (true) {
-    const std::vector<int64_t> v = ExchangeCounts(empty, false);
-    const bool any_active =
-        std::any_of(v.begin() + A, v.begin() + 2 * A, [](int64_t f) { return f != 0; });
-    if (!any_active) {
-      SendMetadata(std::vector<int64_t>(A, 0), 1, connector::kShutdown);
-      return;
-    }
-    const int stages = ChooseStages(v);
-    SendMetadata(v, stages, 0);
-    drain_ws_.Reset();
-    RunLayers(empty, nullptr, stages, drain_ws_);
-    ++steps_;
-    dbo_steps_ += stages > 1;
+  const std::vector<int64_t> v = ExchangeCounts(empty, active);
+  const bool any_active =
+      std::any_of(v.begin() + A, v.begin() + 2 * A, [](int64_t f) { return f != 0; });
+  if (!any_active) {
+    SendMetadata(std::vector<int64_t>(A, 0), 1, connector::kShutdown);
+    return IdleResult::kShutdown;
   }
+  // No replica has tokens: nothing for the FFN role this step.
+  if (std::all_of(v.begin(), v.begin() + A, [](int64_t n) { return n == 0; })) {
+    return IdleResult::kNoneBusy;
+  }
+  const int stages = ChooseStages(v);
+  SendMetadata(v, stages, 0);
+  drain_ws_.Reset();
+  RunLayers(empty, nullptr, stages, drain_ws_);
+  ++steps_;
+  dbo_steps_ += stages > 1;
+  return IdleResult::kTookPart;
+}
+
+std::vector<double> AttentionRunner::TakeRoundTrips() {
+  std::vector<double> out;
+  out.swap(round_trips_);
+  return out;
 }
 
 }  // namespace afd::runtime

@@ -26,6 +26,7 @@
 // Thread safety: one thread.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 
@@ -55,6 +56,17 @@ class AttentionRunner : public StepRunner {
 
   // Runs empty steps until every replica is done, then sends the shutdown step.
   void Drain();
+  // Serving: one step of a replica without tokens. `active`: this replica will still take
+  // requests. Takes part in the other replicas' step when one has tokens (an empty step of
+  // every layer: kTookPart); returns at once when no replica has tokens (kNoneBusy); sends the
+  // shutdown step when no replica is active any more (kShutdown). Pairs with the other ranks' Forward,
+  // Idle or Drain calls: every attention rank makes one such call per step.
+  enum class IdleResult { kNoneBusy, kTookPart, kShutdown };
+  IdleResult Idle(bool active);
+  // The MoE round trips (attention -> FFN -> attention, seconds, one per layer and micro-batch
+  // with rows) measured since the last call; recorded only after RecordRoundTrips().
+  void RecordRoundTrips() { record_round_trips_ = true; }
+  std::vector<double> TakeRoundTrips();
 
   int64_t steps() const { return steps_; }
   int64_t dbo_steps() const { return dbo_steps_; }
@@ -99,6 +111,9 @@ class AttentionRunner : public StepRunner {
   Workspace drain_ws_;  // scratch of the empty steps Drain runs
   int64_t steps_ = 0;
   int64_t dbo_steps_ = 0;
+  bool record_round_trips_ = false;
+  std::vector<double> round_trips_;
+  void NoteRoundTrip(const MicroBatch& mb, std::chrono::steady_clock::time_point sent);
 };
 
 }  // namespace afd::runtime

@@ -65,6 +65,9 @@ class Engine {
   void Abort(uint64_t id);
   // True while a request is live or an output is pending.
   bool HasWork() const;
+  // True when the next Step runs a forward pass (a request is live), false when it only
+  // returns pending outputs (the AFD attention role then runs an idle step instead).
+  bool HasScheduledWork() const { return !live_.empty(); }
   // Runs one step when anything is scheduled; returns every output produced (possibly none).
   std::vector<RequestOutput> Step();
 

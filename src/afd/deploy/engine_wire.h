@@ -1,0 +1,78 @@
+// The engine channel between the OpenAI frontend (server/replica_engine_client.h) and the
+// attention replicas it feeds (deploy/replica_serve.h): one TCP connection per replica on this
+// host, frames of [u32 little-endian body length][JSON body]. docs/wire_formats.md lists the
+// messages. Frontend -> replica: submit, abort, shutdown. Replica -> frontend: hello (once, on
+// connect), step (the outputs of one engine step and the replica's load).
+// Thread safety: FrameConnection's Send may be called from several threads (it locks); Poll
+// from one thread at a time.
+#pragma once
+
+#include <cstdint>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "afd/comm/socket.h"
+#include "afd/runtime/request.h"
+
+namespace afd::deploy {
+
+inline constexpr uint32_t kMaxEngineFrameBytes = 256u << 20;
+
+// A framed connection with a receive buffer.
+class FrameConnection {
+ public:
+  FrameConnection(comm::Socket socket, std::string peer);
+  // Sends one frame; throws afd::Error naming the peer when the connection is lost or the
+  // frame cannot leave within timeout_s.
+  void Send(const std::string& body, double timeout_s);
+  // The next whole frame, waiting up to timeout_s (0: only what has arrived); nullopt when none
+  // arrived in time. Throws afd::Error naming the peer on EOF, reset or a malformed frame.
+  std::optional<std::string> Poll(double timeout_s);
+  const std::string& peer() const { return peer_; }
+  int fd() const { return socket_.fd(); }
+  void Close() { socket_.Close(); }
+
+ private:
+  std::optional<std::string> TakeFrame();
+  comm::Socket socket_;
+  std::string peer_;
+  std::mutex send_mu_;
+  std::string buffer_;
+};
+
+// Replica -> frontend, first frame.
+struct ReplicaHello {
+  int dp_rank = 0;
+  int64_t vocab_size = 0;
+  int64_t max_model_len = 0;
+  std::vector<int32_t> eos_token_ids;
+  int64_t kv_blocks = 0;
+};
+
+// Per-MoE-layer connector round trips since the previous report: counts in fixed buckets.
+struct RoundTripReport {
+  std::vector<int64_t> bucket_counts;  // kRoundTripBounds.size() + 1
+  double sum_s = 0;
+  int64_t count = 0;
+};
+// Upper bounds (seconds) of the round-trip histogram buckets; the last bucket is +Inf.
+const std::vector<double>& RoundTripBounds();
+
+struct EngineMessage {
+  enum class Kind { kSubmit, kAbort, kShutdown, kHello, kStep };
+  Kind kind = Kind::kSubmit;
+  uint64_t id = 0;                              // submit, abort
+  runtime::RequestParams params;                // submit
+  ReplicaHello hello;                           // hello
+  std::vector<runtime::RequestOutput> outputs;  // step
+  runtime::EngineStats stats;                   // step
+  RoundTripReport round_trips;                  // step
+};
+
+std::string EncodeEngineMessage(const EngineMessage& m);
+// Throws afd::Error naming `from` for malformed input.
+EngineMessage DecodeEngineMessage(const std::string& body, const std::string& from);
+
+}  // namespace afd::deploy

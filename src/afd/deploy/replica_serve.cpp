@@ -1,0 +1,164 @@
+#include "afd/deploy/replica_serve.h"
+
+#include <algorithm>
+
+#include "afd/common/error.h"
+#include "afd/deploy/engine_wire.h"
+
+namespace afd::deploy {
+
+namespace {
+
+// How long an idle replica waits for the frontend before the next idle step.
+constexpr double kIdleWaitSeconds = 0.002;
+constexpr double kSendTimeoutSeconds = 60;
+
+// Rank 0 of the replica sends the frames it received to the other TP ranks.
+std::vector<std::string> ShareFrames(comm::Communicator* tp_comm, int tp_rank,
+                                     std::vector<std::string> frames) {
+  if (!tp_comm) return frames;
+  if (tp_rank == 0) {
+    for (int peer = 1; peer < tp_comm->size(); ++peer) {
+      int64_t n = static_cast<int64_t>(frames.size());
+      tp_comm->Send(&n, 1, DType::kI64, peer, 0);
+      for (const std::string& f : frames) {
+        int64_t bytes = static_cast<int64_t>(f.size());
+        tp_comm->Send(&bytes, 1, DType::kI64, peer, 1);
+        if (bytes > 0) tp_comm->Send(f.data(), f.size(), DType::kU8, peer, 2);
+      }
+    }
+    return frames;
+  }
+  int64_t n = 0;
+  tp_comm->Recv(&n, 1, DType::kI64, 0, 0);
+  AFD_CHECK(n >= 0 && n < (1 << 24), "TP rank 0 announced {} engine frames", n);
+  frames.assign(n, {});
+  for (std::string& f : frames) {
+    int64_t bytes = 0;
+    tp_comm->Recv(&bytes, 1, DType::kI64, 0, 1);
+    AFD_CHECK(bytes >= 0 && bytes <= kMaxEngineFrameBytes, "TP rank 0 announced a {}-byte frame",
+              bytes);
+    f.resize(bytes);
+    if (bytes > 0) tp_comm->Recv(f.data(), f.size(), DType::kU8, 0, 2);
+  }
+  return frames;
+}
+
+RoundTripReport Histogram(const std::vector<double>& samples) {
+  const std::vector<double>& bounds = RoundTripBounds();
+  RoundTripReport r;
+  r.bucket_counts.assign(bounds.size() + 1, 0);
+  for (double s : samples) {
+    const size_t b = std::lower_bound(bounds.begin(), bounds.end(), s) - bounds.begin();
+    ++r.bucket_counts[b];
+    r.sum_s += s;
+    ++r.count;
+  }
+  return r;
+}
+
+}  // namespace
+
+std::pair<std::string, int> ParseEndpoint(const std::string& endpoint, const std::string& what) {
+  const size_t colon = endpoint.rfind(':');
+  AFD_CHECK(colon != std::string::npos && colon > 0, "{} \"{}\": expected host:port", what,
+            endpoint);
+  int port = 0;
+  try {
+    size_t used = 0;
+    port = std::stoi(endpoint.substr(colon + 1), &used);
+    AFD_CHECK(used == endpoint.size() - colon - 1, "trailing characters");
+  } catch (const std::exception&) {
+    AFD_THROW("{} \"{}\": the port is not a number", what, endpoint);
+  }
+  AFD_CHECK(port > 0 && port < 65536, "{} \"{}\": port {} out of range", what, endpoint, port);
+  return {endpoint.substr(0, colon), port};
+}
+
+void ServeReplica(const model::DeepseekModel& model, comm::AfdWorld& world,
+                  runtime::AttentionRunner& runner, const ReplicaServeOptions& o) {
+  runtime::Engine engine(model, runner, o.engine);
+  runner.RecordRoundTrips();
+  std::unique_ptr<comm::Communicator> tp_comm;
+  if (o.tp > 1) {
+    std::vector<int> ranks;
+    for (int i = 0; i < o.tp; ++i) {
+      ranks.push_back(world.topology().WorldRank({Role::kAttention, o.dp_rank * o.tp + i}));
+    }
+    tp_comm = world.CreateGroup(fmt::format("serve_tp_{}", o.dp_rank), ranks);
+  }
+  std::unique_ptr<FrameConnection> conn;
+  if (o.tp_rank == 0) {
+    const auto [host, port] = ParseEndpoint(o.endpoint, "--engine-endpoint");
+    const std::string peer = fmt::format("the frontend's engine listener {}", o.endpoint);
+    conn = std::make_unique<FrameConnection>(
+        comm::Connect(host, port, Deadline::In(o.connect_timeout_s), peer), peer);
+    EngineMessage hello;
+    hello.kind = EngineMessage::Kind::kHello;
+    hello.hello.dp_rank = o.dp_rank;
+    hello.hello.vocab_size = model.config().vocab_size;
+    hello.hello.max_model_len = engine.max_model_len();
+    for (int64_t id : model.config().eos_token_ids) {
+      hello.hello.eos_token_ids.push_back(static_cast<int32_t>(id));
+    }
+    hello.hello.kv_blocks = engine.stats().kv_blocks_total;
+    conn->Send(EncodeEngineMessage(hello), kSendTimeoutSeconds);
+  }
+  bool shutting_down = false, everyone_idle = false;
+  runtime::EngineStats reported;
+  while (true) {
+    std::vector<std::string> frames;
+    if (conn) {
+      // Wait for work only when no replica has any (a busy replica must not wait on us).
+      double wait = everyone_idle && !engine.HasWork() ? kIdleWaitSeconds : 0;
+      while (std::optional<std::string> f = conn->Poll(wait)) {
+        frames.push_back(std::move(*f));
+        wait = 0;
+      }
+    }
+    frames = ShareFrames(tp_comm.get(), o.tp_rank, std::move(frames));
+    for (const std::string& f : frames) {
+      EngineMessage m = DecodeEngineMessage(f, "the frontend");
+      switch (m.kind) {
+        case EngineMessage::Kind::kSubmit:
+          engine.Add(m.id, std::move(m.params));
+          break;
+        case EngineMessage::Kind::kAbort:
+          engine.Abort(m.id);
+          break;
+        case EngineMessage::Kind::kShutdown:
+          shutting_down = true;
+          break;
+        default:
+          AFD_THROW("the frontend sent an unexpected {} message",
+                    m.kind == EngineMessage::Kind::kHello ? "hello" : "step");
+      }
+    }
+    const bool forward = engine.HasScheduledWork();
+    std::vector<runtime::RequestOutput> outputs = engine.Step();
+    bool done = false;
+    everyone_idle = false;
+    if (!forward) {
+      const runtime::AttentionRunner::IdleResult r = runner.Idle(!shutting_down);
+      everyone_idle = r == runtime::AttentionRunner::IdleResult::kNoneBusy;
+      done = r == runtime::AttentionRunner::IdleResult::kShutdown;
+    }
+    const std::vector<double> round_trips = runner.TakeRoundTrips();
+    const runtime::EngineStats stats = engine.stats();
+    const bool changed = stats.num_running != reported.num_running ||
+                         stats.num_waiting != reported.num_waiting ||
+                         stats.kv_blocks_used != reported.kv_blocks_used;
+    if (conn && (!outputs.empty() || !round_trips.empty() || changed)) {
+      EngineMessage step;
+      step.kind = EngineMessage::Kind::kStep;
+      step.outputs = std::move(outputs);
+      step.stats = stats;
+      step.round_trips = Histogram(round_trips);
+      conn->Send(EncodeEngineMessage(step), kSendTimeoutSeconds);
+      reported = stats;
+    }
+    if (done) return;
+  }
+}
+
+}  // namespace afd::deploy

@@ -1,0 +1,81 @@
+// An EngineClient over the attention data-parallel replicas of a deployment, each a worker
+// process running deploy::ServeReplica: it listens on 127.0.0.1 (an ephemeral port, passed to
+// the workers as --engine-endpoint), waits for one connection and hello per replica, sends each
+// request to the replica with the fewest live requests (ties: the lowest DP rank), and runs one
+// I/O thread that reads every replica's step frames and calls the requests' callbacks. A lost
+// replica connection, or SetFailure (the launcher saw a process die), ends every live request
+// with an error output and makes Failure() say why.
+// Thread safety: every method may be called from any thread.
+#pragma once
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "afd/comm/socket.h"
+#include "afd/deploy/engine_wire.h"
+#include "afd/server/engine_client.h"
+
+namespace afd::server {
+
+class ReplicaEngineClient : public EngineClient {
+ public:
+  // Starts listening and the I/O thread; `num_replicas` DP replicas (ranks 0..n-1 of this
+  // host's share: hellos carry dp_rank, numbered from `first_dp_rank`).
+  ReplicaEngineClient(int num_replicas, int first_dp_rank);
+  ~ReplicaEngineClient() override;
+
+  std::string endpoint() const { return endpoint_; }
+  // Blocks until every replica said hello (true), Failure() is set, or timeout_s passed
+  // (false; Failure() then says which replicas are missing).
+  bool WaitReady(double timeout_s);
+  // Asks every replica to finish its work and leave (the deployment then ends).
+  void Shutdown();
+  // Records a failure seen elsewhere (a dead process); live requests get error outputs.
+  void SetFailure(const std::string& why);
+  int64_t num_live() const;
+
+  const EngineModelInfo& model_info() const override;
+  void Submit(uint64_t id, runtime::RequestParams params, OutputCallback on_output) override;
+  void Abort(uint64_t id) override;
+  EngineLoad Load() const override;
+  bool Ready() const override;
+  std::string Failure() const override;
+
+ private:
+  struct Replica {
+    std::unique_ptr<deploy::FrameConnection> conn;
+    bool said_hello = false;
+    bool left = false;  // connection closed after a shutdown
+    int64_t live = 0;   // requests sent and not finished
+    runtime::EngineStats stats;
+  };
+  struct Live {
+    int replica = 0;
+    OutputCallback callback;
+  };
+  void IoLoop();
+  void Handle(size_t connection, deploy::EngineMessage m);
+  void FailLocked(const std::string& why, std::vector<std::pair<OutputCallback, uint64_t>>& out);
+  void Deliver(std::vector<std::pair<OutputCallback, uint64_t>>& failed, const std::string& why);
+
+  const int num_replicas_, first_dp_rank_;
+  comm::Socket listener_;
+  std::string endpoint_;
+  mutable std::mutex mu_;
+  std::vector<std::unique_ptr<deploy::FrameConnection>> pending_;  // accepted, no hello yet
+  std::vector<Replica> replicas_;                                  // by dp_rank - first
+  std::map<uint64_t, Live> live_;
+  EngineModelInfo info_;
+  ConnectorRoundTrips round_trips_;
+  std::string failure_;
+  bool shutting_down_ = false;
+  std::atomic<bool> stop_{false};
+  std::thread io_;
+};
+
+}  // namespace afd::server
