@@ -31,7 +31,7 @@ class FakeCompletionsServer {
  public:
   explicit FakeCompletionsServer(std::string api_key = "") : api_key_(std::move(api_key)) {
     server_.Get("/v1/models", [](const httplib::Request&, httplib::Response& res) {
-      res.set_content(R"({"object":"list","data":[{"id":"fake","root":"fake"}]})",
+      res.set_content(R"({"object":"list","data":[{"id":"fake-listed","root":"fake"}]})",
                       "application/json");
     });
     server_.Post("/v1/completions",
@@ -362,6 +362,7 @@ TEST(BenchServeCommand, HttpErrorsAreCountedFailuresWithTheirMessage) {
   EXPECT_EQ(j["errors"][2], "HTTP 400: prompt is bad");
   EXPECT_EQ(j["output_lens"][2], 0);
   EXPECT_EQ(j["burstiness"], 1.0);
+  EXPECT_EQ(j["model_id"], "fake");
   for (const json& b : server.bodies()) EXPECT_FALSE(b.contains("ignore_eos"));
 }
 
@@ -372,11 +373,13 @@ TEST(BenchServeCommand, EveryRequestFailingExitsNonZero) {
   BenchServeOptions o = Options(server.url());
   o.dataset = path;
   o.num_prompts = 4;
+  o.model.clear();  // taken from /v1/models
   std::ostringstream out, err;
   EXPECT_EQ(BenchServeMain(o, out, err), 1);
   EXPECT_NE(err.str().find("every request failed (4 of 4)"), std::string::npos) << err.str();
   EXPECT_NE(err.str().find("HTTP 400: prompt is bad"), std::string::npos) << err.str();
   EXPECT_TRUE(HasLine(out.str(), fmt::format("{:<40} {:<10}", "Successful requests:", 0)));
+  for (const json& b : server.bodies()) EXPECT_EQ(b["model"], "fake-listed");
 }
 
 TEST(BenchServeCommand, RequestTimeoutEndsAHungRequest) {

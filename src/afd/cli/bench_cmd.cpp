@@ -161,7 +161,8 @@ void AddServeCommand(CLI::App& bench, int& exit_code) {
   auto* serve = bench.add_subcommand(
       "serve", "Load an OpenAI-compatible server (this runtime's or vLLM's) like vllm bench serve");
   serve->add_option("--base-url", o.base_url, "Server URL, e.g. http://127.0.0.1:8000")->required();
-  serve->add_option("--model", o.model, "Model name sent with each request")->required();
+  serve->add_option("--model", o.model,
+                    "Model name sent with each request (default: the server's first model)");
   serve->add_option("--endpoint", o.endpoint, "Completions path (default /v1/completions)");
   serve->add_option("--dataset", o.dataset, "random (default) or a .jsonl file of prompts");
   serve->add_option("--num-prompts", o.num_prompts, "Requests to send (default 1000)");

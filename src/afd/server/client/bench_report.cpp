@@ -101,7 +101,7 @@ std::string BenchServeResultJson(const BenchServeOptions& o, const BenchServeRun
   j["endpoint_type"] = "openai";
   j["backend"] = "openai";
   j["label"] = nullptr;
-  j["model_id"] = o.model;
+  j["model_id"] = run.model_id;
   j["tokenizer_id"] = nullptr;
   j["num_prompts"] = o.num_prompts;
   if (std::isinf(o.request_rate)) {

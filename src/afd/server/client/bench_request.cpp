@@ -46,7 +46,8 @@ std::string CompletionRequestBody(const CompletionSettings& settings, const Benc
   j["stream"] = true;
   j["stream_options"] = {{"include_usage", true}};
   if (settings.ignore_eos) j["ignore_eos"] = true;
-  return j.dump();
+  // A text prompt with invalid UTF-8 is sent with U+FFFD in its place, never thrown on.
+  return j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
 }
 
 RequestOutcome SendCompletion(const HttpStreamClient& client, const std::string& endpoint,

@@ -8,6 +8,7 @@
 #include <ctime>
 #include <deque>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <ostream>
 #include <random>
 #include <thread>
@@ -87,7 +88,6 @@ void DrawProgress(std::ostream& out, int64_t done, int64_t total, double elapsed
 
 void ValidateBenchServeOptions(const BenchServeOptions& o) {
   ParseBaseUrl(o.base_url);
-  AFD_CHECK(!o.model.empty(), "--model: the served model name is required");
   AFD_CHECK(!o.endpoint.empty() && o.endpoint[0] == '/',
             "--endpoint \"{}\": must be a path starting with /", o.endpoint);
   AFD_CHECK(o.num_prompts >= 1, "--num-prompts {}: must be at least 1", o.num_prompts);
@@ -151,21 +151,32 @@ BenchServeRun RunBenchServe(const BenchServeOptions& o, const std::vector<BenchP
                             std::ostream* progress) {
   ValidateBenchServeOptions(o);
   const HttpStreamClient client(o.base_url, o.request_timeout_s, o.api_key);
+  BenchServeRun run;
+  run.model_id = o.model;
   {
     // Any HTTP reply proves the server is there; vLLM and this runtime answer /v1/models.
     const HttpStreamClient probe(o.base_url, std::min(o.request_timeout_s, 30.0), o.api_key);
     const HttpReply reply = probe.Get("/v1/models");
     AFD_CHECK(reply.transport_error.empty(), "cannot reach the server at --base-url {}: {}",
               o.base_url, reply.transport_error);
+    if (run.model_id.empty()) {
+      const auto models = nlohmann::json::parse(reply.body, nullptr, false);
+      const bool listed = reply.status == 200 && models.is_object() && models.contains("data") &&
+                          models["data"].is_array() && !models["data"].empty() &&
+                          models["data"][0].is_object() && models["data"][0].contains("id") &&
+                          models["data"][0]["id"].is_string();
+      AFD_CHECK(listed, "no --model given and {}/v1/models lists none (HTTP {}: {})", o.base_url,
+                reply.status, reply.body.substr(0, 200));
+      run.model_id = models["data"][0]["id"].get<std::string>();
+    }
   }
   CompletionSettings settings;
-  settings.model = o.model;
+  settings.model = run.model_id;
   settings.temperature = o.temperature;
   settings.ignore_eos = o.ignore_eos;
   const auto n = static_cast<int64_t>(prompts.size());
   const std::vector<double> arrivals = ArrivalTimes(n, o.request_rate, o.burstiness, o.seed);
 
-  BenchServeRun run;
   run.outcomes.resize(prompts.size());
   std::vector<double> arrived_at(prompts.size(), 0.0);
   std::mutex done_mu;
@@ -182,8 +193,13 @@ BenchServeRun RunBenchServe(const BenchServeOptions& o, const std::vector<BenchP
       size_t i = 0;
       while (queue.Pop(i)) {
         const double sent_at = Since(start);
-        const std::string body = CompletionRequestBody(settings, prompts[i]);
-        RequestOutcome outcome = SendCompletion(client, o.endpoint, body, prompts[i]);
+        RequestOutcome outcome;
+        try {
+          const std::string body = CompletionRequestBody(settings, prompts[i]);
+          outcome = SendCompletion(client, o.endpoint, body, prompts[i]);
+        } catch (const std::exception& e) {  // e.g. out of memory: this request failed
+          outcome.error = fmt::format("client error: {}", e.what());
+        }
         outcome.start_s = sent_at;
         outcome.queue_s = sent_at - arrived_at[i];
         run.outcomes[i] = std::move(outcome);

@@ -19,7 +19,7 @@ namespace afd::server::client {
 // Every knob of a run, checked once by ValidateBenchServeOptions (errors name the flag).
 struct BenchServeOptions {
   std::string base_url;  // --base-url http://host:port
-  std::string model;     // --model, the "model" of each request
+  std::string model;     // --model, the "model" of each request; empty: the server's first model
   std::string endpoint = "/v1/completions";
   std::string dataset = "random";  // "random" or a .jsonl file
   int64_t num_prompts = 1000;
@@ -54,7 +54,8 @@ struct BenchServeRun {
   std::vector<RequestOutcome> outcomes;  // in dataset order
   double duration_s = 0.0;               // first send .. last reply
   ServeMetrics metrics;
-  std::string date;  // local time at the end, "%Y%m%d-%H%M%S"
+  std::string date;      // local time at the end, "%Y%m%d-%H%M%S"
+  std::string model_id;  // --model, or the first model /v1/models lists
 };
 
 // The prompts of --dataset (random or JSONL), num_prompts of them. Throws afd::Error naming the
@@ -62,7 +63,8 @@ struct BenchServeRun {
 std::vector<BenchPrompt> LoadBenchPrompts(const BenchServeOptions& options);
 
 // Sends `prompts` (one request each). Throws afd::Error for a server that cannot be reached at
-// all (checked with GET /v1/models before the run; the message names the URL). Failed requests
+// all (checked with GET /v1/models before the run; the message names the URL), or, without
+// --model, one that lists no model. Failed requests
 // are counted, not thrown. `progress` (may be null) gets a progress bar.
 BenchServeRun RunBenchServe(const BenchServeOptions& options,
                             const std::vector<BenchPrompt>& prompts, std::ostream* progress);

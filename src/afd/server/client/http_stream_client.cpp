@@ -2,8 +2,10 @@
 
 #include <httplib.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <memory>
 
 #include "afd/common/deadline.h"
 #include "afd/common/error.h"
