@@ -1,5 +1,6 @@
 // `afd bench decode`: decode ms/step per batch size against the memory floor
-// (runtime/bench_decode.h).
+// (runtime/bench_decode.h). `afd bench serve`: load on an OpenAI-compatible server
+// (server/client/bench_serve.h).
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
@@ -11,6 +12,7 @@
 #include "afd/kernels/backend.h"
 #include "afd/model/loader.h"
 #include "afd/runtime/bench_decode.h"
+#include "afd/server/client/bench_serve.h"
 
 namespace afd::cli {
 
@@ -100,6 +102,100 @@ void Run(BenchArgs a, int& exit_code) {
   exit_code = 0;
 }
 
+// The text of a serve flag as the options struct holds it; errors name the flag.
+struct ServeArgs {
+  server::client::BenchServeOptions options;
+  std::string request_rate = "inf";
+  std::string burstiness = "1.0";
+  std::string metric_percentiles = "99";
+  std::string percentile_metrics = "ttft,tpot,itl,e2el";
+  bool disable_progress = false;
+};
+
+double ParseNumber(const std::string& flag, const std::string& text) {
+  size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  AFD_CHECK(used == text.size() && !text.empty(), "{} \"{}\": not a number", flag, text);
+  return v;
+}
+
+std::vector<std::string> SplitCommas(const std::string& text) {
+  std::vector<std::string> items;
+  size_t pos = 0;
+  while (true) {
+    const size_t comma = text.find(',', pos);
+    items.push_back(text.substr(pos, comma == std::string::npos ? comma : comma - pos));
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
+  }
+  return items;
+}
+
+void RunServe(ServeArgs a, int& exit_code) {
+  server::client::BenchServeOptions& o = a.options;
+  try {
+    o.request_rate = ParseNumber("--request-rate", a.request_rate);
+    o.burstiness = ParseNumber("--burstiness", a.burstiness);
+    o.metric_percentiles.clear();
+    for (const std::string& p : SplitCommas(a.metric_percentiles)) {
+      o.metric_percentiles.push_back(ParseNumber("--metric-percentiles", p));
+    }
+    o.percentile_metrics = SplitCommas(a.percentile_metrics);
+    o.show_progress = !a.disable_progress;
+  } catch (const Error& e) {
+    std::cerr << "afd bench serve: " << e.what() << "\n";
+    exit_code = 2;
+    return;
+  }
+  exit_code = server::client::BenchServeMain(o, std::cout, std::cerr);
+}
+
+void AddServeCommand(CLI::App& bench, int& exit_code) {
+  auto a = std::make_shared<ServeArgs>();
+  server::client::BenchServeOptions& o = a->options;
+  auto* serve = bench.add_subcommand(
+      "serve", "Load an OpenAI-compatible server (this runtime's or vLLM's) like vllm bench serve");
+  serve->add_option("--base-url", o.base_url, "Server URL, e.g. http://127.0.0.1:8000")->required();
+  serve->add_option("--model", o.model,
+                    "Model name sent with each request (default: the server's first model)");
+  serve->add_option("--endpoint", o.endpoint, "Completions path (default /v1/completions)");
+  serve->add_option("--dataset", o.dataset, "random (default) or a .jsonl file of prompts");
+  serve->add_option("--num-prompts", o.num_prompts, "Requests to send (default 1000)");
+  serve->add_option("--random-input-len", o.random_input_len,
+                    "Prompt tokens of the random dataset (default 1024)");
+  serve->add_option("--random-output-len", o.random_output_len,
+                    "max_tokens per request (default 128; JSONL lines may set their own)");
+  serve->add_option("--random-range-ratio", o.random_range_ratio,
+                    "Lengths drawn from len*[1-r, 1+r] (default 0)");
+  serve->add_option("--random-vocab-size", o.random_vocab_size,
+                    "Random prompt ids are drawn from [0, this) (default 1000)");
+  serve->add_option("--request-rate", a->request_rate,
+                    "Requests per second, or inf to send all at once (default inf)");
+  serve->add_option("--burstiness", a->burstiness,
+                    "Gamma shape of the arrival gaps; 1 is Poisson (default 1)");
+  serve->add_option("--max-concurrency", o.max_concurrency,
+                    "Requests in flight at most (default: no cap)");
+  serve->add_option("--seed", o.seed, "Seed of the dataset and arrival times (default 0)");
+  serve->add_flag("--ignore-eos", o.ignore_eos, "Send ignore_eos: true");
+  serve->add_option("--temperature", o.temperature, "Sampling temperature (default 0)");
+  serve->add_option("--request-timeout-s", o.request_timeout_s,
+                    "Bound on each request in seconds (default 3600)");
+  serve->add_option("--api-key", o.api_key, "Bearer token for the server");
+  serve->add_option("--result-json", o.result_json, "Write vLLM's result JSON to this file");
+  serve->add_option("--plot", o.plot, "Write latency histograms and throughput to this .png");
+  serve->add_option("--metric-percentiles", a->metric_percentiles,
+                    "Percentiles to report, comma-separated (default 99)");
+  serve->add_option("--percentile-metrics", a->percentile_metrics,
+                    "Metrics to report: ttft,tpot,itl,e2el (default all four)");
+  serve->add_flag("--disable-tqdm", a->disable_progress, "No progress bar");
+  serve->callback([a, &exit_code] { RunServe(*a, exit_code); });
+}
+
 }  // namespace
 
 void AddBenchCommand(CLI::App& app, int& exit_code) {
@@ -122,6 +218,7 @@ void AddBenchCommand(CLI::App& app, int& exit_code) {
   decode->add_option("--num-layers", a->num_layers, "Keep only the first N decoder layers");
   decode->add_flag("--json", a->json, "One JSON object");
   decode->callback([a, &exit_code] { Run(*a, exit_code); });
+  AddServeCommand(*bench, exit_code);
 }
 
 }  // namespace afd::cli

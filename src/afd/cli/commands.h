@@ -21,7 +21,7 @@ void AddConnectorTestCommand(CLI::App& app, int& exit_code);
 void AddRunCommand(CLI::App& app, int& exit_code);
 // `afd worker` (one rank) and `afd serve` (one role's ranks on this host) (worker_cmd.cpp).
 void AddWorkerCommands(CLI::App& app, int& exit_code);
-// `afd bench decode` (bench_cmd.cpp).
+// `afd bench decode` and `afd bench serve` (bench_cmd.cpp).
 void AddBenchCommand(CLI::App& app, int& exit_code);
 // `afd tokenize`: JSON lines through a checkpoint's tokenizer and chat template (tokenize_cmd.cpp).
 void AddTokenizeCommand(CLI::App& app, int& exit_code);
