@@ -31,8 +31,17 @@ Subprocess::Subprocess(std::vector<std::string> argv, const std::string& log_pat
   }
   posix_spawnattr_t attr;
   posix_spawnattr_init(&attr);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);
+  // Its own process group (a Ctrl-C to the launcher's terminal reaches the launcher only),
+  // no blocked signals (a server blocks SIGINT/SIGTERM in its threads to wait for them), and
+  // default handlers.
+  sigset_t none, all;
+  sigemptyset(&none);
+  sigfillset(&all);
+  posix_spawnattr_setflags(&attr,
+                           POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
   posix_spawnattr_setpgroup(&attr, 0);
+  posix_spawnattr_setsigmask(&attr, &none);
+  posix_spawnattr_setsigdefault(&attr, &all);
   const int rc = posix_spawnp(&pid_, args[0], &actions, &attr, args.data(), environ);
   posix_spawn_file_actions_destroy(&actions);
   posix_spawnattr_destroy(&attr);

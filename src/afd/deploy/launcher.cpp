@@ -57,7 +57,8 @@ bool FailedBecauseOfAnother(const std::string& log) {
 
 }  // namespace
 
-void RunRankProcesses(const std::vector<RankProcessSpec>& specs, double finish_bound_s) {
+void RunRankProcesses(const std::vector<RankProcessSpec>& specs, double finish_bound_s,
+                      const std::atomic<bool>* stop) {
   // The ranks share this host's cores: give each its share of BLAS/OpenMP threads (unless the
   // user chose), or their spinning threads starve each other (26x slower decode seen on 2 cores).
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
@@ -83,6 +84,14 @@ void RunRankProcesses(const std::vector<RankProcessSpec>& specs, double finish_b
       all_done &= st.has_value();
     }
     if (first_failed >= 0 || all_done) break;
+    if (stop && stop->load()) {
+      std::string running;
+      for (size_t i = 0; i < procs.size(); ++i) {
+        if (!procs[i]->Poll()) running += fmt::format(" {} (pid {});", specs[i].label, procs[i]->pid());
+      }
+      procs.clear();  // kills and reaps whatever is left
+      AFD_THROW("stopped; killed the processes still running:{}", running);
+    }
     if (finish_deadline && finish_deadline->expired()) {
       std::string running;
       for (size_t i = 0; i < procs.size(); ++i) {

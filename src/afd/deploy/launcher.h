@@ -2,6 +2,7 @@
 // `afd serve` (the ranks of one role on one host) and `afd run --topology` (every rank).
 #pragma once
 
+#include <atomic>
 #include <string>
 #include <vector>
 
@@ -21,7 +22,9 @@ struct RankProcessSpec {
 // OPENBLAS_NUM_THREADS give each process its share of this host's cores. Once one process has
 // finished cleanly, the others must finish within finish_bound_s, or they are stopped and
 // afd::Error names them.
-void RunRankProcesses(const std::vector<RankProcessSpec>& specs, double finish_bound_s = 300);
+// When `stop` becomes true, every process still running is killed and afd::Error says so.
+void RunRankProcesses(const std::vector<RankProcessSpec>& specs, double finish_bound_s = 300,
+                      const std::atomic<bool>* stop = nullptr);
 
 // Makes the kernel send SIGKILL to this process when its parent ends (a launcher that was
 // killed), so no rank outlives its launcher; exits at once if the parent is no longer
