@@ -42,7 +42,8 @@ TEST(ServerApiCompletions, TokenIdPrompt) {
   EXPECT_EQ(r.body["usage"], json({{"prompt_tokens", 3}, {"total_tokens", 9},
                                    {"completion_tokens", 6}}));
   // Without max_tokens: up to the model length (256 - 3).
-  const HttpResult all = h.Post("/v1/completions", json{{"prompt", {5, 6, 7}}, {"temperature", 0}});
+  const HttpResult all = h.Post(
+      "/v1/completions", json{{"prompt", {5, 6, 7}}, {"temperature", 0}, {"ignore_eos", true}});
   ASSERT_EQ(all.status, 200) << all.raw;
   EXPECT_EQ(all.body["usage"]["completion_tokens"], 253);
 }

@@ -5,6 +5,15 @@ namespace afd::server::api {
 namespace {
 using Clock = std::chrono::steady_clock;
 double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+// The finished_reason label (runtime::FinishReasonName lives in the engine's library).
+const char* ReasonLabel(runtime::FinishReason r) {
+  switch (r) {
+    case runtime::FinishReason::kStop: return "stop";
+    case runtime::FinishReason::kLength: return "length";
+    case runtime::FinishReason::kAbort: return "abort";
+    default: return "error";
+  }
+}
 }  // namespace
 
 // Shared with the engine callbacks, which may outlive the RequestRun (the final output of an
@@ -67,7 +76,7 @@ void RequestRun::Submit(runtime::RequestParams params) {
       seq.finished = true;
       ctx->SequenceFinished(seq.id);
       ctx->metrics().OnFinished(
-          seq.metrics_reason.empty() ? runtime::FinishReasonName(out.finish_reason)
+          seq.metrics_reason.empty() ? ReasonLabel(out.finish_reason)
                                      : seq.metrics_reason,
           Seconds(now - shared->arrival));
     }
