@@ -22,10 +22,10 @@ runtime::RequestParams Greedy(std::vector<int32_t> prompt) {
 TEST(ServerApiCompletions, TokenIdPrompt) {
   ApiHarness h(SmallModel());
   const HttpResult r = h.Post("/v1/completions", json{{"model", "model"},
-                                                     {"prompt", {5, 6, 7}},
-                                                     {"max_tokens", 6},
-                                                     {"temperature", 0},
-                                                     {"return_token_ids", true}});
+                                                      {"prompt", {5, 6, 7}},
+                                                      {"max_tokens", 6},
+                                                      {"temperature", 0},
+                                                      {"return_token_ids", true}});
   ASSERT_EQ(r.status, 200) << r.raw;
   EXPECT_EQ(r.body["id"].get<std::string>().rfind("cmpl-", 0), 0u);
   EXPECT_EQ(r.body["object"], "text_completion");
@@ -39,8 +39,8 @@ TEST(ServerApiCompletions, TokenIdPrompt) {
   EXPECT_TRUE(c["logprobs"].is_null());
   EXPECT_EQ(c["prompt_token_ids"], json({5, 6, 7}));
   EXPECT_EQ(c["token_ids"], json(FakeEngine::Expected(Greedy({5, 6, 7}), 6, 1000)));
-  EXPECT_EQ(r.body["usage"], json({{"prompt_tokens", 3}, {"total_tokens", 9},
-                                   {"completion_tokens", 6}}));
+  EXPECT_EQ(r.body["usage"],
+            json({{"prompt_tokens", 3}, {"total_tokens", 9}, {"completion_tokens", 6}}));
   // Without max_tokens: up to the model length (256 - 3).
   const HttpResult all = h.Post(
       "/v1/completions", json{{"prompt", {5, 6, 7}}, {"temperature", 0}, {"ignore_eos", true}});
@@ -50,15 +50,20 @@ TEST(ServerApiCompletions, TokenIdPrompt) {
 
 TEST(ServerApiCompletions, ListOfPromptsWithNAndSeed) {
   ApiHarness h(SmallModel());
-  const json req = {{"prompt", {{1, 2}, {3, 4, 5}}}, {"n", 2}, {"max_tokens", 4},
-                    {"temperature", 0.8}, {"seed", 42}, {"return_token_ids", true}};
+  const json req = {{"prompt", {{1, 2}, {3, 4, 5}}},
+                    {"n", 2},
+                    {"max_tokens", 4},
+                    {"temperature", 0.8},
+                    {"seed", 42},
+                    {"return_token_ids", true}};
   const HttpResult r = h.Post("/v1/completions", req);
   ASSERT_EQ(r.status, 200) << r.raw;
   ASSERT_EQ(r.body["choices"].size(), 4u);
   for (int i = 0; i < 4; ++i) {
     const json& c = r.body["choices"][i];
     EXPECT_EQ(c["index"], i);
-    runtime::RequestParams p = Greedy(i < 2 ? std::vector<int32_t>{1, 2} : std::vector<int32_t>{3, 4, 5});
+    runtime::RequestParams p =
+        Greedy(i < 2 ? std::vector<int32_t>{1, 2} : std::vector<int32_t>{3, 4, 5});
     p.sampling.temperature = 0.8f;
     p.sampling.seed = 42;
     p.sampler_stream = i % 2;  // choice index within its prompt
@@ -72,7 +77,8 @@ TEST(ServerApiCompletions, ListOfPromptsWithNAndSeed) {
   EXPECT_EQ(h.Post("/v1/completions", req).body["choices"], r.body["choices"]);
   for (const auto& p : h.engine.submitted()) EXPECT_EQ(p.sampling.seed, 42u);
   // Without a seed, one random seed per request.
-  const HttpResult u = h.Post("/v1/completions", json{{"prompt", {1, 2}}, {"n", 3}, {"max_tokens", 2}});
+  const HttpResult u =
+      h.Post("/v1/completions", json{{"prompt", {1, 2}}, {"n", 3}, {"max_tokens", 2}});
   ASSERT_EQ(u.status, 200);
   const auto sub = h.engine.submitted();
   ASSERT_GE(sub.size(), 3u);
@@ -82,9 +88,11 @@ TEST(ServerApiCompletions, ListOfPromptsWithNAndSeed) {
 
 TEST(ServerApiCompletions, LogprobsEchoStopTokenAndEos) {
   ApiHarness h(SmallModel());
-  const HttpResult r = h.Post("/v1/completions", json{{"prompt", {10, 11}}, {"max_tokens", 3},
-                                                     {"temperature", 0}, {"logprobs", 2},
-                                                     {"echo", true}});
+  const HttpResult r = h.Post("/v1/completions", json{{"prompt", {10, 11}},
+                                                      {"max_tokens", 3},
+                                                      {"temperature", 0},
+                                                      {"logprobs", 2},
+                                                      {"echo", true}});
   ASSERT_EQ(r.status, 200) << r.raw;
   const json& lp = r.body["choices"][0]["logprobs"];
   ASSERT_EQ(lp["tokens"].size(), 5u);  // 2 prompt + 3 generated
@@ -101,9 +109,11 @@ TEST(ServerApiCompletions, LogprobsEchoStopTokenAndEos) {
   EXPECT_EQ(lp["text_offset"][0], 0);
   EXPECT_EQ(lp["text_offset"][1], 11);  // "token_id:10"
   // A stop token: finish "stop", stop_reason the id, the id is in token_ids.
-  const HttpResult s = h.Post("/v1/completions", json{{"prompt", {10, 11}}, {"max_tokens", 10},
-                                                     {"temperature", 0}, {"stop_token_ids", {gen[1]}},
-                                                     {"return_token_ids", true}});
+  const HttpResult s = h.Post("/v1/completions", json{{"prompt", {10, 11}},
+                                                      {"max_tokens", 10},
+                                                      {"temperature", 0},
+                                                      {"stop_token_ids", {gen[1]}},
+                                                      {"return_token_ids", true}});
   ASSERT_EQ(s.status, 200) << s.raw;
   EXPECT_EQ(s.body["choices"][0]["finish_reason"], "stop");
   EXPECT_EQ(s.body["choices"][0]["stop_reason"], gen[1]);
@@ -114,16 +124,17 @@ TEST(ServerApiCompletions, LogprobsEchoStopTokenAndEos) {
   EXPECT_EQ(e.body["choices"][0]["finish_reason"], "stop");
   EXPECT_TRUE(e.body["choices"][0]["stop_reason"].is_null());
   EXPECT_EQ(e.body["usage"]["completion_tokens"], 2);
-  const HttpResult i = h.Post("/v1/completions", json{{"prompt", {10, 11}}, {"max_tokens", 10},
-                                                     {"ignore_eos", true}});
+  const HttpResult i = h.Post("/v1/completions",
+                              json{{"prompt", {10, 11}}, {"max_tokens", 10}, {"ignore_eos", true}});
   EXPECT_EQ(i.body["choices"][0]["finish_reason"], "length");
   EXPECT_EQ(i.body["usage"]["completion_tokens"], 10);
 }
 
 TEST(ServerApiStream, ChunksUsageAndDone) {
   ApiHarness h(SmallModel());
-  const json req = {{"prompt", {{1, 2}, {3}}}, {"n", 2}, {"max_tokens", 5}, {"temperature", 0},
-                    {"stream", true}, {"stream_options", {{"include_usage", true}}},
+  const json req = {{"prompt", {{1, 2}, {3}}},  {"n", 2},
+                    {"max_tokens", 5},          {"temperature", 0},
+                    {"stream", true},           {"stream_options", {{"include_usage", true}}},
                     {"return_token_ids", true}, {"logprobs", 1}};
   const HttpResult r = h.Post("/v1/completions", req);
   ASSERT_EQ(r.status, 200) << r.raw;
@@ -220,7 +231,8 @@ TEST(ServerApiErrors, BadRequestsAsVllm) {
       EXPECT_EQ(e["param"], c.param);
     }
   }
-  const HttpResult len = h.Post("/v1/completions", std::string(R"({"prompt": [1, 2], "max_tokens": 255})"));
+  const HttpResult len =
+      h.Post("/v1/completions", std::string(R"({"prompt": [1, 2], "max_tokens": 255})"));
   EXPECT_NE(len.body["error"]["message"].get<std::string>().find(
                 "This model's maximum context length is 256 tokens"),
             std::string::npos);
@@ -234,8 +246,8 @@ TEST(ServerApiErrors, EngineErrorIs500AndStreamErrorEvent) {
   EXPECT_EQ(r.status, 500) << r.raw;
   EXPECT_EQ(r.body["error"]["type"], "InternalServerError");
   EXPECT_NE(r.raw.find("injected failure"), std::string::npos);
-  const HttpResult s = h.Post("/v1/completions", json{{"prompt", {1, 13}}, {"max_tokens", 3},
-                                                     {"stream", true}});
+  const HttpResult s =
+      h.Post("/v1/completions", json{{"prompt", {1, 13}}, {"max_tokens", 3}, {"stream", true}});
   const auto data = SseData(s.raw);
   ASSERT_EQ(data.size(), 2u) << s.raw;
   EXPECT_EQ(json::parse(data[0])["error"]["code"], 500);
@@ -256,9 +268,9 @@ TEST(ServerApiAuth, BearerKeyOnV1Only) {
   EXPECT_EQ(m.body["data"][1]["id"], "alias");
   EXPECT_EQ(m.body["data"][0]["max_model_len"], 256);
   EXPECT_EQ(h.Post("/v1/completions", json{{"prompt", {1}}, {"max_tokens", 1}}).status, 401);
-  const HttpResult ok = h.Post("/v1/completions",
-                               json{{"model", "alias"}, {"prompt", {1}}, {"max_tokens", 1}},
-                               {{"Authorization", "Bearer sekret"}});
+  const HttpResult ok =
+      h.Post("/v1/completions", json{{"model", "alias"}, {"prompt", {1}}, {"max_tokens", 1}},
+             {{"Authorization", "Bearer sekret"}});
   EXPECT_EQ(ok.status, 200);
   EXPECT_EQ(ok.body["model"], "main");
   EXPECT_EQ(h.Get("/health").status, 200);
@@ -345,8 +357,9 @@ TEST(ServerApiStream, ClientDisconnectAbortsTheSequence) {
   EXPECT_EQ(h.engine.aborted().size(), 1u);
   EXPECT_EQ(h.engine.num_live(), 0u);
   const std::string metrics = h.Get("/metrics").raw;
-  EXPECT_NE(metrics.find("vllm:request_success_total{model_name=\"model\",finished_reason=\"abort\"} 1"),
-            std::string::npos)
+  EXPECT_NE(
+      metrics.find("vllm:request_success_total{model_name=\"model\",finished_reason=\"abort\"} 1"),
+      std::string::npos)
       << metrics;
 }
 
@@ -363,7 +376,9 @@ TEST(ServerApiMetrics, CountsRequestsAndTokens) {
   h.engine.connector.bucket_counts = {2, 3, 4};
   h.engine.connector.count = 4;
   h.engine.connector.sum_s = 0.5;
-  ASSERT_EQ(h.Post("/v1/completions", json{{"prompt", {1, 2, 3}}, {"max_tokens", 5}, {"n", 2}}).status, 200);
+  ASSERT_EQ(
+      h.Post("/v1/completions", json{{"prompt", {1, 2, 3}}, {"max_tokens", 5}, {"n", 2}}).status,
+      200);
   h.engine.eos_at = 0;
   ASSERT_EQ(h.Post("/v1/completions", json{{"prompt", {4}}, {"max_tokens", 5}}).status, 200);
   const HttpResult m = h.Get("/metrics");
@@ -372,15 +387,18 @@ TEST(ServerApiMetrics, CountsRequestsAndTokens) {
   const std::string l = "{model_name=\"model\"}";
   EXPECT_EQ(Metric(t, "vllm:prompt_tokens_total" + l), 7);  // per sequence: 3 + 3 + 1
   EXPECT_EQ(Metric(t, "vllm:generation_tokens_total" + l), 11);
-  EXPECT_EQ(Metric(t, "vllm:request_success_total{model_name=\"model\",finished_reason=\"length\"}"), 2);
-  EXPECT_EQ(Metric(t, "vllm:request_success_total{model_name=\"model\",finished_reason=\"stop\"}"), 1);
+  EXPECT_EQ(
+      Metric(t, "vllm:request_success_total{model_name=\"model\",finished_reason=\"length\"}"), 2);
+  EXPECT_EQ(Metric(t, "vllm:request_success_total{model_name=\"model\",finished_reason=\"stop\"}"),
+            1);
   EXPECT_EQ(Metric(t, "vllm:time_to_first_token_seconds_count" + l), 3);
   EXPECT_EQ(Metric(t, "vllm:e2e_request_latency_seconds_count" + l), 3);
   EXPECT_EQ(Metric(t, "vllm:inter_token_latency_seconds_count" + l), 8);
   EXPECT_EQ(Metric(t, "vllm:num_requests_running" + l), 0);
   EXPECT_EQ(Metric(t, "vllm:num_requests_waiting" + l), 0);
   EXPECT_EQ(Metric(t, "vllm:kv_cache_usage_perc" + l), 0);
-  EXPECT_EQ(Metric(t, "afd:connector_round_trip_seconds_bucket{model_name=\"model\",le=\"0.01\"}"), 3);
+  EXPECT_EQ(Metric(t, "afd:connector_round_trip_seconds_bucket{model_name=\"model\",le=\"0.01\"}"),
+            3);
   EXPECT_EQ(Metric(t, "afd:connector_round_trip_seconds_count" + l), 4);
   // Every line is a comment or "series value".
   for (const auto& line : afd::test::SplitLines(t)) {

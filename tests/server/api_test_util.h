@@ -21,7 +21,7 @@ using json = nlohmann::ordered_json;
 
 struct HttpResult {
   int status = 0;
-  json body;          // parsed when the body is JSON, else null
+  json body;  // parsed when the body is JSON, else null
   std::string raw;
   httplib::Headers headers;
 };

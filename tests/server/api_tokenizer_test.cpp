@@ -51,8 +51,11 @@ class ServerApiTokenizer : public ::testing::Test {
 };
 
 TEST_F(ServerApiTokenizer, TextPromptStreamEqualsNonStream) {
-  json req = {{"prompt", "The capital of France is"}, {"max_tokens", 40}, {"temperature", 0},
-              {"return_token_ids", true}, {"echo", true}};
+  json req = {{"prompt", "The capital of France is"},
+              {"max_tokens", 40},
+              {"temperature", 0},
+              {"return_token_ids", true},
+              {"echo", true}};
   const HttpResult r = h_->Post("/v1/completions", req);
   ASSERT_EQ(r.status, 200) << r.raw;
   const json& c = r.body["choices"][0];
@@ -67,7 +70,9 @@ TEST_F(ServerApiTokenizer, TextPromptStreamEqualsNonStream) {
 }
 
 TEST_F(ServerApiTokenizer, StopStringAcrossTokenBoundary) {
-  json req = {{"prompt", "Once upon a time"}, {"max_tokens", 60}, {"temperature", 0},
+  json req = {{"prompt", "Once upon a time"},
+              {"max_tokens", 60},
+              {"temperature", 0},
               {"return_token_ids", true}};
   const HttpResult full = h_->Post("/v1/completions", req);
   ASSERT_EQ(full.status, 200) << full.raw;
@@ -105,15 +110,18 @@ TEST_F(ServerApiTokenizer, StopStringAcrossTokenBoundary) {
 }
 
 TEST_F(ServerApiTokenizer, ChatThroughTheTemplate) {
-  const json messages = json::array({{{"role", "system"}, {"content", "Be brief."}},
-                                     {{"role", "user"}, {"content", "Hello!"}}});
-  json req = {{"messages", messages}, {"max_completion_tokens", 12}, {"temperature", 0},
-              {"return_token_ids", true}, {"logprobs", true}, {"top_logprobs", 2}};
+  const json messages = json::array(
+      {{{"role", "system"}, {"content", "Be brief."}}, {{"role", "user"}, {"content", "Hello!"}}});
+  json req = {{"messages", messages}, {"max_completion_tokens", 12},
+              {"temperature", 0},     {"return_token_ids", true},
+              {"logprobs", true},     {"top_logprobs", 2}};
   const HttpResult r = h_->Post("/v1/chat/completions", req);
   ASSERT_EQ(r.status, 200) << r.raw;
   EXPECT_EQ(r.body["id"].get<std::string>().rfind("chatcmpl-", 0), 0u);
   EXPECT_EQ(r.body["object"], "chat.completion");
-  json ctx = {{"messages", messages}, {"add_generation_prompt", true}, {"tools", nullptr},
+  json ctx = {{"messages", messages},
+              {"add_generation_prompt", true},
+              {"tools", nullptr},
               {"documents", nullptr}};
   for (const auto& [k, v] : tokenizer_->special_tokens_map()) ctx[k] = v;
   const auto want = tokenizer_->Encode(chat_template_->Render(ctx), false);
@@ -143,7 +151,8 @@ TEST_F(ServerApiTokenizer, ChatThroughTheTemplate) {
 }
 
 TEST_F(ServerApiTokenizer, TokenizeAndDetokenize) {
-  const HttpResult t = h_->Post("/tokenize", json{{"prompt", "Hello world"}, {"return_token_strs", true}});
+  const HttpResult t =
+      h_->Post("/tokenize", json{{"prompt", "Hello world"}, {"return_token_strs", true}});
   ASSERT_EQ(t.status, 200) << t.raw;
   const auto ids = tokenizer_->Encode("Hello world", true);
   EXPECT_EQ(t.body["tokens"], json(ids));
@@ -153,8 +162,8 @@ TEST_F(ServerApiTokenizer, TokenizeAndDetokenize) {
   const HttpResult d = h_->Post("/detokenize", json{{"tokens", t.body["tokens"]}});
   ASSERT_EQ(d.status, 200) << d.raw;
   EXPECT_EQ(d.body["prompt"], tokenizer_->Decode(ids, false));
-  const HttpResult chat = h_->Post(
-      "/tokenize", json{{"messages", {{{"role", "user"}, {"content", "Hi"}}}}});
+  const HttpResult chat =
+      h_->Post("/tokenize", json{{"messages", {{{"role", "user"}, {"content", "Hi"}}}}});
   ASSERT_EQ(chat.status, 200) << chat.raw;
   EXPECT_GT(chat.body["count"].get<int>(), 2);
   EXPECT_EQ(h_->Post("/detokenize", json{{"tokens", {129280}}}).status, 400);

@@ -24,7 +24,8 @@ namespace afd::server::test {
 
 class FakeEngine : public EngineClient {
  public:
-  explicit FakeEngine(EngineModelInfo info, std::chrono::microseconds step = std::chrono::microseconds(300))
+  explicit FakeEngine(EngineModelInfo info,
+                      std::chrono::microseconds step = std::chrono::microseconds(300))
       : info_(std::move(info)), step_(step), thread_([this] { Loop(); }) {}
   ~FakeEngine() override {
     {
@@ -41,7 +42,9 @@ class FakeEngine : public EngineClient {
     if (p.sampling.temperature > 0) {
       next = (next + static_cast<int64_t>((p.sampling.seed * 1000003u +
                                            static_cast<uint64_t>(p.sampler_stream) * 7919u +
-                                           static_cast<uint64_t>(pos)) % 101u)) % vocab;
+                                           static_cast<uint64_t>(pos)) %
+                                          101u)) %
+             vocab;
     }
     return static_cast<int32_t>(next);
   }
@@ -194,9 +197,9 @@ class FakeEngine : public EngineClient {
     ++s.generated;
     out.token_ids.push_back(id);
     if (p.logprobs >= 0) out.logprobs.push_back(Logprobs(id, p.logprobs, vocab, -1.0f));
-    const bool eos = !p.ignore_eos && std::find(info_.eos_token_ids.begin(),
-                                                info_.eos_token_ids.end(),
-                                                id) != info_.eos_token_ids.end();
+    const bool eos =
+        !p.ignore_eos && std::find(info_.eos_token_ids.begin(), info_.eos_token_ids.end(), id) !=
+                             info_.eos_token_ids.end();
     const bool stop =
         std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), id) != p.stop_token_ids.end();
     if (eos || stop) {

@@ -24,15 +24,24 @@ class ApiError : public std::runtime_error {
 
   static const char* TypeForStatus(int status) {
     switch (status) {
-      case 400: return "BadRequestError";
-      case 401: return "AuthenticationError";
-      case 403: return "PermissionDeniedError";
-      case 404: return "NotFoundError";
-      case 413: return "RequestTooLargeError";
-      case 422: return "UnprocessableEntityError";
-      case 429: return "RateLimitError";
-      case 503: return "ServiceUnavailableError";
-      default: return status >= 500 ? "InternalServerError" : "BadRequestError";
+      case 400:
+        return "BadRequestError";
+      case 401:
+        return "AuthenticationError";
+      case 403:
+        return "PermissionDeniedError";
+      case 404:
+        return "NotFoundError";
+      case 413:
+        return "RequestTooLargeError";
+      case 422:
+        return "UnprocessableEntityError";
+      case 429:
+        return "RateLimitError";
+      case 503:
+        return "ServiceUnavailableError";
+      default:
+        return status >= 500 ? "InternalServerError" : "BadRequestError";
     }
   }
 

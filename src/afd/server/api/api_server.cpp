@@ -74,8 +74,9 @@ void ApiServer::Impl::Routes() {
     const std::string& key = c->options().api_key;
     if (!key.empty() && req.path.rfind("/v1/", 0) == 0 &&
         req.get_header_value("Authorization") != "Bearer " + key) {
-      api::SendError(res, ApiError(401, "Unauthorized: a valid 'Authorization: Bearer <api key>' "
-                                        "header is required"));
+      api::SendError(res, ApiError(401,
+                                   "Unauthorized: a valid 'Authorization: Bearer <api key>' "
+                                   "header is required"));
       return httplib::Server::HandlerResponse::Handled;
     }
     return httplib::Server::HandlerResponse::Unhandled;
@@ -140,9 +141,8 @@ void ApiServer::Impl::Routes() {
   // Unknown paths and methods: the error body rather than httplib's empty one.
   http.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return;
-    const std::string message = res.status == 404
-                                    ? "Not Found: " + req.method + " " + req.path
-                                    : "HTTP " + std::to_string(res.status);
+    const std::string message = res.status == 404 ? "Not Found: " + req.method + " " + req.path
+                                                  : "HTTP " + std::to_string(res.status);
     api::SendJson(res, res.status, api::ErrorBody(res.status, message));
   });
   http.set_exception_handler(

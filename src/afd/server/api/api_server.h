@@ -29,14 +29,14 @@ class ChatTemplate;
 
 struct ApiServerOptions {
   std::string host = "127.0.0.1";
-  int port = 8000;  // 0: an ephemeral port (see ApiServer::port)
+  int port = 8000;      // 0: an ephemeral port (see ApiServer::port)
   std::string api_key;  // empty: no authentication; else /v1/* need "Authorization: Bearer KEY"
   // The first is the name responses report; requests may name any of them. Must not be empty.
   std::vector<std::string> served_model_names = {"model"};
-  int32_t max_logprobs = 20;          // the largest `logprobs` / `top_logprobs` accepted
-  int64_t max_waiting_requests = 0;   // 0: no limit; else 503 once this many sequences wait
-  int retry_after_s = 1;              // the Retry-After header of such a 503
-  int num_http_threads = 128;         // each open request (streamed or not) holds one
+  int32_t max_logprobs = 20;         // the largest `logprobs` / `top_logprobs` accepted
+  int64_t max_waiting_requests = 0;  // 0: no limit; else 503 once this many sequences wait
+  int retry_after_s = 1;             // the Retry-After header of such a 503
+  int num_http_threads = 128;        // each open request (streamed or not) holds one
   // How long Stop() lets aborted requests send their error before closing connections.
   int shutdown_grace_ms = 5000;
   // Throws afd::Error naming the bad field.

@@ -10,8 +10,8 @@
 
 namespace afd::server::api {
 
-bool HandleChatCompletions(const std::shared_ptr<ServerContext>& ctx,
-                           const httplib::Request& req, httplib::Response& res) {
+bool HandleChatCompletions(const std::shared_ptr<ServerContext>& ctx, const httplib::Request& req,
+                           httplib::Response& res) {
   const json body = ParseBody(req.body);
   const SamplingRequest r = ParseSamplingRequest(body, Endpoint::kChat, *ctx);
   const PromptInput prompt = ChatPrompt(*ctx, body, /*default_add_special_tokens=*/false);
@@ -45,12 +45,9 @@ bool HandleChatCompletions(const std::shared_ptr<ServerContext>& ctx,
       if (r.return_token_ids) out["token_ids"] = choice.token_ids();
       choices.push_back(std::move(out));
     }
-    json response = {{"id", id},
-                     {"object", "chat.completion"},
-                     {"created", created},
-                     {"model", model},
-                     {"choices", std::move(choices)},
-                     {"usage", Usage(*run, 1, r.n)}};
+    json response = {
+        {"id", id},       {"object", "chat.completion"},   {"created", created},
+        {"model", model}, {"choices", std::move(choices)}, {"usage", Usage(*run, 1, r.n)}};
     if (r.return_token_ids) response["prompt_token_ids"] = prompt.ids;
     SendJson(res, 200, response);
     return false;

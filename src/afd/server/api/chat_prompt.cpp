@@ -19,8 +19,9 @@ json MessageContent(const json& content) {
     const json& part = content[i];
     if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") ||
         !part["text"].is_string()) {
-      ThrowBadRequest("messages", "only text content parts ({{\"type\": \"text\", \"text\": ...}}) "
-                                  "are supported");
+      ThrowBadRequest("messages",
+                      "only text content parts ({{\"type\": \"text\", \"text\": ...}}) "
+                      "are supported");
     }
     if (i > 0) text += "\n";
     text += part["text"].get<std::string>();
@@ -36,8 +37,9 @@ PromptInput ChatPrompt(const ServerContext& ctx, const json& body,
     ThrowBadRequest("messages", "chat needs a tokenizer; this server has none");
   }
   if (ctx.chat_template() == nullptr) {
-    ThrowBadRequest("messages", "the tokenizer has no chat template, so chat is not available: "
-                                "use /v1/completions");
+    ThrowBadRequest("messages",
+                    "the tokenizer has no chat template, so chat is not available: "
+                    "use /v1/completions");
   }
   const json* messages = FindField(body, "messages");
   if (messages == nullptr || !messages->is_array() || messages->empty()) {

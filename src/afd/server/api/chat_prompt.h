@@ -12,7 +12,6 @@ namespace afd::server::api {
 
 // `body`: a chat request or a /tokenize request with "messages". The add_special_tokens field
 // (vLLM's extension) defaults to `default_add_special_tokens`.
-PromptInput ChatPrompt(const ServerContext& ctx, const json& body,
-                       bool default_add_special_tokens);
+PromptInput ChatPrompt(const ServerContext& ctx, const json& body, bool default_add_special_tokens);
 
 }  // namespace afd::server::api

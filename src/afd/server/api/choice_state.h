@@ -42,7 +42,9 @@ class ChoiceState {
   void Fail(const std::string& why);
 
   bool done() const { return done_; }
-  bool needs_abort() const { return needs_abort_; }  // a stop string matched before the engine ended
+  bool needs_abort() const {
+    return needs_abort_;
+  }  // a stop string matched before the engine ended
   const std::string& error() const { return error_; }  // non-empty: failed
   const std::string& finish_reason() const { return finish_reason_; }
   const nlohmann::ordered_json& stop_reason() const { return stop_reason_; }

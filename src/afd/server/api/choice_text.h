@@ -30,7 +30,7 @@ class ChoiceText {
 
   bool stopped() const { return !stop_string_.empty(); }
   const std::string& stop_string() const { return stop_string_; }  // the one that matched
-  const std::string& text() const { return text_; }                 // detokenized so far
+  const std::string& text() const { return text_; }                // detokenized so far
 
  private:
   // Looks for a stop string ending in text_ after byte `new_from`; on a match cuts text_.

@@ -12,7 +12,8 @@ namespace {
 
 PromptInput TextPrompt(const ServerContext& ctx, const json& text) {
   if (ctx.tokenizer() == nullptr) {
-    ThrowBadRequest("prompt", "text prompts need a tokenizer; this server has none: send token ids");
+    ThrowBadRequest("prompt",
+                    "text prompts need a tokenizer; this server has none: send token ids");
   }
   PromptInput p;
   p.text = text.get<std::string>();
@@ -37,8 +38,9 @@ std::vector<PromptInput> ParsePrompts(const ServerContext& ctx, const json& body
   if (prompt == nullptr) ThrowBadRequest("prompt", "'prompt' is required");
   if (prompt->is_string()) return {TextPrompt(ctx, *prompt)};
   if (!prompt->is_array() || prompt->empty()) {
-    ThrowBadRequest("prompt", "'prompt' must be a string, a list of token ids, or a non-empty "
-                              "list of either");
+    ThrowBadRequest("prompt",
+                    "'prompt' must be a string, a list of token ids, or a non-empty "
+                    "list of either");
   }
   if ((*prompt)[0].is_number()) return {IdsPrompt(ctx, *prompt)};
   std::vector<PromptInput> out;
@@ -70,7 +72,8 @@ json ChoiceLogprobs(const ServerContext& ctx, const SamplingRequest& r, const Re
   }
   std::vector<const runtime::TokenLogprobs*> lps;
   for (const auto& lp : choice.logprobs()) lps.push_back(&lp);
-  AppendCompletionLogprobs(out, CompletionLogprobs(ctx.tokenizer(), choice.token_ids(), lps, &offset));
+  AppendCompletionLogprobs(out,
+                           CompletionLogprobs(ctx.tokenizer(), choice.token_ids(), lps, &offset));
   return out;
 }
 
@@ -151,8 +154,8 @@ bool HandleCompletions(const std::shared_ptr<ServerContext>& ctx, const httplib:
       }
       std::vector<const runtime::TokenLogprobs*> lps;
       for (const auto& lp : d.logprobs) lps.push_back(&lp);
-      AppendCompletionLogprobs(logprobs,
-                               CompletionLogprobs(ctx->tokenizer(), d.token_ids, lps, &s.text_offset));
+      AppendCompletionLogprobs(
+          logprobs, CompletionLogprobs(ctx->tokenizer(), d.token_ids, lps, &s.text_offset));
     }
     if (s.first && r.echo) text = prompt_text(c) + text;
     json out = {{"index", c},

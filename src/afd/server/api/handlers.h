@@ -16,10 +16,9 @@ namespace afd::server::api {
 
 bool HandleCompletions(const std::shared_ptr<ServerContext>& ctx, const httplib::Request& req,
                        httplib::Response& res);
-bool HandleChatCompletions(const std::shared_ptr<ServerContext>& ctx,
-                           const httplib::Request& req, httplib::Response& res);
-void HandleTokenize(const ServerContext& ctx, const httplib::Request& req,
-                    httplib::Response& res);
+bool HandleChatCompletions(const std::shared_ptr<ServerContext>& ctx, const httplib::Request& req,
+                           httplib::Response& res);
+void HandleTokenize(const ServerContext& ctx, const httplib::Request& req, httplib::Response& res);
 void HandleDetokenize(const ServerContext& ctx, const httplib::Request& req,
                       httplib::Response& res);
 

@@ -55,8 +55,8 @@ json ParseBody(const std::string& body) {
     throw ApiError(400, std::string("malformed JSON in the request body: ") + e.what());
   }
   if (!parsed.is_object()) {
-    throw ApiError(400, "the request body must be a JSON object, got " +
-                            std::string(parsed.type_name()));
+    throw ApiError(
+        400, "the request body must be a JSON object, got " + std::string(parsed.type_name()));
   }
   return parsed;
 }

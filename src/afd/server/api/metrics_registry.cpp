@@ -19,10 +19,14 @@ const char* TypeName(int type) {
 std::string EscapeLabel(const std::string& v) {
   std::string out;
   for (char c : v) {
-    if (c == '\\') out += "\\\\";
-    else if (c == '"') out += "\\\"";
-    else if (c == '\n') out += "\\n";
-    else out += c;
+    if (c == '\\')
+      out += "\\\\";
+    else if (c == '"')
+      out += "\\\"";
+    else if (c == '\n')
+      out += "\\n";
+    else
+      out += c;
   }
   return out;
 }
@@ -81,8 +85,7 @@ MetricsRegistry::Series& MetricsRegistry::Get(const std::string& name, Type type
   return series->second;
 }
 
-void MetricsRegistry::Increment(const std::string& name, const MetricLabels& labels,
-                                double delta) {
+void MetricsRegistry::Increment(const std::string& name, const MetricLabels& labels, double delta) {
   AFD_CHECK(delta >= 0, "counter {} cannot go down (delta {})", name, delta);
   std::lock_guard<std::mutex> lock(mu_);
   Get(name, Type::kCounter, labels).value += delta;
@@ -93,8 +96,7 @@ void MetricsRegistry::Set(const std::string& name, const MetricLabels& labels, d
   Get(name, Type::kGauge, labels).value = value;
 }
 
-void MetricsRegistry::Observe(const std::string& name, const MetricLabels& labels,
-                              double value) {
+void MetricsRegistry::Observe(const std::string& name, const MetricLabels& labels, double value) {
   std::lock_guard<std::mutex> lock(mu_);
   Series& s = Get(name, Type::kHistogram, labels);
   for (size_t i = 0; i < s.bounds.size(); ++i) {

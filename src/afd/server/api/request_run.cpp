@@ -8,10 +8,14 @@ double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).coun
 // The finished_reason label (runtime::FinishReasonName lives in the engine's library).
 const char* ReasonLabel(runtime::FinishReason r) {
   switch (r) {
-    case runtime::FinishReason::kStop: return "stop";
-    case runtime::FinishReason::kLength: return "length";
-    case runtime::FinishReason::kAbort: return "abort";
-    default: return "error";
+    case runtime::FinishReason::kStop:
+      return "stop";
+    case runtime::FinishReason::kLength:
+      return "length";
+    case runtime::FinishReason::kAbort:
+      return "abort";
+    default:
+      return "error";
   }
 }
 }  // namespace
@@ -35,7 +39,9 @@ struct RequestRun::Shared {
 };
 
 RequestRun::RequestRun(std::shared_ptr<ServerContext> ctx, const SamplingRequest& request)
-    : ctx_(std::move(ctx)), request_(request), shared_(std::make_shared<Shared>()),
+    : ctx_(std::move(ctx)),
+      request_(request),
+      shared_(std::make_shared<Shared>()),
       last_output_(Clock::now()) {}
 
 RequestRun::~RequestRun() {
@@ -53,36 +59,35 @@ void RequestRun::Submit(runtime::RequestParams params) {
   }
   std::shared_ptr<ServerContext> ctx = ctx_;
   std::shared_ptr<Shared> shared = shared_;
-  ctx_->engine().Submit(id, std::move(params), [ctx, shared, choice](
-                                                   const runtime::RequestOutput& out) {
-    const Clock::time_point now = Clock::now();
-    std::lock_guard<std::mutex> lock(shared->mu);
-    Shared::Sequence& seq = shared->sequences[choice];
-    if (seq.finished) return;
-    if (!seq.reported) {
-      seq.reported = true;
-      ctx->SequenceReported(seq.id);
-    }
-    const auto num_tokens = static_cast<int64_t>(out.token_ids.size());
-    if (num_tokens > 0 && !seq.got_tokens) {
-      seq.got_tokens = true;
-      ctx->metrics().OnFirstOutput(Seconds(now - shared->arrival), out.num_prompt_tokens,
-                                   num_tokens);
-    } else if (num_tokens > 0) {
-      ctx->metrics().OnNextOutput(Seconds(now - seq.last), num_tokens);
-    }
-    seq.last = now;
-    if (out.finished) {
-      seq.finished = true;
-      ctx->SequenceFinished(seq.id);
-      ctx->metrics().OnFinished(
-          seq.metrics_reason.empty() ? ReasonLabel(out.finish_reason)
-                                     : seq.metrics_reason,
-          Seconds(now - shared->arrival));
-    }
-    shared->outputs.emplace_back(choice, out);
-    shared->cv.notify_all();
-  });
+  ctx_->engine().Submit(
+      id, std::move(params), [ctx, shared, choice](const runtime::RequestOutput& out) {
+        const Clock::time_point now = Clock::now();
+        std::lock_guard<std::mutex> lock(shared->mu);
+        Shared::Sequence& seq = shared->sequences[choice];
+        if (seq.finished) return;
+        if (!seq.reported) {
+          seq.reported = true;
+          ctx->SequenceReported(seq.id);
+        }
+        const auto num_tokens = static_cast<int64_t>(out.token_ids.size());
+        if (num_tokens > 0 && !seq.got_tokens) {
+          seq.got_tokens = true;
+          ctx->metrics().OnFirstOutput(Seconds(now - shared->arrival), out.num_prompt_tokens,
+                                       num_tokens);
+        } else if (num_tokens > 0) {
+          ctx->metrics().OnNextOutput(Seconds(now - seq.last), num_tokens);
+        }
+        seq.last = now;
+        if (out.finished) {
+          seq.finished = true;
+          ctx->SequenceFinished(seq.id);
+          ctx->metrics().OnFinished(
+              seq.metrics_reason.empty() ? ReasonLabel(out.finish_reason) : seq.metrics_reason,
+              Seconds(now - shared->arrival));
+        }
+        shared->outputs.emplace_back(choice, out);
+        shared->cv.notify_all();
+      });
 }
 
 void RequestRun::AbortSequence(size_t choice, const char* metrics_reason) {

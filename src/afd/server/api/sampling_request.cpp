@@ -54,8 +54,7 @@ std::vector<std::string> ParseStop(const json& body) {
 
 }  // namespace
 
-std::vector<int32_t> ParseTokenIds(const json& value, const char* param,
-                                   const ServerContext& ctx) {
+std::vector<int32_t> ParseTokenIds(const json& value, const char* param, const ServerContext& ctx) {
   if (!value.is_array()) ThrowBadRequest(param, "'{}' must be a list of token ids", param);
   const int64_t vocab = ctx.engine().model_info().vocab_size;
   std::vector<int32_t> ids;
@@ -66,8 +65,8 @@ std::vector<int32_t> ParseTokenIds(const json& value, const char* param,
     }
     const int64_t id = v.get<int64_t>();
     if (id < 0 || id >= vocab) {
-      ThrowBadRequest(param, "token id {} in '{}' is out of vocabulary (vocab size {})", id,
-                      param, vocab);
+      ThrowBadRequest(param, "token id {} in '{}' is out of vocabulary (vocab size {})", id, param,
+                      vocab);
     }
     ids.push_back(static_cast<int32_t>(id));
   }
@@ -178,20 +177,21 @@ runtime::RequestParams MakeRequestParams(const SamplingRequest& request, const P
   const int64_t prompt_len = static_cast<int64_t>(prompt.ids.size());
   if (prompt_len == 0) throw ApiError(400, "the prompt is empty (no tokens)", "prompt");
   if (prompt_len >= info.max_model_len) {
-    throw ApiError(400, fmt::format("This model's maximum context length is {} tokens. However, "
-                                    "your request has {} input tokens. Please reduce the length "
-                                    "of the input messages.",
-                                    info.max_model_len, prompt_len),
+    throw ApiError(400,
+                   fmt::format("This model's maximum context length is {} tokens. However, "
+                               "your request has {} input tokens. Please reduce the length "
+                               "of the input messages.",
+                               info.max_model_len, prompt_len),
                    "prompt");
   }
   const int64_t max_tokens = request.max_tokens.value_or(info.max_model_len - prompt_len);
   if (prompt_len + max_tokens > info.max_model_len) {
-    throw ApiError(400, fmt::format("This model's maximum context length is {} tokens. However, "
-                                    "you requested {} tokens ({} in the messages, {} in the "
-                                    "completion). Please reduce the length of the messages or "
-                                    "completion.",
-                                    info.max_model_len, prompt_len + max_tokens, prompt_len,
-                                    max_tokens),
+    throw ApiError(400,
+                   fmt::format("This model's maximum context length is {} tokens. However, "
+                               "you requested {} tokens ({} in the messages, {} in the "
+                               "completion). Please reduce the length of the messages or "
+                               "completion.",
+                               info.max_model_len, prompt_len + max_tokens, prompt_len, max_tokens),
                    "max_tokens");
   }
   runtime::RequestParams p;

@@ -42,8 +42,7 @@ struct PromptInput {
   std::string text;
 };
 
-SamplingRequest ParseSamplingRequest(const json& body, Endpoint endpoint,
-                                     const ServerContext& ctx);
+SamplingRequest ParseSamplingRequest(const json& body, Endpoint endpoint, const ServerContext& ctx);
 
 // A JSON array of token ids, each in [0, vocab_size); 400 naming `param` otherwise.
 std::vector<int32_t> ParseTokenIds(const json& value, const char* param, const ServerContext& ctx);

@@ -62,10 +62,10 @@ class ServerContext {
   ServingMetrics metrics_;
 
   mutable std::mutex mu_;
-  uint64_t next_id_ = 1;            // guarded by mu_
-  std::set<uint64_t> live_;         // guarded by mu_
-  std::set<uint64_t> unreported_;   // guarded by mu_
-  std::mt19937_64 rng_;             // guarded by mu_
+  uint64_t next_id_ = 1;           // guarded by mu_
+  std::set<uint64_t> live_;        // guarded by mu_
+  std::set<uint64_t> unreported_;  // guarded by mu_
+  std::mt19937_64 rng_;            // guarded by mu_
 };
 
 }  // namespace afd::server::api

@@ -5,14 +5,13 @@ namespace afd::server::api {
 namespace {
 
 // Bucket bounds as vLLM's (seconds).
-const std::vector<double> kTtftBounds = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1,
-                                         0.25,  0.5,   0.75, 1.0,  2.5,  5.0,  7.5,  10.0,
+const std::vector<double> kTtftBounds = {0.001, 0.005, 0.01, 0.02,  0.04,  0.06,  0.08, 0.1,
+                                         0.25,  0.5,   0.75, 1.0,   2.5,   5.0,   7.5,  10.0,
                                          20.0,  40.0,  80.0, 160.0, 640.0, 2560.0};
-const std::vector<double> kItlBounds = {0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2,
-                                        0.3,  0.4,   0.5,  0.75,  1.0, 2.5,  5.0,
-                                        7.5,  10.0,  20.0, 40.0,  80.0};
-const std::vector<double> kE2eBounds = {0.3,  0.5,  0.8,  1.0,   1.5,   2.0,   2.5,
-                                        5.0,  10.0, 15.0, 20.0,  30.0,  40.0,  50.0,
+const std::vector<double> kItlBounds = {0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2,  0.3,  0.4, 0.5,
+                                        0.75, 1.0,   2.5,  5.0,   7.5, 10.0, 20.0, 40.0, 80.0};
+const std::vector<double> kE2eBounds = {0.3,  0.5,   0.8,   1.0,   1.5,   2.0,    2.5,
+                                        5.0,  10.0,  15.0,  20.0,  30.0,  40.0,   50.0,
                                         60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
 
 constexpr const char* kItl = "vllm:inter_token_latency_seconds";
@@ -22,12 +21,15 @@ constexpr const char* kTpot = "vllm:time_per_output_token_seconds";
 
 ServingMetrics::ServingMetrics(std::string model_name)
     : labels_{{"model_name", std::move(model_name)}} {
-  registry_.DeclareGauge("vllm:num_requests_running", "Number of sequences running in the engines.");
-  registry_.DeclareGauge("vllm:num_requests_waiting", "Number of sequences waiting in the engines.");
+  registry_.DeclareGauge("vllm:num_requests_running",
+                         "Number of sequences running in the engines.");
+  registry_.DeclareGauge("vllm:num_requests_waiting",
+                         "Number of sequences waiting in the engines.");
   registry_.DeclareGauge("vllm:kv_cache_usage_perc",
                          "KV-cache usage: fraction of the engines' KV blocks in use (0 to 1).");
   registry_.DeclareCounter("vllm:prompt_tokens_total", "Number of prefill tokens processed.");
-  registry_.DeclareCounter("vllm:generation_tokens_total", "Number of generation tokens processed.");
+  registry_.DeclareCounter("vllm:generation_tokens_total",
+                           "Number of generation tokens processed.");
   registry_.DeclareCounter("vllm:request_success_total",
                            "Number of finished sequences, by finish reason.");
   registry_.DeclareCounter("vllm:num_preemptions_total", "Number of preemptions in the engines.");
@@ -52,10 +54,10 @@ ServingMetrics::ServingMetrics(std::string model_name)
   registry_.Increment("vllm:num_preemptions_total", labels_, 0.0);
   registry_.SetHistogram("vllm:time_to_first_token_seconds", labels_, kTtftBounds,
                          std::vector<int64_t>(kTtftBounds.size() + 1, 0), 0, 0.0);
-  registry_.SetHistogram(kItl, labels_, kItlBounds,
-                         std::vector<int64_t>(kItlBounds.size() + 1, 0), 0, 0.0);
-  registry_.SetHistogram(kTpot, labels_, kItlBounds,
-                         std::vector<int64_t>(kItlBounds.size() + 1, 0), 0, 0.0);
+  registry_.SetHistogram(kItl, labels_, kItlBounds, std::vector<int64_t>(kItlBounds.size() + 1, 0),
+                         0, 0.0);
+  registry_.SetHistogram(kTpot, labels_, kItlBounds, std::vector<int64_t>(kItlBounds.size() + 1, 0),
+                         0, 0.0);
   registry_.SetHistogram("vllm:e2e_request_latency_seconds", labels_, kE2eBounds,
                          std::vector<int64_t>(kE2eBounds.size() + 1, 0), 0, 0.0);
 }
@@ -89,9 +91,9 @@ std::string ServingMetrics::Render(const EngineLoad& load) {
   registry_.Set("vllm:num_requests_running", labels_, static_cast<double>(t.num_running));
   registry_.Set("vllm:num_requests_waiting", labels_, static_cast<double>(t.num_waiting));
   registry_.Set("vllm:kv_cache_usage_perc", labels_,
-                t.kv_blocks_total > 0 ? static_cast<double>(t.kv_blocks_used) /
-                                            static_cast<double>(t.kv_blocks_total)
-                                      : 0.0);
+                t.kv_blocks_total > 0
+                    ? static_cast<double>(t.kv_blocks_used) / static_cast<double>(t.kv_blocks_total)
+                    : 0.0);
   {
     // The engines count preemptions since they started; the counter follows that total.
     std::lock_guard<std::mutex> lock(preemptions_mu_);

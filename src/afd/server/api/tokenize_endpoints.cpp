@@ -6,8 +6,7 @@
 
 namespace afd::server::api {
 
-void HandleTokenize(const ServerContext& ctx, const httplib::Request& req,
-                    httplib::Response& res) {
+void HandleTokenize(const ServerContext& ctx, const httplib::Request& req, httplib::Response& res) {
   const json body = ParseBody(req.body);
   ctx.CheckModel(StringField(body, "model", ""));
   if (ctx.tokenizer() == nullptr) throw ApiError(400, "this server has no tokenizer");
