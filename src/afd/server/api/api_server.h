@@ -1,0 +1,75 @@
+// The OpenAI-compatible HTTP frontend: answers /v1/completions, /v1/chat/completions,
+// /v1/models, /tokenize, /detokenize, /health, /metrics and /version as vLLM's server does
+// (docs/server.md lists the fields, errors and metrics, and where it differs from vLLM), turning
+// each request into sequences of the EngineClient behind it.
+//
+// Lifecycle: construct, Start() (binds, then serves on background threads), BeginShutdown()
+// (new requests get 503, in-flight ones go on), Stop() (aborts what is still in flight, which
+// then ends in an error response, and joins the threads). The destructor calls Stop().
+//
+// Without a tokenizer, prompts must be token ids: text prompts, chat, stop strings, /tokenize
+// and /detokenize are 400 errors, output `text` is empty, and logprobs name tokens
+// "token_id:<id>".
+//
+// Thread safety: Start, BeginShutdown, Stop and port may be called from any thread; Start once.
+// The engine, tokenizer and chat template must outlive the server.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "afd/server/engine_client.h"
+
+namespace afd::server {
+
+class Tokenizer;
+class ChatTemplate;
+
+struct ApiServerOptions {
+  std::string host = "127.0.0.1";
+  int port = 8000;      // 0: an ephemeral port (see ApiServer::port)
+  std::string api_key;  // empty: no authentication; else /v1/* need "Authorization: Bearer KEY"
+  // The first is the name responses report; requests may name any of them. Must not be empty.
+  std::vector<std::string> served_model_names = {"model"};
+  int32_t max_logprobs = 20;         // the largest `logprobs` / `top_logprobs` accepted
+  int64_t max_waiting_requests = 0;  // 0: no limit; else 503 once this many sequences wait
+  int retry_after_s = 1;             // the Retry-After header of such a 503
+  int num_http_threads = 128;        // each open request (streamed or not) holds one
+  // How long Stop() lets aborted requests send their error before closing connections.
+  int shutdown_grace_ms = 5000;
+  // Throws afd::Error naming the bad field.
+  void Validate() const;
+};
+
+class ApiServer {
+ public:
+  // `tokenizer` and `chat_template` may be null (see above).
+  ApiServer(ApiServerOptions options, EngineClient& engine, const Tokenizer* tokenizer,
+            const ChatTemplate* chat_template);
+  ~ApiServer();
+  ApiServer(const ApiServer&) = delete;
+  ApiServer& operator=(const ApiServer&) = delete;
+
+  // Binds host:port and starts serving on background threads. Throws afd::Error naming
+  // host:port when it cannot bind.
+  void Start();
+  // The bound port (the chosen one when options.port was 0); 0 before Start.
+  int port() const;
+  // Stops accepting requests: from now on every request but /health and /metrics gets 503
+  // (and /health reports 503). Requests in flight go on.
+  void BeginShutdown();
+  // BeginShutdown, aborts every sequence still in the engines (their requests end in an error
+  // response or stream event), waits up to shutdown_grace_ms for them, then closes the listener
+  // and joins the threads. Idempotent.
+  void Stop();
+  // Requests being answered now (for tests and shutdown logic).
+  int64_t num_in_flight() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace afd::server

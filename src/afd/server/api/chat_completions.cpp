@@ -1,0 +1,95 @@
+// POST /v1/chat/completions: messages through the tokenizer's chat template.
+#include <ctime>
+
+#include "afd/common/error.h"
+#include "afd/server/api/chat_prompt.h"
+#include "afd/server/api/handlers.h"
+#include "afd/server/api/http_util.h"
+#include "afd/server/api/logprobs_format.h"
+#include "afd/server/api/sampling_request.h"
+
+namespace afd::server::api {
+
+bool HandleChatCompletions(const std::shared_ptr<ServerContext>& ctx, const httplib::Request& req,
+                           httplib::Response& res) {
+  const json body = ParseBody(req.body);
+  const SamplingRequest r = ParseSamplingRequest(body, Endpoint::kChat, *ctx);
+  const PromptInput prompt = ChatPrompt(*ctx, body, /*default_add_special_tokens=*/false);
+  const uint64_t seed = ctx->RandomSeed();
+  std::vector<runtime::RequestParams> params;
+  for (int64_t j = 0; j < r.n; ++j) params.push_back(MakeRequestParams(r, prompt, j, seed, *ctx));
+  ctx->CheckQueueRoom();
+  auto run = std::make_shared<RequestRun>(ctx, r);
+  for (auto& p : params) run->Submit(std::move(p));
+
+  const std::string id = ctx->RandomId("chatcmpl-");
+  const int64_t created = static_cast<int64_t>(std::time(nullptr));
+  const std::string& model = ctx->model_name();
+  auto logprobs_of = [ctx, r](const std::vector<int32_t>& ids,
+                              const std::vector<runtime::TokenLogprobs>& lps) -> json {
+    if (r.logprobs < 0) return nullptr;
+    return {{"content", ChatLogprobsContent(ctx->tokenizer(), ids, lps, r.logprobs)}};
+  };
+
+  if (!r.stream) {
+    run->WaitAll();
+    if (!run->error().empty()) throw RunError(*ctx, *run);
+    json choices = json::array();
+    for (size_t c = 0; c < run->num_choices(); ++c) {
+      const ChoiceState& choice = run->choice(c);
+      json out = {{"index", c},
+                  {"message", {{"role", "assistant"}, {"content", choice.text()}}},
+                  {"logprobs", logprobs_of(choice.token_ids(), choice.logprobs())},
+                  {"finish_reason", choice.finish_reason()},
+                  {"stop_reason", choice.stop_reason()}};
+      if (r.return_token_ids) out["token_ids"] = choice.token_ids();
+      choices.push_back(std::move(out));
+    }
+    json response = {
+        {"id", id},       {"object", "chat.completion"},   {"created", created},
+        {"model", model}, {"choices", std::move(choices)}, {"usage", Usage(*run, 1, r.n)}};
+    if (r.return_token_ids) response["prompt_token_ids"] = prompt.ids;
+    SendJson(res, 200, response);
+    return false;
+  }
+
+  const json head = {
+      {"id", id}, {"object", "chat.completion.chunk"}, {"created", created}, {"model", model}};
+  StreamFormat format;
+  // First, each choice's role (as vLLM and OpenAI).
+  format.initial = [head, r, prompt, n = run->num_choices()] {
+    std::vector<json> chunks;
+    for (size_t c = 0; c < n; ++c) {
+      json chunk = head;
+      chunk["choices"] = json::array({{{"index", c},
+                                       {"delta", {{"role", "assistant"}, {"content", ""}}},
+                                       {"logprobs", nullptr},
+                                       {"finish_reason", nullptr}}});
+      if (r.return_token_ids) chunk["prompt_token_ids"] = prompt.ids;
+      chunks.push_back(std::move(chunk));
+    }
+    return chunks;
+  };
+  format.delta = [run, head, r, logprobs_of](size_t c, const ChoiceDelta& d) {
+    const ChoiceState& choice = run->choice(c);
+    json out = {{"index", c},
+                {"delta", {{"content", d.text}}},
+                {"logprobs", logprobs_of(d.token_ids, d.logprobs)},
+                {"finish_reason", d.finished ? json(choice.finish_reason()) : json(nullptr)},
+                {"stop_reason", d.finished ? choice.stop_reason() : json(nullptr)}};
+    if (r.return_token_ids) out["token_ids"] = d.token_ids;
+    json chunk = head;
+    chunk["choices"] = json::array({std::move(out)});
+    return std::vector<json>{std::move(chunk)};
+  };
+  format.usage = [run, head, n = r.n] {
+    json chunk = head;
+    chunk["choices"] = json::array();
+    chunk["usage"] = Usage(*run, 1, n);
+    return chunk;
+  };
+  StreamRun(res, ctx, run, std::move(format), r.include_usage);
+  return true;
+}
+
+}  // namespace afd::server::api

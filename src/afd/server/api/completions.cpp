@@ -1,0 +1,185 @@
+// POST /v1/completions.
+#include <ctime>
+
+#include "afd/server/api/handlers.h"
+#include "afd/server/api/http_util.h"
+#include "afd/server/api/logprobs_format.h"
+#include "afd/server/api/sampling_request.h"
+
+namespace afd::server::api {
+
+namespace {
+
+PromptInput TextPrompt(const ServerContext& ctx, const json& text) {
+  if (ctx.tokenizer() == nullptr) {
+    ThrowBadRequest("prompt",
+                    "text prompts need a tokenizer; this server has none: send token ids");
+  }
+  PromptInput p;
+  p.text = text.get<std::string>();
+  for (uint32_t id : ctx.tokenizer()->Encode(p.text, /*add_special_tokens=*/true)) {
+    p.ids.push_back(static_cast<int32_t>(id));
+  }
+  return p;
+}
+
+PromptInput IdsPrompt(const ServerContext& ctx, const json& ids) {
+  PromptInput p;
+  p.ids = ParseTokenIds(ids, "prompt", ctx);
+  if (ctx.tokenizer() != nullptr) {
+    p.text = ctx.tokenizer()->Decode({p.ids.begin(), p.ids.end()}, /*skip_special_tokens=*/false);
+  }
+  return p;
+}
+
+// "prompt": a string, a list of ids, a list of strings, or a list of lists of ids.
+std::vector<PromptInput> ParsePrompts(const ServerContext& ctx, const json& body) {
+  const json* prompt = FindField(body, "prompt");
+  if (prompt == nullptr) ThrowBadRequest("prompt", "'prompt' is required");
+  if (prompt->is_string()) return {TextPrompt(ctx, *prompt)};
+  if (!prompt->is_array() || prompt->empty()) {
+    ThrowBadRequest("prompt",
+                    "'prompt' must be a string, a list of token ids, or a non-empty "
+                    "list of either");
+  }
+  if ((*prompt)[0].is_number()) return {IdsPrompt(ctx, *prompt)};
+  std::vector<PromptInput> out;
+  for (const auto& p : *prompt) {
+    if (p.is_string()) {
+      out.push_back(TextPrompt(ctx, p));
+    } else if (p.is_array()) {
+      out.push_back(IdsPrompt(ctx, p));
+    } else {
+      ThrowBadRequest("prompt", "'prompt' list entries must be strings or lists of token ids");
+    }
+  }
+  return out;
+}
+
+// The logprobs of choice `c` (prompt ones first with echo), null when not requested.
+json ChoiceLogprobs(const ServerContext& ctx, const SamplingRequest& r, const RequestRun& run,
+                    size_t c) {
+  if (r.logprobs < 0) return nullptr;
+  const ChoiceState& choice = run.choice(c);
+  int64_t offset = 0;
+  json out = CompletionLogprobs(ctx.tokenizer(), {}, {}, &offset);
+  if (r.echo) {
+    std::vector<const runtime::TokenLogprobs*> lps;
+    for (size_t i = 0; i < choice.prompt_logprobs().size(); ++i) {
+      lps.push_back(i == 0 ? nullptr : &choice.prompt_logprobs()[i]);
+    }
+    AppendCompletionLogprobs(out, CompletionLogprobs(ctx.tokenizer(), run.prompt(c), lps, &offset));
+  }
+  std::vector<const runtime::TokenLogprobs*> lps;
+  for (const auto& lp : choice.logprobs()) lps.push_back(&lp);
+  AppendCompletionLogprobs(out,
+                           CompletionLogprobs(ctx.tokenizer(), choice.token_ids(), lps, &offset));
+  return out;
+}
+
+// Per choice, what the stream has sent so far.
+struct StreamChoice {
+  bool first = true;
+  int64_t text_offset = 0;
+};
+
+}  // namespace
+
+bool HandleCompletions(const std::shared_ptr<ServerContext>& ctx, const httplib::Request& req,
+                       httplib::Response& res) {
+  const json body = ParseBody(req.body);
+  const SamplingRequest r = ParseSamplingRequest(body, Endpoint::kCompletions, *ctx);
+  const std::vector<PromptInput> prompts = ParsePrompts(*ctx, body);
+  // Every choice's parameters are checked before any is submitted. Choice index = prompt * n + j.
+  const uint64_t seed = ctx->RandomSeed();
+  std::vector<runtime::RequestParams> params;
+  for (const auto& prompt : prompts) {
+    for (int64_t j = 0; j < r.n; ++j) params.push_back(MakeRequestParams(r, prompt, j, seed, *ctx));
+  }
+  ctx->CheckQueueRoom();
+  auto run = std::make_shared<RequestRun>(ctx, r);
+  for (auto& p : params) run->Submit(std::move(p));
+
+  const std::string id = ctx->RandomId("cmpl-");
+  const int64_t created = static_cast<int64_t>(std::time(nullptr));
+  const std::string& model = ctx->model_name();
+  const size_t num_prompts = prompts.size();
+  auto prompt_text = [prompts, n = r.n](size_t c) { return prompts[c / n].text; };
+
+  if (!r.stream) {
+    run->WaitAll();
+    if (!run->error().empty()) throw RunError(*ctx, *run);
+    json choices = json::array();
+    for (size_t c = 0; c < run->num_choices(); ++c) {
+      const ChoiceState& choice = run->choice(c);
+      json out = {{"index", c},
+                  {"text", (r.echo ? prompt_text(c) : std::string()) + choice.text()},
+                  {"logprobs", ChoiceLogprobs(*ctx, r, *run, c)},
+                  {"finish_reason", choice.finish_reason()},
+                  {"stop_reason", choice.stop_reason()}};
+      if (r.return_token_ids) {
+        out["prompt_token_ids"] = run->prompt(c);
+        out["token_ids"] = choice.token_ids();
+      }
+      choices.push_back(std::move(out));
+    }
+    SendJson(res, 200,
+             {{"id", id},
+              {"object", "text_completion"},
+              {"created", created},
+              {"model", model},
+              {"choices", std::move(choices)},
+              {"usage", Usage(*run, num_prompts, r.n)}});
+    return false;
+  }
+
+  auto sent = std::make_shared<std::vector<StreamChoice>>(run->num_choices());
+  json head = {{"id", id}, {"object", "text_completion"}, {"created", created}, {"model", model}};
+  StreamFormat format;
+  format.initial = [] { return std::vector<json>{}; };
+  format.delta = [ctx, r, run, sent, head, prompt_text](size_t c, const ChoiceDelta& d) {
+    StreamChoice& s = (*sent)[c];
+    const ChoiceState& choice = run->choice(c);
+    std::string text = d.text;
+    json logprobs = nullptr;
+    if (r.logprobs >= 0) {
+      logprobs = CompletionLogprobs(ctx->tokenizer(), {}, {}, &s.text_offset);
+      if (s.first && r.echo) {
+        std::vector<const runtime::TokenLogprobs*> lps;
+        for (size_t i = 0; i < choice.prompt_logprobs().size(); ++i) {
+          lps.push_back(i == 0 ? nullptr : &choice.prompt_logprobs()[i]);
+        }
+        AppendCompletionLogprobs(
+            logprobs, CompletionLogprobs(ctx->tokenizer(), run->prompt(c), lps, &s.text_offset));
+      }
+      std::vector<const runtime::TokenLogprobs*> lps;
+      for (const auto& lp : d.logprobs) lps.push_back(&lp);
+      AppendCompletionLogprobs(
+          logprobs, CompletionLogprobs(ctx->tokenizer(), d.token_ids, lps, &s.text_offset));
+    }
+    if (s.first && r.echo) text = prompt_text(c) + text;
+    json out = {{"index", c},
+                {"text", text},
+                {"logprobs", std::move(logprobs)},
+                {"finish_reason", d.finished ? json(choice.finish_reason()) : json(nullptr)},
+                {"stop_reason", d.finished ? choice.stop_reason() : json(nullptr)}};
+    if (r.return_token_ids) {
+      if (s.first) out["prompt_token_ids"] = run->prompt(c);
+      out["token_ids"] = d.token_ids;
+    }
+    s.first = false;
+    json chunk = head;
+    chunk["choices"] = json::array({std::move(out)});
+    return std::vector<json>{std::move(chunk)};
+  };
+  format.usage = [run, head, num_prompts, n = r.n] {
+    json chunk = head;
+    chunk["choices"] = json::array();
+    chunk["usage"] = Usage(*run, num_prompts, n);
+    return chunk;
+  };
+  StreamRun(res, ctx, run, std::move(format), r.include_usage);
+  return true;
+}
+
+}  // namespace afd::server::api

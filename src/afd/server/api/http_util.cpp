@@ -1,0 +1,107 @@
+#include "afd/server/api/http_util.h"
+
+namespace afd::server::api {
+
+std::string Dump(const json& value) {
+  return value.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+json ErrorBody(int status, const std::string& message, const std::string& param) {
+  return {{"error",
+           {{"message", message},
+            {"type", ApiError::TypeForStatus(status)},
+            {"param", param.empty() ? json(nullptr) : json(param)},
+            {"code", status}}}};
+}
+
+void SendJson(httplib::Response& res, int status, const json& body) {
+  res.status = status;
+  res.set_content(Dump(body), "application/json");
+}
+
+void SendError(httplib::Response& res, const ApiError& error) {
+  SendJson(res, error.status(), ErrorBody(error.status(), error.what(), error.param()));
+}
+
+ApiError RunError(const ServerContext& ctx, const RequestRun& run) {
+  return ApiError(ctx.shutting_down ? 503 : 500, run.error());
+}
+
+json Usage(const RequestRun& run, size_t num_prompts, int64_t n) {
+  int64_t prompt_tokens = 0, completion_tokens = 0;
+  for (size_t p = 0; p < num_prompts; ++p) {
+    prompt_tokens += static_cast<int64_t>(run.prompt(p * static_cast<size_t>(n)).size());
+  }
+  for (size_t i = 0; i < run.num_choices(); ++i) {
+    completion_tokens += static_cast<int64_t>(run.choice(i).token_ids().size());
+  }
+  return {{"prompt_tokens", prompt_tokens},
+          {"total_tokens", prompt_tokens + completion_tokens},
+          {"completion_tokens", completion_tokens}};
+}
+
+namespace {
+
+struct StreamState {
+  std::shared_ptr<ServerContext> ctx;
+  std::shared_ptr<RequestRun> run;
+  StreamFormat format;
+  bool include_usage = false;
+  bool started = false;
+  bool ended = false;  // [DONE] written
+};
+
+bool WriteEvent(httplib::DataSink& sink, const std::string& data) {
+  const std::string event = "data: " + data + "\n\n";
+  return sink.write(event.data(), event.size());
+}
+
+}  // namespace
+
+void StreamRun(httplib::Response& res, std::shared_ptr<ServerContext> ctx,
+               std::shared_ptr<RequestRun> run, StreamFormat format, bool include_usage) {
+  auto state = std::make_shared<StreamState>();
+  state->ctx = std::move(ctx);
+  state->run = std::move(run);
+  state->format = std::move(format);
+  state->include_usage = include_usage;
+  res.status = 200;
+  res.set_header("Cache-Control", "no-cache");
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [state](size_t /*offset*/, httplib::DataSink& sink) -> bool {
+        RequestRun& run = *state->run;
+        if (!state->started) {
+          state->started = true;
+          for (const auto& chunk : state->format.initial()) {
+            if (!WriteEvent(sink, Dump(chunk))) return false;
+          }
+        }
+        if (auto delta = run.NextDelta(std::chrono::milliseconds(100))) {
+          for (const auto& chunk : state->format.delta(delta->first, delta->second)) {
+            if (!WriteEvent(sink, Dump(chunk))) return false;
+          }
+        }
+        const std::string error = run.error();
+        if (!error.empty()) {
+          run.Abort();  // the other choices end too: the stream is over
+          const ApiError e = RunError(*state->ctx, run);
+          if (!WriteEvent(sink, Dump(ErrorBody(e.status(), e.what())))) return false;
+        } else if (!run.done()) {
+          return true;
+        } else if (state->include_usage) {
+          if (!WriteEvent(sink, Dump(state->format.usage()))) return false;
+        }
+        if (!WriteEvent(sink, "[DONE]")) return false;
+        state->ended = true;
+        sink.done();
+        return true;
+      },
+      [state](bool /*success*/) {
+        // The client went away (or the server stopped) before the end: free the sequences.
+        if (!state->ended) state->run->Abort();
+        --state->ctx->in_flight;
+      });
+}
+
+}  // namespace afd::server::api

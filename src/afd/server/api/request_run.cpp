@@ -1,0 +1,162 @@
+#include "afd/server/api/request_run.h"
+
+namespace afd::server::api {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+// The finished_reason label (runtime::FinishReasonName lives in the engine's library).
+const char* ReasonLabel(runtime::FinishReason r) {
+  switch (r) {
+    case runtime::FinishReason::kStop:
+      return "stop";
+    case runtime::FinishReason::kLength:
+      return "length";
+    case runtime::FinishReason::kAbort:
+      return "abort";
+    default:
+      return "error";
+  }
+}
+}  // namespace
+
+// Shared with the engine callbacks, which may outlive the RequestRun (the final output of an
+// aborted sequence comes later).
+struct RequestRun::Shared {
+  struct Sequence {
+    uint64_t id = 0;
+    bool got_tokens = false;
+    bool reported = false;
+    bool finished = false;
+    Clock::time_point last;
+    std::string metrics_reason;  // set when the server ended it (stop string, client gone)
+  };
+  Clock::time_point arrival = Clock::now();
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<std::pair<size_t, runtime::RequestOutput>> outputs;  // guarded by mu
+  std::vector<Sequence> sequences;                                // guarded by mu
+};
+
+RequestRun::RequestRun(std::shared_ptr<ServerContext> ctx, const SamplingRequest& request)
+    : ctx_(std::move(ctx)),
+      request_(request),
+      shared_(std::make_shared<Shared>()),
+      last_output_(Clock::now()) {}
+
+RequestRun::~RequestRun() {
+  for (size_t i = 0; i < choices_.size(); ++i) AbortSequence(i, "abort");
+}
+
+void RequestRun::Submit(runtime::RequestParams params) {
+  const size_t choice = choices_.size();
+  choices_.emplace_back(ctx_->tokenizer(), request_, ctx_->engine().model_info());
+  prompts_.push_back(params.prompt);
+  const uint64_t id = ctx_->RegisterSequence();
+  {
+    std::lock_guard<std::mutex> lock(shared_->mu);
+    shared_->sequences.push_back({id, false, false, false, Clock::now(), ""});
+  }
+  std::shared_ptr<ServerContext> ctx = ctx_;
+  std::shared_ptr<Shared> shared = shared_;
+  ctx_->engine().Submit(
+      id, std::move(params), [ctx, shared, choice](const runtime::RequestOutput& out) {
+        const Clock::time_point now = Clock::now();
+        std::lock_guard<std::mutex> lock(shared->mu);
+        Shared::Sequence& seq = shared->sequences[choice];
+        if (seq.finished) return;
+        if (!seq.reported) {
+          seq.reported = true;
+          ctx->SequenceReported(seq.id);
+        }
+        const auto num_tokens = static_cast<int64_t>(out.token_ids.size());
+        if (num_tokens > 0 && !seq.got_tokens) {
+          seq.got_tokens = true;
+          ctx->metrics().OnFirstOutput(Seconds(now - shared->arrival), out.num_prompt_tokens,
+                                       num_tokens);
+        } else if (num_tokens > 0) {
+          ctx->metrics().OnNextOutput(Seconds(now - seq.last), num_tokens);
+        }
+        seq.last = now;
+        if (out.finished) {
+          seq.finished = true;
+          ctx->SequenceFinished(seq.id);
+          ctx->metrics().OnFinished(
+              seq.metrics_reason.empty() ? ReasonLabel(out.finish_reason) : seq.metrics_reason,
+              Seconds(now - shared->arrival));
+        }
+        shared->outputs.emplace_back(choice, out);
+        shared->cv.notify_all();
+      });
+}
+
+void RequestRun::AbortSequence(size_t choice, const char* metrics_reason) {
+  uint64_t id;
+  {
+    std::lock_guard<std::mutex> lock(shared_->mu);
+    Shared::Sequence& seq = shared_->sequences[choice];
+    if (seq.finished) return;
+    if (seq.metrics_reason.empty()) seq.metrics_reason = metrics_reason;
+    id = seq.id;
+  }
+  ctx_->engine().Abort(id);
+}
+
+bool RequestRun::done() const {
+  for (const auto& c : choices_) {
+    if (!c.done()) return false;
+  }
+  return true;
+}
+
+std::string RequestRun::error() const {
+  for (const auto& c : choices_) {
+    if (!c.error().empty()) return c.error();
+  }
+  return "";
+}
+
+void RequestRun::Abort() {
+  for (size_t i = 0; i < choices_.size(); ++i) {
+    if (!choices_[i].done()) choices_[i].Fail("the client disconnected");
+    AbortSequence(i, "abort");
+  }
+}
+
+std::optional<std::pair<size_t, ChoiceDelta>> RequestRun::NextDelta(
+    std::chrono::milliseconds timeout) {
+  const Clock::time_point deadline = Clock::now() + timeout;
+  while (!done()) {
+    std::pair<size_t, runtime::RequestOutput> next;
+    {
+      std::unique_lock<std::mutex> lock(shared_->mu);
+      if (!shared_->cv.wait_until(lock, deadline, [&] { return !shared_->outputs.empty(); })) {
+        lock.unlock();
+        // No output: give up on the engines only when they report a failure.
+        const std::string failure = ctx_->engine().Failure();
+        if (!failure.empty() &&
+            Clock::now() - last_output_ > std::chrono::milliseconds(kFailureGraceMs)) {
+          for (size_t i = 0; i < choices_.size(); ++i) {
+            choices_[i].Fail("the engine failed: " + failure);
+            AbortSequence(i, "error");
+          }
+        }
+        return std::nullopt;
+      }
+      next = std::move(shared_->outputs.front());
+      shared_->outputs.pop_front();
+    }
+    last_output_ = Clock::now();
+    ChoiceState& choice = choices_[next.first];
+    std::optional<ChoiceDelta> delta = choice.Apply(next.second);
+    if (choice.needs_abort()) AbortSequence(next.first, "stop");
+    if (delta) return std::make_pair(next.first, std::move(*delta));
+  }
+  return std::nullopt;
+}
+
+void RequestRun::WaitAll() {
+  while (!done()) NextDelta(std::chrono::milliseconds(100));
+}
+
+}  // namespace afd::server::api

@@ -1,0 +1,210 @@
+#include "afd/server/api/sampling_request.h"
+
+#include "afd/server/api/api_error.h"
+
+namespace afd::server::api {
+
+namespace {
+
+// Fields this server does not implement: accepted only at their neutral value.
+void RejectUnsupported(const json& body) {
+  for (const char* name : {"presence_penalty", "frequency_penalty"}) {
+    if (NumberField(body, name, 0.0) != 0.0) {
+      ThrowBadRequest(name, "'{}' is not supported by this server (only 0)", name);
+    }
+  }
+  if (NumberField(body, "repetition_penalty", 1.0) != 1.0) {
+    ThrowBadRequest("repetition_penalty", "'repetition_penalty' is not supported (only 1)");
+  }
+  if (IntField(body, "min_tokens", 0) != 0) {
+    ThrowBadRequest("min_tokens", "'min_tokens' is not supported by this server (only 0)");
+  }
+  if (const json* bias = FindField(body, "logit_bias"); bias != nullptr && !bias->empty()) {
+    ThrowBadRequest("logit_bias", "'logit_bias' is not supported by this server");
+  }
+  if (!StringField(body, "suffix", "").empty()) {
+    ThrowBadRequest("suffix", "'suffix' is not supported by this server");
+  }
+  if (const json* format = FindField(body, "response_format"); format != nullptr) {
+    if (!format->is_object() || format->value("type", "text") != "text") {
+      ThrowBadRequest("response_format", "only {{\"type\": \"text\"}} is supported");
+    }
+  }
+}
+
+std::vector<std::string> ParseStop(const json& body) {
+  const json* stop = FindField(body, "stop");
+  if (stop == nullptr) return {};
+  std::vector<std::string> out;
+  if (stop->is_string()) {
+    out.push_back(stop->get<std::string>());
+  } else if (stop->is_array()) {
+    for (const auto& s : *stop) {
+      if (!s.is_string()) ThrowBadRequest("stop", "'stop' must be a string or a list of strings");
+      out.push_back(s.get<std::string>());
+    }
+  } else {
+    ThrowBadRequest("stop", "'stop' must be a string or a list of strings");
+  }
+  for (const auto& s : out) {
+    if (s.empty()) ThrowBadRequest("stop", "stop strings must not be empty");
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<int32_t> ParseTokenIds(const json& value, const char* param, const ServerContext& ctx) {
+  if (!value.is_array()) ThrowBadRequest(param, "'{}' must be a list of token ids", param);
+  const int64_t vocab = ctx.engine().model_info().vocab_size;
+  std::vector<int32_t> ids;
+  ids.reserve(value.size());
+  for (const auto& v : value) {
+    if (!v.is_number_integer()) {
+      ThrowBadRequest(param, "'{}' must hold integer token ids, got {}", param, v.dump());
+    }
+    const int64_t id = v.get<int64_t>();
+    if (id < 0 || id >= vocab) {
+      ThrowBadRequest(param, "token id {} in '{}' is out of vocabulary (vocab size {})", id, param,
+                      vocab);
+    }
+    ids.push_back(static_cast<int32_t>(id));
+  }
+  return ids;
+}
+
+SamplingRequest ParseSamplingRequest(const json& body, Endpoint endpoint,
+                                     const ServerContext& ctx) {
+  SamplingRequest r;
+  r.model = StringField(body, "model", "");
+  ctx.CheckModel(r.model);
+  RejectUnsupported(body);
+
+  r.n = IntField(body, "n", 1);
+  if (r.n < 1) ThrowBadRequest("n", "n must be at least 1, got {}.", r.n);
+  if (r.n > 1024) ThrowBadRequest("n", "n must be at most 1024, got {}.", r.n);
+  const int64_t best_of = IntField(body, "best_of", r.n);
+  if (best_of != r.n) ThrowBadRequest("best_of", "'best_of' other than n is not supported");
+
+  // Chat: max_completion_tokens (OpenAI's newer name) wins over the deprecated max_tokens.
+  const char* max_name = "max_tokens";
+  if (endpoint == Endpoint::kChat && FindField(body, "max_completion_tokens") != nullptr) {
+    max_name = "max_completion_tokens";
+  }
+  if (FindField(body, max_name) != nullptr) {
+    r.max_tokens = IntField(body, max_name, 0);
+    if (*r.max_tokens < 1) {
+      ThrowBadRequest(max_name, "{} must be at least 1, got {}.", max_name, *r.max_tokens);
+    }
+  }
+
+  const double temperature = NumberField(body, "temperature", 1.0);
+  if (!(temperature >= 0.0) || temperature > 1.0e6) {
+    ThrowBadRequest("temperature", "temperature must be non-negative, got {}.", temperature);
+  }
+  const double top_p = NumberField(body, "top_p", 1.0);
+  if (!(top_p > 0.0 && top_p <= 1.0)) {
+    ThrowBadRequest("top_p", "top_p must be in (0, 1], got {}.", top_p);
+  }
+  const int64_t top_k = IntField(body, "top_k", 0);
+  if (top_k < -1) {
+    ThrowBadRequest("top_k", "top_k must be -1 or 0 (disable), or at least 1, got {}.", top_k);
+  }
+  r.sampling.temperature = static_cast<float>(temperature);
+  r.sampling.top_p = static_cast<float>(top_p);
+  r.sampling.top_k = top_k < 0 ? 0 : top_k;
+  if (FindField(body, "seed") != nullptr) {
+    r.has_seed = true;
+    r.sampling.seed = static_cast<uint64_t>(IntField(body, "seed", 0));
+  }
+
+  r.stop = ParseStop(body);
+  if (!r.stop.empty() && ctx.tokenizer() == nullptr) {
+    ThrowBadRequest("stop", "stop strings need a tokenizer; this server has none");
+  }
+  if (const json* ids = FindField(body, "stop_token_ids"); ids != nullptr) {
+    r.stop_token_ids = ParseTokenIds(*ids, "stop_token_ids", ctx);
+  }
+  r.ignore_eos = BoolField(body, "ignore_eos", false);
+  r.skip_special_tokens = BoolField(body, "skip_special_tokens", true);
+
+  const int32_t max_logprobs = ctx.options().max_logprobs;
+  if (endpoint == Endpoint::kCompletions) {
+    if (FindField(body, "logprobs") != nullptr) {
+      const int64_t k = IntField(body, "logprobs", 0);
+      if (k < 0 || k > max_logprobs) {
+        ThrowBadRequest("logprobs", "logprobs must be in [0, {}] (--max-logprobs), got {}.",
+                        max_logprobs, k);
+      }
+      r.logprobs = static_cast<int32_t>(k);
+    }
+    r.echo = BoolField(body, "echo", false);
+  } else {
+    const bool logprobs = BoolField(body, "logprobs", false);
+    const bool has_top = FindField(body, "top_logprobs") != nullptr;
+    const int64_t top = IntField(body, "top_logprobs", 0);
+    if (has_top && !logprobs) {
+      ThrowBadRequest("top_logprobs", "when using `top_logprobs`, `logprobs` must be set to true.");
+    }
+    if (top < 0 || top > max_logprobs) {
+      ThrowBadRequest("top_logprobs", "top_logprobs must be in [0, {}] (--max-logprobs), got {}.",
+                      max_logprobs, top);
+    }
+    if (logprobs) r.logprobs = static_cast<int32_t>(top);
+    if (BoolField(body, "echo", false)) {
+      ThrowBadRequest("echo", "'echo' is not supported on chat completions by this server");
+    }
+  }
+
+  r.stream = BoolField(body, "stream", false);
+  if (const json* options = FindField(body, "stream_options"); options != nullptr) {
+    if (!r.stream) {
+      ThrowBadRequest("stream_options", "Stream options can only be defined when `stream=True`.");
+    }
+    if (!options->is_object()) {
+      ThrowBadRequest("stream_options", "'stream_options' must be an object");
+    }
+    r.include_usage = BoolField(*options, "include_usage", false);
+  }
+  r.return_token_ids = BoolField(body, "return_token_ids", false);
+  return r;
+}
+
+runtime::RequestParams MakeRequestParams(const SamplingRequest& request, const PromptInput& prompt,
+                                         int64_t choice_index, uint64_t seed,
+                                         const ServerContext& ctx) {
+  const EngineModelInfo& info = ctx.engine().model_info();
+  const int64_t prompt_len = static_cast<int64_t>(prompt.ids.size());
+  if (prompt_len == 0) throw ApiError(400, "the prompt is empty (no tokens)", "prompt");
+  if (prompt_len >= info.max_model_len) {
+    throw ApiError(400,
+                   fmt::format("This model's maximum context length is {} tokens. However, "
+                               "your request has {} input tokens. Please reduce the length "
+                               "of the input messages.",
+                               info.max_model_len, prompt_len),
+                   "prompt");
+  }
+  const int64_t max_tokens = request.max_tokens.value_or(info.max_model_len - prompt_len);
+  if (prompt_len + max_tokens > info.max_model_len) {
+    throw ApiError(400,
+                   fmt::format("This model's maximum context length is {} tokens. However, "
+                               "you requested {} tokens ({} in the messages, {} in the "
+                               "completion). Please reduce the length of the messages or "
+                               "completion.",
+                               info.max_model_len, prompt_len + max_tokens, prompt_len, max_tokens),
+                   "max_tokens");
+  }
+  runtime::RequestParams p;
+  p.prompt = prompt.ids;
+  p.max_tokens = max_tokens;
+  p.sampling = request.sampling;
+  if (!request.has_seed) p.sampling.seed = seed;
+  p.sampler_stream = choice_index;
+  p.stop_token_ids = request.stop_token_ids;
+  p.ignore_eos = request.ignore_eos;
+  p.logprobs = request.logprobs;
+  if (request.echo && request.logprobs >= 0) p.prompt_logprobs = request.logprobs;
+  return p;
+}
+
+}  // namespace afd::server::api

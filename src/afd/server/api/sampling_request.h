@@ -1,0 +1,56 @@
+// The generation fields shared by /v1/completions and /v1/chat/completions, parsed and checked
+// once (400 for a wrong type or an out-of-range value, naming the field), and their mapping to
+// the engine's runtime::RequestParams, one per choice.
+//
+// Thread safety: pure functions of their arguments.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "afd/runtime/request.h"
+#include "afd/server/api/json_fields.h"
+#include "afd/server/api/server_context.h"
+
+namespace afd::server::api {
+
+enum class Endpoint { kCompletions, kChat };
+
+struct SamplingRequest {
+  std::string model;  // as named by the request ("" when absent)
+  int64_t n = 1;
+  std::optional<int64_t> max_tokens;  // absent: up to the model length
+  runtime::SamplingParams sampling;
+  bool has_seed = false;
+  std::vector<std::string> stop;  // stop strings, none empty
+  std::vector<int32_t> stop_token_ids;
+  bool ignore_eos = false;
+  bool skip_special_tokens = true;
+  int32_t logprobs = -1;  // -1: none; else the number of top tokens per position
+  bool echo = false;      // completions only
+  bool stream = false;
+  bool include_usage = false;
+  bool return_token_ids = false;
+};
+
+// One prompt: its ids, and its text as echoed (the request's string, or the ids' decoding;
+// empty without a tokenizer).
+struct PromptInput {
+  std::vector<int32_t> ids;
+  std::string text;
+};
+
+SamplingRequest ParseSamplingRequest(const json& body, Endpoint endpoint, const ServerContext& ctx);
+
+// A JSON array of token ids, each in [0, vocab_size); 400 naming `param` otherwise.
+std::vector<int32_t> ParseTokenIds(const json& value, const char* param, const ServerContext& ctx);
+
+// The engine parameters of choice `choice_index` of `prompt` (400 when the prompt, or prompt
+// plus max_tokens, exceeds the model length). `seed` seeds the request when it gave none.
+runtime::RequestParams MakeRequestParams(const SamplingRequest& request, const PromptInput& prompt,
+                                         int64_t choice_index, uint64_t seed,
+                                         const ServerContext& ctx);
+
+}  // namespace afd::server::api

@@ -1,0 +1,82 @@
+#include "afd/server/api/server_context.h"
+
+#include <fmt/format.h>
+
+#include <vector>
+
+#include "afd/server/api/api_error.h"
+
+namespace afd::server::api {
+
+ServerContext::ServerContext(ApiServerOptions options, EngineClient& engine,
+                             const Tokenizer* tokenizer, const ChatTemplate* chat_template)
+    : options_(std::move(options)),
+      engine_(engine),
+      tokenizer_(tokenizer),
+      chat_template_(chat_template),
+      metrics_(options_.served_model_names.front()),
+      rng_(std::random_device{}()) {}
+
+void ServerContext::CheckModel(const std::string& name) const {
+  if (name.empty()) return;
+  for (const auto& served : options_.served_model_names) {
+    if (served == name) return;
+  }
+  throw ApiError(404, fmt::format("The model `{}` does not exist.", name), "model");
+}
+
+uint64_t ServerContext::RegisterSequence() {
+  std::lock_guard<std::mutex> lock(mu_);
+  const uint64_t id = next_id_++;
+  live_.insert(id);
+  unreported_.insert(id);
+  return id;
+}
+
+void ServerContext::SequenceReported(uint64_t id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  unreported_.erase(id);
+}
+
+void ServerContext::SequenceFinished(uint64_t id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  unreported_.erase(id);
+  live_.erase(id);
+}
+
+void ServerContext::CheckQueueRoom() const {
+  const int64_t limit = options_.max_waiting_requests;
+  if (limit <= 0) return;
+  int64_t unreported;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    unreported = static_cast<int64_t>(unreported_.size());
+  }
+  const int64_t waiting = engine_.Load().total.num_waiting + unreported;
+  if (waiting >= limit) {
+    throw ApiError(503, fmt::format("The server is overloaded: {} sequences are waiting (limit "
+                                    "--max-waiting-requests {}). Retry later.",
+                                    waiting, limit));
+  }
+}
+
+void ServerContext::AbortAll() {
+  std::vector<uint64_t> ids;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ids.assign(live_.begin(), live_.end());
+  }
+  for (uint64_t id : ids) engine_.Abort(id);
+}
+
+uint64_t ServerContext::RandomSeed() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return rng_();
+}
+
+std::string ServerContext::RandomId(const std::string& prefix) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return prefix + fmt::format("{:016x}{:016x}", rng_(), rng_());
+}
+
+}  // namespace afd::server::api

@@ -1,0 +1,71 @@
+// What every endpoint handler of the ApiServer shares: the options, the engine, the tokenizer
+// and chat template (either may be null), the metrics, and the bookkeeping of sequences that
+// are in the engines (for the waiting-queue limit and for Stop()).
+//
+// Thread safety: every member function may be called from any thread.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <mutex>
+#include <random>
+#include <set>
+#include <string>
+
+#include "afd/server/api/api_server.h"
+#include "afd/server/api/serving_metrics.h"
+#include "afd/server/chat_template/chat_template.h"
+#include "afd/server/engine_client.h"
+#include "afd/server/tokenizer/tokenizer.h"
+
+namespace afd::server::api {
+
+class ServerContext {
+ public:
+  ServerContext(ApiServerOptions options, EngineClient& engine, const Tokenizer* tokenizer,
+                const ChatTemplate* chat_template);
+
+  const ApiServerOptions& options() const { return options_; }
+  EngineClient& engine() const { return engine_; }
+  const Tokenizer* tokenizer() const { return tokenizer_; }
+  const ChatTemplate* chat_template() const { return chat_template_; }
+  ServingMetrics& metrics() { return metrics_; }
+  const std::string& model_name() const { return options_.served_model_names.front(); }
+
+  // 404 unless `name` is empty or one of the served model names.
+  void CheckModel(const std::string& name) const;
+
+  // A fresh engine sequence id, registered as live and not yet reported.
+  uint64_t RegisterSequence();
+  // Its first output arrived (it is no longer counted as waiting here).
+  void SequenceReported(uint64_t id);
+  // Its final output arrived.
+  void SequenceFinished(uint64_t id);
+  // 503 with Retry-After when max_waiting_requests is reached (engine waiting count plus
+  // sequences submitted here without an output yet).
+  void CheckQueueRoom() const;
+  // Aborts every live sequence in the engine.
+  void AbortAll();
+
+  // A random seed (requests without a seed) and a random hex id ("cmpl-<32 hex>").
+  uint64_t RandomSeed();
+  std::string RandomId(const std::string& prefix);
+
+  std::atomic<bool> shutting_down{false};
+  std::atomic<int64_t> in_flight{0};  // requests being answered
+
+ private:
+  ApiServerOptions options_;
+  EngineClient& engine_;
+  const Tokenizer* tokenizer_;
+  const ChatTemplate* chat_template_;
+  ServingMetrics metrics_;
+
+  mutable std::mutex mu_;
+  uint64_t next_id_ = 1;           // guarded by mu_
+  std::set<uint64_t> live_;        // guarded by mu_
+  std::set<uint64_t> unreported_;  // guarded by mu_
+  std::mt19937_64 rng_;            // guarded by mu_
+};
+
+}  // namespace afd::server::api

@@ -1,0 +1,116 @@
+#include "afd/server/api/serving_metrics.h"
+
+namespace afd::server::api {
+
+namespace {
+
+// Bucket bounds as vLLM's (seconds).
+const std::vector<double> kTtftBounds = {0.001, 0.005, 0.01, 0.02,  0.04,  0.06,  0.08, 0.1,
+                                         0.25,  0.5,   0.75, 1.0,   2.5,   5.0,   7.5,  10.0,
+                                         20.0,  40.0,  80.0, 160.0, 640.0, 2560.0};
+const std::vector<double> kItlBounds = {0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2,  0.3,  0.4, 0.5,
+                                        0.75, 1.0,   2.5,  5.0,   7.5, 10.0, 20.0, 40.0, 80.0};
+const std::vector<double> kE2eBounds = {0.3,  0.5,   0.8,   1.0,   1.5,   2.0,    2.5,
+                                        5.0,  10.0,  15.0,  20.0,  30.0,  40.0,   50.0,
+                                        60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
+
+constexpr const char* kItl = "vllm:inter_token_latency_seconds";
+constexpr const char* kTpot = "vllm:time_per_output_token_seconds";
+
+}  // namespace
+
+ServingMetrics::ServingMetrics(std::string model_name)
+    : labels_{{"model_name", std::move(model_name)}} {
+  registry_.DeclareGauge("vllm:num_requests_running",
+                         "Number of sequences running in the engines.");
+  registry_.DeclareGauge("vllm:num_requests_waiting",
+                         "Number of sequences waiting in the engines.");
+  registry_.DeclareGauge("vllm:kv_cache_usage_perc",
+                         "KV-cache usage: fraction of the engines' KV blocks in use (0 to 1).");
+  registry_.DeclareCounter("vllm:prompt_tokens_total", "Number of prefill tokens processed.");
+  registry_.DeclareCounter("vllm:generation_tokens_total",
+                           "Number of generation tokens processed.");
+  registry_.DeclareCounter("vllm:request_success_total",
+                           "Number of finished sequences, by finish reason.");
+  registry_.DeclareCounter("vllm:num_preemptions_total", "Number of preemptions in the engines.");
+  registry_.DeclareHistogram("vllm:time_to_first_token_seconds",
+                             "Time from arrival to the first output token.", kTtftBounds);
+  registry_.DeclareHistogram(kItl, "Time between consecutive output tokens.", kItlBounds);
+  registry_.DeclareHistogram(kTpot, "Time per output token (same as inter-token latency).",
+                             kItlBounds);
+  registry_.DeclareHistogram("vllm:e2e_request_latency_seconds",
+                             "Time from arrival to the end of a sequence.", kE2eBounds);
+  registry_.DeclareHistogram("afd:connector_round_trip_seconds",
+                             "Per-MoE-layer connector round trip, attention -> FFN -> attention.",
+                             {});
+  // Every series exists from the start (a scrape before the first request sees zeros).
+  for (const char* reason : {"stop", "length", "abort", "error"}) {
+    MetricLabels l = labels_;
+    l.emplace_back("finished_reason", reason);
+    registry_.Increment("vllm:request_success_total", l, 0.0);
+  }
+  registry_.Increment("vllm:prompt_tokens_total", labels_, 0.0);
+  registry_.Increment("vllm:generation_tokens_total", labels_, 0.0);
+  registry_.Increment("vllm:num_preemptions_total", labels_, 0.0);
+  registry_.SetHistogram("vllm:time_to_first_token_seconds", labels_, kTtftBounds,
+                         std::vector<int64_t>(kTtftBounds.size() + 1, 0), 0, 0.0);
+  registry_.SetHistogram(kItl, labels_, kItlBounds, std::vector<int64_t>(kItlBounds.size() + 1, 0),
+                         0, 0.0);
+  registry_.SetHistogram(kTpot, labels_, kItlBounds, std::vector<int64_t>(kItlBounds.size() + 1, 0),
+                         0, 0.0);
+  registry_.SetHistogram("vllm:e2e_request_latency_seconds", labels_, kE2eBounds,
+                         std::vector<int64_t>(kE2eBounds.size() + 1, 0), 0, 0.0);
+}
+
+void ServingMetrics::OnFirstOutput(double ttft_s, int64_t num_prompt_tokens, int64_t num_tokens) {
+  registry_.Observe("vllm:time_to_first_token_seconds", labels_, ttft_s);
+  registry_.Increment("vllm:prompt_tokens_total", labels_, static_cast<double>(num_prompt_tokens));
+  registry_.Increment("vllm:generation_tokens_total", labels_, static_cast<double>(num_tokens));
+}
+
+void ServingMetrics::OnNextOutput(double gap_s, int64_t num_tokens) {
+  if (num_tokens > 0) {
+    // An output of several tokens spreads its gap over them, as vLLM does per token.
+    for (int64_t i = 0; i < num_tokens; ++i) {
+      registry_.Observe(kItl, labels_, gap_s / static_cast<double>(num_tokens));
+      registry_.Observe(kTpot, labels_, gap_s / static_cast<double>(num_tokens));
+    }
+  }
+  registry_.Increment("vllm:generation_tokens_total", labels_, static_cast<double>(num_tokens));
+}
+
+void ServingMetrics::OnFinished(const std::string& reason, double e2e_s) {
+  MetricLabels l = labels_;
+  l.emplace_back("finished_reason", reason);
+  registry_.Increment("vllm:request_success_total", l);
+  registry_.Observe("vllm:e2e_request_latency_seconds", labels_, e2e_s);
+}
+
+std::string ServingMetrics::Render(const EngineLoad& load) {
+  const runtime::EngineStats& t = load.total;
+  registry_.Set("vllm:num_requests_running", labels_, static_cast<double>(t.num_running));
+  registry_.Set("vllm:num_requests_waiting", labels_, static_cast<double>(t.num_waiting));
+  registry_.Set("vllm:kv_cache_usage_perc", labels_,
+                t.kv_blocks_total > 0
+                    ? static_cast<double>(t.kv_blocks_used) / static_cast<double>(t.kv_blocks_total)
+                    : 0.0);
+  {
+    // The engines count preemptions since they started; the counter follows that total.
+    std::lock_guard<std::mutex> lock(preemptions_mu_);
+    if (t.num_preemptions > preemptions_seen_) {
+      registry_.Increment("vllm:num_preemptions_total", labels_,
+                          static_cast<double>(t.num_preemptions - preemptions_seen_));
+      preemptions_seen_ = t.num_preemptions;
+    }
+  }
+  const ConnectorRoundTrips& c = load.connector;
+  if (c.bucket_counts.size() == c.bucket_bounds_s.size() + 1) {
+    registry_.SetHistogram("afd:connector_round_trip_seconds", labels_, c.bucket_bounds_s,
+                           c.bucket_counts, c.count, c.sum_s);
+  } else {
+    registry_.SetHistogram("afd:connector_round_trip_seconds", labels_, {}, {0}, 0, 0.0);
+  }
+  return registry_.Render();
+}
+
+}  // namespace afd::server::api

@@ -1,0 +1,38 @@
+// The /metrics of the OpenAI server, under vLLM's names (vllm:*) where vLLM has one, every series
+// labelled model_name: request/token counters and latency histograms fed as sequences progress,
+// and gauges read from EngineClient::Load() at each scrape. Metric list in docs/server.md.
+//
+// Thread safety: every method may be called from any thread.
+#pragma once
+
+#include <cstdint>
+#include <mutex>
+#include <string>
+
+#include "afd/server/api/metrics_registry.h"
+#include "afd/server/engine_client.h"
+
+namespace afd::server::api {
+
+class ServingMetrics {
+ public:
+  explicit ServingMetrics(std::string model_name);
+
+  // One engine sequence (a choice of a request): its first output, each output after the first
+  // (`gap_s` since the previous one, `num_tokens` tokens), and its end.
+  void OnFirstOutput(double ttft_s, int64_t num_prompt_tokens, int64_t num_tokens);
+  void OnNextOutput(double gap_s, int64_t num_tokens);
+  // `reason`: "stop", "length", "abort" or "error".
+  void OnFinished(const std::string& reason, double e2e_s);
+
+  // The text exposition, with the gauges and the connector histogram taken from `load`.
+  std::string Render(const EngineLoad& load);
+
+ private:
+  MetricLabels labels_;
+  MetricsRegistry registry_;
+  std::mutex preemptions_mu_;
+  int64_t preemptions_seen_ = 0;  // guarded by preemptions_mu_
+};
+
+}  // namespace afd::server::api

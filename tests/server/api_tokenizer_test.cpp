@@ -1,0 +1,173 @@
+// The OpenAI HTTP frontend with the DeepSeek-V3 tokenizer and chat template (npm data; skipped
+// with a reason when absent): text prompts, streamed text == non-streamed text, stop strings
+// across token boundaries, chat, /tokenize and /detokenize.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "server/api_test_util.h"
+#include "server/reference.h"
+
+namespace afd::server::test {
+namespace {
+
+class ServerApiTokenizer : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const std::string dir = afd::test::DeepSeekV3Dir();
+    if (!std::filesystem::exists(dir + "/tokenizer.json")) {
+      GTEST_SKIP() << "DeepSeek-V3 tokenizer missing (run scripts/setup_tokenizer_data.sh)";
+    }
+    tokenizer_ = Tokenizer::Load(dir);
+    chat_template_ = std::make_unique<ChatTemplate>(tokenizer_->chat_template());
+    EngineModelInfo info;
+    info.vocab_size = 129280;
+    info.max_model_len = 4096;
+    info.eos_token_ids = {1};
+    h_ = std::make_unique<ApiHarness>(info, ApiServerOptions{}, tokenizer_.get(),
+                                      chat_template_.get());
+  }
+  // The text of a streamed response, choice 0 (completions or chat).
+  static std::string StreamedText(const HttpResult& r, std::string* finish = nullptr) {
+    std::string text;
+    for (const auto& d : SseData(r.raw)) {
+      if (d == "[DONE]") break;
+      const json chunk = json::parse(d);
+      EXPECT_FALSE(chunk.contains("error")) << d;
+      if (chunk["choices"].empty()) continue;
+      const json& c = chunk["choices"][0];
+      if (c.contains("text")) text += c["text"].get<std::string>();
+      if (c.contains("delta") && c["delta"].contains("content")) {
+        text += c["delta"]["content"].get<std::string>();
+      }
+      if (finish && !c["finish_reason"].is_null()) *finish = c["finish_reason"];
+    }
+    return text;
+  }
+
+  std::unique_ptr<Tokenizer> tokenizer_;
+  std::unique_ptr<ChatTemplate> chat_template_;
+  std::unique_ptr<ApiHarness> h_;
+};
+
+TEST_F(ServerApiTokenizer, TextPromptStreamEqualsNonStream) {
+  json req = {{"prompt", "The capital of France is"},
+              {"max_tokens", 40},
+              {"temperature", 0},
+              {"return_token_ids", true},
+              {"echo", true}};
+  const HttpResult r = h_->Post("/v1/completions", req);
+  ASSERT_EQ(r.status, 200) << r.raw;
+  const json& c = r.body["choices"][0];
+  std::vector<uint32_t> prompt_ids, ids;
+  for (const auto& t : c["prompt_token_ids"]) prompt_ids.push_back(t);
+  for (const auto& t : c["token_ids"]) ids.push_back(t);
+  EXPECT_EQ(prompt_ids, tokenizer_->Encode("The capital of France is", true));
+  const std::string gen = tokenizer_->Decode(ids, true);
+  EXPECT_EQ(c["text"], "The capital of France is" + gen);
+  req["stream"] = true;
+  EXPECT_EQ(StreamedText(h_->Post("/v1/completions", req)), c["text"].get<std::string>());
+}
+
+TEST_F(ServerApiTokenizer, StopStringAcrossTokenBoundary) {
+  json req = {{"prompt", "Once upon a time"},
+              {"max_tokens", 60},
+              {"temperature", 0},
+              {"return_token_ids", true}};
+  const HttpResult full = h_->Post("/v1/completions", req);
+  ASSERT_EQ(full.status, 200) << full.raw;
+  std::vector<uint32_t> ids;
+  for (const auto& t : full.body["choices"][0]["token_ids"]) ids.push_back(t);
+  // A stop string made of the end of token 10's text and the start of token 11's.
+  const std::string before = tokenizer_->Decode({ids.begin(), ids.begin() + 10}, true);
+  const std::string upto = tokenizer_->Decode({ids.begin(), ids.begin() + 11}, true);
+  const std::string text = full.body["choices"][0]["text"];
+  ASSERT_EQ(text.substr(0, upto.size()), upto);
+  ASSERT_GT(upto.size(), before.size() + 0);
+  size_t start = before.size() > 0 ? before.size() - 1 : 0;
+  while (start > 0 && (static_cast<unsigned char>(text[start]) & 0xC0) == 0x80) --start;
+  size_t end = upto.size() + 1;
+  while (end < text.size() && (static_cast<unsigned char>(text[end]) & 0xC0) == 0x80) ++end;
+  const std::string stop = text.substr(start, end - start);
+  const size_t first = text.find(stop);  // the text may hold it earlier
+  req["stop"] = json::array({"never-there", stop});
+  const HttpResult r = h_->Post("/v1/completions", req);
+  ASSERT_EQ(r.status, 200) << r.raw;
+  const json& c = r.body["choices"][0];
+  EXPECT_EQ(c["text"], text.substr(0, first));
+  EXPECT_EQ(c["finish_reason"], "stop");
+  EXPECT_EQ(c["stop_reason"], stop);
+  req["stream"] = true;
+  std::string finish;
+  EXPECT_EQ(StreamedText(h_->Post("/v1/completions", req), &finish), text.substr(0, first));
+  EXPECT_EQ(finish, "stop");
+  // The engine sequence was aborted once the stop string matched.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (h_->engine.num_live() > 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(h_->engine.num_live(), 0u);
+}
+
+TEST_F(ServerApiTokenizer, ChatThroughTheTemplate) {
+  const json messages = json::array(
+      {{{"role", "system"}, {"content", "Be brief."}}, {{"role", "user"}, {"content", "Hello!"}}});
+  json req = {{"messages", messages}, {"max_completion_tokens", 12},
+              {"temperature", 0},     {"return_token_ids", true},
+              {"logprobs", true},     {"top_logprobs", 2}};
+  const HttpResult r = h_->Post("/v1/chat/completions", req);
+  ASSERT_EQ(r.status, 200) << r.raw;
+  EXPECT_EQ(r.body["id"].get<std::string>().rfind("chatcmpl-", 0), 0u);
+  EXPECT_EQ(r.body["object"], "chat.completion");
+  json ctx = {{"messages", messages},
+              {"add_generation_prompt", true},
+              {"tools", nullptr},
+              {"documents", nullptr}};
+  for (const auto& [k, v] : tokenizer_->special_tokens_map()) ctx[k] = v;
+  const auto want = tokenizer_->Encode(chat_template_->Render(ctx), false);
+  std::vector<uint32_t> prompt;
+  for (const auto& t : r.body["prompt_token_ids"]) prompt.push_back(t);
+  EXPECT_EQ(prompt, want);
+  const json& c = r.body["choices"][0];
+  EXPECT_EQ(c["message"]["role"], "assistant");
+  EXPECT_EQ(c["token_ids"].size(), 12u);
+  EXPECT_EQ(r.body["usage"]["completion_tokens"], 12);
+  ASSERT_EQ(c["logprobs"]["content"].size(), 12u);
+  const json& lp = c["logprobs"]["content"][0];
+  EXPECT_EQ(lp["logprob"], -1.0);
+  EXPECT_EQ(lp["top_logprobs"].size(), 2u);
+  EXPECT_EQ(lp["bytes"].size(), lp["token"].get<std::string>().size());
+  // max_tokens works too; streaming gives the role first, then the same text.
+  req.erase("max_completion_tokens");
+  req["max_tokens"] = 12;
+  req["stream"] = true;
+  const HttpResult s = h_->Post("/v1/chat/completions", req);
+  const auto data = SseData(s.raw);
+  ASSERT_GE(data.size(), 3u);
+  const json first = json::parse(data[0]);
+  EXPECT_EQ(first["object"], "chat.completion.chunk");
+  EXPECT_EQ(first["choices"][0]["delta"]["role"], "assistant");
+  EXPECT_EQ(StreamedText(s), c["message"]["content"].get<std::string>());
+}
+
+TEST_F(ServerApiTokenizer, TokenizeAndDetokenize) {
+  const HttpResult t =
+      h_->Post("/tokenize", json{{"prompt", "Hello world"}, {"return_token_strs", true}});
+  ASSERT_EQ(t.status, 200) << t.raw;
+  const auto ids = tokenizer_->Encode("Hello world", true);
+  EXPECT_EQ(t.body["tokens"], json(ids));
+  EXPECT_EQ(t.body["count"], ids.size());
+  EXPECT_EQ(t.body["max_model_len"], 4096);
+  EXPECT_EQ(t.body["token_strs"].size(), ids.size());
+  const HttpResult d = h_->Post("/detokenize", json{{"tokens", t.body["tokens"]}});
+  ASSERT_EQ(d.status, 200) << d.raw;
+  EXPECT_EQ(d.body["prompt"], tokenizer_->Decode(ids, false));
+  const HttpResult chat =
+      h_->Post("/tokenize", json{{"messages", {{{"role", "user"}, {"content", "Hi"}}}}});
+  ASSERT_EQ(chat.status, 200) << chat.raw;
+  EXPECT_GT(chat.body["count"].get<int>(), 2);
+  EXPECT_EQ(h_->Post("/detokenize", json{{"tokens", {129280}}}).status, 400);
+}
+
+}  // namespace
+}  // namespace afd::server::test
