@@ -40,6 +40,26 @@ void AddGenerationFlags(CLI::App* cmd, GenerationFlags& f) {
                   "KV cache blocks of 64 tokens (vLLM's name; also on CPU); 0 (default): room for "
                   "every prompt at full length; fewer blocks preempt and recompute sequences")
       ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--max-model-len", f.max_model_len,
+                  "Prompt + new tokens of a request at most (0: the model's limit)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_flag_callback(
+      "--enable-chunked-prefill", [&f] { f.chunked_prefill = 1; },
+      "Split prompts over steps under --max-num-batched-tokens (serving default)");
+  cmd->add_flag_callback(
+      "--no-enable-chunked-prefill", [&f] { f.chunked_prefill = 0; },
+      "Run every prompt whole in one step");
+  cmd->add_option("--gpu-memory-utilization", f.gpu_memory_utilization,
+                  "Serving on a GPU: the share of its memory for weights, activations and the KV "
+                  "cache (default 0.9)");
+  cmd->add_option("--cpu-kv-cache-gib", f.cpu_kv_cache_gib,
+                  "Serving on the CPU: GiB for the KV cache (default 4, as vLLM's "
+                  "VLLM_CPU_KVCACHE_SPACE)");
+  cmd->add_option("--preset-vocab-size", f.preset_vocab_size,
+                  "preset models: vocabulary size (serve/launch set it from --tokenizer)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--preset-eos-token-id", f.preset_eos_token_ids,
+                  "preset models: EOS ids (serve/launch set them from --tokenizer)");
   cmd->add_option("--dbo-decode-token-threshold", f.dbo.decode_token_threshold,
                   "DBO for decode-only steps of at least this many tokens per rank (default 32)")
       ->check(CLI::PositiveNumber);
@@ -75,6 +95,15 @@ std::vector<std::string> GenerationFlagsArgv(const GenerationFlags& f) {
                                 std::to_string(f.dbo.prefill_token_threshold),
                                 "--num-gpu-blocks-override",
                                 std::to_string(f.num_kv_blocks)};
+  v.insert(v.end(), {"--max-model-len", std::to_string(f.max_model_len), "--gpu-memory-utilization",
+                     fmt::format("{}", f.gpu_memory_utilization), "--cpu-kv-cache-gib",
+                     fmt::format("{}", f.cpu_kv_cache_gib), "--preset-vocab-size",
+                     std::to_string(f.preset_vocab_size)});
+  for (int64_t id : f.preset_eos_token_ids) {
+    v.insert(v.end(), {"--preset-eos-token-id", std::to_string(id)});
+  }
+  if (f.chunked_prefill == 1) v.push_back("--enable-chunked-prefill");
+  if (f.chunked_prefill == 0) v.push_back("--no-enable-chunked-prefill");
   if (f.prompt_logprobs) v.push_back("--prompt-logprobs");
   if (f.ignore_eos) v.push_back("--ignore-eos");
   if (f.bf16) v.push_back("--bf16");
@@ -87,6 +116,8 @@ model::OpenOptions ToOpenOptions(const GenerationFlags& f) {
   open.num_layers = f.num_layers;
   open.preset_seed = f.preset_seed;
   if (f.bf16) open.weights.matrix_dtype = DType::kBF16;
+  open.preset_vocab_size = f.preset_vocab_size;
+  open.preset_eos_token_ids = f.preset_eos_token_ids;
   return open;
 }
 
@@ -114,7 +145,37 @@ runtime::GenerationOptions ToGenerationOptions(const GenerationFlags& f) {
   g.sampling = f.sampling;
   g.prompt_logprobs = f.prompt_logprobs;
   g.num_kv_blocks = f.num_kv_blocks;
+  g.chunked_prefill = f.chunked_prefill == 1;
   return g;
+}
+
+void ApplyServingDefaults(GenerationFlags& f) {
+  if (f.max_num_seqs == 0) f.max_num_seqs = 256;
+  if (f.max_num_batched_tokens == 0) f.max_num_batched_tokens = 2048;
+  if (f.chunked_prefill < 0) f.chunked_prefill = 1;
+}
+
+runtime::EngineOptions ToEngineOptions(const GenerationFlags& f) {
+  runtime::EngineOptions e;
+  e.max_num_seqs = f.max_num_seqs;
+  e.max_num_batched_tokens = f.max_num_batched_tokens;
+  e.chunked_prefill = f.chunked_prefill == 1;
+  AFD_CHECK(!e.chunked_prefill || e.max_num_batched_tokens > 0,
+            "--enable-chunked-prefill needs --max-num-batched-tokens > 0");
+  e.num_kv_blocks = f.num_kv_blocks;
+  e.max_model_len = f.max_model_len;
+  return e;
+}
+
+deploy::KvSizing ToKvSizing(const GenerationFlags& f) {
+  deploy::KvSizing k;
+  k.num_blocks_override = f.num_kv_blocks;
+  k.gpu_memory_utilization = f.gpu_memory_utilization;
+  k.cpu_kv_cache_gib = f.cpu_kv_cache_gib;
+  k.max_num_seqs = f.max_num_seqs;
+  k.max_num_batched_tokens = f.max_num_batched_tokens;
+  k.max_model_len = f.max_model_len;
+  return k;
 }
 
 }  // namespace afd::cli

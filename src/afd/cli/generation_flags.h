@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "afd/deploy/kv_sizing.h"
 #include "afd/model/loader.h"
 #include "afd/runtime/attention_runner.h"
 #include "afd/runtime/generator.h"
@@ -29,12 +30,20 @@ struct GenerationFlags {
   runtime::DboOptions dbo;
   bool prompt_logprobs = false;  // log-probabilities of the prompt tokens (afd run --json)
   int64_t num_kv_blocks = 0;     // --num-gpu-blocks-override; 0: room for every prompt
+  // Serving engine (afd serve/launch and their workers):
+  int64_t max_model_len = 0;                  // 0: the model's max_position_embeddings
+  int chunked_prefill = -1;                   // -1: the command's default, 0 off, 1 on
+  double gpu_memory_utilization = 0.9;        // KV cache sizing on a GPU
+  double cpu_kv_cache_gib = 4.0;              // KV cache sizing on the CPU
+  int64_t preset_vocab_size = 0;              // presets served with a tokenizer
+  std::vector<int64_t> preset_eos_token_ids;  // likewise
 };
 
 // Registers --model (required), --max-tokens, --max-num-seqs, --max-num-batched-tokens,
 // --ignore-eos, --temperature, --top-k, --top-p, --seed, --num-layers, --preset-seed, --bf16,
 // --enable-dbo, --dbo-decode-token-threshold, --dbo-prefill-token-threshold,
-// --prompt-logprobs, --num-gpu-blocks-override.
+// --prompt-logprobs, --num-gpu-blocks-override, --max-model-len, --[no-]enable-chunked-prefill,
+// --gpu-memory-utilization, --cpu-kv-cache-gib, --preset-vocab-size, --preset-eos-token-id.
 void AddGenerationFlags(CLI::App* cmd, GenerationFlags& flags);
 
 // The same flags as a command line, for a rank process started by a launcher.
@@ -47,5 +56,11 @@ model::OpenOptions ToOpenOptions(const GenerationFlags& flags);
 void ValidateGenerationInput(const GenerationFlags& flags, const model::ModelConfig& config,
                              const std::vector<std::vector<int32_t>>& prompts);
 runtime::GenerationOptions ToGenerationOptions(const GenerationFlags& flags);
+
+// The serving defaults of vLLM's online server where the flags were left at 0/unset:
+// --max-num-seqs 256, --max-num-batched-tokens 2048, chunked prefill on.
+void ApplyServingDefaults(GenerationFlags& flags);
+runtime::EngineOptions ToEngineOptions(const GenerationFlags& flags);
+deploy::KvSizing ToKvSizing(const GenerationFlags& flags);
 
 }  // namespace afd::cli

@@ -6,6 +6,8 @@
 // serve starts one `afd worker` per local rank (DP ranks start..start+local-1, each with its TP
 // ranks) and fails, naming the rank, when any of them fails. The attention role generates for
 // --prompts-file (JSON array of token-id arrays); the HTTP API will take their place.
+#include <unistd.h>
+
 #include <CLI/CLI.hpp>
 #include <filesystem>
 #include <fstream>
@@ -15,11 +17,17 @@
 
 #include "afd/cli/commands.h"
 #include "afd/cli/generation_flags.h"
+#include "afd/comm/join_secret.h"
 #include "afd/common/error.h"
+#include "afd/deploy/deployment_run.h"
+#include "afd/deploy/kv_sizing.h"
 #include "afd/deploy/launcher.h"
 #include "afd/deploy/role_worker.h"
 #include "afd/deploy/serve.h"
 #include "afd/deploy/transport.h"
+#include "afd/kernels/backend.h"
+#include "afd/server/local_engine_client.h"
+#include "afd/server/serve_runner.h"
 
 namespace afd::cli {
 
@@ -34,17 +42,26 @@ struct RoleArgs {
   bool expert_parallel = false;     // accepted for recipe compatibility: FFN ranks always use EP
   int role_rank = -1;               // worker only
   std::string prompts_file, output_file, stats_file, log_dir;
-  bool enforce_eager = false;  // accepted: the CPU path has no graphs to capture
-  std::string http_host;       // accepted from recipes; the HTTP API is not built yet
-  int http_port = 0;
+  bool enforce_eager = false;   // accepted: the CPU path has no graphs to capture
+  std::string engine_endpoint;  // worker: serve requests of the frontend there
+  std::string dtype;            // serve, in-process model on cuda
+  int cuda_device = 0;
+  std::string topology;  // launch
+  // serve: the OpenAI API (attention role without --prompts-file, or no AFD role at all)
+  std::string http_host = "0.0.0.0";
+  int http_port = 8000;
+  std::string api_key, tokenizer;
+  std::vector<std::string> served_model_names;
+  int32_t max_logprobs = 20;
+  int64_t max_waiting_requests = 0;
+  double shutdown_timeout_s = 30;
 };
 
 void AddRoleFlags(CLI::App* cmd, RoleArgs& a) {
   AddGenerationFlags(cmd, a.gen);
   cmd->add_option("--device", a.device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
   cmd->add_option("--additional-config", a.additional_config,
-                  "JSON with the \"afd\" object (role, host, port, rank counts, connector)")
-      ->required();
+                  "JSON with the \"afd\" object (role, host, port, rank counts, connector)");
   cmd->add_option("--data-parallel-size", a.dp, "DP size of this role's server")
       ->check(CLI::PositiveNumber);
   cmd->add_option("--tensor-parallel-size", a.tp, "TP size of this role's server")
@@ -54,8 +71,27 @@ void AddRoleFlags(CLI::App* cmd, RoleArgs& a) {
   cmd->add_option("--prompts-file", a.prompts_file, "Attention: JSON array of token-id arrays");
   cmd->add_flag("--enforce-eager", a.enforce_eager,
                 "Accepted for recipe compatibility (the CPU path runs eagerly)");
-  cmd->add_option("--host", a.http_host, "HTTP API host (accepted; the API is not built yet)");
-  cmd->add_option("--port", a.http_port, "HTTP API port (accepted; the API is not built yet)");
+}
+
+// The OpenAI API flags of `afd serve` and `afd launch` (vLLM's names).
+void AddHttpFlags(CLI::App* cmd, RoleArgs& a) {
+  cmd->add_option("--host", a.http_host, "Address the OpenAI API listens on (default 0.0.0.0)");
+  cmd->add_option("--port", a.http_port, "Port of the OpenAI API (default 8000)")
+      ->check(CLI::Range(0, 65535));
+  cmd->add_option("--api-key", a.api_key, "Require \"Authorization: Bearer KEY\" on /v1/*");
+  cmd->add_option("--tokenizer", a.tokenizer,
+                  "Directory with tokenizer.json (and tokenizer_config.json): text prompts and "
+                  "chat; a preset model takes its vocabulary size and EOS from it");
+  cmd->add_option("--served-model-name", a.served_model_names,
+                  "Model name(s) the API answers to (default: --model)");
+  cmd->add_option("--max-logprobs", a.max_logprobs, "Largest logprobs / top_logprobs (default 20)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--max-waiting-requests", a.max_waiting_requests,
+                  "Waiting sequences before new requests get 503 (0: no limit)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--shutdown-timeout", a.shutdown_timeout_s,
+                  "Seconds in-flight requests get to finish after SIGTERM (default 30)")
+      ->check(CLI::NonNegativeNumber);
 }
 
 std::vector<std::vector<int32_t>> ReadPrompts(const std::string& path) {
@@ -91,6 +127,7 @@ std::vector<std::vector<int32_t>> ReadPrompts(const std::string& path) {
 deploy::WorkerOptions ToWorkerOptions(const RoleArgs& a) {
   AFD_CHECK(a.device == "cpu",
             "--device {}: this build runs the model on the CPU only; use --device cpu", a.device);
+  AFD_CHECK(!a.additional_config.empty(), "--additional-config is required: it names the role");
   deploy::WorkerOptions o;
   o.config = ParseAfdConfig(a.additional_config);
   deploy::CheckConnectorImplemented(o.config);
@@ -100,8 +137,14 @@ deploy::WorkerOptions ToWorkerOptions(const RoleArgs& a) {
   o.model = a.gen.model;
   o.open = ToOpenOptions(a.gen);
   o.prompts = ReadPrompts(a.prompts_file);
-  ValidateGenerationInput(a.gen, model::PeekModelConfig(a.gen.model), o.prompts);
+  ValidateGenerationInput(a.gen, model::PeekModelConfig(a.gen.model, o.open), o.prompts);
   o.generation = ToGenerationOptions(a.gen);
+  o.engine_endpoint = a.engine_endpoint;
+  if (!a.engine_endpoint.empty()) {
+    AFD_CHECK(o.config.role == Role::kAttention, "--engine-endpoint: only attention ranks serve");
+    o.engine = ToEngineOptions(a.gen);
+    o.kv = ToKvSizing(a.gen);
+  }
   o.dbo = a.gen.dbo;
   o.output_file = a.output_file;
   o.stats_file = a.stats_file;
@@ -116,6 +159,176 @@ std::vector<std::string> PassThrough(const RoleArgs& a) {
                      std::to_string(a.tp)});
   if (!a.prompts_file.empty()) v.insert(v.end(), {"--prompts-file", a.prompts_file});
   return v;
+}
+
+// The OpenAI API options of serve/launch.
+server::ServeHttpOptions ToHttpOptions(const RoleArgs& a) {
+  server::ServeHttpOptions o;
+  o.api.host = a.http_host;
+  o.api.port = a.http_port;
+  o.api.api_key = a.api_key;
+  o.api.served_model_names =
+      a.served_model_names.empty() ? std::vector<std::string>{a.gen.model} : a.served_model_names;
+  o.api.max_logprobs = a.max_logprobs;
+  o.api.max_waiting_requests = a.max_waiting_requests;
+  o.tokenizer_dir = a.tokenizer;
+  o.shutdown_timeout_s = a.shutdown_timeout_s;
+  o.api.Validate();
+  return o;
+}
+
+// A preset model served with a tokenizer takes its vocabulary size and EOS id from it.
+void SizePresetToTokenizer(GenerationFlags& gen, const server::ServingTokenizer& tok) {
+  if (!tok.tokenizer || gen.model.rfind("preset:", 0) != 0) return;
+  if (gen.preset_vocab_size == 0) gen.preset_vocab_size = tok.tokenizer->IdEnd();
+  if (gen.preset_eos_token_ids.empty() && !tok.tokenizer->eos_token().empty()) {
+    if (const auto id = tok.tokenizer->TokenToId(tok.tokenizer->eos_token())) {
+      gen.preset_eos_token_ids = {static_cast<int64_t>(*id)};
+    }
+  }
+}
+
+// `afd serve` of a model in this process.
+int ServeInProcess(RoleArgs& a) {
+  server::ServingTokenizer tok;
+  server::ServeHttpOptions http;
+  std::unique_ptr<kernels::Backend> backend;
+  std::unique_ptr<model::DeepseekModel> model;
+  runtime::EngineOptions engine;
+  try {
+    tok = server::LoadServingTokenizer(a.tokenizer);
+    SizePresetToTokenizer(a.gen, tok);
+    ApplyServingDefaults(a.gen);
+    http = ToHttpOptions(a);
+    engine = ToEngineOptions(a.gen);
+    model::OpenOptions open = ToOpenOptions(a.gen);
+    const bool cuda = a.device == "cuda";
+    const std::string dtype = !a.dtype.empty() ? a.dtype : cuda ? "bf16" : "";
+    if (dtype == "bf16") open.weights.matrix_dtype = DType::kBF16;
+    if (dtype == "fp32") {
+      open.weights.matrix_dtype = DType::kF32;
+      open.auto_bf16 = false;
+    }
+    backend = kernels::MakeBackend(cuda ? Device::Cuda(a.cuda_device) : Device::Cpu());
+    model = model::OpenModel(a.gen.model, open, *backend);
+    if (engine.num_kv_blocks == 0) {
+      engine.num_kv_blocks = deploy::ServingKvBlocks(*model, ToKvSizing(a.gen));
+    }
+  } catch (const Error& e) {
+    std::cerr << "afd serve: " << e.what() << std::endl;
+    return 2;
+  }
+  std::cerr << "afd serve: " << model->config().num_hidden_layers << "-layer model on "
+            << backend->name() << "; " << deploy::DescribeKvBlocks(*model, engine.num_kv_blocks)
+            << std::endl;
+  runtime::LocalStepRunner runner(*model);
+  server::LocalEngineClient client(*model, runner, engine);
+  try {
+    return server::ServeEngine(http, client, tok);
+  } catch (const Error& e) {
+    std::cerr << "afd serve: error: " << e.what() << std::endl;
+    return 1;
+  }
+}
+
+int ServeCommand(RoleArgs& a) {
+  server::BlockStopSignals();  // before any thread starts: the serve loop waits for them
+  if (a.additional_config.empty()) {
+    AFD_CHECK(a.prompts_file.empty() && a.output_file.empty(),
+              "--prompts-file and --output-file belong to an AFD role: give --additional-config");
+    return ServeInProcess(a);
+  }
+  deploy::WorkerOptions base;
+  server::ServingTokenizer tok;
+  server::ServeHttpOptions http;
+  bool api = false;
+  try {
+    const AfdConfig role = ParseAfdConfig(a.additional_config);
+    api = role.role == Role::kAttention && a.prompts_file.empty();
+    if (api) {
+      tok = server::LoadServingTokenizer(a.tokenizer);
+      SizePresetToTokenizer(a.gen, tok);
+      ApplyServingDefaults(a.gen);
+      http = ToHttpOptions(a);
+      ToEngineOptions(a.gen);  // checks the engine flags now
+    } else if (role.role == Role::kFfn && !a.tokenizer.empty()) {
+      // The FFN ranks must build the same preset as the attention ranks.
+      tok = server::LoadServingTokenizer(a.tokenizer);
+      SizePresetToTokenizer(a.gen, tok);
+    }
+    base = ToWorkerOptions(a);  // validates everything before starting
+  } catch (const Error& e) {    // invalid input: exit 2
+    std::cerr << "afd serve: " << e.what() << std::endl;
+    return 2;
+  }
+  try {
+    deploy::ServeOptions so;
+    so.base = base;
+    so.dp_start = a.dp_start;
+    so.dp_local = a.dp_local < 0 ? a.dp - a.dp_start : a.dp_local;
+    so.log_dir = a.log_dir;
+    so.output_file = a.output_file;
+    so.worker_flags = PassThrough(a);
+    if (!api) {
+      deploy::ServeRole(so);
+      return 0;
+    }
+    std::string dir;
+    std::vector<deploy::RankProcessSpec> specs = deploy::ServeRankSpecs(so, &dir);
+    comm::EnsureLocalJoinSecret();
+    return server::ServeReplicas(http, std::move(specs), so.dp_local, so.dp_start, tok);
+  } catch (const Error& e) {
+    std::cerr << "afd serve: error: " << e.what() << std::endl;
+    return 1;
+  }
+}
+
+int LaunchCommand(RoleArgs& a) {
+  server::BlockStopSignals();
+  server::ServingTokenizer tok;
+  server::ServeHttpOptions http;
+  deploy::DeploymentSpec spec;
+  std::vector<deploy::RankProcessSpec> specs;
+  std::string dir = a.log_dir;
+  int num_replicas = 0;
+  try {
+    AFD_CHECK(a.device == "cpu",
+              "--device {}: AFD roles on GPUs need the asynchronous window connector, which is "
+              "not built yet; launch on the CPU, or `afd serve --device cuda` one process",
+              a.device);
+    tok = server::LoadServingTokenizer(a.tokenizer);
+    SizePresetToTokenizer(a.gen, tok);
+    ApplyServingDefaults(a.gen);
+    http = ToHttpOptions(a);
+    ToEngineOptions(a.gen);
+    const model::ModelConfig c = model::PeekModelConfig(a.gen.model, ToOpenOptions(a.gen));
+    AFD_CHECK(a.tp <= c.num_attention_heads, "--attention-tp {} exceeds the model's {} heads", a.tp,
+              c.num_attention_heads);
+    spec.topology = a.topology;
+    spec.attention_tp = a.tp;
+    spec.additional_config = a.additional_config;
+    spec.worker_flags = GenerationFlagsArgv(a.gen);
+    spec.show_rank_map = true;
+    if (dir.empty()) {
+      dir = std::filesystem::temp_directory_path().string() + "/afd-launch-" +
+            std::to_string(getpid());
+    }
+    std::filesystem::create_directories(dir);
+    specs = deploy::DeploymentRankSpecs(spec, dir, "");
+    for (const auto& s : specs) num_replicas += s.serves_engine ? 1 : 0;
+    num_replicas /= a.tp;
+  } catch (const Error& e) {
+    std::cerr << "afd launch: " << e.what() << std::endl;
+    return 2;
+  }
+  std::cerr << "afd launch: " << specs.size() << " processes, logs in " << dir << std::endl;
+  comm::EnsureLocalJoinSecret();  // every rank is a child of this process: one fresh secret
+  try {
+    return server::ServeReplicas(http, std::move(specs), num_replicas, 0, tok);
+  } catch (const Error& e) {
+    std::cerr << "afd launch: error: " << e.what() << std::endl;
+    return 1;
+  }
 }
 
 }  // namespace
@@ -134,6 +347,9 @@ void AddWorkerCommands(CLI::App& app, int& exit_code) {
   worker->add_option("--exit-with-parent", *exit_with_parent,
                      "PID of the launcher: end this rank when it ends (launchers set it)");
   worker->add_option("--stats-file", wargs->stats_file, "JSON summary of this rank");
+  worker->add_option("--engine-endpoint", wargs->engine_endpoint,
+                     "Attention: serve the requests of the frontend at host:port (serve and "
+                     "launch set it)");
   worker->callback([wargs, exit_with_parent, &exit_code] {
     if (*exit_with_parent > 0) deploy::ExitWithParent(*exit_with_parent);
     std::string who = "worker";
@@ -157,8 +373,12 @@ void AddWorkerCommands(CLI::App& app, int& exit_code) {
 
   auto sargs = std::make_shared<RoleArgs>();
   auto* serve = app.add_subcommand(
-      "serve", "Run this host's ranks of one AFD role (one command per role and host)");
+      "serve",
+      "Serve the OpenAI API: a model in this process (no --additional-config), or this host's "
+      "ranks of one AFD role (one command per role and host; the attention role answers the "
+      "API unless --prompts-file is given)");
   AddRoleFlags(serve, *sargs);
+  AddHttpFlags(serve, *sargs);
   serve
       ->add_option("--data-parallel-size-local", sargs->dp_local,
                    "DP ranks on this host (default: all)")
@@ -166,34 +386,32 @@ void AddWorkerCommands(CLI::App& app, int& exit_code) {
   serve->add_option("--data-parallel-start-rank", sargs->dp_start, "First DP rank on this host")
       ->check(CLI::NonNegativeNumber);
   serve->add_option("--output-file", sargs->output_file,
-                    "Attention: generated results, one JSON line per prompt of this host");
+                    "Attention with --prompts-file: generated results, one JSON line per prompt");
   serve->add_option("--log-dir", sargs->log_dir, "Where rank logs go (default: a temp dir)");
-  serve->callback([sargs, &exit_code] {
-    const RoleArgs& a = *sargs;
-    deploy::WorkerOptions base;
-    try {
-      base = ToWorkerOptions(a);  // validates everything before starting
-    } catch (const Error& e) {    // invalid input: exit 2
-      std::cerr << "afd serve: " << e.what() << std::endl;
-      exit_code = 2;
-      return;
-    }
-    try {
-      deploy::ServeOptions so;
-      so.base = base;
-      so.dp_start = a.dp_start;
-      so.dp_local = a.dp_local < 0 ? a.dp - a.dp_start : a.dp_local;
-      so.log_dir = a.log_dir;
-      so.output_file = a.output_file;
-      so.worker_flags = PassThrough(a);
-      so.http_requested = !a.http_host.empty() || a.http_port != 0;
-      deploy::ServeRole(so);
-      exit_code = 0;
-    } catch (const Error& e) {
-      std::cerr << "afd serve: error: " << e.what() << std::endl;
-      exit_code = 1;
-    }
-  });
+  serve->add_option("--dtype", sargs->dtype, "In-process model on cuda: bf16 (default) or fp32")
+      ->check(CLI::IsMember({"bf16", "fp32"}));
+  serve->add_option("--cuda-device", sargs->cuda_device, "In-process model: the GPU (default 0)")
+      ->check(CLI::NonNegativeNumber);
+  serve->callback([sargs, &exit_code] { exit_code = ServeCommand(*sargs); });
+
+  auto largs = std::make_shared<RoleArgs>();
+  auto* launch = app.add_subcommand(
+      "launch",
+      "Start a whole AFD deployment on this host (every attention and FFN rank) and serve the "
+      "OpenAI API in front of it until SIGINT/SIGTERM");
+  AddGenerationFlags(launch, largs->gen);
+  AddHttpFlags(launch, *largs);
+  launch->add_option("--topology", largs->topology, "xAyF: attention and FFN rank counts")
+      ->required();
+  launch->add_option("--attention-tp", largs->tp, "Tensor-parallel size of an attention replica")
+      ->check(CLI::PositiveNumber);
+  launch->add_option("--additional-config", largs->additional_config,
+                     "Extra fields of the \"afd\" object (e.g. compute_gate_on_attention)");
+  launch->add_option("--device", largs->device, "cpu (GPU roles need the async connector)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
+  launch->add_option("--log-dir", largs->log_dir, "Where rank logs go (default: a temp dir)");
+  launch->add_flag("--enforce-eager", largs->enforce_eager, "Accepted (the CPU path is eager)");
+  launch->callback([largs, &exit_code] { exit_code = LaunchCommand(*largs); });
 }
 
 }  // namespace afd::cli

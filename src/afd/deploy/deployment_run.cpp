@@ -53,8 +53,8 @@ std::string RoleConfig(const json& base, Role role, int port, int A, int F) {
 
 }  // namespace
 
-std::vector<DeploymentResult> RunDeployment(const DeploymentSpec& spec,
-                                            const std::vector<std::vector<int32_t>>& prompts) {
+std::vector<RankProcessSpec> DeploymentRankSpecs(const DeploymentSpec& spec, const std::string& dir,
+                                                 const std::string& prompts_file) {
   std::smatch m;
   const std::regex shape("^([0-9]+)A([0-9]+)F$", std::regex::icase);
   AFD_CHECK(std::regex_match(spec.topology, m, shape),
@@ -92,9 +92,6 @@ std::vector<DeploymentResult> RunDeployment(const DeploymentSpec& spec,
   base["connector"] = std::string(kP2pHostConnector);
   const int port = comm::PickRendezvousPort();
 
-  TempDir dir;
-  const std::string prompts_file = dir.path + "/prompts.json";
-  std::ofstream(prompts_file) << json(prompts).dump();
   const std::string exe = SelfExe();
   std::vector<RankProcessSpec> specs;
   for (Role role : {Role::kFfn, Role::kAttention}) {
@@ -105,7 +102,7 @@ std::vector<DeploymentResult> RunDeployment(const DeploymentSpec& spec,
     for (int r = 0; r < n; ++r) {
       RankProcessSpec s;
       s.label = fmt::format("{} rank {}", RoleName(role), r);
-      s.log = fmt::format("{}/{}{}.log", dir.path, RoleName(role), r);
+      s.log = fmt::format("{}/{}{}.log", dir, RoleName(role), r);
       s.argv = {exe,
                 "worker",
                 "--exit-with-parent",
@@ -119,16 +116,31 @@ std::vector<DeploymentResult> RunDeployment(const DeploymentSpec& spec,
                 "--tensor-parallel-size",
                 std::to_string(tp),
                 "--stats-file",
-                fmt::format("{}/{}{}.stats", dir.path, RoleName(role), r)};
-      if (attn) {
+                fmt::format("{}/{}{}.stats", dir, RoleName(role), r)};
+      if (attn && !prompts_file.empty()) {
         s.argv.insert(s.argv.end(), {"--prompts-file", prompts_file, "--output-file",
-                                     fmt::format("{}/out{}.jsonl", dir.path, r)});
+                                     fmt::format("{}/out{}.jsonl", dir, r)});
       }
+      s.serves_engine = attn && prompts_file.empty();
       s.argv.insert(s.argv.end(), spec.worker_flags.begin(), spec.worker_flags.end());
       specs.push_back(std::move(s));
     }
   }
   if (spec.show_rank_map) std::cerr << TopologyText(Topology(A, F));
+  return specs;
+}
+
+std::vector<DeploymentResult> RunDeployment(const DeploymentSpec& spec,
+                                            const std::vector<std::vector<int32_t>>& prompts) {
+  std::smatch m;
+  const std::regex shape("^([0-9]+)A([0-9]+)F$", std::regex::icase);
+  AFD_CHECK(std::regex_match(spec.topology, m, shape),
+            "--topology \"{}\": expected xAyF, e.g. 3A2F", spec.topology);
+  const int A = std::stoi(m[1]);
+  TempDir dir;
+  const std::string prompts_file = dir.path + "/prompts.json";
+  std::ofstream(prompts_file) << json(prompts).dump();
+  const std::vector<RankProcessSpec> specs = DeploymentRankSpecs(spec, dir.path, prompts_file);
   comm::EnsureLocalJoinSecret();  // every rank is a child of this process: one fresh secret
   try {
     RunRankProcesses(specs);

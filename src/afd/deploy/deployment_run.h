@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "afd/deploy/launcher.h"
+
 namespace afd::deploy {
 
 struct DeploymentSpec {
@@ -24,6 +26,13 @@ struct DeploymentResult {
   std::vector<int32_t> prompt_ids;
   std::vector<int32_t> output_ids;
 };
+
+// The rank processes of the deployment (FFN ranks first, then attention ranks), their logs and
+// stats files in `dir`, on a fresh rendezvous port. With `prompts_file` the attention ranks
+// generate for it and write out<rank>.jsonl to `dir`; without, they serve (their specs are
+// marked serves_engine). Checks the topology and config; throws afd::Error naming the flag.
+std::vector<RankProcessSpec> DeploymentRankSpecs(const DeploymentSpec& spec, const std::string& dir,
+                                                 const std::string& prompts_file);
 
 // Throws afd::Error naming the process that failed (input errors before anything starts).
 std::vector<DeploymentResult> RunDeployment(const DeploymentSpec& spec,

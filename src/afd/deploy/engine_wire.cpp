@@ -33,8 +33,8 @@ std::optional<std::string> FrameConnection::TakeFrame() {
   if (buffer_.size() < 4) return std::nullopt;
   const auto* b = reinterpret_cast<const unsigned char*>(buffer_.data());
   const uint32_t n = b[0] | (b[1] << 8) | (b[2] << 16) | (static_cast<uint32_t>(b[3]) << 24);
-  AFD_CHECK(n <= kMaxEngineFrameBytes, "{} sent an engine frame of {} bytes (at most {})", peer_,
-            n, kMaxEngineFrameBytes);
+  AFD_CHECK(n <= kMaxEngineFrameBytes, "{} sent an engine frame of {} bytes (at most {})", peer_, n,
+            kMaxEngineFrameBytes);
   if (buffer_.size() < 4 + static_cast<size_t>(n)) return std::nullopt;
   std::string body = buffer_.substr(4, n);
   buffer_.erase(0, 4 + static_cast<size_t>(n));
@@ -62,9 +62,8 @@ std::optional<std::string> FrameConnection::Poll(double timeout_s) {
 }
 
 const std::vector<double>& RoundTripBounds() {
-  static const std::vector<double> bounds = {1e-5,   2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3,
-                                             2.5e-3, 5e-3,   1e-2, 2.5e-2, 5e-2, 0.1,  0.25,
-                                             0.5,    1.0};
+  static const std::vector<double> bounds = {1e-5, 2.5e-5, 5e-5,   1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3,
+                                             5e-3, 1e-2,   2.5e-2, 5e-2, 0.1,    0.25, 0.5,  1.0};
   return bounds;
 }
 
@@ -86,7 +85,8 @@ std::vector<runtime::TokenLogprobs> LogprobsFrom(const json& a) {
   for (const auto& e : a) {
     runtime::TokenLogprobs t;
     t.logprob = e.at("lp").is_null() ? std::nanf("") : e.at("lp").get<float>();
-    for (const auto& c : e.at("top")) t.top.push_back({c.at(0).get<int32_t>(), c.at(1).get<float>()});
+    for (const auto& c : e.at("top"))
+      t.top.push_back({c.at(0).get<int32_t>(), c.at(1).get<float>()});
     v.push_back(std::move(t));
   }
   return v;
@@ -157,7 +157,7 @@ std::string EncodeEngineMessage(const EngineMessage& m) {
       }
       j["outputs"] = std::move(outs);
       const runtime::EngineStats& s = m.stats;
-      j["stats"] = {s.num_running,    s.num_waiting,     s.kv_blocks_used,
+      j["stats"] = {s.num_running,     s.num_waiting,     s.kv_blocks_used,
                     s.kv_blocks_total, s.num_preemptions, s.steps};
       j["rt"] = {{"counts", m.round_trips.bucket_counts},
                  {"sum", m.round_trips.sum_s},

@@ -87,7 +87,8 @@ void RunRankProcesses(const std::vector<RankProcessSpec>& specs, double finish_b
     if (stop && stop->load()) {
       std::string running;
       for (size_t i = 0; i < procs.size(); ++i) {
-        if (!procs[i]->Poll()) running += fmt::format(" {} (pid {});", specs[i].label, procs[i]->pid());
+        if (!procs[i]->Poll())
+          running += fmt::format(" {} (pid {});", specs[i].label, procs[i]->pid());
       }
       procs.clear();  // kills and reaps whatever is left
       AFD_THROW("stopped; killed the processes still running:{}", running);

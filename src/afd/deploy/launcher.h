@@ -12,6 +12,8 @@ struct RankProcessSpec {
   std::string label;              // "attention rank 1", "ffn rank 0"
   std::vector<std::string> argv;  // argv[0]: the afd binary
   std::string log;                // stdout + stderr of the process
+  // An attention rank of a serving deployment: whoever starts it adds --engine-endpoint.
+  bool serves_engine = false;
 };
 
 // Starts every process and waits until all have exited. When one fails (non-zero exit or a

@@ -2,11 +2,13 @@
 
 #include <chrono>
 #include <fstream>
+#include <iostream>
 #include <nlohmann/json.hpp>
 
 #include "afd/comm/afd_world.h"
 #include "afd/common/error.h"
 #include "afd/connector/p2p_connector.h"
+#include "afd/deploy/replica_serve.h"
 #include "afd/deploy/result_json.h"
 #include "afd/deploy/transport.h"
 #include "afd/model/model_config.h"
@@ -47,7 +49,7 @@ void RunWorker(const WorkerOptions& o) {
   // the router when it runs here); an FFN rank the routers, the shared experts and its own
   // routed experts.
   model::OpenOptions open = o.open;
-  const model::ModelConfig config = model::PeekModelConfig(o.model);
+  const model::ModelConfig config = model::PeekModelConfig(o.model, o.open);
   if (role == Role::kAttention) {
     open.weights.load_moe = c.compute_gate_on_attention;
     open.weights.expert_begin = 0;
@@ -87,41 +89,57 @@ void RunWorker(const WorkerOptions& o) {
           std::make_unique<runtime::AttentionRunner>(*model, *world, connector, o.tp, o.dbo);
       runtime::AttentionRunner& runner = *runner_holder;
       const int dp_rank = o.role_rank / o.tp, tp_rank = o.role_rank % o.tp;
-      std::vector<std::vector<int32_t>> mine;
-      runtime::GenerationOptions gen = o.generation;
-      std::vector<int64_t> indices;
-      for (size_t i = 0; i < o.prompts.size(); ++i) {
-        if (static_cast<int>(i % o.dp) == dp_rank) {
-          mine.push_back(o.prompts[i]);
-          indices.push_back(static_cast<int64_t>(i));
+      if (!o.engine_endpoint.empty()) {
+        ReplicaServeOptions serve;
+        serve.endpoint = o.engine_endpoint;
+        serve.dp_rank = dp_rank;
+        serve.tp = o.tp;
+        serve.tp_rank = tp_rank;
+        serve.engine = o.engine;
+        if (serve.engine.num_kv_blocks == 0)
+          serve.engine.num_kv_blocks = ServingKvBlocks(*model, o.kv);
+        std::cerr << fmt::format("attention rank {}: {}", o.role_rank,
+                                 DescribeKvBlocks(*model, serve.engine.num_kv_blocks))
+                  << std::endl;
+        ServeReplica(*model, *world, runner, serve);
+        stats["steps"] = runner.steps();
+      } else {
+        std::vector<std::vector<int32_t>> mine;
+        runtime::GenerationOptions gen = o.generation;
+        std::vector<int64_t> indices;
+        for (size_t i = 0; i < o.prompts.size(); ++i) {
+          if (static_cast<int>(i % o.dp) == dp_rank) {
+            mine.push_back(o.prompts[i]);
+            indices.push_back(static_cast<int64_t>(i));
+          }
         }
-      }
-      gen.sampler_streams = indices;
-      std::vector<runtime::GenerationResult> results;
-      runtime::GenerationStats gs;
-      if (!mine.empty()) {
-        runtime::Generator generator(*model, runner);
-        results = generator.Generate(mine, gen, &gs);
-      }
-      stats["prefill_tokens"] = gs.prefill_tokens;
-      stats["prefill_seconds"] = gs.prefill_seconds;
-      stats["decode_tokens"] = gs.decode_tokens;
-      stats["decode_steps"] = gs.decode_steps;
-      stats["decode_seconds"] = gs.decode_seconds;
-      stats["mixed_steps"] = gs.mixed_steps;
-      stats["mixed_seconds"] = gs.mixed_seconds;
-      runner.Drain();
-      if (tp_rank == 0 && !o.output_file.empty()) {
-        std::string text;
-        for (size_t i = 0; i < results.size(); ++i) {
-          text += fmt::format("{{\"index\": {}, \"result\": {}}}\n", indices[i],
-                              ResultJsonLine(results[i]));
+        gen.sampler_streams = indices;
+        std::vector<runtime::GenerationResult> results;
+        runtime::GenerationStats gs;
+        if (!mine.empty()) {
+          runtime::Generator generator(*model, runner);
+          results = generator.Generate(mine, gen, &gs);
         }
-        WriteFileOrThrow(o.output_file, text);
+        stats["prefill_tokens"] = gs.prefill_tokens;
+        stats["prefill_seconds"] = gs.prefill_seconds;
+        stats["decode_tokens"] = gs.decode_tokens;
+        stats["decode_steps"] = gs.decode_steps;
+        stats["decode_seconds"] = gs.decode_seconds;
+        stats["mixed_steps"] = gs.mixed_steps;
+        stats["mixed_seconds"] = gs.mixed_seconds;
+        runner.Drain();
+        if (tp_rank == 0 && !o.output_file.empty()) {
+          std::string text;
+          for (size_t i = 0; i < results.size(); ++i) {
+            text += fmt::format("{{\"index\": {}, \"result\": {}}}\n", indices[i],
+                                ResultJsonLine(results[i]));
+          }
+          WriteFileOrThrow(o.output_file, text);
+        }
+        stats["steps"] = runner.steps();
+        stats["dbo_steps"] = runner.dbo_steps();
+        stats["prompts"] = mine.size();
       }
-      stats["steps"] = runner.steps();
-      stats["dbo_steps"] = runner.dbo_steps();
-      stats["prompts"] = mine.size();
     } else {
       worker_holder = std::make_unique<runtime::FfnWorker>(*model, *world, connector);
       runtime::FfnWorker& worker = *worker_holder;

@@ -7,8 +7,10 @@
 #include <vector>
 
 #include "afd/config/afd_config.h"
+#include "afd/deploy/kv_sizing.h"
 #include "afd/model/loader.h"
 #include "afd/runtime/attention_runner.h"
+#include "afd/runtime/engine.h"
 #include "afd/runtime/generator.h"
 
 namespace afd::deploy {
@@ -26,6 +28,11 @@ struct WorkerOptions {
   runtime::DboOptions dbo;  // dual-batch overlap of the attention role
   std::string output_file;  // TP rank 0 of each replica writes {"index": i, "result": ...} lines
   std::string stats_file;   // optional: a JSON summary of this rank (steps, per-layer transfers)
+  // Serving (attention role): the frontend's engine listener; requests come from there instead
+  // of `prompts` (deploy/replica_serve.h).
+  std::string engine_endpoint;
+  runtime::EngineOptions engine;  // num_kv_blocks 0: sized by `kv`
+  KvSizing kv;
 };
 
 // Throws afd::Error on any failure (after publishing an abort so the other ranks stop too).

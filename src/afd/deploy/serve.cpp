@@ -13,7 +13,7 @@
 
 namespace afd::deploy {
 
-void ServeRole(const ServeOptions& o) {
+std::vector<RankProcessSpec> ServeRankSpecs(const ServeOptions& o, std::string* log_dir) {
   const WorkerOptions& base = o.base;
   AFD_CHECK(o.dp_local >= 1 && o.dp_start + o.dp_local <= base.dp,
             "--data-parallel-start-rank {} + --data-parallel-size-local {} exceed "
@@ -41,15 +41,19 @@ void ServeRole(const ServeOptions& o) {
       if (!o.output_file.empty() && t == 0) {
         s.argv.insert(s.argv.end(), {"--output-file", fmt::format("{}/out{}.jsonl", dir, d)});
       }
+      s.serves_engine = base.config.role == Role::kAttention && base.prompts.empty();
       specs.push_back(std::move(s));
     }
   }
   std::cerr << "afd serve: " << specs.size() << " " << role << " rank(s), logs in " << dir
             << std::endl;
-  if (o.http_requested) {
-    std::cerr << "afd serve: note: the HTTP API is not built yet; --host/--port are ignored"
-              << std::endl;
-  }
+  *log_dir = dir;
+  return specs;
+}
+
+void ServeRole(const ServeOptions& o) {
+  std::string dir;
+  const std::vector<RankProcessSpec> specs = ServeRankSpecs(o, &dir);
   RunRankProcesses(specs);
   if (o.output_file.empty()) return;
   std::string merged;

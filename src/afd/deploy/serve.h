@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "afd/deploy/launcher.h"
 #include "afd/deploy/role_worker.h"
 
 namespace afd::deploy {
@@ -17,8 +18,11 @@ struct ServeOptions {
   std::string output_file;  // attention: merged results of this host's replicas
   // Flags every worker gets (model, generation, role and parallel sizes), as a command line.
   std::vector<std::string> worker_flags;
-  bool http_requested = false;  // --host/--port were given (no HTTP API yet: reported)
 };
+
+// This host's rank processes (logs in the returned directory). Attention ranks without prompts
+// serve requests: their specs are marked serves_engine.
+std::vector<RankProcessSpec> ServeRankSpecs(const ServeOptions& options, std::string* log_dir);
 
 // Starts the ranks, waits for them, merges the outputs. Throws afd::Error naming the rank
 // that failed.

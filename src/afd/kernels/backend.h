@@ -82,6 +82,12 @@ class Backend : public Allocator {
   // Makes the backend's device current on the calling thread: a thread other than the one that
   // created the backend calls it once before running ops (the serving engine's thread).
   virtual void BindThread() {}
+  // Free and total bytes of the device's memory; -1 when the backend cannot tell (the CPU).
+  struct MemoryInfo {
+    int64_t free_bytes = -1;
+    int64_t total_bytes = -1;
+  };
+  virtual MemoryInfo DeviceMemory() const { return {}; }
 
   // ---- Memory --------------------------------------------------------------------------
   // dst (contiguous, on the device) = dst.nbytes() bytes from host memory src.

@@ -127,10 +127,36 @@ int64_t ParameterCount(const ModelConfig& c) {
   return total;
 }
 
-ModelConfig PeekModelConfig(const std::string& spec) {
+namespace {
+
+// num_layers and the preset overrides of `options` applied to `config`.
+void ApplyOpenOptions(const std::string& spec, const OpenOptions& options, bool preset,
+                      ModelConfig& config) {
+  if (options.num_layers > 0) {
+    AFD_CHECK(options.num_layers <= config.num_hidden_layers,
+              "--num-layers {} exceeds the model's {} layers", options.num_layers,
+              config.num_hidden_layers);
+    config.num_hidden_layers = options.num_layers;
+  }
+  if (options.preset_vocab_size == 0 && options.preset_eos_token_ids.empty()) return;
+  AFD_CHECK(preset,
+            "{}: a vocabulary size and EOS ids from the tokenizer apply to presets only (a "
+            "checkpoint has its own)",
+            spec);
+  if (options.preset_vocab_size > 0) config.vocab_size = options.preset_vocab_size;
+  if (!options.preset_eos_token_ids.empty()) config.eos_token_ids = options.preset_eos_token_ids;
+  config.Validate(spec);
+}
+
+}  // namespace
+
+ModelConfig PeekModelConfig(const std::string& spec, const OpenOptions& options) {
   const std::string preset = "preset:";
-  if (spec.rfind(preset, 0) == 0) return PresetConfig(spec.substr(preset.size()));
-  return LoadModelConfig(spec + "/config.json");
+  const bool is_preset = spec.rfind(preset, 0) == 0;
+  ModelConfig config =
+      is_preset ? PresetConfig(spec.substr(preset.size())) : LoadModelConfig(spec + "/config.json");
+  ApplyOpenOptions(spec, options, is_preset, config);
+  return config;
 }
 
 int64_t LoadedParameterCount(const ModelConfig& c, const WeightOptions& o) {
@@ -180,12 +206,7 @@ std::unique_ptr<DeepseekModel> OpenModel(const std::string& spec, const OpenOpti
     ckpt = std::make_unique<Checkpoint>(Checkpoint::Open(spec));
     config = LoadModelConfig(ckpt->config_path());
   }
-  if (options.num_layers > 0) {
-    AFD_CHECK(options.num_layers <= config.num_hidden_layers,
-              "--num-layers {} exceeds the model's {} layers", options.num_layers,
-              config.num_hidden_layers);
-    config.num_hidden_layers = options.num_layers;
-  }
+  ApplyOpenOptions(spec, options, preset, config);
   WeightOptions weights = options.weights;
   if (options.auto_bf16 && ParameterCount(config) * 4 > kAutoBf16Bytes) {
     weights.matrix_dtype = DType::kBF16;

@@ -18,12 +18,18 @@ struct OpenOptions {
   bool auto_bf16 = true;
   uint64_t preset_seed = 0;  // random weights of presets
   int64_t num_layers = 0;    // > 0: keep only the first num_layers decoder layers (benchmarks)
+  // Presets only (random weights): the vocabulary size and EOS ids of a tokenizer they are
+  // served with, so that a random model emits every id the tokenizer knows and stops at its EOS.
+  // 0 / empty: the preset's own.
+  int64_t preset_vocab_size = 0;
+  std::vector<int64_t> preset_eos_token_ids;
 };
 
 inline constexpr int64_t kAutoBf16Bytes = int64_t{8} << 30;
 
-// The config of `spec` (preset:NAME or a checkpoint directory) without loading weights.
-ModelConfig PeekModelConfig(const std::string& spec);
+// The config of `spec` (preset:NAME or a checkpoint directory) without loading weights, as
+// OpenModel with `options` would use it (layers kept, preset vocabulary and EOS).
+ModelConfig PeekModelConfig(const std::string& spec, const OpenOptions& options = {});
 
 // Names accepted after "preset:".
 std::vector<std::string> PresetNames();

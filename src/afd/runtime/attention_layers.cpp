@@ -15,7 +15,6 @@ constexpr int kHiddenChannel = 0;
 constexpr int kTopkIdsChannel = 1;
 constexpr int kTopkWeightsChannel = 2;
 
-
 }  // namespace
 
 void AttentionRunner::NoteRoundTrip(const MicroBatch& mb,

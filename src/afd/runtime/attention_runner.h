@@ -59,8 +59,8 @@ class AttentionRunner : public StepRunner {
   // Serving: one step of a replica without tokens. `active`: this replica will still take
   // requests. Takes part in the other replicas' step when one has tokens (an empty step of
   // every layer: kTookPart); returns at once when no replica has tokens (kNoneBusy); sends the
-  // shutdown step when no replica is active any more (kShutdown). Pairs with the other ranks' Forward,
-  // Idle or Drain calls: every attention rank makes one such call per step.
+  // shutdown step when no replica is active any more (kShutdown). Pairs with the other ranks'
+  // Forward, Idle or Drain calls: every attention rank makes one such call per step.
   enum class IdleResult { kNoneBusy, kTookPart, kShutdown };
   IdleResult Idle(bool active);
   // The MoE round trips (attention -> FFN -> attention, seconds, one per layer and micro-batch

@@ -31,7 +31,7 @@ struct ConnectorRoundTrips {
 };
 
 struct EngineLoad {
-  runtime::EngineStats total;                // summed over the engines
+  runtime::EngineStats total;                 // summed over the engines
   std::vector<runtime::EngineStats> engines;  // one per engine (DP replica)
   ConnectorRoundTrips connector;
 };

@@ -25,8 +25,7 @@ runtime::RequestOutput ErrorOutput(uint64_t id, const std::string& why) {
 
 ReplicaEngineClient::ReplicaEngineClient(int num_replicas, int first_dp_rank)
     : num_replicas_(num_replicas), first_dp_rank_(first_dp_rank), replicas_(num_replicas) {
-  AFD_CHECK(num_replicas >= 1, "an engine client needs at least one replica, got {}",
-            num_replicas);
+  AFD_CHECK(num_replicas >= 1, "an engine client needs at least one replica, got {}", num_replicas);
   listener_ = comm::Listen("127.0.0.1", 0);
   endpoint_ = fmt::format("127.0.0.1:{}", comm::LocalPort(listener_));
   const std::vector<double>& bounds = deploy::RoundTripBounds();
@@ -56,9 +55,10 @@ bool ReplicaEngineClient::WaitReady(double timeout_s) {
     }
   }
   if (missing.empty()) return true;
-  SetFailure(fmt::format("attention replica(s){} did not connect to the engine listener {} "
-                         "within {} s",
-                         missing, endpoint_, timeout_s));
+  SetFailure(
+      fmt::format("attention replica(s){} did not connect to the engine listener {} "
+                  "within {} s",
+                  missing, endpoint_, timeout_s));
   return false;
 }
 
@@ -264,9 +264,8 @@ void ReplicaEngineClient::Handle(size_t connection, deploy::EngineMessage m) {
           calls.emplace_back(it->second.callback, std::move(o));
         }
       }
-      for (size_t b = 0; b < m.round_trips.bucket_counts.size() &&
-                         b < round_trips_.bucket_counts.size();
-           ++b) {
+      for (size_t b = 0;
+           b < m.round_trips.bucket_counts.size() && b < round_trips_.bucket_counts.size(); ++b) {
         round_trips_.bucket_counts[b] += m.round_trips.bucket_counts[b];
       }
       round_trips_.count += m.round_trips.count;

@@ -93,6 +93,13 @@ Stream CudaBackend::stream() const { return {state_->stream}; }
 
 void CudaBackend::BindThread() { AFD_CUDA_CHECK(cudaSetDevice(device_)); }
 
+Backend::MemoryInfo CudaBackend::DeviceMemory() const {
+  AFD_CUDA_CHECK(cudaSetDevice(device_));
+  size_t free_bytes = 0, total = 0;
+  AFD_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total));
+  return {static_cast<int64_t>(free_bytes), static_cast<int64_t>(total)};
+}
+
 std::shared_ptr<void> CudaBackend::Allocate(size_t bytes) {
   AFD_CUDA_CHECK(cudaSetDevice(device_));
   void* p = nullptr;

@@ -31,6 +31,7 @@ class CudaBackend : public Backend {
   void Fill(const Tensor& dst, float value) override;
   void Synchronize() override;
   void BindThread() override;
+  MemoryInfo DeviceMemory() const override;
 
   void Embedding(const Tensor& table, const Tensor& ids, const Tensor& out) override;
   void Linear(const Tensor& x, const Tensor& w, const Tensor& y) override;

@@ -32,6 +32,8 @@ class BpeModel {
   // The token of `id`, or nullptr when the vocab has no such id.
   const std::string* IdToToken(uint32_t id) const;
   size_t VocabSize() const { return vocab_.size(); }
+  // One past the largest id of the vocab (ids may have gaps).
+  size_t IdEnd() const { return id_to_token_.size(); }
 
  private:
   struct Merge {

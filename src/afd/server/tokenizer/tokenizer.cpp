@@ -1,5 +1,6 @@
 #include "afd/server/tokenizer/tokenizer.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -202,6 +203,12 @@ std::optional<std::string> Tokenizer::IdToToken(uint32_t id) const {
   if (const AddedToken* a = added_.FindById(id)) return a->content;
   if (const std::string* s = model_->IdToToken(id)) return *s;
   return std::nullopt;
+}
+
+int64_t Tokenizer::IdEnd() const {
+  int64_t end = static_cast<int64_t>(model_->IdEnd());
+  for (const AddedToken& t : added_.tokens()) end = std::max<int64_t>(end, int64_t{t.id} + 1);
+  return end;
 }
 
 }  // namespace afd::server

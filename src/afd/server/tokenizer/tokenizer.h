@@ -45,6 +45,9 @@ class Tokenizer {
   bool IsPendingByte(uint32_t id) const;
 
   std::optional<uint32_t> TokenToId(const std::string& token) const;
+  // One past the largest id of the vocab and the added tokens: the smallest vocabulary a model
+  // must have for every id this tokenizer produces.
+  int64_t IdEnd() const;
   std::optional<std::string> IdToToken(uint32_t id) const;
 
   // From tokenizer_config.json; empty when absent.
