@@ -1,0 +1,237 @@
+// The engine channel and the frontend's client of the attention replicas, against replicas
+// played by the test over real sockets: frames survive any split, requests go to the replica
+// with the fewest live ones, outputs reach their callbacks, and a replica that vanishes ends
+// every live request with an error naming it.
+#include "afd/server/replica_engine_client.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <future>
+
+#include "afd/common/error.h"
+#include "afd/deploy/engine_wire.h"
+#include "afd/deploy/replica_serve.h"
+
+namespace afd::server {
+namespace {
+
+using deploy::EngineMessage;
+using Kind = deploy::EngineMessage::Kind;
+
+TEST(EngineWire, EveryMessageRoundTrips) {
+  EngineMessage submit;
+  submit.kind = Kind::kSubmit;
+  submit.id = 1ull << 60;
+  submit.params.prompt = {1, 2, 3};
+  submit.params.max_tokens = 9;
+  submit.params.sampling = {0.5f, 7, 0.9f, 42};
+  submit.params.sampler_stream = 3;
+  submit.params.stop_token_ids = {5};
+  submit.params.ignore_eos = true;
+  submit.params.logprobs = 2;
+  submit.params.prompt_logprobs = 1;
+  const EngineMessage s = deploy::DecodeEngineMessage(deploy::EncodeEngineMessage(submit), "t");
+  EXPECT_EQ(s.kind, Kind::kSubmit);
+  EXPECT_EQ(s.id, submit.id);
+  EXPECT_EQ(s.params.prompt, submit.params.prompt);
+  EXPECT_EQ(s.params.max_tokens, 9);
+  EXPECT_EQ(s.params.sampling.temperature, 0.5f);
+  EXPECT_EQ(s.params.sampling.top_k, 7);
+  EXPECT_EQ(s.params.sampling.top_p, 0.9f);
+  EXPECT_EQ(s.params.sampling.seed, 42u);
+  EXPECT_EQ(s.params.sampler_stream, 3);
+  EXPECT_EQ(s.params.stop_token_ids, submit.params.stop_token_ids);
+  EXPECT_TRUE(s.params.ignore_eos);
+  EXPECT_EQ(s.params.logprobs, 2);
+  EXPECT_EQ(s.params.prompt_logprobs, 1);
+
+  EngineMessage step;
+  step.kind = Kind::kStep;
+  runtime::RequestOutput o;
+  o.request_id = 7;
+  o.token_ids = {11};
+  o.logprobs = {{-0.25f, {{11, -0.25f}, {3, -2.5f}}}};
+  o.prompt_logprobs = {{std::nanf(""), {}}, {-1.5f, {{4, -1.0f}}}};
+  o.num_prompt_tokens = 2;
+  o.finished = true;
+  o.finish_reason = runtime::FinishReason::kStop;
+  o.stop_token_id = 11;
+  step.outputs = {o};
+  step.stats = {1, 2, 3, 4, 5, 6};
+  step.round_trips = {{0, 1, 2}, 0.5, 3};
+  const EngineMessage t = deploy::DecodeEngineMessage(deploy::EncodeEngineMessage(step), "t");
+  ASSERT_EQ(t.outputs.size(), 1u);
+  const runtime::RequestOutput& r = t.outputs[0];
+  EXPECT_EQ(r.request_id, 7u);
+  EXPECT_EQ(r.token_ids, o.token_ids);
+  ASSERT_EQ(r.logprobs.size(), 1u);
+  EXPECT_EQ(r.logprobs[0].logprob, -0.25f);
+  ASSERT_EQ(r.logprobs[0].top.size(), 2u);
+  EXPECT_EQ(r.logprobs[0].top[1].id, 3);
+  EXPECT_TRUE(std::isnan(r.prompt_logprobs[0].logprob));
+  EXPECT_EQ(r.prompt_logprobs[1].top[0].logprob, -1.0f);
+  EXPECT_TRUE(r.finished);
+  EXPECT_EQ(r.finish_reason, runtime::FinishReason::kStop);
+  EXPECT_EQ(r.stop_token_id, 11);
+  EXPECT_EQ(t.stats.kv_blocks_total, 4);
+  EXPECT_EQ(t.round_trips.bucket_counts, step.round_trips.bucket_counts);
+
+  EXPECT_THROW(deploy::DecodeEngineMessage("{\"kind\": \"submit\"}", "replica 3"), Error);
+  EXPECT_THROW(deploy::DecodeEngineMessage("not json", "replica 3"), Error);
+  try {
+    deploy::DecodeEngineMessage("{\"kind\": \"dance\"}", "replica 3");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("replica 3"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(deploy::ParseEndpoint("localhost", "--engine-endpoint"), Error);
+  EXPECT_THROW(deploy::ParseEndpoint("h:70000", "--engine-endpoint"), Error);
+  EXPECT_EQ(deploy::ParseEndpoint("127.0.0.1:5", "x").second, 5);
+}
+
+// A replica played by the test: connects, says hello, answers as told.
+class FakeReplica {
+ public:
+  FakeReplica(const std::string& endpoint, int dp_rank) {
+    const auto [host, port] = deploy::ParseEndpoint(endpoint, "endpoint");
+    conn_ = std::make_unique<deploy::FrameConnection>(
+        comm::Connect(host, port, Deadline::In(10), "frontend"), "frontend");
+    EngineMessage hello;
+    hello.kind = Kind::kHello;
+    hello.hello = {dp_rank, 1000, 512, {2}, 64};
+    conn_->Send(deploy::EncodeEngineMessage(hello), 10);
+  }
+  EngineMessage Next() {
+    const std::optional<std::string> f = conn_->Poll(10);
+    if (!f) AFD_THROW("no frame from the frontend within 10 s");
+    return deploy::DecodeEngineMessage(*f, "frontend");
+  }
+  void Reply(std::vector<runtime::RequestOutput> outputs, int64_t running) {
+    EngineMessage step;
+    step.kind = Kind::kStep;
+    step.outputs = std::move(outputs);
+    step.stats.num_running = running;
+    step.stats.kv_blocks_total = 64;
+    step.round_trips = {std::vector<int64_t>(deploy::RoundTripBounds().size() + 1, 0), 0.002, 2};
+    step.round_trips.bucket_counts[3] = 2;
+    conn_->Send(deploy::EncodeEngineMessage(step), 10);
+  }
+  void Close() { conn_->Close(); }
+
+ private:
+  std::unique_ptr<deploy::FrameConnection> conn_;
+};
+
+runtime::RequestOutput Out(uint64_t id, int32_t token, bool finished) {
+  runtime::RequestOutput o;
+  o.request_id = id;
+  o.token_ids = {token};
+  o.finished = finished;
+  o.finish_reason = finished ? runtime::FinishReason::kLength : runtime::FinishReason::kNone;
+  return o;
+}
+
+TEST(ReplicaEngineClient, RoutesToTheLeastLoadedReplicaAndDeliversOutputs) {
+  ReplicaEngineClient client(2, 4);  // this host serves DP ranks 4 and 5
+  EXPECT_FALSE(client.Ready());
+  FakeReplica r5(client.endpoint(), 5), r4(client.endpoint(), 4);
+  ASSERT_TRUE(client.WaitReady(10));
+  EXPECT_EQ(client.model_info().vocab_size, 1000);
+  EXPECT_EQ(client.model_info().max_model_len, 512);
+
+  std::vector<std::promise<std::vector<int32_t>>> done(3);
+  auto submit = [&](uint64_t id) {
+    auto acc = std::make_shared<std::vector<int32_t>>();
+    runtime::RequestParams p;
+    p.prompt = {1, 2};
+    client.Submit(id, p, [acc, &done, id](const runtime::RequestOutput& o) {
+      acc->insert(acc->end(), o.token_ids.begin(), o.token_ids.end());
+      if (o.finished) done[id].set_value(*acc);
+    });
+  };
+  submit(0);  // both idle: the lowest DP rank (4)
+  EngineMessage m = r4.Next();
+  EXPECT_EQ(m.kind, Kind::kSubmit);
+  EXPECT_EQ(m.id, 0u);
+  submit(1);  // replica 4 has one live request: replica 5
+  EXPECT_EQ(r5.Next().id, 1u);
+  submit(2);  // one each: the lowest again
+  EXPECT_EQ(r4.Next().id, 2u);
+  r4.Reply({Out(0, 10, false), Out(2, 30, false)}, 2);
+  r5.Reply({Out(1, 20, true)}, 0);
+  r4.Reply({Out(0, 11, true), Out(2, 31, true)}, 0);
+  EXPECT_EQ(done[0].get_future().get(), (std::vector<int32_t>{10, 11}));
+  EXPECT_EQ(done[1].get_future().get(), (std::vector<int32_t>{20}));
+  EXPECT_EQ(done[2].get_future().get(), (std::vector<int32_t>{30, 31}));
+  const EngineLoad load = client.Load();
+  EXPECT_EQ(load.engines.size(), 2u);
+  EXPECT_EQ(load.connector.count, 6);
+  EXPECT_EQ(load.connector.bucket_counts.back(), 6);  // cumulative
+  EXPECT_EQ(client.num_live(), 0);
+
+  // An abort goes to the request's replica; a finished id may be reused.
+  auto ended = std::make_shared<std::promise<runtime::FinishReason>>();
+  runtime::RequestParams p;
+  p.prompt = {3};
+  client.Submit(0, p, [ended](const runtime::RequestOutput& o) {
+    if (o.finished) ended->set_value(o.finish_reason);
+  });
+  EXPECT_EQ(r4.Next().id, 0u);
+  client.Abort(0);
+  const EngineMessage abort = r4.Next();
+  EXPECT_EQ(abort.kind, Kind::kAbort);
+  EXPECT_EQ(abort.id, 0u);
+
+  // Shutdown reaches every replica; new requests are refused with an error output.
+  client.Shutdown();
+  EXPECT_EQ(r4.Next().kind, Kind::kShutdown);
+  EXPECT_EQ(r5.Next().kind, Kind::kShutdown);
+  std::promise<runtime::FinishReason> refused;
+  client.Submit(99, p,
+                [&](const runtime::RequestOutput& o) { refused.set_value(o.finish_reason); });
+  EXPECT_EQ(refused.get_future().get(), runtime::FinishReason::kError);
+  // The abort was never answered (the replica is gone): it ends with the client.
+}
+
+TEST(ReplicaEngineClient, ALostReplicaFailsEveryLiveRequest) {
+  ReplicaEngineClient client(1, 0);
+  FakeReplica r0(client.endpoint(), 0);
+  ASSERT_TRUE(client.WaitReady(10));
+  std::promise<runtime::RequestOutput> result;
+  runtime::RequestParams p;
+  p.prompt = {1};
+  client.Submit(9, p, [&](const runtime::RequestOutput& o) {
+    if (o.finished) result.set_value(o);
+  });
+  EXPECT_EQ(r0.Next().id, 9u);
+  r0.Close();
+  auto f = result.get_future();
+  ASSERT_EQ(f.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  const runtime::RequestOutput o = f.get();
+  EXPECT_EQ(o.finish_reason, runtime::FinishReason::kError);
+  EXPECT_NE(o.error.find("attention replica 0"), std::string::npos) << o.error;
+  EXPECT_FALSE(client.Ready());
+  EXPECT_NE(client.Failure().find("attention replica 0"), std::string::npos);
+  // Later submissions fail at once.
+  std::promise<runtime::RequestOutput> late;
+  client.Submit(10, p, [&](const runtime::RequestOutput& o) { late.set_value(o); });
+  EXPECT_EQ(late.get_future().get().finish_reason, runtime::FinishReason::kError);
+}
+
+TEST(ReplicaEngineClient, MissingReplicasAreNamedAtTheReadyTimeout) {
+  ReplicaEngineClient client(3, 0);
+  FakeReplica r1(client.endpoint(), 1);
+  EXPECT_FALSE(client.WaitReady(0.5));
+  EXPECT_NE(client.Failure().find("replica(s) 0 2"), std::string::npos) << client.Failure();
+}
+
+TEST(ReplicaEngineClient, AReplicaWithAnotherDpRankIsRefused) {
+  ReplicaEngineClient client(1, 0);
+  FakeReplica stranger(client.endpoint(), 3);
+  EXPECT_FALSE(client.WaitReady(10));
+  EXPECT_NE(client.Failure().find("DP rank 3"), std::string::npos) << client.Failure();
+}
+
+}  // namespace
+}  // namespace afd::server
