@@ -189,11 +189,14 @@ std::vector<RequestOutput> Engine::Step() {
     const Tensor ids_t = ws_.Take(DType::kI32, {m});
     backend.Sample(logits, rows, ids_t);
     backend.CopyToHost(ids.data(), ids_t);
-    // Log-probabilities at the sampled ids, and at the next prompt token for prompt rows.
+    // Log-probabilities at the sampled ids, and at the next prompt token for prompt rows --
+    // only when a request of the step asks for them.
     targets = ids;
     std::vector<int64_t> top_k(m, 0);
+    bool any_logprobs = false;
     for (const ScheduledSeq& e : plan.seqs) {
       const RequestParams& p = live_.at(e.request).params;
+      any_logprobs |= p.logprobs >= 0 || p.prompt_logprobs >= 0 || p.keep_prompt_logits;
       for (int64_t r = 0; r < e.num_logits_rows; ++r) {
         const int64_t row = e.first_logits_row + r;
         const bool sampled = e.sample && r + 1 == e.num_logits_rows;
@@ -201,11 +204,13 @@ std::vector<RequestOutput> Engine::Step() {
         top_k[row] = sampled ? std::max(p.logprobs, 0) : std::max(p.prompt_logprobs, 0);
       }
     }
-    const Tensor targets_t = ws_.Take(DType::kI32, {m});
-    backend.CopyToDevice(targets_t, targets.data());
-    const Tensor lp_t = ws_.Take(DType::kF32, {m});
-    backend.LogSoftmaxAt(logits, targets_t, lp_t);
-    backend.CopyToHost(lps.data(), lp_t);
+    if (any_logprobs) {
+      const Tensor targets_t = ws_.Take(DType::kI32, {m});
+      backend.CopyToDevice(targets_t, targets.data());
+      const Tensor lp_t = ws_.Take(DType::kF32, {m});
+      backend.LogSoftmaxAt(logits, targets_t, lp_t);
+      backend.CopyToHost(lps.data(), lp_t);
+    }
     // The most likely tokens where asked: the row on the host, log-softmax as the CPU reference
     // computes it (so the token's own value matches its entry in the list).
     std::vector<float> row(vocab);
