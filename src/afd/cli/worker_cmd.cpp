@@ -234,8 +234,12 @@ int ServeInProcess(RoleArgs& a) {
 int ServeCommand(RoleArgs& a) {
   server::BlockStopSignals();  // before any thread starts: the serve loop waits for them
   if (a.additional_config.empty()) {
-    AFD_CHECK(a.prompts_file.empty() && a.output_file.empty(),
-              "--prompts-file and --output-file belong to an AFD role: give --additional-config");
+    if (!a.prompts_file.empty() || !a.output_file.empty()) {
+      std::cerr << "afd serve: --prompts-file and --output-file belong to an AFD role: give "
+                   "--additional-config"
+                << std::endl;
+      return 2;
+    }
     return ServeInProcess(a);
   }
   deploy::WorkerOptions base;

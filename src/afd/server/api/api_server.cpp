@@ -1,6 +1,8 @@
 // The HTTP side of the ApiServer: routes, authentication, the shutdown gate and error bodies.
 #include "afd/server/api/api_server.h"
 
+#include <sys/socket.h>
+
 #include <httplib.h>
 
 #include <chrono>
@@ -36,6 +38,7 @@ struct ApiServer::Impl {
   httplib::Server http;
   std::thread listener;
   int port = 0;
+  int listen_fd = -1;  // the listening socket (seen through the socket-options hook)
   std::mutex stop_mu;
   bool started = false;
   bool stopped = false;
@@ -165,6 +168,10 @@ ApiServer::ApiServer(ApiServerOptions options, EngineClient& engine, const Token
   const int threads = options.num_http_threads;
   impl_->ctx =
       std::make_shared<api::ServerContext>(std::move(options), engine, tokenizer, chat_template);
+  impl_->http.set_socket_options([impl = impl_.get()](int fd) {
+    httplib::default_socket_options(fd);
+    impl->listen_fd = fd;
+  });
   impl_->http.new_task_queue = [threads] {
     return new httplib::ThreadPool(static_cast<size_t>(threads));
   };
@@ -186,6 +193,10 @@ void ApiServer::Start() {
               "api server: cannot bind {}:{} (address in use, or not an address of this host)",
               o.host, port);
   }
+  // cpp-httplib 0.11 listens with a backlog of 5 (compiled into the library): a burst of
+  // clients overflows it and some connections are reset. Listening again on the bound socket
+  // raises the backlog to the system's limit.
+  if (impl_->listen_fd >= 0) ::listen(impl_->listen_fd, SOMAXCONN);
   impl_->port = port;
   impl_->started = true;
   impl_->listener = std::thread([this] { impl_->http.listen_after_bind(); });
