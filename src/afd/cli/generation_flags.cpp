@@ -121,6 +121,15 @@ model::OpenOptions ToOpenOptions(const GenerationFlags& f) {
   return open;
 }
 
+void ApplyDtype(const std::string& dtype_flag, bool cuda, model::OpenOptions& open) {
+  const std::string dtype = !dtype_flag.empty() ? dtype_flag : cuda ? "bf16" : "";
+  if (dtype == "bf16") open.weights.matrix_dtype = DType::kBF16;
+  if (dtype == "fp32") {
+    open.weights.matrix_dtype = DType::kF32;
+    open.auto_bf16 = false;
+  }
+}
+
 void ValidateGenerationInput(const GenerationFlags& f, const model::ModelConfig& c,
                              const std::vector<std::vector<int32_t>>& prompts) {
   runtime::ValidateSamplingParams(f.sampling);

@@ -50,6 +50,8 @@ void AddGenerationFlags(CLI::App* cmd, GenerationFlags& flags);
 std::vector<std::string> GenerationFlagsArgv(const GenerationFlags& flags);
 
 model::OpenOptions ToOpenOptions(const GenerationFlags& flags);
+// --dtype of a model on `device` ("cpu"/"cuda"): bf16 (the default on cuda) or fp32 weights.
+void ApplyDtype(const std::string& dtype, bool cuda, model::OpenOptions& open);
 
 // Checks the sampling flags, and each prompt's ids and length (+ max_tokens) against the model.
 // Throws afd::Error naming the flag or prompt (1-based), for an exit 2 before anything starts.

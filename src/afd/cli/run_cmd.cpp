@@ -108,12 +108,7 @@ void Run(RunArgs args, int& exit_code) {
               "the GPU");
     AFD_CHECK(args.dtype.empty() || !args.gen.bf16 || args.dtype == "bf16",
               "--bf16 and --dtype {} disagree", args.dtype);
-    const std::string dtype = !args.dtype.empty() ? args.dtype : cuda ? "bf16" : "";
-    if (dtype == "bf16") open.weights.matrix_dtype = DType::kBF16;
-    if (dtype == "fp32") {
-      open.weights.matrix_dtype = DType::kF32;
-      open.auto_bf16 = false;
-    }
+    ApplyDtype(args.dtype, cuda, open);
     backend = kernels::MakeBackend(cuda ? Device::Cuda(args.cuda_device) : Device::Cpu());
     model = model::OpenModel(args.gen.model, open, *backend);
     const model::ModelConfig& c = model->config();

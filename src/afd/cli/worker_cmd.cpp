@@ -203,12 +203,7 @@ int ServeInProcess(RoleArgs& a) {
     engine = ToEngineOptions(a.gen);
     model::OpenOptions open = ToOpenOptions(a.gen);
     const bool cuda = a.device == "cuda";
-    const std::string dtype = !a.dtype.empty() ? a.dtype : cuda ? "bf16" : "";
-    if (dtype == "bf16") open.weights.matrix_dtype = DType::kBF16;
-    if (dtype == "fp32") {
-      open.weights.matrix_dtype = DType::kF32;
-      open.auto_bf16 = false;
-    }
+    ApplyDtype(a.dtype, cuda, open);
     backend = kernels::MakeBackend(cuda ? Device::Cuda(a.cuda_device) : Device::Cpu());
     model = model::OpenModel(a.gen.model, open, *backend);
     if (engine.num_kv_blocks == 0) {

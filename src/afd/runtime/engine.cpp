@@ -110,13 +110,8 @@ void Engine::Add(uint64_t id, RequestParams params) {
   AFD_CHECK(!index_of_.count(id), "request id {} is already live", id);
   const std::string problem = Check(params);
   if (!problem.empty()) {
-    RequestOutput o;
-    o.request_id = id;
-    o.num_prompt_tokens = static_cast<int64_t>(params.prompt.size());
-    o.finished = true;
-    o.finish_reason = FinishReason::kError;
-    o.error = problem;
-    pending_.push_back(std::move(o));
+    pending_.push_back(RequestOutput::Failed(id, problem));
+    pending_.back().num_prompt_tokens = static_cast<int64_t>(params.prompt.size());
     return;
   }
   const int64_t index = next_index_++;

@@ -60,6 +60,16 @@ struct RequestOutput {
   FinishReason finish_reason = FinishReason::kNone;
   int32_t stop_token_id = -1;  // the EOS or stop token that finished it (kStop), else -1
   std::string error;           // kError: why
+
+  // The final output of a request that failed: reason kError, `why`.
+  static RequestOutput Failed(uint64_t id, std::string why) {
+    RequestOutput o;
+    o.request_id = id;
+    o.finished = true;
+    o.finish_reason = FinishReason::kError;
+    o.error = std::move(why);
+    return o;
+  }
 };
 
 // Load and cache occupancy of one engine (one attention DP replica).

@@ -41,12 +41,7 @@ void LocalEngineClient::Submit(uint64_t id, runtime::RequestParams params,
     }
   }
   if (!refused.empty()) {
-    runtime::RequestOutput o;
-    o.request_id = id;
-    o.finished = true;
-    o.finish_reason = runtime::FinishReason::kError;
-    o.error = refused;
-    on_output(o);
+    on_output(runtime::RequestOutput::Failed(id, refused));
     return;
   }
   wake_.notify_all();
@@ -83,14 +78,7 @@ void LocalEngineClient::FailAll(const std::string& why) {
     live.swap(callbacks_);
     inbox_.clear();
   }
-  for (auto& [id, callback] : live) {
-    runtime::RequestOutput o;
-    o.request_id = id;
-    o.finished = true;
-    o.finish_reason = runtime::FinishReason::kError;
-    o.error = why;
-    callback(o);
-  }
+  for (auto& [id, callback] : live) callback(runtime::RequestOutput::Failed(id, why));
 }
 
 void LocalEngineClient::Loop() {

@@ -12,15 +12,6 @@ namespace {
 
 constexpr double kSendTimeoutSeconds = 30;
 
-runtime::RequestOutput ErrorOutput(uint64_t id, const std::string& why) {
-  runtime::RequestOutput o;
-  o.request_id = id;
-  o.finished = true;
-  o.finish_reason = runtime::FinishReason::kError;
-  o.error = why;
-  return o;
-}
-
 }  // namespace
 
 ReplicaEngineClient::ReplicaEngineClient(int num_replicas, int first_dp_rank)
@@ -97,7 +88,7 @@ void ReplicaEngineClient::FailLocked(const std::string& why,
 
 void ReplicaEngineClient::Deliver(std::vector<std::pair<OutputCallback, uint64_t>>& failed,
                                   const std::string& why) {
-  for (auto& [callback, id] : failed) callback(ErrorOutput(id, why));
+  for (auto& [callback, id] : failed) callback(runtime::RequestOutput::Failed(id, why));
 }
 
 void ReplicaEngineClient::SetFailure(const std::string& why) {
@@ -160,7 +151,7 @@ void ReplicaEngineClient::Submit(uint64_t id, runtime::RequestParams params,
     }
   }
   if (!refused.empty()) {
-    on_output(ErrorOutput(id, refused));
+    on_output(runtime::RequestOutput::Failed(id, refused));
     return;
   }
   deploy::EngineMessage m;
