@@ -41,6 +41,7 @@ __global__ void CacheWrite(const float* ckv, int64_t kvr, const float* norm_w, f
                            PagedArgs t, RopeArgs r, float* cache) {
   __shared__ float partial[32];
   const int64_t i = blockIdx.x, width = kvr + r.dim;
+  if (t.slot_mapping[i] < 0) return;  // a padding row of a captured graph
   const float* src = ckv + i * width;
   float* row = cache + t.slot_mapping[i] * width;
   float ss = 0.0f;
