@@ -10,6 +10,7 @@
 # (HF_BATCH=1,16) transformers eager decode. Prints a summary; logs go to OUT_DIR.
 set -u
 BIN=$(readlink -f "$1")
+HERE=$(dirname "$(readlink -f "$0")")  # the helper scripts beside this one
 OUT=$2
 WORK=$(mktemp -d)  # scratch; only logs and references go to OUT (the tool returns 8 files)
 mkdir -p "$OUT"
@@ -73,8 +74,8 @@ for c in v2_greedy_yarn v2_group_limited v3_noaux_tc v3_sharded; do
   REF=tests/data/golden/$c/bf16_reference.json
   [ -f "$REF" ] || REF=$OUT/bf16_ref/$c/bf16_reference.json
   [ -f "$REF" ] || { echo "$c: no bf16 reference"; continue; }
-  $PY tools/device/score_bf16.py "$AFD" tests/data/golden/$c "$REF" "$WORK" --device cuda --dtype bf16 || status=1
-  $PY tools/device/score_bf16.py "$AFD" tests/data/golden/$c "$REF" "$WORK" --device cuda --dtype fp32 || true
+  $PY $HERE/score_bf16.py "$AFD" tests/data/golden/$c "$REF" "$WORK" --device cuda --dtype bf16 || status=1
+  $PY $HERE/score_bf16.py "$AFD" tests/data/golden/$c "$REF" "$WORK" --device cuda --dtype fp32 || true
 done
 
 if [ -z "${SKIP_PERF:-}" ]; then
@@ -94,8 +95,8 @@ if [ -f "$BIN/torch_peer.py" ]; then  # the PyTorch peer (shared/bench), same ca
   timeout 200 $PY "$BIN/torch_peer.py" "$WORK/peer.json" 128 2>&1 | tail -12
 fi
 if [ -n "${HF_BATCH:-}" ]; then
-  echo "== transformers eager decode (tools/device/hf_decode_bench.py), batch $HF_BATCH"
-  timeout 240 $PY tools/device/hf_decode_bench.py --batch "$HF_BATCH" --context 128 2>&1 | grep -v Warning | tail -6
+  echo "== transformers eager decode ($HERE/hf_decode_bench.py), batch $HF_BATCH"
+  timeout 240 $PY $HERE/hf_decode_bench.py --batch "$HF_BATCH" --context 128 2>&1 | grep -v Warning | tail -6
 fi
 echo "== exit status $status"
 exit $status

@@ -90,6 +90,7 @@ enum ScratchSlot {
   kSampleParams,
   kMoeAct,
   kMlaPartial,
+  kMlaLatent,
   kNumSlots
 };
 
@@ -318,6 +319,10 @@ void CudaBackend::Linear(const Tensor& x, const Tensor& w, const Tensor& y) {
   }
   auto* xb = static_cast<uint16_t*>(Scratch(kBf16Input, n * k * 2));
   LaunchToBf16(x.data_as<const float>(), n * k, xb, state_->stream);
+  if (GemvFits(n, k)) {  // a few rows: stream the weights once, near the copy rate
+    LaunchGemvBf16(xb, n, k, w.data(), m, y.data_as<float>(), state_->stream);
+    return;
+  }
   AFD_CUBLAS_CHECK(cublasGemmEx(state_->cublas, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha, w.data(),
                                 CUDA_R_16BF, k, xb, CUDA_R_16BF, k, &beta, y.data(), CUDA_R_32F, m,
                                 CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
@@ -379,9 +384,25 @@ void CudaBackend::MlaAttention(const Tensor& q, const Tensor& kv_b, const Attent
   const int64_t splits = MlaSplits(n, nh, max_context);
   auto* partial = static_cast<float*>(
       Scratch(kMlaPartial, MlaPartialFloats(n, nh, splits, kvr) * sizeof(float)));
-  LaunchMlaAttention(q.data_as<const float>(), n, heads, kv_b.data_as<const float>(), kvr, dn, dr,
-                     dv, Paged(tokens), cache.data_as<const float>(), head_begin, head_end, scale,
-                     max_context, splits, partial, out.data_as<float>(), state_->stream);
+  // q_lat, o_lat: [n, nh, kvr] each.
+  auto* q_lat = static_cast<float*>(Scratch(kMlaLatent, 2 * n * nh * kvr * sizeof(float)));
+  float* o_lat = q_lat + n * nh * kvr;
+  // Per head h (batched, fp32): q_lat_h [n, kvr] = q_nope_h [n, dn] · W_k[h] [dn, kvr]; in
+  // column-major terms q_lat_hᵀ = W_k[h]ᵀ · q_nope_hᵀ (W_k rows are kvr wide, so no transpose).
+  const float one = 1.0f, zero = 0.0f;
+  const float* w_k = kv_b.data_as<const float>() + head_begin * (dn + dv) * kvr;
+  const float* w_v = w_k + dn * kvr;
+  AFD_CUBLAS_CHECK(cublasSgemmStridedBatched(
+      state_->cublas, CUBLAS_OP_N, CUBLAS_OP_N, kvr, n, dn, &one, w_k, kvr, (dn + dv) * kvr,
+      q.data_as<const float>() + head_begin * (dn + dr), heads * (dn + dr), dn + dr, &zero, q_lat,
+      nh * kvr, kvr, nh));
+  LaunchMlaAttention(q.data_as<const float>(), n, heads, q_lat, kvr, dn, dr, Paged(tokens),
+                     cache.data_as<const float>(), head_begin, head_end, scale, max_context, splits,
+                     partial, o_lat, state_->stream);
+  // out_h [n, dv] = o_lat_h [n, kvr] · W_v[h]ᵀ (W_v[h]: [dv, kvr]).
+  AFD_CUBLAS_CHECK(cublasSgemmStridedBatched(state_->cublas, CUBLAS_OP_T, CUBLAS_OP_N, dv, n, kvr,
+                                             &one, w_v, kvr, (dn + dv) * kvr, o_lat, nh * kvr, kvr,
+                                             &zero, out.data_as<float>(), nh * dv, dv, nh));
 }
 
 void CudaBackend::RouterTopk(const Tensor& logits, const Tensor& bias, const RouterSpec& spec,
@@ -439,12 +460,14 @@ void CudaBackend::GroupedExpertMlp(const Tensor& x, const Tensor& offsets,
   const int64_t inter = experts.down.front().dim(1);
   const bool bf16 = experts.gate_up.front().dtype() == DType::kBF16;
   auto* act = static_cast<float*>(Scratch(kMoeAct, m * inter * sizeof(float)));  // [m, I]
+  auto* xb =
+      bf16 ? static_cast<uint16_t*>(Scratch(kBf16Input, m * std::max(h, inter) * 2)) : nullptr;
   LaunchGroupedLinear(x.data_as<const float>(), m, h, ExpertTable(experts, 0), bf16,
-                      offsets.data_as<const int32_t>(), e, inter, /*swiglu=*/true, act,
+                      offsets.data_as<const int32_t>(), e, inter, /*swiglu=*/true, act, xb,
                       state_->stream);
   LaunchGroupedLinear(act, m, inter, ExpertTable(experts, 1), bf16,
                       offsets.data_as<const int32_t>(), e, h, /*swiglu=*/false,
-                      out.data_as<float>(), state_->stream);
+                      out.data_as<float>(), xb, state_->stream);
 }
 
 void CudaBackend::MoeCombine(const Tensor& y, const Tensor& row_of_slot, const Tensor& weights,
