@@ -6,6 +6,7 @@
 # Runs: backend_ops_test (every op, cpu and cuda), fp32 on the GPU vs the CPU reference on every
 # golden checkpoint (greedy ids, prompt logprobs, logits), bf16 on the GPU, and
 # backend_ops_test --perf on the GPU (skipped with SKIP_PERF=1), CUDA-graph vs eager greedy ids,
+# the torch peer when BIN_DIR holds torch_peer.py (skipped with SKIP_PEER=1),
 # afd bench decode with graphs and (PROFILE=1) the eager per-op profile, the torch peer, and
 # (HF_BATCH=1,16) transformers eager decode. Prints a summary; logs go to OUT_DIR.
 set -u
@@ -90,7 +91,7 @@ if [ -n "${PROFILE:-}" ]; then
   timeout 300 "$AFD" bench decode --model preset:deepseek-v2-lite --device cuda --batch 1,16,64,256 --context 128 --steps 8 --profile 2>&1 | grep -v "loading weights \[" | tee "$OUT/bench_profile.txt"
 fi
 
-if [ -f "$BIN/torch_peer.py" ]; then  # the PyTorch peer (shared/bench), same call, same GPU
+if [ -f "$BIN/torch_peer.py" ] && [ -z "${SKIP_PEER:-}" ]; then  # the PyTorch peer (shared/bench), same GPU
   echo "== torch_peer.py (PyTorch + CUDA graphs), context 128"
   timeout 200 $PY "$BIN/torch_peer.py" "$WORK/peer.json" 128 2>&1 | tail -12
 fi

@@ -61,7 +61,7 @@ void LaunchMlaAttention(const float* q, int64_t n, int64_t heads, const float* q
                         int64_t h1, float scale, int64_t max_context, int64_t splits,
                         float* partial, float* o_lat, cudaStream_t s);
 
-// router.cu: one thread per token; num_experts <= kMaxRouterExperts.
+// router.cu: one warp per token; num_experts <= kMaxRouterExperts.
 inline constexpr int kMaxRouterExperts = 512;
 struct RouterArgs {
   bool sigmoid;

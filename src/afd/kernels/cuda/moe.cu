@@ -13,11 +13,13 @@ namespace afd::kernels::cuda {
 
 namespace {
 
-// One block, deterministic and graph-safe. Thread e owns local expert e (and e + blockDim,
-// ...): it counts its slots, then (after a prefix sum over experts) places them in slot order,
-// so tokens stay ascending within an expert. The ids are staged through shared memory in
-// tiles, so each thread's scan reads shared memory, not global.
+// One block, deterministic and graph-safe: counts each local expert's slots, a prefix sum over
+// experts, then places the slots in slot order, so tokens stay ascending within an expert. Up
+// to kFastPermuteExperts local experts, slots are placed in parallel (see below); above, thread
+// e owns local expert e (and e + blockDim, ...) and scans the ids, staged through shared
+// memory in tiles.
 constexpr int kPermuteThreads = 1024, kPermuteTile = 4096, kMaxLocalExperts = 4096;
+constexpr int kFastPermuteExperts = 128;  // per-warp counts in shared memory: 16 KB
 
 __global__ void Permute(const int32_t* ids, int64_t n, int64_t k, int64_t begin, int64_t local,
                         int32_t* offsets, int32_t* src_row, int32_t* row_of_slot) {
@@ -43,6 +45,47 @@ __global__ void Permute(const int32_t* ids, int64_t n, int64_t k, int64_t begin,
     offsets[local] = total;
   }
   __syncthreads();
+  if (local <= kFastPermuteExperts) {
+    // Slots in tiles of one per thread: a slot's place is its expert's cursor + the same-expert
+    // slots of earlier warps in the tile (a prefix over per-warp counts) + those of lower lanes
+    // in its warp (__match_any_sync), so slot order is kept without a serial scan.
+    __shared__ int32_t warp_count[kPermuteThreads / 32][kFastPermuteExperts];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (int64_t e = threadIdx.x; e < (kPermuteThreads / 32) * local; e += blockDim.x) {
+      warp_count[e / local][e % local] = 0;
+    }
+    for (int64_t t0 = 0; t0 < slots; t0 += kPermuteThreads) {
+      const int64_t s = t0 + threadIdx.x;
+      const int64_t e = s < slots ? ids[s] - begin : -1;
+      const bool mine = e >= 0 && e < local;
+      const int key = mine ? static_cast<int>(e) : -1;
+      const unsigned peers = __match_any_sync(0xffffffffu, key);
+      const int below = __popc(peers & ((1u << lane) - 1));
+      __syncthreads();
+      if (mine && below == 0) warp_count[warp][e] = __popc(peers);
+      __syncthreads();
+      for (int64_t x = threadIdx.x; x < local; x += blockDim.x) {
+        int32_t running = count[x];
+        for (int w = 0; w < kPermuteThreads / 32; ++w) {
+          const int32_t c = warp_count[w][x];
+          warp_count[w][x] = running;
+          running += c;
+        }
+        count[x] = running;
+      }
+      __syncthreads();
+      if (mine) {
+        const int32_t pos = warp_count[warp][e] + below;
+        src_row[pos] = static_cast<int32_t>(s / k);
+        row_of_slot[s] = pos;
+      }
+      __syncthreads();
+      for (int64_t x = threadIdx.x; x < (kPermuteThreads / 32) * local; x += blockDim.x) {
+        warp_count[x / local][x % local] = 0;
+      }
+    }
+    return;
+  }
   for (int64_t t0 = 0; t0 < slots; t0 += kPermuteTile) {
     const int64_t len = min(static_cast<int64_t>(kPermuteTile), slots - t0);
     for (int64_t i = threadIdx.x; i < len; i += blockDim.x) tile[i] = ids[t0 + i];
