@@ -392,25 +392,14 @@ void CudaBackend::MlaAttention(const Tensor& q, const Tensor& kv_b, const Attent
   const float one = 1.0f, zero = 0.0f;
   const float* w_k = kv_b.data_as<const float>() + head_begin * (dn + dv) * kvr;
   const float* w_v = w_k + dn * kvr;
-  const bool small = n <= kMlaSmallTokens;
-  if (small) {
-    LaunchMlaProjectSmall(q.data_as<const float>(), n, heads, kv_b.data_as<const float>(), kvr, dn,
-                          dr, dv, head_begin, head_end, q_lat, state_->stream);
-  } else {
-    AFD_CUBLAS_CHECK(cublasSgemmStridedBatched(
-        state_->cublas, CUBLAS_OP_N, CUBLAS_OP_N, kvr, n, dn, &one, w_k, kvr, (dn + dv) * kvr,
-        q.data_as<const float>() + head_begin * (dn + dr), heads * (dn + dr), dn + dr, &zero, q_lat,
-        nh * kvr, kvr, nh));
-  }
+  AFD_CUBLAS_CHECK(cublasSgemmStridedBatched(
+      state_->cublas, CUBLAS_OP_N, CUBLAS_OP_N, kvr, n, dn, &one, w_k, kvr, (dn + dv) * kvr,
+      q.data_as<const float>() + head_begin * (dn + dr), heads * (dn + dr), dn + dr, &zero, q_lat,
+      nh * kvr, kvr, nh));
   LaunchMlaAttention(q.data_as<const float>(), n, heads, q_lat, kvr, dn, dr, Paged(tokens),
                      cache.data_as<const float>(), head_begin, head_end, scale, max_context, splits,
                      partial, o_lat, state_->stream);
   // out_h [n, dv] = o_lat_h [n, kvr] · W_v[h]ᵀ (W_v[h]: [dv, kvr]).
-  if (small) {
-    LaunchMlaOutSmall(o_lat, n, kv_b.data_as<const float>(), kvr, dn, dv, head_begin, head_end,
-                      out.data_as<float>(), state_->stream);
-    return;
-  }
   AFD_CUBLAS_CHECK(cublasSgemmStridedBatched(state_->cublas, CUBLAS_OP_T, CUBLAS_OP_N, dv, n, kvr,
                                              &one, w_v, kvr, (dn + dv) * kvr, o_lat, nh * kvr, kvr,
                                              &zero, out.data_as<float>(), nh * dv, dv, nh));

@@ -60,14 +60,6 @@ void LaunchMlaAttention(const float* q, int64_t n, int64_t heads, const float* q
                         int64_t dn, int64_t dr, const PagedArgs& t, const float* cache, int64_t h0,
                         int64_t h1, float scale, int64_t max_context, int64_t splits,
                         float* partial, float* o_lat, cudaStream_t s);
-// The projections around it for few tokens (n <= kMlaSmallTokens; the backend uses batched
-// GEMMs above): q_lat = W_kᵀ·q_nope per head, and out: [n, nh·dv] = W_v·o_lat per head.
-inline constexpr int64_t kMlaSmallTokens = 8;
-void LaunchMlaProjectSmall(const float* q, int64_t n, int64_t heads, const float* kv_b, int64_t kvr,
-                           int64_t dn, int64_t dr, int64_t dv, int64_t h0, int64_t h1, float* q_lat,
-                           cudaStream_t s);
-void LaunchMlaOutSmall(const float* o_lat, int64_t n, const float* kv_b, int64_t kvr, int64_t dn,
-                       int64_t dv, int64_t h0, int64_t h1, float* out, cudaStream_t s);
 
 // router.cu: one warp per token; num_experts <= kMaxRouterExperts.
 inline constexpr int kMaxRouterExperts = 512;

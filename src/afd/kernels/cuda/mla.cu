@@ -213,41 +213,6 @@ __global__ void AttentionCombine(int64_t kvr, int64_t nh, int64_t splits, const 
   }
 }
 
-// Few tokens: the per-head projections around the attention as plain kernels (cuBLAS's
-// batched GEMMs cost ~30 us each at n = 1). Block (token, head).
-// q_lat[t, h, l] = Σ_d q[t, h0 + h, d] · W_k[h0 + h][d, l] over d < dn.
-__global__ void QLatSmall(const float* q, int64_t heads, const float* kv_b, int64_t kvr, int64_t dn,
-                          int64_t dr, int64_t dv, int64_t h0, int64_t nh, float* q_lat) {
-  extern __shared__ float q_nope[];  // [dn]
-  const int64_t tok = blockIdx.x, h = blockIdx.y;
-  const float* qh = q + (tok * heads + h0 + h) * (dn + dr);
-  for (int64_t d = threadIdx.x; d < dn; d += blockDim.x) q_nope[d] = qh[d];
-  __syncthreads();
-  const float* w_k = kv_b + (h0 + h) * (dn + dv) * kvr;  // [dn, kvr]
-  for (int64_t l = threadIdx.x; l < kvr; l += blockDim.x) {
-    float acc = 0.0f;
-    for (int64_t d = 0; d < dn; ++d) acc += q_nope[d] * w_k[d * kvr + l];
-    q_lat[(tok * nh + h) * kvr + l] = acc;
-  }
-}
-
-// out[t, h, e] = Σ_l W_v[h0 + h][e, l] · o_lat[t, h, l]: one warp per e.
-__global__ void VOutSmall(const float* o_lat, const float* kv_b, int64_t kvr, int64_t dn,
-                          int64_t dv, int64_t h0, int64_t nh, float* out) {
-  extern __shared__ float lat[];  // [kvr]
-  const int64_t tok = blockIdx.x, h = blockIdx.y;
-  for (int64_t l = threadIdx.x; l < kvr; l += blockDim.x) lat[l] = o_lat[(tok * nh + h) * kvr + l];
-  __syncthreads();
-  const float* w_v = kv_b + (h0 + h) * (dn + dv) * kvr + dn * kvr;  // [dv, kvr]
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-  for (int64_t e = warp; e < dv; e += warps) {
-    float acc = 0.0f;
-    for (int64_t l = lane; l < kvr; l += 32) acc += w_v[e * kvr + l] * lat[l];
-    for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-    if (lane == 0) out[(tok * nh + h) * dv + e] = acc;
-  }
-}
-
 }  // namespace
 
 void LaunchRope(float* x, int64_t n, int64_t heads, int64_t width, int64_t offset,
@@ -304,25 +269,6 @@ void LaunchMlaAttention(const float* q, int64_t n, int64_t heads, const float* q
   const dim3 grid2(static_cast<unsigned>(n), static_cast<unsigned>(nh));
   AttentionCombine<<<grid2, kAttnThreads, 0, s>>>(kvr, nh, splits, partial, o_lat);
   CheckLaunch("MlaAttention (combine)");
-}
-
-void LaunchMlaProjectSmall(const float* q, int64_t n, int64_t heads, const float* kv_b, int64_t kvr,
-                           int64_t dn, int64_t dr, int64_t dv, int64_t h0, int64_t h1, float* q_lat,
-                           cudaStream_t s) {
-  if (n == 0) return;
-  const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>(h1 - h0));
-  QLatSmall<<<grid, kAttnThreads, dn * sizeof(float), s>>>(q, heads, kv_b, kvr, dn, dr, dv, h0,
-                                                           h1 - h0, q_lat);
-  CheckLaunch("MlaAttention (q_lat)");
-}
-
-void LaunchMlaOutSmall(const float* o_lat, int64_t n, const float* kv_b, int64_t kvr, int64_t dn,
-                       int64_t dv, int64_t h0, int64_t h1, float* out, cudaStream_t s) {
-  if (n == 0) return;
-  const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>(h1 - h0));
-  VOutSmall<<<grid, kAttnThreads, kvr * sizeof(float), s>>>(o_lat, kv_b, kvr, dn, dv, h0, h1 - h0,
-                                                            out);
-  CheckLaunch("MlaAttention (W_v)");
 }
 
 }  // namespace afd::kernels::cuda
