@@ -102,7 +102,9 @@ Tensor CudaGraphRunner::Forward(const model::ForwardBatch& batch, kv::PagedKvCac
     return model_.Forward(batch, cache, moe_, ws);
   }
   model_.CheckBatch(batch, cache);
-  const void* memory = cache.Layer(0).data();
+  // The first and last layers' addresses identify the cache's memory and its layer stride.
+  const std::pair<const void*, const void*> memory = {
+      cache.Layer(0).data(), cache.Layer(model_.config().num_hidden_layers - 1).data()};
   if (memory != cache_memory_) {  // graphs hold the old cache's addresses
     model_.backend().Synchronize();
     graphs_.clear();

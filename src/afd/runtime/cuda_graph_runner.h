@@ -22,6 +22,7 @@
 #include <map>
 #include <memory>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "afd/runtime/generator.h"
@@ -59,7 +60,8 @@ class CudaGraphRunner : public StepRunner {
   model::LocalMoeBackend moe_;
   std::vector<int64_t> sizes_;  // ascending, unique
   bool enforce_eager_;
-  const void* cache_memory_ = nullptr;  // the cache the graphs were captured with
+  // The cache the graphs were captured with: its first and last layers' addresses.
+  std::pair<const void*, const void*> cache_memory_ = {nullptr, nullptr};
   std::map<Key, std::unique_ptr<Graph>> graphs_;
   // Host staging of a step's padded inputs (reused).
   std::vector<int32_t> ids_, seq_index_, tables_;
