@@ -522,13 +522,16 @@ Result Moe(Ctx& c, int64_t n, int64_t num_experts, int64_t k, int64_t h, int64_t
       return Result::Fail("bad permutation");
     }
   }
-  // The GPU's tensor-core path (bf16 experts, 16+ rows per expert, K and N multiples of 16)
-  // rounds its GEMM inputs to bf16: the reference does the same there.
+  // The GPU's bf16 paths round their GEMM inputs to bf16: the tensor-core path (16+ rows per
+  // expert, K and N multiples of 16) and the bf16 GEMV (up to 32 rows per expert, K a multiple
+  // of 8). The reference does the same there.
   const bool gpu = !c.b.device().is_cpu();
-  auto tensor_cores = [&](int64_t kk, int64_t nn) {
-    return gpu && n * k >= 16 * local && kk % 16 == 0 && nn % 16 == 0;
+  auto rounds = [&](int64_t kk, int64_t nn) {
+    const bool tensor_cores = n * k >= 16 * local && kk % 16 == 0 && nn % 16 == 0;
+    const bool gemv = n * k <= 32 * local && kk % 8 == 0;
+    return gpu && (tensor_cores || gemv);
   };
-  const bool round_x = tensor_cores(h, inter), round_act = tensor_cores(inter, h);
+  const bool round_x = rounds(h, inter), round_act = rounds(inter, h);
   auto rnd = [](double v, bool on) { return on ? double(Bf16ToF32(F32ToBf16(float(v)))) : v; };
   std::vector<double> want(n * h, 0.0);
   for (int64_t t = 0; t < n; ++t) {

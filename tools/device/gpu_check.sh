@@ -5,9 +5,13 @@
 #            (libfmt, libgomp, libpcre2-8, libutf8proc); cuBLAS comes from the machine's CUDA.
 # Runs: backend_ops_test (every op, cpu and cuda), fp32 on the GPU vs the CPU reference on every
 # golden checkpoint (greedy ids, prompt logprobs, logits), bf16 on the GPU, and
-# backend_ops_test --perf on the GPU. Prints a summary; logs go to OUT_DIR.
+# backend_ops_test --perf on the GPU (skipped with SKIP_PERF=1), CUDA-graph vs eager greedy ids,
+# the torch peer when BIN_DIR holds torch_peer.py (skipped with SKIP_PEER=1),
+# afd bench decode with graphs and (PROFILE=1) the eager per-op profile, the torch peer, and
+# (HF_BATCH=1,16) transformers eager decode. Prints a summary; logs go to OUT_DIR.
 set -u
 BIN=$(readlink -f "$1")
+HERE=$(dirname "$(readlink -f "$0")")  # the helper scripts beside this one
 OUT=$2
 WORK=$(mktemp -d)  # scratch; only logs and references go to OUT (the tool returns 8 files)
 mkdir -p "$OUT"
@@ -38,6 +42,8 @@ for c in v2_greedy_yarn v2_group_limited v3_noaux_tc v3_sharded; do
     --dtype fp32 --dump-logits "$WORK/${c}_cuda.npy" >/dev/null 2>&1 || status=1
   "$AFD" run --model "$M" "${P[@]}" --max-tokens 20 --ignore-eos --json --device cuda \
     --dtype bf16 >"$WORK/${c}_cuda_bf16.json" 2>&1 || status=1
+  "$AFD" run --model "$M" "${P[@]}" --max-tokens 20 --ignore-eos --json --device cuda \
+    --dtype bf16 --enforce-eager >"$WORK/${c}_cuda_bf16_eager.json" 2>&1 || status=1
   $PY - "$WORK" "$c" <<'PYEOF' || status=1
 import json, sys
 import numpy as np
@@ -45,15 +51,19 @@ out, c = sys.argv[1], sys.argv[2]
 cpu = [json.loads(l) for l in open(f"{out}/{c}_cpu.json")]
 gpu = [json.loads(l) for l in open(f"{out}/{c}_cuda.json")]
 bf = [json.loads(l) for l in open(f"{out}/{c}_cuda_bf16.json")]
+eg = [json.loads(l) for l in open(f"{out}/{c}_cuda_bf16_eager.json")]
 a, b = np.load(f"{out}/{c}_cpu.npy"), np.load(f"{out}/{c}_cuda.npy")
 rel = float(np.linalg.norm(a - b) / np.linalg.norm(a))
 same = all(x["output_ids"] == y["output_ids"] for x, y in zip(cpu, gpu)) and len(cpu) == len(gpu)
 lp = max(abs(p - q) for x, y in zip(cpu, gpu) for p, q in zip(x["logprobs"], y["logprobs"]))
 bf_agree = sum(p == q for x, y in zip(cpu, bf) for p, q in zip(x["output_ids"], y["output_ids"]))
 total = sum(len(x["output_ids"]) for x in cpu)
+graph_same = len(bf) == len(eg) and all(x["output_ids"] == y["output_ids"] for x, y in zip(bf, eg))
+glp = max(abs(p - q) for x, y in zip(bf, eg) for p, q in zip(x["logprobs"], y["logprobs"]))
 print(f"{c}: fp32 greedy ids identical: {same}; logits rel err {rel:.2e}; max |dlogprob| {lp:.2e};"
-      f" bf16 greedy ids equal to fp32 cpu: {bf_agree}/{total}")
-sys.exit(0 if same and rel <= 1e-4 else 1)
+      f" bf16 greedy ids equal to fp32 cpu: {bf_agree}/{total}; bf16 graph vs eager ids"
+      f" identical: {graph_same}, max |dlogprob| {glp:.2e}")
+sys.exit(0 if same and rel <= 1e-4 and graph_same else 1)
 PYEOF
 done
 
@@ -65,19 +75,29 @@ for c in v2_greedy_yarn v2_group_limited v3_noaux_tc v3_sharded; do
   REF=tests/data/golden/$c/bf16_reference.json
   [ -f "$REF" ] || REF=$OUT/bf16_ref/$c/bf16_reference.json
   [ -f "$REF" ] || { echo "$c: no bf16 reference"; continue; }
-  $PY tools/device/score_bf16.py "$AFD" tests/data/golden/$c "$REF" "$WORK" --device cuda --dtype bf16 || status=1
-  $PY tools/device/score_bf16.py "$AFD" tests/data/golden/$c "$REF" "$WORK" --device cuda --dtype fp32 || true
+  $PY $HERE/score_bf16.py "$AFD" tests/data/golden/$c "$REF" "$WORK" --device cuda --dtype bf16 || status=1
+  $PY $HERE/score_bf16.py "$AFD" tests/data/golden/$c "$REF" "$WORK" --device cuda --dtype fp32 || true
 done
 
-echo "== backend_ops_test --perf --backend cuda"
-"$BIN/backend_ops_test" --perf --backend cuda --iters 20 2>&1 | tee "$OUT/perf_cuda.txt"
+if [ -z "${SKIP_PERF:-}" ]; then
+  echo "== backend_ops_test --perf --backend cuda"
+  "$BIN/backend_ops_test" --perf --backend cuda --iters 20 2>&1 | tee "$OUT/perf_cuda.txt"
+fi
 
 echo "== afd bench decode on cuda (preset:deepseek-v2-lite, bf16)"
 timeout 420 "$AFD" bench decode --model preset:deepseek-v2-lite --device cuda --batch 1,16,64,256 --context 128 --steps 16 ${BENCH_LAYERS:+--num-layers $BENCH_LAYERS} 2>&1 | grep -v "loading weights \[" | tee "$OUT/bench_decode.txt"
+if [ -n "${PROFILE:-}" ]; then
+  echo "== afd bench decode --enforce-eager --profile (per-op device time of a decode step)"
+  timeout 300 "$AFD" bench decode --model preset:deepseek-v2-lite --device cuda --batch 1,16,64,256 --context 128 --steps 8 --profile 2>&1 | grep -v "loading weights \[" | tee "$OUT/bench_profile.txt"
+fi
 
-if [ -f "$BIN/torch_peer.py" ]; then  # the PyTorch peer (shared/bench), same call, same GPU
+if [ -f "$BIN/torch_peer.py" ] && [ -z "${SKIP_PEER:-}" ]; then  # the PyTorch peer (shared/bench), same GPU
   echo "== torch_peer.py (PyTorch + CUDA graphs), context 128"
   timeout 200 $PY "$BIN/torch_peer.py" "$WORK/peer.json" 128 2>&1 | tail -12
+fi
+if [ -n "${HF_BATCH:-}" ]; then
+  echo "== transformers eager decode ($HERE/hf_decode_bench.py), batch $HF_BATCH"
+  timeout 240 $PY $HERE/hf_decode_bench.py --batch "$HF_BATCH" --context 128 2>&1 | grep -v Warning | tail -6
 fi
 echo "== exit status $status"
 exit $status

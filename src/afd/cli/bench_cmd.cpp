@@ -24,12 +24,13 @@ struct BenchArgs {
   std::string dtype;
   int cuda_device = 0;
   std::string batch = "1,16,64,256";
+  std::string cuda_graph_sizes;  // empty: the default capture sizes
   int64_t num_layers = 0;
   runtime::BenchDecodeOptions options;
   bool json = false;
 };
 
-std::vector<int64_t> ParseList(const std::string& text) {
+std::vector<int64_t> ParseList(const std::string& text, const char* flag) {
   std::vector<int64_t> v;
   size_t pos = 0;
   while (pos <= text.size()) {
@@ -43,7 +44,7 @@ std::vector<int64_t> ParseList(const std::string& text) {
       used = 0;
     }
     AFD_CHECK(used == item.size() && !item.empty() && x >= 1,
-              "--batch \"{}\": \"{}\" is not a positive integer", text, item);
+              "{} \"{}\": \"{}\" is not a positive integer", flag, text, item);
     v.push_back(x);
     if (comma == std::string::npos) break;
     pos = comma + 1;
@@ -55,7 +56,10 @@ void Run(BenchArgs a, int& exit_code) {
   std::unique_ptr<kernels::Backend> backend;
   std::unique_ptr<model::DeepseekModel> model;
   try {
-    a.options.batch_sizes = ParseList(a.batch);
+    a.options.batch_sizes = ParseList(a.batch, "--batch");
+    if (!a.cuda_graph_sizes.empty()) {
+      a.options.graphs.sizes = ParseList(a.cuda_graph_sizes, "--cuda-graph-sizes");
+    }
     const bool cuda = a.device == "cuda";
     model::OpenOptions open;
     open.num_layers = a.num_layers;
@@ -85,7 +89,8 @@ void Run(BenchArgs a, int& exit_code) {
                            {"bytes_per_step", row.bytes_per_step},
                            {"floor_ms", row.floor_ms},
                            {"ratio_to_floor", row.ms_per_step / row.floor_ms},
-                           {"prefill_tokens_per_s", row.prefill_tokens_per_s}});
+                           {"prefill_tokens_per_s", row.prefill_tokens_per_s},
+                           {"graph_steps", row.graph_steps}});
     }
     std::cout << j.dump() << "\n";
   } else {
@@ -97,6 +102,18 @@ void Run(BenchArgs a, int& exit_code) {
                                row.batch, row.ms_per_step, row.tokens_per_s,
                                row.bytes_per_step / 1e9, row.floor_ms,
                                row.ms_per_step / row.floor_ms, row.prefill_tokens_per_s);
+    }
+    for (const auto& row : r.rows) {
+      if (row.profile.empty()) continue;
+      double total = 0;
+      for (const auto& t : row.profile) total += t.ms;
+      std::cout << fmt::format("profile, batch {}: device ms per decode step by op (sum {:.3f})\n",
+                               row.batch, total);
+      for (size_t i = 0; i < row.profile.size() && i < 16; ++i) {
+        const auto& t = row.profile[i];
+        std::cout << fmt::format("  {:8.3f} ms {:5.1f}%  {:6.1f} calls  {}\n", t.ms,
+                                 100.0 * t.ms / total, static_cast<double>(t.calls), t.op);
+      }
     }
   }
   exit_code = 0;
@@ -217,6 +234,11 @@ void AddBenchCommand(CLI::App& app, int& exit_code) {
       ->check(CLI::PositiveNumber);
   decode->add_option("--num-layers", a->num_layers, "Keep only the first N decoder layers");
   decode->add_flag("--json", a->json, "One JSON object");
+  decode->add_option("--cuda-graph-sizes", a->cuda_graph_sizes,
+                     "Decode batch buckets captured as CUDA graphs, comma-separated");
+  decode->add_flag("--enforce-eager", a->options.graphs.enforce_eager, "No CUDA graphs");
+  decode->add_flag("--profile", a->options.profile,
+                   "Per-op device time of the decode steps (runs eagerly)");
   decode->callback([a, &exit_code] { Run(*a, exit_code); });
   AddServeCommand(*bench, exit_code);
 }

@@ -16,6 +16,7 @@
 #include "afd/deploy/deployment_run.h"
 #include "afd/deploy/result_json.h"
 #include "afd/model/loader.h"
+#include "afd/runtime/cuda_graph_runner.h"
 #include "afd/runtime/generator.h"
 #include "afd/runtime/npy.h"
 
@@ -32,6 +33,7 @@ struct RunArgs {
   std::string device = "cpu";  // cpu or cuda
   std::string dtype;           // "" (cpu: fp32 unless big or --bf16; cuda: bf16), bf16, fp32
   int cuda_device = 0;
+  runtime::CudaGraphOptions graphs;   // --cuda-graph-sizes, --enforce-eager (cuda only)
   deploy::DeploymentSpec deployment;  // --topology: run on an AFD deployment of local processes
 };
 
@@ -133,7 +135,9 @@ void Run(RunArgs args, int& exit_code) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
   options = ToGenerationOptions(args.gen);
   options.keep_prompt_logits = !args.dump_logits.empty();
-  runtime::Generator generator(*model);
+  // On cuda, decode steps replay CUDA graphs (unless --enforce-eager); on cpu every step is eager.
+  runtime::CudaGraphRunner runner(*model, args.graphs);
+  runtime::Generator generator(*model, runner);
   runtime::GenerationStats stats;
   const auto results = generator.Generate(prompts, options, &stats);
   if (!args.dump_logits.empty()) {
@@ -201,6 +205,11 @@ void AddRunCommand(CLI::App& app, int& exit_code) {
       ->check(CLI::IsMember({"bf16", "fp32"}));
   run->add_option("--cuda-device", args->cuda_device, "CUDA device ordinal (default 0)")
       ->check(CLI::NonNegativeNumber);
+  run->add_option("--cuda-graph-sizes", args->graphs.sizes,
+                  "Decode batch buckets captured as CUDA graphs, comma-separated")
+      ->delimiter(',')
+      ->check(CLI::PositiveNumber);
+  run->add_flag("--enforce-eager", args->graphs.enforce_eager, "No CUDA graphs");
   run->add_option("--topology", args->deployment.topology,
                   "Run on an AFD deployment xAyF of processes on this host (e.g. 3A2F)");
   run->add_option("--attention-dp", args->deployment.attention_dp, "Attention DP size")

@@ -9,6 +9,12 @@
 
 namespace afd::kernels {
 
+void Backend::BeginCapture() { AFD_THROW("{}: no graph capture on this backend", name()); }
+
+std::unique_ptr<OpGraph> Backend::EndCapture() {
+  AFD_THROW("{}: no graph capture on this backend", name());
+}
+
 std::unique_ptr<Backend> MakeBackend(Device device) {
   if (device.is_cpu()) return std::make_unique<cpu::CpuBackend>();
 #if AFD_WITH_CUDA

@@ -10,6 +10,8 @@
 //    CopyToHost and Synchronize wait for the device; CopyToDevice returns once `src` may be
 //    reused (the CUDA backend waits for that copy), and Sample with sampled (non-greedy) rows
 //    waits for its parameter upload. Every other op returns without waiting.
+//  * A token whose slot_mapping is negative writes no cache row (MlaCacheWrite): the padding
+//    rows of a captured graph (runtime/cuda_graph_runner.h) use it.
 //  * Rows are independent: a token's result never depends on the other rows of the batch
 //    (batch invariance), on every backend.
 // Thread safety: a Backend is used by one thread at a time (one per rank).
@@ -72,6 +74,21 @@ struct SampleRow {
   int64_t top_k = 0;
   float top_p = 1.0f;
   double u = 0.0;
+};
+
+// A recorded sequence of ops (a CUDA graph) that replays on the backend's stream, with the very
+// tensors (addresses) and shapes it was captured with.
+class OpGraph {
+ public:
+  virtual ~OpGraph() = default;
+  virtual void Replay() = 0;  // enqueues; does not wait
+};
+
+// Device time of one op name over a profiled span (Backend::SetProfiling).
+struct OpTime {
+  std::string op;  // the op and its shape, e.g. "Linear 16x2048->2816"
+  int64_t calls = 0;
+  double ms = 0.0;
 };
 
 class Backend : public Allocator {
@@ -161,6 +178,20 @@ class Backend : public Allocator {
   // of only NaN gives id 0).
   virtual void Sample(const Tensor& logits, const std::vector<SampleRow>& rows,
                       const Tensor& ids) = 0;
+
+  // ---- Graphs and profiling (the CUDA backend; the CPU backend has neither) ---------------
+  virtual bool SupportsGraphs() const { return false; }
+  // The ops enqueued between BeginCapture and EndCapture are recorded into the returned graph,
+  // not run. Nothing in between may wait for the device or read host memory at replay time:
+  // no CopyToDevice, CopyToHost, Synchronize or sampled Sample. Throws afd::Error when
+  // unsupported or when the capture failed.
+  virtual void BeginCapture();
+  virtual std::unique_ptr<OpGraph> EndCapture();
+  // While on, each op's device time is recorded (CUDA events around it; off by default, and
+  // not while capturing). TakeProfile waits for the device and returns the per-op totals since
+  // the last TakeProfile, longest first, and clears them.
+  virtual void SetProfiling(bool /*on*/) {}
+  virtual std::vector<OpTime> TakeProfile() { return {}; }
 };
 
 // The backend of `device`: CpuBackend, or the CUDA backend in CUDA builds. Throws afd::Error

@@ -142,8 +142,15 @@ Tensor DeepseekModel::Logits(const Tensor& x, const StepInputs& in, Workspace& w
 Tensor DeepseekModel::Forward(const ForwardBatch& batch, kv::PagedKvCache& cache, MoeBackend& moe,
                               Workspace& ws) const {
   CheckBatch(batch, cache);
-  const int64_t n = batch.size(), h = config_.hidden_size;
   const StepInputs in = Upload(batch, ws);
+  const Tensor logits = ForwardInputs(in, cache, moe, ws);
+  CommitBatch(batch, cache);
+  return logits;
+}
+
+Tensor DeepseekModel::ForwardInputs(const StepInputs& in, kv::PagedKvCache& cache, MoeBackend& moe,
+                                    Workspace& ws) const {
+  const int64_t n = in.n, h = config_.hidden_size;
   const Tensor x = ws.Take(DType::kF32, {n, h});
   const Tensor mlp_in = ws.Take(DType::kF32, {n, h});
   const Tensor mlp_out = ws.Take(DType::kF32, {n, h});
@@ -159,7 +166,6 @@ Tensor DeepseekModel::Forward(const ForwardBatch& batch, kv::PagedKvCache& cache
     backend_.Add(x, mlp_out);
     ws.Rewind(layer_scratch);
   }
-  CommitBatch(batch, cache);
   return Logits(x, in, ws);
 }
 

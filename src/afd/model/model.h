@@ -73,6 +73,11 @@ class DeepseekModel {
   // The whole stack: logits [m, vocab] for batch.logits_rows (in ws), cache committed.
   Tensor Forward(const ForwardBatch& batch, kv::PagedKvCache& cache, MoeBackend& moe,
                  Workspace& ws) const;
+  // The stack on inputs already on the device (Forward without its checks, upload and cache
+  // commit): logits [m, vocab] for in.logits_rows, in ws. Waits for nothing, so that a CUDA
+  // graph can capture it (runtime/cuda_graph_runner.h).
+  Tensor ForwardInputs(const StepInputs& in, kv::PagedKvCache& cache, MoeBackend& moe,
+                       Workspace& ws) const;
 
   // x: [n, H] = embedding rows of the step's ids.
   void Embed(const StepInputs& in, const Tensor& x) const;

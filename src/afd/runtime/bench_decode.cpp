@@ -41,6 +41,23 @@ double WeightBytes(const model::DeepseekModel& m, int64_t batch) {
   return total;
 }
 
+// Profiles the decode steps only: the backend records op times from each decode step's Forward
+// until the next Forward (so the generator's sampling and copies count too).
+class ProfiledRunner : public StepRunner {
+ public:
+  ProfiledRunner(StepRunner& inner, kernels::Backend& backend) : inner_(inner), backend_(backend) {}
+  Tensor Forward(const model::ForwardBatch& batch, kv::PagedKvCache& cache,
+                 Workspace& ws) override {
+    const bool decode = batch.size() == static_cast<int64_t>(batch.seq_ids.size());
+    backend_.SetProfiling(decode);
+    return inner_.Forward(batch, cache, ws);
+  }
+
+ private:
+  StepRunner& inner_;
+  kernels::Backend& backend_;
+};
+
 }  // namespace
 
 double MeasureCopyBandwidth(kernels::Backend& backend) {
@@ -72,7 +89,12 @@ BenchDecodeResult BenchDecode(const model::DeepseekModel& model, const BenchDeco
   BenchDecodeResult result;
   result.device = model.backend().name();
   result.copy_gb_per_s = MeasureCopyBandwidth(model.backend());
-  Generator generator(model);
+  CudaGraphOptions graph_options = o.graphs;
+  graph_options.enforce_eager = graph_options.enforce_eager || o.profile;
+  CudaGraphRunner graph_runner(model, graph_options);
+  ProfiledRunner profiled(graph_runner, model.backend());
+  StepRunner& runner = o.profile ? static_cast<StepRunner&>(profiled) : graph_runner;
+  Generator generator(model, runner);
   std::mt19937_64 rng(o.seed);
   std::uniform_int_distribution<int32_t> id(0, static_cast<int32_t>(c.vocab_size - 1));
   const double kv_row_bytes = (c.kv_lora_rank + c.qk_rope_head_dim) * 4.0 * c.num_hidden_layers;
@@ -86,9 +108,21 @@ BenchDecodeResult BenchDecode(const model::DeepseekModel& model, const BenchDeco
     g.max_tokens = o.steps + 1;  // the first token comes from the prefill step
     g.ignore_eos = true;
     GenerationStats st;
+    const int64_t graph_steps_before = graph_runner.graph_steps();
+    if (o.profile) model.backend().TakeProfile();  // drop anything recorded before
     generator.Generate(prompts, g, &st);
     BenchDecodeRow row;
     row.batch = b;
+    row.graph_steps = graph_runner.graph_steps() - graph_steps_before;
+    if (o.profile) {
+      model.backend().SetProfiling(false);
+      row.profile = model.backend().TakeProfile();
+      const double steps = std::max<int64_t>(st.decode_steps, 1);
+      for (kernels::OpTime& t : row.profile) {
+        t.ms /= steps;
+        t.calls = std::llround(t.calls / steps);
+      }
+    }
     row.ms_per_step = 1e3 * st.decode_seconds / std::max<int64_t>(st.decode_steps, 1);
     row.tokens_per_s = st.decode_tokens / std::max(st.decode_seconds, 1e-12);
     // KV read by the average step: each sequence's cache at mid-run length.

@@ -11,15 +11,20 @@
 #include <string>
 #include <vector>
 
+#include "afd/kernels/backend.h"
 #include "afd/model/model.h"
+#include "afd/runtime/cuda_graph_runner.h"
 
 namespace afd::runtime {
 
 struct BenchDecodeOptions {
   std::vector<int64_t> batch_sizes = {1, 16, 64, 256};
-  int64_t context = 128;  // prompt tokens of each sequence
-  int64_t steps = 32;     // timed decode steps
-  uint64_t seed = 0;      // prompt ids
+  int64_t context = 128;    // prompt tokens of each sequence
+  int64_t steps = 32;       // timed decode steps
+  uint64_t seed = 0;        // prompt ids
+  CudaGraphOptions graphs;  // decode steps replay CUDA graphs unless graphs.enforce_eager
+  // Per-op device time of the decode steps (eager: graphs are turned off while profiling).
+  bool profile = false;
 };
 
 struct BenchDecodeRow {
@@ -29,6 +34,8 @@ struct BenchDecodeRow {
   double bytes_per_step = 0;  // weights used + KV read
   double floor_ms = 0;        // bytes_per_step / copy bandwidth
   double prefill_tokens_per_s = 0;
+  int64_t graph_steps = 0;               // decode steps replayed from a CUDA graph
+  std::vector<kernels::OpTime> profile;  // per decode step (ms and calls divided by steps)
 };
 
 struct BenchDecodeResult {

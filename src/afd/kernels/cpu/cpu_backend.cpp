@@ -130,8 +130,8 @@ void CpuBackend::MlaCacheWrite(const Tensor& ckv, const Tensor& norm_w, float ep
   const auto [n, kvr, width] = CheckMlaCacheWrite(kCpu, ckv, norm_w, tokens, rope, cache);
   for (int64_t i = 0; i < n; ++i) {
     const int64_t slot = tokens.slot_mapping.data_as<const int64_t>()[i];
-    AFD_CHECK(slot >= 0 && slot < cache.dim(0), "MlaCacheWrite: slot {} outside the cache of {}",
-              slot, cache.dim(0));
+    AFD_CHECK(slot < cache.dim(0), "MlaCacheWrite: slot {} outside the cache of {}", slot,
+              cache.dim(0));
   }
   cpu::MlaCacheWrite(ckv.data_as<const float>(), n, kvr, norm_w.data_as<const float>(), eps,
                      Paged(tokens), Params(rope), cache.data_as<float>());

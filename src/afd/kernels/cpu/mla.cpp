@@ -41,6 +41,7 @@ void MlaCacheWrite(const float* ckv, int64_t n, int64_t kvr, const float* norm_w
                    const PagedTokens& tokens, const RopeParams& rope, float* cache) {
   const int64_t dr = rope.dim, width = kvr + dr;
   for (int64_t i = 0; i < n; ++i) {
+    if (tokens.slot_mapping[i] < 0) continue;  // a padding row: nothing to write
     float* row = cache + tokens.slot_mapping[i] * width;
     const float* src = ckv + i * width;
     RmsNorm(src, 1, kvr, norm_w, eps, row);

@@ -4,6 +4,9 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstring>
+#include <map>
+#include <string>
 #include <vector>
 
 #include "afd/common/cuda_check.h"
@@ -26,6 +29,55 @@ struct CudaBackend::State {
     std::shared_ptr<void> device;
   };
   std::map<std::pair<const void*, int>, ExpertTable> expert_tables;
+  // Scratch buffers replaced by larger ones: kept while the backend lives, since a captured
+  // graph may still point at them.
+  std::vector<std::shared_ptr<void>> retired;
+  std::shared_ptr<void> cublas_workspace;  // set explicitly, so capture never allocates
+  // CopyToDevice staging: pinned ring; staging_pos restarts at 0 after every full wait.
+  void* staging = nullptr;
+  size_t staging_pos = 0;
+  bool capturing = false;
+  // Profiling: op names with the index of their start event (the end event follows it).
+  bool profiling = false;
+  std::vector<cudaEvent_t> events;
+  size_t events_used = 0;
+  std::vector<std::pair<std::string, size_t>> records;
+};
+
+class CudaBackend::OpScope {
+ public:
+  // Times the ops enqueued in this scope under `op` (plus the dims, when given).
+  OpScope(CudaBackend& b, const char* op, std::initializer_list<int64_t> dims = {})
+      : state_(*b.state_) {
+    if (!state_.profiling || state_.capturing) return;
+    std::string name = op;
+    for (size_t i = 0; i < dims.size(); ++i) {
+      name += fmt::format("{}{}", i == 0 ? " " : "x", dims.begin()[i]);
+    }
+    start_ = NextEvent();
+    NextEvent();
+    AFD_CUDA_CHECK(cudaEventRecord(state_.events[start_], state_.stream));
+    state_.records.emplace_back(std::move(name), start_);
+    active_ = true;
+  }
+  ~OpScope() {
+    if (active_) cudaEventRecord(state_.events[start_ + 1], state_.stream);
+  }
+  OpScope(const OpScope&) = delete;
+  OpScope& operator=(const OpScope&) = delete;
+
+ private:
+  size_t NextEvent() {
+    if (state_.events_used == state_.events.size()) {
+      cudaEvent_t e;
+      AFD_CUDA_CHECK(cudaEventCreate(&e));
+      state_.events.push_back(e);
+    }
+    return state_.events_used++;
+  }
+  State& state_;
+  size_t start_ = 0;
+  bool active_ = false;
 };
 
 namespace {
@@ -38,7 +90,28 @@ enum ScratchSlot {
   kSampleParams,
   kMoeAct,
   kMlaPartial,
+  kMlaLatent,
   kNumSlots
+};
+
+constexpr size_t kStagingBytes = size_t{16} << 20;
+constexpr size_t kCublasWorkspaceBytes = size_t{64} << 20;
+
+// A captured CUDA graph, replayed on the backend's stream.
+class CudaGraph : public OpGraph {
+ public:
+  CudaGraph(cudaGraph_t graph, cudaGraphExec_t exec, cudaStream_t stream)
+      : graph_(graph), exec_(exec), stream_(stream) {}
+  ~CudaGraph() override {
+    cudaGraphExecDestroy(exec_);
+    cudaGraphDestroy(graph_);
+  }
+  void Replay() override { AFD_CUDA_CHECK(cudaGraphLaunch(exec_, stream_)); }
+
+ private:
+  cudaGraph_t graph_;
+  cudaGraphExec_t exec_;
+  cudaStream_t stream_;
 };
 
 void CheckOn(const char* op, const Tensor& t, int device) {
@@ -79,12 +152,19 @@ CudaBackend::CudaBackend(int device) : device_(device), state_(std::make_unique<
   AFD_CUBLAS_CHECK(cublasSetMathMode(state_->cublas, CUBLAS_PEDANTIC_MATH));
   state_->scratch.resize(kNumSlots);
   state_->scratch_bytes.assign(kNumSlots, 0);
+  state_->cublas_workspace = Allocate(kCublasWorkspaceBytes);
+  AFD_CUBLAS_CHECK(
+      cublasSetWorkspace(state_->cublas, state_->cublas_workspace.get(), kCublasWorkspaceBytes));
+  AFD_CUDA_CHECK(cudaMallocHost(&state_->staging, kStagingBytes));
 }
 
 CudaBackend::~CudaBackend() {
   if (state_->stream) cudaStreamSynchronize(state_->stream);
   state_->scratch.clear();
+  state_->retired.clear();
   state_->expert_tables.clear();
+  for (cudaEvent_t e : state_->events) cudaEventDestroy(e);
+  if (state_->staging) cudaFreeHost(state_->staging);
   if (state_->cublas) cublasDestroy(state_->cublas);
   if (state_->stream) cudaStreamDestroy(state_->stream);
 }
@@ -120,31 +200,47 @@ std::shared_ptr<void> CudaBackend::Allocate(size_t bytes) {
 
 void* CudaBackend::Scratch(int slot, size_t bytes) {
   if (state_->scratch_bytes[slot] < bytes) {
-    Synchronize();  // the old buffer may still be read by queued work
-    state_->scratch[slot] = Allocate(bytes);
-    state_->scratch_bytes[slot] = bytes;
+    // Queued work or a captured graph may still use the old buffer: keep it. Growing by at
+    // least half bounds what is kept to about twice the largest buffer.
+    const size_t size = std::max(bytes, state_->scratch_bytes[slot] * 3 / 2);
+    if (state_->scratch[slot]) state_->retired.push_back(std::move(state_->scratch[slot]));
+    state_->scratch[slot] = Allocate(size);
+    state_->scratch_bytes[slot] = size;
   }
   return state_->scratch[slot].get();
 }
 
 void CudaBackend::CopyToDevice(const Tensor& dst, const void* src) {
   CheckOn("CopyToDevice", dst, device_);
-  if (dst.nbytes() == 0) return;
-  AFD_CUDA_CHECK(
-      cudaMemcpyAsync(dst.data(), src, dst.nbytes(), cudaMemcpyHostToDevice, state_->stream));
-  // The source is the caller's (possibly temporary) host memory: done before returning.
-  AFD_CUDA_CHECK(cudaStreamSynchronize(state_->stream));
+  AFD_CHECK(!state_->capturing, "CopyToDevice while capturing a graph");
+  const size_t bytes = dst.nbytes();
+  if (bytes == 0) return;
+  const OpScope scope(*this, "CopyToDevice");
+  if (bytes > kStagingBytes / 4) {  // big (weights): straight from the caller's memory, waited
+    AFD_CUDA_CHECK(cudaMemcpyAsync(dst.data(), src, bytes, cudaMemcpyHostToDevice, state_->stream));
+    Synchronize();
+    return;
+  }
+  // The source is the caller's (possibly temporary) host memory: copied into the pinned ring
+  // before returning; the device copy from the ring runs in stream order.
+  if (state_->staging_pos + bytes > kStagingBytes) Synchronize();  // earlier copies are done
+  char* stage = static_cast<char*>(state_->staging) + state_->staging_pos;
+  std::memcpy(stage, src, bytes);
+  AFD_CUDA_CHECK(cudaMemcpyAsync(dst.data(), stage, bytes, cudaMemcpyHostToDevice, state_->stream));
+  state_->staging_pos += (bytes + 255) / 256 * 256;
 }
 
 void CudaBackend::CopyToHost(void* dst, const Tensor& src) {
   CheckOn("CopyToHost", src, device_);
   if (src.nbytes() == 0) return;
+  const OpScope scope(*this, "CopyToHost");
   AFD_CUDA_CHECK(
       cudaMemcpyAsync(dst, src.data(), src.nbytes(), cudaMemcpyDeviceToHost, state_->stream));
   Synchronize();
 }
 
 void CudaBackend::Copy(const Tensor& dst, const Tensor& src) {
+  const OpScope scope(*this, "Copy");
   CheckOn("Copy", dst, device_);
   CheckOn("Copy", src, device_);
   AFD_CHECK(dst.nbytes() == src.nbytes() && dst.dtype() == src.dtype(), "Copy: {} from {}",
@@ -155,18 +251,65 @@ void CudaBackend::Copy(const Tensor& dst, const Tensor& src) {
 }
 
 void CudaBackend::Fill(const Tensor& dst, float value) {
+  const OpScope scope(*this, "Fill");
   CheckOn("Fill", dst, device_);
   dst.Expect("Fill", DType::kF32, dst.shape());
   LaunchFill(dst.data_as<float>(), dst.numel(), value, state_->stream);
 }
 
 void CudaBackend::Synchronize() {
+  AFD_CHECK(!state_->capturing, "Synchronize while capturing a graph");
   AFD_CUDA_CHECK(cudaStreamSynchronize(state_->stream));
   AFD_CUDA_CHECK(cudaGetLastError());
+  state_->staging_pos = 0;  // every staged copy has completed
+}
+
+void CudaBackend::BeginCapture() {
+  AFD_CHECK(!state_->capturing, "{}: BeginCapture while capturing", name_);
+  // Thread-local mode: other threads' CUDA calls are not affected; a forbidden call on this
+  // thread (a synchronous copy, a sync) fails the capture instead of running.
+  AFD_CUDA_CHECK(cudaStreamBeginCapture(state_->stream, cudaStreamCaptureModeThreadLocal));
+  state_->capturing = true;
+}
+
+std::unique_ptr<OpGraph> CudaBackend::EndCapture() {
+  AFD_CHECK(state_->capturing, "{}: EndCapture without BeginCapture", name_);
+  state_->capturing = false;
+  cudaGraph_t graph = nullptr;
+  AFD_CUDA_CHECK(cudaStreamEndCapture(state_->stream, &graph));
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t e = cudaGraphInstantiate(&exec, graph, 0);
+  if (e != cudaSuccess) {
+    cudaGraphDestroy(graph);
+    AFD_THROW("{}: cudaGraphInstantiate failed: {}", name_, cudaGetErrorString(e));
+  }
+  return std::make_unique<CudaGraph>(graph, exec, state_->stream);
+}
+
+void CudaBackend::SetProfiling(bool on) { state_->profiling = on; }
+
+std::vector<OpTime> CudaBackend::TakeProfile() {
+  Synchronize();
+  std::map<std::string, OpTime> by_op;
+  for (const auto& [op, start] : state_->records) {
+    float ms = 0.0f;
+    AFD_CUDA_CHECK(cudaEventElapsedTime(&ms, state_->events[start], state_->events[start + 1]));
+    OpTime& t = by_op[op];
+    t.op = op;
+    ++t.calls;
+    t.ms += ms;
+  }
+  state_->records.clear();
+  state_->events_used = 0;
+  std::vector<OpTime> out;
+  for (auto& [op, t] : by_op) out.push_back(t);
+  std::sort(out.begin(), out.end(), [](const OpTime& a, const OpTime& b) { return a.ms > b.ms; });
+  return out;
 }
 
 void CudaBackend::Embedding(const Tensor& table, const Tensor& ids, const Tensor& out) {
   const auto [n, h] = CheckEmbedding(device(), table, ids, out);
+  const OpScope scope(*this, "Embedding");
   LaunchEmbedding(table.data(), table.dtype() == DType::kBF16, ids.data_as<const int32_t>(), n, h,
                   out.data_as<float>(), state_->stream);
 }
@@ -174,6 +317,7 @@ void CudaBackend::Embedding(const Tensor& table, const Tensor& ids, const Tensor
 void CudaBackend::Linear(const Tensor& x, const Tensor& w, const Tensor& y) {
   const auto [n, k, m] = CheckLinear(device(), x, w, y);
   if (n == 0) return;
+  const OpScope scope(*this, "Linear", {n, k, m});
   const float alpha = 1.0f, beta = 0.0f;
   // Row-major y[n, m] = x[n, k] · w[m, k]ᵀ is column-major yᵀ[m, n] = w · xᵀ.
   if (w.dtype() == DType::kF32) {
@@ -184,6 +328,10 @@ void CudaBackend::Linear(const Tensor& x, const Tensor& w, const Tensor& y) {
   }
   auto* xb = static_cast<uint16_t*>(Scratch(kBf16Input, n * k * 2));
   LaunchToBf16(x.data_as<const float>(), n * k, xb, state_->stream);
+  if (GemvFits(n, k)) {  // a few rows: stream the weights once, near the copy rate
+    LaunchGemvBf16(xb, n, k, w.data(), m, y.data_as<float>(), state_->stream);
+    return;
+  }
   AFD_CUBLAS_CHECK(cublasGemmEx(state_->cublas, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha, w.data(),
                                 CUDA_R_16BF, k, xb, CUDA_R_16BF, k, &beta, y.data(), CUDA_R_32F, m,
                                 CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
@@ -191,29 +339,34 @@ void CudaBackend::Linear(const Tensor& x, const Tensor& w, const Tensor& y) {
 
 void CudaBackend::RmsNorm(const Tensor& x, const Tensor& w, float eps, const Tensor& out) {
   const auto [n, d] = CheckRmsNorm(device(), x, w, out);
+  const OpScope scope(*this, "RmsNorm", {n, d});
   LaunchRmsNorm(x.data_as<const float>(), n, d, w.data_as<const float>(), eps, out.data_as<float>(),
                 state_->stream);
 }
 
 void CudaBackend::Add(const Tensor& y, const Tensor& x) {
   CheckAdd(device(), y, x);
+  const OpScope scope(*this, "Add");
   LaunchAdd(y.data_as<float>(), x.data_as<const float>(), y.numel(), state_->stream);
 }
 
 void CudaBackend::SiluMul(const Tensor& gate_up, const Tensor& out) {
   const auto [n, inter] = CheckSiluMul(device(), gate_up, out);
+  const OpScope scope(*this, "SiluMul", {n, inter});
   LaunchSiluMul(gate_up.data_as<const float>(), n, inter, out.data_as<float>(), state_->stream);
 }
 
 void CudaBackend::Rope(const Tensor& x, int64_t offset, const Tensor& positions,
                        const RopeSpec& rope) {
   const auto [n, heads, width] = CheckRope(device(), x, offset, positions, rope);
+  const OpScope scope(*this, "Rope");
   LaunchRope(x.data_as<float>(), n, heads, width, offset, positions.data_as<const int64_t>(),
              cuda::Rope(rope), state_->stream);
 }
 
 void CudaBackend::GatherRows(const Tensor& x, const Tensor& index, const Tensor& out) {
   const auto [m, h] = CheckGatherRows(device(), x, index, out);
+  const OpScope scope(*this, "GatherRows", {m, h});
   LaunchGatherRows(x.data_as<const float>(), index.data_as<const int32_t>(), m, h,
                    out.data_as<float>(), state_->stream);
 }
@@ -222,6 +375,7 @@ void CudaBackend::MlaCacheWrite(const Tensor& ckv, const Tensor& norm_w, float e
                                 const AttentionTokens& tokens, const RopeSpec& rope,
                                 const Tensor& cache) {
   const auto [n, kvr, width] = CheckMlaCacheWrite(device(), ckv, norm_w, tokens, rope, cache);
+  const OpScope scope(*this, "MlaCacheWrite");
   LaunchMlaCacheWrite(ckv.data_as<const float>(), n, kvr, norm_w.data_as<const float>(), eps,
                       Paged(tokens), cuda::Rope(rope), cache.data_as<float>(), state_->stream);
 }
@@ -231,6 +385,7 @@ void CudaBackend::MlaAttention(const Tensor& q, const Tensor& kv_b, const Attent
                                int64_t dn, int64_t dv, float scale, const Tensor& out) {
   const auto [n, heads, kvr, dr] =
       CheckMlaAttention(device(), q, kv_b, tokens, cache, head_begin, head_end, dn, dv, out);
+  const OpScope scope(*this, "MlaAttention", {n, head_end - head_begin});
   // The context bound: the host's hint, else the block tables' width.
   const int64_t max_context =
       tokens.max_context > 0 ? tokens.max_context : tokens.block_tables.dim(1) * tokens.block_size;
@@ -238,14 +393,31 @@ void CudaBackend::MlaAttention(const Tensor& q, const Tensor& kv_b, const Attent
   const int64_t splits = MlaSplits(n, nh, max_context);
   auto* partial = static_cast<float*>(
       Scratch(kMlaPartial, MlaPartialFloats(n, nh, splits, kvr) * sizeof(float)));
-  LaunchMlaAttention(q.data_as<const float>(), n, heads, kv_b.data_as<const float>(), kvr, dn, dr,
-                     dv, Paged(tokens), cache.data_as<const float>(), head_begin, head_end, scale,
-                     max_context, splits, partial, out.data_as<float>(), state_->stream);
+  // q_lat, o_lat: [n, nh, kvr] each.
+  auto* q_lat = static_cast<float*>(Scratch(kMlaLatent, 2 * n * nh * kvr * sizeof(float)));
+  float* o_lat = q_lat + n * nh * kvr;
+  // Per head h (batched, fp32): q_lat_h [n, kvr] = q_nope_h [n, dn] · W_k[h] [dn, kvr]; in
+  // column-major terms q_lat_hᵀ = W_k[h]ᵀ · q_nope_hᵀ (W_k rows are kvr wide, so no transpose).
+  const float one = 1.0f, zero = 0.0f;
+  const float* w_k = kv_b.data_as<const float>() + head_begin * (dn + dv) * kvr;
+  const float* w_v = w_k + dn * kvr;
+  AFD_CUBLAS_CHECK(cublasSgemmStridedBatched(
+      state_->cublas, CUBLAS_OP_N, CUBLAS_OP_N, kvr, n, dn, &one, w_k, kvr, (dn + dv) * kvr,
+      q.data_as<const float>() + head_begin * (dn + dr), heads * (dn + dr), dn + dr, &zero, q_lat,
+      nh * kvr, kvr, nh));
+  LaunchMlaAttention(q.data_as<const float>(), n, heads, q_lat, kvr, dn, dr, Paged(tokens),
+                     cache.data_as<const float>(), head_begin, head_end, scale, max_context, splits,
+                     partial, o_lat, state_->stream);
+  // out_h [n, dv] = o_lat_h [n, kvr] · W_v[h]ᵀ (W_v[h]: [dv, kvr]).
+  AFD_CUBLAS_CHECK(cublasSgemmStridedBatched(state_->cublas, CUBLAS_OP_T, CUBLAS_OP_N, dv, n, kvr,
+                                             &one, w_v, kvr, (dn + dv) * kvr, o_lat, nh * kvr, kvr,
+                                             &zero, out.data_as<float>(), nh * dv, dv, nh));
 }
 
 void CudaBackend::RouterTopk(const Tensor& logits, const Tensor& bias, const RouterSpec& spec,
                              const Tensor& ids, const Tensor& weights) {
   const auto [n, e] = CheckRouterTopk(device(), logits, bias, spec, ids, weights);
+  const OpScope scope(*this, "RouterTopk", {n, e});
   const int64_t k = spec.top_k;
   const RouterArgs a{spec.scoring == RouterScoring::kSigmoid,
                      spec.group_limited,
@@ -263,6 +435,7 @@ void CudaBackend::MoePermute(const Tensor& ids, int64_t begin, int64_t num_local
                              const Tensor& offsets, const Tensor& src_row,
                              const Tensor& row_of_slot) {
   const auto [n, k] = CheckMoePermute(device(), ids, num_local, offsets, src_row, row_of_slot);
+  const OpScope scope(*this, "MoePermute");
   LaunchMoePermute(ids.data_as<const int32_t>(), n, k, begin, num_local, offsets.data_as<int32_t>(),
                    src_row.data_as<int32_t>(), row_of_slot.data_as<int32_t>(), state_->stream);
 }
@@ -292,20 +465,24 @@ void CudaBackend::GroupedExpertMlp(const Tensor& x, const Tensor& offsets,
   const auto [m, h] = CheckGroupedExpertMlp(device(), x, offsets, experts, out);
   const int64_t e = experts.num_experts();
   if (e == 0 || m == 0) return;
+  const OpScope scope(*this, "GroupedExpertMlp", {m, h});
   const int64_t inter = experts.down.front().dim(1);
   const bool bf16 = experts.gate_up.front().dtype() == DType::kBF16;
   auto* act = static_cast<float*>(Scratch(kMoeAct, m * inter * sizeof(float)));  // [m, I]
+  auto* xb =
+      bf16 ? static_cast<uint16_t*>(Scratch(kBf16Input, m * std::max(h, inter) * 2)) : nullptr;
   LaunchGroupedLinear(x.data_as<const float>(), m, h, ExpertTable(experts, 0), bf16,
-                      offsets.data_as<const int32_t>(), e, inter, /*swiglu=*/true, act,
+                      offsets.data_as<const int32_t>(), e, inter, /*swiglu=*/true, act, xb,
                       state_->stream);
   LaunchGroupedLinear(act, m, inter, ExpertTable(experts, 1), bf16,
                       offsets.data_as<const int32_t>(), e, h, /*swiglu=*/false,
-                      out.data_as<float>(), state_->stream);
+                      out.data_as<float>(), xb, state_->stream);
 }
 
 void CudaBackend::MoeCombine(const Tensor& y, const Tensor& row_of_slot, const Tensor& weights,
                              bool accumulate, const Tensor& out) {
   const auto [n, k, h] = CheckMoeCombine(device(), y, row_of_slot, weights, out);
+  const OpScope scope(*this, "MoeCombine", {n, h});
   LaunchMoeCombine(y.data_as<const float>(), h, row_of_slot.data_as<const int32_t>(),
                    weights.data_as<const float>(), n, k, accumulate, out.data_as<float>(),
                    state_->stream);
@@ -313,6 +490,7 @@ void CudaBackend::MoeCombine(const Tensor& y, const Tensor& row_of_slot, const T
 
 void CudaBackend::LogSoftmaxAt(const Tensor& logits, const Tensor& ids, const Tensor& out) {
   const auto [n, v] = CheckLogSoftmaxAt(device(), logits, ids, out);
+  const OpScope scope(*this, "LogSoftmaxAt");
   LaunchLogSoftmaxAt(logits.data_as<const float>(), n, v, ids.data_as<const int32_t>(),
                      out.data_as<float>(), state_->stream);
 }
@@ -320,6 +498,7 @@ void CudaBackend::LogSoftmaxAt(const Tensor& logits, const Tensor& ids, const Te
 void CudaBackend::Sample(const Tensor& logits, const std::vector<SampleRow>& rows,
                          const Tensor& ids) {
   const auto [n, v] = CheckSample(device(), logits, rows, ids);
+  const OpScope scope(*this, "Sample");
   LaunchArgMax(logits.data_as<const float>(), n, v, ids.data_as<int32_t>(), state_->stream);
   const bool any_sampled =
       std::any_of(rows.begin(), rows.end(), [](const SampleRow& r) { return r.temperature > 0; });

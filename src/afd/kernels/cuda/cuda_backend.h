@@ -3,6 +3,9 @@
 // fp32 weights use fp32 GEMMs (no TF32): the verification mode, within 1e-4 of the CPU
 // reference. bf16 weights use bf16 tensor-core GEMMs with fp32 accumulation and output
 // (activations rounded to bf16 at the GEMM input, as a bf16 model does).
+// CopyToDevice stages through a pinned host ring and does not wait (the ring waits only when
+// it wraps), so a step's uploads cost no host sync. Scratch buffers that grow keep the old
+// buffer alive (graphs captured earlier still point at it).
 // No CUDA include here: the CUDA objects live behind an opaque State.
 // Thread safety: one thread at a time (as every Backend).
 #pragma once
@@ -58,8 +61,15 @@ class CudaBackend : public Backend {
   void LogSoftmaxAt(const Tensor& logits, const Tensor& ids, const Tensor& out) override;
   void Sample(const Tensor& logits, const std::vector<SampleRow>& rows, const Tensor& ids) override;
 
+  bool SupportsGraphs() const override { return true; }
+  void BeginCapture() override;
+  std::unique_ptr<OpGraph> EndCapture() override;
+  void SetProfiling(bool on) override;
+  std::vector<OpTime> TakeProfile() override;
+
  private:
   struct State;
+  class OpScope;  // records an op's device time while profiling
   // Device scratch of at least `bytes` for slot `slot` (grows between uses; kept).
   void* Scratch(int slot, size_t bytes);
   // Device table of an expert set's gate_up (kind 0) or down (kind 1) weight pointers.

@@ -23,6 +23,13 @@ void LaunchGatherRows(const float* x, const int32_t* index, int64_t m, int64_t h
 void LaunchRmsNorm(const float* x, int64_t n, int64_t d, const float* w, float eps, float* out,
                    cudaStream_t s);
 
+// gemv.cu: y[n, N] = x[n, K] · wᵀ for n <= kMaxGemvRows rows (K % 8 == 0), x in bf16 bits,
+// w bf16 [N, K], y f32.
+inline constexpr int kMaxGemvRows = 8;
+bool GemvFits(int64_t n, int64_t k);
+void LaunchGemvBf16(const uint16_t* x_bf16, int64_t n, int64_t k, const void* w, int64_t m,
+                    float* y, cudaStream_t s);
+
 // mla.cu
 struct RopeArgs {
   const float* inv_freq;  // [dr/2]
@@ -43,16 +50,18 @@ void LaunchRope(float* x, int64_t n, int64_t heads, int64_t width, int64_t offse
                 const int64_t* positions, const RopeArgs& rope, cudaStream_t s);
 void LaunchMlaCacheWrite(const float* ckv, int64_t n, int64_t kvr, const float* norm_w, float eps,
                          const PagedArgs& t, const RopeArgs& rope, float* cache, cudaStream_t s);
-// Splits each (token, head)'s context over `splits` blocks (flash-decoding); partial: device
-// scratch of MlaPartialFloats(...) floats.
+// Absorbed MLA decode core: o_lat[t, h] = softmax_j(q_lat·c_j + q_pe·pe_j)·c_j over each
+// token's positions, the context split over `splits` blocks (flash-decoding). q: [n, heads,
+// dn + dr] (q_pe read from it), q_lat: [n, nh, kvr] (W_kᵀ·q_nope of heads [h0, h1)), o_lat:
+// [n, nh, kvr]; partial: device scratch of MlaPartialFloats(...) floats.
 int64_t MlaSplits(int64_t n, int64_t nh, int64_t max_context);
 int64_t MlaPartialFloats(int64_t n, int64_t nh, int64_t splits, int64_t kvr);
-void LaunchMlaAttention(const float* q, int64_t n, int64_t heads, const float* kv_b, int64_t kvr,
-                        int64_t dn, int64_t dr, int64_t dv, const PagedArgs& t, const float* cache,
-                        int64_t h0, int64_t h1, float scale, int64_t max_context, int64_t splits,
-                        float* partial, float* out, cudaStream_t s);
+void LaunchMlaAttention(const float* q, int64_t n, int64_t heads, const float* q_lat, int64_t kvr,
+                        int64_t dn, int64_t dr, const PagedArgs& t, const float* cache, int64_t h0,
+                        int64_t h1, float scale, int64_t max_context, int64_t splits,
+                        float* partial, float* o_lat, cudaStream_t s);
 
-// router.cu: one thread per token; num_experts <= kMaxRouterExperts.
+// router.cu: one warp per token; num_experts <= kMaxRouterExperts.
 inline constexpr int kMaxRouterExperts = 512;
 struct RouterArgs {
   bool sigmoid;
@@ -69,10 +78,12 @@ void LaunchMoePermute(const int32_t* ids, int64_t n, int64_t k, int64_t begin, i
                       int32_t* offsets, int32_t* src_row, int32_t* row_of_slot, cudaStream_t s);
 // Grouped y[r] = x[r] · W_e^T for the rows of each expert; weights by pointer table
 // (w_ptrs[e], bf16 or f32 [N, K]). swiglu: W is [2N', K] gate|up and y[r, c] =
-// silu(gate_c) · up_c for c < N' = n_out.
+// silu(gate_c) · up_c for c < N' = n_out. x_bf16: device scratch of m·k bf16 (or null): with
+// bf16 weights and decode-sized groups, x is rounded to bf16 there first (as the tensor-core
+// path does).
 void LaunchGroupedLinear(const float* x, int64_t m, int64_t k, const void* const* w_ptrs, bool bf16,
                          const int32_t* offsets, int64_t num_local, int64_t n_out, bool swiglu,
-                         float* y, cudaStream_t s);
+                         float* y, uint16_t* x_bf16, cudaStream_t s);
 void LaunchMoeCombine(const float* y, int64_t h, const int32_t* row_of_slot, const float* weights,
                       int64_t n, int64_t k, bool accumulate, float* out, cudaStream_t s);
 

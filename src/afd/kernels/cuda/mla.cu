@@ -1,5 +1,6 @@
-// RoPE, MLA cache write and absorbed MLA attention over the paged latent cache (the readable
-// first CUDA version: one block per (token, head), online softmax over chunks of positions).
+// RoPE, MLA cache write and absorbed MLA attention over the paged latent cache (flash-decoding:
+// every head of a group per block, the context split over blocks, one merge kernel; the W_k and
+// W_v products around it are batched GEMMs in the backend).
 #include <algorithm>
 #include <cfloat>
 
@@ -41,6 +42,7 @@ __global__ void CacheWrite(const float* ckv, int64_t kvr, const float* norm_w, f
                            PagedArgs t, RopeArgs r, float* cache) {
   __shared__ float partial[32];
   const int64_t i = blockIdx.x, width = kvr + r.dim;
+  if (t.slot_mapping[i] < 0) return;  // a padding row of a captured graph
   const float* src = ckv + i * width;
   float* row = cache + t.slot_mapping[i] * width;
   float ss = 0.0f;
@@ -57,120 +59,157 @@ __global__ void CacheWrite(const float* ckv, int64_t kvr, const float* norm_w, f
   if (threadIdx.x < r.dim / 2) RotatePair(row + kvr, r, t.positions[i], threadIdx.x);
 }
 
+// Absorbed MLA decode, all heads of a group per block (the heads share every latent row, so
+// each row is read from memory once per token, not once per head). Block (token, head group,
+// split) attends positions [split·span, min((split+1)·span, len)) in chunks of kRows rows:
+// stages the chunk's rows in shared memory, scores thread (h, j) = head h, row j, updates each
+// head's running max and sum, and accumulates o_lat[h][l] in registers (thread owns latent
+// columns l = tid and tid + 256 for every head). q_lat = W_kᵀ·q_nope comes in precomputed
+// ([n, nh, kvr], a batched GEMM). Writes partial[((t·nh + h)·splits + split)] =
+// [m | l | o_lat[kvr]] like the merge below expects; an empty range writes m = -FLT_MAX, l = 0.
+// Shared memory: q[G][stride] | rows[kRows][stride] | p[G][kRows], stride = width + 4 (so the
+// 16-byte row reads of 8 threads hit 32 distinct banks).
 constexpr int kAttnThreads = 256;
-constexpr int kChunk = 128;  // positions scored per round
+constexpr int kGroup = 16;  // heads per block
+constexpr int kRows = 16;   // positions per chunk (kGroup · kRows == kAttnThreads)
+constexpr int kMaxLatent = 2 * kAttnThreads;
 
-// Block (token, head, split) attends positions [split·span, min((split+1)·span, len)) and
-// writes its partial result: partial[((t·nh + h)·splits + split)] = [m | l | o_lat[kvr]]
-// (running max, sum of exp(score - m), Σ exp(score - m)·c_j). An empty range writes m = -inf.
-// Shared memory: q_lat[kvr] | q_pe[dr] | o_lat[kvr] | p[kChunk].
-__global__ void AttentionPartial(const float* q, int64_t heads, const float* kv_b, int64_t kvr,
-                                 int64_t dn, int64_t dr, int64_t dv, PagedArgs t,
-                                 const float* cache, int64_t h0, int64_t nh, float scale,
-                                 int64_t span, float* partial) {
-  extern __shared__ float smem[];
-  float* q_lat = smem;
-  float* q_pe = q_lat + kvr;
-  float* o_lat = q_pe + dr;
-  float* p = o_lat + kvr;
-  const int64_t tok = blockIdx.x, h = h0 + blockIdx.y, width = kvr + dr, splits = gridDim.z;
+size_t AttnSmemBytes(int64_t width) {
+  return (static_cast<size_t>(kGroup + kRows) * (width + 4) + kGroup * kRows) * sizeof(float);
+}
+
+__global__ void __launch_bounds__(kAttnThreads)
+    AttentionPartial(const float* q, int64_t heads, const float* q_lat, int64_t kvr, int64_t dn,
+                     int64_t dr, PagedArgs t, const float* cache, int64_t h0, int64_t nh,
+                     float scale, int64_t span, float* partial) {
+  extern __shared__ float4 smem4[];
+  float* smem = reinterpret_cast<float*>(smem4);
+  const int64_t width = kvr + dr, stride = width + 4, w4 = width / 4;
+  float* qs = smem;                    // [kGroup][stride]
+  float* rows = qs + kGroup * stride;  // [kRows][stride]
+  float* ps = rows + kRows * stride;   // [kGroup][kRows]
+  const int64_t tok = blockIdx.x, g0 = int64_t(blockIdx.y) * kGroup;
+  const int64_t g_count = min(static_cast<int64_t>(kGroup), nh - g0);
+  const int64_t splits = gridDim.z, split = blockIdx.z;
   const int64_t len = t.positions[tok] + 1, seq = t.seq_index[tok];
-  const int64_t j_begin = int64_t(blockIdx.z) * span, j_end = min(len, j_begin + span);
-  float* part = partial + ((tok * nh + blockIdx.y) * splits + blockIdx.z) * (kvr + 2);
+  const int64_t j_begin = split * span, j_end = min(len, j_begin + span);
+  const int tid = threadIdx.x;
   if (j_begin >= j_end) {
-    if (threadIdx.x == 0) {
-      part[0] = -FLT_MAX;
-      part[1] = 0.0f;
+    for (int64_t h = 0; h < g_count; ++h) {
+      float* part = partial + ((tok * nh + g0 + h) * splits + split) * (kvr + 2);
+      if (tid == 0) {
+        part[0] = -FLT_MAX;
+        part[1] = 0.0f;
+      }
+      for (int64_t l = tid; l < kvr; l += kAttnThreads) part[2 + l] = 0.0f;
     }
-    for (int64_t l = threadIdx.x; l < kvr; l += blockDim.x) part[2 + l] = 0.0f;
     return;
   }
-  const float* qh = q + (tok * heads + h) * (dn + dr);
-  const float* w_k = kv_b + h * (dn + dv) * kvr;  // [dn, kvr]
-  for (int64_t l = threadIdx.x; l < kvr; l += blockDim.x) {
-    float acc = 0.0f;
-    for (int64_t d = 0; d < dn; ++d) acc += qh[d] * w_k[d * kvr + l];
-    q_lat[l] = acc;
-    o_lat[l] = 0.0f;
-  }
-  for (int64_t d = threadIdx.x; d < dr; d += blockDim.x) q_pe[d] = qh[dn + d];
-  __syncthreads();
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-  float m = -FLT_MAX, lsum = 0.0f;
-  for (int64_t j0 = j_begin; j0 < j_end; j0 += kChunk) {
-    const int64_t cnt = min(static_cast<int64_t>(kChunk), j_end - j0);
-    for (int64_t jj = warp; jj < cnt; jj += warps) {  // scores: one warp per position
-      const int64_t j = j0 + jj;
-      const int64_t slot =
-          int64_t(t.block_tables[seq * t.max_blocks + j / t.block_size]) * t.block_size +
-          j % t.block_size;
-      const float* row = cache + slot * width;
-      float acc = 0.0f;
-      for (int64_t l = lane; l < kvr; l += 32) acc += q_lat[l] * row[l];
-      for (int64_t d = lane; d < dr; d += 32) acc += q_pe[d] * row[kvr + d];
-      for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-      if (lane == 0) p[jj] = acc * scale;
+  // q rows of the group: [q_lat | q_pe], zeros for heads past the group's end.
+  for (int64_t i = tid; i < kGroup * width; i += kAttnThreads) {
+    const int64_t h = i / width, c = i % width;
+    float v = 0.0f;
+    if (h < g_count) {
+      v = c < kvr ? q_lat[(tok * nh + g0 + h) * kvr + c]
+                  : q[(tok * heads + h0 + g0 + h) * (dn + dr) + dn + (c - kvr)];
     }
-    __syncthreads();
-    float cmax = -FLT_MAX;
-    for (int64_t jj = 0; jj < cnt; ++jj) cmax = fmaxf(cmax, p[jj]);
-    const float m_new = fmaxf(m, cmax), rescale = expf(m - m_new);
-    __syncthreads();
-    if (threadIdx.x < cnt) p[threadIdx.x] = expf(p[threadIdx.x] - m_new);
-    __syncthreads();
-    float csum = 0.0f;
-    for (int64_t jj = 0; jj < cnt; ++jj) csum += p[jj];
-    lsum = lsum * rescale + csum;
-    m = m_new;
-    for (int64_t l = threadIdx.x; l < kvr; l += blockDim.x) {
-      float acc = o_lat[l] * rescale;
-      for (int64_t jj = 0; jj < cnt; ++jj) {
+    qs[h * stride + c] = v;
+  }
+  const int my_h = tid / kRows, my_j = tid % kRows;  // score of (head my_h, row my_j)
+  float m = -FLT_MAX, lsum = 0.0f;                   // of head my_h (same in its 16 lanes)
+  float acc[kGroup][2];
+#pragma unroll
+  for (int h = 0; h < kGroup; ++h) acc[h][0] = acc[h][1] = 0.0f;
+  for (int64_t j0 = j_begin; j0 < j_end; j0 += kRows) {
+    const int64_t cnt = min(static_cast<int64_t>(kRows), j_end - j0);
+    __syncthreads();  // the previous chunk's rows and p are consumed
+    for (int64_t i = tid; i < kRows * w4; i += kAttnThreads) {
+      const int64_t jj = i / w4, c4 = i % w4;
+      float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      if (jj < cnt) {
         const int64_t j = j0 + jj;
         const int64_t slot =
             int64_t(t.block_tables[seq * t.max_blocks + j / t.block_size]) * t.block_size +
             j % t.block_size;
-        acc += p[jj] * cache[slot * width + l];
+        v = reinterpret_cast<const float4*>(cache + slot * width)[c4];
       }
-      o_lat[l] = acc;
+      reinterpret_cast<float4*>(rows + jj * stride)[c4] = v;
     }
     __syncthreads();
+    float sc = -INFINITY;
+    if (my_j < cnt) {
+      const float4* qa = reinterpret_cast<const float4*>(qs + my_h * stride);
+      const float4* ra = reinterpret_cast<const float4*>(rows + my_j * stride);
+      float d = 0.0f;
+      for (int64_t c4 = 0; c4 < w4; ++c4) {
+        const float4 a = qa[c4], b = ra[c4];
+        d += a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
+      }
+      sc = d * scale;
+    }
+    float cmax = sc;
+    for (int o = kRows / 2; o > 0; o >>= 1)
+      cmax = fmaxf(cmax, __shfl_xor_sync(0xffffffffu, cmax, o));
+    const float m_new = fmaxf(m, cmax), rescale = expf(m - m_new);
+    const float p = expf(sc - m_new);  // 0 for rows past the chunk
+    float csum = p;
+    for (int o = kRows / 2; o > 0; o >>= 1) csum += __shfl_xor_sync(0xffffffffu, csum, o);
+    lsum = lsum * rescale + csum;
+    m = m_new;
+    ps[my_h * kRows + my_j] = p;
+    if (my_j == 0) qs[my_h * stride + width] = rescale;  // the pad column holds the rescale
+    __syncthreads();
+#pragma unroll
+    for (int h = 0; h < kGroup; ++h) {
+      const float r = qs[h * stride + width];
+      acc[h][0] *= r;
+      acc[h][1] *= r;
+    }
+    for (int jj = 0; jj < kRows; ++jj) {
+      const float r0 = tid < kvr ? rows[jj * stride + tid] : 0.0f;
+      const float r1 = tid + kAttnThreads < kvr ? rows[jj * stride + tid + kAttnThreads] : 0.0f;
+#pragma unroll
+      for (int h = 0; h < kGroup; ++h) {
+        const float ph = ps[h * kRows + jj];
+        acc[h][0] += ph * r0;
+        acc[h][1] += ph * r1;
+      }
+    }
   }
-  if (threadIdx.x == 0) {
+  // Every lane of a head's half-warp holds its m and lsum; lane my_j == 0 writes them.
+  if (my_j == 0 && my_h < g_count) {
+    float* part = partial + ((tok * nh + g0 + my_h) * splits + split) * (kvr + 2);
     part[0] = m;
     part[1] = lsum;
   }
-  for (int64_t l = threadIdx.x; l < kvr; l += blockDim.x) part[2 + l] = o_lat[l];
+#pragma unroll
+  for (int h = 0; h < kGroup; ++h) {
+    if (h >= g_count) break;
+    float* part = partial + ((tok * nh + g0 + h) * splits + split) * (kvr + 2);
+    if (tid < kvr) part[2 + tid] = acc[h][0];
+    if (tid + kAttnThreads < kvr) part[2 + tid + kAttnThreads] = acc[h][1];
+  }
 }
 
-// Block (token, head): merges the splits' partials and applies W_v:
-// out_h[e] = W_v[e] · (Σ_s e^{m_s - M} o_s) / (Σ_s e^{m_s - M} l_s). Shared: o_lat[kvr].
-__global__ void AttentionCombine(const float* kv_b, int64_t kvr, int64_t dn, int64_t dv, int64_t h0,
-                                 int64_t nh, int64_t splits, const float* partial, float* out) {
-  extern __shared__ float o_lat[];
-  const int64_t tok = blockIdx.x, h = h0 + blockIdx.y;
-  const float* part = partial + (tok * nh + blockIdx.y) * splits * (kvr + 2);
+// Block (token, head): merges the splits' partials into o_lat[t, h] =
+// (Σ_s e^{m_s - M} o_s) / (Σ_s e^{m_s - M} l_s); W_v is applied by a batched GEMM after.
+__global__ void AttentionCombine(int64_t kvr, int64_t nh, int64_t splits, const float* partial,
+                                 float* o_lat) {
+  const int64_t tok = blockIdx.x, h = blockIdx.y;
+  const float* part = partial + (tok * nh + h) * splits * (kvr + 2);
   float mx = -FLT_MAX;
   for (int64_t s = 0; s < splits; ++s) mx = fmaxf(mx, part[s * (kvr + 2)]);
   float total = 0.0f;
   for (int64_t s = 0; s < splits; ++s) {
     total += part[s * (kvr + 2) + 1] * expf(part[s * (kvr + 2)] - mx);
   }
+  float* out = o_lat + (tok * nh + h) * kvr;
   for (int64_t l = threadIdx.x; l < kvr; l += blockDim.x) {
     float acc = 0.0f;
     for (int64_t s = 0; s < splits; ++s) {
       acc += part[s * (kvr + 2) + 2 + l] * expf(part[s * (kvr + 2)] - mx);
     }
-    o_lat[l] = acc;
-  }
-  __syncthreads();
-  const float* w_v = kv_b + h * (dn + dv) * kvr + dn * kvr;  // [dv, kvr]
-  float* out_h = out + (tok * nh + blockIdx.y) * dv;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-  for (int64_t e = warp; e < dv; e += warps) {
-    float acc = 0.0f;
-    for (int64_t l = lane; l < kvr; l += 32) acc += w_v[e * kvr + l] * o_lat[l];
-    for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-    if (lane == 0) out_h[e] = acc / total;
+    out[l] = acc / total;
   }
 }
 
@@ -194,9 +233,9 @@ void LaunchMlaCacheWrite(const float* ckv, int64_t n, int64_t kvr, const float* 
 int64_t MlaSplits(int64_t n, int64_t nh, int64_t max_context) {
   // Enough blocks to fill the GPU (~2 per SM on an H200) when few tokens attend long contexts;
   // each split keeps at least two chunks of positions.
-  const int64_t blocks = std::max<int64_t>(n * nh, 1);
+  const int64_t blocks = std::max<int64_t>(n * ((nh + kGroup - 1) / kGroup), 1);
   const int64_t want = (264 + blocks - 1) / blocks;
-  const int64_t most = std::max<int64_t>(1, max_context / (2 * kChunk));
+  const int64_t most = std::max<int64_t>(1, max_context / (2 * kRows));
   return std::max<int64_t>(1, std::min<int64_t>({want, most, 64}));
 }
 
@@ -204,24 +243,31 @@ int64_t MlaPartialFloats(int64_t n, int64_t nh, int64_t splits, int64_t kvr) {
   return n * nh * splits * (kvr + 2);
 }
 
-void LaunchMlaAttention(const float* q, int64_t n, int64_t heads, const float* kv_b, int64_t kvr,
-                        int64_t dn, int64_t dr, int64_t dv, const PagedArgs& t, const float* cache,
-                        int64_t h0, int64_t h1, float scale, int64_t max_context, int64_t splits,
-                        float* partial, float* out, cudaStream_t s) {
+void LaunchMlaAttention(const float* q, int64_t n, int64_t heads, const float* q_lat, int64_t kvr,
+                        int64_t dn, int64_t dr, const PagedArgs& t, const float* cache, int64_t h0,
+                        int64_t h1, float scale, int64_t max_context, int64_t splits,
+                        float* partial, float* o_lat, cudaStream_t s) {
   if (n == 0) return;
-  const size_t smem = (2 * kvr + dr + kChunk) * sizeof(float);
-  AFD_CHECK(smem <= 48 * 1024, "MlaAttention: kv_lora_rank {} needs {} bytes of shared memory", kvr,
-            smem);
+  AFD_CHECK(kvr <= kMaxLatent && (kvr + dr) % 4 == 0,
+            "MlaAttention on cuda: kv_lora_rank {} (at most {}) + rope dim {} must be a multiple "
+            "of 4",
+            kvr, kMaxLatent, dr);
+  const size_t smem = AttnSmemBytes(kvr + dr);
+  static size_t smem_set = 0;  // the opt-in above 48 KB, raised once per size
+  if (smem > smem_set) {
+    AFD_CUDA_CHECK(cudaFuncSetAttribute(
+        AttentionPartial, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    smem_set = smem;
+  }
   const int64_t nh = h1 - h0;
   const int64_t span = (max_context + splits - 1) / splits;
-  const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>(nh),
+  const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>((nh + kGroup - 1) / kGroup),
                   static_cast<unsigned>(splits));
-  AttentionPartial<<<grid, kAttnThreads, smem, s>>>(q, heads, kv_b, kvr, dn, dr, dv, t, cache, h0,
-                                                    nh, scale, span, partial);
+  AttentionPartial<<<grid, kAttnThreads, smem, s>>>(q, heads, q_lat, kvr, dn, dr, t, cache, h0, nh,
+                                                    scale, span, partial);
   CheckLaunch("MlaAttention (partial)");
   const dim3 grid2(static_cast<unsigned>(n), static_cast<unsigned>(nh));
-  AttentionCombine<<<grid2, kAttnThreads, kvr * sizeof(float), s>>>(kv_b, kvr, dn, dv, h0, nh,
-                                                                    splits, partial, out);
+  AttentionCombine<<<grid2, kAttnThreads, 0, s>>>(kvr, nh, splits, partial, o_lat);
   CheckLaunch("MlaAttention (combine)");
 }
 

@@ -4,6 +4,8 @@
 #include <cuda_bf16.h>
 #include <mma.h>
 
+#include <algorithm>
+
 #include "afd/common/cuda_check.h"
 #include "afd/kernels/cuda/launch.cuh"
 
@@ -11,11 +13,13 @@ namespace afd::kernels::cuda {
 
 namespace {
 
-// One block, deterministic and graph-safe. Thread e owns local expert e (and e + blockDim,
-// ...): it counts its slots, then (after a prefix sum over experts) places them in slot order,
-// so tokens stay ascending within an expert. The ids are staged through shared memory in
-// tiles, so each thread's scan reads shared memory, not global.
+// One block, deterministic and graph-safe: counts each local expert's slots, a prefix sum over
+// experts, then places the slots in slot order, so tokens stay ascending within an expert. Up
+// to kFastPermuteExperts local experts, slots are placed in parallel (see below); above, thread
+// e owns local expert e (and e + blockDim, ...) and scans the ids, staged through shared
+// memory in tiles.
 constexpr int kPermuteThreads = 1024, kPermuteTile = 4096, kMaxLocalExperts = 4096;
+constexpr int kFastPermuteExperts = 128;  // per-warp counts in shared memory: 16 KB
 
 __global__ void Permute(const int32_t* ids, int64_t n, int64_t k, int64_t begin, int64_t local,
                         int32_t* offsets, int32_t* src_row, int32_t* row_of_slot) {
@@ -41,6 +45,47 @@ __global__ void Permute(const int32_t* ids, int64_t n, int64_t k, int64_t begin,
     offsets[local] = total;
   }
   __syncthreads();
+  if (local <= kFastPermuteExperts) {
+    // Slots in tiles of one per thread: a slot's place is its expert's cursor + the same-expert
+    // slots of earlier warps in the tile (a prefix over per-warp counts) + those of lower lanes
+    // in its warp (__match_any_sync), so slot order is kept without a serial scan.
+    __shared__ int32_t warp_count[kPermuteThreads / 32][kFastPermuteExperts];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (int64_t e = threadIdx.x; e < (kPermuteThreads / 32) * local; e += blockDim.x) {
+      warp_count[e / local][e % local] = 0;
+    }
+    for (int64_t t0 = 0; t0 < slots; t0 += kPermuteThreads) {
+      const int64_t s = t0 + threadIdx.x;
+      const int64_t e = s < slots ? ids[s] - begin : -1;
+      const bool mine = e >= 0 && e < local;
+      const int key = mine ? static_cast<int>(e) : -1;
+      const unsigned peers = __match_any_sync(0xffffffffu, key);
+      const int below = __popc(peers & ((1u << lane) - 1));
+      __syncthreads();
+      if (mine && below == 0) warp_count[warp][e] = __popc(peers);
+      __syncthreads();
+      for (int64_t x = threadIdx.x; x < local; x += blockDim.x) {
+        int32_t running = count[x];
+        for (int w = 0; w < kPermuteThreads / 32; ++w) {
+          const int32_t c = warp_count[w][x];
+          warp_count[w][x] = running;
+          running += c;
+        }
+        count[x] = running;
+      }
+      __syncthreads();
+      if (mine) {
+        const int32_t pos = warp_count[warp][e] + below;
+        src_row[pos] = static_cast<int32_t>(s / k);
+        row_of_slot[s] = pos;
+      }
+      __syncthreads();
+      for (int64_t x = threadIdx.x; x < (kPermuteThreads / 32) * local; x += blockDim.x) {
+        warp_count[x / local][x % local] = 0;
+      }
+    }
+    return;
+  }
   for (int64_t t0 = 0; t0 < slots; t0 += kPermuteTile) {
     const int64_t len = min(static_cast<int64_t>(kPermuteTile), slots - t0);
     for (int64_t i = threadIdx.x; i < len; i += blockDim.x) tile[i] = ids[t0 + i];
@@ -189,6 +234,92 @@ __global__ void GroupedGemv(const float* x, int64_t k, const void* const* w_ptrs
   }
 }
 
+// Small-M path for bf16 experts: x already rounded to bf16 (as the tensor-core path and the
+// dense GEMMs do, so a row's result does not depend on which path its batch takes). Each warp
+// holds 4 weight rows (SwiGLU: gate and up of 2 columns; else 4 columns) with 4 16-byte loads
+// in flight per lane, and each 16-byte x load serves all 4: a quarter of the x traffic of the
+// per-column kernel above, which is what bound it at 6+ rows per expert.
+constexpr int kWRows = 4;
+
+__device__ void Unpack8Bf16(const uint4& v, float* out) {
+  const __nv_bfloat162* p = reinterpret_cast<const __nv_bfloat162*>(&v);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = __bfloat1622float2(p[i]);
+    out[2 * i] = f.x;
+    out[2 * i + 1] = f.y;
+  }
+}
+
+template <bool kSwiglu>
+__global__ void __launch_bounds__(kGemvWarps * 32)
+    GroupedGemvBf16(const __nv_bfloat16* x, int64_t k, const void* const* w_ptrs,
+                    const int32_t* offsets, int64_t n_out, float* y) {
+  constexpr int kCols = kSwiglu ? kWRows / 2 : kWRows;
+  const int64_t e = blockIdx.z, r_begin = offsets[e], r_end = offsets[e + 1];
+  if (r_begin >= r_end) return;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t c0 = (int64_t(blockIdx.x) * kGemvWarps + warp) * kCols;
+  if (c0 >= n_out) return;
+  const auto* w = static_cast<const __nv_bfloat16*>(w_ptrs[e]);
+  // Weight row of slot i: column c0 + i (SwiGLU: gate c0 + i % 2, up n_out + c0 + i % 2).
+  const __nv_bfloat16* wr[kWRows];
+  bool ok[kWRows];
+#pragma unroll
+  for (int i = 0; i < kWRows; ++i) {
+    const int64_t c = c0 + (kSwiglu ? i % 2 : i);
+    ok[i] = c < n_out;
+    wr[i] = w + ((kSwiglu && i >= 2 ? n_out : 0) + (ok[i] ? c : c0)) * k;
+  }
+  for (int64_t r0 = r_begin; r0 < r_end; r0 += kGemvRows) {
+    const int rows = static_cast<int>(min(static_cast<int64_t>(kGemvRows), r_end - r0));
+    float acc[kWRows][kGemvRows] = {};
+    for (int64_t k0 = lane * 8; k0 < k; k0 += 32 * 8) {
+      float wv[kWRows][8];
+#pragma unroll
+      for (int i = 0; i < kWRows; ++i) {
+        Unpack8Bf16(*reinterpret_cast<const uint4*>(wr[i] + k0), wv[i]);
+      }
+#pragma unroll
+      for (int r = 0; r < kGemvRows; ++r) {
+        if (r >= rows) break;
+        float xv[8];
+        Unpack8Bf16(*reinterpret_cast<const uint4*>(x + (r0 + r) * k + k0), xv);
+#pragma unroll
+        for (int i = 0; i < kWRows; ++i) {
+#pragma unroll
+          for (int j = 0; j < 8; ++j) acc[i][r] += xv[j] * wv[i][j];
+        }
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < kGemvRows; ++r) {
+      if (r >= rows) break;
+      float v[kWRows];
+#pragma unroll
+      for (int i = 0; i < kWRows; ++i) {
+        v[i] = acc[i][r];
+        for (int o = 16; o > 0; o >>= 1) v[i] += __shfl_xor_sync(0xffffffffu, v[i], o);
+      }
+      if (lane == 0) {
+        float* yr = y + (r0 + r) * n_out;
+#pragma unroll
+        for (int i = 0; i < kCols; ++i) {
+          if (!ok[i]) continue;
+          yr[c0 + i] = kSwiglu ? v[i] / (1.0f + expf(-v[i])) * v[i + 2] : v[i];
+        }
+      }
+    }
+  }
+}
+
+__global__ void RowsToBf16(const float* x, int64_t n, __nv_bfloat16* out) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    out[i] = __float2bfloat16_rn(x[i]);
+  }
+}
+
 // Tensor-core path for bf16 experts with many rows per expert (large decode batches, prefill):
 // bf16 WMMA 16x16x16 fragments, fp32 accumulation; the fp32 activations are rounded to bf16
 // while staged in shared memory (as the dense cuBLAS GEMMs do). Block tile: 32 rows x 64 cols,
@@ -277,7 +408,7 @@ void LaunchMoePermute(const int32_t* ids, int64_t n, int64_t k, int64_t begin, i
 
 void LaunchGroupedLinear(const float* x, int64_t m, int64_t k, const void* const* w_ptrs, bool bf16,
                          const int32_t* offsets, int64_t num_local, int64_t n_out, bool swiglu,
-                         float* y, cudaStream_t s) {
+                         float* y, uint16_t* x_bf16, cudaStream_t s) {
   if (m == 0 || num_local == 0) return;
   // bf16 experts with 16+ rows each on average: tensor cores (needs K and N multiples of 16).
   if (bf16 && m >= 16 * num_local && k % 16 == 0 && n_out % 16 == 0) {
@@ -289,6 +420,23 @@ void LaunchGroupedLinear(const float* x, int64_t m, int64_t k, const void* const
       GroupedWmma<false><<<g, 256, 0, s>>>(x, k, w_ptrs, offsets, n_out, y);
     }
     CheckLaunch("GroupedExpertMlp (wmma)");
+    return;
+  }
+  // bf16 decode sizes: x rounded to bf16 once (x_bf16 scratch [m, k]), 4 weight rows per warp.
+  if (bf16 && x_bf16 != nullptr && m <= 32 * num_local && k % 8 == 0) {
+    const int64_t n_elems = m * k;
+    const int blocks = static_cast<int>(std::min<int64_t>((n_elems + 255) / 256, 4096));
+    auto* xb = reinterpret_cast<__nv_bfloat16*>(x_bf16);
+    RowsToBf16<<<blocks, 256, 0, s>>>(x, n_elems, xb);
+    const int64_t cols = swiglu ? kWRows / 2 : kWRows;
+    const dim3 g(static_cast<unsigned>((n_out + kGemvWarps * cols - 1) / (kGemvWarps * cols)), 1,
+                 static_cast<unsigned>(num_local));
+    if (swiglu) {
+      GroupedGemvBf16<true><<<g, kGemvWarps * 32, 0, s>>>(xb, k, w_ptrs, offsets, n_out, y);
+    } else {
+      GroupedGemvBf16<false><<<g, kGemvWarps * 32, 0, s>>>(xb, k, w_ptrs, offsets, n_out, y);
+    }
+    CheckLaunch("GroupedExpertMlp (bf16 gemv)");
     return;
   }
   // Decode sizes (up to ~32 rows per expert on average): the per-column path reads each used

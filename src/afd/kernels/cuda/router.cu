@@ -1,7 +1,8 @@
-// Router top-k on the GPU: one thread per token, the CPU reference's rules (softmax or sigmoid
+// Router top-k on the GPU: one warp per token, the CPU reference's rules (softmax or sigmoid
 // scores, group masking by max or top-2 sum, top-k with ties to the lower id, NaN ranked below
 // every number, ids returned ascending).
 #include <cfloat>
+#include <climits>
 
 #include "afd/common/cuda_check.h"
 #include "afd/kernels/cuda/launch.cuh"
@@ -12,45 +13,78 @@ namespace {
 
 __device__ float Key(float v) { return isnan(v) ? -INFINITY : v; }
 
-// Index of the largest v[i] among those not taken (ties: lower index).
-__device__ int ArgMaxFree(const float* v, const bool* taken, int n) {
-  int best = -1;
-  for (int i = 0; i < n; ++i) {
+// One warp per token; the token's scores live in the warp's shared memory (lanes stride over
+// experts), so nothing spills to local memory.
+constexpr int kRouterWarps = 4;
+constexpr int kMaxGroups = 64, kMaxTopk = 32;
+
+struct WarpScratch {
+  float score[kMaxRouterExperts];
+  float choice[kMaxRouterExperts];
+  float gscore[kMaxGroups];
+  int32_t picked[kMaxTopk];
+  unsigned char taken[kMaxRouterExperts];
+  unsigned char gtaken[kMaxGroups];
+};
+
+// Index of the largest v[i] among those not taken (ties: lower index; NaN ranks as -inf), the
+// same in every lane of the warp.
+__device__ int WarpArgMaxFree(const float* v, const unsigned char* taken, int n, int lane) {
+  float bk = -INFINITY;
+  int bi = INT_MAX;
+  for (int i = lane; i < n; i += 32) {  // ascending within a lane: keeps the first maximum
     if (taken[i]) continue;
-    if (best < 0 || Key(v[i]) > Key(v[best])) best = i;
+    const float k = Key(v[i]);
+    if (bi == INT_MAX || k > bk) {
+      bk = k;
+      bi = i;
+    }
   }
-  return best;
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ok = __shfl_xor_sync(0xffffffffu, bk, o);
+    const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+    if (oi != INT_MAX && (bi == INT_MAX || ok > bk || (ok == bk && oi < bi))) {
+      bk = ok;
+      bi = oi;
+    }
+  }
+  return bi;
 }
 
-__global__ void Router(const float* logits, int64_t n, int64_t e, const float* bias, RouterArgs a,
-                       int32_t* ids, float* weights) {
-  const int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (t >= n) return;
-  float score[kMaxRouterExperts], choice[kMaxRouterExperts];
-  bool taken[kMaxRouterExperts];
-  const float* lt = logits + t * e;
+__global__ void __launch_bounds__(kRouterWarps * 32)
+    Router(const float* logits, int64_t n, int64_t e64, const float* bias, RouterArgs a,
+           int32_t* ids, float* weights) {
+  __shared__ WarpScratch scratch[kRouterWarps];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t t = int64_t(blockIdx.x) * kRouterWarps + warp;
+  if (t >= n) return;  // the whole warp: no block-wide barrier below
+  WarpScratch& sc = scratch[warp];
+  const int e = static_cast<int>(e64);
+  const float* lt = logits + t * e64;
   if (!a.sigmoid) {
-    float mx = lt[0];
-    for (int i = 1; i < e; ++i) mx = fmaxf(mx, lt[i]);
+    float mx = NAN;  // fmaxf skips NaN: the largest number (NaN only if every logit is)
+    for (int i = lane; i < e; i += 32) mx = fmaxf(mx, lt[i]);
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
     double sum = 0.0;
-    for (int i = 0; i < e; ++i) {
-      score[i] = expf(lt[i] - mx);
-      sum += score[i];
+    for (int i = lane; i < e; i += 32) {
+      sc.score[i] = expf(lt[i] - mx);
+      sum += sc.score[i];
     }
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
     const float inv = static_cast<float>(1.0 / sum);
-    for (int i = 0; i < e; ++i) choice[i] = score[i] = score[i] * inv;
+    for (int i = lane; i < e; i += 32) sc.choice[i] = sc.score[i] = sc.score[i] * inv;
   } else {
-    for (int i = 0; i < e; ++i) {
-      score[i] = 1.0f / (1.0f + expf(-lt[i]));
-      choice[i] = score[i] + (bias ? bias[i] : 0.0f);
+    for (int i = lane; i < e; i += 32) {
+      sc.score[i] = 1.0f / (1.0f + expf(-lt[i]));
+      sc.choice[i] = sc.score[i] + (bias ? bias[i] : 0.0f);
     }
   }
+  for (int i = lane; i < e; i += 32) sc.taken[i] = 0;
+  __syncwarp();
   if (a.sigmoid || a.group_limited) {
-    const int gsize = static_cast<int>(e / a.n_group);
-    float gscore[64];
-    bool gtaken[64];
-    for (int g = 0; g < a.n_group; ++g) {
-      const float* s = choice + g * gsize;
+    const int groups = static_cast<int>(a.n_group), gsize = e / groups;
+    for (int g = lane; g < groups; g += 32) {
+      const float* s = sc.choice + g * gsize;
       if (a.sigmoid && gsize >= 2) {
         float best = -INFINITY, second = -INFINITY;
         for (int i = 0; i < gsize; ++i) {
@@ -61,27 +95,37 @@ __global__ void Router(const float* logits, int64_t n, int64_t e, const float* b
             second = s[i];
           }
         }
-        gscore[g] = best + second;
+        sc.gscore[g] = best + second;
       } else if (a.sigmoid) {
-        gscore[g] = s[0];
+        sc.gscore[g] = s[0];
       } else {
         float best = s[0];
         for (int i = 1; i < gsize; ++i) best = fmaxf(best, s[i]);
-        gscore[g] = best;
+        sc.gscore[g] = best;
       }
-      gtaken[g] = false;
+      sc.gtaken[g] = 0;
     }
-    for (int r = 0; r < a.topk_group; ++r) gtaken[ArgMaxFree(gscore, gtaken, a.n_group)] = true;
-    for (int i = 0; i < e; ++i) {
-      if (!gtaken[i / gsize]) choice[i] = a.sigmoid ? -INFINITY : 0.0f;
+    __syncwarp();
+    for (int r = 0; r < a.topk_group; ++r) {
+      const int g = WarpArgMaxFree(sc.gscore, sc.gtaken, groups, lane);
+      if (lane == 0) sc.gtaken[g] = 1;
+      __syncwarp();
     }
+    for (int i = lane; i < e; i += 32) {
+      if (!sc.gtaken[i / gsize]) sc.choice[i] = a.sigmoid ? -INFINITY : 0.0f;
+    }
+    __syncwarp();
   }
-  for (int i = 0; i < e; ++i) taken[i] = false;
-  int picked[32];
   for (int j = 0; j < a.top_k; ++j) {
-    picked[j] = ArgMaxFree(choice, taken, static_cast<int>(e));
-    taken[picked[j]] = true;
+    const int p = WarpArgMaxFree(sc.choice, sc.taken, e, lane);
+    if (lane == 0) {
+      sc.picked[j] = p;
+      sc.taken[p] = 1;
+    }
+    __syncwarp();
   }
+  if (lane != 0) return;
+  int32_t* picked = sc.picked;
   for (int i = 1; i < a.top_k; ++i) {  // ascending ids
     for (int j = i; j > 0 && picked[j - 1] > picked[j]; --j) {
       const int tmp = picked[j];
@@ -92,7 +136,7 @@ __global__ void Router(const float* logits, int64_t n, int64_t e, const float* b
   float* wt = weights + t * a.top_k;
   for (int j = 0; j < a.top_k; ++j) {
     ids[t * a.top_k + j] = picked[j];
-    wt[j] = score[picked[j]];
+    wt[j] = sc.score[picked[j]];
   }
   if (a.sigmoid && a.norm_topk_prob) {
     float sum = 0.0f;
@@ -106,12 +150,13 @@ __global__ void Router(const float* logits, int64_t n, int64_t e, const float* b
 
 void LaunchRouterTopk(const float* logits, int64_t n, int64_t num_experts, const float* bias,
                       const RouterArgs& args, int32_t* ids, float* weights, cudaStream_t s) {
-  AFD_CHECK(num_experts <= kMaxRouterExperts && args.n_group <= 64 && args.top_k <= 32,
-            "RouterTopk on cuda: {} experts, {} groups, top-{} (at most {}, 64, 32)", num_experts,
-            args.n_group, args.top_k, kMaxRouterExperts);
+  AFD_CHECK(
+      num_experts <= kMaxRouterExperts && args.n_group <= kMaxGroups && args.top_k <= kMaxTopk,
+      "RouterTopk on cuda: {} experts, {} groups, top-{} (at most {}, 64, 32)", num_experts,
+      args.n_group, args.top_k, kMaxRouterExperts);
   if (n == 0) return;
-  Router<<<static_cast<unsigned>((n + 63) / 64), 64, 0, s>>>(logits, n, num_experts, bias, args,
-                                                             ids, weights);
+  Router<<<static_cast<unsigned>((n + kRouterWarps - 1) / kRouterWarps), kRouterWarps * 32, 0, s>>>(
+      logits, n, num_experts, bias, args, ids, weights);
   CheckLaunch("RouterTopk");
 }
 

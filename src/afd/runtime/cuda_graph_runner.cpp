@@ -1,0 +1,145 @@
+#include "afd/runtime/cuda_graph_runner.h"
+
+#include <algorithm>
+
+#include "afd/common/error.h"
+
+namespace afd::runtime {
+
+namespace {
+
+// The smallest block-table width (in blocks) a graph is captured with.
+constexpr int64_t kMinWidth = 4;
+
+}  // namespace
+
+struct CudaGraphRunner::Graph {
+  explicit Graph(Allocator& allocator) : ws(allocator) {}
+  Workspace ws;          // the graph's tensors; never Reset after capture
+  model::StepInputs in;  // [bucket] inputs the graph reads; block tables [bucket, width]
+  Tensor logits;         // [bucket, vocab] the graph writes
+  std::unique_ptr<kernels::OpGraph> graph;
+};
+
+std::vector<int64_t> DefaultCudaGraphSizes() {
+  std::vector<int64_t> s = {1, 2, 4};
+  for (int64_t b = 8; b <= 64; b += 8) s.push_back(b);
+  for (int64_t b = 80; b <= 128; b += 16) s.push_back(b);
+  for (int64_t b = 160; b <= 256; b += 32) s.push_back(b);
+  return s;
+}
+
+CudaGraphRunner::CudaGraphRunner(const model::DeepseekModel& model, CudaGraphOptions options)
+    : model_(model),
+      moe_(model),
+      sizes_(options.sizes.empty() ? DefaultCudaGraphSizes() : options.sizes),
+      enforce_eager_(options.enforce_eager || !model.backend().SupportsGraphs()) {
+  for (int64_t s : sizes_) AFD_CHECK(s >= 1, "--cuda-graph-sizes: size {} must be >= 1", s);
+  std::sort(sizes_.begin(), sizes_.end());
+  sizes_.erase(std::unique(sizes_.begin(), sizes_.end()), sizes_.end());
+}
+
+CudaGraphRunner::~CudaGraphRunner() = default;
+
+CudaGraphRunner::Graph& CudaGraphRunner::GraphFor(int64_t bucket, int64_t width,
+                                                  kv::PagedKvCache& cache) {
+  std::unique_ptr<Graph>& slot = graphs_[Key{bucket, width}];
+  if (slot) return *slot;
+  kernels::Backend& backend = model_.backend();
+  auto g = std::make_unique<Graph>(backend);
+  // Inputs that are valid for any cache: token 0 at position 0 of row 0 (block 0), no write.
+  const std::vector<int32_t> zeros32(bucket * width, 0);
+  const std::vector<int64_t> zeros64(bucket, 0), no_slot(bucket, -1);
+  std::vector<int32_t> rows(bucket);
+  for (int64_t i = 0; i < bucket; ++i) rows[i] = static_cast<int32_t>(i);
+  auto take_inputs = [&] {
+    model::StepInputs& in = g->in;
+    in.n = bucket;
+    in.token_ids = g->ws.Take(DType::kI32, {bucket});
+    in.attn.positions = g->ws.Take(DType::kI64, {bucket});
+    in.attn.seq_index = g->ws.Take(DType::kI32, {bucket});
+    in.attn.slot_mapping = g->ws.Take(DType::kI64, {bucket});
+    in.attn.block_tables = g->ws.Take(DType::kI32, {bucket, width});
+    in.attn.block_size = cache.block_size();
+    in.attn.max_context = width * cache.block_size();
+    in.logits_rows = g->ws.Take(DType::kI32, {bucket});
+    backend.CopyToDevice(in.token_ids, zeros32.data());
+    backend.CopyToDevice(in.attn.positions, zeros64.data());
+    backend.CopyToDevice(in.attn.seq_index, zeros32.data());
+    backend.CopyToDevice(in.attn.slot_mapping, no_slot.data());
+    backend.CopyToDevice(in.attn.block_tables, zeros32.data());
+    backend.CopyToDevice(in.logits_rows, rows.data());
+  };
+  // Warm-up: sizes the workspace and the backend's scratch for these shapes, builds the
+  // expert pointer tables; then the workspace is merged into one chunk and taken again.
+  take_inputs();
+  model_.ForwardInputs(g->in, cache, moe_, g->ws);
+  backend.Synchronize();
+  g->ws.Reset();
+  take_inputs();
+  backend.Synchronize();
+  backend.BeginCapture();
+  try {
+    g->logits = model_.ForwardInputs(g->in, cache, moe_, g->ws);
+  } catch (...) {
+    backend.EndCapture();
+    throw;
+  }
+  g->graph = backend.EndCapture();
+  ++num_captures_;
+  slot = std::move(g);
+  return *slot;
+}
+
+Tensor CudaGraphRunner::Forward(const model::ForwardBatch& batch, kv::PagedKvCache& cache,
+                                Workspace& ws) {
+  const int64_t n = batch.size();
+  bool graphable = !enforce_eager_ && n > 0 && n <= sizes_.back() &&
+                   static_cast<int64_t>(batch.logits_rows.size()) == n;
+  for (int64_t i = 0; graphable && i < n; ++i) graphable = batch.logits_rows[i] == i;
+  if (!graphable) {
+    ++eager_steps_;
+    return model_.Forward(batch, cache, moe_, ws);
+  }
+  model_.CheckBatch(batch, cache);
+  // The first and last layers' addresses identify the cache's memory and its layer stride.
+  const std::pair<const void*, const void*> memory = {
+      cache.Layer(0).data(), cache.Layer(model_.config().num_hidden_layers - 1).data()};
+  if (memory != cache_memory_) {  // graphs hold the old cache's addresses
+    model_.backend().Synchronize();
+    graphs_.clear();
+    cache_memory_ = memory;
+  }
+  const int64_t bucket = *std::lower_bound(sizes_.begin(), sizes_.end(), n);
+  int64_t needed = 1;
+  for (const auto& t : batch.block_tables) needed = std::max<int64_t>(needed, t.size());
+  int64_t width = kMinWidth;
+  while (width < needed) width *= 2;
+  Graph& g = GraphFor(bucket, width, cache);
+
+  ids_.assign(bucket, 0);
+  positions_.assign(bucket, 0);
+  seq_index_.assign(bucket, 0);
+  slots_.assign(bucket, -1);
+  tables_.assign(bucket * width, 0);
+  std::copy(batch.token_ids.begin(), batch.token_ids.end(), ids_.begin());
+  std::copy(batch.positions.begin(), batch.positions.end(), positions_.begin());
+  std::copy(batch.seq_index.begin(), batch.seq_index.end(), seq_index_.begin());
+  std::copy(batch.slot_mapping.begin(), batch.slot_mapping.end(), slots_.begin());
+  for (size_t r = 0; r < batch.block_tables.size(); ++r) {
+    std::copy(batch.block_tables[r].begin(), batch.block_tables[r].end(),
+              tables_.begin() + r * width);
+  }
+  kernels::Backend& backend = model_.backend();
+  backend.CopyToDevice(g.in.token_ids, ids_.data());
+  backend.CopyToDevice(g.in.attn.positions, positions_.data());
+  backend.CopyToDevice(g.in.attn.seq_index, seq_index_.data());
+  backend.CopyToDevice(g.in.attn.slot_mapping, slots_.data());
+  backend.CopyToDevice(g.in.attn.block_tables, tables_.data());
+  g.graph->Replay();
+  model::DeepseekModel::CommitBatch(batch, cache);
+  ++graph_steps_;  // ws is not used: the graph's tensors live in its own workspace
+  return g.logits.Rows(0, n);
+}
+
+}  // namespace afd::runtime

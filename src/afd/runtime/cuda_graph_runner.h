@@ -1,0 +1,72 @@
+// A StepRunner that replays a captured CUDA graph of the whole forward step for decode-sized
+// batches (Backend::BeginCapture/EndCapture), and runs everything else eagerly.
+//
+// Graphs: one per (batch bucket, block-table width, cache). A step of n tokens whose logits
+// rows are all n rows in order (decode steps, and small prefills that want every row) runs in
+// the smallest bucket >= n of `sizes` (like vLLM's capture sizes): its inputs are padded to the
+// bucket and uploaded into the graph's own input tensors (stable addresses, taken once from the
+// graph's own Workspace), then the graph replays. Padding rows: token 0 at position 0 of the
+// first sequence with cache slot -1 (writes nothing); their logits are computed and dropped.
+// The block-table width is the step's longest table rounded up to a power of two (>= 4 blocks),
+// so a graph serves every context up to it. A graph is captured the first time its key is seen,
+// after one eager warm-up run of the same padded shapes (which sizes the backend's scratch).
+// Graphs point into the cache they were captured with: a step on another cache drops them.
+//
+// Padding changes the batch a kernel sees, not a row's arithmetic on the paths that are
+// batch-invariant; eager (enforce_eager, or a backend without graphs) and graph replay give
+// identical results for a batch that fills its bucket.
+// Thread safety: one Forward at a time.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "afd/runtime/generator.h"
+
+namespace afd::runtime {
+
+struct CudaGraphOptions {
+  std::vector<int64_t> sizes;  // capture sizes (batch buckets); empty: DefaultCudaGraphSizes()
+  bool enforce_eager = false;  // never capture: every step runs eagerly
+};
+
+// 1, 2, 4, 8, then every multiple of 8 up to 64, every multiple of 16 up to 128 and of 32 up to
+// 256 (vLLM's idea: small steps between small sizes, where padding costs most).
+std::vector<int64_t> DefaultCudaGraphSizes();
+
+class CudaGraphRunner : public StepRunner {
+ public:
+  // `model` must outlive the runner and hold every expert. Throws afd::Error for a size < 1.
+  CudaGraphRunner(const model::DeepseekModel& model, CudaGraphOptions options);
+  ~CudaGraphRunner() override;
+
+  Tensor Forward(const model::ForwardBatch& batch, kv::PagedKvCache& cache, Workspace& ws) override;
+
+  int64_t graph_steps() const { return graph_steps_; }  // steps replayed from a graph
+  int64_t eager_steps() const { return eager_steps_; }
+  int64_t num_captures() const { return num_captures_; }
+
+ private:
+  struct Graph;
+  // (bucket, block-table width in blocks)
+  using Key = std::tuple<int64_t, int64_t>;
+  Graph& GraphFor(int64_t bucket, int64_t width, kv::PagedKvCache& cache);
+
+  const model::DeepseekModel& model_;
+  model::LocalMoeBackend moe_;
+  std::vector<int64_t> sizes_;  // ascending, unique
+  bool enforce_eager_;
+  // The cache the graphs were captured with: its first and last layers' addresses.
+  std::pair<const void*, const void*> cache_memory_ = {nullptr, nullptr};
+  std::map<Key, std::unique_ptr<Graph>> graphs_;
+  // Host staging of a step's padded inputs (reused).
+  std::vector<int32_t> ids_, seq_index_, tables_;
+  std::vector<int64_t> positions_, slots_;
+  int64_t graph_steps_ = 0, eager_steps_ = 0, num_captures_ = 0;
+};
+
+}  // namespace afd::runtime
