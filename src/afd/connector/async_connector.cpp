@@ -178,12 +178,13 @@ ReceivedSlot AsyncConnector::Read(int region, int ring, uint64_t seq, const std:
 }
 
 void AsyncConnector::CheckPeers(const std::string& what) {
+  // An abort first: a peer that failed published its cause before it exited.
+  world_.CheckAbort();
   for (int p = 0; p < num_peers(); ++p) {
     if (finished_[p]) continue;
     AFD_CHECK(!window_->PeerExited(OppositeWorldRank(p)), "{} exited while {} {}", PeerName(p),
               world_.Describe(world_.world_rank()), what);
   }
-  world_.CheckAbort();
 }
 
 ReceivedSlot AsyncConnector::Receive(int peer, int stage, const std::string& what) {

@@ -1,5 +1,6 @@
 #include "afd/deploy/role_worker.h"
 
+#include <algorithm>
 #include <chrono>
 #include <fstream>
 #include <map>
@@ -41,24 +42,32 @@ void WriteFileOrThrow(const std::string& path, const std::string& text) {
 }
 
 // The most tokens one step of this attention rank can hold: what the asynchronous connector
-// sizes its windows by.
-int64_t AttentionTokenCap(const WorkerOptions& o) {
+// sizes its windows by. Without chunked prefill a whole sequence may run alone in a step even
+// when it exceeds the token budget (runtime/scheduler.h).
+int64_t AttentionTokenCap(const WorkerOptions& o, const model::ModelConfig& mc) {
   if (!o.engine_endpoint.empty()) {
     AFD_CHECK(o.engine.max_num_batched_tokens > 0,
               "{} sizes its windows by the tokens of a step: serving needs "
               "--max-num-batched-tokens > 0",
               o.config.connector);
-    return o.engine.max_num_batched_tokens;
+    if (o.engine.chunked_prefill) return o.engine.max_num_batched_tokens;
+    const int64_t len =
+        o.engine.max_model_len > 0 ? o.engine.max_model_len : mc.max_position_embeddings;
+    return std::max(o.engine.max_num_batched_tokens, len);
   }
-  if (o.generation.max_num_batched_tokens > 0) return o.generation.max_num_batched_tokens;
-  // No limit: a step holds at most every token of this replica's sequences.
-  int64_t total = 1;
+  const runtime::GenerationOptions& g = o.generation;
+  int64_t total = 1, longest = 1;
   for (size_t i = 0; i < o.prompts.size(); ++i) {
     if (static_cast<int>(i % o.dp) == o.role_rank / o.tp) {
-      total += static_cast<int64_t>(o.prompts[i].size()) + o.generation.max_tokens;
+      const int64_t len = static_cast<int64_t>(o.prompts[i].size()) + g.max_tokens;
+      total += len;
+      longest = std::max(longest, len);
     }
   }
-  return total;
+  // No limit: a step holds at most every token of this replica's sequences.
+  if (g.max_num_batched_tokens <= 0) return total;
+  if (g.chunked_prefill) return g.max_num_batched_tokens;
+  return std::max(g.max_num_batched_tokens, longest);
 }
 
 }  // namespace
@@ -111,7 +120,7 @@ void RunWorker(const WorkerOptions& o) {
                             {"world_rank", world->world_rank()}};
     if (c.is_async()) {
       connector::AsyncConnectorOptions ao;
-      ao.token_cap = role == Role::kAttention ? AttentionTokenCap(o) : 0;
+      ao.token_cap = role == Role::kAttention ? AttentionTokenCap(o, mc) : 0;
       ao.topk = mc.num_experts_per_tok;
       ao.num_experts = mc.n_routed_experts;
       ao.row = {mc.hidden_size, DType::kF32};
