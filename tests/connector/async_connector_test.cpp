@@ -1,5 +1,7 @@
 // The asynchronous window connector in one process: ranks are threads joined at a real
 // rendezvous store, windows are real POSIX shared memory (connector/shm_window.h).
+#include "afd/connector/async_connector.h"
+
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/mman.h>
@@ -12,7 +14,6 @@
 #include "afd/comm/afd_world.h"
 #include "afd/comm/socket.h"
 #include "afd/common/error.h"
-#include "afd/connector/async_connector.h"
 #include "afd/connector/shm_window.h"
 
 namespace afd::connector {

@@ -59,8 +59,8 @@ TEST(AsyncProcesses, Bf16RowsRoundTrip) {
   auto procs = StartDeployment(
       2, 2, 30, "async_bf16",
       [](const std::string&, int) {
-        return std::vector<std::string>{"--dtype", "bf16", "--hidden", "40", "--steps", "2",
-                                        "--stages", "1"};
+        return std::vector<std::string>{"--dtype", "bf16", "--hidden", "40",
+                                        "--steps", "2",    "--stages", "1"};
       },
       ", \"connector_extra_config\": {\"routed_cap_multiplier\": 2}", kAsync);
   for (auto& p : procs) {

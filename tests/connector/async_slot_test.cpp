@@ -1,5 +1,7 @@
 // The asynchronous connector's pure parts: slot layout, header checks, routed capacity and the
 // token-level dispatch plan (connector/async_slot.h, connector/dispatch_plan.h).
+#include "afd/connector/async_slot.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -8,7 +10,6 @@
 #include <set>
 
 #include "afd/common/error.h"
-#include "afd/connector/async_slot.h"
 #include "afd/connector/dispatch_plan.h"
 #include "afd/topology/topology.h"
 

@@ -40,8 +40,7 @@ inline std::string AfdJson(const std::string& role, int port, int A, int F, int 
 // `config_extra` (", \"key\": value ...") and `connector` go into every rank's afd object.
 template <typename ExtraArgs>
 std::vector<RankProcess> StartDeployment(int A, int F, int timeout_s, const std::string& tag,
-                                         ExtraArgs extra_args,
-                                         const std::string& config_extra = "",
+                                         ExtraArgs extra_args, const std::string& config_extra = "",
                                          const std::string& connector = "P2pHostAFDConnector") {
   const int port = FreePort();
   // Every process proves one join secret to the store, as a real deployment does (inherited).
@@ -50,13 +49,13 @@ std::vector<RankProcess> StartDeployment(int A, int F, int timeout_s, const std:
   for (const std::string role : {"ffn", "attention"}) {
     const int n = role == "ffn" ? F : A;
     for (int r = 0; r < n; ++r) {
-      std::vector<std::string> argv = {AFD_BINARY,
-                                       "connector-test",
-                                       "--additional-config",
-                                       AfdJson(role, port, A, F, timeout_s, config_extra,
-                                               connector),
-                                       "--role-rank",
-                                       std::to_string(r)};
+      std::vector<std::string> argv = {
+          AFD_BINARY,
+          "connector-test",
+          "--additional-config",
+          AfdJson(role, port, A, F, timeout_s, config_extra, connector),
+          "--role-rank",
+          std::to_string(r)};
       for (const auto& a : extra_args(role, r)) argv.push_back(a);
       RankProcess p;
       p.label = role + " " + std::to_string(r);

@@ -32,7 +32,8 @@ struct Output {
 Output RunAfd(const std::vector<std::string>& args, const std::string& tag,
               const std::string& env = "") {
   // The pid keeps concurrent test runs (other build trees, ctest -j) off each other's files.
-  const std::string base = ::testing::TempDir() + "/afd_e2e_" + std::to_string(getpid()) + "_" + tag;
+  const std::string base =
+      ::testing::TempDir() + "/afd_e2e_" + std::to_string(getpid()) + "_" + tag;
   const std::string out = base + ".out";
   const std::string err = base + ".err";
   std::string cmd = env + " " + AFD_BINARY;
@@ -199,11 +200,11 @@ std::vector<Case> Cases() {
                     "--dbo-prefill-token-threshold", "1", "--additional-config",
                     R"({"afd": {"connector": "AsyncAFDConnector", "connector_extra_config":
                         {"ring_depth": 2}}})"}});
-  for (const auto& [golden, topo] : std::vector<std::pair<std::string, std::string>>{
-           {"v2_greedy_yarn", "2A2F"},
-           {"v2_group_limited", "3A2F"},
-           {"v3_noaux_tc", "1A2F"},
-           {"v3_sharded", "2A5F"}}) {
+  for (const auto& [golden, topo] :
+       std::vector<std::pair<std::string, std::string>>{{"v2_greedy_yarn", "2A2F"},
+                                                        {"v2_group_limited", "3A2F"},
+                                                        {"v3_noaux_tc", "1A2F"},
+                                                        {"v3_sharded", "2A5F"}}) {
     cases.push_back({golden + "_" + topo + "_async",
                      Golden(golden),
                      {"--topology", topo, "--additional-config", async}});
@@ -323,13 +324,26 @@ std::pair<int64_t, int64_t> AttentionSteps(const std::string& err, int rank) {
 // lockstep (same step count, drain steps on replica 0).
 TEST(AfdRunTopologyAsync, AReplicaFinishesWhileAnotherStillRuns) {
   std::string long_prompt = "1";
-  for (int i = 2; i <= 24; ++i) long_prompt += "," + std::to_string(i);
-  const std::vector<std::string> base = {"run",           "--model",      "preset:tiny",
-                                         "--topology",    "2A1F",         "--max-tokens",
-                                         "4",             "--ignore-eos", "--max-num-batched-tokens",
-                                         "3",             "--enable-chunked-prefill",
-                                         "--json",        "--stats",
-                                         "--prompt-ids",  "5",            "--prompt-ids",
+  for (int i = 2; i <= 24; ++i) {
+    long_prompt += ',';
+    long_prompt += std::to_string(i);
+  }
+  const std::vector<std::string> base = {"run",
+                                         "--model",
+                                         "preset:tiny",
+                                         "--topology",
+                                         "2A1F",
+                                         "--max-tokens",
+                                         "4",
+                                         "--ignore-eos",
+                                         "--max-num-batched-tokens",
+                                         "3",
+                                         "--enable-chunked-prefill",
+                                         "--json",
+                                         "--stats",
+                                         "--prompt-ids",
+                                         "5",
+                                         "--prompt-ids",
                                          long_prompt};
   std::vector<std::string> async = base;
   async.insert(async.end(),
@@ -340,7 +354,7 @@ TEST(AfdRunTopologyAsync, AReplicaFinishesWhileAnotherStillRuns) {
   const auto [steps1, drain1] = AttentionSteps(a.err, 1);
   EXPECT_EQ(drain0, 0) << a.err;
   EXPECT_EQ(drain1, 0) << a.err;
-  EXPECT_EQ(steps0, 4) << a.err;  // one prefill step, three decode steps
+  EXPECT_EQ(steps0, 4) << a.err;      // one prefill step, three decode steps
   EXPECT_EQ(steps1, 8 + 3) << a.err;  // 24 prompt tokens in chunks of 3, three decode steps
   const Output p = RunAfd(base, "independent_p2p");
   ASSERT_EQ(p.status, 0) << p.err;

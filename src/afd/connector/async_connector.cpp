@@ -16,8 +16,10 @@ int64_t AgreeTokenCap(comm::AfdWorld& world, int64_t mine) {
   comm::PrefixStore store(world.store(), "async_window/token_cap");
   const double timeout = world.config().afd_process_group_timeout_s;
   if (world.self().role == Role::kAttention) {
-    AFD_CHECK(mine >= 1, "async connector: attention rank {} has no token capacity (set "
-              "--max-num-batched-tokens)", world.self().rank);
+    AFD_CHECK(mine >= 1,
+              "async connector: attention rank {} has no token capacity (set "
+              "--max-num-batched-tokens)",
+              world.self().rank);
     store.Set(std::to_string(world.self().rank), std::to_string(mine));
   }
   int64_t cap = 0;
@@ -31,7 +33,8 @@ int64_t AgreeTokenCap(comm::AfdWorld& world, int64_t mine) {
     }
     AFD_CHECK(n >= 1 && n <= (int64_t{1} << 24),
               "async connector: attention rank {} published the token capacity {}, outside "
-              "1..2^24", a, n);
+              "1..2^24",
+              a, n);
     cap = std::max(cap, n);
   }
   return cap;
@@ -62,8 +65,10 @@ AsyncConnector::AsyncConnector(comm::AfdWorld& world, const AsyncConnectorOption
   if (c.connector == kAsyncConnector) {
     window_ = ShmWindow::Create(world, layout_.window_bytes, peers);
   } else {
-    AFD_THROW("afd.connector {}: its CUDA IPC windows are not part of this build; CPU processes "
-              "use AsyncAFDConnector (POSIX shared memory windows)", c.connector);
+    AFD_THROW(
+        "afd.connector {}: its CUDA IPC windows are not part of this build; CPU processes "
+        "use AsyncAFDConnector (POSIX shared memory windows)",
+        c.connector);
   }
   send_seq_.assign(static_cast<size_t>(num_peers()) * layout_.ring_depth, 0);
   seen_.assign(static_cast<size_t>(layout_.num_regions) * layout_.ring_depth, 0);
@@ -141,8 +146,7 @@ uint64_t AsyncConnector::Send(int peer, const SlotPayload& p) {
   window_->Write(w, slot + layout_.header, header.data(), header.size());
   window_->Write(w, slot + layout_.route, p.route.data(), 4 * p.route.size());
   window_->Write(w, slot + layout_.routed, p.routed_rows, row * p.route.size());
-  window_->Write(w, slot + layout_.shared_index, p.shared_index.data(),
-                 4 * p.shared_index.size());
+  window_->Write(w, slot + layout_.shared_index, p.shared_index.data(), 4 * p.shared_index.size());
   window_->Write(w, slot + layout_.shared, p.shared_rows, row * p.shared_index.size());
   window_->WriteFlag(w, layout_.flag_offset(region, ring), seq);
   if (p.flags & kSlotShutdown) return seq;
@@ -197,9 +201,11 @@ ReceivedSlot AsyncConnector::Receive(int peer, int stage, const std::string& wha
   const int hit = WaitForFlags(*window_, layout_.flag_offset(peer, stage),
                                std::span<const uint64_t>(&seen_[i], 1), 0, Deadline::In(timeout),
                                [&] { CheckPeers(waiting); });
-  AFD_CHECK(hit == 0, "{} timed out after {}s waiting for {} from {} (flag of region {} ring {} "
-            "still {})", world_.Describe(world_.world_rank()), timeout, what, PeerName(peer),
-            peer, stage, seen_[i]);
+  AFD_CHECK(hit == 0,
+            "{} timed out after {}s waiting for {} from {} (flag of region {} ring {} "
+            "still {})",
+            world_.Describe(world_.world_rank()), timeout, what, PeerName(peer), peer, stage,
+            seen_[i]);
   uint64_t seq = 0;
   window_->ReadFlags(layout_.flag_offset(peer, stage), std::span<uint64_t>(&seq, 1));
   ReceivedSlot r = Read(peer, stage, seq, what);
@@ -220,8 +226,10 @@ std::optional<ReceivedSlot> AsyncConnector::Poll(int timeout_ms) {
   }
   poll_start_ = (hit + 1) % n;  // rotate: no sender is favoured
   const int region = hit / layout_.ring_depth, ring = hit % layout_.ring_depth;
-  AFD_CHECK(region < num_peers(), "async connector: a flag changed in region {}, but only {} "
-            "peers may write this window", region, num_peers());
+  AFD_CHECK(region < num_peers(),
+            "async connector: a flag changed in region {}, but only {} "
+            "peers may write this window",
+            region, num_peers());
   uint64_t seq = 0;
   window_->ReadFlags(layout_.flag_offset(region, ring), std::span<uint64_t>(&seq, 1));
   return Read(region, ring, seq, fmt::format("work from {}", PeerName(region)));

@@ -29,19 +29,19 @@ inline constexpr uint16_t kKnownSlotFlags = kSlotCombine | kSlotShutdown;
 
 // The fixed part of a slot header, followed by int32 expert_counts[num_experts].
 struct SlotHeader {
-  uint32_t magic;        // kSlotMagic
-  uint16_t version;      // kSlotVersion
-  uint16_t flags;        // SlotFlags
-  int32_t sender;        // role rank of the sender (= the region it writes)
-  int32_t layer;         // MoE layer
-  int32_t stage;         // micro-batch stage (= the ring slot)
-  int32_t num_tokens;    // tokens of the sender's micro-batch (dispatch; echoed in the combine)
-  int32_t routed_rows;   // rows of the route table and of the routed rows
-  int32_t shared_rows;   // rows of the shared index and of the shared rows
-  int32_t num_experts;   // local experts of the FFN rank (entries of expert_counts)
-  int32_t reserved;      // 0
-  uint64_t seq;          // the sender's sequence number of this slot (equals the flag)
-  uint64_t echo_seq;     // combine: seq of the dispatch it answers; dispatch: 0
+  uint32_t magic;       // kSlotMagic
+  uint16_t version;     // kSlotVersion
+  uint16_t flags;       // SlotFlags
+  int32_t sender;       // role rank of the sender (= the region it writes)
+  int32_t layer;        // MoE layer
+  int32_t stage;        // micro-batch stage (= the ring slot)
+  int32_t num_tokens;   // tokens of the sender's micro-batch (dispatch; echoed in the combine)
+  int32_t routed_rows;  // rows of the route table and of the routed rows
+  int32_t shared_rows;  // rows of the shared index and of the shared rows
+  int32_t num_experts;  // local experts of the FFN rank (entries of expert_counts)
+  int32_t reserved;     // 0
+  uint64_t seq;         // the sender's sequence number of this slot (equals the flag)
+  uint64_t echo_seq;    // combine: seq of the dispatch it answers; dispatch: 0
 };
 static_assert(sizeof(SlotHeader) == 56, "SlotHeader is 56 bytes on the wire");
 static_assert(offsetof(SlotHeader, seq) == 40 && offsetof(SlotHeader, echo_seq) == 48,

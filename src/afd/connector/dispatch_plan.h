@@ -32,9 +32,7 @@ struct DispatchPlan {
   std::vector<std::vector<int32_t>> shared_tokens;
 
   // Whether FFN rank f gets anything (routed or shared rows): only those are sent and awaited.
-  bool HasWork(int f) const {
-    return segment[f + 1] > segment[f] || !shared_tokens[f].empty();
-  }
+  bool HasWork(int f) const { return segment[f + 1] > segment[f] || !shared_tokens[f].empty(); }
 };
 
 // ids: [n, k] expert ids in [0, num_experts). Throws afd::Error naming the token and the id when

@@ -57,7 +57,10 @@ std::string ShmWindow::SegmentName(const std::string& host, int port, int world_
 }
 
 ShmWindow::ShmWindow(size_t bytes, int world_size, int self)
-    : bytes_(bytes), self_(self), maps_(world_size, nullptr), names_(world_size),
+    : bytes_(bytes),
+      self_(self),
+      maps_(world_size, nullptr),
+      names_(world_size),
       pids_(world_size, 0) {}
 
 ShmWindow::~ShmWindow() {
@@ -69,8 +72,10 @@ ShmWindow::~ShmWindow() {
 
 std::unique_ptr<ShmWindow> ShmWindow::Create(comm::AfdWorld& world, size_t bytes,
                                              const std::vector<int>& peers) {
-  AFD_CHECK(bytes > 0 && bytes % 256 == 0, "shared memory window: size {} is not a positive "
-            "multiple of 256", bytes);
+  AFD_CHECK(bytes > 0 && bytes % 256 == 0,
+            "shared memory window: size {} is not a positive "
+            "multiple of 256",
+            bytes);
   const int me = world.world_rank(), n = world.topology().world_size();
   const double timeout = world.config().afd_process_group_timeout_s;
   std::unique_ptr<ShmWindow> w(new ShmWindow(bytes, n, me));

@@ -48,10 +48,10 @@ class ShmWindow : public Window {
 
   size_t bytes_;
   int self_;
-  std::vector<char*> maps_;          // [world size], null when not mapped
-  std::vector<std::string> names_;   // [world size]
-  std::vector<pid_t> pids_;          // [world size], 0 when unknown
-  std::string own_name_;             // unlinked once every rank has mapped it
+  std::vector<char*> maps_;         // [world size], null when not mapped
+  std::vector<std::string> names_;  // [world size]
+  std::vector<pid_t> pids_;         // [world size], 0 when unknown
+  std::string own_name_;            // unlinked once every rank has mapped it
   bool unlinked_ = false;
 };
 

@@ -32,9 +32,8 @@ int WaitForFlags(const Window& w, size_t offset, std::span<const uint64_t> seen,
     if (t - begin < std::chrono::microseconds(200)) {
       sched_yield();
     } else {
-      std::this_thread::sleep_for(std::chrono::microseconds(t - begin < std::chrono::milliseconds(5)
-                                                                ? 20
-                                                                : 200));
+      std::this_thread::sleep_for(
+          std::chrono::microseconds(t - begin < std::chrono::milliseconds(5) ? 20 : 200));
     }
     if (t >= next_idle) {
       on_idle();

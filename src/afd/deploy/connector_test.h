@@ -1,5 +1,5 @@
-// `afd connector-test`: one role process of a connector round trip (P2P or asynchronous) (checks every row's
-// origin and order end to end), or its round-trip benchmark.
+// `afd connector-test`: one role process of a connector round trip (P2P or asynchronous) (checks
+// every row's origin and order end to end), or its round-trip benchmark.
 #pragma once
 
 #include <cstdint>

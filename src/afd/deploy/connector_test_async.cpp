@@ -106,8 +106,10 @@ void CheckRow(const char* row, size_t width, int64_t elems, int sender, int64_t 
     uint32_t want = Encode(sender, token, layer, stage, c) & mask;
     if (transformed) want = (3 * want + 1) & mask;
     const uint32_t got = Rows::Get(row, width, c);
-    AFD_CHECK(got == want, "{}: element {} is {:#x}; expected {:#x} (token {} of attention rank "
-              "{}, layer {}, stage {})", where, c, got, want, token, sender, layer, stage);
+    AFD_CHECK(got == want,
+              "{}: element {} is {:#x}; expected {:#x} (token {} of attention rank "
+              "{}, layer {}, stage {})",
+              where, c, got, want, token, sender, layer, stage);
   }
 }
 
@@ -160,7 +162,8 @@ void RunAttention(const ConnectorTestArgs& args, comm::AfdWorld& world, AsyncCon
         for (int f = 0; f < F; ++f) {
           if (seqs[stage][f] == 0) continue;
           const connector::DispatchPlan& p = plans[stage];
-          const ReceivedSlot r = conn.Receive(f, stage, fmt::format("the reply to layer {}", layer));
+          const ReceivedSlot r =
+              conn.Receive(f, stage, fmt::format("the reply to layer {}", layer));
           AFD_CHECK(!r.shutdown() && r.header.echo_seq == seqs[stage][f] &&
                         r.header.routed_rows == p.segment[f + 1] - p.segment[f] &&
                         r.header.shared_rows == static_cast<int>(p.shared_tokens[f].size()),
@@ -169,12 +172,12 @@ void RunAttention(const ConnectorTestArgs& args, comm::AfdWorld& world, AsyncCon
                     step, layer, stage, f, r.header.echo_seq, r.header.routed_rows,
                     r.header.shared_rows, seqs[stage][f]);
           for (int64_t i = 0; i < r.header.routed_rows; ++i) {
-            CheckRow(r.routed_rows + i * row, width, elems, me, p.token_at[p.segment[f] + i],
-                     layer, stage, true, fmt::format("reply of FFN rank {} routed row {}", f, i));
+            CheckRow(r.routed_rows + i * row, width, elems, me, p.token_at[p.segment[f] + i], layer,
+                     stage, true, fmt::format("reply of FFN rank {} routed row {}", f, i));
           }
           for (int64_t i = 0; i < r.header.shared_rows; ++i) {
-            CheckRow(r.shared_rows + i * row, width, elems, me, p.shared_tokens[f][i], layer,
-                     stage, true, fmt::format("reply of FFN rank {} shared row {}", f, i));
+            CheckRow(r.shared_rows + i * row, width, elems, me, p.shared_tokens[f][i], layer, stage,
+                     true, fmt::format("reply of FFN rank {} shared row {}", f, i));
           }
           checked += r.header.routed_rows + r.header.shared_rows;
         }
@@ -206,8 +209,10 @@ void RunFfn(const ConnectorTestArgs& args, comm::AfdWorld& world, AsyncConnector
       raise(SIGKILL);
     }
     ++items;
-    AFD_CHECK(h.num_experts == local, "attention rank {} sent {} expert counts, FFN rank {} has "
-              "{} experts", h.sender, h.num_experts, me, local);
+    AFD_CHECK(h.num_experts == local,
+              "attention rank {} sent {} expert counts, FFN rank {} has "
+              "{} experts",
+              h.sender, h.num_experts, me, local);
     std::vector<char> routed(in->routed_rows, in->routed_rows + h.routed_rows * row);
     std::vector<char> shared(in->shared_rows, in->shared_rows + h.shared_rows * row);
     const std::vector<int32_t> ids =

@@ -12,8 +12,8 @@
 #include <string>
 
 #include "afd/comm/afd_world.h"
-#include "afd/runtime/step_runner.h"
 #include "afd/runtime/engine.h"
+#include "afd/runtime/step_runner.h"
 
 namespace afd::deploy {
 

@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <chrono>
 #include <fstream>
-#include <map>
 #include <iostream>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "afd/comm/afd_world.h"
@@ -195,7 +195,8 @@ void RunWorker(const WorkerOptions& o) {
       }
       stats["dbo_steps"] = runner.dbo_steps();
     } else if (c.is_async()) {
-      async_worker_holder = std::make_unique<runtime::AsyncFfnWorker>(*model, *world, *async_holder);
+      async_worker_holder =
+          std::make_unique<runtime::AsyncFfnWorker>(*model, *world, *async_holder);
       runtime::AsyncFfnWorker& worker = *async_worker_holder;
       stats["steps"] = worker.Run();  // work items served
       stats["rows"] = worker.rows_served();

@@ -22,8 +22,7 @@ bool HasPrefill(const model::ForwardBatch& b) {
 
 }  // namespace
 
-AsyncAttentionRunner::AsyncAttentionRunner(const model::DeepseekModel& model,
-                                           comm::AfdWorld& world,
+AsyncAttentionRunner::AsyncAttentionRunner(const model::DeepseekModel& model, comm::AfdWorld& world,
                                            connector::AsyncConnector& connector, int tp,
                                            DboOptions dbo)
     : model_(model), world_(world), connector_(connector), dbo_(dbo) {
@@ -48,7 +47,8 @@ AsyncAttentionRunner::AsyncAttentionRunner(const model::DeepseekModel& model,
 int AsyncAttentionRunner::ChooseStages(const model::ForwardBatch& batch) const {
   const AsyncOptions& o = world_.config().async_options;
   const int64_t n = batch.size();
-  if (o.async_moe_ubatching) return static_cast<int>(std::min<int64_t>(o.async_moe_num_ubatches, n));
+  if (o.async_moe_ubatching)
+    return static_cast<int>(std::min<int64_t>(o.async_moe_num_ubatches, n));
   if (!dbo_.enabled) return 1;
   const int64_t threshold =
       HasPrefill(batch) ? dbo_.prefill_token_threshold : dbo_.decode_token_threshold;
@@ -103,8 +103,8 @@ void AsyncAttentionRunner::Dispatch(int64_t layer, int stage, MicroBatch& mb, Pe
   std::vector<int32_t> host_ids(n * k);
   backend.CopyToHost(host_ids.data(), ids);
   p.layer = layer;
-  p.plan = connector::PlanDispatch(host_ids.data(), n, k, c.n_routed_experts, F,
-                                   c.n_shared_experts > 0);
+  p.plan =
+      connector::PlanDispatch(host_ids.data(), n, k, c.n_routed_experts, F, c.n_shared_experts > 0);
   const connector::DispatchPlan& plan = p.plan;
   const int64_t pairs = n * k;
   // [pairs, H]: the rows in sorted order, each FFN rank's segment contiguous.

@@ -37,8 +37,10 @@ void AsyncFfnWorker::Serve(const connector::ReceivedSlot& in) {
   const std::string from = fmt::format("work item of attention rank {} (layer {}, stage {})",
                                        h.sender, h.layer, h.stage);
   AFD_CHECK(!(h.flags & connector::kSlotCombine), "{}: a reply sent to an FFN rank", from);
-  AFD_CHECK(h.layer < c.num_hidden_layers && c.IsMoeLayer(h.layer), "{}: layer {} is not a MoE "
-            "layer of this model", from, h.layer);
+  AFD_CHECK(h.layer < c.num_hidden_layers && c.IsMoeLayer(h.layer),
+            "{}: layer {} is not a MoE "
+            "layer of this model",
+            from, h.layer);
   AFD_CHECK(h.num_experts == local, "{}: {} expert counts, this rank has {} experts", from,
             h.num_experts, local);
   std::vector<int32_t> offsets(local + 1, 0);
@@ -50,13 +52,14 @@ void AsyncFfnWorker::Serve(const connector::ReceivedSlot& in) {
   AFD_CHECK(offsets[local] == R, "{}: expert counts sum to {}, {} routed rows arrived", from,
             offsets[local], R);
   for (int64_t i = 0; i < R; ++i) {
-    AFD_CHECK(in.route[i] >= 0 && in.route[i] < h.num_tokens, "{}: routed row {} names token {} "
-              "of {}", from, i, in.route[i], h.num_tokens);
+    AFD_CHECK(in.route[i] >= 0 && in.route[i] < h.num_tokens,
+              "{}: routed row {} names token {} "
+              "of {}",
+              from, i, in.route[i], h.num_tokens);
   }
   for (int64_t i = 0; i < S; ++i) {
     AFD_CHECK(in.shared_index[i] >= 0 && in.shared_index[i] < h.num_tokens,
-              "{}: shared row {} names token {} of {}", from, i, in.shared_index[i],
-              h.num_tokens);
+              "{}: shared row {} names token {} of {}", from, i, in.shared_index[i], h.num_tokens);
   }
   ws_.Reset();
   // Views into this rank's window (read in place); outputs in the workspace.
