@@ -157,12 +157,12 @@ std::string Async(const std::string& extra) { return kAsyncBase + extra + "}"; }
 
 TEST(AfdConfig, GpuAsyncDefaultsAndValues) {
   const AfdConfig d = ParseAfdConfig(Async("{}"));
-  EXPECT_EQ(d.gpu_async.attn_ranks_per_dp, 1);
-  EXPECT_EQ(d.gpu_async.ring_depth, 1);
-  EXPECT_DOUBLE_EQ(d.gpu_async.routed_cap_multiplier, 2.0);
-  EXPECT_FALSE(d.gpu_async.async_moe_ubatching);
-  EXPECT_EQ(d.gpu_async.async_moe_num_ubatches, 2);
-  EXPECT_EQ(d.gpu_async.async_moe_split, "request");
+  EXPECT_EQ(d.async_options.attn_ranks_per_dp, 1);
+  EXPECT_EQ(d.async_options.ring_depth, 1);
+  EXPECT_DOUBLE_EQ(d.async_options.routed_cap_multiplier, 2.0);
+  EXPECT_FALSE(d.async_options.async_moe_ubatching);
+  EXPECT_EQ(d.async_options.async_moe_num_ubatches, 2);
+  EXPECT_EQ(d.async_options.async_moe_split, "request");
   const json out = json::parse(AfdConfigToJson(d));
   EXPECT_EQ(out["connector_extra_config"]["ring_depth"], 1);
   EXPECT_EQ(out["async_dp"], true);
@@ -170,11 +170,11 @@ TEST(AfdConfig, GpuAsyncDefaultsAndValues) {
   const AfdConfig c = ParseAfdConfig(Async(
       R"({"attn_ranks_per_dp": 2, "routed_cap_multiplier": 3, "recv_poll_timeout_ms": 50,
           "async_moe_ubatching": true, "async_moe_num_ubatches": 3, "async_moe_split": "token"})"));
-  EXPECT_EQ(c.gpu_async.attn_ranks_per_dp, 2);
-  EXPECT_EQ(c.gpu_async.ring_depth, 3);  // derived: one slot per stage
-  EXPECT_DOUBLE_EQ(c.gpu_async.routed_cap_multiplier, 3.0);
-  EXPECT_EQ(c.gpu_async.recv_poll_timeout_ms, 50);
-  EXPECT_EQ(c.gpu_async.async_moe_split, "token");
+  EXPECT_EQ(c.async_options.attn_ranks_per_dp, 2);
+  EXPECT_EQ(c.async_options.ring_depth, 3);  // derived: one slot per stage
+  EXPECT_DOUBLE_EQ(c.async_options.routed_cap_multiplier, 3.0);
+  EXPECT_EQ(c.async_options.recv_poll_timeout_ms, 50);
+  EXPECT_EQ(c.async_options.async_moe_split, "token");
 }
 
 TEST(AfdConfig, GpuAsyncImpliesAsyncDpAndGateOnAttention) {
@@ -208,6 +208,30 @@ TEST(AfdConfig, GpuAsyncBadOptions) {
                 {"afd.async_dp", "must be true"});
   ExpectInvalid(R"({"connector": "GpuAsyncAFDConnector", "compute_gate_on_attention": false})",
                 {"afd.compute_gate_on_attention", "must be true"});
+}
+
+// AsyncAFDConnector (windows chosen by the device) has the same schema and rules as the seed's
+// GpuAsyncAFDConnector.
+TEST(AfdConfig, AsyncConnectorSharesTheSchema) {
+  const AfdConfig c = ParseAfdConfig(R"({"connector": "AsyncAFDConnector"})");
+  EXPECT_TRUE(c.is_async());
+  EXPECT_FALSE(c.is_p2p());
+  EXPECT_TRUE(c.async_dp);
+  EXPECT_TRUE(c.compute_gate_on_attention);
+  EXPECT_EQ(c.async_options.ring_depth, 1);
+  const AfdConfig d = ParseAfdConfig(
+      R"({"connector": "AsyncAFDConnector", "connector_extra_config": {"ring_depth": 2,
+          "routed_cap_multiplier": 1.5, "recv_poll_timeout_ms": 20}})");
+  EXPECT_EQ(d.async_options.ring_depth, 2);
+  EXPECT_DOUBLE_EQ(d.async_options.routed_cap_multiplier, 1.5);
+  EXPECT_EQ(d.async_options.recv_poll_timeout_ms, 20);
+  ExpectInvalid(R"({"connector": "AsyncAFDConnector", "connector_extra_config": {"depth": 2}})",
+                {"connector_extra_config.depth", "unknown option for AsyncAFDConnector"});
+  ExpectInvalid(R"({"connector": "AsyncAFDConnector", "compute_gate_on_attention": false})",
+                {"afd.compute_gate_on_attention", "must be true", "AsyncAFDConnector"});
+  ExpectInvalid(R"({"connector": "AsyncAFDConnector", "async_dp": false})",
+                {"afd.async_dp", "must be true"});
+  ExpectInvalid(R"({"connector": "AsyncConnector"})", {"afd.connector", "AsyncAFDConnector"});
 }
 
 }  // namespace

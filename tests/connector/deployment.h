@@ -27,18 +27,21 @@ struct RankProcess {
 };
 
 inline std::string AfdJson(const std::string& role, int port, int A, int F, int timeout_s,
-                           const std::string& extra = "") {
-  return "{\"afd\": {\"role\": \"" + role + "\", \"connector\": \"P2pHostAFDConnector\", " +
+                           const std::string& extra = "",
+                           const std::string& connector = "P2pHostAFDConnector") {
+  return "{\"afd\": {\"role\": \"" + role + "\", \"connector\": \"" + connector + "\", " +
          "\"host\": \"127.0.0.1\", \"port\": " + std::to_string(port) +
          ", \"num_attention_ranks\": " + std::to_string(A) +
          ", \"num_ffn_ranks\": " + std::to_string(F) +
          ", \"afd_process_group_timeout_s\": " + std::to_string(timeout_s) + extra + "}}";
 }
 
-// Starts F FFN then A attention processes. extra_args(role, rank) adds per-rank flags.
+// Starts F FFN then A attention processes. extra_args(role, rank) adds per-rank flags;
+// `config_extra` (", \"key\": value ...") and `connector` go into every rank's afd object.
 template <typename ExtraArgs>
 std::vector<RankProcess> StartDeployment(int A, int F, int timeout_s, const std::string& tag,
-                                         ExtraArgs extra_args) {
+                                         ExtraArgs extra_args, const std::string& config_extra = "",
+                                         const std::string& connector = "P2pHostAFDConnector") {
   const int port = FreePort();
   // Every process proves one join secret to the store, as a real deployment does (inherited).
   setenv("AFD_JOIN_SECRET", "connector-test-join-secret-0123456789", /*overwrite=*/0);
@@ -46,12 +49,13 @@ std::vector<RankProcess> StartDeployment(int A, int F, int timeout_s, const std:
   for (const std::string role : {"ffn", "attention"}) {
     const int n = role == "ffn" ? F : A;
     for (int r = 0; r < n; ++r) {
-      std::vector<std::string> argv = {AFD_BINARY,
-                                       "connector-test",
-                                       "--additional-config",
-                                       AfdJson(role, port, A, F, timeout_s),
-                                       "--role-rank",
-                                       std::to_string(r)};
+      std::vector<std::string> argv = {
+          AFD_BINARY,
+          "connector-test",
+          "--additional-config",
+          AfdJson(role, port, A, F, timeout_s, config_extra, connector),
+          "--role-rank",
+          std::to_string(r)};
       for (const auto& a : extra_args(role, r)) argv.push_back(a);
       RankProcess p;
       p.label = role + " " + std::to_string(r);

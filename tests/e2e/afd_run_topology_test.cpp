@@ -32,7 +32,8 @@ struct Output {
 Output RunAfd(const std::vector<std::string>& args, const std::string& tag,
               const std::string& env = "") {
   // The pid keeps concurrent test runs (other build trees, ctest -j) off each other's files.
-  const std::string base = ::testing::TempDir() + "/afd_e2e_" + std::to_string(getpid()) + "_" + tag;
+  const std::string base =
+      ::testing::TempDir() + "/afd_e2e_" + std::to_string(getpid()) + "_" + tag;
   const std::string out = base + ".out";
   const std::string err = base + ".err";
   std::string cmd = env + " " + AFD_BINARY;
@@ -175,6 +176,39 @@ std::vector<Case> Cases() {
       {"3A2F_mixed_steps", kTiny, {"--topology", "3A2F", "--max-num-batched-tokens", "5"}});
   cases.push_back(
       {"1A2F_one_sequence_at_a_time", kTiny, {"--topology", "1A2F", "--max-num-seqs", "1"}});
+  // The asynchronous window connector (shared memory, independent replicas, token-level
+  // dispatch, combine on attention): the same results.
+  const std::string async = R"({"afd": {"connector": "AsyncAFDConnector"}})";
+  for (const std::string topo : {"1A1F", "2A2F", "3A2F", "1A2F", "2A5F", "4A1F"}) {
+    cases.push_back({topo + "_async", kTiny, {"--topology", topo, "--additional-config", async}});
+  }
+  // Chunked prefill with decode in the same steps; the worst-case routed capacity (F).
+  cases.push_back({"3A2F_async_mixed_steps",
+                   kTiny,
+                   {"--topology", "3A2F", "--max-num-batched-tokens", "5", "--additional-config",
+                    R"({"afd": {"connector": "AsyncAFDConnector", "connector_extra_config":
+                        {"routed_cap_multiplier": 2.0}}})"}});
+  // Micro-batches in flight together (ring depth 2): by the seed's option and by --enable-dbo.
+  cases.push_back({"2A3F_async_dbo_ubatching",
+                   kTiny,
+                   {"--topology", "2A3F", "--additional-config",
+                    R"({"afd": {"connector": "AsyncAFDConnector", "connector_extra_config":
+                        {"async_moe_ubatching": true, "async_moe_split": "token"}}})"}});
+  cases.push_back({"1A2F_async_dbo",
+                   kTiny,
+                   {"--topology", "1A2F", "--enable-dbo", "--dbo-decode-token-threshold", "1",
+                    "--dbo-prefill-token-threshold", "1", "--additional-config",
+                    R"({"afd": {"connector": "AsyncAFDConnector", "connector_extra_config":
+                        {"ring_depth": 2}}})"}});
+  for (const auto& [golden, topo] :
+       std::vector<std::pair<std::string, std::string>>{{"v2_greedy_yarn", "2A2F"},
+                                                        {"v2_group_limited", "3A2F"},
+                                                        {"v3_noaux_tc", "1A2F"},
+                                                        {"v3_sharded", "2A5F"}}) {
+    cases.push_back({golden + "_" + topo + "_async",
+                     Golden(golden),
+                     {"--topology", topo, "--additional-config", async}});
+  }
   // Real checkpoints (loaded from safetensors) and every router variant.
   for (const std::string golden :
        {"v2_greedy_yarn", "v2_group_limited", "v3_noaux_tc", "v3_sharded"}) {
@@ -227,12 +261,14 @@ bool Alive(pid_t pid) {
 }
 
 // Kills the role process whose command line has `role` and `--role-rank rank` mid-generation.
-void KillOneAndCheck(const std::string& role, int rank) {
-  const std::string out = ::testing::TempDir() + "/kill_" + role + ".out";
+void KillOneAndCheck(const std::string& role, int rank, const std::string& config = "") {
+  const std::string out =
+      ::testing::TempDir() + "/kill_" + role + (config.empty() ? "" : "_async") + ".out";
   std::vector<std::string> argv = {AFD_BINARY,     "run",          "--model",      "preset:tiny",
                                    "--topology",   "3A2F",         "--max-tokens", "3000",
                                    "--ignore-eos", "--prompt-ids", "1,2,3",        "--prompt-ids",
                                    "4,5"};
+  if (!config.empty()) argv.insert(argv.end(), {"--additional-config", config});
   Subprocess run(argv, out);
   std::vector<pid_t> workers;
   pid_t victim = -1;
@@ -268,6 +304,64 @@ void KillOneAndCheck(const std::string& role, int rank) {
 }
 
 TEST(AfdRunTopologyFailures, KillingAnFfnRankEndsTheRunNamingIt) { KillOneAndCheck("ffn", 1); }
+
+TEST(AfdRunTopologyFailures, KillingAnAsyncFfnRankEndsTheRunNamingIt) {
+  KillOneAndCheck("ffn", 1, R"({"afd": {"connector": "AsyncAFDConnector"}})");
+}
+
+// "attention rank <r>: <steps> steps, <drain> drain steps" of `--stats`.
+std::pair<int64_t, int64_t> AttentionSteps(const std::string& err, int rank) {
+  const std::string key = "attention rank " + std::to_string(rank) + ": ";
+  const size_t at = err.find(key);
+  if (at == std::string::npos) return {-1, -1};
+  long long steps = -1, drain = -1;
+  std::sscanf(err.c_str() + at + key.size(), "%lld steps, %lld drain steps", &steps, &drain);
+  return {steps, drain};
+}
+
+// Independent replicas: replica 0 (one short prompt) finishes in few steps while replica 1
+// prefills a long prompt in chunks, with no empty steps; the P2P connector keeps them in
+// lockstep (same step count, drain steps on replica 0).
+TEST(AfdRunTopologyAsync, AReplicaFinishesWhileAnotherStillRuns) {
+  std::string long_prompt = "1";
+  for (int i = 2; i <= 24; ++i) {
+    long_prompt += ',';
+    long_prompt += std::to_string(i);
+  }
+  const std::vector<std::string> base = {"run",
+                                         "--model",
+                                         "preset:tiny",
+                                         "--topology",
+                                         "2A1F",
+                                         "--max-tokens",
+                                         "4",
+                                         "--ignore-eos",
+                                         "--max-num-batched-tokens",
+                                         "3",
+                                         "--enable-chunked-prefill",
+                                         "--json",
+                                         "--stats",
+                                         "--prompt-ids",
+                                         "5",
+                                         "--prompt-ids",
+                                         long_prompt};
+  std::vector<std::string> async = base;
+  async.insert(async.end(),
+               {"--additional-config", R"({"afd": {"connector": "AsyncAFDConnector"}})"});
+  const Output a = RunAfd(async, "independent_async");
+  ASSERT_EQ(a.status, 0) << a.err;
+  const auto [steps0, drain0] = AttentionSteps(a.err, 0);
+  const auto [steps1, drain1] = AttentionSteps(a.err, 1);
+  EXPECT_EQ(drain0, 0) << a.err;
+  EXPECT_EQ(drain1, 0) << a.err;
+  EXPECT_EQ(steps0, 4) << a.err;      // one prefill step, three decode steps
+  EXPECT_EQ(steps1, 8 + 3) << a.err;  // 24 prompt tokens in chunks of 3, three decode steps
+  const Output p = RunAfd(base, "independent_p2p");
+  ASSERT_EQ(p.status, 0) << p.err;
+  EXPECT_EQ(AttentionSteps(p.err, 0).first, AttentionSteps(p.err, 1).first) << p.err;
+  EXPECT_EQ(AttentionSteps(p.err, 0).second, 7) << p.err;
+  EXPECT_EQ(a.out, p.out);  // and the same results
+}
 
 TEST(AfdRunTopologyFailures, KillingAnAttentionRankEndsTheRunNamingIt) {
   KillOneAndCheck("attention", 2);

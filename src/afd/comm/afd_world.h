@@ -75,6 +75,9 @@ class AfdWorld {
 
   // "world rank 3 (attention 1)".
   std::string Describe(int world_rank) const;
+  // The rendezvous store, for exchanges outside the process groups (e.g. the names of shared
+  // memory windows); callers keep to a key prefix of their own. Thread safety: as TcpStoreClient.
+  Store& store() { return *client_; }
 
   // Collective over `members` (world ranks, in group-rank order; must include this process).
   std::unique_ptr<Communicator> CreateGroup(const std::string& name,

@@ -119,7 +119,7 @@ AfdConfig FromCanonical(const json& a) {
   // The asynchronous connector implies async DP and routing on the attention side (its FFN side
   // receives tokens already routed): those are its defaults; an explicit false is rejected by
   // ValidateConnectorRules.
-  if (c.connector == kGpuAsyncConnector) {
+  if (c.is_async()) {
     if (!a.contains("async_dp")) c.async_dp = true;
     if (!a.contains("compute_gate_on_attention")) c.compute_gate_on_attention = true;
   }

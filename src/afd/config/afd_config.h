@@ -7,11 +7,11 @@
 // port (afd_port)              integer              1239                   1..65535
 // num_attention_ranks          integer              1                      1..kMaxRanksPerRole
 // num_ffn_ranks                integer              1                      1..kMaxRanksPerRole
-// compute_gate_on_attention    bool                 false (GpuAsync: true) GpuAsync: must be true
+// compute_gate_on_attention    bool                 false (async: true)    async: must be true
 // afd_process_group_timeout_s  integer              120                    1..86400
-// async_dp (alias async)       bool                 false (GpuAsync: true) P2P: false; GpuAsync:
-// true connector_extra_config       object               {}                     connector's own
-// schema
+// async_dp (alias async)       bool                 false (async: true)    P2P: false; async: true
+// connector_extra_config       object               {}                     connector's own schema
+// ("async" = AsyncAFDConnector or GpuAsyncAFDConnector.)
 //
 // An alias given together with its canonical name must carry the same value. Unknown keys,
 // wrong JSON types (no coercion: 1.0 is not an integer, "1" is not a number) and duplicate keys
@@ -26,12 +26,16 @@
 namespace afd {
 
 inline constexpr std::string_view kP2pNcclConnector = "P2pNcclAFDConnector";
+// The asynchronous window connector (seed 003): windows chosen by the device (POSIX shared
+// memory between CPU processes of one host; CUDA IPC on GPUs).
+inline constexpr std::string_view kAsyncConnector = "AsyncAFDConnector";
+// The same connector, on cuda only (the seed's name).
 inline constexpr std::string_view kGpuAsyncConnector = "GpuAsyncAFDConnector";
 // The P2P connector over the host (CPU) communicator: TCP between hosts.
 inline constexpr std::string_view kP2pHostConnector = "P2pHostAFDConnector";
 
-// connector_extra_config of GpuAsyncAFDConnector (seed 003). Defaults apply when absent.
-struct GpuAsyncOptions {
+// connector_extra_config of the asynchronous connectors (seed 003). Defaults apply when absent.
+struct AsyncOptions {
   int attn_ranks_per_dp = 1;           // 1..num_attention_ranks, must divide it
   int ring_depth = 1;                  // 1..64; default = number of stages; >= number of stages
   double routed_cap_multiplier = 2.0;  // finite, 1.0..1024.0
@@ -54,9 +58,10 @@ struct AfdConfig {
   bool compute_gate_on_attention = false;
   int afd_process_group_timeout_s = 120;
   bool async_dp = false;
-  GpuAsyncOptions gpu_async;  // meaningful only when connector == GpuAsyncAFDConnector
+  AsyncOptions async_options;  // meaningful only when is_async()
 
   bool is_p2p() const { return connector == kP2pNcclConnector || connector == kP2pHostConnector; }
+  bool is_async() const { return connector == kAsyncConnector || connector == kGpuAsyncConnector; }
   Topology topology() const { return Topology(num_attention_ranks, num_ffn_ranks); }
 };
 

@@ -15,7 +15,7 @@ namespace {
 
 constexpr std::string_view kExtraPath = "afd.connector_extra_config";
 
-void ParseGpuAsyncOptions(const json& extra, GpuAsyncOptions& o) {
+void ParseAsyncOptions(const json& extra, const std::string& connector, AsyncOptions& o) {
   static const std::set<std::string> kKeys = {"attn_ranks_per_dp",     "ring_depth",
                                               "routed_cap_multiplier", "recv_poll_timeout_ms",
                                               "async_moe_ubatching",   "async_moe_num_ubatches",
@@ -25,7 +25,7 @@ void ParseGpuAsyncOptions(const json& extra, GpuAsyncOptions& o) {
               "{}.{}: unknown option for {}; allowed: attn_ranks_per_dp, "
               "ring_depth, routed_cap_multiplier, recv_poll_timeout_ms, async_moe_ubatching, "
               "async_moe_num_ubatches, async_moe_split",
-              kExtraPath, key, kGpuAsyncConnector);
+              kExtraPath, key, connector);
   }
   auto path = [](std::string_view key) { return fmt::format("{}.{}", kExtraPath, key); };
   if (extra.contains("attn_ranks_per_dp")) {
@@ -73,14 +73,14 @@ void CheckConnectorName(std::string_view name) {
   }
   AFD_THROW(
       "afd.connector: unknown connector \"{}\"; must be one of P2pNcclAFDConnector, "
-      "GpuAsyncAFDConnector, P2pHostAFDConnector",
+      "AsyncAFDConnector, GpuAsyncAFDConnector, P2pHostAFDConnector",
       name);
 }
 
 void ParseConnectorExtraConfig(const json& extra, AfdConfig& config) {
-  if (config.connector == kGpuAsyncConnector) {
-    config.gpu_async = GpuAsyncOptions{};
-    ParseGpuAsyncOptions(extra, config.gpu_async);
+  if (config.is_async()) {
+    config.async_options = AsyncOptions{};
+    ParseAsyncOptions(extra, config.connector, config.async_options);
     return;
   }
   // Both P2P connectors have no options.
@@ -89,8 +89,8 @@ void ParseConnectorExtraConfig(const json& extra, AfdConfig& config) {
 }
 
 nlohmann::ordered_json ConnectorExtraConfigToJson(const AfdConfig& config) {
-  if (config.connector != kGpuAsyncConnector) return nlohmann::ordered_json::object();
-  const GpuAsyncOptions& o = config.gpu_async;
+  if (!config.is_async()) return nlohmann::ordered_json::object();
+  const AsyncOptions& o = config.async_options;
   return nlohmann::ordered_json{{"attn_ranks_per_dp", o.attn_ranks_per_dp},
                                 {"ring_depth", o.ring_depth},
                                 {"routed_cap_multiplier", o.routed_cap_multiplier},
@@ -104,11 +104,12 @@ void ValidateConnectorRules(const AfdConfig& c) {
   CheckConnectorName(c.connector);
   if (c.is_p2p()) {
     AFD_CHECK(!c.async_dp,
-              "afd.async_dp: must be false for {}; asynchronous AFD needs GpuAsyncAFDConnector",
+              "afd.async_dp: must be false for {}; asynchronous AFD needs AsyncAFDConnector or "
+              "GpuAsyncAFDConnector",
               c.connector);
     return;
   }
-  // GpuAsyncAFDConnector: the attention side routes tokens before dispatch, and replicas run
+  // The asynchronous connectors: the attention side routes tokens before dispatch, and replicas run
   // without the DP-metadata control plane.
   AFD_CHECK(c.async_dp, "afd.async_dp: must be true for {} (it has no DP-metadata control plane)",
             c.connector);
@@ -116,7 +117,7 @@ void ValidateConnectorRules(const AfdConfig& c) {
             "afd.compute_gate_on_attention: must be true for {}, which dispatches tokens already "
             "routed by the attention side",
             c.connector);
-  const GpuAsyncOptions& o = c.gpu_async;
+  const AsyncOptions& o = c.async_options;
   AFD_CHECK(o.attn_ranks_per_dp <= c.num_attention_ranks &&
                 c.num_attention_ranks % o.attn_ranks_per_dp == 0,
             "{}.attn_ranks_per_dp: value {} must divide num_attention_ranks ({})", kExtraPath,

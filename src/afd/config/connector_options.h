@@ -10,13 +10,13 @@
 
 namespace afd {
 
-inline constexpr std::array<std::string_view, 3> kConnectorNames = {
-    kP2pNcclConnector, kGpuAsyncConnector, kP2pHostConnector};
+inline constexpr std::array<std::string_view, 4> kConnectorNames = {
+    kP2pNcclConnector, kAsyncConnector, kGpuAsyncConnector, kP2pHostConnector};
 
 // Throws afd::Error naming afd.connector unless `name` is one of kConnectorNames.
 void CheckConnectorName(std::string_view name);
 
-// Parses `extra` (already known to be an object) into config.gpu_async etc. according to
+// Parses `extra` (already known to be an object) into config.async_options according to
 // config.connector, which must already be a known connector name. Throws afd::Error.
 void ParseConnectorExtraConfig(const nlohmann::json& extra, AfdConfig& config);
 

@@ -231,6 +231,17 @@ nlohmann::json RunConnectorTest(const ConnectorTestArgs& args, const AfdConfig& 
       device = MakeDeviceContext(args.cuda_device, world_rank);
     }
     world = comm::AfdWorld::Join(req, device.factory);
+    if (config.is_async()) {
+      AFD_CHECK(args.device == "cpu", "{} runs between CPU processes (--device cpu)",
+                config.connector);
+      nlohmann::json report = {{"role", std::string(RoleName(config.role))},
+                               {"role_rank", args.role_rank},
+                               {"world_rank", world->world_rank()},
+                               {"device", args.device}};
+      RunAsyncConnectorTest(args, *world, report);
+      world->Barrier("connector-test-done");
+      return report;
+    }
     conn = std::make_unique<P2pConnector>(*world);
     io = args.device == "cuda" ? MakeDeviceRowIo(device.cuda_device, device.stream)
                                : MakeHostRowIo();

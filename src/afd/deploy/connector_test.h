@@ -1,5 +1,5 @@
-// `afd connector-test`: one role process of a P2P connector round trip (checks every row's
-// origin and order end to end), or its round-trip benchmark.
+// `afd connector-test`: one role process of a connector round trip (P2P or asynchronous) (checks
+// every row's origin and order end to end), or its round-trip benchmark.
 #pragma once
 
 #include <cstdint>
@@ -34,6 +34,11 @@ struct ConnectorTestArgs {
 // waits for every rank, and returns this rank's JSON report. Throws afd::Error after
 // publishing an abort so the other ranks stop too.
 nlohmann::json RunConnectorTest(const ConnectorTestArgs& args, const AfdConfig& config);
+
+// The check or bench of `args` over the asynchronous window connector (AsyncAFDConnector),
+// after the join; fills `report` ("rows_checked" or "bench", "layers").
+void RunAsyncConnectorTest(const ConnectorTestArgs& args, comm::AfdWorld& world,
+                           nlohmann::json& report);
 
 // Round-trip latency per layer for each row count (--bench); the FFN side echoes rows
 // unchanged. Adds "bench": [{rows, bytes_each_way, median_us, p10_us, p90_us}] to `report`.

@@ -68,6 +68,7 @@ std::vector<RankProcessSpec> DeploymentRankSpecs(const DeploymentSpec& spec, con
   CheckRankRule(Role::kFfn, F, ParallelSizes{ffn_dp, 1, spec.ffn_tp});
 
   json base = json::object();
+  std::string connector(kP2pHostConnector);
   if (!spec.additional_config.empty()) {
     const AfdConfig parsed = ParseAfdConfig(spec.additional_config);  // checks the fields
     json given = json::parse(spec.additional_config);
@@ -84,12 +85,16 @@ std::vector<RankProcessSpec> DeploymentRankSpecs(const DeploymentSpec& spec, con
     AFD_CHECK(!base.contains("num_ffn_ranks") || parsed.num_ffn_ranks == F,
               "--additional-config: num_ffn_ranks {} contradicts --topology {}",
               parsed.num_ffn_ranks, spec.topology);
-    AFD_CHECK(parsed.connector == kP2pHostConnector || !base.contains("connector"),
-              "--additional-config: connector {} needs GPUs; a CPU deployment uses "
-              "P2pHostAFDConnector",
-              parsed.connector);
+    if (base.contains("connector") || base.contains("afd_connector")) {
+      AFD_CHECK(parsed.connector == kP2pHostConnector || parsed.connector == kAsyncConnector,
+                "--additional-config: connector {} needs GPUs; a CPU deployment uses "
+                "P2pHostAFDConnector or AsyncAFDConnector",
+                parsed.connector);
+      connector = parsed.connector;
+    }
   }
-  base["connector"] = std::string(kP2pHostConnector);
+  base.erase("afd_connector");
+  base["connector"] = connector;
   const int port = comm::PickRendezvousPort();
 
   const std::string exe = SelfExe();
@@ -183,6 +188,9 @@ std::vector<DeploymentResult> RunDeployment(const DeploymentSpec& spec,
       if (line.empty()) continue;
       const json st = json::parse(line);
       std::cerr << fmt::format("{}: {} steps", s.label, st["steps"].get<int64_t>());
+      if (st.contains("drain_steps")) {
+        std::cerr << fmt::format(", {} drain steps", st["drain_steps"].get<int64_t>());
+      }
       if (st.value("dbo_steps", int64_t{0}) > 0) {
         std::cerr << fmt::format(" ({} as two micro-batches)", st["dbo_steps"].get<int64_t>());
       }

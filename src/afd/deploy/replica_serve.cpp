@@ -76,7 +76,7 @@ std::pair<std::string, int> ParseEndpoint(const std::string& endpoint, const std
 }
 
 void ServeReplica(const model::DeepseekModel& model, comm::AfdWorld& world,
-                  runtime::AttentionRunner& runner, const ReplicaServeOptions& o) {
+                  runtime::ReplicaRunner& runner, const ReplicaServeOptions& o) {
   runtime::Engine engine(model, runner, o.engine);
   runner.RecordRoundTrips();
   std::unique_ptr<comm::Communicator> tp_comm;
@@ -139,9 +139,9 @@ void ServeReplica(const model::DeepseekModel& model, comm::AfdWorld& world,
     bool done = false;
     everyone_idle = false;
     if (!forward) {
-      const runtime::AttentionRunner::IdleResult r = runner.Idle(!shutting_down);
-      everyone_idle = r == runtime::AttentionRunner::IdleResult::kNoneBusy;
-      done = r == runtime::AttentionRunner::IdleResult::kShutdown;
+      const runtime::ReplicaRunner::IdleResult r = runner.Idle(!shutting_down);
+      everyone_idle = r == runtime::ReplicaRunner::IdleResult::kNoneBusy;
+      done = r == runtime::ReplicaRunner::IdleResult::kShutdown;
     }
     const std::vector<double> round_trips = runner.TakeRoundTrips();
     const runtime::EngineStats stats = engine.stats();

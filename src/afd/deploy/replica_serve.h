@@ -2,8 +2,9 @@
 // its data-parallel replica fed by the frontend over the engine channel (deploy/engine_wire.h).
 // TP rank 0 of the replica holds the connection; every step it takes the frames that arrived,
 // hands them to its TP peers (so every rank of the replica schedules the same steps), runs one
-// engine step -- or, with nothing to do, an idle step that keeps the lockstep with the other
-// replicas (runtime::AttentionRunner::Idle) -- and reports the step's outputs, its load and
+// engine step -- or, with nothing to do, an idle step (runtime::ReplicaRunner::Idle: with the
+// P2P connector it keeps the lockstep with the other replicas; with the asynchronous one the
+// replica just waits for requests) -- and reports the step's outputs, its load and
 // the MoE round trips. A shutdown frame lets the replica finish its work and then leave; the
 // deployment ends when every replica has left. A lost frontend connection is an error.
 #pragma once
@@ -11,8 +12,8 @@
 #include <string>
 
 #include "afd/comm/afd_world.h"
-#include "afd/runtime/attention_runner.h"
 #include "afd/runtime/engine.h"
+#include "afd/runtime/step_runner.h"
 
 namespace afd::deploy {
 
@@ -27,7 +28,7 @@ struct ReplicaServeOptions {
 
 // Returns when the deployment shut down cleanly; throws afd::Error otherwise.
 void ServeReplica(const model::DeepseekModel& model, comm::AfdWorld& world,
-                  runtime::AttentionRunner& runner, const ReplicaServeOptions& options);
+                  runtime::ReplicaRunner& runner, const ReplicaServeOptions& options);
 
 // "host:port" -> (host, port); throws afd::Error naming `what`.
 std::pair<std::string, int> ParseEndpoint(const std::string& endpoint, const std::string& what);

@@ -1,17 +1,22 @@
 #include "afd/deploy/role_worker.h"
 
+#include <algorithm>
 #include <chrono>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "afd/comm/afd_world.h"
 #include "afd/common/error.h"
+#include "afd/connector/async_connector.h"
 #include "afd/connector/p2p_connector.h"
 #include "afd/deploy/replica_serve.h"
 #include "afd/deploy/result_json.h"
 #include "afd/deploy/transport.h"
 #include "afd/model/model_config.h"
+#include "afd/runtime/async_attention_runner.h"
+#include "afd/runtime/async_ffn_worker.h"
 #include "afd/runtime/attention_runner.h"
 #include "afd/runtime/ffn_worker.h"
 #include "afd/topology/parallel.h"
@@ -20,9 +25,9 @@ namespace afd::deploy {
 
 namespace {
 
-nlohmann::json TransferStats(const connector::P2pConnector& c) {
+nlohmann::json TransferStats(const std::map<int, connector::LayerTransferStats>& stats) {
   nlohmann::json layers = nlohmann::json::array();
-  for (const auto& [layer, s] : c.stats()) {
+  for (const auto& [layer, s] : stats) {
     layers.push_back(
         {{"layer", layer}, {"messages", s.messages}, {"bytes", s.bytes}, {"seconds", s.seconds}});
   }
@@ -34,6 +39,35 @@ void WriteFileOrThrow(const std::string& path, const std::string& text) {
   out << text;
   out.close();
   AFD_CHECK(out.good(), "cannot write {}", path);
+}
+
+// The most tokens one step of this attention rank can hold: what the asynchronous connector
+// sizes its windows by. Without chunked prefill a whole sequence may run alone in a step even
+// when it exceeds the token budget (runtime/scheduler.h).
+int64_t AttentionTokenCap(const WorkerOptions& o, const model::ModelConfig& mc) {
+  if (!o.engine_endpoint.empty()) {
+    AFD_CHECK(o.engine.max_num_batched_tokens > 0,
+              "{} sizes its windows by the tokens of a step: serving needs "
+              "--max-num-batched-tokens > 0",
+              o.config.connector);
+    if (o.engine.chunked_prefill) return o.engine.max_num_batched_tokens;
+    const int64_t len =
+        o.engine.max_model_len > 0 ? o.engine.max_model_len : mc.max_position_embeddings;
+    return std::max(o.engine.max_num_batched_tokens, len);
+  }
+  const runtime::GenerationOptions& g = o.generation;
+  int64_t total = 1, longest = 1;
+  for (size_t i = 0; i < o.prompts.size(); ++i) {
+    if (static_cast<int>(i % o.dp) == o.role_rank / o.tp) {
+      const int64_t len = static_cast<int64_t>(o.prompts[i].size()) + g.max_tokens;
+      total += len;
+      longest = std::max(longest, len);
+    }
+  }
+  // No limit: a step holds at most every token of this replica's sequences.
+  if (g.max_num_batched_tokens <= 0) return total;
+  if (g.chunked_prefill) return g.max_num_batched_tokens;
+  return std::max(g.max_num_batched_tokens, longest);
 }
 
 }  // namespace
@@ -76,18 +110,34 @@ void RunWorker(const WorkerOptions& o) {
   // Declared outside the try so that on failure the abort is published while the connections
   // are still open: peers then learn the cause before they see the connection drop.
   std::unique_ptr<connector::P2pConnector> connector_holder;
-  std::unique_ptr<runtime::AttentionRunner> runner_holder;
+  std::unique_ptr<connector::AsyncConnector> async_holder;
+  std::unique_ptr<runtime::ReplicaRunner> runner_holder;
   std::unique_ptr<runtime::FfnWorker> worker_holder;
+  std::unique_ptr<runtime::AsyncFfnWorker> async_worker_holder;
   try {
-    connector_holder = std::make_unique<connector::P2pConnector>(*world);
-    connector::P2pConnector& connector = *connector_holder;
     nlohmann::json stats = {{"role", std::string(RoleName(role))},
                             {"role_rank", o.role_rank},
                             {"world_rank", world->world_rank()}};
+    if (c.is_async()) {
+      connector::AsyncConnectorOptions ao;
+      ao.token_cap = role == Role::kAttention ? AttentionTokenCap(o, mc) : 0;
+      ao.topk = mc.num_experts_per_tok;
+      ao.num_experts = mc.n_routed_experts;
+      ao.row = {mc.hidden_size, DType::kF32};
+      async_holder = std::make_unique<connector::AsyncConnector>(*world, ao);
+      if (role == Role::kAttention) {
+        runner_holder = std::make_unique<runtime::AsyncAttentionRunner>(*model, *world,
+                                                                        *async_holder, o.tp, o.dbo);
+      }
+    } else {
+      connector_holder = std::make_unique<connector::P2pConnector>(*world);
+      if (role == Role::kAttention) {
+        runner_holder = std::make_unique<runtime::AttentionRunner>(*model, *world,
+                                                                   *connector_holder, o.tp, o.dbo);
+      }
+    }
     if (role == Role::kAttention) {
-      runner_holder =
-          std::make_unique<runtime::AttentionRunner>(*model, *world, connector, o.tp, o.dbo);
-      runtime::AttentionRunner& runner = *runner_holder;
+      runtime::ReplicaRunner& runner = *runner_holder;
       const int dp_rank = o.role_rank / o.tp, tp_rank = o.role_rank % o.tp;
       if (!o.engine_endpoint.empty()) {
         ReplicaServeOptions serve;
@@ -127,6 +177,9 @@ void RunWorker(const WorkerOptions& o) {
         stats["decode_seconds"] = gs.decode_seconds;
         stats["mixed_steps"] = gs.mixed_steps;
         stats["mixed_seconds"] = gs.mixed_seconds;
+        // This replica's own steps; the P2P runner then runs empty lockstep steps until every
+        // replica is done, the asynchronous one only announces its shutdown.
+        const int64_t own_steps = runner.steps();
         runner.Drain();
         if (tp_rank == 0 && !o.output_file.empty()) {
           std::string text;
@@ -137,11 +190,19 @@ void RunWorker(const WorkerOptions& o) {
           WriteFileOrThrow(o.output_file, text);
         }
         stats["steps"] = runner.steps();
-        stats["dbo_steps"] = runner.dbo_steps();
+        stats["drain_steps"] = stats["steps"].get<int64_t>() - own_steps;
         stats["prompts"] = mine.size();
       }
+      stats["dbo_steps"] = runner.dbo_steps();
+    } else if (c.is_async()) {
+      async_worker_holder =
+          std::make_unique<runtime::AsyncFfnWorker>(*model, *world, *async_holder);
+      runtime::AsyncFfnWorker& worker = *async_worker_holder;
+      stats["steps"] = worker.Run();  // work items served
+      stats["rows"] = worker.rows_served();
+      stats["experts"] = {worker.expert_begin(), worker.expert_end()};
     } else {
-      worker_holder = std::make_unique<runtime::FfnWorker>(*model, *world, connector);
+      worker_holder = std::make_unique<runtime::FfnWorker>(*model, *world, *connector_holder);
       runtime::FfnWorker& worker = *worker_holder;
       stats["steps"] = worker.Run();
       stats["rows"] = worker.rows_served();
@@ -151,7 +212,8 @@ void RunWorker(const WorkerOptions& o) {
     world->Barrier("worker-done");
     stats["seconds"] =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    stats["transfers"] = TransferStats(connector);
+    stats["transfers"] =
+        TransferStats(async_holder ? async_holder->stats() : connector_holder->stats());
     if (!o.stats_file.empty()) WriteFileOrThrow(o.stats_file, stats.dump() + "\n");
   } catch (const Error& e) {
     // A rank that lost a peer usually lost it because that peer failed and said why: report

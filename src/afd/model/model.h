@@ -94,6 +94,12 @@ class DeepseekModel {
   // weight · expert(hidden), from zero.
   void RoutedExperts(int64_t layer, const Tensor& hidden, const Tensor& ids, const Tensor& weights,
                      const Tensor& out, Workspace& ws) const;
+  // out: [n, H] = shared experts(hidden) (the term AddSharedExperts adds). The model must have
+  // shared experts (has_shared_experts()).
+  void SharedExperts(int64_t layer, const Tensor& hidden, const Tensor& out, Workspace& ws) const;
+  bool has_shared_experts(int64_t layer) const {
+    return !weights_.layers[layer].moe.shared.empty();
+  }
   // out += shared experts(hidden) (nothing when the model has none).
   void AddSharedExperts(int64_t layer, const Tensor& hidden, const Tensor& out,
                         Workspace& ws) const;

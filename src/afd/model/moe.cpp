@@ -31,6 +31,14 @@ void DeepseekModel::RoutedExperts(int64_t layer, const Tensor& hidden, const Ten
   backend_.MoeCombine(expert_out, row_of_slot, weights, /*accumulate=*/false, out);
 }
 
+void DeepseekModel::SharedExperts(int64_t layer, const Tensor& hidden, const Tensor& out,
+                                  Workspace& ws) const {
+  const MlpWeights& shared = weights_.layers[layer].moe.shared;
+  AFD_CHECK(!shared.empty(), "layer {} has no shared experts loaded in this process", layer);
+  if (hidden.dim(0) == 0) return;
+  Mlp(shared, hidden, out, ws);
+}
+
 void DeepseekModel::AddSharedExperts(int64_t layer, const Tensor& hidden, const Tensor& out,
                                      Workspace& ws) const {
   const MlpWeights& shared = weights_.layers[layer].moe.shared;

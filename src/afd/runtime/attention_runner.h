@@ -45,7 +45,7 @@ struct DboOptions {
   int64_t prefill_token_threshold = 512;  // steps with prefill tokens
 };
 
-class AttentionRunner : public StepRunner {
+class AttentionRunner : public ReplicaRunner {
  public:
   // Collective: forms the attention-world group (all attention ranks) and this replica's TP
   // group. `model`, `world` and `connector` must outlive the runner. tp: ranks per replica.
@@ -55,21 +55,18 @@ class AttentionRunner : public StepRunner {
   Tensor Forward(const model::ForwardBatch& batch, kv::PagedKvCache& cache, Workspace& ws) override;
 
   // Runs empty steps until every replica is done, then sends the shutdown step.
-  void Drain();
+  void Drain() override;
   // Serving: one step of a replica without tokens. `active`: this replica will still take
   // requests. Takes part in the other replicas' step when one has tokens (an empty step of
   // every layer: kTookPart); returns at once when no replica has tokens (kNoneBusy); sends the
   // shutdown step when no replica is active any more (kShutdown). Pairs with the other ranks'
   // Forward, Idle or Drain calls: every attention rank makes one such call per step.
-  enum class IdleResult { kNoneBusy, kTookPart, kShutdown };
-  IdleResult Idle(bool active);
-  // The MoE round trips (attention -> FFN -> attention, seconds, one per layer and micro-batch
-  // with rows) measured since the last call; recorded only after RecordRoundTrips().
-  void RecordRoundTrips() { record_round_trips_ = true; }
-  std::vector<double> TakeRoundTrips();
+  IdleResult Idle(bool active) override;
+  void RecordRoundTrips() override { record_round_trips_ = true; }
+  std::vector<double> TakeRoundTrips() override;
 
-  int64_t steps() const { return steps_; }
-  int64_t dbo_steps() const { return dbo_steps_; }
+  int64_t steps() const override { return steps_; }
+  int64_t dbo_steps() const override { return dbo_steps_; }
 
  private:
   // One micro-batch of a step: its tokens and activations ([n, H] each, views of the step's).

@@ -3,6 +3,8 @@
 // with the MoE layers elsewhere (runtime/attention_runner.h).
 #pragma once
 
+#include <vector>
+
 #include "afd/model/model.h"
 
 namespace afd::runtime {
@@ -12,6 +14,28 @@ class StepRunner {
   virtual ~StepRunner() = default;
   virtual Tensor Forward(const model::ForwardBatch& batch, kv::PagedKvCache& cache,
                          Workspace& ws) = 0;
+};
+
+// The step runner of one AFD attention replica in a serving loop (deploy/replica_serve.h): the
+// P2P runner (DP lockstep: Idle takes part in the other replicas' steps) or the asynchronous one
+// (independent replicas: Idle only announces the shutdown once the replica is done).
+class ReplicaRunner : public StepRunner {
+ public:
+  enum class IdleResult { kNoneBusy, kTookPart, kShutdown };
+  // One step of a replica without tokens. `active`: this replica will still take requests.
+  // kNoneBusy: nothing ran (wait for requests); kTookPart: an empty step ran with the other
+  // replicas; kShutdown: this replica is done and has said so (no more calls).
+  virtual IdleResult Idle(bool active) = 0;
+  // The MoE round trips (attention -> FFN -> attention, seconds, one per layer and micro-batch
+  // with rows) measured since the last call; recorded only after RecordRoundTrips().
+  virtual void RecordRoundTrips() = 0;
+  virtual std::vector<double> TakeRoundTrips() = 0;
+  // Generation (no serving loop): this replica has no more work; returns when the deployment
+  // may shut down (P2P: after empty lockstep steps until every replica is done).
+  virtual void Drain() = 0;
+  // Steps run (P2P: including empty lockstep steps), and those run as micro-batches.
+  virtual int64_t steps() const = 0;
+  virtual int64_t dbo_steps() const = 0;
 };
 
 class LocalStepRunner : public StepRunner {

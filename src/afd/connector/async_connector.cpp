@@ -1,0 +1,246 @@
+#include "afd/connector/async_connector.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+
+#include "afd/common/error.h"
+#include "afd/connector/shm_window.h"
+
+namespace afd::connector {
+
+namespace {
+
+// The largest token capacity of the attention ranks: each publishes its own.
+int64_t AgreeTokenCap(comm::AfdWorld& world, int64_t mine) {
+  comm::PrefixStore store(world.store(), "async_window/token_cap");
+  const double timeout = world.config().afd_process_group_timeout_s;
+  if (world.self().role == Role::kAttention) {
+    AFD_CHECK(mine >= 1,
+              "async connector: attention rank {} has no token capacity (set "
+              "--max-num-batched-tokens)",
+              world.self().rank);
+    store.Set(std::to_string(world.self().rank), std::to_string(mine));
+  }
+  int64_t cap = 0;
+  for (int a = 0; a < world.topology().num_attention(); ++a) {
+    const std::string v = store.Get(std::to_string(a), timeout);
+    int64_t n = 0;
+    try {
+      n = std::stoll(v);
+    } catch (const std::exception&) {
+      AFD_THROW("async connector: attention rank {} published the token capacity \"{}\"", a, v);
+    }
+    AFD_CHECK(n >= 1 && n <= (int64_t{1} << 24),
+              "async connector: attention rank {} published the token capacity {}, outside "
+              "1..2^24",
+              a, n);
+    cap = std::max(cap, n);
+  }
+  return cap;
+}
+
+}  // namespace
+
+AsyncConnector::AsyncConnector(comm::AfdWorld& world, const AsyncConnectorOptions& o)
+    : world_(world), options_(o) {
+  const AfdConfig& c = world.config();
+  AFD_CHECK(c.is_async(), "AsyncConnector with connector {}", c.connector);
+  const Topology& t = world.topology();
+  const int A = t.num_attention(), F = t.num_ffn();
+  AFD_CHECK(o.topk >= 1 && o.num_experts >= o.topk && o.row.elems_per_row >= 1,
+            "async connector: bad model shape (topk {}, experts {}, row of {})", o.topk,
+            o.num_experts, o.row.elems_per_row);
+  SlotCapacity cap;
+  cap.token_cap = AgreeTokenCap(world, o.token_cap);
+  cap.max_local_experts = (o.num_experts + F - 1) / F;
+  cap.routed_cap = RoutedCap(cap.token_cap, o.topk, F, c.async_options.routed_cap_multiplier,
+                             cap.max_local_experts);
+  cap.shared_cap = (cap.token_cap + F - 1) / F;
+  cap.row_bytes = o.row.row_bytes();
+  layout_ = SlotLayout::Make(cap, std::max(A, F), c.async_options.ring_depth);
+
+  std::vector<int> peers;
+  for (int p = 0; p < num_peers(); ++p) peers.push_back(OppositeWorldRank(p));
+  if (c.connector == kAsyncConnector) {
+    window_ = ShmWindow::Create(world, layout_.window_bytes, peers);
+  } else {
+    AFD_THROW(
+        "afd.connector {}: its CUDA IPC windows are not part of this build; CPU processes "
+        "use AsyncAFDConnector (POSIX shared memory windows)",
+        c.connector);
+  }
+  send_seq_.assign(static_cast<size_t>(num_peers()) * layout_.ring_depth, 0);
+  seen_.assign(static_cast<size_t>(layout_.num_regions) * layout_.ring_depth, 0);
+  finished_.assign(num_peers(), false);
+}
+
+AsyncConnector::~AsyncConnector() = default;
+
+int AsyncConnector::num_peers() const {
+  const Topology& t = world_.topology();
+  return world_.self().role == Role::kAttention ? t.num_ffn() : t.num_attention();
+}
+
+int AsyncConnector::OppositeWorldRank(int peer) const {
+  const Role other = world_.self().role == Role::kAttention ? Role::kFfn : Role::kAttention;
+  return world_.topology().WorldRank({other, peer});
+}
+
+std::string AsyncConnector::PeerName(int peer) const {
+  return world_.Describe(OppositeWorldRank(peer));
+}
+
+int64_t AsyncConnector::expert_begin(int f) const {
+  return SplitOffset(options_.num_experts, world_.topology().num_ffn(), f);
+}
+
+int64_t AsyncConnector::num_local_experts(int f) const {
+  return SplitSize(options_.num_experts, world_.topology().num_ffn(), f);
+}
+
+uint64_t AsyncConnector::Send(int peer, const SlotPayload& p) {
+  AFD_CHECK(peer >= 0 && peer < num_peers(), "async connector: peer {} outside [0, {})", peer,
+            num_peers());
+  AFD_CHECK(p.stage >= 0 && p.stage < layout_.ring_depth,
+            "async connector: stage {} needs ring_depth > {} (it is {})", p.stage, p.stage,
+            layout_.ring_depth);
+  const SlotCapacity& cap = layout_.cap;
+  const std::string me = world_.Describe(world_.world_rank());
+  const auto fits = [&](int64_t n, int64_t limit, const char* what) {
+    AFD_CHECK(n <= limit,
+              "async connector: {} {} for layer {} from {} to {} exceed the slot's capacity of "
+              "{} (raise connector_extra_config.routed_cap_multiplier or "
+              "max_num_batched_tokens)",
+              n, what, p.layer, me, PeerName(peer), limit);
+  };
+  fits(static_cast<int64_t>(p.route.size()), cap.routed_cap, "routed rows");
+  fits(static_cast<int64_t>(p.shared_index.size()), cap.shared_cap, "shared rows");
+  fits(p.num_tokens, cap.token_cap, "tokens");
+  fits(static_cast<int64_t>(p.expert_counts.size()), cap.max_local_experts, "expert counts");
+
+  const int region = world_.self().rank, ring = p.stage;
+  uint64_t& seq = send_seq_[static_cast<size_t>(peer) * layout_.ring_depth + ring];
+  ++seq;
+  const int w = OppositeWorldRank(peer);
+  const size_t slot = layout_.slot_offset(region, ring);
+  std::vector<char> header(sizeof(SlotHeader) + 4 * p.expert_counts.size());
+  SlotHeader h{};
+  h.magic = kSlotMagic;
+  h.version = kSlotVersion;
+  h.flags = p.flags;
+  h.sender = region;
+  h.layer = p.layer;
+  h.stage = p.stage;
+  h.num_tokens = p.num_tokens;
+  h.routed_rows = static_cast<int32_t>(p.route.size());
+  h.shared_rows = static_cast<int32_t>(p.shared_index.size());
+  h.num_experts = static_cast<int32_t>(p.expert_counts.size());
+  h.seq = seq;
+  h.echo_seq = p.echo_seq;
+  std::memcpy(header.data(), &h, sizeof(h));
+  if (!p.expert_counts.empty()) {
+    std::memcpy(header.data() + sizeof(h), p.expert_counts.data(), 4 * p.expert_counts.size());
+  }
+  const size_t row = cap.row_bytes;
+  window_->Write(w, slot + layout_.header, header.data(), header.size());
+  window_->Write(w, slot + layout_.route, p.route.data(), 4 * p.route.size());
+  window_->Write(w, slot + layout_.routed, p.routed_rows, row * p.route.size());
+  window_->Write(w, slot + layout_.shared_index, p.shared_index.data(), 4 * p.shared_index.size());
+  window_->Write(w, slot + layout_.shared, p.shared_rows, row * p.shared_index.size());
+  window_->WriteFlag(w, layout_.flag_offset(region, ring), seq);
+  if (p.flags & kSlotShutdown) return seq;
+  LayerTransferStats& s = stats_[p.layer];
+  s.messages += 1;
+  s.bytes += header.size() + (4 + row) * (p.route.size() + p.shared_index.size());
+  return seq;
+}
+
+ReceivedSlot AsyncConnector::Read(int region, int ring, uint64_t seq, const std::string& what) {
+  const std::string slot_name =
+      fmt::format("{}: slot (region {}, ring {}) of {} in {}", what, region, ring,
+                  world_.Describe(world_.world_rank()), window_->Describe(world_.world_rank()));
+  uint64_t& seen = seen_[static_cast<size_t>(region) * layout_.ring_depth + ring];
+  AFD_CHECK(seq == seen + 1,
+            "{}: flag jumped from {} to {}: the sender overwrote a slot before it was read (its "
+            "messages in flight exceed ring_depth {})",
+            slot_name, seen, seq, layout_.ring_depth);
+  seen = seq;
+  char* base = window_->local() + layout_.slot_offset(region, ring);
+  ReceivedSlot r;
+  std::memcpy(&r.header, base + layout_.header, sizeof(SlotHeader));
+  ValidateSlotHeader(r.header, layout_, region, seq, slot_name);
+  AFD_CHECK(r.header.stage == ring, "{}: header stage {} in ring slot {}", slot_name,
+            r.header.stage, ring);
+  r.expert_counts = reinterpret_cast<const int32_t*>(base + layout_.header + sizeof(SlotHeader));
+  r.route = reinterpret_cast<const int32_t*>(base + layout_.route);
+  r.routed_rows = base + layout_.routed;
+  r.shared_index = reinterpret_cast<const int32_t*>(base + layout_.shared_index);
+  r.shared_rows = base + layout_.shared;
+  if (r.shutdown()) PeerFinished(region);
+  return r;
+}
+
+void AsyncConnector::CheckPeers(const std::string& what) {
+  // An abort first: a peer that failed published its cause before it exited.
+  world_.CheckAbort();
+  for (int p = 0; p < num_peers(); ++p) {
+    if (finished_[p]) continue;
+    AFD_CHECK(!window_->PeerExited(OppositeWorldRank(p)), "{} exited while {} {}", PeerName(p),
+              world_.Describe(world_.world_rank()), what);
+  }
+}
+
+ReceivedSlot AsyncConnector::Receive(int peer, int stage, const std::string& what) {
+  AFD_CHECK(peer >= 0 && peer < num_peers() && stage >= 0 && stage < layout_.ring_depth,
+            "async connector: receive from peer {} stage {} out of range", peer, stage);
+  const auto start = std::chrono::steady_clock::now();
+  const double timeout = world_.config().afd_process_group_timeout_s;
+  const std::string waiting = fmt::format("waited for {} from {}", what, PeerName(peer));
+  const size_t i = static_cast<size_t>(peer) * layout_.ring_depth + stage;
+  const int hit = WaitForFlags(*window_, layout_.flag_offset(peer, stage),
+                               std::span<const uint64_t>(&seen_[i], 1), 0, Deadline::In(timeout),
+                               [&] { CheckPeers(waiting); });
+  AFD_CHECK(hit == 0,
+            "{} timed out after {}s waiting for {} from {} (flag of region {} ring {} "
+            "still {})",
+            world_.Describe(world_.world_rank()), timeout, what, PeerName(peer), peer, stage,
+            seen_[i]);
+  uint64_t seq = 0;
+  window_->ReadFlags(layout_.flag_offset(peer, stage), std::span<uint64_t>(&seq, 1));
+  ReceivedSlot r = Read(peer, stage, seq, what);
+  if (!r.shutdown()) {
+    stats_[r.header.layer].seconds +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+  return r;
+}
+
+std::optional<ReceivedSlot> AsyncConnector::Poll(int timeout_ms) {
+  const int n = static_cast<int>(seen_.size());
+  const int hit = WaitForFlags(*window_, 0, seen_, poll_start_, Deadline::In(timeout_ms / 1e3),
+                               [&] { CheckPeers("polled for work"); });
+  if (hit < 0) {
+    CheckPeers("polled for work");
+    return std::nullopt;
+  }
+  poll_start_ = (hit + 1) % n;  // rotate: no sender is favoured
+  const int region = hit / layout_.ring_depth, ring = hit % layout_.ring_depth;
+  AFD_CHECK(region < num_peers(),
+            "async connector: a flag changed in region {}, but only {} "
+            "peers may write this window",
+            region, num_peers());
+  uint64_t seq = 0;
+  window_->ReadFlags(layout_.flag_offset(region, ring), std::span<uint64_t>(&seq, 1));
+  return Read(region, ring, seq, fmt::format("work from {}", PeerName(region)));
+}
+
+void AsyncConnector::AnnounceShutdown() {
+  for (int p = 0; p < num_peers(); ++p) {
+    SlotPayload s;
+    s.flags = kSlotShutdown | (world_.self().role == Role::kFfn ? kSlotCombine : 0);
+    Send(p, s);
+  }
+}
+
+}  // namespace afd::connector

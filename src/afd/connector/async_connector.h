@@ -1,0 +1,123 @@
+// The asynchronous window connector (seed 003): no control plane, metadata in band, one-sided
+// writes into symmetric windows (window.h), slots as in async_slot.h.
+//
+// Each rank owns one window. Attention rank a dispatches a micro-batch's rows for FFN rank f by
+// writing slot (region a, ring stage) of f's window and then its flag; f serves it whenever it
+// polls it and answers into slot (region f, ring stage) of a's window, echoing the dispatch's
+// seq. Per (sender, ring slot) at most one message is in flight -- an attention rank sends a
+// stage's next dispatch only after the previous one's reply, and an FFN rank replies only to a
+// dispatch -- so ring_depth = number of stages suffices; a flag that jumps by more than one (a
+// slot overwritten before it was read) is an error, as is a header whose seq is not the flag's.
+// The receiver keeps a mirror of the flags it has seen (ABA-safe: seqs only grow).
+//
+// Capacities are agreed at construction: the token capacity is the largest
+// max_num_batched_tokens of the attention ranks (published in the rendezvous store), routed_cap
+// follows from it (async_slot.h). A slot that would not fit is an error naming the capacity, the
+// sender and the receiver, never a truncation.
+//
+// Liveness: every wait has a deadline (afd_process_group_timeout_s for a reply; the poll
+// timeout for the FFN loop), checks the deployment's abort key and whether a peer process has
+// exited (the peer is named) about every 50 ms.
+//
+// Thread safety: one thread at a time.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "afd/comm/afd_world.h"
+#include "afd/connector/async_slot.h"
+#include "afd/connector/p2p_connector.h"
+#include "afd/connector/window.h"
+
+namespace afd::connector {
+
+struct AsyncConnectorOptions {
+  // Attention: the most tokens of one micro-batch (its max_num_batched_tokens); FFN: 0 (the
+  // capacity is the attention ranks' largest).
+  int64_t token_cap = 0;
+  int64_t topk = 1;         // experts per token
+  int64_t num_experts = 1;  // routed experts, sharded over the F ranks by SplitOffset
+  RowFormat row{1, DType::kF32};
+};
+
+// What a sender writes into one slot (host memory; copied before Send returns).
+struct SlotPayload {
+  int layer = 0;
+  int stage = 0;
+  int num_tokens = 0;
+  uint16_t flags = 0;  // kSlotCombine for replies
+  uint64_t echo_seq = 0;
+  std::span<const int32_t> expert_counts;  // routed rows per local expert of the FFN rank
+  std::span<const int32_t> route;          // token index of each routed row
+  const void* routed_rows = nullptr;       // [route.size(), row]
+  std::span<const int32_t> shared_index;   // token index of each shared row
+  const void* shared_rows = nullptr;       // [shared_index.size(), row]
+};
+
+// A slot received in this rank's window: views valid until its sender writes that slot again
+// (for a dispatch: until the reply is sent; for a reply: until the next dispatch of the stage).
+struct ReceivedSlot {
+  SlotHeader header{};
+  const int32_t* expert_counts = nullptr;  // [header.num_experts]
+  const int32_t* route = nullptr;          // [header.routed_rows]
+  char* routed_rows = nullptr;             // [header.routed_rows, row]
+  const int32_t* shared_index = nullptr;   // [header.shared_rows]
+  char* shared_rows = nullptr;             // [header.shared_rows, row]
+  bool shutdown() const { return (header.flags & kSlotShutdown) != 0; }
+};
+
+class AsyncConnector {
+ public:
+  // Collective over the world: agrees on the capacities, creates and maps the windows.
+  AsyncConnector(comm::AfdWorld& world, const AsyncConnectorOptions& options);
+  ~AsyncConnector();
+
+  const SlotLayout& layout() const { return layout_; }
+  const Topology& topology() const { return world_.topology(); }
+  const Window& window() const { return *window_; }
+  // Routed experts of FFN rank f: [SplitOffset(E, F, f), SplitOffset(E, F, f + 1)).
+  int64_t expert_begin(int ffn_rank) const;
+  int64_t num_local_experts(int ffn_rank) const;
+
+  // Writes `p` into slot (this rank, p.stage) of `peer`'s window (peer: role rank of the other
+  // role), then its flag. Returns the slot's seq. Throws when it does not fit.
+  uint64_t Send(int peer, const SlotPayload& p);
+  // Waits for `peer`'s next slot in ring `stage` (bounded by afd_process_group_timeout_s);
+  // `what` says what is awaited, for errors. A shutdown slot is returned as such.
+  ReceivedSlot Receive(int peer, int stage, const std::string& what);
+  // The next new slot from any peer (scan start rotates), or nullopt when none arrived within
+  // timeout_ms (after checking for an abort and for exited peers).
+  std::optional<ReceivedSlot> Poll(int timeout_ms);
+  // Sends a shutdown slot to every peer of the other role (ring 0).
+  void AnnounceShutdown();
+
+  // Marks `peer` as gone on purpose (it sent its shutdown): its exit is no longer an error.
+  void PeerFinished(int peer) { finished_.at(peer) = true; }
+  const std::map<int, LayerTransferStats>& stats() const { return stats_; }
+  // Seconds spent waiting for replies, per layer, are charged by Receive.
+
+ private:
+  int OppositeWorldRank(int peer) const;
+  int num_peers() const;
+  ReceivedSlot Read(int region, int ring, uint64_t seq, const std::string& what);
+  void CheckPeers(const std::string& what);
+  std::string PeerName(int peer) const;
+
+  comm::AfdWorld& world_;
+  AsyncConnectorOptions options_;
+  SlotLayout layout_;
+  std::unique_ptr<Window> window_;
+  std::vector<uint64_t> send_seq_;  // [peer * ring_depth + ring]
+  std::vector<uint64_t> seen_;      // [region * ring_depth + ring], the flags already consumed
+  std::vector<bool> finished_;      // [peer]
+  int poll_start_ = 0;
+  std::map<int, LayerTransferStats> stats_;
+};
+
+}  // namespace afd::connector

@@ -1,0 +1,88 @@
+// Wire layout of the asynchronous window connector (seed 003; docs/wire_formats.md, "Async
+// window connector"). Pure layout arithmetic and header checks: no I/O.
+//
+//   window = [ flag[num_regions x ring_depth] (u64) | slot(0,0) | slot(0,1) | ... ]
+//   slot   = [ header | route table | routed rows | shared index | shared rows ]
+//
+// Every field starts 256-byte aligned. num_regions = max(A, F): both roles size their windows the
+// same (symmetric). A sender writes only region = its own role rank, ring slot = the micro-batch
+// stage; the flag of (region, ring) carries the sender's sequence number for that slot and is
+// written after the payload. Dispatch (attention -> FFN) and combine (FFN -> attention) use the
+// same slot layout.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace afd::connector {
+
+inline constexpr uint32_t kSlotMagic = 0x47444641;  // "AFDG" little-endian
+inline constexpr uint16_t kSlotVersion = 1;
+inline constexpr size_t kSlotAlign = 256;
+
+enum SlotFlags : uint16_t {
+  kSlotCombine = 1u << 0,   // FFN -> attention (expert outputs); else attention -> FFN
+  kSlotShutdown = 1u << 1,  // the sender sends nothing more; no payload
+};
+inline constexpr uint16_t kKnownSlotFlags = kSlotCombine | kSlotShutdown;
+
+// The fixed part of a slot header, followed by int32 expert_counts[num_experts].
+struct SlotHeader {
+  uint32_t magic;       // kSlotMagic
+  uint16_t version;     // kSlotVersion
+  uint16_t flags;       // SlotFlags
+  int32_t sender;       // role rank of the sender (= the region it writes)
+  int32_t layer;        // MoE layer
+  int32_t stage;        // micro-batch stage (= the ring slot)
+  int32_t num_tokens;   // tokens of the sender's micro-batch (dispatch; echoed in the combine)
+  int32_t routed_rows;  // rows of the route table and of the routed rows
+  int32_t shared_rows;  // rows of the shared index and of the shared rows
+  int32_t num_experts;  // local experts of the FFN rank (entries of expert_counts)
+  int32_t reserved;     // 0
+  uint64_t seq;         // the sender's sequence number of this slot (equals the flag)
+  uint64_t echo_seq;    // combine: seq of the dispatch it answers; dispatch: 0
+};
+static_assert(sizeof(SlotHeader) == 56, "SlotHeader is 56 bytes on the wire");
+static_assert(offsetof(SlotHeader, seq) == 40 && offsetof(SlotHeader, echo_seq) == 48,
+              "SlotHeader field offsets are part of the wire format");
+
+// What one slot must hold.
+struct SlotCapacity {
+  int64_t token_cap = 0;          // tokens per micro-batch (max_num_batched_tokens)
+  int64_t routed_cap = 0;         // routed rows per slot
+  int64_t shared_cap = 0;         // shared rows per slot
+  int64_t max_local_experts = 0;  // expert_counts entries
+  size_t row_bytes = 0;           // bytes of one hidden row
+};
+
+// routed_cap = ceil(max_num_batched_tokens * topk / F) * multiplier (rounded up), but never more
+// than every (token, expert) pair a rank can own: tokens * min(topk, local experts).
+int64_t RoutedCap(int64_t max_num_batched_tokens, int64_t topk, int num_ffn, double multiplier,
+                  int64_t max_local_experts);
+
+struct SlotLayout {
+  SlotCapacity cap;
+  int num_regions = 1;
+  int ring_depth = 1;
+  // Offsets within a slot.
+  size_t header = 0, route = 0, routed = 0, shared_index = 0, shared = 0, slot_bytes = 0;
+  size_t flags_bytes = 0;   // the flag array, padded to kSlotAlign
+  size_t window_bytes = 0;  // flags + num_regions * ring_depth slots
+
+  static SlotLayout Make(const SlotCapacity& cap, int num_regions, int ring_depth);
+  size_t flag_offset(int region, int ring) const {
+    return 8 * (static_cast<size_t>(region) * ring_depth + ring);
+  }
+  size_t slot_offset(int region, int ring) const {
+    return flags_bytes + (static_cast<size_t>(region) * ring_depth + ring) * slot_bytes;
+  }
+};
+
+// Checks a header read from region `region` whose flag said `seq`: magic, version, flags, sender,
+// seq, counts within the capacities. `what` names the slot ("slot of attention rank 1 ...").
+// Throws afd::Error naming the field and the slot.
+void ValidateSlotHeader(const SlotHeader& h, const SlotLayout& layout, int region, uint64_t seq,
+                        const std::string& what);
+
+}  // namespace afd::connector

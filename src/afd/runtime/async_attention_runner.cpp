@@ -1,0 +1,248 @@
+#include "afd/runtime/async_attention_runner.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "afd/common/error.h"
+
+namespace afd::runtime {
+
+namespace {
+
+// A token is a prefill token unless it is its sequence's only token in the step, at a position
+// past the start (a decode token).
+bool HasPrefill(const model::ForwardBatch& b) {
+  for (int64_t i = 0; i < b.size(); ++i) {
+    const bool alone = (i == 0 || b.seq_index[i - 1] != b.seq_index[i]) &&
+                       (i + 1 == b.size() || b.seq_index[i + 1] != b.seq_index[i]);
+    if (!alone || b.positions[i] == 0) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+AsyncAttentionRunner::AsyncAttentionRunner(const model::DeepseekModel& model, comm::AfdWorld& world,
+                                           connector::AsyncConnector& connector, int tp,
+                                           DboOptions dbo)
+    : model_(model), world_(world), connector_(connector), dbo_(dbo) {
+  AFD_CHECK(world.self().role == Role::kAttention, "AsyncAttentionRunner on an FFN rank");
+  AFD_CHECK(model.backend().device().is_cpu(),
+            "{}'s shared memory windows hold host rows: the attention role runs on the CPU "
+            "backend, not {}",
+            world.config().connector, model.backend().name());
+  AFD_CHECK(tp == 1,
+            "{}: attention tensor parallelism (tp {}) is not supported; run one attention rank "
+            "per data-parallel replica",
+            world.config().connector, tp);
+  const AsyncOptions& o = world.config().async_options;
+  AFD_CHECK(!dbo.enabled || o.ring_depth >= 2,
+            "--enable-dbo with {} needs two ring slots per peer: set "
+            "connector_extra_config.ring_depth to 2 (or async_moe_ubatching)",
+            world.config().connector);
+  AFD_CHECK(model.config().num_experts_per_tok >= 1 && model.config().n_routed_experts >= 1,
+            "{}: the model has no routed experts", world.config().connector);
+}
+
+int AsyncAttentionRunner::ChooseStages(const model::ForwardBatch& batch) const {
+  const AsyncOptions& o = world_.config().async_options;
+  const int64_t n = batch.size();
+  if (o.async_moe_ubatching)
+    return static_cast<int>(std::min<int64_t>(o.async_moe_num_ubatches, n));
+  if (!dbo_.enabled) return 1;
+  const int64_t threshold =
+      HasPrefill(batch) ? dbo_.prefill_token_threshold : dbo_.decode_token_threshold;
+  return n >= std::max<int64_t>(threshold, 2) ? 2 : 1;
+}
+
+// Token offsets of the micro-batches: an even token split ("token"), or the sequence boundaries
+// nearest to it ("request", the default; fewer stages when there are fewer sequences).
+std::vector<int64_t> AsyncAttentionRunner::SplitPoints(const model::ForwardBatch& b,
+                                                       int stages) const {
+  const int64_t n = b.size();
+  std::vector<int64_t> points = {0};
+  const bool by_token = world_.config().async_options.async_moe_split == "token";
+  for (int s = 1; s < stages; ++s) {
+    const int64_t target = SplitOffset(n, stages, s);
+    int64_t best = target;
+    if (!by_token) {
+      best = n;
+      for (int64_t i = 1; i <= n; ++i) {
+        const bool boundary = i == n || b.seq_index[i] != b.seq_index[i - 1];
+        if (boundary && std::llabs(i - target) < std::llabs(best - target)) best = i;
+      }
+    }
+    if (best > points.back() && best < n) points.push_back(best);
+  }
+  points.push_back(n);
+  return points;
+}
+
+void AsyncAttentionRunner::ComputeLayer(int64_t layer, MicroBatch& mb, kv::PagedKvCache& cache,
+                                        Workspace& ws) {
+  const Workspace::Mark scratch = ws.mark();
+  model_.Attention(layer, mb.in, cache, mb.x, mb.mlp_in, ws);
+  if (!model_.config().IsMoeLayer(layer)) {
+    model_.DenseMlp(layer, mb.mlp_in, mb.mlp_out, ws);
+    model_.backend().Add(mb.x, mb.mlp_out);
+  }
+  ws.Rewind(scratch);
+}
+
+void AsyncAttentionRunner::Dispatch(int64_t layer, int stage, MicroBatch& mb, Pending& p,
+                                    Workspace& ws) {
+  const model::ModelConfig& c = model_.config();
+  kernels::Backend& backend = model_.backend();
+  const int64_t n = mb.n(), k = c.num_experts_per_tok, H = c.hidden_size;
+  const int F = world_.topology().num_ffn();
+  // Kept until the replies are combined; the rest is scratch.
+  const Tensor ids = ws.Take(DType::kI32, {n, k});
+  p.weights = ws.Take(DType::kF32, {n, k});
+  const Workspace::Mark scratch = ws.mark();
+  model_.Route(layer, mb.mlp_in, ids, p.weights, ws);
+  std::vector<int32_t> host_ids(n * k);
+  backend.CopyToHost(host_ids.data(), ids);
+  p.layer = layer;
+  p.plan =
+      connector::PlanDispatch(host_ids.data(), n, k, c.n_routed_experts, F, c.n_shared_experts > 0);
+  const connector::DispatchPlan& plan = p.plan;
+  const int64_t pairs = n * k;
+  // [pairs, H]: the rows in sorted order, each FFN rank's segment contiguous.
+  const Tensor sorted = ws.Take(DType::kF32, {pairs, H});
+  const Tensor token_at = ws.Take(DType::kI32, {pairs});
+  backend.CopyToDevice(token_at, plan.token_at.data());
+  backend.GatherRows(mb.mlp_in, token_at, sorted);
+  p.seqs.assign(F, 0);
+  p.sent = std::chrono::steady_clock::now();
+  for (int f = 0; f < F; ++f) {
+    if (!plan.HasWork(f)) continue;
+    const std::vector<int32_t>& shared = plan.shared_tokens[f];
+    const int64_t m = static_cast<int64_t>(shared.size());
+    const Tensor shared_rows = ws.Take(DType::kF32, {m, H});
+    if (m > 0) {
+      const Tensor index = ws.Take(DType::kI32, {m});
+      backend.CopyToDevice(index, shared.data());
+      backend.GatherRows(mb.mlp_in, index, shared_rows);
+    }
+    const int64_t b = plan.segment[f], e = plan.segment[f + 1];
+    connector::SlotPayload s;
+    s.layer = static_cast<int>(layer);
+    s.stage = stage;
+    s.num_tokens = static_cast<int>(n);
+    s.expert_counts = plan.expert_counts[f];
+    s.route = std::span<const int32_t>(plan.token_at.data() + b, e - b);
+    s.routed_rows = sorted.data_as<const float>() + b * H;
+    s.shared_index = shared;
+    s.shared_rows = shared_rows.data();
+    p.seqs[f] = connector_.Send(f, s);
+  }
+  ws.Rewind(scratch);
+}
+
+void AsyncAttentionRunner::Combine(int stage, MicroBatch& mb, Pending& p, Workspace& ws) {
+  const model::ModelConfig& c = model_.config();
+  kernels::Backend& backend = model_.backend();
+  const connector::DispatchPlan& plan = p.plan;
+  const int64_t n = mb.n(), k = c.num_experts_per_tok, H = c.hidden_size;
+  const size_t row = static_cast<size_t>(H) * sizeof(float);
+  const Workspace::Mark scratch = ws.mark();
+  // y: [pairs, H] unweighted expert outputs in sorted order; shared: [n, H].
+  const Tensor y = ws.Take(DType::kF32, {n * k, H});
+  const Tensor shared = ws.Take(DType::kF32, {n, H});
+  const std::string me = world_.Describe(world_.world_rank());
+  for (int f = 0; f < plan.num_ffn; ++f) {
+    if (p.seqs[f] == 0) continue;
+    const std::string what = fmt::format("the reply to layer {} stage {}", p.layer, stage);
+    const connector::ReceivedSlot r = connector_.Receive(f, stage, what);
+    const connector::SlotHeader& h = r.header;
+    const int64_t b = plan.segment[f], e = plan.segment[f + 1];
+    const std::vector<int32_t>& st = plan.shared_tokens[f];
+    AFD_CHECK(!r.shutdown(), "FFN rank {} shut down while {} waited for {}", f, me, what);
+    AFD_CHECK((h.flags & connector::kSlotCombine) && h.echo_seq == p.seqs[f] &&
+                  h.layer == p.layer && h.num_tokens == n && h.routed_rows == e - b &&
+                  h.shared_rows == static_cast<int32_t>(st.size()),
+              "{}: FFN rank {} answered seq {} layer {} ({} tokens, {} routed, {} shared rows) "
+              "to the dispatch of seq {} layer {} ({} tokens, {} routed, {} shared rows)",
+              me, f, h.echo_seq, h.layer, h.num_tokens, h.routed_rows, h.shared_rows, p.seqs[f],
+              p.layer, n, e - b, st.size());
+    AFD_CHECK(std::memcmp(r.route, plan.token_at.data() + b, 4 * (e - b)) == 0 &&
+                  std::memcmp(r.shared_index, st.data(), 4 * st.size()) == 0,
+              "{}: FFN rank {}'s reply to layer {} carries other tokens than were sent", me, f,
+              p.layer);
+    std::memcpy(y.data_as<float>() + b * H, r.routed_rows, row * (e - b));
+    for (size_t i = 0; i < st.size(); ++i) {
+      std::memcpy(shared.data_as<float>() + st[i] * H, r.shared_rows + i * row, row);
+    }
+  }
+  const Tensor row_of_slot = ws.Take(DType::kI32, {n, k});
+  backend.CopyToDevice(row_of_slot, plan.position.data());
+  // The monolithic MoE's arithmetic: weighted sum over slots ascending from zero, then shared.
+  backend.MoeCombine(y, row_of_slot, p.weights, /*accumulate=*/false, mb.mlp_out);
+  if (c.n_shared_experts > 0) backend.Add(mb.mlp_out, shared);
+  backend.Add(mb.x, mb.mlp_out);
+  ws.Rewind(scratch);
+  if (record_round_trips_) {
+    round_trips_.push_back(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - p.sent).count());
+  }
+  p.layer = -1;
+}
+
+Tensor AsyncAttentionRunner::Forward(const model::ForwardBatch& batch, kv::PagedKvCache& cache,
+                                     Workspace& ws) {
+  AFD_CHECK(!shut_down_, "{}: a step after the shutdown was announced",
+            world_.Describe(world_.world_rank()));
+  model_.CheckBatch(batch, cache);
+  const model::ModelConfig& c = model_.config();
+  const int64_t n = batch.size(), H = c.hidden_size;
+  AFD_CHECK(n >= 1, "AsyncAttentionRunner: an empty step (the async connector runs none)");
+  const model::StepInputs in = model_.Upload(batch, ws);
+  const Tensor x = ws.Take(DType::kF32, {n, H});
+  const Tensor mlp_in = ws.Take(DType::kF32, {n, H});
+  const Tensor mlp_out = ws.Take(DType::kF32, {n, H});
+  model_.Embed(in, x);
+  const std::vector<int64_t> points = SplitPoints(batch, ChooseStages(batch));
+  const int stages = static_cast<int>(points.size()) - 1;
+  std::vector<MicroBatch> mbs(stages);
+  for (int s = 0; s < stages; ++s) {
+    const int64_t begin = points[s], m = points[s + 1] - points[s];
+    mbs[s] = {in.Slice(begin, m), x.Rows(begin, m), mlp_in.Rows(begin, m), mlp_out.Rows(begin, m)};
+  }
+  // Stage s's MoE of layer l is combined just before its attention of layer l + 1, so the FFN
+  // serves it while the other stages attend.
+  std::vector<Pending> pending(stages);
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    for (int s = 0; s < stages; ++s) {
+      if (pending[s].layer >= 0) Combine(s, mbs[s], pending[s], ws);
+      ComputeLayer(l, mbs[s], cache, ws);
+      if (c.IsMoeLayer(l)) Dispatch(l, s, mbs[s], pending[s], ws);
+    }
+  }
+  for (int s = 0; s < stages; ++s) {
+    if (pending[s].layer >= 0) Combine(s, mbs[s], pending[s], ws);
+  }
+  model::DeepseekModel::CommitBatch(batch, cache);
+  ++steps_;
+  dbo_steps_ += stages > 1;
+  return model_.Logits(x, in, ws);
+}
+
+ReplicaRunner::IdleResult AsyncAttentionRunner::Idle(bool active) {
+  if (active) return IdleResult::kNoneBusy;
+  Drain();
+  return IdleResult::kShutdown;
+}
+
+void AsyncAttentionRunner::Drain() {
+  if (shut_down_) return;
+  connector_.AnnounceShutdown();
+  shut_down_ = true;
+}
+
+std::vector<double> AsyncAttentionRunner::TakeRoundTrips() {
+  std::vector<double> out;
+  out.swap(round_trips_);
+  return out;
+}
+
+}  // namespace afd::runtime

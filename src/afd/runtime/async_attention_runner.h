@@ -1,0 +1,90 @@
+// The AFD attention role's forward step over the asynchronous window connector (seed 003).
+//
+// Each data-parallel replica runs on its own: no all-reduce, no step metadata, no empty steps.
+// A replica without work sends nothing; a replica that is done announces its shutdown to every
+// FFN rank (Drain, or Idle(false) when serving).
+//
+// Per MoE layer and micro-batch: route here (DeepseekModel::Route), one stable sort of the
+// (token, expert) pairs by (FFN rank, local expert) (connector/dispatch_plan.h), write to each
+// FFN rank only the rows it needs -- a token's row once per (token, expert) pair it owns, plus
+// its round-robin share of shared-expert tokens -- and wait only for the FFN ranks that got
+// rows. The top-k weights never leave this rank: the FFN returns unweighted expert outputs and
+// the combine here is the backend's own MoeCombine over all of a token's slots in ascending
+// order from zero, then the shared-expert term added -- the monolithic model's arithmetic, so
+// the CPU results are bit-identical to it.
+//
+// Micro-batches (dual-batch overlap): with connector_extra_config.async_moe_ubatching (or
+// --enable-dbo once a step reaches the thresholds, ring_depth >= 2) a step runs as S stages,
+// pipelined so that the FFN serves one micro-batch's layer while this rank attends the next:
+//   A0(l) S0(l) | A1(l) S1(l) | R0(l) A0(l+1) S0(l+1) | R1(l) A1(l+1) S1(l+1) | ...
+// (A: attention, S: dispatch, R: wait for the replies and combine). Each stage has one ring
+// slot, so at most one request per (FFN rank, stage) is in flight.
+//
+// Attention tensor parallelism is not supported with this connector (one rank per replica).
+// Thread safety: one thread.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <vector>
+
+#include "afd/comm/afd_world.h"
+#include "afd/connector/async_connector.h"
+#include "afd/connector/dispatch_plan.h"
+#include "afd/model/model.h"
+#include "afd/runtime/attention_runner.h"
+#include "afd/runtime/step_runner.h"
+
+namespace afd::runtime {
+
+class AsyncAttentionRunner : public ReplicaRunner {
+ public:
+  // `model`, `world` and `connector` must outlive the runner. tp must be 1.
+  AsyncAttentionRunner(const model::DeepseekModel& model, comm::AfdWorld& world,
+                       connector::AsyncConnector& connector, int tp, DboOptions dbo = {});
+
+  Tensor Forward(const model::ForwardBatch& batch, kv::PagedKvCache& cache, Workspace& ws) override;
+  // kNoneBusy while `active` (nothing to do: wait for requests); otherwise announces the
+  // shutdown (once) and returns kShutdown.
+  IdleResult Idle(bool active) override;
+  // Announces this replica's shutdown to every FFN rank (once).
+  void Drain() override;
+  void RecordRoundTrips() override { record_round_trips_ = true; }
+  std::vector<double> TakeRoundTrips() override;
+
+  int64_t steps() const override { return steps_; }
+  int64_t dbo_steps() const override { return dbo_steps_; }
+
+ private:
+  struct MicroBatch {
+    model::StepInputs in;
+    Tensor x, mlp_in, mlp_out;  // [n, H] views of the step's
+    int64_t n() const { return in.n; }
+  };
+  // A dispatched MoE layer of one micro-batch whose replies are outstanding.
+  struct Pending {
+    int64_t layer = -1;
+    connector::DispatchPlan plan;
+    Tensor weights;              // [n, k] top-k weights, kept here
+    std::vector<uint64_t> seqs;  // [F] seq of the dispatch to each FFN rank (0: none)
+    std::chrono::steady_clock::time_point sent;
+  };
+
+  int ChooseStages(const model::ForwardBatch& batch) const;
+  std::vector<int64_t> SplitPoints(const model::ForwardBatch& batch, int stages) const;
+  void ComputeLayer(int64_t layer, MicroBatch& mb, kv::PagedKvCache& cache, Workspace& ws);
+  void Dispatch(int64_t layer, int stage, MicroBatch& mb, Pending& p, Workspace& ws);
+  void Combine(int stage, MicroBatch& mb, Pending& p, Workspace& ws);
+
+  const model::DeepseekModel& model_;
+  comm::AfdWorld& world_;
+  connector::AsyncConnector& connector_;
+  DboOptions dbo_;
+  int64_t steps_ = 0;
+  int64_t dbo_steps_ = 0;
+  bool shut_down_ = false;
+  bool record_round_trips_ = false;
+  std::vector<double> round_trips_;
+};
+
+}  // namespace afd::runtime
