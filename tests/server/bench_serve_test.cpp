@@ -51,6 +51,9 @@ class FakeCompletionsServer {
 
   std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
   int max_in_flight() const { return max_in_flight_; }
+  // Each stream waits (up to 5 s) until this many requests are in flight before its first
+  // token, so that a concurrency test does not depend on how fast the machine is.
+  void HoldUntilInFlight(int n) { hold_until_ = n; }
   std::vector<json> bodies() const {
     std::lock_guard<std::mutex> lock(mu_);
     return bodies_;
@@ -85,6 +88,12 @@ class FakeCompletionsServer {
     res.set_chunked_content_provider(
         "text/event-stream",
         [=](size_t, httplib::DataSink& sink) {
+          if (*sent == 0) {
+            const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+            while (in_flight_ < hold_until_ && std::chrono::steady_clock::now() < until) {
+              std::this_thread::sleep_for(std::chrono::milliseconds(1));
+            }
+          }
           std::this_thread::sleep_for(std::chrono::milliseconds(10));
           std::string out;
           if (*sent < max_tokens) {
@@ -123,6 +132,7 @@ class FakeCompletionsServer {
   int port_ = 0;
   std::atomic<int> in_flight_{0};
   std::atomic<int> max_in_flight_{0};
+  std::atomic<int> hold_until_{0};
   std::atomic<int> bad_auth_{0};
   mutable std::mutex mu_;
   std::vector<json> bodies_;  // GUARDED_BY(mu_)
@@ -219,6 +229,7 @@ TEST(BenchServePng, EncodesPixelsExactly) {
 
 TEST(BenchServeCommand, RandomDatasetWithConcurrencyCapReportJsonAndPlot) {
   FakeCompletionsServer server;
+  server.HoldUntilInFlight(2);
   BenchServeOptions o = Options(server.url());
   o.max_concurrency = 3;
   o.ignore_eos = true;
