@@ -36,6 +36,8 @@ json Completion(const json& prompt, int max_tokens) {
           {"temperature", 0}, {"ignore_eos", true}, {"return_token_ids", true}};
 }
 
+// The first n ids: greedy decoding's first n tokens do not depend on max_tokens, so one `afd run`
+// with the largest max_tokens is the reference of every request.
 std::vector<int> Prefix(const std::vector<int>& v, size_t n) {
   return std::vector<int>(v.begin(), v.begin() + std::min(n, v.size()));
 }
