@@ -5,7 +5,8 @@
 // Ports: the server is started with --port 0, binds an ephemeral port itself and names it in its
 // "the OpenAI API is up on http://HOST:PORT" line, so no port is picked here and no bind can race
 // with another process (nothing to retry). Every wait has a deadline; a ServedProcess kills its
-// launcher and every rank of it (found in /proc) and removes its folder when it goes.
+// launcher and every rank of it (found in /proc) and removes its folder when it goes, and the
+// launcher is started under `setpriv --pdeathsig KILL` so that it dies with the test process.
 #pragma once
 
 #include <dirent.h>
@@ -17,6 +18,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -98,6 +100,11 @@ class ServedProcess {
     std::filesystem::remove_all(dir_);
     std::filesystem::create_directories(dir_);
     args.insert(args.begin(), AFD_BINARY);
+    // The server dies with this test process even when it cannot run destructors (a crash,
+    // SIGPIPE into a closed `| head`, a ctest timeout); its ranks die with it (--exit-with-parent).
+    if (std::system("command -v setpriv >/dev/null 2>&1") == 0) {
+      args.insert(args.begin(), {"setpriv", "--pdeathsig", "KILL", "--"});
+    }
     args.insert(args.end(), {"--host", "127.0.0.1", "--port", "0", "--log-dir", dir_ + "/ranks"});
     proc_ = std::make_unique<Subprocess>(args, dir_ + "/afd.log");
     pid_ = proc_->pid();
