@@ -73,6 +73,7 @@ bench: build
 	./bench/connector_roundtrip.sh $(BUILD_DIR)/afd
 	./bench/afd_decode.sh $(BUILD_DIR)/afd
 	./bench/tokenize_bench.sh $(BUILD_DIR)/afd
+	./bench/serve_cpu.sh $(BUILD_DIR)/afd
 
 format:
 	clang-format -i $$(git ls-files '*.h' '*.cpp' '*.cu' '*.cuh')

@@ -335,6 +335,27 @@ TEST(ServerApiOverload, WaitingLimitGives503AndLosesNothing) {
   EXPECT_EQ(h.server->num_in_flight(), 0);
 }
 
+// More clients at once than HTTP threads: the surplus waits in the listen backlog, none is
+// reset (cpp-httplib's own backlog of 5 reset about a third of such a burst).
+TEST(ServerApiConcurrency, BurstOfConnectionsIsAnswered) {
+  ApiHarness h(SmallModel());
+  constexpr int kClients = 300;
+  std::vector<HttpResult> results(kClients);
+  std::atomic<bool> go{false};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kClients; ++i) {
+    threads.emplace_back([&, i] {
+      while (!go) std::this_thread::yield();
+      results[i] = h.Post("/v1/completions", json{{"prompt", {i % 900 + 1}}, {"max_tokens", 2}});
+    });
+  }
+  go = true;
+  for (auto& t : threads) t.join();
+  int ok = 0;
+  for (const HttpResult& r : results) ok += r.status == 200 ? 1 : 0;
+  EXPECT_EQ(ok, kClients);
+}
+
 TEST(ServerApiStream, ClientDisconnectAbortsTheSequence) {
   ApiHarness h(SmallModel(), {}, nullptr, nullptr, std::chrono::milliseconds(2));
   std::atomic<int> chunks{0};

@@ -85,6 +85,12 @@ class FakeCompletionsServer {
     const int64_t prompt_tokens =
         body["prompt"].is_array() ? static_cast<int64_t>(body["prompt"].size()) : 5;
     auto sent = std::make_shared<int64_t>(0);
+    // Left the in-flight count: before the last write, which lets the client send its next
+    // request (a releaser running after it would let the count overlap that request).
+    auto left = std::make_shared<std::atomic<bool>>(false);
+    auto leave = [this, left] {
+      if (!left->exchange(true)) --in_flight_;
+    };
     res.set_chunked_content_provider(
         "text/event-stream",
         [=](size_t, httplib::DataSink& sink) {
@@ -119,11 +125,12 @@ class FakeCompletionsServer {
                        {"total_tokens", prompt_tokens + max_tokens}}}}
                     .dump() +
                 "\n\ndata: [DONE]\n\n";
+          leave();
           sink.write(out.data(), out.size());
           sink.done();
           return true;
         },
-        [this](bool) { --in_flight_; });
+        [leave](bool) { leave(); });
   }
 
   std::string api_key_;

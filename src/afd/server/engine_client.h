@@ -50,6 +50,8 @@ class EngineClient {
   // Ends a live request (its final output has reason kAbort); unknown or finished ids are
   // ignored. Its KV blocks are freed.
   virtual void Abort(uint64_t id) = 0;
+  // total.num_waiting counts the submitted sequences no engine has scheduled yet, those
+  // still on their way to an engine included.
   virtual EngineLoad Load() const = 0;
   // True when every process of the deployment has joined and the engines run.
   virtual bool Ready() const = 0;

@@ -1,9 +1,8 @@
 // The HTTP side of the ApiServer: routes, authentication, the shutdown gate and error bodies.
 #include "afd/server/api/api_server.h"
 
-#include <sys/socket.h>
-
 #include <httplib.h>
+#include <sys/socket.h>
 
 #include <chrono>
 #include <ctime>
@@ -33,12 +32,18 @@ void ApiServerOptions::Validate() const {
 using api::ApiError;
 using api::json;
 
+namespace {
+// Connections waiting to be accepted (the kernel caps it at net.core.somaxconn); uvicorn, which
+// serves vLLM, uses 2048.
+constexpr int kListenBacklog = 2048;
+}  // namespace
+
 struct ApiServer::Impl {
   std::shared_ptr<api::ServerContext> ctx;
   httplib::Server http;
   std::thread listener;
   int port = 0;
-  int listen_fd = -1;  // the listening socket (seen through the socket-options hook)
+  int listen_fd = -1;  // the listening socket, captured when cpp-httplib creates it
   std::mutex stop_mu;
   bool started = false;
   bool stopped = false;
@@ -168,13 +173,13 @@ ApiServer::ApiServer(ApiServerOptions options, EngineClient& engine, const Token
   const int threads = options.num_http_threads;
   impl_->ctx =
       std::make_shared<api::ServerContext>(std::move(options), engine, tokenizer, chat_template);
-  impl_->http.set_socket_options([impl = impl_.get()](int fd) {
-    httplib::default_socket_options(fd);
-    impl->listen_fd = fd;
-  });
   impl_->http.new_task_queue = [threads] {
     return new httplib::ThreadPool(static_cast<size_t>(threads));
   };
+  impl_->http.set_socket_options([impl = impl_.get()](socket_t sock) {
+    httplib::default_socket_options(sock);
+    impl->listen_fd = sock;
+  });
   impl_->Routes();
 }
 
@@ -193,10 +198,9 @@ void ApiServer::Start() {
               "api server: cannot bind {}:{} (address in use, or not an address of this host)",
               o.host, port);
   }
-  // cpp-httplib 0.11 listens with a backlog of 5 (compiled into the library): a burst of
-  // clients overflows it and some connections are reset. Listening again on the bound socket
-  // raises the backlog to the system's limit.
-  if (impl_->listen_fd >= 0) ::listen(impl_->listen_fd, SOMAXCONN);
+  // cpp-httplib (the shared library) listens with a backlog of 5: a burst of connections beyond
+  // it is reset by the kernel instead of waiting for a thread. Listening again raises it.
+  if (impl_->listen_fd >= 0) ::listen(impl_->listen_fd, kListenBacklog);
   impl_->port = port;
   impl_->started = true;
   impl_->listener = std::thread([this] { impl_->http.listen_after_bind(); });

@@ -18,9 +18,11 @@ bool HandleChatCompletions(const std::shared_ptr<ServerContext>& ctx, const http
   const uint64_t seed = ctx->RandomSeed();
   std::vector<runtime::RequestParams> params;
   for (int64_t j = 0; j < r.n; ++j) params.push_back(MakeRequestParams(r, prompt, j, seed, *ctx));
-  ctx->CheckQueueRoom();
   auto run = std::make_shared<RequestRun>(ctx, r);
-  for (auto& p : params) run->Submit(std::move(p));
+  {
+    const std::unique_lock<std::mutex> admitted = ctx->AdmitRequest();
+    for (auto& p : params) run->Submit(std::move(p));
+  }
 
   const std::string id = ctx->RandomId("chatcmpl-");
   const int64_t created = static_cast<int64_t>(std::time(nullptr));

@@ -96,9 +96,11 @@ bool HandleCompletions(const std::shared_ptr<ServerContext>& ctx, const httplib:
   for (const auto& prompt : prompts) {
     for (int64_t j = 0; j < r.n; ++j) params.push_back(MakeRequestParams(r, prompt, j, seed, *ctx));
   }
-  ctx->CheckQueueRoom();
   auto run = std::make_shared<RequestRun>(ctx, r);
-  for (auto& p : params) run->Submit(std::move(p));
+  {
+    const std::unique_lock<std::mutex> admitted = ctx->AdmitRequest();
+    for (auto& p : params) run->Submit(std::move(p));
+  }
 
   const std::string id = ctx->RandomId("cmpl-");
   const int64_t created = static_cast<int64_t>(std::time(nullptr));

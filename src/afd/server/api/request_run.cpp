@@ -26,7 +26,6 @@ struct RequestRun::Shared {
   struct Sequence {
     uint64_t id = 0;
     bool got_tokens = false;
-    bool reported = false;
     bool finished = false;
     Clock::time_point last;
     std::string metrics_reason;  // set when the server ended it (stop string, client gone)
@@ -55,7 +54,7 @@ void RequestRun::Submit(runtime::RequestParams params) {
   const uint64_t id = ctx_->RegisterSequence();
   {
     std::lock_guard<std::mutex> lock(shared_->mu);
-    shared_->sequences.push_back({id, false, false, false, Clock::now(), ""});
+    shared_->sequences.push_back({id, false, false, Clock::now(), ""});
   }
   std::shared_ptr<ServerContext> ctx = ctx_;
   std::shared_ptr<Shared> shared = shared_;
@@ -65,10 +64,6 @@ void RequestRun::Submit(runtime::RequestParams params) {
         std::lock_guard<std::mutex> lock(shared->mu);
         Shared::Sequence& seq = shared->sequences[choice];
         if (seq.finished) return;
-        if (!seq.reported) {
-          seq.reported = true;
-          ctx->SequenceReported(seq.id);
-        }
         const auto num_tokens = static_cast<int64_t>(out.token_ids.size());
         if (num_tokens > 0 && !seq.got_tokens) {
           seq.got_tokens = true;

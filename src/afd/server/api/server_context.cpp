@@ -29,35 +29,25 @@ uint64_t ServerContext::RegisterSequence() {
   std::lock_guard<std::mutex> lock(mu_);
   const uint64_t id = next_id_++;
   live_.insert(id);
-  unreported_.insert(id);
   return id;
-}
-
-void ServerContext::SequenceReported(uint64_t id) {
-  std::lock_guard<std::mutex> lock(mu_);
-  unreported_.erase(id);
 }
 
 void ServerContext::SequenceFinished(uint64_t id) {
   std::lock_guard<std::mutex> lock(mu_);
-  unreported_.erase(id);
   live_.erase(id);
 }
 
-void ServerContext::CheckQueueRoom() const {
+std::unique_lock<std::mutex> ServerContext::AdmitRequest() {
   const int64_t limit = options_.max_waiting_requests;
-  if (limit <= 0) return;
-  int64_t unreported;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    unreported = static_cast<int64_t>(unreported_.size());
-  }
-  const int64_t waiting = engine_.Load().total.num_waiting + unreported;
+  if (limit <= 0) return {};
+  std::unique_lock<std::mutex> admission(admission_mu_);
+  const int64_t waiting = engine_.Load().total.num_waiting;
   if (waiting >= limit) {
     throw ApiError(503, fmt::format("The server is overloaded: {} sequences are waiting (limit "
                                     "--max-waiting-requests {}). Retry later.",
                                     waiting, limit));
   }
+  return admission;
 }
 
 void ServerContext::AbortAll() {

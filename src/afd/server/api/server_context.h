@@ -35,15 +35,15 @@ class ServerContext {
   // 404 unless `name` is empty or one of the served model names.
   void CheckModel(const std::string& name) const;
 
-  // A fresh engine sequence id, registered as live and not yet reported.
+  // A fresh engine sequence id, registered as live.
   uint64_t RegisterSequence();
-  // Its first output arrived (it is no longer counted as waiting here).
-  void SequenceReported(uint64_t id);
   // Its final output arrived.
   void SequenceFinished(uint64_t id);
-  // 503 with Retry-After when max_waiting_requests is reached (engine waiting count plus
-  // sequences submitted here without an output yet).
-  void CheckQueueRoom() const;
+  // Admission under max_waiting_requests: 503 with Retry-After when the engine's waiting count
+  // (which includes sequences still on their way to an engine) has reached it. Else returns a
+  // lock to hold until the request's sequences are submitted, so that the next request's check
+  // counts them; admissions are serialized only when a limit is set (else the lock is empty).
+  std::unique_lock<std::mutex> AdmitRequest();
   // Aborts every live sequence in the engine.
   void AbortAll();
 
@@ -61,11 +61,11 @@ class ServerContext {
   const ChatTemplate* chat_template_;
   ServingMetrics metrics_;
 
+  std::mutex admission_mu_;  // held from a request's admission check to its last Submit
   mutable std::mutex mu_;
-  uint64_t next_id_ = 1;           // guarded by mu_
-  std::set<uint64_t> live_;        // guarded by mu_
-  std::set<uint64_t> unreported_;  // guarded by mu_
-  std::mt19937_64 rng_;            // guarded by mu_
+  uint64_t next_id_ = 1;     // guarded by mu_
+  std::set<uint64_t> live_;  // guarded by mu_
+  std::mt19937_64 rng_;      // guarded by mu_
 };
 
 }  // namespace afd::server::api
