@@ -93,7 +93,7 @@ class FakeCompletionsServer {
     };
     res.set_chunked_content_provider(
         "text/event-stream",
-        [=](size_t, httplib::DataSink& sink) {
+        [=, this](size_t, httplib::DataSink& sink) {
           if (*sent == 0) {
             const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
             while (in_flight_ < hold_until_ && std::chrono::steady_clock::now() < until) {
