@@ -384,6 +384,24 @@ TEST(ServerApiStream, ClientDisconnectAbortsTheSequence) {
       << metrics;
 }
 
+TEST(ServerApiCompletions, NonStreamingClientDisconnectAbortsTheSequence) {
+  ApiHarness h(SmallModel(), {}, nullptr, nullptr, std::chrono::milliseconds(20));
+  {
+    auto client = h.Client();
+    client->set_read_timeout(0, 300000);  // gives up (and closes) long before 200 tokens
+    const auto res =
+        client->Post("/v1/completions", json{{"prompt", {1, 2}}, {"max_tokens", 200}}.dump(),
+                     "application/json");
+    EXPECT_FALSE(res) << res->status << " " << res->body;
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (h.engine.aborted().empty() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(h.engine.aborted().size(), 1u);
+  EXPECT_EQ(h.engine.num_live(), 0u);
+}
+
 // The value of the series `name{labels}` in a Prometheus text body, or -1.
 double Metric(const std::string& text, const std::string& series) {
   const size_t pos = text.find("\n" + series + " ");

@@ -109,7 +109,10 @@ bool HandleCompletions(const std::shared_ptr<ServerContext>& ctx, const httplib:
   auto prompt_text = [prompts, n = r.n](size_t c) { return prompts[c / n].text; };
 
   if (!r.stream) {
-    run->WaitAll();
+    if (!WaitForClient(*run, req)) {
+      res.status = 499;  // the client closed the request (nginx's code); nobody reads this
+      return false;
+    }
     if (!run->error().empty()) throw RunError(*ctx, *run);
     json choices = json::array();
     for (size_t c = 0; c < run->num_choices(); ++c) {

@@ -1,5 +1,12 @@
 #include "afd/server/api/http_util.h"
 
+#include <dirent.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+
+#include <cstdlib>
+
 namespace afd::server::api {
 
 std::string Dump(const json& value) {
@@ -102,6 +109,60 @@ void StreamRun(httplib::Response& res, std::shared_ptr<ServerContext> ctx,
         if (!state->ended) state->run->Abort();
         --state->ctx->in_flight;
       });
+}
+
+namespace {
+
+// The port of a socket address (IPv4 or IPv6), or -1.
+int PortOf(const sockaddr_storage& a) {
+  if (a.ss_family == AF_INET) return ntohs(reinterpret_cast<const sockaddr_in&>(a).sin_port);
+  if (a.ss_family == AF_INET6) return ntohs(reinterpret_cast<const sockaddr_in6&>(a).sin6_port);
+  return -1;
+}
+
+// The connected socket of this process whose local and peer ports are those given, or -1.
+int FindSocket(int local_port, int remote_port) {
+  DIR* dir = opendir("/proc/self/fd");
+  if (!dir) return -1;
+  int found = -1;
+  while (dirent* e = readdir(dir)) {
+    char* end = nullptr;
+    const long fd = std::strtol(e->d_name, &end, 10);
+    if (*end != '\0' || fd < 0 || fd == dirfd(dir)) continue;
+    sockaddr_storage local{}, peer{};
+    socklen_t ll = sizeof(local), pl = sizeof(peer);
+    if (getsockname(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&local), &ll) != 0) continue;
+    if (getpeername(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&peer), &pl) != 0) continue;
+    if (PortOf(local) == local_port && PortOf(peer) == remote_port) {
+      found = static_cast<int>(fd);
+      break;
+    }
+  }
+  closedir(dir);
+  return found;
+}
+
+}  // namespace
+
+std::function<bool()> ClientGoneCheck(const httplib::Request& req) {
+  const int fd = FindSocket(req.local_port, req.remote_port);
+  if (fd < 0) return [] { return false; };
+  return [fd] {
+    pollfd p{fd, POLLRDHUP, 0};
+    return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
+  };
+}
+
+bool WaitForClient(RequestRun& run, const httplib::Request& req) {
+  const std::function<bool()> gone = ClientGoneCheck(req);
+  while (!run.done()) {
+    run.NextDelta(std::chrono::milliseconds(100));
+    if (!run.done() && gone()) {
+      run.Abort();
+      return false;
+    }
+  }
+  return true;
 }
 
 }  // namespace afd::server::api

@@ -23,6 +23,17 @@ json ErrorBody(int status, const std::string& message, const std::string& param 
 void SendJson(httplib::Response& res, int status, const json& body);
 void SendError(httplib::Response& res, const ApiError& error);
 
+// A check that tells whether the client of `req` has closed its connection (the peer's FIN,
+// seen as POLLRDHUP on the request's socket, found among this process's sockets by the
+// request's addresses). cpp-httplib 0.11 gives a handler no view of its connection; without
+// this a non-streaming request would run to the end after its client left. Linux only; the
+// check answers false when the socket cannot be found.
+std::function<bool()> ClientGoneCheck(const httplib::Request& req);
+
+// Waits for every choice of `run`; when the client is gone first, aborts the run and returns
+// false (nothing is to be sent).
+bool WaitForClient(RequestRun& run, const httplib::Request& req);
+
 // The ApiError for a run whose choice failed: 503 when the server is shutting down, else 500.
 ApiError RunError(const ServerContext& ctx, const RequestRun& run);
 

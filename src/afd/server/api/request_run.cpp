@@ -150,8 +150,4 @@ std::optional<std::pair<size_t, ChoiceDelta>> RequestRun::NextDelta(
   return std::nullopt;
 }
 
-void RequestRun::WaitAll() {
-  while (!done()) NextDelta(std::chrono::milliseconds(100));
-}
-
 }  // namespace afd::server::api

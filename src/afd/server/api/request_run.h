@@ -41,8 +41,6 @@ class RequestRun {
   // The next delta of some choice, or nullopt when none came within `timeout` or all are done.
   // A choice that fails yields no delta: check choice(i).error() once done().
   std::optional<std::pair<size_t, ChoiceDelta>> NextDelta(std::chrono::milliseconds timeout);
-  // Waits for every choice to finish.
-  void WaitAll();
 
   bool done() const;
   // The first failed choice's error, or "".
