@@ -26,6 +26,7 @@
 #include "afd/deploy/serve.h"
 #include "afd/deploy/transport.h"
 #include "afd/kernels/backend.h"
+#include "afd/runtime/cuda_graph_runner.h"
 #include "afd/server/local_engine_client.h"
 #include "afd/server/serve_runner.h"
 
@@ -46,7 +47,8 @@ struct RoleArgs {
   std::string engine_endpoint;  // worker: serve requests of the frontend there
   std::string dtype;            // serve, in-process model on cuda
   int cuda_device = 0;
-  std::string topology;  // launch
+  std::string topology;                   // launch
+  std::vector<int64_t> cuda_graph_sizes;  // serve, in-process model on cuda
   // serve: the OpenAI API (attention role without --prompts-file, or no AFD role at all)
   std::string http_host = "0.0.0.0";
   int http_port = 8000;
@@ -70,7 +72,7 @@ void AddRoleFlags(CLI::App* cmd, RoleArgs& a) {
                 "Accepted for recipe compatibility (the FFN role always shards experts)");
   cmd->add_option("--prompts-file", a.prompts_file, "Attention: JSON array of token-id arrays");
   cmd->add_flag("--enforce-eager", a.enforce_eager,
-                "Accepted for recipe compatibility (the CPU path runs eagerly)");
+                "No CUDA graphs (an in-process model on cuda); AFD roles and the CPU run eagerly");
 }
 
 // The OpenAI API flags of `afd serve` and `afd launch` (vLLM's names).
@@ -216,7 +218,8 @@ int ServeInProcess(RoleArgs& a) {
   std::cerr << "afd serve: " << model->config().num_hidden_layers << "-layer model on "
             << backend->name() << "; " << deploy::DescribeKvBlocks(*model, engine.num_kv_blocks)
             << std::endl;
-  runtime::LocalStepRunner runner(*model);
+  // On cuda, decode steps replay CUDA graphs (unless --enforce-eager); on cpu all is eager.
+  runtime::CudaGraphRunner runner(*model, {a.cuda_graph_sizes, a.enforce_eager});
   server::LocalEngineClient client(*model, runner, engine);
   try {
     return server::ServeEngine(http, client, tok);
@@ -391,6 +394,10 @@ void AddWorkerCommands(CLI::App& app, int& exit_code) {
       ->check(CLI::IsMember({"bf16", "fp32"}));
   serve->add_option("--cuda-device", sargs->cuda_device, "In-process model: the GPU (default 0)")
       ->check(CLI::NonNegativeNumber);
+  serve
+      ->add_option("--cuda-graph-sizes", sargs->cuda_graph_sizes,
+                   "In-process model on cuda: decode batch buckets captured as CUDA graphs")
+      ->delimiter(',');
   serve->callback([sargs, &exit_code] { exit_code = ServeCommand(*sargs); });
 
   auto largs = std::make_shared<RoleArgs>();
