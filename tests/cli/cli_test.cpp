@@ -38,7 +38,8 @@ Result RunAfd(const std::string& args, bool stderr_too = true) {
 
 // A connector the config accepts but this build cannot run is refused before anything starts,
 // never replaced by another one.
-TEST(Cli, UnimplementedConnectorIsRefusedAtStartup) {
+TEST(Cli, ConnectorThatCannotRunHereIsRefusedAtStartup) {
+  // GPU windows on CPU ranks.
   const std::string cfg = Quote(R"({"afd": {"role": "ffn", "connector": "GpuAsyncAFDConnector", )"
                                 R"("num_attention_ranks": 1, "num_ffn_ranks": 1, "port": 1}})");
   Result r = RunAfd("config check " + cfg);
@@ -46,14 +47,21 @@ TEST(Cli, UnimplementedConnectorIsRefusedAtStartup) {
   for (const std::string& cmd :
        {"serve --model preset:tiny --additional-config " + cfg,
         "worker --model preset:tiny --role-rank 0 --additional-config " + cfg}) {
-    r = RunAfd(cmd);  // ...that cannot run here
+    r = RunAfd(cmd);  // ...that cannot run on the CPU
     EXPECT_EQ(r.exit_code, 2) << cmd << "\n" << r.out;
-    EXPECT_NE(r.out.find("GpuAsyncAFDConnector"), std::string::npos) << r.out;
-    EXPECT_NE(r.out.find("not implemented"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("GpuAsyncAFDConnector keeps its rows in GPU memory"), std::string::npos)
+        << r.out;
+    EXPECT_NE(r.out.find("--device cuda"), std::string::npos) << r.out;
   }
   r = RunAfd("connector-test --role-rank 0 --additional-config " + cfg);
   EXPECT_EQ(r.exit_code, 1) << r.out;
-  EXPECT_NE(r.out.find("not implemented"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("GPU memory"), std::string::npos) << r.out;
+  // Host-row P2P connectors on GPU ranks.
+  const std::string p2p = Quote(R"({"afd": {"role": "ffn", "connector": "P2pHostAFDConnector", )"
+                                R"("num_attention_ranks": 1, "num_ffn_ranks": 1, "port": 1}})");
+  r = RunAfd("worker --model preset:tiny --role-rank 0 --device cuda --additional-config " + p2p);
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_NE(r.out.find("the P2P connectors move host rows"), std::string::npos) << r.out;
 }
 
 TEST(Cli, VersionAndHelp) {

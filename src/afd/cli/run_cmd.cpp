@@ -68,6 +68,14 @@ void RunOnDeployment(const RunArgs& args, const std::vector<std::vector<int32_t>
   deploy::DeploymentSpec spec = args.deployment;
   spec.print_stats = args.stats;
   spec.worker_flags = GenerationFlagsArgv(args.gen);
+  spec.cuda = args.device == "cuda";
+  if (spec.cuda) {
+    // Every rank on the same GPU, its rows in CUDA IPC windows (the async connector).
+    spec.worker_flags.insert(spec.worker_flags.end(), {"--device", "cuda", "--cuda-device",
+                                                       std::to_string(args.cuda_device)});
+    if (!args.dtype.empty())
+      spec.worker_flags.insert(spec.worker_flags.end(), {"--dtype", args.dtype});
+  }
   std::vector<deploy::DeploymentResult> results;
   try {
     AFD_CHECK(args.dump_logits.empty(), "--dump-logits is not available with --topology");
@@ -104,10 +112,7 @@ void Run(RunArgs args, int& exit_code) {
     AFD_CHECK(args.gen.max_tokens >= 0, "--max-tokens must be >= 0, got {}", args.gen.max_tokens);
     model::OpenOptions open = ToOpenOptions(args.gen);
     const bool cuda = args.device == "cuda";
-    AFD_CHECK(!cuda || args.deployment.topology.empty(),
-              "--device cuda with --topology: AFD roles on GPUs need the asynchronous window "
-              "connector, which is not built yet; run --topology on the CPU, or one process on "
-              "the GPU");
+
     AFD_CHECK(args.dtype.empty() || !args.gen.bf16 || args.dtype == "bf16",
               "--bf16 and --dtype {} disagree", args.dtype);
     ApplyDtype(args.dtype, cuda, open);

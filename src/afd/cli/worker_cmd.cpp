@@ -59,9 +59,18 @@ struct RoleArgs {
   double shutdown_timeout_s = 30;
 };
 
+// --dtype and --cuda-device: where and how a model runs on a GPU.
+void AddCudaFlags(CLI::App* cmd, RoleArgs& a) {
+  cmd->add_option("--dtype", a.dtype, "On cuda: bf16 (default) or fp32 weights")
+      ->check(CLI::IsMember({"bf16", "fp32"}));
+  cmd->add_option("--cuda-device", a.cuda_device, "On cuda: the GPU (default 0)")
+      ->check(CLI::NonNegativeNumber);
+}
+
 void AddRoleFlags(CLI::App* cmd, RoleArgs& a) {
   AddGenerationFlags(cmd, a.gen);
   cmd->add_option("--device", a.device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
+  AddCudaFlags(cmd, a);
   cmd->add_option("--additional-config", a.additional_config,
                   "JSON with the \"afd\" object (role, host, port, rank counts, connector)");
   cmd->add_option("--data-parallel-size", a.dp, "DP size of this role's server")
@@ -127,17 +136,18 @@ std::vector<std::vector<int32_t>> ReadPrompts(const std::string& path) {
 }
 
 deploy::WorkerOptions ToWorkerOptions(const RoleArgs& a) {
-  AFD_CHECK(a.device == "cpu",
-            "--device {}: this build runs the model on the CPU only; use --device cpu", a.device);
   AFD_CHECK(!a.additional_config.empty(), "--additional-config is required: it names the role");
   deploy::WorkerOptions o;
   o.config = ParseAfdConfig(a.additional_config);
-  deploy::CheckConnectorImplemented(o.config);
+  const bool cuda = a.device == "cuda";
+  deploy::CheckConnectorImplemented(o.config, cuda);
+  o.cuda_device = cuda ? a.cuda_device : -1;
   o.role_rank = a.role_rank;
   o.dp = a.dp;
   o.tp = a.tp;
   o.model = a.gen.model;
   o.open = ToOpenOptions(a.gen);
+  ApplyDtype(a.dtype, cuda, o.open);
   o.prompts = ReadPrompts(a.prompts_file);
   ValidateGenerationInput(a.gen, model::PeekModelConfig(a.gen.model, o.open), o.prompts);
   o.generation = ToGenerationOptions(a.gen);
@@ -156,9 +166,10 @@ deploy::WorkerOptions ToWorkerOptions(const RoleArgs& a) {
 // Flags every worker of a role gets from serve (all RoleArgs except the per-rank ones).
 std::vector<std::string> PassThrough(const RoleArgs& a) {
   std::vector<std::string> v = GenerationFlagsArgv(a.gen);
-  v.insert(v.end(), {"--device", a.device, "--additional-config", a.additional_config,
-                     "--data-parallel-size", std::to_string(a.dp), "--tensor-parallel-size",
-                     std::to_string(a.tp)});
+  v.insert(v.end(), {"--device", a.device, "--cuda-device", std::to_string(a.cuda_device),
+                     "--additional-config", a.additional_config, "--data-parallel-size",
+                     std::to_string(a.dp), "--tensor-parallel-size", std::to_string(a.tp)});
+  if (!a.dtype.empty()) v.insert(v.end(), {"--dtype", a.dtype});
   if (!a.prompts_file.empty()) v.insert(v.end(), {"--prompts-file", a.prompts_file});
   return v;
 }
@@ -294,10 +305,6 @@ int LaunchCommand(RoleArgs& a) {
   std::string dir = a.log_dir;
   int num_replicas = 0;
   try {
-    AFD_CHECK(a.device == "cpu",
-              "--device {}: AFD roles on GPUs need the asynchronous window connector, which is "
-              "not built yet; launch on the CPU, or `afd serve --device cuda` one process",
-              a.device);
     tok = server::LoadServingTokenizer(a.tokenizer);
     SizePresetToTokenizer(a.gen, tok);
     ApplyServingDefaults(a.gen);
@@ -310,6 +317,12 @@ int LaunchCommand(RoleArgs& a) {
     spec.attention_tp = a.tp;
     spec.additional_config = a.additional_config;
     spec.worker_flags = GenerationFlagsArgv(a.gen);
+    spec.cuda = a.device == "cuda";
+    if (spec.cuda) {
+      spec.worker_flags.insert(spec.worker_flags.end(), {"--device", "cuda", "--cuda-device",
+                                                         std::to_string(a.cuda_device)});
+      if (!a.dtype.empty()) spec.worker_flags.insert(spec.worker_flags.end(), {"--dtype", a.dtype});
+    }
     spec.show_rank_map = true;
     if (dir.empty()) {
       dir = std::filesystem::temp_directory_path().string() + "/afd-launch-" +
@@ -390,10 +403,6 @@ void AddWorkerCommands(CLI::App& app, int& exit_code) {
   serve->add_option("--output-file", sargs->output_file,
                     "Attention with --prompts-file: generated results, one JSON line per prompt");
   serve->add_option("--log-dir", sargs->log_dir, "Where rank logs go (default: a temp dir)");
-  serve->add_option("--dtype", sargs->dtype, "In-process model on cuda: bf16 (default) or fp32")
-      ->check(CLI::IsMember({"bf16", "fp32"}));
-  serve->add_option("--cuda-device", sargs->cuda_device, "In-process model: the GPU (default 0)")
-      ->check(CLI::NonNegativeNumber);
   serve
       ->add_option("--cuda-graph-sizes", sargs->cuda_graph_sizes,
                    "In-process model on cuda: decode batch buckets captured as CUDA graphs")
@@ -413,8 +422,12 @@ void AddWorkerCommands(CLI::App& app, int& exit_code) {
       ->check(CLI::PositiveNumber);
   launch->add_option("--additional-config", largs->additional_config,
                      "Extra fields of the \"afd\" object (e.g. compute_gate_on_attention)");
-  launch->add_option("--device", largs->device, "cpu (GPU roles need the async connector)")
+  launch
+      ->add_option("--device", largs->device,
+                   "cpu or cuda (every rank on --cuda-device; the roles exchange rows through "
+                   "CUDA IPC windows of the async connector)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
+  AddCudaFlags(launch, *largs);
   launch->add_option("--log-dir", largs->log_dir, "Where rank logs go (default: a temp dir)");
   launch->add_flag("--enforce-eager", largs->enforce_eager, "Accepted (the CPU path is eager)");
   launch->callback([largs, &exit_code] { exit_code = LaunchCommand(*largs); });

@@ -6,6 +6,9 @@
 
 #include "afd/common/error.h"
 #include "afd/connector/shm_window.h"
+#ifdef AFD_WITH_CUDA
+#include "afd/connector/cuda/cuda_ipc_window.h"
+#endif
 
 namespace afd::connector {
 
@@ -62,13 +65,20 @@ AsyncConnector::AsyncConnector(comm::AfdWorld& world, const AsyncConnectorOption
 
   std::vector<int> peers;
   for (int p = 0; p < num_peers(); ++p) peers.push_back(OppositeWorldRank(p));
-  if (c.connector == kAsyncConnector) {
-    window_ = ShmWindow::Create(world, layout_.window_bytes, peers);
-  } else {
+  window_ = ShmWindow::Create(world, layout_.window_bytes, peers);
+  const bool device_rows = c.connector == kGpuAsyncConnector || o.cuda_device >= 0;
+  if (device_rows) {
+#ifdef AFD_WITH_CUDA
+    AFD_CHECK(o.cuda_device >= 0,
+              "afd.connector {}: this rank runs on the CPU; GPU windows need --device cuda",
+              c.connector);
+    data_window_ = CudaIpcWindow::Create(world, layout_.window_bytes, peers, o.cuda_device);
+#else
     AFD_THROW(
-        "afd.connector {}: its CUDA IPC windows are not part of this build; CPU processes "
-        "use AsyncAFDConnector (POSIX shared memory windows)",
+        "afd.connector {}: its CUDA IPC windows are not part of this build (no CUDA); CPU "
+        "processes use AsyncAFDConnector (POSIX shared memory windows)",
         c.connector);
+#endif
   }
   send_seq_.assign(static_cast<size_t>(num_peers()) * layout_.ring_depth, 0);
   seen_.assign(static_cast<size_t>(layout_.num_regions) * layout_.ring_depth, 0);
@@ -143,11 +153,13 @@ uint64_t AsyncConnector::Send(int peer, const SlotPayload& p) {
     std::memcpy(header.data() + sizeof(h), p.expert_counts.data(), 4 * p.expert_counts.size());
   }
   const size_t row = cap.row_bytes;
+  Window& rows = data_window_ ? *data_window_ : *window_;
+  rows.Write(w, slot + layout_.routed, p.routed_rows, row * p.route.size());
+  rows.Write(w, slot + layout_.shared, p.shared_rows, row * p.shared_index.size());
   window_->Write(w, slot + layout_.header, header.data(), header.size());
   window_->Write(w, slot + layout_.route, p.route.data(), 4 * p.route.size());
-  window_->Write(w, slot + layout_.routed, p.routed_rows, row * p.route.size());
   window_->Write(w, slot + layout_.shared_index, p.shared_index.data(), 4 * p.shared_index.size());
-  window_->Write(w, slot + layout_.shared, p.shared_rows, row * p.shared_index.size());
+  rows.Flush();  // the rows have landed before the flag says so
   window_->WriteFlag(w, layout_.flag_offset(region, ring), seq);
   if (p.flags & kSlotShutdown) return seq;
   LayerTransferStats& s = stats_[p.layer];
@@ -174,9 +186,11 @@ ReceivedSlot AsyncConnector::Read(int region, int ring, uint64_t seq, const std:
             r.header.stage, ring);
   r.expert_counts = reinterpret_cast<const int32_t*>(base + layout_.header + sizeof(SlotHeader));
   r.route = reinterpret_cast<const int32_t*>(base + layout_.route);
-  r.routed_rows = base + layout_.routed;
+  char* rows =
+      (data_window_ ? data_window_->local() : window_->local()) + layout_.slot_offset(region, ring);
+  r.routed_rows = rows + layout_.routed;
   r.shared_index = reinterpret_cast<const int32_t*>(base + layout_.shared_index);
-  r.shared_rows = base + layout_.shared;
+  r.shared_rows = rows + layout_.shared;
   if (r.shutdown()) PeerFinished(region);
   return r;
 }

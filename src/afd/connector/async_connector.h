@@ -44,9 +44,14 @@ struct AsyncConnectorOptions {
   int64_t topk = 1;         // experts per token
   int64_t num_experts = 1;  // routed experts, sharded over the F ranks by SplitOffset
   RowFormat row{1, DType::kF32};
+  // >= 0: the rows live in device memory of this CUDA device (a CUDA IPC row window next to
+  // the host window, which keeps the flags, headers and indices); -1: everything in the host
+  // window.
+  int cuda_device = -1;
 };
 
-// What a sender writes into one slot (host memory; copied before Send returns).
+// What a sender writes into one slot (copied before Send returns): indices in host memory, rows
+// in host memory or, with device rows, in device memory of the connector's CUDA device.
 struct SlotPayload {
   int layer = 0;
   int stage = 0;
@@ -66,7 +71,8 @@ struct ReceivedSlot {
   SlotHeader header{};
   const int32_t* expert_counts = nullptr;  // [header.num_experts]
   const int32_t* route = nullptr;          // [header.routed_rows]
-  char* routed_rows = nullptr;             // [header.routed_rows, row]
+  char* routed_rows = nullptr;             // [header.routed_rows, row] (device memory with
+                                           // device rows)
   const int32_t* shared_index = nullptr;   // [header.shared_rows]
   char* shared_rows = nullptr;             // [header.shared_rows, row]
   bool shutdown() const { return (header.flags & kSlotShutdown) != 0; }
@@ -81,6 +87,7 @@ class AsyncConnector {
   const SlotLayout& layout() const { return layout_; }
   const Topology& topology() const { return world_.topology(); }
   const Window& window() const { return *window_; }
+  bool device_rows() const { return data_window_ != nullptr; }
   // Routed experts of FFN rank f: [SplitOffset(E, F, f), SplitOffset(E, F, f + 1)).
   int64_t expert_begin(int ffn_rank) const;
   int64_t num_local_experts(int ffn_rank) const;
@@ -112,10 +119,11 @@ class AsyncConnector {
   comm::AfdWorld& world_;
   AsyncConnectorOptions options_;
   SlotLayout layout_;
-  std::unique_ptr<Window> window_;
-  std::vector<uint64_t> send_seq_;  // [peer * ring_depth + ring]
-  std::vector<uint64_t> seen_;      // [region * ring_depth + ring], the flags already consumed
-  std::vector<bool> finished_;      // [peer]
+  std::unique_ptr<Window> window_;       // flags, headers, indices (and host rows)
+  std::unique_ptr<Window> data_window_;  // device rows (CUDA IPC), or null
+  std::vector<uint64_t> send_seq_;       // [peer * ring_depth + ring]
+  std::vector<uint64_t> seen_;           // [region * ring_depth + ring], the flags already consumed
+  std::vector<bool> finished_;           // [peer]
   int poll_start_ = 0;
   std::map<int, LayerTransferStats> stats_;
 };

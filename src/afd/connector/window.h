@@ -33,6 +33,9 @@ class Window {
   // `src` may be reused. Throws afd::Error when the range is outside the window or the peer is
   // not mapped.
   virtual void Write(int peer, size_t offset, const void* src, size_t bytes) = 0;
+  // Waits until every earlier Write has landed in the peer's copy (device windows copy
+  // asynchronously; host windows are done at once).
+  virtual void Flush() {}
   // Stores `value` into the 8-byte flag at `offset` (8-aligned) of `peer`'s copy, ordered after
   // every earlier Write of this rank to that peer.
   virtual void WriteFlag(int peer, size_t offset, uint64_t value) = 0;

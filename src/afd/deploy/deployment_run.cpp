@@ -39,7 +39,7 @@ struct TempDir {
 };
 
 // The afd object of each role: the user's extra fields, then the deployment's own.
-std::string RoleConfig(const json& base, Role role, int port, int A, int F) {
+std::string RoleConfig(const json& base, Role role, int port, int A, int F, bool cuda) {
   json afd = base;
   afd["role"] = std::string(RoleName(role));
   afd["host"] = "127.0.0.1";
@@ -47,7 +47,7 @@ std::string RoleConfig(const json& base, Role role, int port, int A, int F) {
   afd["num_attention_ranks"] = A;
   afd["num_ffn_ranks"] = F;
   const std::string text = json{{"afd", afd}}.dump();
-  CheckConnectorImplemented(ParseAfdConfig(text));  // validate now, before any process starts
+  CheckConnectorImplemented(ParseAfdConfig(text), cuda);  // now, before any process starts
   return text;
 }
 
@@ -68,7 +68,9 @@ std::vector<RankProcessSpec> DeploymentRankSpecs(const DeploymentSpec& spec, con
   CheckRankRule(Role::kFfn, F, ParallelSizes{ffn_dp, 1, spec.ffn_tp});
 
   json base = json::object();
-  std::string connector(kP2pHostConnector);
+  // GPU ranks exchange rows through CUDA IPC windows (the async connector), CPU ranks over TCP
+  // unless the config asks for shared-memory windows.
+  std::string connector(spec.cuda ? kAsyncConnector : kP2pHostConnector);
   if (!spec.additional_config.empty()) {
     const AfdConfig parsed = ParseAfdConfig(spec.additional_config);  // checks the fields
     json given = json::parse(spec.additional_config);
@@ -86,10 +88,17 @@ std::vector<RankProcessSpec> DeploymentRankSpecs(const DeploymentSpec& spec, con
               "--additional-config: num_ffn_ranks {} contradicts --topology {}",
               parsed.num_ffn_ranks, spec.topology);
     if (base.contains("connector") || base.contains("afd_connector")) {
-      AFD_CHECK(parsed.connector == kP2pHostConnector || parsed.connector == kAsyncConnector,
-                "--additional-config: connector {} needs GPUs; a CPU deployment uses "
-                "P2pHostAFDConnector or AsyncAFDConnector",
-                parsed.connector);
+      if (spec.cuda) {
+        AFD_CHECK(parsed.is_async(),
+                  "--additional-config: connector {}: a GPU deployment on one host uses "
+                  "AsyncAFDConnector or GpuAsyncAFDConnector (CUDA IPC windows)",
+                  parsed.connector);
+      } else {
+        AFD_CHECK(parsed.connector == kP2pHostConnector || parsed.connector == kAsyncConnector,
+                  "--additional-config: connector {} needs GPUs; a CPU deployment uses "
+                  "P2pHostAFDConnector or AsyncAFDConnector",
+                  parsed.connector);
+      }
       connector = parsed.connector;
     }
   }
@@ -101,7 +110,7 @@ std::vector<RankProcessSpec> DeploymentRankSpecs(const DeploymentSpec& spec, con
   std::vector<RankProcessSpec> specs;
   for (Role role : {Role::kFfn, Role::kAttention}) {
     const bool attn = role == Role::kAttention;
-    const std::string cfg = RoleConfig(base, role, port, A, F);
+    const std::string cfg = RoleConfig(base, role, port, A, F, spec.cuda);
     const int n = attn ? A : F, dp = attn ? attn_dp : ffn_dp,
               tp = attn ? spec.attention_tp : spec.ffn_tp;
     for (int r = 0; r < n; ++r) {

@@ -18,6 +18,7 @@ struct DeploymentSpec {
   std::vector<std::string> worker_flags;   // model and generation flags, passed to every worker
   bool print_stats = false;                // per-rank steps and per-layer transfers to stderr
   bool show_rank_map = false;              // print the deployment's rank map to stderr
+  bool cuda = false;  // the ranks run on GPUs (worker_flags carry --device cuda): async connector
 };
 
 // One prompt's result: the JSON line of `afd run --json`, plus its ids for the text output.

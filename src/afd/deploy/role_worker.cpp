@@ -77,7 +77,7 @@ void RunWorker(const WorkerOptions& o) {
   const Role role = c.role;
   const int num_ranks = role == Role::kAttention ? c.num_attention_ranks : c.num_ffn_ranks;
   CheckRankRule(role, num_ranks, ParallelSizes{o.dp, 1, o.tp});
-  CheckConnectorImplemented(c);
+  CheckConnectorImplemented(c, o.cuda_device >= 0);
   const auto start = std::chrono::steady_clock::now();
   // Each role holds only its part of the weights: attention everything but the experts (plus
   // the router when it runs here); an FFN rank the routers, the shared experts and its own
@@ -93,7 +93,8 @@ void RunWorker(const WorkerOptions& o) {
     open.weights.expert_begin = SplitOffset(config.n_routed_experts, num_ranks, o.role_rank);
     open.weights.expert_end = SplitOffset(config.n_routed_experts, num_ranks, o.role_rank + 1);
   }
-  const std::unique_ptr<kernels::Backend> backend = kernels::MakeBackend(Device::Cpu());
+  const std::unique_ptr<kernels::Backend> backend =
+      kernels::MakeBackend(o.cuda_device >= 0 ? Device::Cuda(o.cuda_device) : Device::Cpu());
   std::unique_ptr<model::DeepseekModel> model = model::OpenModel(o.model, open, *backend);
   const model::ModelConfig& mc = model->config();
   comm::JoinRequest request{c, o.role_rank, mc.hidden_size, DType::kF32, {}};
@@ -124,6 +125,7 @@ void RunWorker(const WorkerOptions& o) {
       ao.topk = mc.num_experts_per_tok;
       ao.num_experts = mc.n_routed_experts;
       ao.row = {mc.hidden_size, DType::kF32};
+      ao.cuda_device = o.cuda_device;
       async_holder = std::make_unique<connector::AsyncConnector>(*world, ao);
       if (role == Role::kAttention) {
         runner_holder = std::make_unique<runtime::AsyncAttentionRunner>(*model, *world,

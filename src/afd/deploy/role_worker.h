@@ -22,6 +22,7 @@ struct WorkerOptions {
   int tp = 1;  // tensor-parallel size of this role's server
   std::string model;
   model::OpenOptions open;
+  int cuda_device = -1;  // >= 0: the model runs on this GPU (async connector: CUDA IPC windows)
   // Attention role only:
   std::vector<std::vector<int32_t>> prompts;  // all prompts; replica d takes i % dp == d
   runtime::GenerationOptions generation;

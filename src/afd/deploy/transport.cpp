@@ -5,13 +5,18 @@
 
 namespace afd::deploy {
 
-void CheckConnectorImplemented(const AfdConfig& config) {
-  AFD_CHECK(config.connector != kGpuAsyncConnector,
-            "afd.connector {}: the asynchronous window connector on cuda (CUDA IPC windows) is "
-            "not implemented in this build yet; its config is accepted by `afd config check` but "
-            "cannot run. CPU processes on one host use AsyncAFDConnector (POSIX shared memory "
-            "windows); P2pHostAFDConnector and P2pNcclAFDConnector run anywhere",
+void CheckConnectorImplemented(const AfdConfig& config, bool cuda) {
+  AFD_CHECK(!cuda || config.is_async(),
+            "afd.connector {} on --device cuda: the P2P connectors move host rows between the "
+            "roles; GPU roles use AsyncAFDConnector (or GpuAsyncAFDConnector): CUDA IPC windows",
             config.connector);
+  AFD_CHECK(cuda || config.connector != kGpuAsyncConnector,
+            "afd.connector {} keeps its rows in GPU memory: run the ranks with --device cuda, or "
+            "use AsyncAFDConnector (POSIX shared memory windows on the CPU)",
+            config.connector);
+#ifndef AFD_WITH_CUDA
+  AFD_CHECK(!cuda, "--device cuda: this build has no CUDA (nvcc was not found when it was built)");
+#endif
 }
 
 }  // namespace afd::deploy

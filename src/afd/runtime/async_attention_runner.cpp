@@ -27,10 +27,10 @@ AsyncAttentionRunner::AsyncAttentionRunner(const model::DeepseekModel& model, co
                                            DboOptions dbo)
     : model_(model), world_(world), connector_(connector), dbo_(dbo) {
   AFD_CHECK(world.self().role == Role::kAttention, "AsyncAttentionRunner on an FFN rank");
-  AFD_CHECK(model.backend().device().is_cpu(),
-            "{}'s shared memory windows hold host rows: the attention role runs on the CPU "
-            "backend, not {}",
-            world.config().connector, model.backend().name());
+  AFD_CHECK(model.backend().device().is_cpu() != connector.device_rows(),
+            "{}: the attention role runs on {} but the connector's rows are in {} memory",
+            world.config().connector, model.backend().name(),
+            connector.device_rows() ? "device" : "host");
   AFD_CHECK(tp == 1,
             "{}: attention tensor parallelism (tp {}) is not supported; run one attention rank "
             "per data-parallel replica",
@@ -134,6 +134,7 @@ void AsyncAttentionRunner::Dispatch(int64_t layer, int stage, MicroBatch& mb, Pe
     s.routed_rows = sorted.data_as<const float>() + b * H;
     s.shared_index = shared;
     s.shared_rows = shared_rows.data();
+    backend.Synchronize();  // the rows are computed before the window copies them
     p.seqs[f] = connector_.Send(f, s);
   }
   ws.Rewind(scratch);
@@ -144,11 +145,16 @@ void AsyncAttentionRunner::Combine(int stage, MicroBatch& mb, Pending& p, Worksp
   kernels::Backend& backend = model_.backend();
   const connector::DispatchPlan& plan = p.plan;
   const int64_t n = mb.n(), k = c.num_experts_per_tok, H = c.hidden_size;
-  const size_t row = static_cast<size_t>(H) * sizeof(float);
   const Workspace::Mark scratch = ws.mark();
-  // y: [pairs, H] unweighted expert outputs in sorted order; shared: [n, H].
+  // y: [pairs, H] unweighted expert outputs in sorted order; shared: [n, H]. Each reply's rows
+  // are copied out of the window (host or device memory); the shared rows of all replies are
+  // concatenated in rank order and gathered back into token order.
+  const Device dev = backend.device();
   const Tensor y = ws.Take(DType::kF32, {n * k, H});
   const Tensor shared = ws.Take(DType::kF32, {n, H});
+  const Tensor shared_cat = ws.Take(DType::kF32, {n, H});
+  std::vector<int32_t> cat_row_of_token(n, -1);
+  int64_t cat = 0;
   const std::string me = world_.Describe(world_.world_rank());
   for (int f = 0; f < plan.num_ffn; ++f) {
     if (p.seqs[f] == 0) continue;
@@ -169,10 +175,19 @@ void AsyncAttentionRunner::Combine(int stage, MicroBatch& mb, Pending& p, Worksp
                   std::memcmp(r.shared_index, st.data(), 4 * st.size()) == 0,
               "{}: FFN rank {}'s reply to layer {} carries other tokens than were sent", me, f,
               p.layer);
-    std::memcpy(y.data_as<float>() + b * H, r.routed_rows, row * (e - b));
-    for (size_t i = 0; i < st.size(); ++i) {
-      std::memcpy(shared.data_as<float>() + st[i] * H, r.shared_rows + i * row, row);
+    if (e > b) backend.Copy(y.Rows(b, e - b), Tensor(r.routed_rows, DType::kF32, {e - b, H}, dev));
+    const int64_t m = static_cast<int64_t>(st.size());
+    if (m > 0) {
+      backend.Copy(shared_cat.Rows(cat, m), Tensor(r.shared_rows, DType::kF32, {m, H}, dev));
+      for (int64_t i = 0; i < m; ++i) cat_row_of_token[st[i]] = static_cast<int32_t>(cat + i);
+      cat += m;
     }
+  }
+  if (c.n_shared_experts > 0) {
+    AFD_CHECK(cat == n, "{}: shared-expert rows came back for {} of {} tokens", me, cat, n);
+    const Tensor index = ws.Take(DType::kI32, {n});
+    backend.CopyToDevice(index, cat_row_of_token.data());
+    backend.GatherRows(shared_cat, index, shared);
   }
   const Tensor row_of_slot = ws.Take(DType::kI32, {n, k});
   backend.CopyToDevice(row_of_slot, plan.position.data());

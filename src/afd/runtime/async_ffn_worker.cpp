@@ -10,10 +10,10 @@ AsyncFfnWorker::AsyncFfnWorker(const model::DeepseekModel& model, comm::AfdWorld
                                connector::AsyncConnector& connector)
     : model_(model), world_(world), connector_(connector), ws_(model.backend()) {
   AFD_CHECK(world.self().role == Role::kFfn, "AsyncFfnWorker on an attention rank");
-  AFD_CHECK(model.backend().device().is_cpu(),
-            "{}'s shared memory windows hold host rows: the FFN role runs on the CPU backend, "
-            "not {}",
-            world.config().connector, model.backend().name());
+  AFD_CHECK(model.backend().device().is_cpu() != connector.device_rows(),
+            "{}: the FFN role runs on {} but the connector's rows are in {} memory",
+            world.config().connector, model.backend().name(),
+            connector.device_rows() ? "device" : "host");
   const int me = world.self().rank;
   begin_ = connector.expert_begin(me);
   end_ = begin_ + connector.num_local_experts(me);
@@ -65,7 +65,7 @@ void AsyncFfnWorker::Serve(const connector::ReceivedSlot& in) {
   // Views into this rank's window (read in place); outputs in the workspace.
   const Tensor routed_out = ws_.Take(DType::kF32, {R, H});
   if (R > 0) {
-    const Tensor x(in.routed_rows, DType::kF32, {R, H});
+    const Tensor x(in.routed_rows, DType::kF32, {R, H}, backend.device());
     const Tensor offsets_t = ws_.Take(DType::kI32, {local + 1});
     backend.CopyToDevice(offsets_t, offsets.data());
     backend.GroupedExpertMlp(x, offsets_t, model_.weights().layers[h.layer].moe.experts,
@@ -73,7 +73,7 @@ void AsyncFfnWorker::Serve(const connector::ReceivedSlot& in) {
   }
   const Tensor shared_out = ws_.Take(DType::kF32, {S, H});
   if (S > 0) {
-    const Tensor x(in.shared_rows, DType::kF32, {S, H});
+    const Tensor x(in.shared_rows, DType::kF32, {S, H}, backend.device());
     model_.SharedExperts(h.layer, x, shared_out, ws_);
   }
   connector::SlotPayload reply;
@@ -87,6 +87,7 @@ void AsyncFfnWorker::Serve(const connector::ReceivedSlot& in) {
   reply.routed_rows = routed_out.data();
   reply.shared_index = std::span<const int32_t>(in.shared_index, S);
   reply.shared_rows = shared_out.data();
+  backend.Synchronize();  // the outputs are computed before the window copies them
   connector_.Send(h.sender, reply);
   rows_served_ += R + S;
 }
