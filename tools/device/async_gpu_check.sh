@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# One device call: AFD roles on one GPU through the async connector's CUDA IPC windows, with
+# binaries built elsewhere. Usage (repo root there): tools/device/async_gpu_check.sh BIN_DIR OUT
+# For every golden checkpoint: `afd run --device cuda --topology T` (T = 1A1F, 2A2F, 3A2F; every
+# rank a process on GPU 0) equals the monolithic `afd run --device cuda` -- fp32: identical
+# greedy ids and prompt log-probs within 1e-5; bf16: identical greedy ids. Then the per-layer
+# round trip (--stats) and a decode comparison on preset:deepseek-v2-lite (8 layers).
+set -u
+BIN=$(readlink -f "$1")
+OUT=$2
+mkdir -p "$OUT"
+WORK=$(mktemp -d)
+CUBLAS_DIR=$(dirname "$(find / -name 'libcublas.so.13*' -not -path '*/proc/*' 2>/dev/null | head -1)")
+NCCL_DIR=$(dirname "$(find / -name 'libnccl.so.2*' -not -path '*/proc/*' 2>/dev/null | head -1)")
+export LD_LIBRARY_PATH="$BIN:$CUBLAS_DIR:$NCCL_DIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+AFD="$BIN/afd"
+PY=$(command -v python3)
+[ -x /opt/torch/.venv/bin/python3 ] && PY=/opt/torch/.venv/bin/python3
+ASYNC='{"afd": {"connector": "AsyncAFDConnector"}}'
+P=(--prompt-ids 1,2,3,4,5,6,7,8 --prompt-ids 90,80,70 --prompt-ids 5 --prompt-ids 11,12,13,14,15)
+status=0
+for c in v2_greedy_yarn v2_group_limited v3_noaux_tc v3_sharded; do
+  M=tests/data/golden/$c
+  for dt in fp32 bf16; do
+    "$AFD" run --model "$M" "${P[@]}" --max-tokens 16 --ignore-eos --json --device cuda \
+      --dtype $dt >"$WORK/${c}_${dt}_mono.json" 2>"$WORK/err" || { tail -3 "$WORK/err"; status=1; }
+    for T in 1A1F 2A2F 3A2F; do
+      [ $dt = bf16 ] && [ $T = 3A2F ] && continue
+      timeout 120 "$AFD" run --model "$M" "${P[@]}" --max-tokens 16 --ignore-eos --json \
+        --device cuda --dtype $dt --topology $T --additional-config "$ASYNC" \
+        >"$WORK/${c}_${dt}_$T.json" 2>"$WORK/err_$T" || { echo "$c $dt $T failed:"; tail -8 "$WORK/err_$T"; status=1; continue; }
+      $PY - "$WORK/${c}_${dt}_mono.json" "$WORK/${c}_${dt}_$T.json" "$c $dt $T" <<'PYEOF' || status=1
+import json, math, sys
+a = [json.loads(l) for l in open(sys.argv[1])]
+b = [json.loads(l) for l in open(sys.argv[2])]
+same = len(a) == len(b) and all(x["output_ids"] == y["output_ids"] for x, y in zip(a, b))
+d = 0.0
+for x, y in zip(a, b):
+    for p, q in zip(x["prompt_logprobs"][1:] + x["logprobs"], y["prompt_logprobs"][1:] + y["logprobs"]):
+        d = max(d, abs(p - q))
+fp32 = "fp32" in sys.argv[3]
+ok = same and (d <= 1e-5 if fp32 else True)
+print(f"{sys.argv[3]}: greedy ids identical {same}; max |dlogprob| {d:.2e} -> {'ok' if ok else 'FAIL'}")
+sys.exit(0 if ok else 1)
+PYEOF
+    done
+  done
+done
+
+echo "== per-layer round trip, 1A1F on one GPU (v3_noaux_tc, fp32, --stats)"
+timeout 120 "$AFD" run --model tests/data/golden/v3_noaux_tc "${P[@]}" --max-tokens 32 \
+  --ignore-eos --device cuda --dtype fp32 --topology 1A1F --additional-config "$ASYNC" --stats \
+  2>&1 | grep -E "rank|layer" | head -12
+
+echo "== decode: preset:deepseek-v2-lite (8 layers, bf16), 16 prompts of 64 tokens, 64 new tokens"
+PROMPTS=()
+for i in $(seq 16); do PROMPTS+=(--prompt-ids "$(seq -s, $((i * 100)) $((i * 100 + 63)))"); done
+for T in mono 1A1F; do
+  extra=()
+  [ $T = 1A1F ] && extra=(--topology 1A1F --additional-config "$ASYNC")
+  timeout 200 "$AFD" run --model preset:deepseek-v2-lite --num-layers 8 --device cuda "${PROMPTS[@]}" \
+    --max-tokens 64 --ignore-eos --stats "${extra[@]}" >"$WORK/v2lite_$T.txt" 2>&1 || status=1
+  echo "$T:"; grep -E "decode|ms/step|tokens/s" "$WORK/v2lite_$T.txt" | grep -v "loading" | head -4
+done
+diff <(grep -E "^prompt" "$WORK/v2lite_mono.txt") <(grep -E "^prompt" "$WORK/v2lite_1A1F.txt") >/dev/null &&
+  echo "v2-lite 8 layers: 1A1F ids identical to monolithic" || echo "v2-lite 8 layers: ids differ (bf16)"
+echo "== exit status $status"
+exit $status
