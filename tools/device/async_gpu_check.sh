@@ -64,5 +64,34 @@ for T in mono 1A1F; do
 done
 diff <(grep -E "^prompt" "$WORK/v2lite_mono.txt") <(grep -E "^prompt" "$WORK/v2lite_1A1F.txt") >/dev/null &&
   echo "v2-lite 8 layers: 1A1F ids identical to monolithic" || echo "v2-lite 8 layers: ids differ (bf16)"
+echo "== afd launch --device cuda --topology 2A1F (v3_noaux_tc, fp32): the API equals afd run"
+LOG=$WORK/launch.log
+"$AFD" launch --model tests/data/golden/v3_noaux_tc --topology 2A1F --device cuda --dtype fp32 \
+  --host 127.0.0.1 --port 0 >"$LOG" 2>&1 &
+LAUNCH=$!
+for _ in $(seq 240); do grep -q "is up on" "$LOG" && break; kill -0 $LAUNCH 2>/dev/null || break; sleep 0.25; done
+URL=$(grep -o "http://127.0.0.1:[0-9]*" "$LOG" | head -1)
+if [ -n "$URL" ]; then
+  $PY - "$URL" "$WORK/v3_noaux_tc_fp32_mono.json" <<'PYEOF' || status=1
+import json, sys, urllib.request
+from concurrent.futures import ThreadPoolExecutor
+url, mono = sys.argv[1], [json.loads(l) for l in open(sys.argv[2])]
+def ask(m):
+    body = {"model": "tests/data/golden/v3_noaux_tc", "prompt": m["prompt_ids"], "max_tokens": 16,
+            "temperature": 0, "ignore_eos": True, "return_token_ids": True}
+    req = urllib.request.Request(url + "/v1/completions", json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"})
+    return json.load(urllib.request.urlopen(req, timeout=60))["choices"][0]["token_ids"]
+with ThreadPoolExecutor(8) as ex:
+    got = list(ex.map(ask, mono * 4))
+ok = all(g == m["output_ids"] for g, m in zip(got, mono * 4))
+print(f"{len(got)} concurrent API requests equal afd run: {ok}")
+sys.exit(0 if ok else 1)
+PYEOF
+else
+  echo "launch did not come up:"; tail -15 "$LOG"; status=1
+fi
+kill -TERM $LAUNCH 2>/dev/null; wait $LAUNCH; echo "afd launch exit status after SIGTERM: $?"
+tail -3 "$LOG"
 echo "== exit status $status"
 exit $status

@@ -25,11 +25,15 @@ int WaitForFlags(const Window& w, size_t offset, std::span<const uint64_t> seen,
       if (now[f] != seen[f]) return f;
     }
     ++polls;
-    // Spin for the first few microseconds (a reply is often that close), then give the core
-    // away: several ranks share this host's cores.
+    // Spin for the first few microseconds (a reply is often that close), then yield, then give
+    // the core away: several ranks may share this host's cores. A host with cores to spare (a
+    // GPU node) yields for longer before it sleeps: a sleep costs tens of microseconds of
+    // latency per layer.
     if (polls < 256) continue;
+    static const auto yield_for = std::chrono::microseconds(
+        std::thread::hardware_concurrency() >= 8 ? 2000 : 200);
     const auto t = Clock::now();
-    if (t - begin < std::chrono::microseconds(200)) {
+    if (t - begin < yield_for) {
       sched_yield();
     } else {
       std::this_thread::sleep_for(
