@@ -311,13 +311,17 @@ void ReplicaEngineClient::IoLoop() {
       }
       if (!conn) continue;
       try {
+        // A pending connection's first frame is its hello (which moves the connection to its
+        // replica); frames that came with it in the same read are handled right after.
+        bool greeted = is_replica;
         while (std::optional<std::string> f = conn->Poll(0)) {
           deploy::EngineMessage m = deploy::DecodeEngineMessage(*f, conn->peer());
-          if (!is_replica && m.kind != Kind::kHello) {
-            AFD_THROW("{} sent a {} frame before its hello", conn->peer(), "step");
-          }
-          Handle(is_replica ? SIZE_MAX : index, std::move(m));
-          if (!is_replica) break;  // the connection moved to its replica
+          AFD_CHECK(greeted || m.kind == Kind::kHello, "{} sent a frame before its hello",
+                    conn->peer());
+          AFD_CHECK(!greeted || m.kind != Kind::kHello, "{} said hello twice", conn->peer());
+          Handle(greeted ? SIZE_MAX : index, std::move(m));
+          greeted = true;
+          if (!Failure().empty()) break;
         }
       } catch (const Error& e) {
         bool expected;
