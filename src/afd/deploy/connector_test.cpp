@@ -221,7 +221,7 @@ nlohmann::json RunConnectorTest(const ConnectorTestArgs& args, const AfdConfig& 
   std::unique_ptr<P2pConnector> conn;
   std::unique_ptr<RowIo> io;
   try {
-    CheckConnectorImplemented(config);
+    CheckConnectorImplemented(config, args.device == "cuda" && config.is_async());
     comm::JoinRequest req{
         config, args.role_rank, args.hidden, args.dtype == "bf16" ? DType::kBF16 : DType::kF32, {}};
     DeviceContext device;
@@ -232,13 +232,18 @@ nlohmann::json RunConnectorTest(const ConnectorTestArgs& args, const AfdConfig& 
     }
     world = comm::AfdWorld::Join(req, device.factory);
     if (config.is_async()) {
-      AFD_CHECK(args.device == "cpu", "{} runs between CPU processes (--device cpu)",
+      AFD_CHECK(args.device == "cpu" || args.bench,
+                "{} on --device cuda: the row check runs on CPU processes; --bench times device "
+                "rows",
                 config.connector);
       nlohmann::json report = {{"role", std::string(RoleName(config.role))},
                                {"role_rank", args.role_rank},
                                {"world_rank", world->world_rank()},
                                {"device", args.device}};
-      RunAsyncConnectorTest(args, *world, report);
+      io = args.device == "cuda" ? MakeDeviceRowIo(device.cuda_device, device.stream)
+                                 : MakeHostRowIo();
+      RunAsyncConnectorTest(args, *world, report,
+                            args.device == "cuda" ? device.cuda_device : -1, *io);
       world->Barrier("connector-test-done");
       return report;
     }

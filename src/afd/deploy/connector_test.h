@@ -36,9 +36,10 @@ struct ConnectorTestArgs {
 nlohmann::json RunConnectorTest(const ConnectorTestArgs& args, const AfdConfig& config);
 
 // The check or bench of `args` over the asynchronous window connector (AsyncAFDConnector),
-// after the join; fills `report` ("rows_checked" or "bench", "layers").
+// after the join; fills `report` ("rows_checked" or "bench", "layers"). With cuda_device >= 0
+// (--bench only) the rows live in device memory (CUDA IPC windows; `io` is the device's).
 void RunAsyncConnectorTest(const ConnectorTestArgs& args, comm::AfdWorld& world,
-                           nlohmann::json& report);
+                           nlohmann::json& report, int cuda_device, RowIo& io);
 
 // Round-trip latency per layer for each row count (--bench); the FFN side echoes rows
 // unchanged. Adds "bench": [{rows, bytes_each_way, median_us, p10_us, p90_us}] to `report`.

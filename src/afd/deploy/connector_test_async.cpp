@@ -279,7 +279,7 @@ std::vector<int64_t> BenchSizes(const ConnectorTestArgs& args) {
 
 // Bench: n rows per layer round trip, split over the FFN ranks, echoed unchanged.
 void RunBench(const ConnectorTestArgs& args, comm::AfdWorld& world, AsyncConnector& conn,
-              nlohmann::json& report) {
+              RowIo& io, nlohmann::json& report) {
   const int F = world.topology().num_ffn();
   const size_t row = DTypeSize(world.dtype()) * world.hidden_size();
   nlohmann::json results = nlohmann::json::array();
@@ -308,7 +308,13 @@ void RunBench(const ConnectorTestArgs& args, comm::AfdWorld& world, AsyncConnect
     return;
   }
   for (int64_t n : BenchSizes(args)) {
-    std::vector<char> in(n * row, 1), out(n * row);
+    // The rows live where the connector's rows do (host or device memory); the last round
+    // trip's echo is checked on the host.
+    std::vector<char> in(n * row), out(n * row);
+    for (size_t i = 0; i < in.size(); ++i) in[i] = static_cast<char>(i * 7 + 1);
+    char* dev_in = static_cast<char*>(io.Buffer(n * row, 0));
+    io.Upload(dev_in, in);
+    io.Synchronize(world.config().afd_process_group_timeout_s);
     std::vector<int32_t> route(n);
     for (int64_t t = 0; t < n; ++t) route[t] = static_cast<int32_t>(t);
     std::vector<double> us;
@@ -324,7 +330,7 @@ void RunBench(const ConnectorTestArgs& args, comm::AfdWorld& world, AsyncConnect
         s.num_tokens = static_cast<int>(n);
         s.expert_counts = counts;
         s.route = std::span<const int32_t>(route.data() + b, m);
-        s.routed_rows = in.data() + b * row;
+        s.routed_rows = dev_in + b * row;
         seqs[f] = conn.Send(f, s);
       }
       for (int f = 0; f < F; ++f) {
@@ -332,8 +338,12 @@ void RunBench(const ConnectorTestArgs& args, comm::AfdWorld& world, AsyncConnect
         const ReceivedSlot r = conn.Receive(f, 0, "a bench reply");
         AFD_CHECK(r.header.echo_seq == seqs[f], "bench: FFN rank {} answered seq {}, expected {}",
                   f, r.header.echo_seq, seqs[f]);
-        std::memcpy(out.data() + SplitOffset(n, F, f) * row, r.routed_rows,
-                    r.header.routed_rows * row);
+        if (it == args.iters + 1) {
+          std::vector<char> echoed;
+          io.Download(echoed, r.routed_rows, r.header.routed_rows * row);
+          io.Synchronize(world.config().afd_process_group_timeout_s);
+          std::memcpy(out.data() + SplitOffset(n, F, f) * row, echoed.data(), echoed.size());
+        }
       }
       const double t =
           std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start)
@@ -355,10 +365,11 @@ void RunBench(const ConnectorTestArgs& args, comm::AfdWorld& world, AsyncConnect
 }  // namespace
 
 void RunAsyncConnectorTest(const ConnectorTestArgs& args, comm::AfdWorld& world,
-                           nlohmann::json& report) {
+                           nlohmann::json& report, int cuda_device, RowIo& io) {
   const int F = world.topology().num_ffn();
   connector::AsyncConnectorOptions o;
   o.row = {world.hidden_size(), world.dtype()};
+  o.cuda_device = cuda_device;
   if (args.bench) {
     int64_t most = 1;
     for (int64_t n : BenchSizes(args)) most = std::max(most, n);
@@ -375,7 +386,7 @@ void RunAsyncConnectorTest(const ConnectorTestArgs& args, comm::AfdWorld& world,
   }
   AsyncConnector conn(world, o);
   if (args.bench) {
-    RunBench(args, world, conn, report);
+    RunBench(args, world, conn, io, report);
   } else if (world.self().role == Role::kAttention) {
     RunAttention(args, world, conn, report);
   } else {
