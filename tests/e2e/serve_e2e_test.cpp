@@ -394,6 +394,36 @@ TEST(ServeE2eLaunch, OpenAiNpmClient) {
 }
 
 // h. `afd serve` of the model in one process equals `afd run`.
+// The asynchronous window connector behind the API: replicas run independently (no lockstep),
+// and concurrent requests still equal `afd run`.
+TEST(ServeE2eLaunch, AsyncConnectorDeploymentEqualsAfdRun) {
+  ServedProcess s("async",
+                  {"launch", "--model", kModel, "--topology", "2A2F", "--additional-config",
+                   R"({"afd": {"connector": "AsyncAFDConnector"}})"});
+  ASSERT_TRUE(s.up()) << s.Log();
+  std::vector<std::vector<int>> prompts;
+  for (int i = 0; i < 12; ++i) prompts.push_back({i + 1, 2 * i + 3, 7, i % 5 + 10});
+  std::string error;
+  const auto want = RunReference(prompts, "--max-tokens 10", &error);
+  ASSERT_EQ(want.size(), prompts.size()) << error;
+  std::vector<Reply> replies(prompts.size());
+  std::vector<std::thread> clients;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    clients.emplace_back([&, i] {
+      replies[i] = PostJson(s.port(), "/v1/completions", Completion(json(prompts[i]), 10));
+    });
+  }
+  for (auto& t : clients) t.join();
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    ASSERT_EQ(replies[i].status, 200) << replies[i].error << replies[i].raw;
+    EXPECT_EQ(replies[i].body["choices"][0]["token_ids"].get<std::vector<int>>(), want[i])
+        << "prompt " << i;
+  }
+  s.Signal(SIGTERM);
+  EXPECT_EQ(s.Wait(30), std::optional<int>(0)) << s.Log();
+  EXPECT_TRUE(PollUntil(10, [&] { return RankProcessesOf(s.pid()).empty(); }));
+}
+
 TEST(ServeE2eServe, InProcessModelEqualsAfdRun) {
   ServedProcess s("inprocess", {"serve", "--model", kModel});
   ASSERT_TRUE(s.up()) << s.Log();
