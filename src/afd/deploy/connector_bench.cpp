@@ -13,9 +13,7 @@ using connector::P2pConnector;
 using connector::RowFormat;
 using connector::StepMetadata;
 
-void RunConnectorBench(const ConnectorTestArgs& args, comm::AfdWorld& world, P2pConnector& conn,
-                       RowIo& io, nlohmann::json& report) {
-  const double timeout = world.config().afd_process_group_timeout_s;
+std::vector<int64_t> BenchRowCounts(const ConnectorTestArgs& args) {
   std::vector<int64_t> sizes;
   std::stringstream ss(args.bench_rows);
   for (std::string item; std::getline(ss, item, ',');) {
@@ -24,6 +22,13 @@ void RunConnectorBench(const ConnectorTestArgs& args, comm::AfdWorld& world, P2p
               "--bench-rows \"{}\": \"{}\" is not a row count", args.bench_rows, item);
     sizes.push_back(std::stoll(item));
   }
+  return sizes;
+}
+
+void RunConnectorBench(const ConnectorTestArgs& args, comm::AfdWorld& world, P2pConnector& conn,
+                       RowIo& io, nlohmann::json& report) {
+  const double timeout = world.config().afd_process_group_timeout_s;
+  const std::vector<int64_t> sizes = BenchRowCounts(args);
   const RowFormat fmt = conn.hidden_format();
   const int A = world.topology().num_attention();
   nlohmann::json results = nlohmann::json::array();

@@ -242,8 +242,8 @@ nlohmann::json RunConnectorTest(const ConnectorTestArgs& args, const AfdConfig& 
                                {"device", args.device}};
       io = args.device == "cuda" ? MakeDeviceRowIo(device.cuda_device, device.stream)
                                  : MakeHostRowIo();
-      RunAsyncConnectorTest(args, *world, report,
-                            args.device == "cuda" ? device.cuda_device : -1, *io);
+      RunAsyncConnectorTest(args, *world, report, args.device == "cuda" ? device.cuda_device : -1,
+                            *io);
       world->Barrier("connector-test-done");
       return report;
     }

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "afd/comm/afd_world.h"
 #include "afd/config/afd_config.h"
@@ -34,6 +35,9 @@ struct ConnectorTestArgs {
 // waits for every rank, and returns this rank's JSON report. Throws afd::Error after
 // publishing an abort so the other ranks stop too.
 nlohmann::json RunConnectorTest(const ConnectorTestArgs& args, const AfdConfig& config);
+
+// The row counts of --bench-rows ("1,16,128"); throws afd::Error naming a bad item.
+std::vector<int64_t> BenchRowCounts(const ConnectorTestArgs& args);
 
 // The check or bench of `args` over the asynchronous window connector (AsyncAFDConnector),
 // after the join; fills `report` ("rows_checked" or "bench", "layers"). With cuda_device >= 0

@@ -265,21 +265,9 @@ void RunFfn(const ConnectorTestArgs& args, comm::AfdWorld& world, AsyncConnector
   report["rows_checked"] = checked;
 }
 
-std::vector<int64_t> BenchSizes(const ConnectorTestArgs& args) {
-  std::vector<int64_t> sizes;
-  std::stringstream ss(args.bench_rows);
-  for (std::string item; std::getline(ss, item, ',');) {
-    AFD_CHECK(!item.empty() && item.size() <= 9 &&
-                  item.find_first_not_of("0123456789") == std::string::npos,
-              "--bench-rows \"{}\": \"{}\" is not a row count", args.bench_rows, item);
-    sizes.push_back(std::stoll(item));
-  }
-  return sizes;
-}
-
 // Bench: n rows per layer round trip, split over the FFN ranks, echoed unchanged.
-void RunBench(const ConnectorTestArgs& args, comm::AfdWorld& world, AsyncConnector& conn,
-              RowIo& io, nlohmann::json& report) {
+void RunBench(const ConnectorTestArgs& args, comm::AfdWorld& world, AsyncConnector& conn, RowIo& io,
+              nlohmann::json& report) {
   const int F = world.topology().num_ffn();
   const size_t row = DTypeSize(world.dtype()) * world.hidden_size();
   nlohmann::json results = nlohmann::json::array();
@@ -307,7 +295,7 @@ void RunBench(const ConnectorTestArgs& args, comm::AfdWorld& world, AsyncConnect
     report["bench"] = results;
     return;
   }
-  for (int64_t n : BenchSizes(args)) {
+  for (int64_t n : BenchRowCounts(args)) {
     // The rows live where the connector's rows do (host or device memory); the last round
     // trip's echo is checked on the host.
     std::vector<char> in(n * row), out(n * row);
@@ -372,7 +360,7 @@ void RunAsyncConnectorTest(const ConnectorTestArgs& args, comm::AfdWorld& world,
   o.cuda_device = cuda_device;
   if (args.bench) {
     int64_t most = 1;
-    for (int64_t n : BenchSizes(args)) most = std::max(most, n);
+    for (int64_t n : BenchRowCounts(args)) most = std::max(most, n);
     o.token_cap = world.self().role == Role::kAttention ? most : 0;
     o.topk = 1;
     o.num_experts = F;

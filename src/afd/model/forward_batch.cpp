@@ -43,4 +43,13 @@ ForwardBatch ForwardBatch::Slice(int64_t begin, int64_t count) const {
   return b;
 }
 
+bool ForwardBatch::HasPrefill() const {
+  for (int64_t i = 0; i < size(); ++i) {
+    const bool alone = (i == 0 || seq_index[i - 1] != seq_index[i]) &&
+                       (i + 1 == size() || seq_index[i + 1] != seq_index[i]);
+    if (!alone || positions[i] == 0) return true;
+  }
+  return false;
+}
+
 }  // namespace afd::model

@@ -23,6 +23,9 @@ struct ForwardBatch {
   std::vector<int32_t> logits_rows;
 
   int64_t size() const { return static_cast<int64_t>(token_ids.size()); }
+  // True when some token is a prefill token: not its sequence's only token in the step, or at
+  // position 0 (every other token is a decode token).
+  bool HasPrefill() const;
   // Appends `ids` of cache sequence `seq` at positions start, start + 1, ...; the cache must have
   // room reserved for them (PagedKvCache::Reserve). want_logits: rows of every appended token
   // (all) or only the last one (last_only).

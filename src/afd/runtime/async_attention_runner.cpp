@@ -7,21 +7,6 @@
 
 namespace afd::runtime {
 
-namespace {
-
-// A token is a prefill token unless it is its sequence's only token in the step, at a position
-// past the start (a decode token).
-bool HasPrefill(const model::ForwardBatch& b) {
-  for (int64_t i = 0; i < b.size(); ++i) {
-    const bool alone = (i == 0 || b.seq_index[i - 1] != b.seq_index[i]) &&
-                       (i + 1 == b.size() || b.seq_index[i + 1] != b.seq_index[i]);
-    if (!alone || b.positions[i] == 0) return true;
-  }
-  return false;
-}
-
-}  // namespace
-
 AsyncAttentionRunner::AsyncAttentionRunner(const model::DeepseekModel& model, comm::AfdWorld& world,
                                            connector::AsyncConnector& connector, int tp,
                                            DboOptions dbo)
@@ -51,7 +36,7 @@ int AsyncAttentionRunner::ChooseStages(const model::ForwardBatch& batch) const {
     return static_cast<int>(std::min<int64_t>(o.async_moe_num_ubatches, n));
   if (!dbo_.enabled) return 1;
   const int64_t threshold =
-      HasPrefill(batch) ? dbo_.prefill_token_threshold : dbo_.decode_token_threshold;
+      batch.HasPrefill() ? dbo_.prefill_token_threshold : dbo_.decode_token_threshold;
   return n >= std::max<int64_t>(threshold, 2) ? 2 : 1;
 }
 

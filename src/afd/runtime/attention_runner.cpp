@@ -41,21 +41,6 @@ AttentionRunner::AttentionRunner(const model::DeepseekModel& model, comm::AfdWor
   }
 }
 
-namespace {
-
-// A token is a prefill token unless it is its sequence's only token in the step, at a position
-// past the start (a decode token).
-bool HasPrefill(const model::ForwardBatch& b) {
-  for (int64_t i = 0; i < b.size(); ++i) {
-    const bool alone = (i == 0 || b.seq_index[i - 1] != b.seq_index[i]) &&
-                       (i + 1 == b.size() || b.seq_index[i + 1] != b.seq_index[i]);
-    if (!alone || b.positions[i] == 0) return true;
-  }
-  return false;
-}
-
-}  // namespace
-
 std::vector<int64_t> AttentionRunner::ExchangeCounts(const model::ForwardBatch& batch,
                                                      bool active) {
   const int A = world_.topology().num_attention(), me = world_.self().rank;
@@ -65,7 +50,7 @@ std::vector<int64_t> AttentionRunner::ExchangeCounts(const model::ForwardBatch& 
   v[A + me] = active ? 1 : 0;
   if (dbo_.enabled && n > 0) {
     const int64_t threshold =
-        HasPrefill(batch) ? dbo_.prefill_token_threshold : dbo_.decode_token_threshold;
+        batch.HasPrefill() ? dbo_.prefill_token_threshold : dbo_.decode_token_threshold;
     v[2 * A + me] = n >= std::max<int64_t>(threshold, 2) ? 1 : 0;  // two non-empty halves
   }
   attention_world_->AllReduce(v.data(), v.size(), DType::kI64, comm::ReduceOp::kSum);
