@@ -30,8 +30,8 @@ int WaitForFlags(const Window& w, size_t offset, std::span<const uint64_t> seen,
     // GPU node) yields for longer before it sleeps: a sleep costs tens of microseconds of
     // latency per layer.
     if (polls < 256) continue;
-    static const auto yield_for = std::chrono::microseconds(
-        std::thread::hardware_concurrency() >= 8 ? 2000 : 200);
+    static const auto yield_for =
+        std::chrono::microseconds(std::thread::hardware_concurrency() >= 8 ? 2000 : 200);
     const auto t = Clock::now();
     if (t - begin < yield_for) {
       sched_yield();

@@ -15,14 +15,7 @@ bool HandleChatCompletions(const std::shared_ptr<ServerContext>& ctx, const http
   const json body = ParseBody(req.body);
   const SamplingRequest r = ParseSamplingRequest(body, Endpoint::kChat, *ctx);
   const PromptInput prompt = ChatPrompt(*ctx, body, /*default_add_special_tokens=*/false);
-  const uint64_t seed = ctx->RandomSeed();
-  std::vector<runtime::RequestParams> params;
-  for (int64_t j = 0; j < r.n; ++j) params.push_back(MakeRequestParams(r, prompt, j, seed, *ctx));
-  auto run = std::make_shared<RequestRun>(ctx, r);
-  {
-    const std::unique_lock<std::mutex> admitted = ctx->AdmitRequest();
-    for (auto& p : params) run->Submit(std::move(p));
-  }
+  const std::shared_ptr<RequestRun> run = SubmitChoices(ctx, r, {prompt});
 
   const std::string id = ctx->RandomId("chatcmpl-");
   const int64_t created = static_cast<int64_t>(std::time(nullptr));
@@ -34,11 +27,7 @@ bool HandleChatCompletions(const std::shared_ptr<ServerContext>& ctx, const http
   };
 
   if (!r.stream) {
-    if (!WaitForClient(*run, req)) {
-      res.status = 499;  // the client closed the request (nginx's code); nobody reads this
-      return false;
-    }
-    if (!run->error().empty()) throw RunError(*ctx, *run);
+    if (!AwaitChoices(*run, *ctx, req, res)) return false;
     json choices = json::array();
     for (size_t c = 0; c < run->num_choices(); ++c) {
       const ChoiceState& choice = run->choice(c);

@@ -90,17 +90,7 @@ bool HandleCompletions(const std::shared_ptr<ServerContext>& ctx, const httplib:
   const json body = ParseBody(req.body);
   const SamplingRequest r = ParseSamplingRequest(body, Endpoint::kCompletions, *ctx);
   const std::vector<PromptInput> prompts = ParsePrompts(*ctx, body);
-  // Every choice's parameters are checked before any is submitted. Choice index = prompt * n + j.
-  const uint64_t seed = ctx->RandomSeed();
-  std::vector<runtime::RequestParams> params;
-  for (const auto& prompt : prompts) {
-    for (int64_t j = 0; j < r.n; ++j) params.push_back(MakeRequestParams(r, prompt, j, seed, *ctx));
-  }
-  auto run = std::make_shared<RequestRun>(ctx, r);
-  {
-    const std::unique_lock<std::mutex> admitted = ctx->AdmitRequest();
-    for (auto& p : params) run->Submit(std::move(p));
-  }
+  const std::shared_ptr<RequestRun> run = SubmitChoices(ctx, r, prompts);
 
   const std::string id = ctx->RandomId("cmpl-");
   const int64_t created = static_cast<int64_t>(std::time(nullptr));
@@ -109,11 +99,7 @@ bool HandleCompletions(const std::shared_ptr<ServerContext>& ctx, const httplib:
   auto prompt_text = [prompts, n = r.n](size_t c) { return prompts[c / n].text; };
 
   if (!r.stream) {
-    if (!WaitForClient(*run, req)) {
-      res.status = 499;  // the client closed the request (nginx's code); nobody reads this
-      return false;
-    }
-    if (!run->error().empty()) throw RunError(*ctx, *run);
+    if (!AwaitChoices(*run, *ctx, req, res)) return false;
     json choices = json::array();
     for (size_t c = 0; c < run->num_choices(); ++c) {
       const ChoiceState& choice = run->choice(c);

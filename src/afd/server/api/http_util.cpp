@@ -153,15 +153,32 @@ std::function<bool()> ClientGoneCheck(const httplib::Request& req) {
   };
 }
 
-bool WaitForClient(RequestRun& run, const httplib::Request& req) {
+std::shared_ptr<RequestRun> SubmitChoices(const std::shared_ptr<ServerContext>& ctx,
+                                          const SamplingRequest& r,
+                                          const std::vector<PromptInput>& prompts) {
+  const uint64_t seed = ctx->RandomSeed();
+  std::vector<runtime::RequestParams> params;
+  for (const auto& prompt : prompts) {
+    for (int64_t j = 0; j < r.n; ++j) params.push_back(MakeRequestParams(r, prompt, j, seed, *ctx));
+  }
+  auto run = std::make_shared<RequestRun>(ctx, r);
+  const std::unique_lock<std::mutex> admitted = ctx->AdmitRequest();
+  for (auto& p : params) run->Submit(std::move(p));
+  return run;
+}
+
+bool AwaitChoices(RequestRun& run, const ServerContext& ctx, const httplib::Request& req,
+                  httplib::Response& res) {
   const std::function<bool()> gone = ClientGoneCheck(req);
   while (!run.done()) {
     run.NextDelta(std::chrono::milliseconds(100));
     if (!run.done() && gone()) {
       run.Abort();
+      res.status = 499;  // the client closed the request (nginx's code)
       return false;
     }
   }
+  if (!run.error().empty()) throw RunError(ctx, run);
   return true;
 }
 

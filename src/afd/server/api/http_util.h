@@ -14,6 +14,7 @@
 #include "afd/server/api/api_error.h"
 #include "afd/server/api/json_fields.h"
 #include "afd/server/api/request_run.h"
+#include "afd/server/api/sampling_request.h"
 
 namespace afd::server::api {
 
@@ -30,9 +31,17 @@ void SendError(httplib::Response& res, const ApiError& error);
 // check answers false when the socket cannot be found.
 std::function<bool()> ClientGoneCheck(const httplib::Request& req);
 
-// Waits for every choice of `run`; when the client is gone first, aborts the run and returns
-// false (nothing is to be sent).
-bool WaitForClient(RequestRun& run, const httplib::Request& req);
+// Checks every choice's parameters, then submits n choices of each prompt (choice index =
+// prompt * n + j) in one admission.
+std::shared_ptr<RequestRun> SubmitChoices(const std::shared_ptr<ServerContext>& ctx,
+                                          const SamplingRequest& r,
+                                          const std::vector<PromptInput>& prompts);
+
+// A non-streaming request: waits for every choice of `run`. False when the client left first
+// (the run is aborted and `res` gets status 499, which nobody reads); throws the run's ApiError
+// when a choice failed.
+bool AwaitChoices(RequestRun& run, const ServerContext& ctx, const httplib::Request& req,
+                  httplib::Response& res);
 
 // The ApiError for a run whose choice failed: 503 when the server is shutting down, else 500.
 ApiError RunError(const ServerContext& ctx, const RequestRun& run);
