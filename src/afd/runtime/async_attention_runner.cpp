@@ -99,16 +99,21 @@ void AsyncAttentionRunner::Dispatch(int64_t layer, int stage, MicroBatch& mb, Pe
   backend.GatherRows(mb.mlp_in, token_at, sorted);
   p.seqs.assign(F, 0);
   p.sent = std::chrono::steady_clock::now();
+  // Every FFN rank's shared-expert rows, then one wait for the device (the window copies rows
+  // that must be computed), then the sends.
+  std::vector<Tensor> shared_rows(F);
   for (int f = 0; f < F; ++f) {
-    if (!plan.HasWork(f)) continue;
     const std::vector<int32_t>& shared = plan.shared_tokens[f];
     const int64_t m = static_cast<int64_t>(shared.size());
-    const Tensor shared_rows = ws.Take(DType::kF32, {m, H});
-    if (m > 0) {
-      const Tensor index = ws.Take(DType::kI32, {m});
-      backend.CopyToDevice(index, shared.data());
-      backend.GatherRows(mb.mlp_in, index, shared_rows);
-    }
+    if (!plan.HasWork(f) || m == 0) continue;
+    shared_rows[f] = ws.Take(DType::kF32, {m, H});
+    const Tensor index = ws.Take(DType::kI32, {m});
+    backend.CopyToDevice(index, shared.data());
+    backend.GatherRows(mb.mlp_in, index, shared_rows[f]);
+  }
+  backend.Synchronize();
+  for (int f = 0; f < F; ++f) {
+    if (!plan.HasWork(f)) continue;
     const int64_t b = plan.segment[f], e = plan.segment[f + 1];
     connector::SlotPayload s;
     s.layer = static_cast<int>(layer);
@@ -117,9 +122,8 @@ void AsyncAttentionRunner::Dispatch(int64_t layer, int stage, MicroBatch& mb, Pe
     s.expert_counts = plan.expert_counts[f];
     s.route = std::span<const int32_t>(plan.token_at.data() + b, e - b);
     s.routed_rows = sorted.data_as<const float>() + b * H;
-    s.shared_index = shared;
-    s.shared_rows = shared_rows.data();
-    backend.Synchronize();  // the rows are computed before the window copies them
+    s.shared_index = plan.shared_tokens[f];
+    s.shared_rows = shared_rows[f].empty() ? nullptr : shared_rows[f].data();
     p.seqs[f] = connector_.Send(f, s);
   }
   ws.Rewind(scratch);
