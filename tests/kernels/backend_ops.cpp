@@ -463,15 +463,17 @@ Result Router(Ctx& c, RouterScoring scoring, bool group_limited) {
   return Result(RelErr(c.Down<float>(w), want), 1e-5);
 }
 
-// Permute -> grouped experts -> combine, against per-token SwiGLU experts in double.
+// Permute -> grouped experts -> combine, against per-token SwiGLU experts in double. hot >= 0:
+// every token routes to expert `hot` (one expert with n rows, the others sharing the rest).
 Result Moe(Ctx& c, int64_t n, int64_t num_experts, int64_t k, int64_t h, int64_t inter,
-           int64_t begin, int64_t local) {
+           int64_t begin, int64_t local, int64_t hot = -1) {
   std::vector<float> x = c.Randn(n * h), wts = c.Randn(n * k);
   std::vector<int32_t> ids(n * k);
   for (int64_t t = 0; t < n; ++t) {
     std::vector<int32_t> all(num_experts);
     std::iota(all.begin(), all.end(), 0);
     std::shuffle(all.begin(), all.end(), c.rng);
+    if (hot >= 0) std::swap(*std::find(all.begin(), all.end(), hot), all[0]);
     std::sort(all.begin(), all.begin() + k);
     std::copy(all.begin(), all.begin() + k, ids.begin() + t * k);
   }
@@ -479,10 +481,15 @@ Result Moe(Ctx& c, int64_t n, int64_t num_experts, int64_t k, int64_t h, int64_t
   ew.expert_begin = begin;
   std::vector<std::vector<float>> gu(local), dn(local);
   for (int64_t e = 0; e < local; ++e) {
-    gu[e] = c.Randn(2 * inter * h, 1.0f / std::sqrt(float(h)));
-    dn[e] = c.Randn(h * inter, 1.0f / std::sqrt(float(inter)));
-    ew.gate_up.push_back(c.UpBf16(gu[e], {2 * inter, h}));
-    ew.down.push_back(c.UpBf16(dn[e], {h, inter}));
+    // Perf: every expert holds expert 0's values in its own memory (the time does not depend
+    // on them, and 64 experts of 2048x1408 would take long to draw).
+    const int64_t from = c.perf ? 0 : e;
+    if (from == e) {
+      gu[e] = c.Randn(2 * inter * h, 1.0f / std::sqrt(float(h)));
+      dn[e] = c.Randn(h * inter, 1.0f / std::sqrt(float(inter)));
+    }
+    ew.gate_up.push_back(c.UpBf16(gu[from], {2 * inter, h}));
+    ew.down.push_back(c.UpBf16(dn[from], {h, inter}));
   }
   const Tensor tx = c.Up(x, DType::kF32, {n, h}), tids = c.Up(ids, DType::kI32, {n, k});
   const Tensor tw = c.Up(wts, DType::kF32, {n, k});
@@ -522,14 +529,16 @@ Result Moe(Ctx& c, int64_t n, int64_t num_experts, int64_t k, int64_t h, int64_t
       return Result::Fail("bad permutation");
     }
   }
-  // The GPU's bf16 paths round their GEMM inputs to bf16: the tensor-core path (16+ rows per
-  // expert, K and N multiples of 16) and the bf16 GEMV (up to 32 rows per expert, K a multiple
-  // of 8). The reference does the same there.
+  // The GPU's bf16 paths round their GEMM inputs to bf16: the mma.sync path (up to 256 rows
+  // per expert on average, K a multiple of 32, N of 8), the WMMA path (16+ rows per expert, K
+  // and N multiples of 16) and the bf16 GEMV (up to 32 rows per expert, K a multiple of 8).
+  // The reference does the same there.
   const bool gpu = !c.b.device().is_cpu();
   auto rounds = [&](int64_t kk, int64_t nn) {
+    const bool mma = n * k <= 256 * local && kk % 32 == 0 && nn % 8 == 0;
     const bool tensor_cores = n * k >= 16 * local && kk % 16 == 0 && nn % 16 == 0;
     const bool gemv = n * k <= 32 * local && kk % 8 == 0;
-    return gpu && (tensor_cores || gemv);
+    return gpu && (mma || tensor_cores || gemv);
   };
   const bool round_x = rounds(h, inter), round_act = rounds(inter, h);
   auto rnd = [](double v, bool on) { return on ? double(Bf16ToF32(F32ToBf16(float(v)))) : v; };
@@ -660,12 +669,32 @@ std::vector<Case> CheckCases() {
        [](Ctx& c) { return Moe(c, 7, 8, 3, 32, 24, 0, 8); }},
       {"MoePermute+GroupedExpertMlp+MoeCombine", "experts [3, 6)",
        [](Ctx& c) { return Moe(c, 7, 8, 3, 32, 24, 3, 3); }},
-      // Over 32 grouped rows per expert: the GPU's tiled path instead of its per-column one.
+      // Over 32 grouped rows per expert: the GPU's down projection (K = 24) takes its tiled
+      // path instead of its per-column one.
       {"MoePermute+GroupedExpertMlp+MoeCombine", "100 tokens, top-3 of 8",
        [](Ctx& c) { return Moe(c, 100, 8, 3, 32, 24, 0, 8); }},
-      // bf16 experts with 16+ rows each and K, N multiples of 16: the GPU's tensor-core path.
+      // 16+ rows each and K, N multiples of 16 (the down projection's K = 48 is not one of 32):
+      // the GPU's WMMA path there.
       {"MoePermute+GroupedExpertMlp+MoeCombine", "60 tokens, top-4 of 8, 64x48",
        [](Ctx& c) { return Moe(c, 60, 8, 4, 64, 48, 0, 8); }},
+      // K multiples of 32: the GPU's mma.sync path at 1, 6, 17, 40 and 70 rows per expert on
+      // average, with empty experts, an expert over one 64-row pass, local ranges not from 0.
+      {"MoePermute+GroupedExpertMlp+MoeCombine", "~1 row/expert, [4, 20) of 32",
+       [](Ctx& c) { return Moe(c, 8, 32, 2, 64, 96, 4, 16); }},
+      {"MoePermute+GroupedExpertMlp+MoeCombine", "~6 rows/expert, [3, 19) of 20",
+       [](Ctx& c) { return Moe(c, 24, 20, 4, 64, 96, 3, 16); }},
+      {"MoePermute+GroupedExpertMlp+MoeCombine", "~17 rows/expert, one of 34",
+       [](Ctx& c) { return Moe(c, 34, 10, 4, 96, 64, 1, 8, 1); }},
+      {"MoePermute+GroupedExpertMlp+MoeCombine", "~40 rows/expert, one of 80",
+       [](Ctx& c) { return Moe(c, 80, 8, 4, 64, 96, 0, 8, 5); }},
+      {"MoePermute+GroupedExpertMlp+MoeCombine", "~70 rows/expert, one of 140",
+       [](Ctx& c) { return Moe(c, 140, 12, 4, 64, 96, 2, 8, 6); }},
+      // Down projection N = 72 (a warp's second 8-column tile past N) on the mma.sync path.
+      {"MoePermute+GroupedExpertMlp+MoeCombine", "30 tokens, top-4 of 8, 72x64",
+       [](Ctx& c) { return Moe(c, 30, 8, 4, 72, 64, 0, 8); }},
+      // Over 256 rows per expert on average: the GPU's WMMA path.
+      {"MoePermute+GroupedExpertMlp+MoeCombine", "600 tokens, top-4 of 8, 64x96",
+       [](Ctx& c) { return Moe(c, 600, 8, 4, 64, 96, 0, 8); }},
       {"LogSoftmaxAt", "4x1000", LogSoftmaxAt},
       {"Sample", "greedy, NaN, top-k, top-p, cdf", Sample},
       // One sampled row: parameter arrays of odd sizes must stay aligned on the device.
@@ -691,6 +720,11 @@ std::vector<Case> PerfCases() {
   for (int64_t n : {1, 16, 64}) {
     v.push_back({"MoE (permute+experts+combine)", fmt::format("{} tok, top-6 of 16, 2048x1408", n),
                  [n](Ctx& c) { return Moe(c, n, 16, 6, 2048, 1408, 0, 16); }});
+  }
+  // DeepSeek-V2-Lite's routed experts: 64 of 2048x1408, top-6 (GB/s of the weights touched).
+  for (int64_t n : {1, 16, 64, 256}) {
+    v.push_back({"MoE (permute+experts+combine)", fmt::format("{} tok, top-6 of 64, 2048x1408", n),
+                 [n](Ctx& c) { return Moe(c, n, 64, 6, 2048, 1408, 0, 64); }});
   }
   return v;
 }

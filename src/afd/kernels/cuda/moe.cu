@@ -5,6 +5,7 @@
 #include <mma.h>
 
 #include <algorithm>
+#include <cstdint>
 
 #include "afd/common/cuda_check.h"
 #include "afd/kernels/cuda/launch.cuh"
@@ -320,6 +321,154 @@ __global__ void RowsToBf16(const float* x, int64_t n, __nv_bfloat16* out) {
   }
 }
 
+// Tensor-core path for bf16 experts at decode and mid-sized groups: mma.sync m16n8k16 (bf16 in,
+// fp32 accumulate) with both operands loaded by 16-byte vector loads straight into fragments
+// (no shared memory, no ldmatrix). x is the bf16 copy of the rows (RowsToBf16), so the results
+// round exactly as the other bf16 paths do.
+//
+// One warp owns two 8-column weight tiles of one expert that share every A fragment: SwiGLU, the
+// gate rows n0.. and the up rows n_out + n0.. of the same 8 output columns; plain, the columns
+// n0.. and n0 + 8.. (16 columns, which halves the x traffic per weight byte). Rows of the expert
+// are taken in passes of up to 64 (4 m16 tiles), each loaded B fragment serving every m tile.
+//
+// Permuted K: a dot product does not depend on the order of k, so each 32-wide k chunk is fed to
+// two m16n8k16 mmas with its k positions permuted so that every lane's operands are 8
+// consecutive bf16 (one uint4). PTX ISA fragment layout for m16n8k16 .bf16 (lane = 4 * gid + t):
+//   A (16x16, row): a0,a1: row gid,   k = 2t + {0,1}     a2,a3: row gid+8, k = 2t + {0,1}
+//                   a4,a5: row gid,   k = 2t + 8 + {0,1} a6,a7: row gid+8, k = 2t + 8 + {0,1}
+//   B (16x8, col):  b0,b1: k = 2t + {0,1}, col gid      b2,b3: k = 2t + 8 + {0,1}, col gid
+//   C (16x8, f32):  c0,c1: row gid, col 2t + {0,1}      c2,c3: row gid+8, col 2t + {0,1}
+// Lane (gid, t) loads W[n0 + gid][k0 + 8t .. +8] = w[0..7] and x[row][k0 + 8t .. +8] = xr[0..7]
+// for row = gid and gid + 8 of the m tile; the fragment's k index j maps to chunk position
+//   mma #1: j = 2t + {0,1} -> 8t + {0,1},  j = 2t + 8 + {0,1} -> 8t + {2,3}
+//   mma #2: j = 2t + {0,1} -> 8t + {4,5},  j = 2t + 8 + {0,1} -> 8t + {6,7}
+// a bijection of the chunk's 32 k onto the two mmas' 2 x 16, the same for A and B. So (a .b32
+// register holds the lower-indexed element in its low half, as the memory order gives):
+//   mma #1: a = {x_gid.x, x_gid8.x, x_gid.y, x_gid8.y}, b = {w.x, w.y}
+//   mma #2: a = {x_gid.z, x_gid8.z, x_gid.w, x_gid8.w}, b = {w.z, w.w}
+// Weights are streamed (L1 no-allocate) with kMmaUnroll chunks of loads in flight per lane
+// before their mmas; x rows come from L1/L2 (every warp of the expert reads the same rows), rows
+// past the expert's segment are zeros and never read.
+//
+// grid: (ceil(n_out / columns per block), slices, num_local) with slices = ceil(average rows per
+// expert / 64) (host-known m and num_local only: graph-safe); block y takes the passes y,
+// y + slices, ... of its expert's rows; blocks of an expert without rows exit at once. Needs
+// k % 32 == 0, n_out % 8 == 0 and 16-byte aligned weights and x rows.
+constexpr int kMmaWarps = 4, kMmaTiles = 4, kMmaUnroll = 8;
+constexpr int kMmaPassRows = 16 * kMmaTiles;
+constexpr int64_t kMmaMaxAvgRows = 256;  // above: the WMMA path (see LaunchGroupedLinear)
+
+__device__ __forceinline__ uint4 LoadStream(const __nv_bfloat16* p) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p));
+  return v;
+}
+
+__device__ __forceinline__ void MmaBf16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                        uint32_t a3, uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// kMmaUnroll chunks from chunk c (kGuard: the last, possibly partial group): the weight loads
+// first, then per chunk and m tile the x loads and the 4 mmas.
+template <bool kGuard>
+__device__ __forceinline__ void MmaChunks(const __nv_bfloat16* wa, const __nv_bfloat16* wb,
+                                          const __nv_bfloat16* const (&xr)[kMmaTiles][2], int c,
+                                          int chunks, int tiles, float (&acc)[kMmaTiles][2][4]) {
+  uint4 w[kMmaUnroll][2];
+#pragma unroll
+  for (int u = 0; u < kMmaUnroll; ++u) {
+    if (!kGuard || c + u < chunks) {
+      w[u][0] = LoadStream(wa + (c + u) * 32);
+      w[u][1] = LoadStream(wb + (c + u) * 32);
+    } else {
+      w[u][0] = w[u][1] = make_uint4(0, 0, 0, 0);
+    }
+  }
+#pragma unroll
+  for (int u = 0; u < kMmaUnroll; ++u) {
+    if (kGuard && c + u >= chunks) break;
+#pragma unroll
+    for (int i = 0; i < kMmaTiles; ++i) {
+      if (i >= tiles) break;
+      const uint4 zero = make_uint4(0, 0, 0, 0);
+      const int off = (c + u) * 32;
+      const uint4 lo = xr[i][0] ? __ldg(reinterpret_cast<const uint4*>(xr[i][0] + off)) : zero;
+      const uint4 hi = xr[i][1] ? __ldg(reinterpret_cast<const uint4*>(xr[i][1] + off)) : zero;
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        MmaBf16(acc[i][j], lo.x, hi.x, lo.y, hi.y, w[u][j].x, w[u][j].y);
+        MmaBf16(acc[i][j], lo.z, hi.z, lo.w, hi.w, w[u][j].z, w[u][j].w);
+      }
+    }
+  }
+}
+
+template <bool kSwiglu>
+__global__ void __launch_bounds__(kMmaWarps * 32)
+    GroupedMma(const __nv_bfloat16* x, int64_t k, const void* const* w_ptrs, const int32_t* offsets,
+               int64_t n_out, float* y) {
+  const int64_t e = blockIdx.z, r_end = offsets[e + 1];
+  const int64_t first = offsets[e] + int64_t(blockIdx.y) * kMmaPassRows;
+  if (first >= r_end) return;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gid = lane >> 2, t = lane & 3;
+  const int64_t n0 = (int64_t(blockIdx.x) * kMmaWarps + warp) * (kSwiglu ? 8 : 16);
+  if (n0 >= n_out) return;
+  // Plain with n_out % 16 == 8: the last warp's second tile is past n_out; it re-reads the
+  // first tile and its outputs are dropped.
+  const bool second = kSwiglu || n0 + 8 < n_out;
+  const auto* w = static_cast<const __nv_bfloat16*>(w_ptrs[e]);
+  const __nv_bfloat16* wa = w + (n0 + gid) * k + t * 8;
+  const __nv_bfloat16* wb = w + ((kSwiglu ? n_out + n0 : (second ? n0 + 8 : n0)) + gid) * k + t * 8;
+  const int chunks = static_cast<int>(k / 32);
+  for (int64_t p0 = first; p0 < r_end; p0 += int64_t(gridDim.y) * kMmaPassRows) {
+    const int rows = static_cast<int>(min(static_cast<int64_t>(kMmaPassRows), r_end - p0));
+    const int tiles = (rows + 15) / 16;
+    const __nv_bfloat16* xr[kMmaTiles][2];  // this lane's rows gid, gid + 8 of each m tile
+#pragma unroll
+    for (int i = 0; i < kMmaTiles; ++i) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int rr = 16 * i + 8 * h + gid;
+        xr[i][h] = rr < rows ? x + (p0 + rr) * k + t * 8 : nullptr;
+      }
+    }
+    float acc[kMmaTiles][2][4] = {};
+    int c = 0;
+    for (; c + kMmaUnroll <= chunks; c += kMmaUnroll) {
+      MmaChunks<false>(wa, wb, xr, c, chunks, tiles, acc);
+    }
+    if (c < chunks) MmaChunks<true>(wa, wb, xr, c, chunks, tiles, acc);
+#pragma unroll
+    for (int i = 0; i < kMmaTiles; ++i) {
+      if (i >= tiles) break;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int rr = 16 * i + 8 * h + gid;
+        if (rr >= rows) continue;
+        float* yr = y + (p0 + rr) * n_out + n0 + 2 * t;
+        const float g0 = acc[i][0][2 * h], g1 = acc[i][0][2 * h + 1];
+        if (kSwiglu) {
+          const float u0 = acc[i][1][2 * h], u1 = acc[i][1][2 * h + 1];
+          *reinterpret_cast<float2*>(yr) =
+              make_float2(g0 / (1.0f + expf(-g0)) * u0, g1 / (1.0f + expf(-g1)) * u1);
+        } else {
+          *reinterpret_cast<float2*>(yr) = make_float2(g0, g1);
+          if (second) {
+            *reinterpret_cast<float2*>(yr + 8) =
+                make_float2(acc[i][1][2 * h], acc[i][1][2 * h + 1]);
+          }
+        }
+      }
+    }
+  }
+}
+
 // Tensor-core path for bf16 experts with many rows per expert (large decode batches, prefill):
 // bf16 WMMA 16x16x16 fragments, fp32 accumulation; the fp32 activations are rounded to bf16
 // while staged in shared memory (as the dense cuBLAS GEMMs do). Block tile: 32 rows x 64 cols,
@@ -410,7 +559,31 @@ void LaunchGroupedLinear(const float* x, int64_t m, int64_t k, const void* const
                          const int32_t* offsets, int64_t num_local, int64_t n_out, bool swiglu,
                          float* y, uint16_t* x_bf16, cudaStream_t s) {
   if (m == 0 || num_local == 0) return;
-  // bf16 experts with 16+ rows each on average: tensor cores (needs K and N multiples of 16).
+  // bf16 experts up to kMmaMaxAvgRows rows each on average (decode and mid-sized groups):
+  // mma.sync straight from global memory, each used expert's weights read once per 64 rows (row
+  // slices of the same expert run side by side and share them through L2). x is rounded to
+  // bf16 once into the x_bf16 scratch [m, k].
+  if (bf16 && x_bf16 != nullptr && k % 32 == 0 && n_out % 8 == 0 &&
+      m <= kMmaMaxAvgRows * num_local) {
+    const int64_t n_elems = m * k;
+    const int blocks = static_cast<int>(std::min<int64_t>((n_elems + 255) / 256, 4096));
+    auto* xb = reinterpret_cast<__nv_bfloat16*>(x_bf16);
+    RowsToBf16<<<blocks, 256, 0, s>>>(x, n_elems, xb);
+    const int64_t cols = kMmaWarps * (swiglu ? 8 : 16);
+    const int64_t avg_passes = (m + kMmaPassRows * num_local - 1) / (kMmaPassRows * num_local);
+    const dim3 g(static_cast<unsigned>((n_out + cols - 1) / cols),
+                 static_cast<unsigned>(std::max<int64_t>(1, avg_passes)),
+                 static_cast<unsigned>(num_local));
+    if (swiglu) {
+      GroupedMma<true><<<g, kMmaWarps * 32, 0, s>>>(xb, k, w_ptrs, offsets, n_out, y);
+    } else {
+      GroupedMma<false><<<g, kMmaWarps * 32, 0, s>>>(xb, k, w_ptrs, offsets, n_out, y);
+    }
+    CheckLaunch("GroupedExpertMlp (mma)");
+    return;
+  }
+  // Other bf16 experts with 16+ rows each on average (over kMmaMaxAvgRows, or K not a multiple
+  // of 32): WMMA tensor cores (needs K and N multiples of 16).
   if (bf16 && m >= 16 * num_local && k % 16 == 0 && n_out % 16 == 0) {
     const dim3 g(static_cast<unsigned>((n_out + kWmTn - 1) / kWmTn),
                  static_cast<unsigned>((m + kWmTm - 1) / kWmTm), static_cast<unsigned>(num_local));
@@ -422,7 +595,8 @@ void LaunchGroupedLinear(const float* x, int64_t m, int64_t k, const void* const
     CheckLaunch("GroupedExpertMlp (wmma)");
     return;
   }
-  // bf16 decode sizes: x rounded to bf16 once (x_bf16 scratch [m, k]), 4 weight rows per warp.
+  // Other bf16 decode sizes: x rounded to bf16 once (x_bf16 scratch [m, k]), 4 weight rows per
+  // warp.
   if (bf16 && x_bf16 != nullptr && m <= 32 * num_local && k % 8 == 0) {
     const int64_t n_elems = m * k;
     const int blocks = static_cast<int>(std::min<int64_t>((n_elems + 255) / 256, 4096));
