@@ -93,5 +93,36 @@ else
 fi
 kill -TERM $LAUNCH 2>/dev/null; wait $LAUNCH; echo "afd launch exit status after SIGTERM: $?"
 tail -3 "$LOG"
+
+echo "== host-side flags (device_flags false): 2A2F fp32 equals the monolithic run"
+HOSTF='{"afd": {"connector": "AsyncAFDConnector", "connector_extra_config": {"device_flags": false}}}'
+M=tests/data/golden/v3_noaux_tc
+timeout 120 "$AFD" run --model "$M" "${P[@]}" --max-tokens 16 --ignore-eos --json --device cuda \
+  --dtype fp32 --topology 2A2F --additional-config "$HOSTF" >"$WORK/hostflags.json" 2>"$WORK/err_hf" || { tail -5 "$WORK/err_hf"; status=1; }
+$PY -c 'import json,sys
+a=[json.loads(l)["output_ids"] for l in open(sys.argv[1])]; b=[json.loads(l)["output_ids"] for l in open(sys.argv[2])]
+print("host flags 2A2F ids identical:", a == b); sys.exit(0 if a == b else 1)' "$WORK/v3_noaux_tc_fp32_mono.json" "$WORK/hostflags.json" || status=1
+
+echo "== kill -9 of the FFN rank while the attention stream waits on a device flag"
+LOG=$WORK/launch_kill.log
+"$AFD" launch --model preset:deepseek-v2-lite --num-layers 4 --topology 1A1F --device cuda \
+  --host 127.0.0.1 --port 0 --max-model-len 4096 >"$LOG" 2>&1 &
+LAUNCH=$!
+for _ in $(seq 480); do grep -q "is up on" "$LOG" && break; kill -0 $LAUNCH 2>/dev/null || break; sleep 0.25; done
+URL=$(grep -o "http://127.0.0.1:[0-9]*" "$LOG" | head -1)
+FFN=$(for p in $(pgrep -P $LAUNCH); do tr '\0' ' ' </proc/$p/cmdline | grep -q '"role":"ffn"' && echo $p; done | head -1)
+if [ -n "$URL" ] && [ -n "$FFN" ]; then
+  curl -s -m 60 "$URL/v1/completions" -H 'Content-Type: application/json' \
+    -d '{"model": "preset:deepseek-v2-lite", "prompt": [1,2,3], "max_tokens": 3000, "ignore_eos": true}' >/dev/null &
+  sleep 2; kill -9 $FFN; T0=$(date +%s.%N)
+  timeout 60 tail --pid=$LAUNCH -f /dev/null; rc=$?
+  wait $LAUNCH; lrc=$?
+  echo "launch exited with $lrc $(python3 -c "import sys; print('%.1f s' % (float(sys.argv[2]) - float(sys.argv[1])))" $T0 $(date +%s.%N)) after the kill (timeout rc $rc)"
+  grep -iE "ffn rank 0|exited|error" "$LOG" | head -4
+  { [ $lrc -ne 0 ] && [ $rc -eq 0 ] && grep -q "ffn rank 0" "$LOG"; } || { echo "kill check FAILED"; status=1; }
+  pgrep -f "afd worker" >/dev/null && { echo "worker processes left behind"; pkill -9 -f "afd worker"; status=1; }
+else
+  echo "launch did not come up or no FFN child:"; tail -15 "$LOG"; status=1; kill -9 $LAUNCH 2>/dev/null
+fi
 echo "== exit status $status"
 exit $status

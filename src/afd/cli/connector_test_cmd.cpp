@@ -46,6 +46,9 @@ void AddConnectorTestCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("--cuda-device", args->cuda_device,
                   "CUDA device of this rank (default: its world rank modulo the device count)");
   cmd->add_flag("--bench", args->bench, "Time round trips instead of checking rows");
+  cmd->add_flag("--host-flags", args->host_flags,
+                "Async connector on cuda: the host stores and polls the flags after a stream "
+                "sync (default: the stream stores and awaits them)");
   cmd->add_option("--bench-rows", args->bench_rows, "Row counts to time, comma-separated");
   cmd->add_option("--iters", args->iters, "Timed iterations per row count")
       ->check(CLI::Range(1, 100000));

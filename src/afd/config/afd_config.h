@@ -43,6 +43,9 @@ struct AsyncOptions {
   bool async_moe_ubatching = false;
   int async_moe_num_ubatches = 2;           // 2..8
   std::string async_moe_split = "request";  // "request" | "token"
+  // Device rows (cuda): the flags are stored and awaited by the CUDA streams (no host
+  // synchronization in a round trip); false: the host stores them after a stream sync and polls.
+  bool device_flags = true;
 
   // Number of MoE stages in flight per peer.
   int num_stages() const { return async_moe_ubatching ? async_moe_num_ubatches : 1; }

@@ -19,12 +19,12 @@ void ParseAsyncOptions(const json& extra, const std::string& connector, AsyncOpt
   static const std::set<std::string> kKeys = {"attn_ranks_per_dp",     "ring_depth",
                                               "routed_cap_multiplier", "recv_poll_timeout_ms",
                                               "async_moe_ubatching",   "async_moe_num_ubatches",
-                                              "async_moe_split"};
+                                              "async_moe_split",       "device_flags"};
   for (const auto& [key, value] : extra.items()) {
     AFD_CHECK(kKeys.count(key),
               "{}.{}: unknown option for {}; allowed: attn_ranks_per_dp, "
               "ring_depth, routed_cap_multiplier, recv_poll_timeout_ms, async_moe_ubatching, "
-              "async_moe_num_ubatches, async_moe_split",
+              "async_moe_num_ubatches, async_moe_split, device_flags",
               kExtraPath, key, connector);
   }
   auto path = [](std::string_view key) { return fmt::format("{}.{}", kExtraPath, key); };
@@ -52,6 +52,9 @@ void ParseAsyncOptions(const json& extra, const std::string& connector, AsyncOpt
     AFD_CHECK(o.async_moe_split == "request" || o.async_moe_split == "token",
               "{}: value \"{}\" is not allowed; must be \"request\" or \"token\"",
               path("async_moe_split"), o.async_moe_split);
+  }
+  if (extra.contains("device_flags")) {
+    o.device_flags = jf::GetBool(extra["device_flags"], path("device_flags"));
   }
   // ring_depth follows from an invariant: each (peer, stage) has at most one request in flight,
   // so the default is the number of stages and anything smaller would deadlock.
@@ -97,7 +100,8 @@ nlohmann::ordered_json ConnectorExtraConfigToJson(const AfdConfig& config) {
                                 {"recv_poll_timeout_ms", o.recv_poll_timeout_ms},
                                 {"async_moe_ubatching", o.async_moe_ubatching},
                                 {"async_moe_num_ubatches", o.async_moe_num_ubatches},
-                                {"async_moe_split", o.async_moe_split}};
+                                {"async_moe_split", o.async_moe_split},
+                                {"device_flags", o.device_flags}};
 }
 
 void ValidateConnectorRules(const AfdConfig& c) {

@@ -65,14 +65,36 @@ AsyncConnector::AsyncConnector(comm::AfdWorld& world, const AsyncConnectorOption
 
   std::vector<int> peers;
   for (int p = 0; p < num_peers(); ++p) peers.push_back(OppositeWorldRank(p));
-  window_ = ShmWindow::Create(world, layout_.window_bytes, peers);
+  std::unique_ptr<ShmWindow> shm = ShmWindow::Create(world, layout_.window_bytes, peers);
+  shm_ = shm.get();
+  window_ = std::move(shm);
   const bool device_rows = c.connector == kGpuAsyncConnector || o.cuda_device >= 0;
   if (device_rows) {
 #ifdef AFD_WITH_CUDA
     AFD_CHECK(o.cuda_device >= 0,
               "afd.connector {}: this rank runs on the CPU; GPU windows need --device cuda",
               c.connector);
-    data_window_ = CudaIpcWindow::Create(world, layout_.window_bytes, peers, o.cuda_device);
+    auto rows = CudaIpcWindow::Create(world, layout_.window_bytes, peers, o.cuda_device);
+    if (o.cuda_stream != nullptr) {
+      std::string why;
+      stream_flags_ = StreamFlags::Create(o.cuda_device, &why);
+      if (stream_flags_) {
+        rows->UseStream(o.cuda_stream);
+        // The flag pages of this rank's copy (awaited) and of every peer's (stored into).
+        const size_t page = 4096;
+        const size_t flag_bytes =
+            std::min(layout_.window_bytes, (layout_.flags_bytes + page - 1) / page * page);
+        std::vector<int> mapped = peers;
+        mapped.push_back(world.world_rank());
+        for (int w : mapped) {
+          stream_flags_->Register(shm_->mapping(w), flag_bytes, shm_->Describe(w));
+        }
+      } else {
+        fmt::print(stderr, "{}: flags stay on the host ({})\n", world.Describe(world.world_rank()),
+                   why);
+      }
+    }
+    data_window_ = std::move(rows);
 #else
     AFD_THROW(
         "afd.connector {}: its CUDA IPC windows are not part of this build (no CUDA); CPU "
@@ -82,10 +104,47 @@ AsyncConnector::AsyncConnector(comm::AfdWorld& world, const AsyncConnectorOption
   }
   send_seq_.assign(static_cast<size_t>(num_peers()) * layout_.ring_depth, 0);
   seen_.assign(static_cast<size_t>(layout_.num_regions) * layout_.ring_depth, 0);
+  device_wait_.assign(seen_.size(), 0);
   finished_.assign(num_peers(), false);
 }
 
-AsyncConnector::~AsyncConnector() = default;
+AsyncConnector::~AsyncConnector() {
+  if (!stream_flags_) return;
+  // A stream may still wait for a flag that will never come (a failing deployment): store the
+  // awaited seqs into this rank's own flags so that it drains, then let the copies and flag
+  // stores enqueued so far finish before the registered pages go away.
+  for (size_t i = 0; i < device_wait_.size(); ++i) {
+    if (device_wait_[i] == 0) continue;
+    auto* flag = reinterpret_cast<volatile uint64_t*>(window_->local() + 8 * i);
+    if (*flag < device_wait_[i]) *flag = device_wait_[i];
+  }
+  try {
+    data_window_->Flush();
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "async connector: draining the stream at shutdown: {}\n", e.what());
+  }
+  stream_flags_.reset();
+}
+
+void AsyncConnector::EnqueueWait(int peer, int stage) {
+  AFD_CHECK(stream_flags_ != nullptr, "async connector: EnqueueWait without device flags");
+  AFD_CHECK(peer >= 0 && peer < num_peers() && stage >= 0 && stage < layout_.ring_depth,
+            "async connector: wait for peer {} stage {} out of range", peer, stage);
+  const size_t i = static_cast<size_t>(peer) * layout_.ring_depth + stage;
+  AFD_CHECK(device_wait_[i] == 0,
+            "async connector: a second wait on ring {} of {} before it was received", stage,
+            PeerName(peer));
+  device_wait_[i] = seen_[i] + 1;
+  auto* flag =
+      reinterpret_cast<const uint64_t*>(window_->local() + layout_.flag_offset(peer, stage));
+  stream_flags_->Wait(options_.cuda_stream, flag, device_wait_[i]);
+}
+
+AsyncConnector::RowViews AsyncConnector::RowsOf(int region, int ring) const {
+  char* rows =
+      (data_window_ ? data_window_->local() : window_->local()) + layout_.slot_offset(region, ring);
+  return {rows + layout_.routed, rows + layout_.shared};
+}
 
 int AsyncConnector::num_peers() const {
   const Topology& t = world_.topology();
@@ -130,6 +189,10 @@ uint64_t AsyncConnector::Send(int peer, const SlotPayload& p) {
   fits(static_cast<int64_t>(p.expert_counts.size()), cap.max_local_experts, "expert counts");
 
   const int region = world_.self().rank, ring = p.stage;
+  AFD_CHECK(device_wait_[static_cast<size_t>(peer) * layout_.ring_depth + ring] == 0,
+            "async connector: {} sends on ring {} to {} before it received the reply awaited "
+            "there",
+            me, ring, PeerName(peer));
   uint64_t& seq = send_seq_[static_cast<size_t>(peer) * layout_.ring_depth + ring];
   ++seq;
   const int w = OppositeWorldRank(peer);
@@ -159,8 +222,16 @@ uint64_t AsyncConnector::Send(int peer, const SlotPayload& p) {
   window_->Write(w, slot + layout_.header, header.data(), header.size());
   window_->Write(w, slot + layout_.route, p.route.data(), 4 * p.route.size());
   window_->Write(w, slot + layout_.shared_index, p.shared_index.data(), 4 * p.shared_index.size());
-  rows.Flush();  // the rows have landed before the flag says so
-  window_->WriteFlag(w, layout_.flag_offset(region, ring), seq);
+  if (stream_flags_ && !(p.flags & kSlotShutdown)) {
+    // Device flags: the store follows the copies on the stream (fenced); no host wait.
+    auto* flag = reinterpret_cast<uint64_t*>(shm_->mapping(w) + layout_.flag_offset(region, ring));
+    stream_flags_->Write(options_.cuda_stream, flag, seq);
+  } else {
+    // Host flags (and a shutdown: every earlier device store of this stream lands first, so a
+    // receiver never sees a ring's seqs out of order).
+    rows.Flush();  // the rows have landed before the flag says so
+    window_->WriteFlag(w, layout_.flag_offset(region, ring), seq);
+  }
   if (p.flags & kSlotShutdown) return seq;
   LayerTransferStats& s = stats_[p.layer];
   s.messages += 1;
@@ -186,11 +257,10 @@ ReceivedSlot AsyncConnector::Read(int region, int ring, uint64_t seq, const std:
             r.header.stage, ring);
   r.expert_counts = reinterpret_cast<const int32_t*>(base + layout_.header + sizeof(SlotHeader));
   r.route = reinterpret_cast<const int32_t*>(base + layout_.route);
-  char* rows =
-      (data_window_ ? data_window_->local() : window_->local()) + layout_.slot_offset(region, ring);
-  r.routed_rows = rows + layout_.routed;
+  const RowViews rows = RowsOf(region, ring);
+  r.routed_rows = rows.routed;
   r.shared_index = reinterpret_cast<const int32_t*>(base + layout_.shared_index);
-  r.shared_rows = rows + layout_.shared;
+  r.shared_rows = rows.shared;
   if (r.shutdown()) PeerFinished(region);
   return r;
 }
@@ -223,6 +293,7 @@ ReceivedSlot AsyncConnector::Receive(int peer, int stage, const std::string& wha
   uint64_t seq = 0;
   window_->ReadFlags(layout_.flag_offset(peer, stage), std::span<uint64_t>(&seq, 1));
   ReceivedSlot r = Read(peer, stage, seq, what);
+  device_wait_[i] = 0;
   if (!r.shutdown()) {
     stats_[r.header.layer].seconds +=
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

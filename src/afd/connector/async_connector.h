@@ -33,7 +33,16 @@
 #include "afd/comm/afd_world.h"
 #include "afd/connector/async_slot.h"
 #include "afd/connector/p2p_connector.h"
+#include "afd/connector/shm_window.h"
 #include "afd/connector/window.h"
+
+#ifdef AFD_WITH_CUDA
+#include "afd/connector/cuda/stream_flags.h"
+#else
+namespace afd::connector {
+class StreamFlags {};  // device flags exist only in CUDA builds
+}  // namespace afd::connector
+#endif
 
 namespace afd::connector {
 
@@ -48,6 +57,13 @@ struct AsyncConnectorOptions {
   // the host window, which keeps the flags, headers and indices); -1: everything in the host
   // window.
   int cuda_device = -1;
+  // With device rows: the caller's cudaStream_t that produces the rows it sends and consumes the
+  // rows it receives. Given (and the device can run stream memory operations), the flags are
+  // device-side: Send enqueues the row copies and then the flag store on this stream and returns
+  // without a host wait, and EnqueueWait makes the stream itself wait for a reply's flag
+  // (stream_flags.h). Null: the rows are copied on the window's stream, which Send
+  // synchronizes before the host stores the flag (the caller synchronizes its own stream first).
+  void* cuda_stream = nullptr;
 };
 
 // What a sender writes into one slot (copied before Send returns): indices in host memory, rows
@@ -93,8 +109,24 @@ class AsyncConnector {
   int64_t num_local_experts(int ffn_rank) const;
 
   // Writes `p` into slot (this rank, p.stage) of `peer`'s window (peer: role rank of the other
-  // role), then its flag. Returns the slot's seq. Throws when it does not fit.
+  // role), then its flag. Returns the slot's seq. Throws when it does not fit. With device flags
+  // the rows may still be in production on the stream: copies and flag follow them there.
   uint64_t Send(int peer, const SlotPayload& p);
+  // True when flags are stored and awaited by the stream (AsyncConnectorOptions::cuda_stream).
+  bool device_flags() const { return stream_flags_ != nullptr; }
+  // Device flags only: enqueues on the stream a wait for `peer`'s next slot in ring `stage`
+  // (the reply to the dispatch just sent); work enqueued after it may read that slot's rows
+  // (RowsOf). The host still calls Receive for the slot later, which checks it (bounded by the
+  // timeout, naming a dead peer); a wait still pending when the connector is destroyed is
+  // released so that the stream drains.
+  void EnqueueWait(int peer, int stage);
+  // Where the rows of slot (region, ring) of this rank's window are (device memory with device
+  // rows), known before the slot arrives.
+  struct RowViews {
+    char* routed = nullptr;
+    char* shared = nullptr;
+  };
+  RowViews RowsOf(int region, int ring) const;
   // Waits for `peer`'s next slot in ring `stage` (bounded by afd_process_group_timeout_s);
   // `what` says what is awaited, for errors. A shutdown slot is returned as such.
   ReceivedSlot Receive(int peer, int stage, const std::string& what);
@@ -119,11 +151,15 @@ class AsyncConnector {
   comm::AfdWorld& world_;
   AsyncConnectorOptions options_;
   SlotLayout layout_;
-  std::unique_ptr<Window> window_;       // flags, headers, indices (and host rows)
-  std::unique_ptr<Window> data_window_;  // device rows (CUDA IPC), or null
-  std::vector<uint64_t> send_seq_;       // [peer * ring_depth + ring]
-  std::vector<uint64_t> seen_;           // [region * ring_depth + ring], the flags already consumed
-  std::vector<bool> finished_;           // [peer]
+  std::unique_ptr<Window> window_;             // flags, headers, indices (and host rows)
+  std::unique_ptr<Window> data_window_;        // device rows (CUDA IPC), or null
+  ShmWindow* shm_ = nullptr;                   // window_ as the shared-memory window it is
+  std::unique_ptr<StreamFlags> stream_flags_;  // device-side flags, or null
+  std::vector<uint64_t> device_wait_;  // [region * ring_depth + ring]: seq a stream waits for
+                                       // that the host has not received yet, 0 when none
+  std::vector<uint64_t> send_seq_;     // [peer * ring_depth + ring]
+  std::vector<uint64_t> seen_;         // [region * ring_depth + ring], the flags already consumed
+  std::vector<bool> finished_;         // [peer]
   int poll_start_ = 0;
   std::map<int, LayerTransferStats> stats_;
 };

@@ -36,6 +36,9 @@ class ShmWindow : public Window {
 
   size_t bytes() const override { return bytes_; }
   char* local() const override { return maps_[self_]; }
+  // `peer`'s copy as mapped in this process (null when not mapped): where a device writes the
+  // peer's flags (StreamFlags).
+  char* mapping(int peer) const { return maps_.at(peer); }
   void Write(int peer, size_t offset, const void* src, size_t bytes) override;
   void WriteFlag(int peer, size_t offset, uint64_t value) override;
   void ReadFlags(size_t offset, std::span<uint64_t> out) const override;

@@ -242,8 +242,9 @@ nlohmann::json RunConnectorTest(const ConnectorTestArgs& args, const AfdConfig& 
                                {"device", args.device}};
       io = args.device == "cuda" ? MakeDeviceRowIo(device.cuda_device, device.stream)
                                  : MakeHostRowIo();
-      RunAsyncConnectorTest(args, *world, report, args.device == "cuda" ? device.cuda_device : -1,
-                            *io);
+      const bool cuda = args.device == "cuda";
+      RunAsyncConnectorTest(args, *world, report, cuda ? device.cuda_device : -1,
+                            cuda && !args.host_flags ? device.stream : nullptr, *io);
       world->Barrier("connector-test-done");
       return report;
     }

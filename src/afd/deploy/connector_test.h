@@ -29,6 +29,7 @@ struct ConnectorTestArgs {
   int iters = 20;
   std::string device = "cpu";
   int cuda_device = -1;
+  bool host_flags = false;  // async connector on cuda: flags by the host, not the stream
 };
 
 // Joins the deployment of `config` as role rank args.role_rank, runs the check (or --bench),
@@ -41,9 +42,10 @@ std::vector<int64_t> BenchRowCounts(const ConnectorTestArgs& args);
 
 // The check or bench of `args` over the asynchronous window connector (AsyncAFDConnector),
 // after the join; fills `report` ("rows_checked" or "bench", "layers"). With cuda_device >= 0
-// (--bench only) the rows live in device memory (CUDA IPC windows; `io` is the device's).
+// (--bench only) the rows live in device memory (CUDA IPC windows; `io` is the device's and
+// `cuda_stream` its stream, on which the flags are stored and awaited unless args.host_flags).
 void RunAsyncConnectorTest(const ConnectorTestArgs& args, comm::AfdWorld& world,
-                           nlohmann::json& report, int cuda_device, RowIo& io);
+                           nlohmann::json& report, int cuda_device, void* cuda_stream, RowIo& io);
 
 // Round-trip latency per layer for each row count (--bench); the FFN side echoes rows
 // unchanged. Adds "bench": [{rows, bytes_each_way, median_us, p10_us, p90_us}] to `report`.

@@ -321,6 +321,11 @@ void RunBench(const ConnectorTestArgs& args, comm::AfdWorld& world, AsyncConnect
         s.routed_rows = dev_in + b * row;
         seqs[f] = conn.Send(f, s);
       }
+      // Device flags: the stream waits for each reply (as the attention runner's combine
+      // does), the host checks the replies, and the round trip ends when the stream is past them.
+      for (int f = 0; f < F && conn.device_flags(); ++f) {
+        if (seqs[f] != 0) conn.EnqueueWait(f, 0);
+      }
       for (int f = 0; f < F; ++f) {
         if (seqs[f] == 0) continue;
         const ReceivedSlot r = conn.Receive(f, 0, "a bench reply");
@@ -333,6 +338,7 @@ void RunBench(const ConnectorTestArgs& args, comm::AfdWorld& world, AsyncConnect
           std::memcpy(out.data() + SplitOffset(n, F, f) * row, echoed.data(), echoed.size());
         }
       }
+      if (conn.device_flags()) io.Synchronize(world.config().afd_process_group_timeout_s);
       const double t =
           std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start)
               .count();
@@ -353,11 +359,12 @@ void RunBench(const ConnectorTestArgs& args, comm::AfdWorld& world, AsyncConnect
 }  // namespace
 
 void RunAsyncConnectorTest(const ConnectorTestArgs& args, comm::AfdWorld& world,
-                           nlohmann::json& report, int cuda_device, RowIo& io) {
+                           nlohmann::json& report, int cuda_device, void* cuda_stream, RowIo& io) {
   const int F = world.topology().num_ffn();
   connector::AsyncConnectorOptions o;
   o.row = {world.hidden_size(), world.dtype()};
   o.cuda_device = cuda_device;
+  o.cuda_stream = cuda_device >= 0 ? cuda_stream : nullptr;
   if (args.bench) {
     int64_t most = 1;
     for (int64_t n : BenchRowCounts(args)) most = std::max(most, n);

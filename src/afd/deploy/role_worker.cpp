@@ -126,6 +126,9 @@ void RunWorker(const WorkerOptions& o) {
       ao.num_experts = mc.n_routed_experts;
       ao.row = {mc.hidden_size, DType::kF32};
       ao.cuda_device = o.cuda_device;
+      if (o.cuda_device >= 0 && c.async_options.device_flags) {
+        ao.cuda_stream = backend->stream().handle;
+      }
       async_holder = std::make_unique<connector::AsyncConnector>(*world, ao);
       if (role == Role::kAttention) {
         runner_holder = std::make_unique<runtime::AsyncAttentionRunner>(*model, *world,

@@ -81,6 +81,7 @@ void AsyncAttentionRunner::Dispatch(int64_t layer, int stage, MicroBatch& mb, Pe
   const int64_t n = mb.n(), k = c.num_experts_per_tok, H = c.hidden_size;
   const int F = world_.topology().num_ffn();
   // Kept until the replies are combined; the rest is scratch.
+  CheckReplies(stage, p);  // before the host blocks on the stream (the routing ids)
   const Tensor ids = ws.Take(DType::kI32, {n, k});
   p.weights = ws.Take(DType::kF32, {n, k});
   const Workspace::Mark scratch = ws.mark();
@@ -99,8 +100,8 @@ void AsyncAttentionRunner::Dispatch(int64_t layer, int stage, MicroBatch& mb, Pe
   backend.GatherRows(mb.mlp_in, token_at, sorted);
   p.seqs.assign(F, 0);
   p.sent = std::chrono::steady_clock::now();
-  // Every FFN rank's shared-expert rows, then one wait for the device (the window copies rows
-  // that must be computed), then the sends.
+  // Every FFN rank's shared-expert rows, then the sends: with device flags the copies and flags
+  // follow the rows on the stream; else one wait for the device first (host-side flags).
   std::vector<Tensor> shared_rows(F);
   for (int f = 0; f < F; ++f) {
     const std::vector<int32_t>& shared = plan.shared_tokens[f];
@@ -111,7 +112,7 @@ void AsyncAttentionRunner::Dispatch(int64_t layer, int stage, MicroBatch& mb, Pe
     backend.CopyToDevice(index, shared.data());
     backend.GatherRows(mb.mlp_in, index, shared_rows[f]);
   }
-  backend.Synchronize();
+  if (!connector_.device_flags()) backend.Synchronize();
   for (int f = 0; f < F; ++f) {
     if (!plan.HasWork(f)) continue;
     const int64_t b = plan.segment[f], e = plan.segment[f + 1];
@@ -129,6 +130,29 @@ void AsyncAttentionRunner::Dispatch(int64_t layer, int stage, MicroBatch& mb, Pe
   ws.Rewind(scratch);
 }
 
+void AsyncAttentionRunner::CheckReply(int f, int stage, const Pending& p, int64_t layer,
+                                      const connector::ReceivedSlot& r) const {
+  const connector::DispatchPlan& plan = p.plan;
+  const connector::SlotHeader& h = r.header;
+  const int64_t b = plan.segment[f], e = plan.segment[f + 1];
+  const std::vector<int32_t>& st = plan.shared_tokens[f];
+  const int64_t n = plan.num_tokens;
+  const std::string me = world_.Describe(world_.world_rank());
+  const std::string what = fmt::format("the reply to layer {} stage {}", layer, stage);
+  AFD_CHECK(!r.shutdown(), "FFN rank {} shut down while {} waited for {}", f, me, what);
+  AFD_CHECK((h.flags & connector::kSlotCombine) && h.echo_seq == p.seqs[f] && h.layer == layer &&
+                h.num_tokens == n && h.routed_rows == e - b &&
+                h.shared_rows == static_cast<int32_t>(st.size()),
+            "{}: FFN rank {} answered seq {} layer {} ({} tokens, {} routed, {} shared rows) "
+            "to the dispatch of seq {} layer {} ({} tokens, {} routed, {} shared rows)",
+            me, f, h.echo_seq, h.layer, h.num_tokens, h.routed_rows, h.shared_rows, p.seqs[f],
+            layer, n, e - b, st.size());
+  AFD_CHECK(std::memcmp(r.route, plan.token_at.data() + b, 4 * (e - b)) == 0 &&
+                std::memcmp(r.shared_index, st.data(), 4 * st.size()) == 0,
+            "{}: FFN rank {}'s reply to layer {} carries other tokens than were sent", me, f,
+            layer);
+}
+
 void AsyncAttentionRunner::Combine(int stage, MicroBatch& mb, Pending& p, Workspace& ws) {
   const model::ModelConfig& c = model_.config();
   kernels::Backend& backend = model_.backend();
@@ -137,59 +161,78 @@ void AsyncAttentionRunner::Combine(int stage, MicroBatch& mb, Pending& p, Worksp
   const Workspace::Mark scratch = ws.mark();
   // y: [pairs, H] unweighted expert outputs in sorted order; shared: [n, H]. Each reply's rows
   // are copied out of the window (host or device memory); the shared rows of all replies are
-  // concatenated in rank order and gathered back into token order.
+  // concatenated in rank order and gathered back into token order. The index uploads come
+  // first: with device flags nothing after a stream wait may block the host.
   const Device dev = backend.device();
   const Tensor y = ws.Take(DType::kF32, {n * k, H});
   const Tensor shared = ws.Take(DType::kF32, {n, H});
   const Tensor shared_cat = ws.Take(DType::kF32, {n, H});
   std::vector<int32_t> cat_row_of_token(n, -1);
   int64_t cat = 0;
-  const std::string me = world_.Describe(world_.world_rank());
   for (int f = 0; f < plan.num_ffn; ++f) {
     if (p.seqs[f] == 0) continue;
-    const std::string what = fmt::format("the reply to layer {} stage {}", p.layer, stage);
-    const connector::ReceivedSlot r = connector_.Receive(f, stage, what);
-    const connector::SlotHeader& h = r.header;
-    const int64_t b = plan.segment[f], e = plan.segment[f + 1];
-    const std::vector<int32_t>& st = plan.shared_tokens[f];
-    AFD_CHECK(!r.shutdown(), "FFN rank {} shut down while {} waited for {}", f, me, what);
-    AFD_CHECK((h.flags & connector::kSlotCombine) && h.echo_seq == p.seqs[f] &&
-                  h.layer == p.layer && h.num_tokens == n && h.routed_rows == e - b &&
-                  h.shared_rows == static_cast<int32_t>(st.size()),
-              "{}: FFN rank {} answered seq {} layer {} ({} tokens, {} routed, {} shared rows) "
-              "to the dispatch of seq {} layer {} ({} tokens, {} routed, {} shared rows)",
-              me, f, h.echo_seq, h.layer, h.num_tokens, h.routed_rows, h.shared_rows, p.seqs[f],
-              p.layer, n, e - b, st.size());
-    AFD_CHECK(std::memcmp(r.route, plan.token_at.data() + b, 4 * (e - b)) == 0 &&
-                  std::memcmp(r.shared_index, st.data(), 4 * st.size()) == 0,
-              "{}: FFN rank {}'s reply to layer {} carries other tokens than were sent", me, f,
-              p.layer);
-    if (e > b) backend.Copy(y.Rows(b, e - b), Tensor(r.routed_rows, DType::kF32, {e - b, H}, dev));
-    const int64_t m = static_cast<int64_t>(st.size());
-    if (m > 0) {
-      backend.Copy(shared_cat.Rows(cat, m), Tensor(r.shared_rows, DType::kF32, {m, H}, dev));
-      for (int64_t i = 0; i < m; ++i) cat_row_of_token[st[i]] = static_cast<int32_t>(cat + i);
-      cat += m;
-    }
+    for (int32_t t : plan.shared_tokens[f]) cat_row_of_token[t] = static_cast<int32_t>(cat++);
   }
+  const std::string me = world_.Describe(world_.world_rank());
+  Tensor index;
   if (c.n_shared_experts > 0) {
-    AFD_CHECK(cat == n, "{}: shared-expert rows came back for {} of {} tokens", me, cat, n);
-    const Tensor index = ws.Take(DType::kI32, {n});
+    AFD_CHECK(cat == n, "{}: shared-expert rows go back for {} of {} tokens", me, cat, n);
+    index = ws.Take(DType::kI32, {n});
     backend.CopyToDevice(index, cat_row_of_token.data());
-    backend.GatherRows(shared_cat, index, shared);
   }
   const Tensor row_of_slot = ws.Take(DType::kI32, {n, k});
   backend.CopyToDevice(row_of_slot, plan.position.data());
+  const bool device_flags = connector_.device_flags();
+  cat = 0;
+  for (int f = 0; f < plan.num_ffn; ++f) {
+    if (p.seqs[f] == 0) continue;
+    connector::AsyncConnector::RowViews rows;
+    if (device_flags) {
+      connector_.EnqueueWait(f, stage);  // the copies below start when the reply lands
+      rows = connector_.RowsOf(f, stage);
+    } else {
+      const connector::ReceivedSlot r = connector_.Receive(
+          f, stage, fmt::format("the reply to layer {} stage {}", p.layer, stage));
+      CheckReply(f, stage, p, p.layer, r);
+      rows = {r.routed_rows, r.shared_rows};
+    }
+    const int64_t b = plan.segment[f], e = plan.segment[f + 1];
+    const int64_t m = static_cast<int64_t>(plan.shared_tokens[f].size());
+    if (e > b) backend.Copy(y.Rows(b, e - b), Tensor(rows.routed, DType::kF32, {e - b, H}, dev));
+    if (m > 0) {
+      backend.Copy(shared_cat.Rows(cat, m), Tensor(rows.shared, DType::kF32, {m, H}, dev));
+      cat += m;
+    }
+  }
+  if (c.n_shared_experts > 0) backend.GatherRows(shared_cat, index, shared);
   // The monolithic MoE's arithmetic: weighted sum over slots ascending from zero, then shared.
   backend.MoeCombine(y, row_of_slot, p.weights, /*accumulate=*/false, mb.mlp_out);
   if (c.n_shared_experts > 0) backend.Add(mb.mlp_out, shared);
   backend.Add(mb.x, mb.mlp_out);
   ws.Rewind(scratch);
-  if (record_round_trips_) {
+  if (device_flags) {
+    p.unchecked_layer = p.layer;
+  } else if (record_round_trips_) {
     round_trips_.push_back(
         std::chrono::duration<double>(std::chrono::steady_clock::now() - p.sent).count());
   }
   p.layer = -1;
+}
+
+void AsyncAttentionRunner::CheckReplies(int stage, Pending& p) {
+  if (p.unchecked_layer < 0) return;
+  const int64_t layer = p.unchecked_layer;
+  p.unchecked_layer = -1;
+  for (int f = 0; f < p.plan.num_ffn; ++f) {
+    if (p.seqs[f] == 0) continue;
+    const connector::ReceivedSlot r =
+        connector_.Receive(f, stage, fmt::format("the reply to layer {} stage {}", layer, stage));
+    CheckReply(f, stage, p, layer, r);
+  }
+  if (record_round_trips_) {
+    round_trips_.push_back(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - p.sent).count());
+  }
 }
 
 Tensor AsyncAttentionRunner::Forward(const model::ForwardBatch& batch, kv::PagedKvCache& cache,
@@ -219,7 +262,11 @@ Tensor AsyncAttentionRunner::Forward(const model::ForwardBatch& batch, kv::Paged
     for (int s = 0; s < stages; ++s) {
       if (pending[s].layer >= 0) Combine(s, mbs[s], pending[s], ws);
       ComputeLayer(l, mbs[s], cache, ws);
-      if (c.IsMoeLayer(l)) Dispatch(l, s, mbs[s], pending[s], ws);
+      if (c.IsMoeLayer(l)) {
+        Dispatch(l, s, mbs[s], pending[s], ws);
+      } else {
+        CheckReplies(s, pending[s]);
+      }
     }
   }
   for (int s = 0; s < stages; ++s) {
@@ -228,7 +275,9 @@ Tensor AsyncAttentionRunner::Forward(const model::ForwardBatch& batch, kv::Paged
   model::DeepseekModel::CommitBatch(batch, cache);
   ++steps_;
   dbo_steps_ += stages > 1;
-  return model_.Logits(x, in, ws);
+  Tensor logits = model_.Logits(x, in, ws);
+  for (int s = 0; s < stages; ++s) CheckReplies(s, pending[s]);  // while the logits compute
+  return logits;
 }
 
 ReplicaRunner::IdleResult AsyncAttentionRunner::Idle(bool active) {

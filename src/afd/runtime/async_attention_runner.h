@@ -68,6 +68,9 @@ class AsyncAttentionRunner : public ReplicaRunner {
     Tensor weights;              // [n, k] top-k weights, kept here
     std::vector<uint64_t> seqs;  // [F] seq of the dispatch to each FFN rank (0: none)
     std::chrono::steady_clock::time_point sent;
+    // Device flags: the layer whose replies the stream waited for and combined but the host has
+    // not checked yet (CheckReplies), else -1.
+    int64_t unchecked_layer = -1;
   };
 
   int ChooseStages(const model::ForwardBatch& batch) const;
@@ -75,6 +78,11 @@ class AsyncAttentionRunner : public ReplicaRunner {
   void ComputeLayer(int64_t layer, MicroBatch& mb, kv::PagedKvCache& cache, Workspace& ws);
   void Dispatch(int64_t layer, int stage, MicroBatch& mb, Pending& p, Workspace& ws);
   void Combine(int stage, MicroBatch& mb, Pending& p, Workspace& ws);
+  // Receives (host) and checks the replies that Combine consumed on the device; before the
+  // host blocks on the stream again and before `p` is reused.
+  void CheckReplies(int stage, Pending& p);
+  void CheckReply(int f, int stage, const Pending& p, int64_t layer,
+                  const connector::ReceivedSlot& r) const;
 
   const model::DeepseekModel& model_;
   comm::AfdWorld& world_;

@@ -87,7 +87,9 @@ void AsyncFfnWorker::Serve(const connector::ReceivedSlot& in) {
   reply.routed_rows = routed_out.data();
   reply.shared_index = std::span<const int32_t>(in.shared_index, S);
   reply.shared_rows = shared_out.data();
-  backend.Synchronize();  // the outputs are computed before the window copies them
+  // The window copies the outputs once computed: on the stream with device flags, else after a
+  // host wait.
+  if (!connector_.device_flags()) backend.Synchronize();
   connector_.Send(h.sender, reply);
   rows_served_ += R + S;
 }

@@ -102,11 +102,11 @@ void CudaIpcWindow::Write(int peer, size_t offset, const void* src, size_t bytes
   AFD_CHECK(offset + bytes <= bytes_, "CUDA IPC window: write of {} bytes at {} exceeds {}", bytes,
             offset, bytes_);
   AFD_CUDA_CHECK(cudaMemcpyAsync(maps_[peer] + offset, src, bytes, cudaMemcpyDefault,
-                                 static_cast<cudaStream_t>(stream_)));
+                                 static_cast<cudaStream_t>(stream())));
 }
 
 void CudaIpcWindow::Flush() {
-  AFD_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(stream_)));
+  AFD_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(stream())));
 }
 
 void CudaIpcWindow::WriteFlag(int, size_t, uint64_t) {

@@ -7,8 +7,10 @@
 // run kernels on the rows at once. Flags live in host shared memory, so WriteFlag/ReadFlags are
 // not used here (they throw).
 //
-// The caller orders Write after the kernels that produced `src` (the backend's stream is
-// synchronized before a send). Thread safety: one thread at a time.
+// Copies run on the window's own stream unless UseStream names another (the backend's): then
+// they are ordered after the kernels that produced `src` on it without a host wait, and the
+// flag follows on the same stream (StreamFlags). Otherwise the caller synchronizes its stream
+// before a send. Thread safety: one thread at a time.
 #pragma once
 
 #include <memory>
@@ -32,7 +34,11 @@ class CudaIpcWindow : public Window {
   size_t bytes() const override { return bytes_; }
   char* local() const override { return maps_[self_]; }  // device memory
   void Write(int peer, size_t offset, const void* src, size_t bytes) override;
+  // Waits for every copy enqueued so far (on the stream in use).
   void Flush() override;
+  // Enqueues the copies on `stream` (a cudaStream_t of this window's device) from now on.
+  void UseStream(void* stream) { copy_stream_ = stream; }
+  void* stream() const { return copy_stream_ ? copy_stream_ : stream_; }
   void WriteFlag(int peer, size_t offset, uint64_t value) override;
   void ReadFlags(size_t offset, std::span<uint64_t> out) const override;
   bool PeerExited(int) const override { return false; }  // the host window tells
@@ -43,8 +49,9 @@ class CudaIpcWindow : public Window {
 
   size_t bytes_;
   int self_, device_;
-  std::vector<char*> maps_;  // [world size] device pointers, null when not opened
-  void* stream_ = nullptr;   // cudaStream_t of the copies
+  std::vector<char*> maps_;      // [world size] device pointers, null when not opened
+  void* stream_ = nullptr;       // cudaStream_t of the copies (owned)
+  void* copy_stream_ = nullptr;  // UseStream's stream (not owned), or null
 };
 
 }  // namespace afd::connector

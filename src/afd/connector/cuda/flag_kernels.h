@@ -1,0 +1,12 @@
+// One-thread kernels that store and await a flag in host-mapped memory on a stream (the
+// kernel form of StreamFlags; stream_flags.h). False when the launch failed.
+#pragma once
+
+#include <cstdint>
+
+namespace afd::connector {
+
+bool LaunchStoreFlag(void* stream, uint64_t* device_flag, uint64_t value);
+bool LaunchAwaitFlag(void* stream, const uint64_t* device_flag, uint64_t value);
+
+}  // namespace afd::connector

@@ -1,0 +1,106 @@
+#include "afd/connector/cuda/stream_flags.h"
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include "afd/common/cuda_check.h"
+#include "afd/common/error.h"
+#include "afd/connector/cuda/flag_kernels.h"
+
+namespace afd::connector {
+
+namespace {
+
+using WriteFn = CUresult (*)(CUstream, CUdeviceptr, cuuint64_t, unsigned int);
+using WaitFn = CUresult (*)(CUstream, CUdeviceptr, cuuint64_t, unsigned int);
+using AttrFn = CUresult (*)(int*, CUdevice_attribute, CUdevice);
+
+void* DriverFunction(const char* name, std::string* why) {
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+  const cudaError_t e = cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &q);
+  if (e != cudaSuccess || q != cudaDriverEntryPointSuccess || fn == nullptr) {
+    *why = fmt::format("the CUDA driver has no {} ({})", name, cudaGetErrorString(e));
+    return nullptr;
+  }
+  return fn;
+}
+
+}  // namespace
+
+std::unique_ptr<StreamFlags> StreamFlags::Create(int device, std::string* why) {
+  std::string unused;
+  if (why == nullptr) why = &unused;
+  AFD_CUDA_CHECK(cudaSetDevice(device));
+  int mapped = 0;
+  AFD_CUDA_CHECK(cudaDeviceGetAttribute(&mapped, cudaDevAttrCanMapHostMemory, device));
+  if (mapped == 0) {
+    *why = fmt::format("cuda:{} cannot map host memory", device);
+    return nullptr;
+  }
+  std::unique_ptr<StreamFlags> f(new StreamFlags());
+  f->device_ = device;
+  // Stream memory operations when the device runs them (measured on an H200: a few us less per
+  // round trip than the kernels); else the one-thread kernels.
+  auto* attr = reinterpret_cast<AttrFn>(DriverFunction("cuDeviceGetAttribute", why));
+  int mem_ops = 0;
+  if (attr != nullptr &&
+      attr(&mem_ops, CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS, device) == CUDA_SUCCESS &&
+      mem_ops != 0) {
+    f->write_fn_ = DriverFunction("cuStreamWriteValue64", why);
+    f->wait_fn_ = DriverFunction("cuStreamWaitValue64", why);
+  }
+  f->memops_ = f->write_fn_ != nullptr && f->wait_fn_ != nullptr;
+  return f;
+}
+
+StreamFlags::~StreamFlags() {
+  cudaSetDevice(device_);
+  for (const Range& r : ranges_) cudaHostUnregister(r.host);
+}
+
+void StreamFlags::Register(char* base, size_t bytes, const std::string& what) {
+  AFD_CUDA_CHECK(cudaSetDevice(device_));
+  const cudaError_t e =
+      cudaHostRegister(base, bytes, cudaHostRegisterMapped | cudaHostRegisterPortable);
+  AFD_CHECK(e == cudaSuccess, "cannot register the flags of {} with cuda:{}: {}", what, device_,
+            cudaGetErrorString(e));
+  void* dev = nullptr;
+  AFD_CUDA_CHECK(cudaHostGetDevicePointer(&dev, base, 0));
+  ranges_.push_back({base, bytes, reinterpret_cast<uint64_t>(dev)});
+}
+
+uint64_t StreamFlags::DeviceAddress(const void* host) const {
+  const char* p = static_cast<const char*>(host);
+  for (const Range& r : ranges_) {
+    if (p >= r.host && p + 8 <= r.host + r.bytes) return r.device + (p - r.host);
+  }
+  AFD_THROW("stream flags: host address {} is in no registered flag range", host);
+}
+
+void StreamFlags::Write(void* stream, uint64_t* flag, uint64_t value) const {
+  if (!memops_) {
+    AFD_CHECK(LaunchStoreFlag(stream, reinterpret_cast<uint64_t*>(DeviceAddress(flag)), value),
+              "flag store kernel on cuda:{}: {}", device_, cudaGetErrorString(cudaGetLastError()));
+    return;
+  }
+  const CUresult r = reinterpret_cast<WriteFn>(write_fn_)(
+      static_cast<CUstream>(stream), DeviceAddress(flag), value, CU_STREAM_WRITE_VALUE_DEFAULT);
+  AFD_CHECK(r == CUDA_SUCCESS, "cuStreamWriteValue64 on cuda:{} failed (CUresult {})", device_,
+            static_cast<int>(r));
+}
+
+void StreamFlags::Wait(void* stream, const uint64_t* flag, uint64_t value) const {
+  if (!memops_) {
+    AFD_CHECK(
+        LaunchAwaitFlag(stream, reinterpret_cast<const uint64_t*>(DeviceAddress(flag)), value),
+        "flag wait kernel on cuda:{}: {}", device_, cudaGetErrorString(cudaGetLastError()));
+    return;
+  }
+  const CUresult r = reinterpret_cast<WaitFn>(wait_fn_)(
+      static_cast<CUstream>(stream), DeviceAddress(flag), value, CU_STREAM_WAIT_VALUE_GEQ);
+  AFD_CHECK(r == CUDA_SUCCESS, "cuStreamWaitValue64 on cuda:{} failed (CUresult {})", device_,
+            static_cast<int>(r));
+}
+
+}  // namespace afd::connector

@@ -1,0 +1,56 @@
+// Flags of the async connector's host window written and awaited by a CUDA stream (stream
+// memory operations on host-mapped memory), so that neither side of a device-rows round trip
+// synchronizes its stream with the host on the critical path:
+//   sender:   [kernels producing rows] -> [IPC copies into the peer's row window] -> flag store
+//             (a system-scope fence, then the store into the peer's host-window flag), all
+//             enqueued on the caller's stream; the host returns at once.
+//   receiver: a stream wait (flag >= seq), then the kernels that read the rows: the GPU starts
+//             them the moment the flag lands, while the host checks the slot's header later
+//             (with a deadline and peer liveness, as for host rows).
+// Store and wait are stream memory operations (cuStreamWriteValue64 / cuStreamWaitValue64) where
+// the device runs them, else one-thread kernels (flag_kernels.h).
+// The host-window pages holding the flags (this rank's copy and every mapped peer's) are
+// registered with the device (cudaHostRegister, mapped). The driver entry points are looked up
+// through the runtime (no libcuda link). Thread safety: one thread at a time.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace afd::connector {
+
+class StreamFlags {
+ public:
+  // Empty when `device` cannot map host memory (then `why` says why).
+  static std::unique_ptr<StreamFlags> Create(int device, std::string* why);
+  ~StreamFlags();
+  StreamFlags(const StreamFlags&) = delete;
+  StreamFlags& operator=(const StreamFlags&) = delete;
+
+  // Makes [base, base + bytes) of host memory (page-aligned base) visible to the device.
+  void Register(char* base, size_t bytes, const std::string& what);
+  // Enqueues on `stream`: a fence, then *flag = value (flag inside a registered range).
+  void Write(void* stream, uint64_t* flag, uint64_t value) const;
+  // Enqueues on `stream`: wait until *flag >= value (flag inside a registered range).
+  void Wait(void* stream, const uint64_t* flag, uint64_t value) const;
+
+ private:
+  StreamFlags() = default;
+  struct Range {
+    char* host;
+    size_t bytes;
+    uint64_t device;  // the range's device address
+  };
+  uint64_t DeviceAddress(const void* host) const;
+
+  int device_ = 0;
+  void* write_fn_ = nullptr;  // cuStreamWriteValue64
+  void* wait_fn_ = nullptr;   // cuStreamWaitValue64
+  bool memops_ = false;       // cuStreamWriteValue64 / cuStreamWaitValue64, else flag_kernels.h
+  std::vector<Range> ranges_;
+};
+
+}  // namespace afd::connector
