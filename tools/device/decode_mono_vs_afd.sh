@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # Decode on preset:deepseek-v2-lite (8 layers, bf16), 16 prompts of 64 tokens, 64 new tokens:
 # monolithic vs AFD 1A1F with the async connector, device and host flags (every rank on
-# --cuda-device 0). Prints the
-# decode lines of --stats.
+# --cuda-device 0). Prints the decode lines of --stats.
 # Usage (repo root there, LD_LIBRARY_PATH set): decode_mono_vs_afd.sh BIN_DIR
 set -u
 AFD="$(readlink -f "$1")/afd"

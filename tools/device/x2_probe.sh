@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # One device call on a 2-GPU machine: what the async connector's round trip costs when the two
-# roles sit on different GPUs (CUDA IPC over NVLink) vs one GPU (time-sliced contexts), with MPS
-# if the machine has it, and the P2P connector over NCCL for comparison; prints the machine's
-# NCCL library and topology. Usage (repo root there): x2_probe.sh BIN_DIR
+# roles sit on different GPUs (CUDA IPC over NVLink) vs one GPU (time-sliced contexts), with
+# device flags (the default) and host flags (--host-flags), under MPS if the machine has it,
+# and the P2P connector over NCCL (WITH_P2P=1); prints the machine's NCCL library and topology.
+# ONLY=substring runs the matching benches only; MPS_THEN=command runs under MPS at the end.
+# Usage (repo root there): x2_probe.sh BIN_DIR
 set -u
 BIN=$(readlink -f "$1")
 CUBLAS_DIR=$(dirname "$(find / -name 'libcublas.so.13*' -not -path '*/proc/*' 2>/dev/null | head -1)")

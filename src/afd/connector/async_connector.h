@@ -146,6 +146,11 @@ class AsyncConnector {
   int num_peers() const;
   ReceivedSlot Read(int region, int ring, uint64_t seq, const std::string& what);
   void CheckPeers(const std::string& what);
+  // Device flags (stream_flags.h): the flag store after a send's copies, the stream wait for a
+  // reply, and the release of waits left pending at destruction.
+  void DeviceStoreFlag(int world_rank, size_t offset, uint64_t seq);
+  void DeviceAwaitFlag(size_t offset, uint64_t seq);
+  void ReleaseDeviceWaits();
   std::string PeerName(int peer) const;
 
   comm::AfdWorld& world_;

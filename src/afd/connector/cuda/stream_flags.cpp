@@ -79,26 +79,33 @@ uint64_t StreamFlags::DeviceAddress(const void* host) const {
 }
 
 void StreamFlags::Write(void* stream, uint64_t* flag, uint64_t value) const {
+  Store(stream, DeviceAddress(flag), value);
+}
+
+void StreamFlags::Wait(void* stream, const uint64_t* flag, uint64_t value) const {
+  Await(stream, DeviceAddress(flag), value);
+}
+
+void StreamFlags::Store(void* stream, uint64_t address, uint64_t value) const {
   if (!memops_) {
-    AFD_CHECK(LaunchStoreFlag(stream, reinterpret_cast<uint64_t*>(DeviceAddress(flag)), value),
+    AFD_CHECK(LaunchStoreFlag(stream, reinterpret_cast<uint64_t*>(address), value),
               "flag store kernel on cuda:{}: {}", device_, cudaGetErrorString(cudaGetLastError()));
     return;
   }
-  const CUresult r = reinterpret_cast<WriteFn>(write_fn_)(
-      static_cast<CUstream>(stream), DeviceAddress(flag), value, CU_STREAM_WRITE_VALUE_DEFAULT);
+  const CUresult r = reinterpret_cast<WriteFn>(write_fn_)(static_cast<CUstream>(stream), address,
+                                                          value, CU_STREAM_WRITE_VALUE_DEFAULT);
   AFD_CHECK(r == CUDA_SUCCESS, "cuStreamWriteValue64 on cuda:{} failed (CUresult {})", device_,
             static_cast<int>(r));
 }
 
-void StreamFlags::Wait(void* stream, const uint64_t* flag, uint64_t value) const {
+void StreamFlags::Await(void* stream, uint64_t address, uint64_t value) const {
   if (!memops_) {
-    AFD_CHECK(
-        LaunchAwaitFlag(stream, reinterpret_cast<const uint64_t*>(DeviceAddress(flag)), value),
-        "flag wait kernel on cuda:{}: {}", device_, cudaGetErrorString(cudaGetLastError()));
+    AFD_CHECK(LaunchAwaitFlag(stream, reinterpret_cast<const uint64_t*>(address), value),
+              "flag wait kernel on cuda:{}: {}", device_, cudaGetErrorString(cudaGetLastError()));
     return;
   }
-  const CUresult r = reinterpret_cast<WaitFn>(wait_fn_)(
-      static_cast<CUstream>(stream), DeviceAddress(flag), value, CU_STREAM_WAIT_VALUE_GEQ);
+  const CUresult r = reinterpret_cast<WaitFn>(wait_fn_)(static_cast<CUstream>(stream), address,
+                                                        value, CU_STREAM_WAIT_VALUE_GEQ);
   AFD_CHECK(r == CUDA_SUCCESS, "cuStreamWaitValue64 on cuda:{} failed (CUresult {})", device_,
             static_cast<int>(r));
 }

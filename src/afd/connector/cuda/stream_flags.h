@@ -45,6 +45,8 @@ class StreamFlags {
     uint64_t device;  // the range's device address
   };
   uint64_t DeviceAddress(const void* host) const;
+  void Store(void* stream, uint64_t device_address, uint64_t value) const;
+  void Await(void* stream, uint64_t device_address, uint64_t value) const;
 
   int device_ = 0;
   void* write_fn_ = nullptr;  // cuStreamWriteValue64
