@@ -329,7 +329,7 @@ __global__ void RowsToBf16(const float* x, int64_t n, __nv_bfloat16* out) {
 // One warp owns two 8-column weight tiles of one expert that share every A fragment: SwiGLU, the
 // gate rows n0.. and the up rows n_out + n0.. of the same 8 output columns; plain, the columns
 // n0.. and n0 + 8.. (16 columns, which halves the x traffic per weight byte). Rows of the expert
-// are taken in passes of up to 64 (4 m16 tiles), each loaded B fragment serving every m tile.
+// are taken in passes of kMmaTiles m16 tiles, each loaded B fragment serving every m tile.
 //
 // Permuted K: a dot product does not depend on the order of k, so each 32-wide k chunk is fed to
 // two m16n8k16 mmas with its k positions permuted so that every lane's operands are 8
@@ -351,10 +351,14 @@ __global__ void RowsToBf16(const float* x, int64_t n, __nv_bfloat16* out) {
 // past the expert's segment are zeros and never read.
 //
 // grid: (ceil(n_out / columns per block), slices, num_local) with slices = ceil(average rows per
-// expert / 64) (host-known m and num_local only: graph-safe); block y takes the passes y,
+// expert / rows per pass) (host-known m and num_local only: graph-safe); block y takes the passes y,
 // y + slices, ... of its expert's rows; blocks of an expert without rows exit at once. Needs
 // k % 32 == 0, n_out % 8 == 0 and 16-byte aligned weights and x rows.
-constexpr int kMmaWarps = 4, kMmaTiles = 4, kMmaUnroll = 8;
+// One m16 tile per pass: 128 registers (16 warps per SM) instead of 168 with 4 tiles (12 warps)
+// or 126 with 2; measured on an H200 (v2-lite MoE layer, 64 tokens): 3.60 TB/s with 1 tile,
+// 3.38 with 2, 2.87 with 4, and 1 tile was fastest at 256 tokens too (docs/perf.md). More rows
+// per expert take more passes, spread over the grid's row slices and sharing weights in L2.
+constexpr int kMmaWarps = 4, kMmaTiles = 1, kMmaUnroll = 8;
 constexpr int kMmaPassRows = 16 * kMmaTiles;
 constexpr int64_t kMmaMaxAvgRows = 256;  // above: the WMMA path (see LaunchGroupedLinear)
 
@@ -560,8 +564,8 @@ void LaunchGroupedLinear(const float* x, int64_t m, int64_t k, const void* const
                          float* y, uint16_t* x_bf16, cudaStream_t s) {
   if (m == 0 || num_local == 0) return;
   // bf16 experts up to kMmaMaxAvgRows rows each on average (decode and mid-sized groups):
-  // mma.sync straight from global memory, each used expert's weights read once per 64 rows (row
-  // slices of the same expert run side by side and share them through L2). x is rounded to
+  // mma.sync straight from global memory, each used expert's weights read from memory once (the
+  // passes over more rows run side by side in row slices and share them through L2). x is rounded to
   // bf16 once into the x_bf16 scratch [m, k].
   if (bf16 && x_bf16 != nullptr && k % 32 == 0 && n_out % 8 == 0 &&
       m <= kMmaMaxAvgRows * num_local) {
