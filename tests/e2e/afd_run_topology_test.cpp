@@ -182,6 +182,34 @@ std::vector<Case> Cases() {
   for (const std::string topo : {"1A1F", "2A2F", "3A2F", "1A2F", "2A5F", "4A1F"}) {
     cases.push_back({topo + "_async", kTiny, {"--topology", topo, "--additional-config", async}});
   }
+  // Attention tensor parallelism: each TP rank dispatches its share of the tokens, the shares
+  // are all-gathered after the combine (uneven heads: 4 over TP 3; with micro-batches; with
+  // chunked prefill).
+  auto async_tp = [](int tp, const std::string& extra) {
+    return R"({"afd": {"connector": "AsyncAFDConnector", "connector_extra_config":
+               {"attn_ranks_per_dp": )" +
+           std::to_string(tp) + extra + "}}}";
+  };
+  cases.push_back(
+      {"2A2F_dp1tp2_async",
+       kTiny,
+       {"--topology", "2A2F", "--attention-tp", "2", "--additional-config", async_tp(2, "")}});
+  cases.push_back({"6A4F_dp2tp3_async",
+                   kTiny,
+                   {"--topology", "6A4F", "--attention-dp", "2", "--attention-tp", "3",
+                    "--additional-config", async_tp(3, "")}});
+  cases.push_back({"2A3F_dp1tp2_async_ubatching",
+                   kTiny,
+                   {"--topology", "2A3F", "--attention-tp", "2", "--additional-config",
+                    async_tp(2, R"(, "async_moe_ubatching": true, "async_moe_split": "token")")}});
+  cases.push_back({"4A1F_dp2tp2_async_mixed_steps",
+                   kTiny,
+                   {"--topology", "4A1F", "--attention-tp", "2", "--max-num-batched-tokens", "3",
+                    "--additional-config", async_tp(2, "")}});
+  cases.push_back(
+      {"v3_noaux_tc_4A2F_dp2tp2_async",
+       Golden("v3_noaux_tc"),
+       {"--topology", "4A2F", "--attention-tp", "2", "--additional-config", async_tp(2, "")}});
   // Chunked prefill with decode in the same steps; the worst-case routed capacity (F).
   cases.push_back({"3A2F_async_mixed_steps",
                    kTiny,
@@ -377,6 +405,16 @@ TEST(AfdRunTopologyFailures, BadTopologyIsRejectedBeforeStarting) {
              "bad_tp");
   EXPECT_NE(o.status, 0);
   EXPECT_NE(o.err.find("attention ranks must equal DP x PCP x TP"), std::string::npos) << o.err;
+  // The async connector's ranks per replica must be the attention TP size.
+  o = RunAfd(
+      {"run", "--model", "preset:tiny", "--prompt-ids", "1", "--topology", "2A1F", "--attention-tp",
+       "2", "--additional-config", R"({"afd": {"connector": "AsyncAFDConnector"}})"},
+      "bad_ranks_per_dp");
+  EXPECT_NE(o.status, 0);
+  EXPECT_NE(o.err.find("attn_ranks_per_dp is 1, but the attention role runs 2 rank(s) per "
+                       "data-parallel replica"),
+            std::string::npos)
+      << o.err;
 }
 
 }  // namespace

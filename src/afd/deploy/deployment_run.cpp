@@ -72,9 +72,15 @@ std::vector<RankProcessSpec> DeploymentRankSpecs(const DeploymentSpec& spec, con
   // unless the config asks for shared-memory windows.
   std::string connector(spec.cuda ? kAsyncConnector : kP2pHostConnector);
   if (!spec.additional_config.empty()) {
-    const AfdConfig parsed = ParseAfdConfig(spec.additional_config);  // checks the fields
     json given = json::parse(spec.additional_config);
     base = given.contains("afd") ? given["afd"] : given;
+    // Checks the fields, with the topology's rank counts where the config leaves them out (the
+    // connector's options are validated against them).
+    json probe = base;
+    if (probe.is_object() && !probe.contains("num_attention_ranks"))
+      probe["num_attention_ranks"] = A;
+    if (probe.is_object() && !probe.contains("num_ffn_ranks")) probe["num_ffn_ranks"] = F;
+    const AfdConfig parsed = ParseAfdConfig(json{{"afd", probe}}.dump());
     for (const char* k : {"role", "afd_role", "host", "afd_host", "port", "afd_port"}) {
       AFD_CHECK(!base.contains(k),
                 "--additional-config: \"{}\" is set by --topology; leave it "

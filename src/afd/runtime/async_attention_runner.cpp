@@ -10,17 +10,36 @@ namespace afd::runtime {
 AsyncAttentionRunner::AsyncAttentionRunner(const model::DeepseekModel& model, comm::AfdWorld& world,
                                            connector::AsyncConnector& connector, int tp,
                                            DboOptions dbo)
-    : model_(model), world_(world), connector_(connector), dbo_(dbo) {
+    : model_(model), world_(world), connector_(connector), tp_(tp), dbo_(dbo) {
   AFD_CHECK(world.self().role == Role::kAttention, "AsyncAttentionRunner on an FFN rank");
   AFD_CHECK(model.backend().device().is_cpu() != connector.device_rows(),
             "{}: the attention role runs on {} but the connector's rows are in {} memory",
             world.config().connector, model.backend().name(),
             connector.device_rows() ? "device" : "host");
-  AFD_CHECK(tp == 1,
-            "{}: attention tensor parallelism (tp {}) is not supported; run one attention rank "
-            "per data-parallel replica",
-            world.config().connector, tp);
+  const Topology& t = world.topology();
   const AsyncOptions& o = world.config().async_options;
+  const int64_t heads = model.config().num_attention_heads;
+  AFD_CHECK(tp >= 1 && t.num_attention() % tp == 0 && tp <= heads,
+            "attention tensor-parallel size {}: must divide num_attention_ranks ({}) and not "
+            "exceed the model's {} attention heads",
+            tp, t.num_attention(), heads);
+  AFD_CHECK(o.attn_ranks_per_dp == tp,
+            "afd.connector_extra_config.attn_ranks_per_dp is {}, but the attention role runs {} "
+            "rank(s) per data-parallel replica (its tensor-parallel size): set them equal",
+            o.attn_ranks_per_dp, tp);
+  if (tp > 1) {
+    AFD_CHECK(model.backend().device().is_cpu(),
+              "{}: attention tensor parallelism (tp {}) runs on CPU ranks; on {} run one "
+              "attention rank per data-parallel replica",
+              world.config().connector, tp, model.backend().name());
+    const int me = world.self().rank, dp_rank = me / tp;
+    tp_rank_ = me % tp;
+    std::vector<int> replica;
+    for (int i = 0; i < tp; ++i)
+      replica.push_back(t.WorldRank({Role::kAttention, dp_rank * tp + i}));
+    tp_comm_ = world.CreateGroup(fmt::format("attention_tp_{}", dp_rank), replica);
+    tp_group_ = std::make_unique<TpGroup>(*tp_comm_, heads, model.config().v_head_dim);
+  }
   AFD_CHECK(!dbo.enabled || o.ring_depth >= 2,
             "--enable-dbo with {} needs two ring slots per peer: set "
             "connector_extra_config.ring_depth to 2 (or async_moe_ubatching)",
@@ -66,7 +85,7 @@ std::vector<int64_t> AsyncAttentionRunner::SplitPoints(const model::ForwardBatch
 void AsyncAttentionRunner::ComputeLayer(int64_t layer, MicroBatch& mb, kv::PagedKvCache& cache,
                                         Workspace& ws) {
   const Workspace::Mark scratch = ws.mark();
-  model_.Attention(layer, mb.in, cache, mb.x, mb.mlp_in, ws);
+  model_.Attention(layer, mb.in, cache, mb.x, mb.mlp_in, ws, tp_group_.get());
   if (!model_.config().IsMoeLayer(layer)) {
     model_.DenseMlp(layer, mb.mlp_in, mb.mlp_out, ws);
     model_.backend().Add(mb.x, mb.mlp_out);
@@ -78,17 +97,25 @@ void AsyncAttentionRunner::Dispatch(int64_t layer, int stage, MicroBatch& mb, Pe
                                     Workspace& ws) {
   const model::ModelConfig& c = model_.config();
   kernels::Backend& backend = model_.backend();
-  const int64_t n = mb.n(), k = c.num_experts_per_tok, H = c.hidden_size;
+  // This TP rank's tokens (all of them without TP): an independent sender of their rows.
+  const int64_t n = mb.share_count, k = c.num_experts_per_tok, H = c.hidden_size;
+  const Tensor mlp_in = mb.mlp_in.Rows(mb.share_begin, n);
   const int F = world_.topology().num_ffn();
-  // Kept until the replies are combined; the rest is scratch.
   CheckReplies(stage, p);  // before the host blocks on the stream (the routing ids)
+  p.layer = layer;
+  p.seqs.assign(F, 0);
+  p.sent = std::chrono::steady_clock::now();
+  if (n == 0) {  // fewer tokens than TP ranks: nothing to send
+    p.plan = connector::PlanDispatch(nullptr, 0, k, c.n_routed_experts, F, c.n_shared_experts > 0);
+    return;
+  }
+  // Kept until the replies are combined; the rest is scratch.
   const Tensor ids = ws.Take(DType::kI32, {n, k});
   p.weights = ws.Take(DType::kF32, {n, k});
   const Workspace::Mark scratch = ws.mark();
-  model_.Route(layer, mb.mlp_in, ids, p.weights, ws);
+  model_.Route(layer, mlp_in, ids, p.weights, ws);
   std::vector<int32_t> host_ids(n * k);
   backend.CopyToHost(host_ids.data(), ids);
-  p.layer = layer;
   p.plan =
       connector::PlanDispatch(host_ids.data(), n, k, c.n_routed_experts, F, c.n_shared_experts > 0);
   const connector::DispatchPlan& plan = p.plan;
@@ -97,9 +124,7 @@ void AsyncAttentionRunner::Dispatch(int64_t layer, int stage, MicroBatch& mb, Pe
   const Tensor sorted = ws.Take(DType::kF32, {pairs, H});
   const Tensor token_at = ws.Take(DType::kI32, {pairs});
   backend.CopyToDevice(token_at, plan.token_at.data());
-  backend.GatherRows(mb.mlp_in, token_at, sorted);
-  p.seqs.assign(F, 0);
-  p.sent = std::chrono::steady_clock::now();
+  backend.GatherRows(mlp_in, token_at, sorted);
   // Every FFN rank's shared-expert rows, then the sends: with device flags the copies and flags
   // follow the rows on the stream; else one wait for the device first (host-side flags).
   std::vector<Tensor> shared_rows(F);
@@ -110,7 +135,7 @@ void AsyncAttentionRunner::Dispatch(int64_t layer, int stage, MicroBatch& mb, Pe
     shared_rows[f] = ws.Take(DType::kF32, {m, H});
     const Tensor index = ws.Take(DType::kI32, {m});
     backend.CopyToDevice(index, shared.data());
-    backend.GatherRows(mb.mlp_in, index, shared_rows[f]);
+    backend.GatherRows(mlp_in, index, shared_rows[f]);
   }
   if (!connector_.device_flags()) backend.Synchronize();
   for (int f = 0; f < F; ++f) {
@@ -157,7 +182,18 @@ void AsyncAttentionRunner::Combine(int stage, MicroBatch& mb, Pending& p, Worksp
   const model::ModelConfig& c = model_.config();
   kernels::Backend& backend = model_.backend();
   const connector::DispatchPlan& plan = p.plan;
-  const int64_t n = mb.n(), k = c.num_experts_per_tok, H = c.hidden_size;
+  const int64_t n = mb.share_count, k = c.num_experts_per_tok, H = c.hidden_size;
+  // This TP rank's rows of the MoE output, then (TP) every rank's, then the residual.
+  const Tensor out = mb.mlp_out.Rows(mb.share_begin, n);
+  const auto finish = [&] {
+    if (tp_group_) tp_group_->AllGatherRows(mb.mlp_out);
+    backend.Add(mb.x, mb.mlp_out);
+    p.layer = -1;
+  };
+  if (n == 0) {
+    finish();
+    return;
+  }
   const Workspace::Mark scratch = ws.mark();
   // y: [pairs, H] unweighted expert outputs in sorted order; shared: [n, H]. Each reply's rows
   // are copied out of the window (host or device memory); the shared rows of all replies are
@@ -206,9 +242,8 @@ void AsyncAttentionRunner::Combine(int stage, MicroBatch& mb, Pending& p, Worksp
   }
   if (c.n_shared_experts > 0) backend.GatherRows(shared_cat, index, shared);
   // The monolithic MoE's arithmetic: weighted sum over slots ascending from zero, then shared.
-  backend.MoeCombine(y, row_of_slot, p.weights, /*accumulate=*/false, mb.mlp_out);
-  if (c.n_shared_experts > 0) backend.Add(mb.mlp_out, shared);
-  backend.Add(mb.x, mb.mlp_out);
+  backend.MoeCombine(y, row_of_slot, p.weights, /*accumulate=*/false, out);
+  if (c.n_shared_experts > 0) backend.Add(out, shared);
   ws.Rewind(scratch);
   if (device_flags) {
     p.unchecked_layer = p.layer;
@@ -216,7 +251,7 @@ void AsyncAttentionRunner::Combine(int stage, MicroBatch& mb, Pending& p, Worksp
     round_trips_.push_back(
         std::chrono::duration<double>(std::chrono::steady_clock::now() - p.sent).count());
   }
-  p.layer = -1;
+  finish();
 }
 
 void AsyncAttentionRunner::CheckReplies(int stage, Pending& p) {
@@ -253,7 +288,12 @@ Tensor AsyncAttentionRunner::Forward(const model::ForwardBatch& batch, kv::Paged
   std::vector<MicroBatch> mbs(stages);
   for (int s = 0; s < stages; ++s) {
     const int64_t begin = points[s], m = points[s + 1] - points[s];
-    mbs[s] = {in.Slice(begin, m), x.Rows(begin, m), mlp_in.Rows(begin, m), mlp_out.Rows(begin, m)};
+    mbs[s] = {in.Slice(begin, m),
+              x.Rows(begin, m),
+              mlp_in.Rows(begin, m),
+              mlp_out.Rows(begin, m),
+              SplitOffset(m, tp_, tp_rank_),
+              SplitSize(m, tp_, tp_rank_)};
   }
   // Stage s's MoE of layer l is combined just before its attention of layer l + 1, so the FFN
   // serves it while the other stages attend.

@@ -20,12 +20,16 @@
 // (A: attention, S: dispatch, R: wait for the replies and combine). Each stage has one ring
 // slot, so at most one request per (FFN rank, stage) is in flight.
 //
-// Attention tensor parallelism is not supported with this connector (one rank per replica).
+// Attention tensor parallelism (CPU ranks; connector_extra_config.attn_ranks_per_dp = the TP
+// size): the TP ranks of a replica run the same steps, each with its share of the heads; for
+// the MoE each dispatches its share of the micro-batch's tokens (SplitOffset over TP ranks) as
+// an independent sender, and after the combine the shares are all-gathered over the TP group.
 // Thread safety: one thread.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "afd/comm/afd_world.h"
@@ -34,12 +38,14 @@
 #include "afd/model/model.h"
 #include "afd/runtime/attention_runner.h"
 #include "afd/runtime/step_runner.h"
+#include "afd/runtime/tp_group.h"
 
 namespace afd::runtime {
 
 class AsyncAttentionRunner : public ReplicaRunner {
  public:
-  // `model`, `world` and `connector` must outlive the runner. tp must be 1.
+  // `model`, `world` and `connector` must outlive the runner. tp: the attention ranks of one
+  // replica (tensor parallelism; > 1 on CPU ranks only).
   AsyncAttentionRunner(const model::DeepseekModel& model, comm::AfdWorld& world,
                        connector::AsyncConnector& connector, int tp, DboOptions dbo = {});
 
@@ -58,7 +64,8 @@ class AsyncAttentionRunner : public ReplicaRunner {
  private:
   struct MicroBatch {
     model::StepInputs in;
-    Tensor x, mlp_in, mlp_out;  // [n, H] views of the step's
+    Tensor x, mlp_in, mlp_out;                 // [n, H] views of the step's
+    int64_t share_begin = 0, share_count = 0;  // this TP rank's tokens for the MoE exchange
     int64_t n() const { return in.n; }
   };
   // A dispatched MoE layer of one micro-batch whose replies are outstanding.
@@ -87,6 +94,9 @@ class AsyncAttentionRunner : public ReplicaRunner {
   const model::DeepseekModel& model_;
   comm::AfdWorld& world_;
   connector::AsyncConnector& connector_;
+  int tp_ = 1, tp_rank_ = 0;
+  std::unique_ptr<comm::Communicator> tp_comm_;  // null when tp == 1
+  std::unique_ptr<TpGroup> tp_group_;            // null when tp == 1
   DboOptions dbo_;
   int64_t steps_ = 0;
   int64_t dbo_steps_ = 0;
