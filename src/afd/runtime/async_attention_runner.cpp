@@ -315,9 +315,9 @@ Tensor AsyncAttentionRunner::Forward(const model::ForwardBatch& batch, kv::Paged
   model::DeepseekModel::CommitBatch(batch, cache);
   ++steps_;
   dbo_steps_ += stages > 1;
-  Tensor logits = model_.Logits(x, in, ws);
-  for (int s = 0; s < stages; ++s) CheckReplies(s, pending[s]);  // while the logits compute
-  return logits;
+  // Before any later host wait on the stream (the logits, the sampled ids).
+  for (int s = 0; s < stages; ++s) CheckReplies(s, pending[s]);
+  return model_.Logits(x, in, ws);
 }
 
 ReplicaRunner::IdleResult AsyncAttentionRunner::Idle(bool active) {
