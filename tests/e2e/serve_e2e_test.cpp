@@ -393,13 +393,11 @@ TEST(ServeE2eLaunch, OpenAiNpmClient) {
   EXPECT_EQ(ReadFile(out), "ok\n");
 }
 
-// h. `afd serve` of the model in one process equals `afd run`.
 // The asynchronous window connector behind the API: replicas run independently (no lockstep),
 // and concurrent requests still equal `afd run`.
-TEST(ServeE2eLaunch, AsyncConnectorDeploymentEqualsAfdRun) {
-  ServedProcess s("async",
-                  {"launch", "--model", kModel, "--topology", "2A2F", "--additional-config",
-                   R"({"afd": {"connector": "AsyncAFDConnector"}})"});
+void ExpectAsyncDeploymentEqualsAfdRun(const std::string& name,
+                                       const std::vector<std::string>& args) {
+  ServedProcess s(name, args);
   ASSERT_TRUE(s.up()) << s.Log();
   std::vector<std::vector<int>> prompts;
   for (int i = 0; i < 12; ++i) prompts.push_back({i + 1, 2 * i + 3, 7, i % 5 + 10});
@@ -424,6 +422,22 @@ TEST(ServeE2eLaunch, AsyncConnectorDeploymentEqualsAfdRun) {
   EXPECT_TRUE(PollUntil(10, [&] { return RankProcessesOf(s.pid()).empty(); }));
 }
 
+TEST(ServeE2eLaunch, AsyncConnectorDeploymentEqualsAfdRun) {
+  ExpectAsyncDeploymentEqualsAfdRun(
+      "async", {"launch", "--model", kModel, "--topology", "2A2F", "--additional-config",
+                R"({"afd": {"connector": "AsyncAFDConnector"}})"});
+}
+
+// Two replicas of two tensor-parallel attention ranks each: every TP rank dispatches its share
+// of a step's tokens.
+TEST(ServeE2eLaunch, AsyncConnectorWithAttentionTpEqualsAfdRun) {
+  ExpectAsyncDeploymentEqualsAfdRun("async_tp", {"launch", "--model", kModel, "--topology", "4A1F",
+                                                 "--attention-tp", "2", "--additional-config",
+                                                 R"({"afd": {"connector": "AsyncAFDConnector",
+                   "connector_extra_config": {"attn_ranks_per_dp": 2}}})"});
+}
+
+// h. `afd serve` of the model in one process equals `afd run`.
 TEST(ServeE2eServe, InProcessModelEqualsAfdRun) {
   ServedProcess s("inprocess", {"serve", "--model", kModel});
   ASSERT_TRUE(s.up()) << s.Log();
