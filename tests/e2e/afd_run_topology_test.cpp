@@ -104,6 +104,9 @@ TEST_P(AfdRunTopology, MatchesTheMonolithicModel) {
   if (c.name.find("mixed") != std::string::npos) {
     EXPECT_NE(afd.err.find("mixed prefill+decode steps"), std::string::npos) << afd.err;
   }
+  if (c.name.find("chunks") != std::string::npos) {
+    EXPECT_NE(afd.err.find("MoE exchanges in token chunks"), std::string::npos) << afd.err;
+  }
 }
 
 const std::string kTiny = "preset:tiny";
@@ -210,6 +213,17 @@ std::vector<Case> Cases() {
       {"v3_noaux_tc_4A2F_dp2tp2_async",
        Golden("v3_noaux_tc"),
        {"--topology", "4A2F", "--attention-tp", "2", "--additional-config", async_tp(2, "")}});
+  // Skewed routing over a tight routed capacity (multiplier 1.0): exchanges whose rows exceed
+  // an FFN rank's slot go in token chunks, with the same results.
+  const std::string tight =
+      R"({"afd": {"connector": "AsyncAFDConnector", "connector_extra_config":
+          {"routed_cap_multiplier": 1.0)";
+  cases.push_back({"2A5F_async_skew_chunks",
+                   kTiny,
+                   {"--topology", "2A5F", "--additional-config", tight + "}}}"}});
+  cases.push_back({"v3_sharded_3A5F_async_skew_chunks",
+                   Golden("v3_sharded"),
+                   {"--topology", "3A5F", "--additional-config", tight + "}}}"}});
   // Chunked prefill with decode in the same steps; the worst-case routed capacity (F).
   cases.push_back({"3A2F_async_mixed_steps",
                    kTiny,

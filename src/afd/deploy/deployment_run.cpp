@@ -209,6 +209,10 @@ std::vector<DeploymentResult> RunDeployment(const DeploymentSpec& spec,
       if (st.value("dbo_steps", int64_t{0}) > 0) {
         std::cerr << fmt::format(" ({} as two micro-batches)", st["dbo_steps"].get<int64_t>());
       }
+      if (st.value("split_exchanges", int64_t{0}) > 0) {
+        std::cerr << fmt::format(", {} MoE exchanges in token chunks (slot capacity)",
+                                 st["split_exchanges"].get<int64_t>());
+      }
       if (st.value("mixed_steps", int64_t{0}) > 0) {
         std::cerr << fmt::format(", {} mixed prefill+decode steps",
                                  st["mixed_steps"].get<int64_t>());

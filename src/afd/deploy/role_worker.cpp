@@ -199,6 +199,7 @@ void RunWorker(const WorkerOptions& o) {
         stats["prompts"] = mine.size();
       }
       stats["dbo_steps"] = runner.dbo_steps();
+      stats["split_exchanges"] = runner.split_exchanges();
     } else if (c.is_async()) {
       async_worker_holder =
           std::make_unique<runtime::AsyncFfnWorker>(*model, *world, *async_holder);

@@ -93,8 +93,59 @@ void AsyncAttentionRunner::ComputeLayer(int64_t layer, MicroBatch& mb, kv::Paged
   ws.Rewind(scratch);
 }
 
+std::vector<int64_t> AsyncAttentionRunner::FitChunks(const std::vector<int32_t>& ids,
+                                                     int64_t n) const {
+  const model::ModelConfig& c = model_.config();
+  const int F = world_.topology().num_ffn();
+  const int64_t k = c.num_experts_per_tok, E = c.n_routed_experts;
+  const int64_t cap = connector_.layout().cap.routed_cap;
+  std::vector<int> owner(E);
+  for (int f = 0; f < F; ++f) {
+    for (int64_t e = SplitOffset(E, F, f); e < SplitOffset(E, F, f + 1); ++e) owner[e] = f;
+  }
+  std::vector<int64_t> cuts = {0}, rows(F, 0), add(F, 0);
+  for (int64_t t = 0; t < n; ++t) {
+    std::fill(add.begin(), add.end(), 0);
+    for (int64_t j = 0; j < k; ++j) ++add[owner[ids[t * k + j]]];
+    bool over = false;
+    for (int f = 0; f < F; ++f) over = over || rows[f] + add[f] > cap;
+    if (over && t > cuts.back()) {  // a token over the cap alone stays one chunk: Send names it
+      cuts.push_back(t);
+      std::fill(rows.begin(), rows.end(), 0);
+    }
+    for (int f = 0; f < F; ++f) rows[f] += add[f];
+  }
+  if (cuts.size() == 1) return {};
+  cuts.push_back(n);
+  return cuts;
+}
+
+// Skewed routing: more rows for some FFN rank than its slot holds. The chunks go one after the
+// other through the same ring slot (each waits for its replies), outputs combined in place; the
+// per-token arithmetic is the same, so the results are too.
+void AsyncAttentionRunner::ExchangeInChunks(int64_t layer, int stage, MicroBatch& mb, Pending& p,
+                                            Workspace& ws, const std::vector<int64_t>& cuts) {
+  for (size_t i = 0; i + 1 < cuts.size(); ++i) {
+    MicroBatch chunk = mb;
+    chunk.share_begin = mb.share_begin + cuts[i];
+    chunk.share_count = cuts[i + 1] - cuts[i];
+    Dispatch(layer, stage, chunk, p, ws, /*allow_split=*/false);
+    CombineRows(stage, chunk, p, ws);
+  }
+  if (split_exchanges_++ == 0) {
+    fmt::print(stderr,
+               "{}: layer {}: the routed rows for an FFN rank exceed its slot's capacity of {}; "
+               "exchanged in {} token chunks (this and later such steps take more round trips: "
+               "raise connector_extra_config.routed_cap_multiplier to avoid them)\n",
+               world_.Describe(world_.world_rank()), layer, connector_.layout().cap.routed_cap,
+               cuts.size() - 1);
+  }
+  p.layer = layer;
+  p.combined = true;
+}
+
 void AsyncAttentionRunner::Dispatch(int64_t layer, int stage, MicroBatch& mb, Pending& p,
-                                    Workspace& ws) {
+                                    Workspace& ws, bool allow_split) {
   const model::ModelConfig& c = model_.config();
   kernels::Backend& backend = model_.backend();
   // This TP rank's tokens (all of them without TP): an independent sender of their rows.
@@ -116,6 +167,14 @@ void AsyncAttentionRunner::Dispatch(int64_t layer, int stage, MicroBatch& mb, Pe
   model_.Route(layer, mlp_in, ids, p.weights, ws);
   std::vector<int32_t> host_ids(n * k);
   backend.CopyToHost(host_ids.data(), ids);
+  if (allow_split) {
+    const std::vector<int64_t> cuts = FitChunks(host_ids, n);
+    if (!cuts.empty()) {
+      ws.Rewind(scratch);
+      ExchangeInChunks(layer, stage, mb, p, ws, cuts);
+      return;
+    }
+  }
   p.plan =
       connector::PlanDispatch(host_ids.data(), n, k, c.n_routed_experts, F, c.n_shared_experts > 0);
   const connector::DispatchPlan& plan = p.plan;
@@ -179,21 +238,20 @@ void AsyncAttentionRunner::CheckReply(int f, int stage, const Pending& p, int64_
 }
 
 void AsyncAttentionRunner::Combine(int stage, MicroBatch& mb, Pending& p, Workspace& ws) {
+  if (!p.combined && mb.share_count > 0) CombineRows(stage, mb, p, ws);
+  // This TP rank's rows of the MoE output are in place; then (TP) every rank's, the residual.
+  if (tp_group_) tp_group_->AllGatherRows(mb.mlp_out);
+  model_.backend().Add(mb.x, mb.mlp_out);
+  p.layer = -1;
+  p.combined = false;
+}
+
+void AsyncAttentionRunner::CombineRows(int stage, MicroBatch& mb, Pending& p, Workspace& ws) {
   const model::ModelConfig& c = model_.config();
   kernels::Backend& backend = model_.backend();
   const connector::DispatchPlan& plan = p.plan;
   const int64_t n = mb.share_count, k = c.num_experts_per_tok, H = c.hidden_size;
-  // This TP rank's rows of the MoE output, then (TP) every rank's, then the residual.
   const Tensor out = mb.mlp_out.Rows(mb.share_begin, n);
-  const auto finish = [&] {
-    if (tp_group_) tp_group_->AllGatherRows(mb.mlp_out);
-    backend.Add(mb.x, mb.mlp_out);
-    p.layer = -1;
-  };
-  if (n == 0) {
-    finish();
-    return;
-  }
   const Workspace::Mark scratch = ws.mark();
   // y: [pairs, H] unweighted expert outputs in sorted order; shared: [n, H]. Each reply's rows
   // are copied out of the window (host or device memory); the shared rows of all replies are
@@ -251,7 +309,6 @@ void AsyncAttentionRunner::Combine(int stage, MicroBatch& mb, Pending& p, Worksp
     round_trips_.push_back(
         std::chrono::duration<double>(std::chrono::steady_clock::now() - p.sent).count());
   }
-  finish();
 }
 
 void AsyncAttentionRunner::CheckReplies(int stage, Pending& p) {

@@ -60,6 +60,7 @@ class AsyncAttentionRunner : public ReplicaRunner {
 
   int64_t steps() const override { return steps_; }
   int64_t dbo_steps() const override { return dbo_steps_; }
+  int64_t split_exchanges() const override { return split_exchanges_; }
 
  private:
   struct MicroBatch {
@@ -78,12 +79,26 @@ class AsyncAttentionRunner : public ReplicaRunner {
     // Device flags: the layer whose replies the stream waited for and combined but the host has
     // not checked yet (CheckReplies), else -1.
     int64_t unchecked_layer = -1;
+    // The layer was exchanged in token chunks at dispatch (its rows did not fit one slot): the
+    // outputs are in place, Combine only finishes.
+    bool combined = false;
   };
 
   int ChooseStages(const model::ForwardBatch& batch) const;
   std::vector<int64_t> SplitPoints(const model::ForwardBatch& batch, int stages) const;
   void ComputeLayer(int64_t layer, MicroBatch& mb, kv::PagedKvCache& cache, Workspace& ws);
-  void Dispatch(int64_t layer, int stage, MicroBatch& mb, Pending& p, Workspace& ws);
+  // allow_split: when some FFN rank's routed rows would exceed its slot (skewed routing), the
+  // micro-batch is exchanged at once in consecutive token chunks that fit (ExchangeInChunks).
+  void Dispatch(int64_t layer, int stage, MicroBatch& mb, Pending& p, Workspace& ws,
+                bool allow_split = true);
+  // Token boundaries [0, c1, ..., n) of chunks whose routed rows fit every FFN rank's slot;
+  // empty when the whole share fits.
+  std::vector<int64_t> FitChunks(const std::vector<int32_t>& ids, int64_t n) const;
+  void ExchangeInChunks(int64_t layer, int stage, MicroBatch& mb, Pending& p, Workspace& ws,
+                        const std::vector<int64_t>& cuts);
+  // The replies of p into this TP rank's rows of mb.mlp_out (CombineRows), then the TP
+  // all-gather and the residual add (Combine).
+  void CombineRows(int stage, MicroBatch& mb, Pending& p, Workspace& ws);
   void Combine(int stage, MicroBatch& mb, Pending& p, Workspace& ws);
   // Receives (host) and checks the replies that Combine consumed on the device; before the
   // host blocks on the stream again and before `p` is reused.
@@ -100,6 +115,7 @@ class AsyncAttentionRunner : public ReplicaRunner {
   DboOptions dbo_;
   int64_t steps_ = 0;
   int64_t dbo_steps_ = 0;
+  int64_t split_exchanges_ = 0;  // MoE exchanges sent in token chunks (skewed routing)
   bool shut_down_ = false;
   bool record_round_trips_ = false;
   std::vector<double> round_trips_;
