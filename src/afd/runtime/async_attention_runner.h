@@ -8,7 +8,8 @@
 // (token, expert) pairs by (FFN rank, local expert) (connector/dispatch_plan.h), write to each
 // FFN rank only the rows it needs -- a token's row once per (token, expert) pair it owns, plus
 // its round-robin share of shared-expert tokens -- and wait only for the FFN ranks that got
-// rows. The top-k weights never leave this rank: the FFN returns unweighted expert outputs and
+// rows (a micro-batch whose rows for some FFN rank exceed the slot's routed capacity goes in
+// consecutive token chunks that fit). The top-k weights never leave this rank: the FFN returns unweighted expert outputs and
 // the combine here is the backend's own MoeCombine over all of a token's slots in ascending
 // order from zero, then the shared-expert term added -- the monolithic model's arithmetic, so
 // the CPU results are bit-identical to it.
