@@ -179,3 +179,31 @@ TEST(Cli, ConnectorTestOnCudaWithoutAGpuFailsClearly) {
 }
 
 }  // namespace
+
+namespace {
+
+// `afd bench decode --topology`: the decode bench through AFD rank processes (the async
+// connector here), one row per batch size with positive figures; one-process options refused.
+TEST(Cli, BenchDecodeOnATopology) {
+  const Result r = RunAfd(
+      "bench decode --model preset:tiny --batch 1,3 --context 8 --steps 4 --topology 2A1F --json "
+      "--additional-config '{\"afd\": {\"connector\": \"AsyncAFDConnector\"}}'",
+      /*stderr_too=*/false);
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["topology"], "2A1F");
+  ASSERT_EQ(j["rows"].size(), 2u) << r.out;
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(j["rows"][i]["batch"], i == 0 ? 1 : 3);
+    EXPECT_GT(j["rows"][i]["ms_per_step"].get<double>(), 0.0);
+    EXPECT_GT(j["rows"][i]["tokens_per_s"].get<double>(), 0.0);
+  }
+  const Result bad = RunAfd("bench decode --model preset:tiny --topology 1A1F --profile");
+  EXPECT_EQ(bad.exit_code, 2) << bad.out;
+  EXPECT_NE(bad.out.find("one-process options"), std::string::npos) << bad.out;
+  const Result shape = RunAfd("bench decode --model preset:tiny --topology 1X1F --batch 1");
+  EXPECT_EQ(shape.exit_code, 1) << shape.out;
+  EXPECT_NE(shape.out.find("expected xAyF"), std::string::npos) << shape.out;
+}
+
+}  // namespace

@@ -8,7 +8,9 @@
 #include <nlohmann/json.hpp>
 
 #include "afd/cli/commands.h"
+#include "afd/cli/generation_flags.h"
 #include "afd/common/error.h"
+#include "afd/deploy/deployment_run.h"
 #include "afd/kernels/backend.h"
 #include "afd/model/loader.h"
 #include "afd/runtime/bench_decode.h"
@@ -28,6 +30,7 @@ struct BenchArgs {
   int64_t num_layers = 0;
   runtime::BenchDecodeOptions options;
   bool json = false;
+  deploy::DeploymentSpec deployment;  // --topology: through an AFD deployment of this host
 };
 
 std::vector<int64_t> ParseList(const std::string& text, const char* flag) {
@@ -52,7 +55,120 @@ std::vector<int64_t> ParseList(const std::string& text, const char* flag) {
   return v;
 }
 
+// --topology: per batch size, the AFD deployment's rank processes on this host generate
+// `steps` + 1 tokens for `batch` prompts of `context` tokens each (ignoring EOS); decode ms/step
+// and tokens/s come from the attention ranks' own step timing (the slowest replica's ms/step,
+// every replica's tokens over the slowest one's decode time).
+void RunOnTopology(const BenchArgs& a, const std::vector<int64_t>& batches, int& exit_code) {
+  struct Row {
+    int64_t batch;
+    double ms_per_step, tokens_per_s, prefill_tokens_per_s;
+  };
+  std::vector<Row> rows;
+  const bool cuda = a.device == "cuda";
+  try {
+    model::OpenOptions open;
+    open.num_layers = a.num_layers;
+    const model::ModelConfig config = model::PeekModelConfig(a.model, open);
+    const int64_t ctx = a.options.context;
+    AFD_CHECK(ctx + a.options.steps + 1 <= config.max_position_embeddings,
+              "--context {} + --steps {}: longer than the model's {} positions", ctx,
+              a.options.steps, config.max_position_embeddings);
+    for (int64_t batch : batches) {
+      std::vector<std::vector<int32_t>> prompts(batch);
+      for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t i = 0; i < ctx; ++i) {  // deterministic ids, away from the special ones
+          const uint64_t h = (a.options.seed + 1) * 0x9E3779B97F4A7C15ull + b * 7919 + i * 104729;
+          prompts[b].push_back(static_cast<int32_t>(2 + h % (config.vocab_size - 2)));
+        }
+      }
+      GenerationFlags g;
+      g.model = a.model;
+      g.max_tokens = a.options.steps + 1;  // the first token comes from the prefill
+      g.ignore_eos = true;
+      g.num_layers = a.num_layers;
+      g.max_num_seqs = batch;
+      g.max_num_batched_tokens = batch * ctx;
+      deploy::DeploymentSpec spec = a.deployment;
+      spec.worker_flags = GenerationFlagsArgv(g);
+      spec.cuda = cuda;
+      if (cuda) {
+        spec.worker_flags.insert(spec.worker_flags.end(), {"--device", "cuda", "--cuda-device",
+                                                           std::to_string(a.cuda_device)});
+        if (!a.dtype.empty())
+          spec.worker_flags.insert(spec.worker_flags.end(), {"--dtype", a.dtype});
+      } else if (a.dtype == "bf16") {
+        spec.worker_flags.push_back("--bf16");
+      }
+      std::vector<nlohmann::json> stats;
+      deploy::RunDeployment(spec, prompts, &stats);
+      double slowest_decode = 0, slowest_prefill = 0, ms = 0;
+      int64_t decode_tokens = 0, prefill_tokens = 0;
+      for (size_t r = 0; r < stats.size(); ++r) {
+        const nlohmann::json& st = stats[r];
+        if (st.value("decode_steps", int64_t{0}) == 0) continue;
+        const double ds = st["decode_seconds"].get<double>();
+        slowest_decode = std::max(slowest_decode, ds);
+        slowest_prefill = std::max(slowest_prefill, st["prefill_seconds"].get<double>());
+        ms = std::max(ms, 1e3 * ds / st["decode_steps"].get<int64_t>());
+        if (static_cast<int>(r) % a.deployment.attention_tp == 0) {  // TP peers repeat them
+          decode_tokens += st["decode_tokens"].get<int64_t>();
+          prefill_tokens += st["prefill_tokens"].get<int64_t>();
+        }
+      }
+      AFD_CHECK(slowest_decode > 0, "no attention rank decoded (batch {})", batch);
+      rows.push_back({batch, ms, decode_tokens / slowest_decode,
+                      prefill_tokens / std::max(slowest_prefill, 1e-12)});
+    }
+  } catch (const Error& e) {
+    std::cerr << "afd bench decode --topology " << a.deployment.topology << ": " << e.what()
+              << "\n";
+    exit_code = 1;
+    return;
+  }
+  if (a.json) {
+    nlohmann::ordered_json j;
+    j["model"] = a.model;
+    j["device"] = a.device;
+    j["topology"] = a.deployment.topology;
+    j["context"] = a.options.context;
+    j["steps"] = a.options.steps;
+    j["rows"] = nlohmann::ordered_json::array();
+    for (const Row& r : rows) {
+      j["rows"].push_back({{"batch", r.batch},
+                           {"ms_per_step", r.ms_per_step},
+                           {"tokens_per_s", r.tokens_per_s},
+                           {"prefill_tokens_per_s", r.prefill_tokens_per_s}});
+    }
+    std::cout << j.dump() << "\n";
+  } else {
+    std::cout << fmt::format("{} | {} | {} | context {}\n", a.model, a.device,
+                             a.deployment.topology, a.options.context);
+    std::cout << "batch  ms/step  tokens/s  prefill tok/s\n";
+    for (const Row& r : rows) {
+      std::cout << fmt::format("{:5}  {:7.3f}  {:8.1f}  {:13.1f}\n", r.batch, r.ms_per_step,
+                               r.tokens_per_s, r.prefill_tokens_per_s);
+    }
+  }
+  exit_code = 0;
+}
+
 void Run(BenchArgs a, int& exit_code) {
+  if (!a.deployment.topology.empty()) {
+    std::vector<int64_t> batches;
+    try {
+      batches = ParseList(a.batch, "--batch");
+      AFD_CHECK(!a.options.profile && a.cuda_graph_sizes.empty() && !a.options.graphs.enforce_eager,
+                "--profile, --cuda-graph-sizes and --enforce-eager are one-process options; "
+                "leave them out with --topology");
+    } catch (const Error& e) {
+      std::cerr << "afd bench decode: " << e.what() << "\n";
+      exit_code = 2;
+      return;
+    }
+    RunOnTopology(a, batches, exit_code);
+    return;
+  }
   std::unique_ptr<kernels::Backend> backend;
   std::unique_ptr<model::DeepseekModel> model;
   try {
@@ -220,7 +336,9 @@ void AddBenchCommand(CLI::App& app, int& exit_code) {
   bench->require_subcommand(1);
   auto a = std::make_shared<BenchArgs>();
   auto* decode = bench->add_subcommand(
-      "decode", "Decode ms/step per batch size against the memory floor (one process)");
+      "decode",
+      "Decode ms/step per batch size against the memory floor (one process, or an AFD "
+      "deployment with --topology)");
   decode->add_option("--model", a->model, "Checkpoint directory or preset:NAME")->required();
   decode->add_option("--device", a->device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
   decode->add_option("--dtype", a->dtype, "bf16 (cuda default) or fp32")
@@ -239,6 +357,15 @@ void AddBenchCommand(CLI::App& app, int& exit_code) {
   decode->add_flag("--enforce-eager", a->options.graphs.enforce_eager, "No CUDA graphs");
   decode->add_flag("--profile", a->options.profile,
                    "Per-op device time of the decode steps (runs eagerly)");
+  decode->add_option("--topology", a->deployment.topology,
+                     "xAyF: through an AFD deployment of rank processes on this host (e.g. "
+                     "1A1F with the async connector on one GPU)");
+  decode->add_option("--additional-config", a->deployment.additional_config,
+                     "With --topology: extra afd fields (connector, connector_extra_config)");
+  decode
+      ->add_option("--attention-tp", a->deployment.attention_tp,
+                   "With --topology: attention ranks per replica")
+      ->check(CLI::PositiveNumber);
   decode->callback([a, &exit_code] { Run(*a, exit_code); });
   AddServeCommand(*bench, exit_code);
 }

@@ -151,7 +151,8 @@ std::vector<RankProcessSpec> DeploymentRankSpecs(const DeploymentSpec& spec, con
 }
 
 std::vector<DeploymentResult> RunDeployment(const DeploymentSpec& spec,
-                                            const std::vector<std::vector<int32_t>>& prompts) {
+                                            const std::vector<std::vector<int32_t>>& prompts,
+                                            std::vector<json>* attention_stats) {
   std::smatch m;
   const std::regex shape("^([0-9]+)A([0-9]+)F$", std::regex::icase);
   AFD_CHECK(std::regex_match(spec.topology, m, shape),
@@ -194,6 +195,17 @@ std::vector<DeploymentResult> RunDeployment(const DeploymentSpec& spec,
   }
   for (size_t i = 0; i < prompts.size(); ++i) {
     AFD_CHECK(seen[i], "no attention rank returned a result for prompt {}", i);
+  }
+  if (attention_stats != nullptr) {
+    attention_stats->clear();
+    for (const auto& s : specs) {
+      if (s.label.rfind("attention", 0) != 0) continue;
+      std::ifstream in(s.log.substr(0, s.log.size() - 4) + ".stats");
+      std::string line;
+      std::getline(in, line);
+      AFD_CHECK(!line.empty(), "{} wrote no stats ({})", s.label, s.log);
+      attention_stats->push_back(json::parse(line));
+    }
   }
   if (spec.print_stats) {
     for (const auto& s : specs) {

@@ -3,6 +3,7 @@
 // results come back in prompt order -- the same results as the monolithic `afd run`.
 #pragma once
 
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -36,7 +37,10 @@ std::vector<RankProcessSpec> DeploymentRankSpecs(const DeploymentSpec& spec, con
                                                  const std::string& prompts_file);
 
 // Throws afd::Error naming the process that failed (input errors before anything starts).
+// attention_stats: when given, the stats object of every attention rank (steps, prefill and
+// decode tokens and seconds, per-layer transfers), in rank order.
 std::vector<DeploymentResult> RunDeployment(const DeploymentSpec& spec,
-                                            const std::vector<std::vector<int32_t>>& prompts);
+                                            const std::vector<std::vector<int32_t>>& prompts,
+                                            std::vector<nlohmann::json>* attention_stats = nullptr);
 
 }  // namespace afd::deploy
