@@ -213,6 +213,18 @@ std::vector<Case> Cases() {
       {"v3_noaux_tc_4A2F_dp2tp2_async",
        Golden("v3_noaux_tc"),
        {"--topology", "4A2F", "--attention-tp", "2", "--additional-config", async_tp(2, "")}});
+  // Flags received by the host inside the combine (device_flags false) instead of awaited in
+  // stream order and checked later (the default, inline on CPU ranks).
+  const std::string host_flags =
+      R"({"afd": {"connector": "AsyncAFDConnector", "connector_extra_config":
+          {"device_flags": false)";
+  cases.push_back({"3A2F_async_host_flags",
+                   kTiny,
+                   {"--topology", "3A2F", "--additional-config", host_flags + "}}}"}});
+  cases.push_back({"v2_group_limited_2A3F_async_host_flags_ubatching",
+                   Golden("v2_group_limited"),
+                   {"--topology", "2A3F", "--additional-config",
+                    host_flags + R"(, "async_moe_ubatching": true}}})"}});
   // Skewed routing over a tight routed capacity (multiplier 1.0): exchanges whose rows exceed
   // an FFN rank's slot go in token chunks, with the same results.
   const std::string tight =

@@ -113,7 +113,7 @@ AsyncConnector::~AsyncConnector() {
 }
 
 void AsyncConnector::EnqueueWait(int peer, int stage) {
-  AFD_CHECK(stream_flags_ != nullptr, "async connector: EnqueueWait without device flags");
+  AFD_CHECK(device_flags(), "async connector: EnqueueWait without device flags");
   AFD_CHECK(peer >= 0 && peer < num_peers() && stage >= 0 && stage < layout_.ring_depth,
             "async connector: wait for peer {} stage {} out of range", peer, stage);
   const size_t i = static_cast<size_t>(peer) * layout_.ring_depth + stage;
@@ -121,7 +121,20 @@ void AsyncConnector::EnqueueWait(int peer, int stage) {
             "async connector: a second wait on ring {} of {} before it was received", stage,
             PeerName(peer));
   device_wait_[i] = seen_[i] + 1;
-  DeviceAwaitFlag(layout_.flag_offset(peer, stage), device_wait_[i]);
+  if (stream_flags_) {
+    DeviceAwaitFlag(layout_.flag_offset(peer, stage), device_wait_[i]);
+    return;
+  }
+  // Inline (CPU): the "stream" is this thread; the flag is consumed by Receive later.
+  const double timeout = world_.config().afd_process_group_timeout_s;
+  const std::string waiting = fmt::format("waited for the reply from {}", PeerName(peer));
+  const int hit = WaitForFlags(*window_, layout_.flag_offset(peer, stage),
+                               std::span<const uint64_t>(&seen_[i], 1), 0, Deadline::In(timeout),
+                               [&] { CheckPeers(waiting); });
+  AFD_CHECK(
+      hit == 0,
+      "{} timed out after {}s waiting for the reply from {} (flag of region {} ring {} still {})",
+      world_.Describe(world_.world_rank()), timeout, PeerName(peer), peer, stage, seen_[i]);
 }
 
 #ifdef AFD_WITH_CUDA

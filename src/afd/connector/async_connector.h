@@ -64,6 +64,10 @@ struct AsyncConnectorOptions {
   // (stream_flags.h). Null: the rows are copied on the window's stream, which Send
   // synchronizes before the host stores the flag (the caller synchronizes its own stream first).
   void* cuda_stream = nullptr;
+  // Host rows (CPU ranks): the same stream-ordered protocol with the calling thread as the
+  // "stream" (the CPU backend runs ops inline): EnqueueWait waits on the host at once and the
+  // reply is received and checked later, as on a GPU -- one runner path, exercised on the CPU.
+  bool inline_flags = false;
 };
 
 // What a sender writes into one slot (copied before Send returns): indices in host memory, rows
@@ -112,13 +116,14 @@ class AsyncConnector {
   // role), then its flag. Returns the slot's seq. Throws when it does not fit. With device flags
   // the rows may still be in production on the stream: copies and flag follow them there.
   uint64_t Send(int peer, const SlotPayload& p);
-  // True when flags are stored and awaited by the stream (AsyncConnectorOptions::cuda_stream).
-  bool device_flags() const { return stream_flags_ != nullptr; }
+  // True when flags are awaited in stream order (AsyncConnectorOptions::cuda_stream, or
+  // inline_flags on the CPU): the receiver calls EnqueueWait, then Receive later.
+  bool device_flags() const { return stream_flags_ != nullptr || options_.inline_flags; }
   // Device flags only: enqueues on the stream a wait for `peer`'s next slot in ring `stage`
   // (the reply to the dispatch just sent); work enqueued after it may read that slot's rows
   // (RowsOf). The host still calls Receive for the slot later, which checks it (bounded by the
   // timeout, naming a dead peer); a wait still pending when the connector is destroyed is
-  // released so that the stream drains.
+  // released so that the stream drains. Inline flags (CPU): waits here, bounded the same way.
   void EnqueueWait(int peer, int stage);
   // Where the rows of slot (region, ring) of this rank's window are (device memory with device
   // rows), known before the slot arrives.

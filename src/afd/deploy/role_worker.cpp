@@ -126,8 +126,12 @@ void RunWorker(const WorkerOptions& o) {
       ao.num_experts = mc.n_routed_experts;
       ao.row = {mc.hidden_size, DType::kF32};
       ao.cuda_device = o.cuda_device;
-      if (o.cuda_device >= 0 && c.async_options.device_flags) {
-        ao.cuda_stream = backend->stream().handle;
+      if (c.async_options.device_flags) {
+        if (o.cuda_device >= 0) {
+          ao.cuda_stream = backend->stream().handle;
+        } else {
+          ao.inline_flags = true;
+        }
       }
       async_holder = std::make_unique<connector::AsyncConnector>(*world, ao);
       if (role == Role::kAttention) {
