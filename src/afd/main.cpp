@@ -9,11 +9,18 @@
 #ifndef AFD_WITH_CUDA
 #define AFD_WITH_CUDA 0
 #endif
+#if AFD_WITH_NCCL
+#include "afd/comm_nccl/nccl_communicator.h"
+#endif
 
 int main(int argc, char** argv) {
   CLI::App app{"afd: Attention-FFN disaggregated inference runtime for Mixture-of-Experts LLMs"};
-  app.set_version_flag("--version", std::string("afd ") + AFD_VERSION +
-                                        (AFD_WITH_CUDA ? " (CPU + CUDA)" : " (CPU only)"));
+  std::string version =
+      std::string("afd ") + AFD_VERSION + (AFD_WITH_CUDA ? " (CPU + CUDA" : " (CPU only");
+#if AFD_WITH_NCCL
+  version += ", " + afd::comm::DescribeNcclVersions();
+#endif
+  app.set_version_flag("--version", version + ")");
   app.require_subcommand(1);
   int exit_code = 0;
   afd::cli::AddTopologyCommand(app, exit_code);

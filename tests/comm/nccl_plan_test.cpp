@@ -45,3 +45,33 @@ TEST(NcclPlan, TwoRanksOnOneGpuAreNamed) {
 
 }  // namespace
 }  // namespace afd::comm
+
+namespace afd::comm {
+namespace {
+
+TEST(NcclVersion, TextOfTheVersionCode) {
+  EXPECT_EQ(NcclVersionText(22809), "2.28.9");
+  EXPECT_EQ(NcclVersionText(22803), "2.28.3");
+  EXPECT_EQ(NcclVersionText(21900), "2.19.0");
+  EXPECT_EQ(NcclVersionText(2804), "2.8.4");  // the old encoding, before 2.9
+}
+
+// A library of the same major version at least kMinNcclVersion serves the binary (older or newer
+// patch and minor alike: the host calls are stable); another major or an older one is refused
+// with both versions named.
+TEST(NcclVersion, LoadedLibraryMustServeTheBuild) {
+  EXPECT_FALSE(NcclLibraryMismatch(22809, 22809));
+  EXPECT_FALSE(NcclLibraryMismatch(22809, 22803));
+  EXPECT_FALSE(NcclLibraryMismatch(22809, 23000));
+  const auto old = NcclLibraryMismatch(22809, 21805);
+  ASSERT_TRUE(old);
+  EXPECT_NE(old->find("2.18.5"), std::string::npos) << *old;
+  EXPECT_NE(old->find("2.28.9"), std::string::npos) << *old;
+  EXPECT_NE(old->find("LD_LIBRARY_PATH"), std::string::npos) << *old;
+  const auto major = NcclLibraryMismatch(22809, 30000);
+  ASSERT_TRUE(major);
+  EXPECT_NE(major->find("3.0.0"), std::string::npos) << *major;
+}
+
+}  // namespace
+}  // namespace afd::comm

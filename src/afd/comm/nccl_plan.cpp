@@ -41,4 +41,20 @@ std::optional<std::string> FindSharedGpu(const std::vector<std::string>& devices
   return std::nullopt;
 }
 
+std::string NcclVersionText(int code) {
+  if (code >= 20900) return fmt::format("{}.{}.{}", code / 10000, code / 100 % 100, code % 100);
+  return fmt::format("{}.{}.{}", code / 1000, code / 100 % 10, code % 100);  // before 2.9
+}
+
+std::optional<std::string> NcclLibraryMismatch(int built, int loaded) {
+  const int built_major = built >= 20900 ? built / 10000 : built / 1000;
+  const int loaded_major = loaded >= 20900 ? loaded / 10000 : loaded / 1000;
+  if (loaded_major == built_major && loaded >= kMinNcclVersion) return std::nullopt;
+  return fmt::format(
+      "the NCCL library loaded at run time is {} but this afd was built against NCCL {} and "
+      "needs {}.x, at least {}: put a matching libnccl.so.2 first on LD_LIBRARY_PATH",
+      NcclVersionText(loaded), NcclVersionText(built), built_major,
+      NcclVersionText(kMinNcclVersion));
+}
+
 }  // namespace afd::comm

@@ -1,6 +1,7 @@
 // Bookkeeping of the NCCL communicator that needs no GPU (so it is unit-tested on CPU builds):
 // which of a group's two NCCL communicators carries a message, how the ncclUniqueId travels
-// through the rendezvous store, and the check that no two ranks of a group share a GPU.
+// through the rendezvous store, the check that no two ranks of a group share a GPU, and whether
+// the NCCL library loaded at run time can serve the NCCL this binary was built against.
 //
 // A group's NcclCommunicator holds two NCCL communicators, as seed 000 describes: one for
 // attention-to-FFN traffic and one for FFN-to-attention traffic. Point-to-point messages pick
@@ -31,5 +32,17 @@ void CheckNcclUniqueId(const std::string& bytes, const std::string& group);
 std::optional<std::string> FindSharedGpu(const std::vector<std::string>& devices,
                                          const std::vector<std::string>& labels,
                                          const std::string& group);
+
+// NCCL_VERSION_CODE (major * 10000 + minor * 100 + patch since 2.9) as "2.28.9".
+std::string NcclVersionText(int code);
+
+// The oldest NCCL 2 library this runtime's host calls run on (ncclGetLastError, comm abort and
+// non-blocking init are older than it).
+inline constexpr int kMinNcclVersion = 21900;
+
+// nullopt when the library loaded at run time (`loaded`, ncclGetVersion) can serve a binary built
+// against `built`: the same major version and at least kMinNcclVersion; otherwise the error
+// naming both versions and the remedy.
+std::optional<std::string> NcclLibraryMismatch(int built, int loaded);
 
 }  // namespace afd::comm

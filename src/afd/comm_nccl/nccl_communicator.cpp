@@ -89,6 +89,13 @@ void NcclCommunicator::Check(ncclResult_t r, const char* call) const {
 std::unique_ptr<NcclCommunicator> NcclCommunicator::Create(Store& store, const GroupSpec& spec,
                                                            int device, cudaStream_t stream) {
   setenv("NCCL_NVLS_ENABLE", "0", /*overwrite=*/0);
+  int loaded = 0;
+  AFD_CHECK(ncclGetVersion(&loaded) == ncclSuccess, "group {}: ncclGetVersion failed", spec.name);
+  if (auto mismatch = NcclLibraryMismatch(NCCL_VERSION_CODE, loaded)) {
+    const std::string who =
+        spec.rank < static_cast<int>(spec.labels.size()) ? spec.labels[spec.rank] : "this rank";
+    AFD_THROW("group {}, {}: {}", spec.name, who, *mismatch);
+  }
   std::unique_ptr<NcclCommunicator> c(new NcclCommunicator(spec));
   c->device_ = device;
   c->stream_ = stream;
@@ -255,6 +262,13 @@ void NcclCommunicator::Shutdown() {
     if (comm) ncclCommAbort(comm);
     comm = nullptr;
   }
+}
+
+std::string DescribeNcclVersions() {
+  int loaded = 0;
+  const std::string runtime =
+      ncclGetVersion(&loaded) == ncclSuccess ? NcclVersionText(loaded) : std::string("unknown");
+  return fmt::format("NCCL {} (built), {} (loaded)", NcclVersionText(NCCL_VERSION_CODE), runtime);
 }
 
 }  // namespace afd::comm

@@ -71,4 +71,7 @@ class NcclCommunicator : public Communicator {
 // Waits for `stream` to finish, polling, until `timeout_s`; throws afd::Error naming `what`.
 void SynchronizeStream(cudaStream_t stream, double timeout_s, const std::string& what);
 
+// "NCCL 2.28.9 (built), 2.28.3 (loaded)": for `afd --version` and error reports.
+std::string DescribeNcclVersions();
+
 }  // namespace afd::comm
