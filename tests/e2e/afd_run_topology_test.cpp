@@ -205,6 +205,11 @@ std::vector<Case> Cases() {
                    kTiny,
                    {"--topology", "2A3F", "--attention-tp", "2", "--additional-config",
                     async_tp(2, R"(, "async_moe_ubatching": true, "async_moe_split": "token")")}});
+  cases.push_back({"2A2F_dp1tp2_async_dbo",
+                   kTiny,
+                   {"--topology", "2A2F", "--attention-tp", "2", "--enable-dbo",
+                    "--dbo-decode-token-threshold", "1", "--dbo-prefill-token-threshold", "1",
+                    "--additional-config", async_tp(2, R"(, "ring_depth": 2)")}});
   cases.push_back({"4A1F_dp2tp2_async_mixed_steps",
                    kTiny,
                    {"--topology", "4A1F", "--attention-tp", "2", "--max-num-batched-tokens", "3",
