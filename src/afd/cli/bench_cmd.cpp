@@ -55,6 +55,16 @@ std::vector<int64_t> ParseList(const std::string& text, const char* flag) {
   return v;
 }
 
+// The fields every `afd bench decode --json` object starts with.
+nlohmann::ordered_json JsonHead(const BenchArgs& a, const std::string& device) {
+  nlohmann::ordered_json j;
+  j["model"] = a.model;
+  j["device"] = device;
+  j["context"] = a.options.context;
+  j["steps"] = a.options.steps;
+  return j;
+}
+
 // --topology: per batch size, the AFD deployment's rank processes on this host generate
 // `steps` + 1 tokens for `batch` prompts of `context` tokens each (ignoring EOS); decode ms/step
 // and tokens/s come from the attention ranks' own step timing (the slowest replica's ms/step,
@@ -127,12 +137,8 @@ void RunOnTopology(const BenchArgs& a, const std::vector<int64_t>& batches, int&
     return;
   }
   if (a.json) {
-    nlohmann::ordered_json j;
-    j["model"] = a.model;
-    j["device"] = a.device;
+    nlohmann::ordered_json j = JsonHead(a, a.device);
     j["topology"] = a.deployment.topology;
-    j["context"] = a.options.context;
-    j["steps"] = a.options.steps;
     j["rows"] = nlohmann::ordered_json::array();
     for (const Row& r : rows) {
       j["rows"].push_back({{"batch", r.batch},
@@ -191,11 +197,7 @@ void Run(BenchArgs a, int& exit_code) {
   }
   const runtime::BenchDecodeResult r = runtime::BenchDecode(*model, a.options);
   if (a.json) {
-    nlohmann::ordered_json j;
-    j["device"] = r.device;
-    j["model"] = a.model;
-    j["context"] = a.options.context;
-    j["steps"] = a.options.steps;
+    nlohmann::ordered_json j = JsonHead(a, r.device);
     j["copy_gb_per_s"] = r.copy_gb_per_s;
     j["rows"] = nlohmann::ordered_json::array();
     for (const auto& row : r.rows) {
