@@ -8,6 +8,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <filesystem>
+#include <functional>
 #include <mutex>
 #include <thread>
 
@@ -294,19 +295,17 @@ TEST(ServeE2eLaunch, OverloadGets503AndLosesNothing) {
   EXPECT_EQ(Metric(metrics, "vllm:num_requests_waiting"), 0) << metrics;
 }
 
-// e. SIGTERM during a streamed request: the request ends, launch exits 0, no rank is left.
-TEST(ServeE2eLaunch, SigtermEndsTheRequestAndLeavesNoProcess) {
-  ServedProcess s("sigterm",
-                  {"launch", "--model", kModel, "--topology", "2A1F", "--shutdown-timeout", "1"});
-  ASSERT_TRUE(s.up()) << s.Log();
-  ASSERT_EQ(RankProcessesOf(s.pid()).size(), 3u);
+// Streams a 4000-token completion of `prompt` into `sr` from another thread; once its first
+// event arrives (within 20 s) runs `act`, then waits for the stream to end (bounded by its
+// 30 s). Returns whether it started.
+bool StreamLongCompletionThen(int port, const std::vector<int>& prompt, StreamReply& sr,
+                              const std::function<void()>& act) {
   std::atomic<bool> streaming{false};
-  StreamReply sr;
   std::thread client([&] {
-    json body = Completion({4, 5, 6}, 4000);
+    json body = Completion(json(prompt), 4000);
     body["stream"] = true;
     sr = PostStream(
-        s.port(), "/v1/completions", body,
+        port, "/v1/completions", body,
         [&](const std::string&) {
           streaming = true;
           return true;
@@ -314,8 +313,20 @@ TEST(ServeE2eLaunch, SigtermEndsTheRequestAndLeavesNoProcess) {
         30);
   });
   const bool started = PollUntil(20, [&] { return streaming.load(); });
-  if (started) s.Signal(SIGTERM);
-  client.join();  // bounded by the stream's 30 s
+  if (started) act();
+  client.join();
+  return started;
+}
+
+// e. SIGTERM during a streamed request: the request ends, launch exits 0, no rank is left.
+TEST(ServeE2eLaunch, SigtermEndsTheRequestAndLeavesNoProcess) {
+  ServedProcess s("sigterm",
+                  {"launch", "--model", kModel, "--topology", "2A1F", "--shutdown-timeout", "1"});
+  ASSERT_TRUE(s.up()) << s.Log();
+  ASSERT_EQ(RankProcessesOf(s.pid()).size(), 3u);
+  StreamReply sr;
+  const bool started =
+      StreamLongCompletionThen(s.port(), {4, 5, 6}, sr, [&] { s.Signal(SIGTERM); });
   ASSERT_TRUE(started) << s.Log();
   EXPECT_FALSE(sr.timed_out);
   const StreamSummary got = Summarize(sr, false);
@@ -337,22 +348,9 @@ TEST(ServeE2eLaunch, DeadRankFailsTheRequestAndTheServer) {
     if (p.Has("--role-rank", "0") && p.Mentions("\"role\":\"ffn\"")) ffn = p.pid;
   }
   ASSERT_GT(ffn, 0) << "no ffn rank 0 among the children of " << s.pid();
-  std::atomic<bool> streaming{false};
   StreamReply sr;
-  std::thread client([&] {
-    json body = Completion({7, 8, 9}, 4000);
-    body["stream"] = true;
-    sr = PostStream(
-        s.port(), "/v1/completions", body,
-        [&](const std::string&) {
-          streaming = true;
-          return true;
-        },
-        30);
-  });
-  const bool started = PollUntil(20, [&] { return streaming.load(); });
-  if (started) ::kill(ffn, SIGKILL);
-  client.join();  // bounded by the stream's 30 s
+  const bool started =
+      StreamLongCompletionThen(s.port(), {7, 8, 9}, sr, [&] { ::kill(ffn, SIGKILL); });
   ASSERT_TRUE(started) << s.Log();
   EXPECT_FALSE(sr.timed_out);
   const StreamSummary got = Summarize(sr, false);

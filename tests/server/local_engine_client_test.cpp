@@ -56,7 +56,8 @@ TEST(LocalEngineClient, ConcurrentRequestsMatchTheirRunAlone) {
   }
   for (int t = 0; t < 4; ++t) {
     threads.emplace_back([&, t] {
-      for (int i = t; i < kRequests; i += 4) futures[i] = SubmitAndCollect(client, 100 + i, params[i]);
+      for (int i = t; i < kRequests; i += 4)
+        futures[i] = SubmitAndCollect(client, 100 + i, params[i]);
     });
   }
   for (auto& t : threads) t.join();

@@ -126,15 +126,21 @@ void AsyncConnector::EnqueueWait(int peer, int stage) {
     return;
   }
   // Inline (CPU): the "stream" is this thread; the flag is consumed by Receive later.
+  AwaitFlagOnHost(peer, stage, "the reply");
+}
+
+void AsyncConnector::AwaitFlagOnHost(int peer, int stage, const std::string& what) {
   const double timeout = world_.config().afd_process_group_timeout_s;
-  const std::string waiting = fmt::format("waited for the reply from {}", PeerName(peer));
+  const std::string waiting = fmt::format("waited for {} from {}", what, PeerName(peer));
+  const size_t i = static_cast<size_t>(peer) * layout_.ring_depth + stage;
   const int hit = WaitForFlags(*window_, layout_.flag_offset(peer, stage),
                                std::span<const uint64_t>(&seen_[i], 1), 0, Deadline::In(timeout),
                                [&] { CheckPeers(waiting); });
-  AFD_CHECK(
-      hit == 0,
-      "{} timed out after {}s waiting for the reply from {} (flag of region {} ring {} still {})",
-      world_.Describe(world_.world_rank()), timeout, PeerName(peer), peer, stage, seen_[i]);
+  AFD_CHECK(hit == 0,
+            "{} timed out after {}s waiting for {} from {} (flag of region {} ring {} "
+            "still {})",
+            world_.Describe(world_.world_rank()), timeout, what, PeerName(peer), peer, stage,
+            seen_[i]);
 }
 
 #ifdef AFD_WITH_CUDA
@@ -314,17 +320,8 @@ ReceivedSlot AsyncConnector::Receive(int peer, int stage, const std::string& wha
   AFD_CHECK(peer >= 0 && peer < num_peers() && stage >= 0 && stage < layout_.ring_depth,
             "async connector: receive from peer {} stage {} out of range", peer, stage);
   const auto start = std::chrono::steady_clock::now();
-  const double timeout = world_.config().afd_process_group_timeout_s;
-  const std::string waiting = fmt::format("waited for {} from {}", what, PeerName(peer));
   const size_t i = static_cast<size_t>(peer) * layout_.ring_depth + stage;
-  const int hit = WaitForFlags(*window_, layout_.flag_offset(peer, stage),
-                               std::span<const uint64_t>(&seen_[i], 1), 0, Deadline::In(timeout),
-                               [&] { CheckPeers(waiting); });
-  AFD_CHECK(hit == 0,
-            "{} timed out after {}s waiting for {} from {} (flag of region {} ring {} "
-            "still {})",
-            world_.Describe(world_.world_rank()), timeout, what, PeerName(peer), peer, stage,
-            seen_[i]);
+  AwaitFlagOnHost(peer, stage, what);
   uint64_t seq = 0;
   window_->ReadFlags(layout_.flag_offset(peer, stage), std::span<uint64_t>(&seq, 1));
   ReceivedSlot r = Read(peer, stage, seq, what);

@@ -151,6 +151,9 @@ class AsyncConnector {
   int num_peers() const;
   ReceivedSlot Read(int region, int ring, uint64_t seq, const std::string& what);
   void CheckPeers(const std::string& what);
+  // Waits on the host until `peer`'s flag of ring `stage` moves past the seen one (bounded by
+  // afd_process_group_timeout_s, checking for an abort and exited peers); does not consume it.
+  void AwaitFlagOnHost(int peer, int stage, const std::string& what);
   // Device flags (stream_flags.h): the flag store after a send's copies, the stream wait for a
   // reply, and the release of waits left pending at destruction.
   void DeviceStoreFlag(int world_rank, size_t offset, uint64_t seq);

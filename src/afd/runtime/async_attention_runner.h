@@ -9,10 +9,10 @@
 // FFN rank only the rows it needs -- a token's row once per (token, expert) pair it owns, plus
 // its round-robin share of shared-expert tokens -- and wait only for the FFN ranks that got
 // rows (a micro-batch whose rows for some FFN rank exceed the slot's routed capacity goes in
-// consecutive token chunks that fit). The top-k weights never leave this rank: the FFN returns unweighted expert outputs and
-// the combine here is the backend's own MoeCombine over all of a token's slots in ascending
-// order from zero, then the shared-expert term added -- the monolithic model's arithmetic, so
-// the CPU results are bit-identical to it.
+// consecutive token chunks that fit). The top-k weights never leave this rank: the FFN returns
+// unweighted expert outputs and the combine here is the backend's own MoeCombine over all of a
+// token's slots in ascending order from zero, then the shared-expert term added -- the monolithic
+// model's arithmetic, so the CPU results are bit-identical to it.
 //
 // Micro-batches (dual-batch overlap): with connector_extra_config.async_moe_ubatching (or
 // --enable-dbo once a step reaches the thresholds, ring_depth >= 2) a step runs as S stages,

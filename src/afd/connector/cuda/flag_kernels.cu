@@ -1,6 +1,6 @@
-#include "afd/connector/cuda/flag_kernels.h"
-
 #include <cuda_runtime.h>
+
+#include "afd/connector/cuda/flag_kernels.h"
 
 namespace afd::connector {
 

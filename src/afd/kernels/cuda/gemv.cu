@@ -5,6 +5,7 @@
 #include <cuda_bf16.h>
 
 #include "afd/common/cuda_check.h"
+#include "afd/kernels/cuda/bf16_vec.cuh"
 #include "afd/kernels/cuda/launch.cuh"
 
 namespace afd::kernels::cuda {
@@ -12,16 +13,6 @@ namespace afd::kernels::cuda {
 namespace {
 
 constexpr int kWarps = 8;
-
-__device__ void Unpack8(const uint4& v, float* out) {
-  const __nv_bfloat162* p = reinterpret_cast<const __nv_bfloat162*>(&v);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 f = __bfloat1622float2(p[i]);
-    out[2 * i] = f.x;
-    out[2 * i + 1] = f.y;
-  }
-}
 
 template <int kRowsMax>
 __global__ void __launch_bounds__(kWarps * 32)
@@ -38,26 +29,26 @@ __global__ void __launch_bounds__(kWarps * 32)
     const uint4 wa = *reinterpret_cast<const uint4*>(wc + k0);
     const uint4 wb = *reinterpret_cast<const uint4*>(wc + k0 + 32 * 8);
     float fa[8], fb[8];
-    Unpack8(wa, fa);
-    Unpack8(wb, fb);
+    Unpack8Bf16(wa, fa);
+    Unpack8Bf16(wb, fb);
 #pragma unroll
     for (int r = 0; r < kRowsMax; ++r) {
       if (r >= rows) break;
       float xa[8], xb[8];
-      Unpack8(*reinterpret_cast<const uint4*>(x + r * k + k0), xa);
-      Unpack8(*reinterpret_cast<const uint4*>(x + r * k + k0 + 32 * 8), xb);
+      Unpack8Bf16(*reinterpret_cast<const uint4*>(x + r * k + k0), xa);
+      Unpack8Bf16(*reinterpret_cast<const uint4*>(x + r * k + k0 + 32 * 8), xb);
 #pragma unroll
       for (int i = 0; i < 8; ++i) acc[r] += fa[i] * xa[i] + fb[i] * xb[i];
     }
   }
   for (; k0 < k; k0 += 32 * 8) {
     float fa[8];
-    Unpack8(*reinterpret_cast<const uint4*>(wc + k0), fa);
+    Unpack8Bf16(*reinterpret_cast<const uint4*>(wc + k0), fa);
 #pragma unroll
     for (int r = 0; r < kRowsMax; ++r) {
       if (r >= rows) break;
       float xa[8];
-      Unpack8(*reinterpret_cast<const uint4*>(x + r * k + k0), xa);
+      Unpack8Bf16(*reinterpret_cast<const uint4*>(x + r * k + k0), xa);
 #pragma unroll
       for (int i = 0; i < 8; ++i) acc[r] += fa[i] * xa[i];
     }

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "afd/common/cuda_check.h"
+#include "afd/kernels/cuda/bf16_vec.cuh"
 #include "afd/kernels/cuda/launch.cuh"
 
 namespace afd::kernels::cuda {
@@ -182,13 +183,7 @@ constexpr int kGemvRows = 8, kGemvWarps = 8;
 template <bool kBf16>
 __device__ void Load8(const void* w, int64_t idx, float* out) {
   if constexpr (kBf16) {
-    const uint4 v = *reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(w) + idx);
-    const __nv_bfloat162* p = reinterpret_cast<const __nv_bfloat162*>(&v);
-    for (int i = 0; i < 4; ++i) {
-      const float2 f = __bfloat1622float2(p[i]);
-      out[2 * i] = f.x;
-      out[2 * i + 1] = f.y;
-    }
+    Unpack8Bf16(*reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(w) + idx), out);
   } else {
     const float4 a = *reinterpret_cast<const float4*>(static_cast<const float*>(w) + idx);
     const float4 b = *reinterpret_cast<const float4*>(static_cast<const float*>(w) + idx + 4);
@@ -241,16 +236,6 @@ __global__ void GroupedGemv(const float* x, int64_t k, const void* const* w_ptrs
 // in flight per lane, and each 16-byte x load serves all 4: a quarter of the x traffic of the
 // per-column kernel above, which is what bound it at 6+ rows per expert.
 constexpr int kWRows = 4;
-
-__device__ void Unpack8Bf16(const uint4& v, float* out) {
-  const __nv_bfloat162* p = reinterpret_cast<const __nv_bfloat162*>(&v);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 f = __bfloat1622float2(p[i]);
-    out[2 * i] = f.x;
-    out[2 * i + 1] = f.y;
-  }
-}
 
 template <bool kSwiglu>
 __global__ void __launch_bounds__(kGemvWarps * 32)
@@ -351,13 +336,13 @@ __global__ void RowsToBf16(const float* x, int64_t n, __nv_bfloat16* out) {
 // past the expert's segment are zeros and never read.
 //
 // grid: (ceil(n_out / columns per block), slices, num_local) with slices = ceil(average rows per
-// expert / rows per pass) (host-known m and num_local only: graph-safe); block y takes the passes y,
-// y + slices, ... of its expert's rows; blocks of an expert without rows exit at once. Needs
-// k % 32 == 0, n_out % 8 == 0 and 16-byte aligned weights and x rows.
-// One m16 tile per pass: 128 registers (16 warps per SM) instead of 168 with 4 tiles (12 warps)
-// or 126 with 2; measured on an H200 (v2-lite MoE layer, 64 tokens): 3.60 TB/s with 1 tile,
-// 3.38 with 2, 2.87 with 4, and 1 tile was fastest at 256 tokens too (docs/perf.md). More rows
-// per expert take more passes, spread over the grid's row slices and sharing weights in L2.
+// expert / rows per pass) (host-known m and num_local only: graph-safe); block y takes the passes
+// y, y + slices, ... of its expert's rows; blocks of an expert without rows exit at once. Needs k %
+// 32 == 0, n_out % 8 == 0 and 16-byte aligned weights and x rows. One m16 tile per pass: 128
+// registers (16 warps per SM) instead of 168 with 4 tiles (12 warps) or 126 with 2; measured on an
+// H200 (v2-lite MoE layer, 64 tokens): 3.60 TB/s with 1 tile, 3.38 with 2, 2.87 with 4, and 1 tile
+// was fastest at 256 tokens too (docs/perf.md). More rows per expert take more passes, spread over
+// the grid's row slices and sharing weights in L2.
 constexpr int kMmaWarps = 4, kMmaTiles = 1, kMmaUnroll = 8;
 constexpr int kMmaPassRows = 16 * kMmaTiles;
 constexpr int64_t kMmaMaxAvgRows = 256;  // above: the WMMA path (see LaunchGroupedLinear)
@@ -565,8 +550,8 @@ void LaunchGroupedLinear(const float* x, int64_t m, int64_t k, const void* const
   if (m == 0 || num_local == 0) return;
   // bf16 experts up to kMmaMaxAvgRows rows each on average (decode and mid-sized groups):
   // mma.sync straight from global memory, each used expert's weights read from memory once (the
-  // passes over more rows run side by side in row slices and share them through L2). x is rounded to
-  // bf16 once into the x_bf16 scratch [m, k].
+  // passes over more rows run side by side in row slices and share them through L2). x is rounded
+  // to bf16 once into the x_bf16 scratch [m, k].
   if (bf16 && x_bf16 != nullptr && k % 32 == 0 && n_out % 8 == 0 &&
       m <= kMmaMaxAvgRows * num_local) {
     const int64_t n_elems = m * k;
