@@ -10,7 +10,7 @@
 #include "afd/cli/commands.h"
 #include "afd/cli/generation_flags.h"
 #include "afd/common/error.h"
-#include "afd/deploy/deployment_run.h"
+#include "afd/deploy/deployment_bench.h"
 #include "afd/kernels/backend.h"
 #include "afd/model/loader.h"
 #include "afd/runtime/bench_decode.h"
@@ -65,71 +65,38 @@ nlohmann::ordered_json JsonHead(const BenchArgs& a, const std::string& device) {
   return j;
 }
 
-// --topology: per batch size, the AFD deployment's rank processes on this host generate
-// `steps` + 1 tokens for `batch` prompts of `context` tokens each (ignoring EOS); decode ms/step
-// and tokens/s come from the attention ranks' own step timing (the slowest replica's ms/step,
-// every replica's tokens over the slowest one's decode time).
+// --topology: deploy::BenchDecodeOnDeployment with this command's worker flags.
 void RunOnTopology(const BenchArgs& a, const std::vector<int64_t>& batches, int& exit_code) {
-  struct Row {
-    int64_t batch;
-    double ms_per_step, tokens_per_s, prefill_tokens_per_s;
-  };
-  std::vector<Row> rows;
   const bool cuda = a.device == "cuda";
-  try {
-    model::OpenOptions open;
-    open.num_layers = a.num_layers;
-    const model::ModelConfig config = model::PeekModelConfig(a.model, open);
-    const int64_t ctx = a.options.context;
-    AFD_CHECK(ctx + a.options.steps + 1 <= config.max_position_embeddings,
-              "--context {} + --steps {}: longer than the model's {} positions", ctx,
-              a.options.steps, config.max_position_embeddings);
-    for (int64_t batch : batches) {
-      std::vector<std::vector<int32_t>> prompts(batch);
-      for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t i = 0; i < ctx; ++i) {  // deterministic ids, away from the special ones
-          const uint64_t h = (a.options.seed + 1) * 0x9E3779B97F4A7C15ull + b * 7919 + i * 104729;
-          prompts[b].push_back(static_cast<int32_t>(2 + h % (config.vocab_size - 2)));
-        }
-      }
-      GenerationFlags g;
-      g.model = a.model;
-      g.max_tokens = a.options.steps + 1;  // the first token comes from the prefill
-      g.ignore_eos = true;
-      g.num_layers = a.num_layers;
-      g.max_num_seqs = batch;
-      g.max_num_batched_tokens = batch * ctx;
-      deploy::DeploymentSpec spec = a.deployment;
-      spec.worker_flags = GenerationFlagsArgv(g);
-      spec.cuda = cuda;
-      if (cuda) {
-        spec.worker_flags.insert(spec.worker_flags.end(), {"--device", "cuda", "--cuda-device",
-                                                           std::to_string(a.cuda_device)});
-        if (!a.dtype.empty())
-          spec.worker_flags.insert(spec.worker_flags.end(), {"--dtype", a.dtype});
-      } else if (a.dtype == "bf16") {
-        spec.worker_flags.push_back("--bf16");
-      }
-      std::vector<nlohmann::json> stats;
-      deploy::RunDeployment(spec, prompts, &stats);
-      double slowest_decode = 0, slowest_prefill = 0, ms = 0;
-      int64_t decode_tokens = 0, prefill_tokens = 0;
-      for (size_t r = 0; r < stats.size(); ++r) {
-        const nlohmann::json& st = stats[r];
-        if (st.value("decode_steps", int64_t{0}) == 0) continue;
-        const double ds = st["decode_seconds"].get<double>();
-        slowest_decode = std::max(slowest_decode, ds);
-        slowest_prefill = std::max(slowest_prefill, st["prefill_seconds"].get<double>());
-        ms = std::max(ms, 1e3 * ds / st["decode_steps"].get<int64_t>());
-        if (static_cast<int>(r) % a.deployment.attention_tp == 0) {  // TP peers repeat them
-          decode_tokens += st["decode_tokens"].get<int64_t>();
-          prefill_tokens += st["prefill_tokens"].get<int64_t>();
-        }
-      }
-      AFD_CHECK(slowest_decode > 0, "no attention rank decoded (batch {})", batch);
-      rows.push_back({batch, ms, decode_tokens / slowest_decode,
-                      prefill_tokens / std::max(slowest_prefill, 1e-12)});
+  deploy::DeploymentBenchOptions o;
+  o.model = a.model;
+  o.num_layers = a.num_layers;
+  o.batch_sizes = batches;
+  o.context = a.options.context;
+  o.steps = a.options.steps;
+  o.seed = a.options.seed;
+  o.worker_flags = [&](int64_t batch) {
+    GenerationFlags g;
+    g.model = a.model;
+    g.max_tokens = a.options.steps + 1;  // the first token comes from the prefill
+    g.ignore_eos = true;
+    g.num_layers = a.num_layers;
+    g.max_num_seqs = batch;
+    g.max_num_batched_tokens = batch * a.options.context;
+    g.bf16 = !cuda && a.dtype == "bf16";
+    std::vector<std::string> flags = GenerationFlagsArgv(g);
+    if (cuda) {
+      flags.insert(flags.end(),
+                   {"--device", "cuda", "--cuda-device", std::to_string(a.cuda_device)});
+      if (!a.dtype.empty()) flags.insert(flags.end(), {"--dtype", a.dtype});
     }
+    return flags;
+  };
+  deploy::DeploymentSpec spec = a.deployment;
+  spec.cuda = cuda;
+  std::vector<deploy::DeploymentBenchRow> rows;
+  try {
+    rows = deploy::BenchDecodeOnDeployment(spec, o);
   } catch (const Error& e) {
     std::cerr << "afd bench decode --topology " << a.deployment.topology << ": " << e.what()
               << "\n";
@@ -140,7 +107,7 @@ void RunOnTopology(const BenchArgs& a, const std::vector<int64_t>& batches, int&
     nlohmann::ordered_json j = JsonHead(a, a.device);
     j["topology"] = a.deployment.topology;
     j["rows"] = nlohmann::ordered_json::array();
-    for (const Row& r : rows) {
+    for (const deploy::DeploymentBenchRow& r : rows) {
       j["rows"].push_back({{"batch", r.batch},
                            {"ms_per_step", r.ms_per_step},
                            {"tokens_per_s", r.tokens_per_s},
@@ -151,7 +118,7 @@ void RunOnTopology(const BenchArgs& a, const std::vector<int64_t>& batches, int&
     std::cout << fmt::format("{} | {} | {} | context {}\n", a.model, a.device,
                              a.deployment.topology, a.options.context);
     std::cout << "batch  ms/step  tokens/s  prefill tok/s\n";
-    for (const Row& r : rows) {
+    for (const deploy::DeploymentBenchRow& r : rows) {
       std::cout << fmt::format("{:5}  {:7.3f}  {:8.1f}  {:13.1f}\n", r.batch, r.ms_per_step,
                                r.tokens_per_s, r.prefill_tokens_per_s);
     }

@@ -1,0 +1,38 @@
+// `afd bench decode --topology xAyF`: the decode bench through an AFD deployment's rank
+// processes on this host. Per batch size, `batch` prompts of `context` deterministic token ids
+// generate `steps` + 1 tokens each (the first comes from the prefill); decode ms/step and
+// tokens/s come from the attention ranks' own engine counters (the slowest replica's ms/step;
+// every replica's tokens over the slowest one's decode time).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "afd/deploy/deployment_run.h"
+
+namespace afd::deploy {
+
+struct DeploymentBenchOptions {
+  std::string model;
+  int64_t num_layers = 0;  // 0: every layer
+  std::vector<int64_t> batch_sizes;
+  int64_t context = 128;
+  int64_t steps = 32;
+  uint64_t seed = 0;
+  // The rank processes' flags for one batch size (model, generation and device flags): the
+  // command line's business, so it is given here.
+  std::function<std::vector<std::string>(int64_t batch)> worker_flags;
+};
+
+struct DeploymentBenchRow {
+  int64_t batch = 0;
+  double ms_per_step = 0, tokens_per_s = 0, prefill_tokens_per_s = 0;
+};
+
+// Throws afd::Error naming the option or the rank process that failed.
+std::vector<DeploymentBenchRow> BenchDecodeOnDeployment(DeploymentSpec spec,
+                                                        const DeploymentBenchOptions& options);
+
+}  // namespace afd::deploy
