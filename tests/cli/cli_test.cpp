@@ -62,6 +62,20 @@ TEST(Cli, ConnectorThatCannotRunHereIsRefusedAtStartup) {
   r = RunAfd("worker --model preset:tiny --role-rank 0 --device cuda --additional-config " + p2p);
   EXPECT_EQ(r.exit_code, 2) << r.out;
   EXPECT_NE(r.out.find("the P2P connectors move host rows"), std::string::npos) << r.out;
+  // NCCL symmetric-memory windows on CPU ranks.
+  const std::string nccl = Quote(
+      R"({"afd": {"role": "ffn", "connector": "AsyncAFDConnector", "num_attention_ranks": 1, )"
+      R"("num_ffn_ranks": 1, "port": 1, "connector_extra_config": {"window": "nccl"}}})");
+  r = RunAfd("worker --model preset:tiny --role-rank 0 --additional-config " + nccl);
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_NE(r.out.find("window \"nccl\""), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("--device cuda"), std::string::npos) << r.out;
+  r = RunAfd("run --model preset:tiny --prompt-ids 1,2 --max-tokens 1 --topology 1A1F "
+             "--additional-config " +
+             Quote(R"({"afd": {"connector": "AsyncAFDConnector", "connector_extra_config": )"
+                   R"({"window": "nccl"}}})"));
+  EXPECT_NE(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("window \"nccl\""), std::string::npos) << r.out;
 }
 
 TEST(Cli, VersionAndHelp) {

@@ -73,5 +73,17 @@ TEST(NcclVersion, LoadedLibraryMustServeTheBuild) {
   EXPECT_NE(major->find("3.0.0"), std::string::npos) << *major;
 }
 
+TEST(NcclPlan, DeviceApiNeedsTheExactVersion) {
+  EXPECT_FALSE(NcclDeviceApiMismatch(22809, 22809));
+  for (int loaded : {22803, 22900, 22810}) {
+    const auto e = NcclDeviceApiMismatch(22809, loaded);
+    ASSERT_TRUE(e) << loaded;
+    EXPECT_NE(e->find("2.28.9"), std::string::npos) << *e;
+    EXPECT_NE(e->find(NcclVersionText(loaded)), std::string::npos) << *e;
+    EXPECT_NE(e->find("LD_LIBRARY_PATH"), std::string::npos) << *e;
+    EXPECT_NE(e->find("cuda_ipc"), std::string::npos) << *e;
+  }
+}
+
 }  // namespace
 }  // namespace afd::comm

@@ -164,21 +164,24 @@ TEST(AfdConfig, GpuAsyncDefaultsAndValues) {
   EXPECT_EQ(d.async_options.async_moe_num_ubatches, 2);
   EXPECT_EQ(d.async_options.async_moe_split, "request");
   EXPECT_TRUE(d.async_options.device_flags);
+  EXPECT_EQ(d.async_options.window, "cuda_ipc");
   const json out = json::parse(AfdConfigToJson(d));
   EXPECT_EQ(out["connector_extra_config"]["ring_depth"], 1);
   EXPECT_EQ(out["connector_extra_config"]["device_flags"], true);
+  EXPECT_EQ(out["connector_extra_config"]["window"], "cuda_ipc");
   EXPECT_EQ(out["async_dp"], true);
 
   const AfdConfig c = ParseAfdConfig(Async(
       R"({"attn_ranks_per_dp": 2, "routed_cap_multiplier": 3, "recv_poll_timeout_ms": 50,
           "async_moe_ubatching": true, "async_moe_num_ubatches": 3, "async_moe_split": "token",
-          "device_flags": false})"));
+          "device_flags": false, "window": "nccl"})"));
   EXPECT_EQ(c.async_options.attn_ranks_per_dp, 2);
   EXPECT_EQ(c.async_options.ring_depth, 3);  // derived: one slot per stage
   EXPECT_DOUBLE_EQ(c.async_options.routed_cap_multiplier, 3.0);
   EXPECT_EQ(c.async_options.recv_poll_timeout_ms, 50);
   EXPECT_EQ(c.async_options.async_moe_split, "token");
   EXPECT_FALSE(c.async_options.device_flags);
+  EXPECT_EQ(c.async_options.window, "nccl");
 }
 
 TEST(AfdConfig, GpuAsyncImpliesAsyncDpAndGateOnAttention) {
@@ -209,6 +212,8 @@ TEST(AfdConfig, GpuAsyncBadOptions) {
   ExpectInvalid(Async(R"({"async_moe_num_ubatches": 1})"), {"async_moe_num_ubatches"});
   ExpectInvalid(Async(R"({"async_moe_split": "layer"})"), {"async_moe_split", "layer"});
   ExpectInvalid(Async(R"({"device_flags": "yes"})"), {"device_flags"});
+  ExpectInvalid(Async(R"({"window": "nvshmem"})"), {"window", "nvshmem", "cuda_ipc", "nccl"});
+  ExpectInvalid(Async(R"({"window": 1})"), {"window"});
   ExpectInvalid(R"({"connector": "GpuAsyncAFDConnector", "async": false})",
                 {"afd.async_dp", "must be true"});
   ExpectInvalid(R"({"connector": "GpuAsyncAFDConnector", "compute_gate_on_attention": false})",

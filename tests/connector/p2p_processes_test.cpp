@@ -56,6 +56,40 @@ TEST(P2pProcesses, Bf16RowsRoundTrip) {
   }
 }
 
+// --bench times round trips through the connector; --raw through its transport's send/recv
+// alone (the baseline the connector is compared with). Both report every row count.
+TEST(P2pProcesses, BenchAndRawBenchReportEveryRowCount) {
+  for (const bool raw : {false, true}) {
+    auto procs = StartDeployment(1, 1, 30, raw ? "rawbench" : "bench", [&](const std::string&, int) {
+      std::vector<std::string> a = {"--bench", "--bench-rows", "1,7", "--iters", "3",
+                                    "--hidden", "16"};
+      if (raw) a.push_back("--raw");
+      return a;
+    });
+    for (auto& p : procs) {
+      const std::optional<int> status = p.process->Wait(Deadline::In(60));
+      const std::string log = ReadFile(p.log);
+      ASSERT_EQ(status, 0) << p.label << " failed:\n" << log;
+      if (p.label != "attention 0") continue;
+      const nlohmann::json report = nlohmann::json::parse(log);
+      ASSERT_EQ(report["bench"].size(), 2u) << log;
+      EXPECT_EQ(report["bench"][1]["rows"], 7) << log;
+      EXPECT_EQ(report["bench"][1]["bytes_each_way"], 7 * 16 * 4) << log;
+      EXPECT_GT(report["bench"][1]["median_us"].get<double>(), 0.0) << log;
+    }
+  }
+  // --raw pairs one attention rank with one FFN rank.
+  auto procs = StartDeployment(2, 1, 30, "rawbench2a", [](const std::string&, int) {
+    return std::vector<std::string>{"--bench", "--raw", "--iters", "2"};
+  });
+  for (auto& p : procs) {
+    EXPECT_NE(p.process->Wait(Deadline::In(60)), 0) << p.label;
+    EXPECT_NE(ReadFile(p.log).find("--raw times one attention rank and one FFN rank"),
+              std::string::npos)
+        << ReadFile(p.log);
+  }
+}
+
 TEST(P2pProcesses, ConfigMismatchFailsBothNamingTheField) {
   const auto start = std::chrono::steady_clock::now();
   auto procs = StartDeployment(1, 1, 10, "mismatch", [](const std::string& role, int) {

@@ -86,8 +86,10 @@ void RunOnTopology(const BenchArgs& a, const std::vector<int64_t>& batches, int&
     g.bf16 = !cuda && a.dtype == "bf16";
     std::vector<std::string> flags = GenerationFlagsArgv(g);
     if (cuda) {
-      flags.insert(flags.end(),
-                   {"--device", "cuda", "--cuda-device", std::to_string(a.cuda_device)});
+      flags.insert(flags.end(), {"--device", "cuda"});
+      if (a.deployment.cuda_devices.empty()) {
+        flags.insert(flags.end(), {"--cuda-device", std::to_string(a.cuda_device)});
+      }
       if (!a.dtype.empty()) flags.insert(flags.end(), {"--dtype", a.dtype});
     }
     return flags;
@@ -145,6 +147,8 @@ void Run(BenchArgs a, int& exit_code) {
   std::unique_ptr<kernels::Backend> backend;
   std::unique_ptr<model::DeepseekModel> model;
   try {
+    AFD_CHECK(a.deployment.cuda_devices.empty(),
+              "--cuda-devices places the ranks of --topology; one process takes --cuda-device");
     a.options.batch_sizes = ParseList(a.batch, "--batch");
     if (!a.cuda_graph_sizes.empty()) {
       a.options.graphs.sizes = ParseList(a.cuda_graph_sizes, "--cuda-graph-sizes");
@@ -331,6 +335,12 @@ void AddBenchCommand(CLI::App& app, int& exit_code) {
                      "1A1F with the async connector on one GPU)");
   decode->add_option("--additional-config", a->deployment.additional_config,
                      "With --topology: extra afd fields (connector, connector_extra_config)");
+  decode
+      ->add_option("--cuda-devices", a->deployment.cuda_devices,
+                   "With --topology and --device cuda: the CUDA device of each world rank, FFN "
+                   "ranks first (default: every rank on --cuda-device)")
+      ->delimiter(',')
+      ->check(CLI::NonNegativeNumber);
   decode
       ->add_option("--attention-tp", a->deployment.attention_tp,
                    "With --topology: attention ranks per replica")

@@ -50,6 +50,9 @@ void AddConnectorTestCommand(CLI::App& app, int& exit_code) {
                 "Async connector on cuda: the host stores and polls the flags after a stream "
                 "sync (default: the stream stores and awaits them)");
   cmd->add_option("--bench-rows", args->bench_rows, "Row counts to time, comma-separated");
+  cmd->add_flag("--raw", args->raw,
+                "With --bench on a P2P connector (1A1F): time the transport's own send/recv "
+                "(ncclSend/ncclRecv with --device cuda, TCP otherwise) without the connector");
   cmd->add_option("--iters", args->iters, "Timed iterations per row count")
       ->check(CLI::Range(1, 100000));
   cmd->callback([args, &exit_code] {

@@ -70,9 +70,13 @@ void RunOnDeployment(const RunArgs& args, const std::vector<std::vector<int32_t>
   spec.worker_flags = GenerationFlagsArgv(args.gen);
   spec.cuda = args.device == "cuda";
   if (spec.cuda) {
-    // Every rank on the same GPU, its rows in CUDA IPC windows (the async connector).
-    spec.worker_flags.insert(spec.worker_flags.end(), {"--device", "cuda", "--cuda-device",
-                                                       std::to_string(args.cuda_device)});
+    // Every rank on --cuda-device (CUDA IPC windows between them), or each on its own of
+    // --cuda-devices.
+    spec.worker_flags.insert(spec.worker_flags.end(), {"--device", "cuda"});
+    if (spec.cuda_devices.empty()) {
+      spec.worker_flags.insert(spec.worker_flags.end(),
+                               {"--cuda-device", std::to_string(args.cuda_device)});
+    }
     if (!args.dtype.empty())
       spec.worker_flags.insert(spec.worker_flags.end(), {"--dtype", args.dtype});
   }
@@ -119,6 +123,8 @@ void Run(RunArgs args, int& exit_code) {
     backend = kernels::MakeBackend(cuda ? Device::Cuda(args.cuda_device) : Device::Cpu());
     model = model::OpenModel(args.gen.model, open, *backend);
     const model::ModelConfig& c = model->config();
+    AFD_CHECK(args.deployment.cuda_devices.empty() || !args.deployment.topology.empty(),
+              "--cuda-devices places the ranks of --topology; one process takes --cuda-device");
     AFD_CHECK(!args.gen.dbo.enabled || !args.deployment.topology.empty(),
               "--enable-dbo overlaps the attention and FFN roles: it needs --topology");
     AFD_CHECK(
@@ -223,6 +229,12 @@ void AddRunCommand(CLI::App& app, int& exit_code) {
       ->check(CLI::PositiveNumber);
   run->add_option("--ffn-dp", args->deployment.ffn_dp, "FFN DP size")->check(CLI::PositiveNumber);
   run->add_option("--ffn-tp", args->deployment.ffn_tp, "FFN TP size")->check(CLI::PositiveNumber);
+  run->add_option("--cuda-devices", args->deployment.cuda_devices,
+                  "With --topology and --device cuda: the CUDA device of each world rank, FFN "
+                  "ranks first, then attention ranks (e.g. 0,1 for 1A1F on two GPUs); default: "
+                  "every rank on --cuda-device")
+      ->delimiter(',')
+      ->check(CLI::NonNegativeNumber);
   run->add_option("--additional-config", args->deployment.additional_config,
                   "Extra afd fields for --topology, e.g. {\"afd\": "
                   "{\"compute_gate_on_attention\": true}}");

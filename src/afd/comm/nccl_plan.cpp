@@ -57,4 +57,13 @@ std::optional<std::string> NcclLibraryMismatch(int built, int loaded) {
       NcclVersionText(kMinNcclVersion));
 }
 
+std::optional<std::string> NcclDeviceApiMismatch(int built, int loaded) {
+  if (loaded == built) return std::nullopt;
+  return fmt::format(
+      "the NCCL window (connector_extra_config.window \"nccl\") is compiled against the device "
+      "API of NCCL {} and runs only on that exact version, but the library loaded at run time is "
+      "{}: put libnccl.so.2 of NCCL {} first on LD_LIBRARY_PATH, or use window \"cuda_ipc\"",
+      NcclVersionText(built), NcclVersionText(loaded), NcclVersionText(built));
+}
+
 }  // namespace afd::comm

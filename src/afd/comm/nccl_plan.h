@@ -45,4 +45,10 @@ inline constexpr int kMinNcclVersion = 21900;
 // naming both versions and the remedy.
 std::optional<std::string> NcclLibraryMismatch(int built, int loaded);
 
+// The NCCL window of the async connector reads NCCL's device-side window struct
+// (ncclGetLsaPointer from nccl_device.h, compiled into this binary), whose layout may change
+// between any two releases: it runs only on the exact version it was built against. nullopt when
+// `loaded` equals `built`; otherwise the error naming both and the remedy.
+std::optional<std::string> NcclDeviceApiMismatch(int built, int loaded);
+
 }  // namespace afd::comm

@@ -41,6 +41,8 @@ ncclDataType_t ToNccl(DType t) {
   AFD_THROW("dtype {} has no NCCL type", static_cast<int>(t));
 }
 
+}  // namespace
+
 std::string GpuIdentity(int device) {
   char bus[64] = {0};
   AFD_CUDA_CHECK(cudaDeviceGetPCIBusId(bus, sizeof(bus), device));
@@ -49,7 +51,36 @@ std::string GpuIdentity(int device) {
   return fmt::format("{}/{}", host, bus);
 }
 
-}  // namespace
+std::vector<ncclComm_t> InitNcclComms(const std::vector<ncclUniqueId>& ids, int size, int rank,
+                                      int device, double timeout_s, const std::string& what) {
+  // ncclCommInitRank blocks until every rank joins; bound it. The init runs on its own thread
+  // with state it shares, so a timed-out init can be left behind without touching freed memory.
+  struct InitState {
+    std::vector<ncclComm_t> comms;
+    std::promise<ncclResult_t> done;
+  };
+  auto state = std::make_shared<InitState>();
+  state->comms.assign(ids.size(), nullptr);
+  std::future<ncclResult_t> done = state->done.get_future();
+  std::thread([state, ids, size, rank, device]() {
+    cudaSetDevice(device);
+    ncclResult_t r = ncclGroupStart();
+    for (size_t i = 0; i < ids.size() && r == ncclSuccess; ++i) {
+      r = ncclCommInitRank(&state->comms[i], size, ids[i], rank);
+    }
+    const ncclResult_t end = ncclGroupEnd();
+    state->done.set_value(r != ncclSuccess ? r : end);
+  }).detach();
+  if (done.wait_for(std::chrono::duration<double>(timeout_s)) != std::future_status::ready) {
+    AFD_THROW("{}: NCCL communicator creation did not finish within {}s (a rank that never "
+              "joined?)",
+              what, timeout_s);
+  }
+  const ncclResult_t r = done.get();
+  AFD_CHECK(r == ncclSuccess || r == ncclInProgress, "{}: ncclCommInitRank failed: {} ({})", what,
+            ncclGetErrorString(r), ncclGetLastError(nullptr));
+  return state->comms;
+}
 
 void SynchronizeStream(cudaStream_t stream, double timeout_s, const std::string& what) {
   // Polls: yielding for the first 2 ms (a layer's exchange ends within microseconds; a 50 us
@@ -86,69 +117,60 @@ void NcclCommunicator::Check(ncclResult_t r, const char* call) const {
             ncclGetErrorString(r), ncclGetLastError(nullptr));
 }
 
-std::unique_ptr<NcclCommunicator> NcclCommunicator::Create(Store& store, const GroupSpec& spec,
-                                                           int device, cudaStream_t stream) {
+void CheckNcclRankSetup(Store& store, int rank, int size, const std::vector<std::string>& labels,
+                        int device, double timeout_s, const std::string& group) {
   setenv("NCCL_NVLS_ENABLE", "0", /*overwrite=*/0);
+  const std::string who =
+      rank < static_cast<int>(labels.size()) ? labels[rank] : fmt::format("rank {}", rank);
   int loaded = 0;
-  AFD_CHECK(ncclGetVersion(&loaded) == ncclSuccess, "group {}: ncclGetVersion failed", spec.name);
+  AFD_CHECK(ncclGetVersion(&loaded) == ncclSuccess, "{}, {}: ncclGetVersion failed", group, who);
   if (auto mismatch = NcclLibraryMismatch(NCCL_VERSION_CODE, loaded)) {
-    const std::string who =
-        spec.rank < static_cast<int>(spec.labels.size()) ? spec.labels[spec.rank] : "this rank";
-    AFD_THROW("group {}, {}: {}", spec.name, who, *mismatch);
+    AFD_THROW("{}, {}: {}", group, who, *mismatch);
   }
-  std::unique_ptr<NcclCommunicator> c(new NcclCommunicator(spec));
-  c->device_ = device;
-  c->stream_ = stream;
   AFD_CUDA_CHECK(cudaSetDevice(device));
   // Refuse two ranks on one GPU ourselves, naming them, before NCCL fails less clearly.
-  store.Set(fmt::format("gpu/{}", spec.rank), GpuIdentity(device));
+  store.Set(fmt::format("gpu/{}", rank), GpuIdentity(device));
   std::vector<std::string> keys, gpus;
-  for (int r = 0; r < spec.size; ++r) keys.push_back(fmt::format("gpu/{}", r));
-  store.Wait(keys, spec.timeout_s);
+  for (int r = 0; r < size; ++r) keys.push_back(fmt::format("gpu/{}", r));
+  store.Wait(keys, timeout_s);
   for (const auto& k : keys) gpus.push_back(store.TryGet(k).value_or(""));
   // AFD_NCCL_SKIP_SHARED_GPU_CHECK=1 lets NCCL itself meet the shared GPU (to see how its
   // refusal is reported); nothing else reads it.
   const char* skip = std::getenv("AFD_NCCL_SKIP_SHARED_GPU_CHECK");
-  if (auto shared = FindSharedGpu(gpus, spec.labels, spec.name);
-      shared && !(skip && *skip == '1')) {
+  if (auto shared = FindSharedGpu(gpus, labels, group); shared && !(skip && *skip == '1')) {
     AFD_THROW("{}", *shared);
   }
+}
 
-  ncclUniqueId ids[2];
-  for (int i = 0; i < 2; ++i) {
-    if (spec.rank == 0) {
-      c->Check(ncclGetUniqueId(&ids[i]), "ncclGetUniqueId");
-      store.Set(NcclUniqueIdKey(i), std::string(ids[i].internal, NCCL_UNIQUE_ID_BYTES));
-    }
-    const std::string bytes = store.Get(NcclUniqueIdKey(i), spec.timeout_s);
-    CheckNcclUniqueId(bytes, spec.name);
-    std::copy(bytes.begin(), bytes.end(), ids[i].internal);
+ncclUniqueId ShareNcclUniqueId(Store& store, int index, int rank, double timeout_s,
+                               const std::string& group) {
+  ncclUniqueId id;
+  if (rank == 0) {
+    const ncclResult_t r = ncclGetUniqueId(&id);
+    AFD_CHECK(r == ncclSuccess, "{}: ncclGetUniqueId failed: {}", group, ncclGetErrorString(r));
+    store.Set(NcclUniqueIdKey(index), std::string(id.internal, NCCL_UNIQUE_ID_BYTES));
   }
-  // ncclCommInitRank blocks until every rank joins; bound it. The init runs on its own thread
-  // with state it shares, so a timed-out init can be left behind without touching freed memory.
-  struct InitState {
-    ncclComm_t comms[2] = {nullptr, nullptr};
-    std::promise<ncclResult_t> done;
-  };
-  auto state = std::make_shared<InitState>();
-  std::future<ncclResult_t> done = state->done.get_future();
-  std::thread([state, ids0 = ids[0], ids1 = ids[1], size = spec.size, rank = spec.rank, device]() {
-    cudaSetDevice(device);
-    const ncclUniqueId uid[2] = {ids0, ids1};
-    ncclResult_t r = ncclGroupStart();
-    for (int i = 0; i < 2 && r == ncclSuccess; ++i) {
-      r = ncclCommInitRank(&state->comms[i], size, uid[i], rank);
-    }
-    const ncclResult_t end = ncclGroupEnd();
-    state->done.set_value(r != ncclSuccess ? r : end);
-  }).detach();
-  if (done.wait_for(std::chrono::duration<double>(spec.timeout_s)) != std::future_status::ready) {
-    AFD_THROW("group {}: NCCL communicator creation on {} did not finish within {}s", spec.name,
-              c->DescribeRank(spec.rank), spec.timeout_s);
-  }
-  c->Check(done.get(), "ncclCommInitRank");
-  c->comms_[0] = state->comms[0];
-  c->comms_[1] = state->comms[1];
+  const std::string bytes = store.Get(NcclUniqueIdKey(index), timeout_s);
+  CheckNcclUniqueId(bytes, group);
+  std::copy(bytes.begin(), bytes.end(), id.internal);
+  return id;
+}
+
+std::unique_ptr<NcclCommunicator> NcclCommunicator::Create(Store& store, const GroupSpec& spec,
+                                                           int device, cudaStream_t stream) {
+  CheckNcclRankSetup(store, spec.rank, spec.size, spec.labels, device, spec.timeout_s,
+                     fmt::format("group {}", spec.name));
+  std::unique_ptr<NcclCommunicator> c(new NcclCommunicator(spec));
+  c->device_ = device;
+  c->stream_ = stream;
+  const std::vector<ncclUniqueId> ids = {
+      ShareNcclUniqueId(store, 0, spec.rank, spec.timeout_s, spec.name),
+      ShareNcclUniqueId(store, 1, spec.rank, spec.timeout_s, spec.name)};
+  const std::vector<ncclComm_t> comms =
+      InitNcclComms(ids, spec.size, spec.rank, device, spec.timeout_s,
+                    fmt::format("group {} on {}", spec.name, c->DescribeRank(spec.rank)));
+  c->comms_[0] = comms[0];
+  c->comms_[1] = comms[1];
   AFD_CUDA_CHECK(cudaMalloc(&c->scratch_, sizeof(float)));
   return c;
 }

@@ -19,6 +19,8 @@
 #include <nccl.h>
 
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "afd/comm/communicator.h"
 #include "afd/comm/store.h"
@@ -70,6 +72,25 @@ class NcclCommunicator : public Communicator {
 
 // Waits for `stream` to finish, polling, until `timeout_s`; throws afd::Error naming `what`.
 void SynchronizeStream(cudaStream_t stream, double timeout_s, const std::string& what);
+
+// "host/PCI bus id" of a CUDA device: two ranks with the same identity share a GPU.
+std::string GpuIdentity(int device);
+
+// Before a rank of `group` creates NCCL communicators: NVLink multicast off (NCCL_NVLS_ENABLE=0
+// unless set), the loaded NCCL checked against the one built against, `device` made current,
+// and no two of the `size` ranks on one GPU (each publishes its GPU under "gpu/<rank>" of
+// `store`, a store of the group's own). Throws afd::Error naming the ranks (`labels`).
+void CheckNcclRankSetup(Store& store, int rank, int size, const std::vector<std::string>& labels,
+                        int device, double timeout_s, const std::string& group);
+
+// Unique id `index` of a group: rank 0 makes it and publishes it in `store`; every rank reads it.
+ncclUniqueId ShareNcclUniqueId(Store& store, int index, int rank, double timeout_s,
+                               const std::string& group);
+
+// One NCCL communicator per id (in one NCCL group), this rank being `rank` of `size`, bounded by
+// `timeout_s` (a rank that never joins); throws afd::Error naming `what`.
+std::vector<ncclComm_t> InitNcclComms(const std::vector<ncclUniqueId>& ids, int size, int rank,
+                                      int device, double timeout_s, const std::string& what);
 
 // "NCCL 2.28.9 (built), 2.28.3 (loaded)": for `afd --version` and error reports.
 std::string DescribeNcclVersions();

@@ -46,6 +46,10 @@ struct AsyncOptions {
   // Device rows (cuda): the flags are stored and awaited by the CUDA streams (no host
   // synchronization in a round trip); false: the host stores them after a stream sync and polls.
   bool device_flags = true;
+  // Where device rows live (cuda): "cuda_ipc" -- CUDA IPC memory, processes of one node, several
+  // may share a GPU; "nccl" -- NCCL symmetric memory (ncclMemAlloc + ncclCommWindowRegister),
+  // one GPU per rank, peers reached over NVLink (LSA). CPU ranks refuse "nccl".
+  std::string window = "cuda_ipc";
 
   // Number of MoE stages in flight per peer.
   int num_stages() const { return async_moe_ubatching ? async_moe_num_ubatches : 1; }

@@ -19,12 +19,13 @@ void ParseAsyncOptions(const json& extra, const std::string& connector, AsyncOpt
   static const std::set<std::string> kKeys = {"attn_ranks_per_dp",     "ring_depth",
                                               "routed_cap_multiplier", "recv_poll_timeout_ms",
                                               "async_moe_ubatching",   "async_moe_num_ubatches",
-                                              "async_moe_split",       "device_flags"};
+                                              "async_moe_split",       "device_flags",
+                                              "window"};
   for (const auto& [key, value] : extra.items()) {
     AFD_CHECK(kKeys.count(key),
               "{}.{}: unknown option for {}; allowed: attn_ranks_per_dp, "
               "ring_depth, routed_cap_multiplier, recv_poll_timeout_ms, async_moe_ubatching, "
-              "async_moe_num_ubatches, async_moe_split, device_flags",
+              "async_moe_num_ubatches, async_moe_split, device_flags, window",
               kExtraPath, key, connector);
   }
   auto path = [](std::string_view key) { return fmt::format("{}.{}", kExtraPath, key); };
@@ -55,6 +56,13 @@ void ParseAsyncOptions(const json& extra, const std::string& connector, AsyncOpt
   }
   if (extra.contains("device_flags")) {
     o.device_flags = jf::GetBool(extra["device_flags"], path("device_flags"));
+  }
+  if (extra.contains("window")) {
+    o.window = jf::GetString(extra["window"], path("window"));
+    AFD_CHECK(o.window == "cuda_ipc" || o.window == "nccl",
+              "{}: value \"{}\" is not allowed; must be \"cuda_ipc\" (CUDA IPC memory, one node, "
+              "GPUs may be shared) or \"nccl\" (NCCL symmetric memory, one GPU per rank)",
+              path("window"), o.window);
   }
   // ring_depth follows from an invariant: each (peer, stage) has at most one request in flight,
   // so the default is the number of stages and anything smaller would deadlock.
@@ -101,7 +109,8 @@ nlohmann::ordered_json ConnectorExtraConfigToJson(const AfdConfig& config) {
                                 {"async_moe_ubatching", o.async_moe_ubatching},
                                 {"async_moe_num_ubatches", o.async_moe_num_ubatches},
                                 {"async_moe_split", o.async_moe_split},
-                                {"device_flags", o.device_flags}};
+                                {"device_flags", o.device_flags},
+                                {"window", o.window}};
 }
 
 void ValidateConnectorRules(const AfdConfig& c) {

@@ -8,6 +8,9 @@
 #include "afd/connector/shm_window.h"
 #ifdef AFD_WITH_CUDA
 #include "afd/connector/cuda/cuda_ipc_window.h"
+#ifdef AFD_WITH_NCCL
+#include "afd/connector/cuda/nccl_window.h"
+#endif
 #endif
 
 namespace afd::connector {
@@ -74,7 +77,18 @@ AsyncConnector::AsyncConnector(comm::AfdWorld& world, const AsyncConnectorOption
     AFD_CHECK(o.cuda_device >= 0,
               "afd.connector {}: this rank runs on the CPU; GPU windows need --device cuda",
               c.connector);
-    auto rows = CudaIpcWindow::Create(world, layout_.window_bytes, peers, o.cuda_device);
+    std::unique_ptr<DeviceRowWindow> rows;
+    if (c.async_options.window == "nccl") {
+#ifdef AFD_WITH_NCCL
+      rows = NcclWindow::Create(world, layout_.window_bytes, peers, o.cuda_device);
+#else
+      AFD_THROW(
+          "afd.connector_extra_config.window \"nccl\": this build has no NCCL (its header or "
+          "library was not found when it was built); use window \"cuda_ipc\"");
+#endif
+    } else {
+      rows = CudaIpcWindow::Create(world, layout_.window_bytes, peers, o.cuda_device);
+    }
     if (o.cuda_stream != nullptr) {
       std::string why;
       stream_flags_ = StreamFlags::Create(o.cuda_device, &why);

@@ -53,9 +53,9 @@ struct AsyncConnectorOptions {
   int64_t topk = 1;         // experts per token
   int64_t num_experts = 1;  // routed experts, sharded over the F ranks by SplitOffset
   RowFormat row{1, DType::kF32};
-  // >= 0: the rows live in device memory of this CUDA device (a CUDA IPC row window next to
-  // the host window, which keeps the flags, headers and indices); -1: everything in the host
-  // window.
+  // >= 0: the rows live in device memory of this CUDA device (a row window of CUDA IPC or NCCL
+  // symmetric memory, as connector_extra_config.window says, next to the host window, which
+  // keeps the flags, headers and indices); -1: everything in the host window.
   int cuda_device = -1;
   // With device rows: the caller's cudaStream_t that produces the rows it sends and consumes the
   // rows it receives. Given (and the device can run stream memory operations), the flags are
@@ -165,7 +165,7 @@ class AsyncConnector {
   AsyncConnectorOptions options_;
   SlotLayout layout_;
   std::unique_ptr<Window> window_;             // flags, headers, indices (and host rows)
-  std::unique_ptr<Window> data_window_;        // device rows (CUDA IPC), or null
+  std::unique_ptr<Window> data_window_;        // device rows (CUDA IPC or NCCL), or null
   ShmWindow* shm_ = nullptr;                   // window_ as the shared-memory window it is
   std::unique_ptr<StreamFlags> stream_flags_;  // device-side flags, or null
   std::vector<uint64_t> device_wait_;  // [region * ring_depth + ring]: seq a stream waits for

@@ -76,6 +76,10 @@ class P2pConnector {
   void GroupEnd(int layer);
 
   const std::map<int, LayerTransferStats>& stats() const { return stats_; }
+  // The data-plane subgroup communicator and this rank's peers on it, in subgroup order (for
+  // `afd connector-test --bench --raw`: the transport without the connector).
+  comm::Communicator& data_plane() { return *subgroup_; }
+  std::vector<int> DataPlanePeers() const { return Peers(); }
   // Closes the data and control planes so blocked peers fail fast.
   void Shutdown();
 

@@ -33,9 +33,39 @@ void RunConnectorBench(const ConnectorTestArgs& args, comm::AfdWorld& world, P2p
   const int A = world.topology().num_attention();
   nlohmann::json results = nlohmann::json::array();
   uint64_t step = 0;
+  const bool attention = world.self().role == Role::kAttention;
+  if (args.raw) {
+    AFD_CHECK(A == 1 && world.topology().num_ffn() == 1,
+              "--raw times one attention rank and one FFN rank exchanging rows; the topology "
+              "has {} and {}",
+              A, world.topology().num_ffn());
+  }
+  const int raw_peer = args.raw ? conn.DataPlanePeers().at(0) : -1;
+  // The communicators pick their direction by tag bit 31 (set: attention -> FFN).
+  constexpr uint32_t kToFfnTag = 0x80000001u, kToAttentionTag = 1;
   for (int64_t n : sizes) {
     std::vector<double> us;
+    const size_t elems = static_cast<size_t>(n * fmt.elems_per_row);
     for (int it = 0; it < args.iters + 2; ++it, ++step) {
+      if (args.raw) {
+        comm::Communicator& c = conn.data_plane();
+        void* in = io.Buffer(n * fmt.row_bytes(), 0);
+        void* out = io.Buffer(n * fmt.row_bytes(), 1);
+        const auto start = std::chrono::steady_clock::now();
+        if (attention) {
+          c.Send(in, elems, fmt.dtype, raw_peer, kToFfnTag);
+          c.Recv(out, elems, fmt.dtype, raw_peer, kToAttentionTag);
+        } else {
+          c.Recv(in, elems, fmt.dtype, raw_peer, kToFfnTag);
+          c.Send(in, elems, fmt.dtype, raw_peer, kToAttentionTag);
+        }
+        io.Synchronize(timeout);
+        const double t =
+            std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start)
+                .count();
+        if (attention && it >= 2) us.push_back(t);
+        continue;
+      }
       StepMetadata meta;
       meta.step = step;
       meta.num_stages = 1;
@@ -74,7 +104,9 @@ void RunConnectorBench(const ConnectorTestArgs& args, comm::AfdWorld& world, P2p
                          {"p90_us", us[us.size() * 9 / 10]}});
     }
   }
-  if (world.self().role == Role::kAttention) {
+  if (args.raw) {
+    // No control plane was used: nothing to stop.
+  } else if (attention) {
     StepMetadata stop;
     stop.step = step;
     stop.flags = connector::kShutdown;

@@ -222,6 +222,10 @@ nlohmann::json RunConnectorTest(const ConnectorTestArgs& args, const AfdConfig& 
   std::unique_ptr<RowIo> io;
   try {
     CheckConnectorImplemented(config, args.device == "cuda" && config.is_async());
+    AFD_CHECK(!args.raw || (args.bench && config.is_p2p()),
+              "--raw times the transport under a P2P connector: it needs --bench and "
+              "P2pNcclAFDConnector or P2pHostAFDConnector, not {}",
+              config.connector);
     comm::JoinRequest req{
         config, args.role_rank, args.hidden, args.dtype == "bf16" ? DType::kBF16 : DType::kF32, {}};
     DeviceContext device;

@@ -30,6 +30,7 @@ struct ConnectorTestArgs {
   std::string device = "cpu";
   int cuda_device = -1;
   bool host_flags = false;  // async connector on cuda: flags by the host, not the stream
+  bool raw = false;         // --bench of a P2P connector: its transport's send/recv alone
 };
 
 // Joins the deployment of `config` as role rank args.role_rank, runs the check (or --bench),
@@ -48,7 +49,8 @@ void RunAsyncConnectorTest(const ConnectorTestArgs& args, comm::AfdWorld& world,
                            nlohmann::json& report, int cuda_device, void* cuda_stream, RowIo& io);
 
 // Round-trip latency per layer for each row count (--bench); the FFN side echoes rows
-// unchanged. Adds "bench": [{rows, bytes_each_way, median_us, p10_us, p90_us}] to `report`.
+// unchanged. With args.raw (1A1F only): the rows go through the data-plane communicator's
+// Send/Recv alone (ncclSend/ncclRecv on cuda, TCP on the CPU), no metadata, no connector. Adds "bench": [{rows, bytes_each_way, median_us, p10_us, p90_us}] to `report`.
 void RunConnectorBench(const ConnectorTestArgs& args, comm::AfdWorld& world,
                        connector::P2pConnector& conn, RowIo& io, nlohmann::json& report);
 

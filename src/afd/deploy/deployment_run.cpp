@@ -110,6 +110,15 @@ std::vector<RankProcessSpec> DeploymentRankSpecs(const DeploymentSpec& spec, con
   }
   base.erase("afd_connector");
   base["connector"] = connector;
+  AFD_CHECK(spec.cuda_devices.empty() || spec.cuda,
+            "--cuda-devices places the ranks on GPUs: it needs --device cuda");
+  AFD_CHECK(spec.cuda_devices.empty() || static_cast<int>(spec.cuda_devices.size()) == A + F,
+            "--cuda-devices: {} devices for the {} ranks of {} (one per world rank: the {} FFN "
+            "ranks first, then the {} attention ranks)",
+            spec.cuda_devices.size(), A + F, spec.topology, F, A);
+  for (int d : spec.cuda_devices) {
+    AFD_CHECK(d >= 0, "--cuda-devices: {} is not a CUDA device ordinal", d);
+  }
   const int port = comm::PickRendezvousPort();
 
   const std::string exe = SelfExe();
@@ -143,6 +152,12 @@ std::vector<RankProcessSpec> DeploymentRankSpecs(const DeploymentSpec& spec, con
       }
       s.serves_engine = attn && prompts_file.empty();
       s.argv.insert(s.argv.end(), spec.worker_flags.begin(), spec.worker_flags.end());
+      if (!spec.cuda_devices.empty()) {
+        const int world_rank = attn ? F + r : r;
+        s.argv.insert(s.argv.end(),
+                      {"--cuda-device", std::to_string(spec.cuda_devices[world_rank])});
+        s.label += fmt::format(" (cuda:{})", spec.cuda_devices[world_rank]);
+      }
       specs.push_back(std::move(s));
     }
   }

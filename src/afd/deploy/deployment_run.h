@@ -20,6 +20,9 @@ struct DeploymentSpec {
   bool print_stats = false;                // per-rank steps and per-layer transfers to stderr
   bool show_rank_map = false;              // print the deployment's rank map to stderr
   bool cuda = false;  // the ranks run on GPUs (worker_flags carry --device cuda): async connector
+  // With cuda: the CUDA device of every world rank (FFN ranks first, then attention ranks),
+  // passed to each as --cuda-device; empty: worker_flags say (every rank on one device).
+  std::vector<int> cuda_devices;
 };
 
 // One prompt's result: the JSON line of `afd run --json`, plus its ids for the text output.

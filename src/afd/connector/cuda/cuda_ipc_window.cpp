@@ -40,9 +40,6 @@ bool Unhex(const std::string& s, void* out, size_t n) {
 
 }  // namespace
 
-CudaIpcWindow::CudaIpcWindow(size_t bytes, int world_size, int self, int device)
-    : bytes_(bytes), self_(self), device_(device), maps_(world_size, nullptr) {}
-
 std::unique_ptr<CudaIpcWindow> CudaIpcWindow::Create(comm::AfdWorld& world, size_t bytes,
                                                      const std::vector<int>& peers,
                                                      int cuda_device) {
@@ -57,9 +54,7 @@ std::unique_ptr<CudaIpcWindow> CudaIpcWindow::Create(comm::AfdWorld& world, size
             me, bytes / 1048576.0, cuda_device, cudaGetErrorString(e));
   w->maps_[self] = static_cast<char*>(mem);
   AFD_CUDA_CHECK(cudaMemset(mem, 0, bytes));
-  cudaStream_t stream = nullptr;
-  AFD_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  w->stream_ = stream;
+  w->CreateStream();
   cudaIpcMemHandle_t handle;
   AFD_CUDA_CHECK(cudaIpcGetMemHandle(&handle, mem));
   comm::PrefixStore store(world.store(), "async_dwindow");
@@ -82,8 +77,7 @@ std::unique_ptr<CudaIpcWindow> CudaIpcWindow::Create(comm::AfdWorld& world, size
 }
 
 CudaIpcWindow::~CudaIpcWindow() {
-  cudaSetDevice(device_);
-  if (stream_) cudaStreamSynchronize(static_cast<cudaStream_t>(stream_));
+  DrainStream();
   for (size_t r = 0; r < maps_.size(); ++r) {
     if (!maps_[r]) continue;
     if (static_cast<int>(r) == self_) {
@@ -92,33 +86,6 @@ CudaIpcWindow::~CudaIpcWindow() {
       cudaIpcCloseMemHandle(maps_[r]);
     }
   }
-  if (stream_) cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
-}
-
-void CudaIpcWindow::Write(int peer, size_t offset, const void* src, size_t bytes) {
-  if (bytes == 0) return;
-  AFD_CHECK(peer >= 0 && peer < static_cast<int>(maps_.size()) && maps_[peer] != nullptr,
-            "CUDA IPC window: world rank {} is not mapped here", peer);
-  AFD_CHECK(offset + bytes <= bytes_, "CUDA IPC window: write of {} bytes at {} exceeds {}", bytes,
-            offset, bytes_);
-  AFD_CUDA_CHECK(cudaMemcpyAsync(maps_[peer] + offset, src, bytes, cudaMemcpyDefault,
-                                 static_cast<cudaStream_t>(stream())));
-}
-
-void CudaIpcWindow::Flush() {
-  AFD_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(stream())));
-}
-
-void CudaIpcWindow::WriteFlag(int, size_t, uint64_t) {
-  AFD_THROW("CUDA IPC window: flags live in the host window");
-}
-
-void CudaIpcWindow::ReadFlags(size_t, std::span<uint64_t>) const {
-  AFD_THROW("CUDA IPC window: flags live in the host window");
-}
-
-std::string CudaIpcWindow::Describe(int peer) const {
-  return fmt::format("the CUDA IPC row window of world rank {} (cuda:{})", peer, device_);
 }
 
 }  // namespace afd::connector

@@ -1,0 +1,65 @@
+// The rank processes `afd run --topology` starts: which CUDA device each gets.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include "afd/common/error.h"
+#include "afd/deploy/deployment_run.h"
+
+namespace afd::deploy {
+namespace {
+
+std::string DeviceOf(const RankProcessSpec& s) {
+  std::string device;
+  for (size_t i = 0; i + 1 < s.argv.size(); ++i) {
+    if (s.argv[i] == "--cuda-device") device = s.argv[i + 1];  // the last one counts
+  }
+  return device;
+}
+
+std::string ErrorOf(const DeploymentSpec& spec) {
+  try {
+    DeploymentRankSpecs(spec, "/tmp", "/tmp/prompts.json");
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(DeploymentSpec, CudaDevicesGoOnePerWorldRankFfnFirst) {
+#ifndef AFD_WITH_CUDA
+  GTEST_SKIP() << "CPU-only build: a --device cuda deployment is refused before its ranks exist";
+#else
+  DeploymentSpec spec;
+  spec.topology = "2A1F";
+  spec.cuda = true;
+  spec.worker_flags = {"--model", "preset:tiny", "--device", "cuda"};
+  spec.cuda_devices = {2, 0, 1};  // world ranks: FFN 0, attention 0, attention 1
+  const std::vector<RankProcessSpec> specs =
+      DeploymentRankSpecs(spec, "/tmp", "/tmp/prompts.json");
+  ASSERT_EQ(specs.size(), 3u);
+  EXPECT_EQ(specs[0].label, "ffn rank 0 (cuda:2)");
+  EXPECT_EQ(DeviceOf(specs[0]), "2");
+  EXPECT_EQ(DeviceOf(specs[1]), "0");
+  EXPECT_EQ(DeviceOf(specs[2]), "1");
+  EXPECT_EQ(specs[2].label, "attention rank 1 (cuda:1)");
+
+  spec.cuda_devices = {0, 1};
+  const std::string e = ErrorOf(spec);
+  EXPECT_NE(e.find("--cuda-devices: 2 devices for the 3 ranks of 2A1F"), std::string::npos) << e;
+  EXPECT_NE(e.find("FFN ranks first"), std::string::npos) << e;
+#endif
+}
+
+TEST(DeploymentSpec, CudaDevicesNeedCudaRanks) {
+  DeploymentSpec spec;
+  spec.topology = "1A1F";
+  spec.worker_flags = {"--model", "preset:tiny"};
+  spec.cuda_devices = {0, 1};
+  const std::string e = ErrorOf(spec);
+  EXPECT_NE(e.find("--cuda-devices"), std::string::npos) << e;
+  EXPECT_NE(e.find("--device cuda"), std::string::npos) << e;
+}
+
+}  // namespace
+}  // namespace afd::deploy
