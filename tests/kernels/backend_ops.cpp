@@ -661,6 +661,9 @@ std::vector<Case> CheckCases() {
       {"Linear", "f32 1x7->5", [](Ctx& c) { return Linear(c, 1, 7, 5, D::kF32); }},
       {"Linear", "bf16 37x600->300", [](Ctx& c) { return Linear(c, 37, 600, 300, D::kBF16); }},
       {"Linear", "f32 16x64->513", [](Ctx& c) { return Linear(c, 16, 64, 513, D::kF32); }},
+      // A few rows, K % 4 == 0: the GPU's fp32 GEMV (the router gate's path).
+      {"Linear", "f32 3x64->65", [](Ctx& c) { return Linear(c, 3, 64, 65, D::kF32); }},
+      {"Linear", "f32 1x2048->64", [](Ctx& c) { return Linear(c, 1, 2048, 64, D::kF32); }},
       {"Embedding", "bf16 9 of 50x24", [](Ctx& c) { return Embedding(c, 9, 50, 24); }},
       {"RmsNorm", "5x96 in place", [](Ctx& c) { return RmsNorm(c, 5, 96); }},
       {"SiluMul+Add", "3x40", [](Ctx& c) { return AddSilu(c, 3, 40); }},
@@ -673,6 +676,11 @@ std::vector<Case> CheckCases() {
       // Long contexts: the GPU splits them over several blocks and merges the partials.
       {"MlaAttention", "2 seqs x 700 positions",
        [](Ctx& c) { return MlaAttention(c, 0, 4, 2, 700); }},
+      // Up to 32 tokens the GPU's W_k / W_v products are its own kernels (chunks of 8 tokens:
+      // 11 is one full chunk and a partial one); above, batched cuBLAS GEMMs.
+      {"MlaAttention", "11 seqs, heads [1, 4)",
+       [](Ctx& c) { return MlaAttention(c, 1, 4, 11, 6); }},
+      {"MlaAttention", "40 seqs", [](Ctx& c) { return MlaAttention(c, 0, 4, 40, 5); }},
       {"RouterTopk", "softmax greedy",
        [](Ctx& c) { return Router(c, RouterScoring::kSoftmax, false); }},
       {"RouterTopk", "softmax group-limited",
@@ -727,7 +735,7 @@ std::vector<Case> PerfCases() {
   v.push_back(
       {"Linear", "f32 256x2048->2048", [](Ctx& c) { return Linear(c, 256, 2048, 2048, D::kF32); }});
   v.push_back({"RmsNorm", "256x2048", [](Ctx& c) { return RmsNorm(c, 256, 2048); }});
-  for (int64_t seqs : {1, 16}) {
+  for (int64_t seqs : {1, 16, 64}) {
     v.push_back({"MlaAttention", fmt::format("decode {} x ctx 1024, 16 heads", seqs),
                  [seqs](Ctx& c) { return MlaDecodePerf(c, seqs, 1024); }});
   }

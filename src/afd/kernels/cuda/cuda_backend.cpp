@@ -82,6 +82,8 @@ class CudaBackend::OpScope {
 
 namespace {
 
+bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
 enum ScratchSlot {
   kBf16Input,
   kSortKeys,
@@ -321,17 +323,26 @@ void CudaBackend::Linear(const Tensor& x, const Tensor& w, const Tensor& y) {
   const float alpha = 1.0f, beta = 0.0f;
   // Row-major y[n, m] = x[n, k] · w[m, k]ᵀ is column-major yᵀ[m, n] = w · xᵀ.
   if (w.dtype() == DType::kF32) {
+    // A few rows (decode; the router gate in every model): cuBLAS picks kernels that take ~50 us
+    // for a 1x2048x64 product; one warp per output column streams the weights instead.
+    if (GemvF32Fits(n, k) && Aligned16(x.data()) && Aligned16(w.data())) {
+      LaunchGemvF32(x.data_as<const float>(), n, k, w.data_as<const float>(), m,
+                    y.data_as<float>(), state_->stream);
+      return;
+    }
     AFD_CUBLAS_CHECK(cublasSgemm(state_->cublas, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha,
                                  w.data_as<const float>(), k, x.data_as<const float>(), k, &beta,
                                  y.data_as<float>(), m));
     return;
   }
-  auto* xb = static_cast<uint16_t*>(Scratch(kBf16Input, n * k * 2));
-  LaunchToBf16(x.data_as<const float>(), n * k, xb, state_->stream);
-  if (GemvFits(n, k)) {  // a few rows: stream the weights once, near the copy rate
-    LaunchGemvBf16(xb, n, k, w.data(), m, y.data_as<float>(), state_->stream);
+  if (GemvFits(n, k) && Aligned16(x.data())) {
+    // A few rows: stream the weights once, near the copy rate, x rounded to bf16 as it is read.
+    LaunchGemvBf16(x.data_as<const float>(), n, k, w.data(), m, y.data_as<float>(),
+                   state_->stream);
     return;
   }
+  auto* xb = static_cast<uint16_t*>(Scratch(kBf16Input, n * k * 2));
+  LaunchToBf16(x.data_as<const float>(), n * k, xb, state_->stream);
   AFD_CUBLAS_CHECK(cublasGemmEx(state_->cublas, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha, w.data(),
                                 CUDA_R_16BF, k, xb, CUDA_R_16BF, k, &beta, y.data(), CUDA_R_32F, m,
                                 CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
@@ -401,6 +412,17 @@ void CudaBackend::MlaAttention(const Tensor& q, const Tensor& kv_b, const Attent
   const float one = 1.0f, zero = 0.0f;
   const float* w_k = kv_b.data_as<const float>() + head_begin * (dn + dv) * kvr;
   const float* w_v = w_k + dn * kvr;
+  if (MlaProjectionsFit(n, dn, kvr) && Aligned16(kv_b.data())) {
+    // A few tokens: the projections as streaming kernels (cuBLAS is latency-bound here).
+    LaunchMlaQLat(q.data_as<const float>(), n, heads, dn, dr, dv, kv_b.data_as<const float>(),
+                  head_begin, head_end, kvr, q_lat, state_->stream);
+    LaunchMlaAttention(q.data_as<const float>(), n, heads, q_lat, kvr, dn, dr, Paged(tokens),
+                       cache.data_as<const float>(), head_begin, head_end, scale, max_context,
+                       splits, partial, o_lat, state_->stream);
+    LaunchMlaOut(o_lat, n, dn, dv, kv_b.data_as<const float>(), head_begin, head_end, kvr,
+                 out.data_as<float>(), state_->stream);
+    return;
+  }
   AFD_CUBLAS_CHECK(cublasSgemmStridedBatched(
       state_->cublas, CUBLAS_OP_N, CUBLAS_OP_N, kvr, n, dn, &one, w_k, kvr, (dn + dv) * kvr,
       q.data_as<const float>() + head_begin * (dn + dr), heads * (dn + dr), dn + dr, &zero, q_lat,

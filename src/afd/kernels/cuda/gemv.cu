@@ -1,6 +1,7 @@
-// Linear for a few rows (decode at small batch) with bf16 weights: y[n, N] = x[n, K] · wᵀ, one
+// Linear for a few rows (decode at small batch) with bf16 (and fp32) weights: y[n, N] = x[n, K] · wᵀ, one
 // warp per output column streaming that weight row once with 16-byte loads, the n <= 8 rows of
-// x (already rounded to bf16, as the cuBLAS path does) from L1/L2, fp32 accumulation. cuBLAS
+// x (fp32, rounded to bf16 as they are read, as the cuBLAS path rounds them before its GEMM)
+// from L1/L2, fp32 accumulation. cuBLAS
 // picks GEMM kernels that read these shapes at 0.4-0.6 TB/s; this reads near the copy rate.
 #include <cuda_bf16.h>
 
@@ -14,10 +15,19 @@ namespace {
 
 constexpr int kWarps = 8;
 
+// The 8 floats of x at p (16-byte aligned), each rounded to bf16 (as LaunchToBf16 does before a
+// cuBLAS bf16 GEMM: the same products either way).
+__device__ __forceinline__ void Load8RoundedBf16(const float* p, float* out) {
+  const float4 a = *reinterpret_cast<const float4*>(p);
+  const float4 b = *reinterpret_cast<const float4*>(p + 4);
+  const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+  for (int i = 0; i < 8; ++i) out[i] = __bfloat162float(__float2bfloat16_rn(v[i]));
+}
+
 template <int kRowsMax>
 __global__ void __launch_bounds__(kWarps * 32)
-    GemvBf16(const __nv_bfloat16* x, int rows, int64_t k, const __nv_bfloat16* w, int64_t m,
-             float* y) {
+    GemvBf16(const float* x, int rows, int64_t k, const __nv_bfloat16* w, int64_t m, float* y) {
   const int lane = threadIdx.x & 31;
   const int64_t c = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
   if (c >= m) return;
@@ -35,8 +45,8 @@ __global__ void __launch_bounds__(kWarps * 32)
     for (int r = 0; r < kRowsMax; ++r) {
       if (r >= rows) break;
       float xa[8], xb[8];
-      Unpack8Bf16(*reinterpret_cast<const uint4*>(x + r * k + k0), xa);
-      Unpack8Bf16(*reinterpret_cast<const uint4*>(x + r * k + k0 + 32 * 8), xb);
+      Load8RoundedBf16(x + r * k + k0, xa);
+      Load8RoundedBf16(x + r * k + k0 + 32 * 8, xb);
 #pragma unroll
       for (int i = 0; i < 8; ++i) acc[r] += fa[i] * xa[i] + fb[i] * xb[i];
     }
@@ -48,7 +58,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     for (int r = 0; r < kRowsMax; ++r) {
       if (r >= rows) break;
       float xa[8];
-      Unpack8Bf16(*reinterpret_cast<const uint4*>(x + r * k + k0), xa);
+      Load8RoundedBf16(x + r * k + k0, xa);
 #pragma unroll
       for (int i = 0; i < 8; ++i) acc[r] += fa[i] * xa[i];
     }
@@ -62,14 +72,58 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 }
 
+// The fp32-weight form (the router gate, and every Linear with --dtype fp32): one warp per output
+// column, 16-byte loads of the weight row, the rows of x (fp32) from L1/L2.
+template <int kRowsMax>
+__global__ void __launch_bounds__(kWarps * 32)
+    GemvF32(const float* x, int rows, int64_t k, const float* w, int64_t m, float* y) {
+  const int lane = threadIdx.x & 31;
+  const int64_t c = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+  if (c >= m) return;
+  const float* wc = w + c * k;
+  float acc[kRowsMax] = {};
+  for (int64_t k0 = int64_t(lane) * 4; k0 < k; k0 += 32 * 4) {
+    const float4 wv = *reinterpret_cast<const float4*>(wc + k0);
+#pragma unroll
+    for (int r = 0; r < kRowsMax; ++r) {
+      if (r >= rows) break;
+      const float4 xv = *reinterpret_cast<const float4*>(x + r * k + k0);
+      acc[r] += wv.x * xv.x + wv.y * xv.y + wv.z * xv.z + wv.w * xv.w;
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < kRowsMax; ++r) {
+    if (r >= rows) break;
+    float v = acc[r];
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if (lane == 0) y[r * m + c] = v;
+  }
+}
+
 }  // namespace
+
+bool GemvF32Fits(int64_t n, int64_t k) { return n >= 1 && n <= kMaxGemvRows && k % 4 == 0; }
+
+void LaunchGemvF32(const float* x, int64_t n, int64_t k, const float* w, int64_t m, float* y,
+                   cudaStream_t s) {
+  AFD_CHECK(GemvF32Fits(n, k), "GemvF32: {} rows of K = {}", n, k);
+  const unsigned blocks = static_cast<unsigned>((m + kWarps - 1) / kWarps);
+  const int rows = static_cast<int>(n);
+  if (n <= 1) {
+    GemvF32<1><<<blocks, kWarps * 32, 0, s>>>(x, rows, k, w, m, y);
+  } else if (n <= 4) {
+    GemvF32<4><<<blocks, kWarps * 32, 0, s>>>(x, rows, k, w, m, y);
+  } else {
+    GemvF32<kMaxGemvRows><<<blocks, kWarps * 32, 0, s>>>(x, rows, k, w, m, y);
+  }
+  CheckLaunch("Linear (gemv f32)");
+}
 
 bool GemvFits(int64_t n, int64_t k) { return n >= 1 && n <= kMaxGemvRows && k % 8 == 0; }
 
-void LaunchGemvBf16(const uint16_t* x_bf16, int64_t n, int64_t k, const void* w, int64_t m,
-                    float* y, cudaStream_t s) {
+void LaunchGemvBf16(const float* x, int64_t n, int64_t k, const void* w, int64_t m, float* y,
+                    cudaStream_t s) {
   AFD_CHECK(GemvFits(n, k), "GemvBf16: {} rows of K = {}", n, k);
-  const auto* x = reinterpret_cast<const __nv_bfloat16*>(x_bf16);
   const auto* wb = static_cast<const __nv_bfloat16*>(w);
   const unsigned blocks = static_cast<unsigned>((m + kWarps - 1) / kWarps);
   const int rows = static_cast<int>(n);

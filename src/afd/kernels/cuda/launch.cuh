@@ -23,12 +23,16 @@ void LaunchGatherRows(const float* x, const int32_t* index, int64_t m, int64_t h
 void LaunchRmsNorm(const float* x, int64_t n, int64_t d, const float* w, float eps, float* out,
                    cudaStream_t s);
 
-// gemv.cu: y[n, N] = x[n, K] · wᵀ for n <= kMaxGemvRows rows (K % 8 == 0), x in bf16 bits,
-// w bf16 [N, K], y f32.
+// gemv.cu: y[n, N] = x[n, K] · wᵀ for n <= kMaxGemvRows rows (K % 8 == 0), x f32 (rounded to
+// bf16 as it is read; 16-byte aligned), w bf16 [N, K], y f32.
 inline constexpr int kMaxGemvRows = 8;
 bool GemvFits(int64_t n, int64_t k);
-void LaunchGemvBf16(const uint16_t* x_bf16, int64_t n, int64_t k, const void* w, int64_t m,
-                    float* y, cudaStream_t s);
+void LaunchGemvBf16(const float* x, int64_t n, int64_t k, const void* w, int64_t m, float* y,
+                    cudaStream_t s);
+// The same with fp32 x and w (K % 4 == 0; x and w 16-byte aligned).
+bool GemvF32Fits(int64_t n, int64_t k);
+void LaunchGemvF32(const float* x, int64_t n, int64_t k, const float* w, int64_t m, float* y,
+                   cudaStream_t s);
 
 // mla.cu
 struct RopeArgs {
@@ -54,6 +58,15 @@ void LaunchMlaCacheWrite(const float* ckv, int64_t n, int64_t kvr, const float* 
 // token's positions, the context split over `splits` blocks (flash-decoding). q: [n, heads,
 // dn + dr] (q_pe read from it), q_lat: [n, nh, kvr] (W_kᵀ·q_nope of heads [h0, h1)), o_lat:
 // [n, nh, kvr]; partial: device scratch of MlaPartialFloats(...) floats.
+// The W_k / W_v products around it for n <= kMlaSmallBatch tokens (kvr % 4 == 0; kv_b 16-byte
+// aligned): q_lat [n, nh, kvr] from q's q_nope, and out [n, nh * dv] from o_lat.
+inline constexpr int64_t kMlaSmallBatch = 32;
+bool MlaProjectionsFit(int64_t n, int64_t dn, int64_t kvr);
+void LaunchMlaQLat(const float* q, int64_t n, int64_t heads, int64_t dn, int64_t dr, int64_t dv,
+                   const float* kv_b, int64_t h0, int64_t h1, int64_t kvr, float* q_lat,
+                   cudaStream_t s);
+void LaunchMlaOut(const float* o_lat, int64_t n, int64_t dn, int64_t dv, const float* kv_b,
+                  int64_t h0, int64_t h1, int64_t kvr, float* out, cudaStream_t s);
 int64_t MlaSplits(int64_t n, int64_t nh, int64_t max_context);
 int64_t MlaPartialFloats(int64_t n, int64_t nh, int64_t splits, int64_t kvr);
 void LaunchMlaAttention(const float* q, int64_t n, int64_t heads, const float* q_lat, int64_t kvr,

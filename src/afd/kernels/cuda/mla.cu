@@ -1,6 +1,7 @@
 // RoPE, MLA cache write and absorbed MLA attention over the paged latent cache (flash-decoding:
 // every head of a group per block, the context split over blocks, one merge kernel; the W_k and
-// W_v products around it are batched GEMMs in the backend).
+// W_v products around it are batched GEMMs in the backend, or for a few tokens the kernels
+// MlaQLat / MlaOut here).
 #include <algorithm>
 #include <cfloat>
 
@@ -237,6 +238,122 @@ int64_t MlaSplits(int64_t n, int64_t nh, int64_t max_context) {
   const int64_t want = (264 + blocks - 1) / blocks;
   const int64_t most = std::max<int64_t>(1, max_context / (2 * kRows));
   return std::max<int64_t>(1, std::min<int64_t>({want, most, 64}));
+}
+
+namespace {
+
+// The W_k / W_v products of absorbed MLA for a few tokens (decode at small batch). cuBLAS's
+// batched SGEMMs take tens of microseconds at n = 1 for ~4 MB of weights per layer; these read
+// each head's weights once per chunk of kMlaTok tokens, fp32 throughout, every sum in a fixed
+// order (no atomics): the same result whatever the batch around a token.
+constexpr int kMlaTok = 8;   // tokens per block (chunk)
+constexpr int kQLatGroups = 4;  // d-groups per column in MlaQLat (threads = 32 x groups)
+
+// q_lat[t, hh, c] = sum_d q[t, h0 + hh, d] * W_k[h0 + hh][d, c]; W_k[h] = kv_b + h (dn + dv) kvr,
+// rows of kvr. Grid (ceil(kvr / 32), nh, ceil(n / kMlaTok)); thread (lane, g) sums d = g, g + 4,
+// ... for column 32 blockIdx.x + lane, then group 0 adds the groups in order.
+__global__ void __launch_bounds__(32 * kQLatGroups)
+    MlaQLat(const float* q, int64_t n, int64_t heads, int64_t dn, int64_t dr, int64_t dv,
+            const float* kv_b, int64_t h0, int64_t nh, int64_t kvr, float* q_lat) {
+  extern __shared__ float smem[];  // q_nope [kMlaTok][dn], then partial [groups][kMlaTok][32]
+  float* qs = smem;
+  float* part = smem + kMlaTok * dn;
+  const int lane = threadIdx.x & 31, g = threadIdx.x >> 5;
+  const int64_t hh = blockIdx.y, h = h0 + hh, t0 = int64_t(blockIdx.z) * kMlaTok;
+  const int cnt = static_cast<int>(n - t0 < kMlaTok ? n - t0 : kMlaTok);
+  for (int64_t i = threadIdx.x; i < cnt * dn; i += blockDim.x) {
+    const int64_t t = i / dn, d = i % dn;
+    qs[i] = q[((t0 + t) * heads + h) * (dn + dr) + d];
+  }
+  __syncthreads();
+  const int64_t c = int64_t(blockIdx.x) * 32 + lane;
+  float acc[kMlaTok] = {};
+  if (c < kvr) {
+    const float* w = kv_b + h * (dn + dv) * kvr + c;
+#pragma unroll 4
+    for (int64_t d = g; d < dn; d += kQLatGroups) {
+      const float wv = w[d * kvr];
+#pragma unroll
+      for (int t = 0; t < kMlaTok; ++t) acc[t] += qs[t * dn + d] * wv;
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < kMlaTok; ++t) part[(g * kMlaTok + t) * 32 + lane] = acc[t];
+  __syncthreads();
+  if (g != 0 || c >= kvr) return;
+  for (int t = 0; t < cnt; ++t) {
+    float v = part[t * 32 + lane];
+    for (int gg = 1; gg < kQLatGroups; ++gg) v += part[(gg * kMlaTok + t) * 32 + lane];
+    q_lat[((t0 + t) * nh + hh) * kvr + c] = v;
+  }
+}
+
+// out[t, hh dv + j] = sum_c o_lat[t, hh, c] * W_v[h0 + hh][j, c]; W_v[h] = W_k[h] + dn kvr, rows
+// of kvr. Grid (ceil(dv / 8), nh, ceil(n / kMlaTok)), 8 warps: warp w computes output j = 8
+// blockIdx.x + w, its lanes striding over c with 16-byte loads, then a fixed shuffle tree.
+__global__ void __launch_bounds__(256)
+    MlaOut(const float* o_lat, int64_t n, int64_t dn, int64_t dv, const float* kv_b, int64_t h0,
+           int64_t nh, int64_t kvr, float* out) {
+  extern __shared__ float smem[];  // o_lat of this head [kMlaTok][kvr]
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t hh = blockIdx.y, h = h0 + hh, t0 = int64_t(blockIdx.z) * kMlaTok;
+  const int cnt = static_cast<int>(n - t0 < kMlaTok ? n - t0 : kMlaTok);
+  for (int64_t i = threadIdx.x; i < cnt * kvr; i += blockDim.x) {
+    const int64_t t = i / kvr, c = i % kvr;
+    smem[i] = o_lat[((t0 + t) * nh + hh) * kvr + c];
+  }
+  __syncthreads();
+  const int64_t j = int64_t(blockIdx.x) * 8 + warp;
+  if (j >= dv) return;
+  const float* w = kv_b + (h * (dn + dv) + dn + j) * kvr;
+  float acc[kMlaTok] = {};
+  for (int64_t c = int64_t(lane) * 4; c < kvr; c += 32 * 4) {
+    const float4 wv = *reinterpret_cast<const float4*>(w + c);
+#pragma unroll
+    for (int t = 0; t < kMlaTok; ++t) {
+      if (t >= cnt) break;
+      const float4 ov = *reinterpret_cast<const float4*>(smem + t * kvr + c);
+      acc[t] += wv.x * ov.x + wv.y * ov.y + wv.z * ov.z + wv.w * ov.w;
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < kMlaTok; ++t) {
+    if (t >= cnt) break;
+    float v = acc[t];
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if (lane == 0) out[(t0 + t) * nh * dv + hh * dv + j] = v;
+  }
+}
+
+}  // namespace
+
+bool MlaProjectionsFit(int64_t n, int64_t dn, int64_t kvr) {
+  return n >= 1 && n <= kMlaSmallBatch && kvr % 4 == 0 &&
+         (kMlaTok * dn + kQLatGroups * kMlaTok * 32) * sizeof(float) <= 48 * 1024 &&
+         kMlaTok * kvr * sizeof(float) <= 48 * 1024;
+}
+
+void LaunchMlaQLat(const float* q, int64_t n, int64_t heads, int64_t dn, int64_t dr, int64_t dv,
+                   const float* kv_b, int64_t h0, int64_t h1, int64_t kvr, float* q_lat,
+                   cudaStream_t s) {
+  AFD_CHECK(MlaProjectionsFit(n, dn, kvr), "MlaQLat: {} tokens, dn {}, kvr {}", n, dn, kvr);
+  const int64_t nh = h1 - h0;
+  const dim3 grid(static_cast<unsigned>((kvr + 31) / 32), static_cast<unsigned>(nh),
+                  static_cast<unsigned>((n + kMlaTok - 1) / kMlaTok));
+  const size_t smem = (kMlaTok * dn + kQLatGroups * kMlaTok * 32) * sizeof(float);
+  MlaQLat<<<grid, 32 * kQLatGroups, smem, s>>>(q, n, heads, dn, dr, dv, kv_b, h0, nh, kvr, q_lat);
+  CheckLaunch("MlaAttention (W_k)");
+}
+
+void LaunchMlaOut(const float* o_lat, int64_t n, int64_t dn, int64_t dv, const float* kv_b,
+                  int64_t h0, int64_t h1, int64_t kvr, float* out, cudaStream_t s) {
+  AFD_CHECK(MlaProjectionsFit(n, dn, kvr), "MlaOut: {} tokens, dn {}, kvr {}", n, dn, kvr);
+  const int64_t nh = h1 - h0;
+  const dim3 grid(static_cast<unsigned>((dv + 7) / 8), static_cast<unsigned>(nh),
+                  static_cast<unsigned>((n + kMlaTok - 1) / kMlaTok));
+  MlaOut<<<grid, 256, kMlaTok * kvr * sizeof(float), s>>>(o_lat, n, dn, dv, kv_b, h0, nh, kvr,
+                                                          out);
+  CheckLaunch("MlaAttention (W_v)");
 }
 
 int64_t MlaPartialFloats(int64_t n, int64_t nh, int64_t splits, int64_t kvr) {
