@@ -61,7 +61,8 @@ TEST(Cli, ConnectorThatCannotRunHereIsRefusedAtStartup) {
                                 R"("num_attention_ranks": 1, "num_ffn_ranks": 1, "port": 1}})");
   r = RunAfd("worker --model preset:tiny --role-rank 0 --device cuda --additional-config " + p2p);
   EXPECT_EQ(r.exit_code, 2) << r.out;
-  EXPECT_NE(r.out.find("the P2P connectors move host rows"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("it moves host rows over TCP"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("P2pNcclAFDConnector"), std::string::npos) << r.out;
   // NCCL symmetric-memory windows on CPU ranks.
   const std::string nccl = Quote(
       R"({"afd": {"role": "ffn", "connector": "AsyncAFDConnector", "num_attention_ranks": 1, )"

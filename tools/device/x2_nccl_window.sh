@@ -3,17 +3,19 @@
 # async connector across GPUs through NCCL symmetric-memory windows (issue 16).
 #  1. The NCCL window refuses a libnccl other than the one it was built against (2.28.9).
 #  2. Fidelity: for every golden checkpoint, `afd run --device cuda --topology 1A1F
-#     --cuda-devices 0,1` (FFN rank on GPU 0, attention rank on GPU 1) with window "nccl" and
-#     with window "cuda_ipc" equals the monolithic run on GPU 0 (fp32: identical greedy ids,
-#     |dlogprob| <= 1e-5; bf16: identical greedy ids).
+#     --cuda-devices 0,1` (FFN rank on GPU 0, attention rank on GPU 1) with window "nccl", with
+#     window "cuda_ipc" and with the P2P connector over NCCL (WINDOWS="nccl cuda_ipc p2p")
+#     equals the monolithic run on GPU 0 (fp32: identical greedy ids, |dlogprob| <= 1e-5; bf16:
+#     identical greedy ids).
 #  3. Layer round trip attention -> FFN -> attention at 1/16/128/512 rows of 2048 and 7168 bf16:
 #     async NCCL window vs async CUDA IPC window vs the P2P connector over NCCL vs raw
 #     ncclSend/ncclRecv.
-#  4. Decode: `afd bench decode --topology 1A1F --cuda-devices 0,1` (NCCL window) vs the
-#     monolithic model on one GPU (preset:deepseek-v2-lite, bf16).
+#  4. Decode: `afd bench decode --topology 1A1F --cuda-devices 0,1` (NCCL window, and the P2P
+#     connector over NCCL) vs the monolithic model on one GPU (preset:deepseek-v2-lite, bf16).
 #  5. kill -9 of the FFN rank mid-run: the attention side exits naming it.
 # Usage (repo root there): tools/device/x2_nccl_window.sh BIN_DIR OUT
-# SECTIONS="1 2 3 5" runs those sections only (default: all).
+# SECTIONS="1 2 3 5" runs those sections only (default: all); WINDOWS= and DECODE= subsets of
+# "nccl cuda_ipc p2p" and "mono nccl p2p" for sections 2 and 4.
 set -u
 BIN=$(readlink -f "$1")
 OUT=$2
@@ -36,6 +38,8 @@ echo "venv nccl: $VENV_NCCL; other: $OTHER_NCCL"; "$AFD" --version
 
 NCCLW='{"afd": {"connector": "AsyncAFDConnector", "connector_extra_config": {"window": "nccl"}}}'
 IPCW='{"afd": {"connector": "AsyncAFDConnector", "connector_extra_config": {"window": "cuda_ipc"}}}'
+P2PN='{"afd": {"connector": "P2pNcclAFDConnector"}}'
+WINDOWS=${WINDOWS:-nccl cuda_ipc p2p}
 
 if on 1 && [ -n "$OTHER_NCCL" ]; then
   echo "== 1. the NCCL window on another libnccl ($OTHER_NCCL)"
@@ -55,8 +59,8 @@ on 2 && for c in v2_greedy_yarn v2_group_limited v3_noaux_tc v3_sharded; do
   for dt in fp32 bf16; do
     "$AFD" run --model "$M" "${P[@]}" --max-tokens 16 --ignore-eos --json --device cuda \
       --dtype $dt >"$WORK/${c}_${dt}_mono.json" 2>"$WORK/err" || { tail -3 "$WORK/err"; status=1; }
-    for W in nccl cuda_ipc; do
-      CFG=$NCCLW; [ $W = cuda_ipc ] && CFG=$IPCW
+    for W in $WINDOWS; do
+      CFG=$NCCLW; [ $W = cuda_ipc ] && CFG=$IPCW; [ $W = p2p ] && CFG=$P2PN
       # One failure of a window kind skips its later runs (fail fast: device time is scarce).
       [ -n "${BROKEN_WINDOW:-}" ] && [[ " $BROKEN_WINDOW " == *" $W "* ]] && continue
       timeout 120 "$AFD" run --model "$M" "${P[@]}" --max-tokens 16 --ignore-eos --json \
@@ -109,13 +113,15 @@ done
 
 if on 4; then
   echo "== 4. decode, preset:deepseek-v2-lite bf16, context 128: monolithic on GPU 0 vs AFD 1A1F on GPUs 0+1"
-  timeout 300 "$AFD" bench decode --model preset:deepseek-v2-lite --device cuda --batch 1,16,64,256 \
-    --steps 32 --json >"$OUT/decode_mono.json" 2>"$WORK/dm.err" || { tail -5 "$WORK/dm.err"; status=1; }
-  cat "$OUT/decode_mono.json"
-  timeout 400 "$AFD" bench decode --model preset:deepseek-v2-lite --device cuda --batch 1,16,64,256 \
-    --steps 32 --json --topology 1A1F --cuda-devices 0,1 --additional-config "$NCCLW" \
-    >"$OUT/decode_1a1f_nccl.json" 2>"$WORK/da.err" || { tail -8 "$WORK/da.err"; status=1; }
-  cat "$OUT/decode_1a1f_nccl.json"
+  for D in ${DECODE:-mono nccl p2p}; do
+    extra=()
+    [ $D = nccl ] && extra=(--topology 1A1F --cuda-devices 0,1 --additional-config "$NCCLW")
+    [ $D = p2p ] && extra=(--topology 1A1F --cuda-devices 0,1 --additional-config "$P2PN")
+    timeout 400 "$AFD" bench decode --model preset:deepseek-v2-lite --device cuda \
+      --batch 1,16,64,256 --steps 32 --json "${extra[@]}" >"$OUT/decode_$D.json" 2>"$WORK/d_$D.err" ||
+      { tail -8 "$WORK/d_$D.err"; status=1; }
+    echo "$D:"; cat "$OUT/decode_$D.json"
+  done
 fi
 
 if on 5; then

@@ -95,9 +95,10 @@ std::vector<RankProcessSpec> DeploymentRankSpecs(const DeploymentSpec& spec, con
               parsed.num_ffn_ranks, spec.topology);
     if (base.contains("connector") || base.contains("afd_connector")) {
       if (spec.cuda) {
-        AFD_CHECK(parsed.is_async(),
-                  "--additional-config: connector {}: a GPU deployment on one host uses "
-                  "AsyncAFDConnector or GpuAsyncAFDConnector (CUDA IPC windows)",
+        AFD_CHECK(parsed.is_async() || parsed.connector == kP2pNcclConnector,
+                  "--additional-config: connector {}: a GPU deployment uses AsyncAFDConnector or "
+                  "GpuAsyncAFDConnector (CUDA IPC or NCCL windows), or P2pNcclAFDConnector (one "
+                  "GPU per rank: --cuda-devices)",
                   parsed.connector);
       } else {
         AFD_CHECK(parsed.connector == kP2pHostConnector || parsed.connector == kAsyncConnector,

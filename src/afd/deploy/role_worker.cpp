@@ -11,6 +11,7 @@
 #include "afd/common/error.h"
 #include "afd/connector/async_connector.h"
 #include "afd/connector/p2p_connector.h"
+#include "afd/deploy/device_context.h"
 #include "afd/deploy/replica_serve.h"
 #include "afd/deploy/result_json.h"
 #include "afd/deploy/transport.h"
@@ -107,7 +108,14 @@ void RunWorker(const WorkerOptions& o) {
       {"n_routed_experts", std::to_string(mc.n_routed_experts)},
       {"num_experts_per_tok", std::to_string(mc.num_experts_per_tok)},
       {"vocab_size", std::to_string(mc.vocab_size)}};
-  std::unique_ptr<comm::AfdWorld> world = comm::AfdWorld::Join(request);
+  // GPU ranks of the P2P connector: its data plane (and the FFN role's expert-parallel rows)
+  // over NCCL on the backend's stream; the async connector brings its own windows.
+  DeviceContext device;
+  if (o.cuda_device >= 0 && c.is_p2p()) {
+    const int world_rank = role == Role::kFfn ? o.role_rank : c.num_ffn_ranks + o.role_rank;
+    device = MakeDeviceContext(o.cuda_device, world_rank, backend->stream().handle);
+  }
+  std::unique_ptr<comm::AfdWorld> world = comm::AfdWorld::Join(request, device.factory);
   // Declared outside the try so that on failure the abort is published while the connections
   // are still open: peers then learn the cause before they see the connection drop.
   std::unique_ptr<connector::P2pConnector> connector_holder;

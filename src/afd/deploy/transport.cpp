@@ -6,9 +6,10 @@
 namespace afd::deploy {
 
 void CheckConnectorImplemented(const AfdConfig& config, bool cuda) {
-  AFD_CHECK(!cuda || config.is_async(),
-            "afd.connector {} on --device cuda: the P2P connectors move host rows between the "
-            "roles; GPU roles use AsyncAFDConnector (or GpuAsyncAFDConnector): CUDA IPC windows",
+  AFD_CHECK(!cuda || config.connector != kP2pHostConnector,
+            "afd.connector {} on --device cuda: it moves host rows over TCP; GPU ranks use "
+            "P2pNcclAFDConnector (one GPU per rank) or AsyncAFDConnector (CUDA IPC or NCCL "
+            "windows)",
             config.connector);
   AFD_CHECK(cuda || config.connector != kGpuAsyncConnector,
             "afd.connector {} keeps its rows in GPU memory: run the ranks with --device cuda, or "
@@ -22,6 +23,9 @@ void CheckConnectorImplemented(const AfdConfig& config, bool cuda) {
   AFD_CHECK(!cuda, "--device cuda: this build has no CUDA (nvcc was not found when it was built)");
 #endif
 #ifndef AFD_WITH_NCCL
+  AFD_CHECK(!cuda || config.connector != kP2pNcclConnector,
+            "afd.connector P2pNcclAFDConnector on --device cuda: this build has no NCCL (its "
+            "header or library was not found when it was built); use AsyncAFDConnector");
   AFD_CHECK(!config.is_async() || config.async_options.window != "nccl",
             "afd.connector_extra_config.window \"nccl\": this build has no NCCL (its header or "
             "library was not found when it was built); use window \"cuda_ipc\"");

@@ -14,11 +14,13 @@ AttentionRunner::AttentionRunner(const model::DeepseekModel& model, comm::AfdWor
       tp_(tp),
       dbo_(dbo),
       drain_ws_(model.backend()) {
-  AFD_CHECK(model.backend().device().is_cpu(),
-            "the P2P connector moves host rows: the attention role runs on the CPU backend, not {} "
-            "(GPU roles need the async window connector)",
-            model.backend().name());
   const Topology& t = world.topology();
+  // On a GPU the rows stay in device memory (the data plane over NCCL); the TP all-gather runs
+  // over the host transport, so TP stays on CPU ranks.
+  AFD_CHECK(tp == 1 || model.backend().device().is_cpu(),
+            "attention tensor parallelism with the P2P connector runs on CPU ranks only, not on "
+            "{}",
+            model.backend().name());
   const int me = world.self().rank;
   AFD_CHECK(world.self().role == Role::kAttention, "AttentionRunner on an FFN rank");
   AFD_CHECK(tp >= 1 && t.num_attention() % tp == 0,

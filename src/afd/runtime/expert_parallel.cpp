@@ -8,11 +8,13 @@
 
 namespace afd::runtime {
 
-ExpertParallelMoe::ExpertParallelMoe(const model::DeepseekModel& model, comm::Communicator& ep)
-    : model_(model), ep_(ep) {
-  AFD_CHECK(model.backend().device().is_cpu(),
-            "expert parallelism over the host transport needs the CPU backend, not {}",
-            model.backend().name());
+ExpertParallelMoe::ExpertParallelMoe(const model::DeepseekModel& model, comm::Communicator& ep,
+                                     comm::Communicator& ep_rows)
+    : model_(model), ep_(ep), ep_rows_(ep_rows) {
+  AFD_CHECK(ep_rows.size() == ep.size() && ep_rows.rank() == ep.rank(),
+            "expert parallelism: the row group {} (rank {} of {}) is not the count group {} (rank "
+            "{} of {})",
+            ep_rows.name(), ep_rows.rank(), ep_rows.size(), ep.name(), ep.rank(), ep.size());
   const int64_t E = model.config().n_routed_experts;
   const int F = ep.size();
   owner_.resize(E);
@@ -29,7 +31,10 @@ void ExpertParallelMoe::Forward(int64_t layer, const Tensor& rows, const Tensor&
   kernels::Backend& backend = model_.backend();
   const int64_t H = c.hidden_size, k = c.num_experts_per_tok, n = rows.dim(0);
   const int F = ep_.size(), me = ep_.rank();
-  const int32_t* ids = ids_t.data_as<const int32_t>();
+  // The routing on the host (a copy on a GPU; CopyToHost waits for the router).
+  std::vector<int32_t> ids_host(n * k);
+  if (n > 0) backend.CopyToHost(ids_host.data(), ids_t);
+  const int32_t* ids = ids_host.data();
   const kernels::ExpertWeights& experts = model_.weights().layers[layer].moe.experts;
   AFD_CHECK(experts.expert_begin == begin_ && experts.num_experts() == end_ - begin_,
             "FFN rank {} holds experts [{}, {}), expert parallelism needs [{}, {})", me,
@@ -54,16 +59,17 @@ void ExpertParallelMoe::Forward(int64_t layer, const Tensor& rows, const Tensor&
   }
   const Tensor send_rows = ws.Take(DType::kF32, {total_send, H});
   const Tensor send_ids = ws.Take(DType::kI32, {total_send});
-  std::vector<int32_t> src(total_send);  // token of each sent row
+  std::vector<int32_t> src(total_send), send_ids_host(total_send);  // token, expert of each row
   int64_t pos = 0;
   for (int p = 0; p < F; ++p) {
     for (int64_t entry : by_owner[p]) {
       src[pos] = static_cast<int32_t>(entry / k);
-      send_ids.data_as<int32_t>()[pos++] = ids[entry];
+      send_ids_host[pos++] = ids[entry];
     }
   }
   const Tensor src_t = ws.Take(DType::kI32, {total_send});
   backend.CopyToDevice(src_t, src.data());
+  backend.CopyToDevice(send_ids, send_ids_host.data());
   backend.GatherRows(rows, src_t, send_rows);
   std::vector<size_t> send_rows_n(F), recv_rows_n(F), send_ids_n(F), recv_ids_n(F);
   for (int p = 0; p < F; ++p) {
@@ -74,10 +80,14 @@ void ExpertParallelMoe::Forward(int64_t layer, const Tensor& rows, const Tensor&
   }
   const Tensor held_rows = ws.Take(DType::kF32, {total_recv, H});  // rows for my experts
   const Tensor held_ids = ws.Take(DType::kI32, {total_recv, 1});
-  ep_.AllToAllV(send_rows.data(), send_rows_n, held_rows.data(), recv_rows_n, DType::kF32);
-  ep_.AllToAllV(send_ids.data(), send_ids_n, held_ids.data(), recv_ids_n, DType::kI32);
+  ep_rows_.AllToAllV(send_rows.data(), send_rows_n, held_rows.data(), recv_rows_n, DType::kF32);
+  ep_rows_.AllToAllV(send_ids.data(), send_ids_n, held_ids.data(), recv_ids_n, DType::kI32);
+  // Every received row must be for an expert of this rank (a peer with another expert split
+  // would corrupt the grouping): checked on a host copy.
+  std::vector<int32_t> held_ids_host(total_recv);
+  if (total_recv > 0) backend.CopyToHost(held_ids_host.data(), held_ids);
   for (int64_t i = 0; i < total_recv; ++i) {
-    const int32_t e = held_ids.data_as<const int32_t>()[i];
+    const int32_t e = held_ids_host[i];
     AFD_CHECK(e >= begin_ && e < end_,
               "layer {}: received a row for expert {}, which FFN rank {} does not own", layer, e,
               me);
@@ -99,12 +109,14 @@ void ExpertParallelMoe::Forward(int64_t layer, const Tensor& rows, const Tensor&
   // 3. Combine: outputs go back the way the rows came, then weight x output per token in slot
   // (= ascending expert) order from zero, then the shared experts.
   const Tensor back = ws.Take(DType::kF32, {total_send, H});  // aligned with send_rows
-  ep_.AllToAllV(held_out.data(), recv_rows_n, back.data(), send_rows_n, DType::kF32);
+  ep_rows_.AllToAllV(held_out.data(), recv_rows_n, back.data(), send_rows_n, DType::kF32);
   const Tensor row_of_slot = ws.Take(DType::kI32, {n, k});
+  std::vector<int32_t> row_of_slot_host(n * k);
   pos = 0;
   for (int p = 0; p < F; ++p) {
-    for (int64_t entry : by_owner[p]) row_of_slot.data_as<int32_t>()[entry] = pos++;
+    for (int64_t entry : by_owner[p]) row_of_slot_host[entry] = static_cast<int32_t>(pos++);
   }
+  backend.CopyToDevice(row_of_slot, row_of_slot_host.data());
   backend.MoeCombine(back, row_of_slot, weights, /*accumulate=*/false, out);
   model_.AddSharedExperts(layer, rows, out, ws);
 }

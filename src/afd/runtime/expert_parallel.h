@@ -12,8 +12,10 @@
 // That is exactly the arithmetic of the in-process MoE over all experts, so an AFD deployment
 // reproduces the monolithic model bit for bit.
 //
-// The all-to-alls run over a host communicator, so the tensors must be in host memory (the CPU
-// backend; checked). Thread safety: one Forward at a time.
+// The routing bookkeeping (who sends which row where) is done on the host from a host copy of
+// the ids; the counts go over `ep` (a host communicator), the rows and ids over `ep_rows`: the
+// same communicator on the CPU, a device one (NCCL, on the backend's stream) on a GPU, whose
+// tensors then stay in device memory. Thread safety: one Forward at a time.
 #pragma once
 
 #include <cstdint>
@@ -26,9 +28,10 @@ namespace afd::runtime {
 
 class ExpertParallelMoe {
  public:
-  // `model` and `ep` must outlive this. The experts this rank owns (and the shared experts)
-  // must be loaded in the model.
-  ExpertParallelMoe(const model::DeepseekModel& model, comm::Communicator& ep);
+  // `model`, `ep` and `ep_rows` (same group, same ranks; may be `ep` itself) must outlive this.
+  // The experts this rank owns (and the shared experts) must be loaded in the model.
+  ExpertParallelMoe(const model::DeepseekModel& model, comm::Communicator& ep,
+                    comm::Communicator& ep_rows);
 
   int64_t expert_begin() const { return begin_; }
   int64_t expert_end() const { return end_; }
@@ -41,6 +44,7 @@ class ExpertParallelMoe {
  private:
   const model::DeepseekModel& model_;
   comm::Communicator& ep_;
+  comm::Communicator& ep_rows_;
   std::vector<int> owner_;  // [E] owning EP rank of each expert
   int64_t begin_, end_;
 };

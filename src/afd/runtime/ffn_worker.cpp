@@ -17,16 +17,18 @@ constexpr double kIdlePollSeconds = 0.2;
 FfnWorker::FfnWorker(const model::DeepseekModel& model, comm::AfdWorld& world,
                      connector::P2pConnector& connector)
     : model_(model), world_(world), connector_(connector), ws_(model.backend()) {
-  AFD_CHECK(model.backend().device().is_cpu(),
-            "the P2P connector moves host rows: the FFN role runs on the CPU backend, not {} "
-            "(GPU roles need the async window connector)",
-            model.backend().name());
   AFD_CHECK(world.self().role == Role::kFfn, "FfnWorker on an attention rank");
   const Topology& t = world.topology();
   std::vector<int> members;
   for (int f = 0; f < t.num_ffn(); ++f) members.push_back(t.WorldRank({Role::kFfn, f}));
   ep_group_ = world.CreateGroup("ffn_ep", members);
-  moe_ = std::make_unique<ExpertParallelMoe>(model, *ep_group_);
+  // On a GPU the expert-parallel rows move between device buffers: a group of their own, which
+  // the world's communicator factory puts on NCCL ("afd_nccl_*", deploy/device_context.h).
+  if (!model.backend().device().is_cpu()) {
+    ep_rows_group_ = world.CreateGroup("afd_nccl_ffn_ep", members);
+  }
+  moe_ = std::make_unique<ExpertParallelMoe>(model, *ep_group_,
+                                             ep_rows_group_ ? *ep_rows_group_ : *ep_group_);
 }
 
 void FfnWorker::MoeLayer(int64_t layer, int stage, const connector::StepMetadata& meta) {

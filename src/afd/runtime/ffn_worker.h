@@ -36,7 +36,8 @@ class FfnWorker {
   const model::DeepseekModel& model_;
   comm::AfdWorld& world_;
   connector::P2pConnector& connector_;
-  std::unique_ptr<comm::Communicator> ep_group_;
+  std::unique_ptr<comm::Communicator> ep_group_;       // counts (host transport)
+  std::unique_ptr<comm::Communicator> ep_rows_group_;  // rows on a GPU (NCCL), else null
   std::unique_ptr<ExpertParallelMoe> moe_;
   Workspace ws_;  // reset every step
   int64_t rows_served_ = 0;
