@@ -37,6 +37,10 @@ void FfnWorker::MoeLayer(int64_t layer, int stage, const connector::StepMetadata
   const std::vector<int64_t> counts = connector_.IncomingRowCounts(meta, stage);
   const int64_t n = std::accumulate(counts.begin(), counts.end(), int64_t{0});
   const connector::RowFormat hidden{H, DType::kF32};
+  // This layer's scratch is given back when it is done: a step's layers (and stages) then reuse
+  // one layer's worth, not the sum of them (a long prefill took every layer's rows at once). On
+  // a GPU the next layer's kernels are ordered after this layer's send on the same stream.
+  const Workspace::Mark scratch = ws_.mark();
   // [n, H]: all attention peers' rows, in order; ids, weights: [n, k].
   const Tensor rows = ws_.Take(DType::kF32, {n, H}), out = ws_.Take(DType::kF32, {n, H});
   const Tensor ids = ws_.Take(DType::kI32, {n, k}), weights = ws_.Take(DType::kF32, {n, k});
@@ -52,6 +56,7 @@ void FfnWorker::MoeLayer(int64_t layer, int stage, const connector::StepMetadata
   moe_->Forward(layer, rows, ids, weights, out, ws_);
   connector_.SendToAttention(l, stage, hidden, meta, out.data());
   rows_served_ += n;
+  ws_.Rewind(scratch);
 }
 
 int64_t FfnWorker::Run() {
