@@ -51,6 +51,41 @@ TEST(DeploymentSpec, CudaDevicesGoOnePerWorldRankFfnFirst) {
 #endif
 }
 
+// NCCL cannot put two ranks on one GPU: the NCCL transports need one distinct device per rank.
+TEST(DeploymentSpec, NcclTransportsNeedOneGpuPerRank) {
+#ifndef AFD_WITH_CUDA
+  GTEST_SKIP() << "CPU-only build: a --device cuda deployment is refused before its ranks exist";
+#else
+  for (const std::string cfg :
+       {std::string(R"({"afd": {"connector": "AsyncAFDConnector", )"
+                    R"("connector_extra_config": {"window": "nccl"}}})"),
+        std::string(R"({"afd": {"connector": "P2pNcclAFDConnector"}})")}) {
+#ifndef AFD_WITH_NCCL
+    if (cfg.find("P2pNccl") != std::string::npos) continue;  // refused as not built
+#endif
+    DeploymentSpec spec;
+    spec.topology = "1A1F";
+    spec.cuda = true;
+    spec.additional_config = cfg;
+    spec.worker_flags = {"--model", "preset:tiny", "--device", "cuda"};
+    for (const std::vector<int>& devices : {std::vector<int>{}, std::vector<int>{1, 1}}) {
+      spec.cuda_devices = devices;
+      const std::string e = ErrorOf(spec);
+      EXPECT_NE(e.find("one distinct device per world rank (2 here"), std::string::npos)
+          << cfg << "\n" << e;
+    }
+    spec.cuda_devices = {1, 0};
+    EXPECT_EQ(ErrorOf(spec), "") << cfg;
+  }
+  // CUDA IPC windows: ranks may share a GPU.
+  DeploymentSpec spec;
+  spec.topology = "2A1F";
+  spec.cuda = true;
+  spec.worker_flags = {"--model", "preset:tiny", "--device", "cuda", "--cuda-device", "0"};
+  EXPECT_EQ(ErrorOf(spec), "");
+#endif
+}
+
 TEST(DeploymentSpec, CudaDevicesNeedCudaRanks) {
   DeploymentSpec spec;
   spec.topology = "1A1F";

@@ -33,8 +33,8 @@ std::optional<std::string> FindSharedGpu(const std::vector<std::string>& devices
     if (!inserted) {
       return fmt::format(
           "group {}: {} and {} are on the same GPU ({}); NCCL cannot put two ranks of one "
-          "communicator on one GPU -- give every rank its own GPU (CUDA_VISIBLE_DEVICES), or use "
-          "P2pHostAFDConnector",
+          "communicator on one GPU -- give every rank its own GPU (--cuda-device / "
+          "--cuda-devices), or let ranks share GPUs through AsyncAFDConnector's CUDA IPC windows",
           group, labels[it->second], labels[i], devices[i]);
     }
   }

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -119,6 +120,21 @@ std::vector<RankProcessSpec> DeploymentRankSpecs(const DeploymentSpec& spec, con
             spec.cuda_devices.size(), A + F, spec.topology, F, A);
   for (int d : spec.cuda_devices) {
     AFD_CHECK(d >= 0, "--cuda-devices: {} is not a CUDA device ordinal", d);
+  }
+  // NCCL refuses two ranks on one GPU: the NCCL transports need --cuda-devices, one GPU each.
+  // (The extra config was validated above; a window of the async connectors is a string.)
+  const json extra = base.value("connector_extra_config", json::object());
+  const bool p2p_nccl = connector == kP2pNcclConnector;
+  const bool nccl = p2p_nccl || (extra.is_object() && extra.value("window", "") == "nccl");
+  if (spec.cuda && nccl) {
+    std::vector<int> sorted = spec.cuda_devices;
+    std::sort(sorted.begin(), sorted.end());
+    AFD_CHECK(!sorted.empty() && std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end(),
+              "{} puts every rank on its own GPU (NCCL cannot put two ranks on one): give "
+              "--cuda-devices one distinct device per world rank ({} here, FFN ranks first), or "
+              "let the ranks share GPUs through AsyncAFDConnector's CUDA IPC windows",
+              p2p_nccl ? "P2pNcclAFDConnector" : "the NCCL window (window \"nccl\")",
+              A + F);
   }
   const int port = comm::PickRendezvousPort();
 
