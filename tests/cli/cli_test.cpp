@@ -71,10 +71,11 @@ TEST(Cli, ConnectorThatCannotRunHereIsRefusedAtStartup) {
   EXPECT_EQ(r.exit_code, 2) << r.out;
   EXPECT_NE(r.out.find("window \"nccl\""), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("--device cuda"), std::string::npos) << r.out;
-  r = RunAfd("run --model preset:tiny --prompt-ids 1,2 --max-tokens 1 --topology 1A1F "
-             "--additional-config " +
-             Quote(R"({"afd": {"connector": "AsyncAFDConnector", "connector_extra_config": )"
-                   R"({"window": "nccl"}}})"));
+  r = RunAfd(
+      "run --model preset:tiny --prompt-ids 1,2 --max-tokens 1 --topology 1A1F "
+      "--additional-config " +
+      Quote(R"({"afd": {"connector": "AsyncAFDConnector", "connector_extra_config": )"
+            R"({"window": "nccl"}}})"));
   EXPECT_NE(r.exit_code, 0) << r.out;
   EXPECT_NE(r.out.find("window \"nccl\""), std::string::npos) << r.out;
 }

@@ -60,12 +60,13 @@ TEST(P2pProcesses, Bf16RowsRoundTrip) {
 // alone (the baseline the connector is compared with). Both report every row count.
 TEST(P2pProcesses, BenchAndRawBenchReportEveryRowCount) {
   for (const bool raw : {false, true}) {
-    auto procs = StartDeployment(1, 1, 30, raw ? "rawbench" : "bench", [&](const std::string&, int) {
-      std::vector<std::string> a = {"--bench", "--bench-rows", "1,7", "--iters", "3",
-                                    "--hidden", "16"};
-      if (raw) a.push_back("--raw");
-      return a;
-    });
+    auto procs =
+        StartDeployment(1, 1, 30, raw ? "rawbench" : "bench", [&](const std::string&, int) {
+          std::vector<std::string> a = {"--bench", "--bench-rows", "1,7", "--iters",
+                                        "3",       "--hidden",     "16"};
+          if (raw) a.push_back("--raw");
+          return a;
+        });
     for (auto& p : procs) {
       const std::optional<int> status = p.process->Wait(Deadline::In(60));
       const std::string log = ReadFile(p.log);

@@ -35,8 +35,7 @@ TEST(DeploymentSpec, CudaDevicesGoOnePerWorldRankFfnFirst) {
   spec.cuda = true;
   spec.worker_flags = {"--model", "preset:tiny", "--device", "cuda"};
   spec.cuda_devices = {2, 0, 1};  // world ranks: FFN 0, attention 0, attention 1
-  const std::vector<RankProcessSpec> specs =
-      DeploymentRankSpecs(spec, "/tmp", "/tmp/prompts.json");
+  const std::vector<RankProcessSpec> specs = DeploymentRankSpecs(spec, "/tmp", "/tmp/prompts.json");
   ASSERT_EQ(specs.size(), 3u);
   EXPECT_EQ(specs[0].label, "ffn rank 0 (cuda:2)");
   EXPECT_EQ(DeviceOf(specs[0]), "2");
@@ -56,10 +55,9 @@ TEST(DeploymentSpec, NcclTransportsNeedOneGpuPerRank) {
 #ifndef AFD_WITH_CUDA
   GTEST_SKIP() << "CPU-only build: a --device cuda deployment is refused before its ranks exist";
 #else
-  for (const std::string cfg :
-       {std::string(R"({"afd": {"connector": "AsyncAFDConnector", )"
-                    R"("connector_extra_config": {"window": "nccl"}}})"),
-        std::string(R"({"afd": {"connector": "P2pNcclAFDConnector"}})")}) {
+  for (const std::string cfg : {std::string(R"({"afd": {"connector": "AsyncAFDConnector", )"
+                                            R"("connector_extra_config": {"window": "nccl"}}})"),
+                                std::string(R"({"afd": {"connector": "P2pNcclAFDConnector"}})")}) {
 #ifndef AFD_WITH_NCCL
     if (cfg.find("P2pNccl") != std::string::npos) continue;  // refused as not built
 #endif
@@ -72,7 +70,8 @@ TEST(DeploymentSpec, NcclTransportsNeedOneGpuPerRank) {
       spec.cuda_devices = devices;
       const std::string e = ErrorOf(spec);
       EXPECT_NE(e.find("one distinct device per world rank (2 here"), std::string::npos)
-          << cfg << "\n" << e;
+          << cfg << "\n"
+          << e;
     }
     spec.cuda_devices = {1, 0};
     EXPECT_EQ(ErrorOf(spec), "") << cfg;

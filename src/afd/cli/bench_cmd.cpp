@@ -86,11 +86,9 @@ void RunOnTopology(const BenchArgs& a, const std::vector<int64_t>& batches, int&
     g.bf16 = !cuda && a.dtype == "bf16";
     std::vector<std::string> flags = GenerationFlagsArgv(g);
     if (cuda) {
-      flags.insert(flags.end(), {"--device", "cuda"});
-      if (a.deployment.cuda_devices.empty()) {
-        flags.insert(flags.end(), {"--cuda-device", std::to_string(a.cuda_device)});
-      }
-      if (!a.dtype.empty()) flags.insert(flags.end(), {"--dtype", a.dtype});
+      const std::vector<std::string> f =
+          deploy::CudaWorkerFlags(a.deployment, a.cuda_device, a.dtype);
+      flags.insert(flags.end(), f.begin(), f.end());
     }
     return flags;
   };

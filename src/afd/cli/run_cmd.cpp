@@ -72,13 +72,8 @@ void RunOnDeployment(const RunArgs& args, const std::vector<std::vector<int32_t>
   if (spec.cuda) {
     // Every rank on --cuda-device (CUDA IPC windows between them), or each on its own of
     // --cuda-devices.
-    spec.worker_flags.insert(spec.worker_flags.end(), {"--device", "cuda"});
-    if (spec.cuda_devices.empty()) {
-      spec.worker_flags.insert(spec.worker_flags.end(),
-                               {"--cuda-device", std::to_string(args.cuda_device)});
-    }
-    if (!args.dtype.empty())
-      spec.worker_flags.insert(spec.worker_flags.end(), {"--dtype", args.dtype});
+    const std::vector<std::string> f = deploy::CudaWorkerFlags(spec, args.cuda_device, args.dtype);
+    spec.worker_flags.insert(spec.worker_flags.end(), f.begin(), f.end());
   }
   std::vector<deploy::DeploymentResult> results;
   try {

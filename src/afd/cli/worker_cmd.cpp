@@ -48,6 +48,7 @@ struct RoleArgs {
   std::string dtype;            // serve, in-process model on cuda
   int cuda_device = 0;
   std::string topology;                   // launch
+  std::vector<int> cuda_devices;          // launch: the GPU of each world rank
   std::vector<int64_t> cuda_graph_sizes;  // serve, in-process model on cuda
   // serve: the OpenAI API (attention role without --prompts-file, or no AFD role at all)
   std::string http_host = "0.0.0.0";
@@ -318,10 +319,10 @@ int LaunchCommand(RoleArgs& a) {
     spec.additional_config = a.additional_config;
     spec.worker_flags = GenerationFlagsArgv(a.gen);
     spec.cuda = a.device == "cuda";
+    spec.cuda_devices = a.cuda_devices;
     if (spec.cuda) {
-      spec.worker_flags.insert(spec.worker_flags.end(), {"--device", "cuda", "--cuda-device",
-                                                         std::to_string(a.cuda_device)});
-      if (!a.dtype.empty()) spec.worker_flags.insert(spec.worker_flags.end(), {"--dtype", a.dtype});
+      const std::vector<std::string> f = deploy::CudaWorkerFlags(spec, a.cuda_device, a.dtype);
+      spec.worker_flags.insert(spec.worker_flags.end(), f.begin(), f.end());
     }
     spec.show_rank_map = true;
     if (dir.empty()) {
@@ -424,10 +425,17 @@ void AddWorkerCommands(CLI::App& app, int& exit_code) {
                      "Extra fields of the \"afd\" object (e.g. compute_gate_on_attention)");
   launch
       ->add_option("--device", largs->device,
-                   "cpu or cuda (every rank on --cuda-device; the roles exchange rows through "
-                   "CUDA IPC windows of the async connector)")
+                   "cpu or cuda (every rank on --cuda-device, the roles exchanging rows through "
+                   "CUDA IPC windows of the async connector; or placed by --cuda-devices)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
   AddCudaFlags(launch, *largs);
+  launch
+      ->add_option("--cuda-devices", largs->cuda_devices,
+                   "With --device cuda: the GPU of each world rank, FFN ranks first (one GPU per "
+                   "rank for P2pNcclAFDConnector or the NCCL window); default: every rank on "
+                   "--cuda-device")
+      ->delimiter(',')
+      ->check(CLI::NonNegativeNumber);
   launch->add_option("--log-dir", largs->log_dir, "Where rank logs go (default: a temp dir)");
   launch->add_flag("--enforce-eager", largs->enforce_eager, "Accepted (the CPU path is eager)");
   launch->callback([largs, &exit_code] { exit_code = LaunchCommand(*largs); });

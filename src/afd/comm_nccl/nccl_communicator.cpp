@@ -72,9 +72,10 @@ std::vector<ncclComm_t> InitNcclComms(const std::vector<ncclUniqueId>& ids, int 
     state->done.set_value(r != ncclSuccess ? r : end);
   }).detach();
   if (done.wait_for(std::chrono::duration<double>(timeout_s)) != std::future_status::ready) {
-    AFD_THROW("{}: NCCL communicator creation did not finish within {}s (a rank that never "
-              "joined?)",
-              what, timeout_s);
+    AFD_THROW(
+        "{}: NCCL communicator creation did not finish within {}s (a rank that never "
+        "joined?)",
+        what, timeout_s);
   }
   const ncclResult_t r = done.get();
   AFD_CHECK(r == ncclSuccess || r == ncclInProgress, "{}: ncclCommInitRank failed: {} ({})", what,

@@ -16,11 +16,10 @@ namespace {
 constexpr std::string_view kExtraPath = "afd.connector_extra_config";
 
 void ParseAsyncOptions(const json& extra, const std::string& connector, AsyncOptions& o) {
-  static const std::set<std::string> kKeys = {"attn_ranks_per_dp",     "ring_depth",
-                                              "routed_cap_multiplier", "recv_poll_timeout_ms",
-                                              "async_moe_ubatching",   "async_moe_num_ubatches",
-                                              "async_moe_split",       "device_flags",
-                                              "window"};
+  static const std::set<std::string> kKeys = {
+      "attn_ranks_per_dp",    "ring_depth",          "routed_cap_multiplier",
+      "recv_poll_timeout_ms", "async_moe_ubatching", "async_moe_num_ubatches",
+      "async_moe_split",      "device_flags",        "window"};
   for (const auto& [key, value] : extra.items()) {
     AFD_CHECK(kKeys.count(key),
               "{}.{}: unknown option for {}; allowed: attn_ranks_per_dp, "

@@ -49,8 +49,9 @@ void RunAsyncConnectorTest(const ConnectorTestArgs& args, comm::AfdWorld& world,
                            nlohmann::json& report, int cuda_device, void* cuda_stream, RowIo& io);
 
 // Round-trip latency per layer for each row count (--bench); the FFN side echoes rows
-// unchanged. With args.raw (1A1F only): the rows go through the data-plane communicator's
-// Send/Recv alone (ncclSend/ncclRecv on cuda, TCP on the CPU), no metadata, no connector. Adds "bench": [{rows, bytes_each_way, median_us, p10_us, p90_us}] to `report`.
+// unchanged. With args.raw (1A1F only) the rows go through the data-plane communicator's
+// Send/Recv alone (ncclSend/ncclRecv on cuda, TCP on the CPU): no metadata, no connector. Adds
+// "bench": [{rows, bytes_each_way, median_us, p10_us, p90_us}] to `report`.
 void RunConnectorBench(const ConnectorTestArgs& args, comm::AfdWorld& world,
                        connector::P2pConnector& conn, RowIo& io, nlohmann::json& report);
 

@@ -54,6 +54,15 @@ std::string RoleConfig(const json& base, Role role, int port, int A, int F, bool
 
 }  // namespace
 
+std::vector<std::string> CudaWorkerFlags(const DeploymentSpec& spec, int cuda_device,
+                                         const std::string& dtype) {
+  std::vector<std::string> flags = {"--device", "cuda"};
+  if (spec.cuda_devices.empty())
+    flags.insert(flags.end(), {"--cuda-device", std::to_string(cuda_device)});
+  if (!dtype.empty()) flags.insert(flags.end(), {"--dtype", dtype});
+  return flags;
+}
+
 std::vector<RankProcessSpec> DeploymentRankSpecs(const DeploymentSpec& spec, const std::string& dir,
                                                  const std::string& prompts_file) {
   std::smatch m;
@@ -133,8 +142,7 @@ std::vector<RankProcessSpec> DeploymentRankSpecs(const DeploymentSpec& spec, con
               "{} puts every rank on its own GPU (NCCL cannot put two ranks on one): give "
               "--cuda-devices one distinct device per world rank ({} here, FFN ranks first), or "
               "let the ranks share GPUs through AsyncAFDConnector's CUDA IPC windows",
-              p2p_nccl ? "P2pNcclAFDConnector" : "the NCCL window (window \"nccl\")",
-              A + F);
+              p2p_nccl ? "P2pNcclAFDConnector" : "the NCCL window (window \"nccl\")", A + F);
   }
   const int port = comm::PickRendezvousPort();
 

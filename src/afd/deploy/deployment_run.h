@@ -32,6 +32,11 @@ struct DeploymentResult {
   std::vector<int32_t> output_ids;
 };
 
+// The worker flags that put a deployment's ranks on GPUs: --device cuda, --cuda-device
+// `cuda_device` unless spec.cuda_devices places each rank, --dtype `dtype` when given.
+std::vector<std::string> CudaWorkerFlags(const DeploymentSpec& spec, int cuda_device,
+                                         const std::string& dtype);
+
 // The rank processes of the deployment (FFN ranks first, then attention ranks), their logs and
 // stats files in `dir`, on a fresh rendezvous port. With `prompts_file` the attention ranks
 // generate for it and write out<rank>.jsonl to `dir`; without, they serve (their specs are

@@ -37,8 +37,8 @@ void DeviceRowWindow::Write(int peer, size_t offset, const void* src, size_t byt
   if (bytes == 0) return;
   AFD_CHECK(peer >= 0 && peer < static_cast<int>(maps_.size()) && maps_[peer] != nullptr,
             "{} window: world rank {} is not mapped here", kind_, peer);
-  AFD_CHECK(offset + bytes <= bytes_, "{} window: write of {} bytes at {} exceeds {}", kind_,
-            bytes, offset, bytes_);
+  AFD_CHECK(offset + bytes <= bytes_, "{} window: write of {} bytes at {} exceeds {}", kind_, bytes,
+            offset, bytes_);
   AFD_CUDA_CHECK(cudaMemcpyAsync(maps_[peer] + offset, src, bytes, cudaMemcpyDefault,
                                  static_cast<cudaStream_t>(stream())));
 }

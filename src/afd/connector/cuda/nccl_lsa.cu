@@ -39,7 +39,8 @@ cudaError_t NcclLsaPointers(ncclWindow_t window, const std::vector<int>& lsa_ran
     LsaPointers<<<(n + 127) / 128, 128>>>(window, d_ranks, n, d_out);
     e = cudaGetLastError();
   }
-  if (e == cudaSuccess) e = cudaMemcpy(out.data(), d_out, n * sizeof(char*), cudaMemcpyDeviceToHost);
+  if (e == cudaSuccess)
+    e = cudaMemcpy(out.data(), d_out, n * sizeof(char*), cudaMemcpyDeviceToHost);
   cudaFree(d_ranks);
   cudaFree(d_out);
   return e;

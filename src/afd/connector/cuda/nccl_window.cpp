@@ -54,9 +54,10 @@ std::unique_ptr<NcclWindow> NcclWindow::Create(comm::AfdWorld& world, size_t byt
   try {
     comm::CheckNcclRankSetup(store, self, size, labels, cuda_device, timeout, "the NCCL window");
   } catch (const Error& e) {
-    AFD_THROW("{} (connector_extra_config.window \"nccl\" needs one GPU per rank; ranks that "
-              "share a GPU use window \"cuda_ipc\")",
-              e.what());
+    AFD_THROW(
+        "{} (connector_extra_config.window \"nccl\" needs one GPU per rank; ranks that "
+        "share a GPU use window \"cuda_ipc\")",
+        e.what());
   }
   const ncclUniqueId id = comm::ShareNcclUniqueId(store, 0, self, timeout, "the NCCL window");
   std::unique_ptr<NcclWindow> w(new NcclWindow(bytes, size, self, cuda_device));

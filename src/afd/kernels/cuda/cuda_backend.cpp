@@ -326,8 +326,8 @@ void CudaBackend::Linear(const Tensor& x, const Tensor& w, const Tensor& y) {
     // A few rows (decode; the router gate in every model): cuBLAS picks kernels that take ~50 us
     // for a 1x2048x64 product; one warp per output column streams the weights instead.
     if (GemvF32Fits(n, k) && Aligned16(x.data()) && Aligned16(w.data())) {
-      LaunchGemvF32(x.data_as<const float>(), n, k, w.data_as<const float>(), m,
-                    y.data_as<float>(), state_->stream);
+      LaunchGemvF32(x.data_as<const float>(), n, k, w.data_as<const float>(), m, y.data_as<float>(),
+                    state_->stream);
       return;
     }
     AFD_CUBLAS_CHECK(cublasSgemm(state_->cublas, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha,
@@ -337,8 +337,7 @@ void CudaBackend::Linear(const Tensor& x, const Tensor& w, const Tensor& y) {
   }
   if (GemvFits(n, k) && Aligned16(x.data())) {
     // A few rows: stream the weights once, near the copy rate, x rounded to bf16 as it is read.
-    LaunchGemvBf16(x.data_as<const float>(), n, k, w.data(), m, y.data_as<float>(),
-                   state_->stream);
+    LaunchGemvBf16(x.data_as<const float>(), n, k, w.data(), m, y.data_as<float>(), state_->stream);
     return;
   }
   auto* xb = static_cast<uint16_t*>(Scratch(kBf16Input, n * k * 2));

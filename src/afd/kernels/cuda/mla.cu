@@ -246,7 +246,7 @@ namespace {
 // batched SGEMMs take tens of microseconds at n = 1 for ~4 MB of weights per layer; these read
 // each head's weights once per chunk of kMlaTok tokens, fp32 throughout, every sum in a fixed
 // order (no atomics): the same result whatever the batch around a token.
-constexpr int kMlaTok = 8;   // tokens per block (chunk)
+constexpr int kMlaTok = 8;      // tokens per block (chunk)
 constexpr int kQLatGroups = 4;  // d-groups per column in MlaQLat (threads = 32 x groups)
 
 // q_lat[t, hh, c] = sum_d q[t, h0 + hh, d] * W_k[h0 + hh][d, c]; W_k[h] = kv_b + h (dn + dv) kvr,
@@ -351,8 +351,7 @@ void LaunchMlaOut(const float* o_lat, int64_t n, int64_t dn, int64_t dv, const f
   const int64_t nh = h1 - h0;
   const dim3 grid(static_cast<unsigned>((dv + 7) / 8), static_cast<unsigned>(nh),
                   static_cast<unsigned>((n + kMlaTok - 1) / kMlaTok));
-  MlaOut<<<grid, 256, kMlaTok * kvr * sizeof(float), s>>>(o_lat, n, dn, dv, kv_b, h0, nh, kvr,
-                                                          out);
+  MlaOut<<<grid, 256, kMlaTok * kvr * sizeof(float), s>>>(o_lat, n, dn, dv, kv_b, h0, nh, kvr, out);
   CheckLaunch("MlaAttention (W_v)");
 }
 
