@@ -6,6 +6,7 @@
 # greedy ids and prompt log-probs within 1e-5; bf16: identical greedy ids. Then the per-layer
 # round trip (--stats) and a decode comparison on preset:deepseek-v2-lite (8 layers).
 set -u
+HERE=$(dirname "$(readlink -f "$0")")
 BIN=$(readlink -f "$1")
 OUT=$2
 mkdir -p "$OUT"
@@ -29,20 +30,7 @@ for c in v2_greedy_yarn v2_group_limited v3_noaux_tc v3_sharded; do
       timeout 120 "$AFD" run --model "$M" "${P[@]}" --max-tokens 16 --ignore-eos --json \
         --device cuda --dtype $dt --topology $T --additional-config "$ASYNC" \
         >"$WORK/${c}_${dt}_$T.json" 2>"$WORK/err_$T" || { echo "$c $dt $T failed:"; tail -8 "$WORK/err_$T"; status=1; continue; }
-      $PY - "$WORK/${c}_${dt}_mono.json" "$WORK/${c}_${dt}_$T.json" "$c $dt $T" <<'PYEOF' || status=1
-import json, math, sys
-a = [json.loads(l) for l in open(sys.argv[1])]
-b = [json.loads(l) for l in open(sys.argv[2])]
-same = len(a) == len(b) and all(x["output_ids"] == y["output_ids"] for x, y in zip(a, b))
-d = 0.0
-for x, y in zip(a, b):
-    for p, q in zip(x["prompt_logprobs"][1:] + x["logprobs"], y["prompt_logprobs"][1:] + y["logprobs"]):
-        d = max(d, abs(p - q))
-fp32 = "fp32" in sys.argv[3]
-ok = same and (d <= 1e-5 if fp32 else True)
-print(f"{sys.argv[3]}: greedy ids identical {same}; max |dlogprob| {d:.2e} -> {'ok' if ok else 'FAIL'}")
-sys.exit(0 if ok else 1)
-PYEOF
+      $PY "$HERE/compare_runs.py" "$WORK/${c}_${dt}_mono.json" "$WORK/${c}_${dt}_$T.json" "$c $dt $T" || status=1
     done
   done
 done

@@ -17,6 +17,7 @@
 # SECTIONS="1 2 3 5" runs those sections only (default: all); WINDOWS= and DECODE= subsets of
 # "nccl cuda_ipc p2p" and "mono nccl p2p" for sections 2 and 4.
 set -u
+HERE=$(dirname "$(readlink -f "$0")")
 BIN=$(readlink -f "$1")
 OUT=$2
 mkdir -p "$OUT"
@@ -66,19 +67,7 @@ on 2 && for c in v2_greedy_yarn v2_group_limited v3_noaux_tc v3_sharded; do
       timeout 120 "$AFD" run --model "$M" "${P[@]}" --max-tokens 16 --ignore-eos --json \
         --device cuda --dtype $dt --topology 1A1F --cuda-devices 0,1 --additional-config "$CFG" \
         >"$WORK/${c}_${dt}_$W.json" 2>"$WORK/err_$W" || { echo "$c $dt $W failed:"; tail -8 "$WORK/err_$W"; status=1; BROKEN_WINDOW="${BROKEN_WINDOW:-} $W"; continue; }
-      $PY - "$WORK/${c}_${dt}_mono.json" "$WORK/${c}_${dt}_$W.json" "$c $dt 1A1F window $W" <<'PYEOF' || status=1
-import json, sys
-a = [json.loads(l) for l in open(sys.argv[1])]
-b = [json.loads(l) for l in open(sys.argv[2])]
-same = len(a) == len(b) and all(x["output_ids"] == y["output_ids"] for x, y in zip(a, b))
-d = 0.0
-for x, y in zip(a, b):
-    for p, q in zip(x["prompt_logprobs"][1:] + x["logprobs"], y["prompt_logprobs"][1:] + y["logprobs"]):
-        d = max(d, abs(p - q))
-ok = same and (d <= 1e-5 if "fp32" in sys.argv[3] else True)
-print(f"{sys.argv[3]}: greedy ids identical {same}; max |dlogprob| {d:.2e} -> {'ok' if ok else 'FAIL'}")
-sys.exit(0 if ok else 1)
-PYEOF
+      $PY "$HERE/compare_runs.py" "$WORK/${c}_${dt}_mono.json" "$WORK/${c}_${dt}_$W.json" "$c $dt 1A1F window $W" || status=1
     done
   done
 done

@@ -6,6 +6,8 @@
 // copy rate.
 #include <cuda_bf16.h>
 
+#include <type_traits>
+
 #include "afd/common/cuda_check.h"
 #include "afd/kernels/cuda/bf16_vec.cuh"
 #include "afd/kernels/cuda/launch.cuh"
@@ -103,20 +105,29 @@ __global__ void __launch_bounds__(kWarps * 32)
 
 }  // namespace
 
+// Calls launch(std::integral_constant<int, R>{}) with the smallest row bound R (1, 4 or
+// kMaxGemvRows) that holds n rows: the kernels keep one accumulator per row in registers.
+template <typename Launch>
+void ByRowBound(int64_t n, Launch launch) {
+  if (n <= 1) {
+    launch(std::integral_constant<int, 1>{});
+  } else if (n <= 4) {
+    launch(std::integral_constant<int, 4>{});
+  } else {
+    launch(std::integral_constant<int, kMaxGemvRows>{});
+  }
+}
+
 bool GemvF32Fits(int64_t n, int64_t k) { return n >= 1 && n <= kMaxGemvRows && k % 4 == 0; }
 
 void LaunchGemvF32(const float* x, int64_t n, int64_t k, const float* w, int64_t m, float* y,
                    cudaStream_t s) {
   AFD_CHECK(GemvF32Fits(n, k), "GemvF32: {} rows of K = {}", n, k);
   const unsigned blocks = static_cast<unsigned>((m + kWarps - 1) / kWarps);
-  const int rows = static_cast<int>(n);
-  if (n <= 1) {
-    GemvF32<1><<<blocks, kWarps * 32, 0, s>>>(x, rows, k, w, m, y);
-  } else if (n <= 4) {
-    GemvF32<4><<<blocks, kWarps * 32, 0, s>>>(x, rows, k, w, m, y);
-  } else {
-    GemvF32<kMaxGemvRows><<<blocks, kWarps * 32, 0, s>>>(x, rows, k, w, m, y);
-  }
+  ByRowBound(n, [&](auto bound) {
+    GemvF32<decltype(bound)::value>
+        <<<blocks, kWarps * 32, 0, s>>>(x, static_cast<int>(n), k, w, m, y);
+  });
   CheckLaunch("Linear (gemv f32)");
 }
 
@@ -127,14 +138,10 @@ void LaunchGemvBf16(const float* x, int64_t n, int64_t k, const void* w, int64_t
   AFD_CHECK(GemvFits(n, k), "GemvBf16: {} rows of K = {}", n, k);
   const auto* wb = static_cast<const __nv_bfloat16*>(w);
   const unsigned blocks = static_cast<unsigned>((m + kWarps - 1) / kWarps);
-  const int rows = static_cast<int>(n);
-  if (n <= 1) {
-    GemvBf16<1><<<blocks, kWarps * 32, 0, s>>>(x, rows, k, wb, m, y);
-  } else if (n <= 4) {
-    GemvBf16<4><<<blocks, kWarps * 32, 0, s>>>(x, rows, k, wb, m, y);
-  } else {
-    GemvBf16<kMaxGemvRows><<<blocks, kWarps * 32, 0, s>>>(x, rows, k, wb, m, y);
-  }
+  ByRowBound(n, [&](auto bound) {
+    GemvBf16<decltype(bound)::value>
+        <<<blocks, kWarps * 32, 0, s>>>(x, static_cast<int>(n), k, wb, m, y);
+  });
   CheckLaunch("Linear (gemv)");
 }
 
