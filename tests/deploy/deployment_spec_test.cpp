@@ -1,10 +1,13 @@
 // The rank processes `afd run --topology` starts: which CUDA device each gets.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 
 #include "afd/common/error.h"
 #include "afd/deploy/deployment_run.h"
+#include "afd/deploy/serve.h"
 
 namespace afd::deploy {
 namespace {
@@ -93,6 +96,40 @@ TEST(DeploymentSpec, CudaDevicesNeedCudaRanks) {
   const std::string e = ErrorOf(spec);
   EXPECT_NE(e.find("--cuda-devices"), std::string::npos) << e;
   EXPECT_NE(e.find("--device cuda"), std::string::npos) << e;
+}
+
+}  // namespace
+}  // namespace afd::deploy
+
+namespace afd::deploy {
+namespace {
+
+// `afd serve --cuda-devices`: this host's ranks, in rank order, each on its own GPU.
+TEST(ServeSpec, CudaDevicesGoToTheLocalRanksInOrder) {
+  ServeOptions o;
+  o.base.config.role = Role::kAttention;
+  o.base.dp = 4;
+  o.base.tp = 1;
+  o.dp_start = 2;
+  o.dp_local = 2;
+  o.log_dir = ::testing::TempDir() + "/afd_serve_spec_" + std::to_string(getpid());
+  o.worker_flags = {"--model", "preset:tiny", "--device", "cuda"};
+  o.cuda_devices = {5, 3};
+  std::string dir;
+  const std::vector<RankProcessSpec> specs = ServeRankSpecs(o, &dir);
+  ASSERT_EQ(specs.size(), 2u);
+  EXPECT_EQ(specs[0].label, "attention rank 2 (cuda:5)");
+  EXPECT_EQ(DeviceOf(specs[0]), "5");
+  EXPECT_EQ(DeviceOf(specs[1]), "3");
+  o.cuda_devices = {0};
+  try {
+    ServeRankSpecs(o, &dir);
+    ADD_FAILURE() << "one device for two ranks was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--cuda-devices: 1 devices for the 2 attention ranks"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 }  // namespace

@@ -48,7 +48,7 @@ struct RoleArgs {
   std::string dtype;            // serve, in-process model on cuda
   int cuda_device = 0;
   std::string topology;                   // launch
-  std::vector<int> cuda_devices;          // launch: the GPU of each world rank
+  std::vector<int> cuda_devices;          // launch: of each world rank; serve: of each local rank
   std::vector<int64_t> cuda_graph_sizes;  // serve, in-process model on cuda
   // serve: the OpenAI API (attention role without --prompts-file, or no AFD role at all)
   std::string http_host = "0.0.0.0";
@@ -167,9 +167,11 @@ deploy::WorkerOptions ToWorkerOptions(const RoleArgs& a) {
 // Flags every worker of a role gets from serve (all RoleArgs except the per-rank ones).
 std::vector<std::string> PassThrough(const RoleArgs& a) {
   std::vector<std::string> v = GenerationFlagsArgv(a.gen);
-  v.insert(v.end(), {"--device", a.device, "--cuda-device", std::to_string(a.cuda_device),
-                     "--additional-config", a.additional_config, "--data-parallel-size",
-                     std::to_string(a.dp), "--tensor-parallel-size", std::to_string(a.tp)});
+  v.insert(v.end(), {"--device", a.device, "--additional-config", a.additional_config,
+                     "--data-parallel-size", std::to_string(a.dp), "--tensor-parallel-size",
+                     std::to_string(a.tp)});
+  // --cuda-devices places each rank itself (deploy::ServeOptions::cuda_devices).
+  if (a.cuda_devices.empty()) v.insert(v.end(), {"--cuda-device", std::to_string(a.cuda_device)});
   if (!a.dtype.empty()) v.insert(v.end(), {"--dtype", a.dtype});
   if (!a.prompts_file.empty()) v.insert(v.end(), {"--prompts-file", a.prompts_file});
   return v;
@@ -270,6 +272,8 @@ int ServeCommand(RoleArgs& a) {
       tok = server::LoadServingTokenizer(a.tokenizer);
       SizePresetToTokenizer(a.gen, tok);
     }
+    AFD_CHECK(a.cuda_devices.empty() || a.device == "cuda",
+              "--cuda-devices places the ranks on GPUs: it needs --device cuda");
     base = ToWorkerOptions(a);  // validates everything before starting
   } catch (const Error& e) {    // invalid input: exit 2
     std::cerr << "afd serve: " << e.what() << std::endl;
@@ -283,6 +287,7 @@ int ServeCommand(RoleArgs& a) {
     so.log_dir = a.log_dir;
     so.output_file = a.output_file;
     so.worker_flags = PassThrough(a);
+    so.cuda_devices = a.cuda_devices;
     if (!api) {
       deploy::ServeRole(so);
       return 0;
@@ -404,6 +409,12 @@ void AddWorkerCommands(CLI::App& app, int& exit_code) {
   serve->add_option("--output-file", sargs->output_file,
                     "Attention with --prompts-file: generated results, one JSON line per prompt");
   serve->add_option("--log-dir", sargs->log_dir, "Where rank logs go (default: a temp dir)");
+  serve
+      ->add_option("--cuda-devices", sargs->cuda_devices,
+                   "With --device cuda: the GPU of each of this host's ranks, in rank order (e.g. "
+                   "0,1,2,3 for --data-parallel-size-local 4); default: all on --cuda-device")
+      ->delimiter(',')
+      ->check(CLI::NonNegativeNumber);
   serve
       ->add_option("--cuda-graph-sizes", sargs->cuda_graph_sizes,
                    "In-process model on cuda: decode batch buckets captured as CUDA graphs")

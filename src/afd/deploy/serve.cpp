@@ -24,6 +24,11 @@ std::vector<RankProcessSpec> ServeRankSpecs(const ServeOptions& o, std::string* 
                                             : o.log_dir;
   std::filesystem::create_directories(dir);
   const std::string role(RoleName(base.config.role));
+  const int local_ranks = o.dp_local * base.tp;
+  AFD_CHECK(o.cuda_devices.empty() || static_cast<int>(o.cuda_devices.size()) == local_ranks,
+            "--cuda-devices: {} devices for the {} {} ranks of this host (one per rank, in rank "
+            "order)",
+            o.cuda_devices.size(), local_ranks, role);
   std::vector<RankProcessSpec> specs;
   for (int d = o.dp_start; d < o.dp_start + o.dp_local; ++d) {
     for (int t = 0; t < base.tp; ++t) {
@@ -38,6 +43,11 @@ std::vector<RankProcessSpec> ServeRankSpecs(const ServeOptions& o, std::string* 
                 "--role-rank",
                 std::to_string(rank)};
       for (const auto& f : o.worker_flags) s.argv.push_back(f);
+      if (!o.cuda_devices.empty()) {
+        const int device = o.cuda_devices[specs.size()];
+        s.argv.insert(s.argv.end(), {"--cuda-device", std::to_string(device)});
+        s.label += fmt::format(" (cuda:{})", device);
+      }
       if (!o.output_file.empty() && t == 0) {
         s.argv.insert(s.argv.end(), {"--output-file", fmt::format("{}/out{}.jsonl", dir, d)});
       }

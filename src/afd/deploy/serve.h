@@ -18,6 +18,9 @@ struct ServeOptions {
   std::string output_file;  // attention: merged results of this host's replicas
   // Flags every worker gets (model, generation, role and parallel sizes), as a command line.
   std::vector<std::string> worker_flags;
+  // On cuda: the GPU of each of this host's ranks in rank order (--cuda-device of each; the
+  // worker flags then carry none); empty: the worker flags' --cuda-device for all.
+  std::vector<int> cuda_devices;
 };
 
 // This host's rank processes (logs in the returned directory). Attention ranks without prompts
