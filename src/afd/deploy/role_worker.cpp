@@ -116,6 +116,9 @@ void RunWorker(const WorkerOptions& o) {
     device = MakeDeviceContext(o.cuda_device, world_rank, backend->stream().handle);
   }
   std::unique_ptr<comm::AfdWorld> world = comm::AfdWorld::Join(request, device.factory);
+  // This rank's stream carries transfers with its peers (NCCL, or waits on their flags): a
+  // peer that dies mid-transfer must not leave a wait for the device blocked for ever.
+  backend->WatchWaits(c.afd_process_group_timeout_s, [w = world.get()] { w->CheckAbort(); });
   // Declared outside the try so that on failure the abort is published while the connections
   // are still open: peers then learn the cause before they see the connection drop.
   std::unique_ptr<connector::P2pConnector> connector_holder;

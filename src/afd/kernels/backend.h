@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -115,6 +116,14 @@ class Backend : public Allocator {
   virtual void Copy(const Tensor& dst, const Tensor& src) = 0;
   virtual void Fill(const Tensor& dst, float value) = 0;  // f32 tensors
   virtual void Synchronize() = 0;
+  // Bounds every wait for the device (Synchronize, CopyToHost) of a rank whose stream also
+  // carries transfers with other processes (a peer that died mid-transfer would leave it blocked
+  // for ever): such a wait fails after `timeout_s`, and calls `check` (which may throw, e.g. on
+  // the deployment's abort) about every 100 ms. No-op on backends without an asynchronous device.
+  virtual void WatchWaits(double timeout_s, std::function<void()> check) {
+    (void)timeout_s;
+    (void)check;
+  }
 
   // ---- Dense ops -----------------------------------------------------------------------
   // out: [n, H] f32 = rows ids: [n] i32 of table: [V, H] (f32/bf16). Ids are checked by callers.

@@ -4,9 +4,12 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "afd/common/cuda_check.h"
@@ -37,6 +40,9 @@ struct CudaBackend::State {
   void* staging = nullptr;
   size_t staging_pos = 0;
   bool capturing = false;
+  // WatchWaits: 0 = block in cudaStreamSynchronize; else poll, bounded, calling wait_check.
+  double wait_timeout_s = 0;
+  std::function<void()> wait_check;
   // Profiling: op names with the index of their start event (the end event follows it).
   bool profiling = false;
   std::vector<cudaEvent_t> events;
@@ -259,9 +265,43 @@ void CudaBackend::Fill(const Tensor& dst, float value) {
   LaunchFill(dst.data_as<float>(), dst.numel(), value, state_->stream);
 }
 
+void CudaBackend::WatchWaits(double timeout_s, std::function<void()> check) {
+  AFD_CHECK(timeout_s > 0, "{}: WatchWaits needs a positive timeout, got {}", name_, timeout_s);
+  state_->wait_timeout_s = timeout_s;
+  state_->wait_check = std::move(check);
+}
+
 void CudaBackend::Synchronize() {
   AFD_CHECK(!state_->capturing, "Synchronize while capturing a graph");
-  AFD_CUDA_CHECK(cudaStreamSynchronize(state_->stream));
+  if (state_->wait_timeout_s <= 0) {
+    AFD_CUDA_CHECK(cudaStreamSynchronize(state_->stream));
+  } else {
+    // Polled: yield for the first 50 ms (a step's work ends within them: no sleep adds to its
+    // latency), then sleep 50 us between queries; the check runs every 100 ms and the wait
+    // ends at the timeout.
+    using Clock = std::chrono::steady_clock;
+    const auto start = Clock::now();
+    auto next_check = start + std::chrono::milliseconds(100);
+    while (true) {
+      const cudaError_t e = cudaStreamQuery(state_->stream);
+      if (e == cudaSuccess) break;
+      AFD_CHECK(e == cudaErrorNotReady, "{}: the stream failed: {}", name_, cudaGetErrorString(e));
+      const auto now = Clock::now();
+      if (now >= next_check) {
+        if (state_->wait_check) state_->wait_check();
+        next_check = now + std::chrono::milliseconds(100);
+      }
+      AFD_CHECK(std::chrono::duration<double>(now - start).count() < state_->wait_timeout_s,
+                "{}: the device's work did not finish within {}s (a transfer with a peer that "
+                "stopped?)",
+                name_, state_->wait_timeout_s);
+      if (now - start < std::chrono::milliseconds(50)) {
+        std::this_thread::yield();
+      } else {
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+      }
+    }
+  }
   AFD_CUDA_CHECK(cudaGetLastError());
   state_->staging_pos = 0;  // every staged copy has completed
 }

@@ -33,6 +33,7 @@ class CudaBackend : public Backend {
   void Copy(const Tensor& dst, const Tensor& src) override;
   void Fill(const Tensor& dst, float value) override;
   void Synchronize() override;
+  void WatchWaits(double timeout_s, std::function<void()> check) override;
   void BindThread() override;
   MemoryInfo DeviceMemory() const override;
 
