@@ -1,6 +1,5 @@
 // The rank processes `afd run --topology` starts: which CUDA device each gets.
 #include <gtest/gtest.h>
-
 #include <unistd.h>
 
 #include <algorithm>
@@ -130,6 +129,21 @@ TEST(ServeSpec, CudaDevicesGoToTheLocalRanksInOrder) {
               std::string::npos)
         << e.what();
   }
+}
+
+}  // namespace
+}  // namespace afd::deploy
+
+namespace afd::deploy {
+namespace {
+
+TEST(DeploymentSpec, NumGpusCountsDistinctDevices) {
+  DeploymentSpec spec;
+  EXPECT_EQ(NumGpus(spec), 0);  // CPU ranks
+  spec.cuda = true;
+  EXPECT_EQ(NumGpus(spec), 1);  // every rank on --cuda-device
+  spec.cuda_devices = {0, 1, 1, 3};
+  EXPECT_EQ(NumGpus(spec), 3);
 }
 
 }  // namespace

@@ -103,24 +103,33 @@ void RunOnTopology(const BenchArgs& a, const std::vector<int64_t>& batches, int&
     exit_code = 1;
     return;
   }
+  // Per GPU: what a deployment over several GPUs is compared with (one GPU doing everything).
+  const int gpus = deploy::NumGpus(spec);
   if (a.json) {
     nlohmann::ordered_json j = JsonHead(a, a.device);
     j["topology"] = a.deployment.topology;
+    if (gpus > 0) j["gpus"] = gpus;
     j["rows"] = nlohmann::ordered_json::array();
     for (const deploy::DeploymentBenchRow& r : rows) {
-      j["rows"].push_back({{"batch", r.batch},
-                           {"ms_per_step", r.ms_per_step},
-                           {"tokens_per_s", r.tokens_per_s},
-                           {"prefill_tokens_per_s", r.prefill_tokens_per_s}});
+      nlohmann::ordered_json row = {{"batch", r.batch},
+                                    {"ms_per_step", r.ms_per_step},
+                                    {"tokens_per_s", r.tokens_per_s},
+                                    {"prefill_tokens_per_s", r.prefill_tokens_per_s}};
+      if (gpus > 0) row["tokens_per_s_per_gpu"] = r.tokens_per_s / gpus;
+      j["rows"].push_back(row);
     }
     std::cout << j.dump() << "\n";
   } else {
-    std::cout << fmt::format("{} | {} | {} | context {}\n", a.model, a.device,
-                             a.deployment.topology, a.options.context);
-    std::cout << "batch  ms/step  tokens/s  prefill tok/s\n";
+    std::cout << fmt::format("{} | {} | {}{} | context {}\n", a.model, a.device,
+                             a.deployment.topology,
+                             gpus > 0 ? fmt::format(" on {} GPU(s)", gpus) : "", a.options.context);
+    std::cout << "batch  ms/step  tokens/s  prefill tok/s" << (gpus > 0 ? "  tok/s/GPU" : "")
+              << "\n";
     for (const deploy::DeploymentBenchRow& r : rows) {
-      std::cout << fmt::format("{:5}  {:7.3f}  {:8.1f}  {:13.1f}\n", r.batch, r.ms_per_step,
+      std::cout << fmt::format("{:5}  {:7.3f}  {:8.1f}  {:13.1f}", r.batch, r.ms_per_step,
                                r.tokens_per_s, r.prefill_tokens_per_s);
+      if (gpus > 0) std::cout << fmt::format("  {:9.1f}", r.tokens_per_s / gpus);
+      std::cout << "\n";
     }
   }
   exit_code = 0;

@@ -54,6 +54,14 @@ std::string RoleConfig(const json& base, Role role, int port, int A, int F, bool
 
 }  // namespace
 
+int NumGpus(const DeploymentSpec& spec) {
+  if (!spec.cuda) return 0;
+  if (spec.cuda_devices.empty()) return 1;
+  std::vector<int> d = spec.cuda_devices;
+  std::sort(d.begin(), d.end());
+  return static_cast<int>(std::unique(d.begin(), d.end()) - d.begin());
+}
+
 std::vector<std::string> CudaWorkerFlags(const DeploymentSpec& spec, int cuda_device,
                                          const std::string& dtype) {
   std::vector<std::string> flags = {"--device", "cuda"};

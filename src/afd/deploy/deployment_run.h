@@ -32,6 +32,10 @@ struct DeploymentResult {
   std::vector<int32_t> output_ids;
 };
 
+// GPUs a deployment's ranks run on: the distinct devices of spec.cuda_devices, 1 when every rank
+// shares --cuda-device, 0 on the CPU (for tokens/s per GPU).
+int NumGpus(const DeploymentSpec& spec);
+
 // The worker flags that put a deployment's ranks on GPUs: --device cuda, --cuda-device
 // `cuda_device` unless spec.cuda_devices places each rank, --dtype `dtype` when given.
 std::vector<std::string> CudaWorkerFlags(const DeploymentSpec& spec, int cuda_device,
