@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Scores afd against a bf16 reference (tools/golden/make_bf16_reference.py) with seed 001's
-method: for each sequence, afd's logits of every position (afd run --dump-logits), then top-1
-agreement and mean |p_afd(next) - p_ref(next)| over all positions.
+method: for each sequence (a prompt and the reference's greedy continuation), afd's logits of
+every position (afd run --dump-logits), then top-1 agreement and mean |p_afd(next) -
+p_ref(next)| over the scored positions (the reference's "score_from" on).
 Usage: score_bf16.py AFD CASE_DIR REFERENCE_JSON WORK_DIR [afd run flags...]
 Prints one line and exits 1 when top-1 agreement < 99% or the mean difference > 1%."""
 import json
@@ -20,10 +21,13 @@ for i, seq in enumerate(ref["sequences"]):
     subprocess.run([afd, "run", "--model", case_dir, "--prompt-ids", ",".join(map(str, seq)),
                     "--max-tokens", "1", "--dump-logits", npy] + flags,
                    check=True, stdout=subprocess.DEVNULL)
-    logits = np.load(npy).astype(np.float64)[:-1]
+    # Positions score_from.. (the generated part with seed 001's method; older references
+    # scored every position).
+    start = ref.get("score_from", 0)
+    logits = np.load(npy).astype(np.float64)[:-1][start:]
     probs = np.exp(logits - logits.max(-1, keepdims=True))
     probs /= probs.sum(-1, keepdims=True)
-    nxt = np.array(seq[1:])
+    nxt = np.array(seq[1:][start:])
     p = probs[np.arange(len(nxt)), nxt]
     diff += float(np.abs(p - np.array(ref["p_next"][i])).sum())
     agree += int((logits.argmax(-1) == np.array(ref["top1"][i])).sum())
