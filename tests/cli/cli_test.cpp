@@ -80,6 +80,23 @@ TEST(Cli, ConnectorThatCannotRunHereIsRefusedAtStartup) {
   EXPECT_NE(r.out.find("window \"nccl\""), std::string::npos) << r.out;
 }
 
+// --cuda-devices places ranks on GPUs: CPU runs refuse it before anything starts (exit 2).
+TEST(Cli, CudaDevicesNeedCudaRanks) {
+  const std::string ffn = Quote(
+      R"({"afd": {"role": "ffn", "connector": "P2pHostAFDConnector", "num_attention_ranks": 1, )"
+      R"("num_ffn_ranks": 1, "port": 1}})");
+  for (const std::string& cmd : std::vector<std::string>{
+           "serve --model preset:tiny --cuda-devices 0 --additional-config " + ffn,
+           "run --model preset:tiny --prompt-ids 1,2 --max-tokens 1 --topology 1A1F "
+           "--cuda-devices 0,1",
+           "run --model preset:tiny --prompt-ids 1,2 --max-tokens 1 --cuda-devices 0",
+           "bench decode --model preset:tiny --batch 1 --steps 1 --cuda-devices 0"}) {
+    const Result r = RunAfd(cmd);
+    EXPECT_NE(r.exit_code, 0) << cmd << "\n" << r.out;
+    EXPECT_NE(r.out.find("--cuda-devices"), std::string::npos) << cmd << "\n" << r.out;
+  }
+}
+
 TEST(Cli, VersionAndHelp) {
   Result r = RunAfd("--version");
   EXPECT_EQ(r.exit_code, 0);
