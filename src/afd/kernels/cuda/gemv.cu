@@ -28,6 +28,20 @@ __device__ __forceinline__ void Load8RoundedBf16(const float* p, float* out) {
   for (int i = 0; i < 8; ++i) out[i] = __bfloat162float(__float2bfloat16_rn(v[i]));
 }
 
+// The end of a one-warp-per-column GEMV: each lane's partial sums of the rows, added over the
+// warp in a fixed order, stored by lane 0 into column `y` (row stride m).
+template <int kRowsMax>
+__device__ __forceinline__ void StoreWarpSums(const float (&acc)[kRowsMax], int rows, int lane,
+                                              float* y, int64_t m) {
+#pragma unroll
+  for (int r = 0; r < kRowsMax; ++r) {
+    if (r >= rows) break;
+    float v = acc[r];
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if (lane == 0) y[r * m] = v;
+  }
+}
+
 template <int kRowsMax>
 __global__ void __launch_bounds__(kWarps * 32)
     GemvBf16(const float* x, int rows, int64_t k, const __nv_bfloat16* w, int64_t m, float* y) {
@@ -66,13 +80,7 @@ __global__ void __launch_bounds__(kWarps * 32)
       for (int i = 0; i < 8; ++i) acc[r] += fa[i] * xa[i];
     }
   }
-#pragma unroll
-  for (int r = 0; r < kRowsMax; ++r) {
-    if (r >= rows) break;
-    float v = acc[r];
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    if (lane == 0) y[r * m + c] = v;
-  }
+  StoreWarpSums<kRowsMax>(acc, rows, lane, y + c, m);
 }
 
 // The fp32-weight form (the router gate, and every Linear with --dtype fp32): one warp per output
@@ -94,13 +102,7 @@ __global__ void __launch_bounds__(kWarps * 32)
       acc[r] += wv.x * xv.x + wv.y * xv.y + wv.z * xv.z + wv.w * xv.w;
     }
   }
-#pragma unroll
-  for (int r = 0; r < kRowsMax; ++r) {
-    if (r >= rows) break;
-    float v = acc[r];
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    if (lane == 0) y[r * m + c] = v;
-  }
+  StoreWarpSums<kRowsMax>(acc, rows, lane, y + c, m);
 }
 
 }  // namespace
