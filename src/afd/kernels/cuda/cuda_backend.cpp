@@ -1,6 +1,7 @@
 #include "afd/kernels/cuda/cuda_backend.h"
 
 #include <cublas_v2.h>
+#include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -328,7 +329,12 @@ std::unique_ptr<OpGraph> CudaBackend::EndCapture() {
   return std::make_unique<CudaGraph>(graph, exec, state_->stream);
 }
 
-void CudaBackend::SetProfiling(bool on) { state_->profiling = on; }
+// The profiled ops are also the range an external profiler sees: `ncu --profile-from-start off`
+// on `afd bench decode --profile` times the kernels of the decode steps only (no-op without one).
+void CudaBackend::SetProfiling(bool on) {
+  if (on != state_->profiling) AFD_CUDA_CHECK(on ? cudaProfilerStart() : cudaProfilerStop());
+  state_->profiling = on;
+}
 
 std::vector<OpTime> CudaBackend::TakeProfile() {
   Synchronize();
