@@ -270,8 +270,8 @@ struct MlaSetup {
   RopeSpec rope;
 };
 
-MlaSetup MakeMla(Ctx& c, int64_t seqs, int64_t len, Result* write_check) {
-  MlaSetup s;
+// `s` gives the shapes (its defaults are small ones).
+MlaSetup MakeMla(Ctx& c, int64_t seqs, int64_t len, Result* write_check, MlaSetup s = {}) {
   const int64_t width = s.kvr + s.dr, blocks_per_seq = (len + s.block - 1) / s.block;
   const int64_t num_blocks = seqs * blocks_per_seq + 3;
   s.inv.resize(s.dr / 2);
@@ -347,8 +347,9 @@ Result MlaCacheWrite(Ctx& c) {
 
 // Attention of heads [h0, h1) for the last token of each sequence, against the expanded
 // (non-absorbed) form: k_j = W_k·c_j, v_j = W_v·c_j.
-Result MlaAttention(Ctx& c, int64_t h0, int64_t h1, int64_t seqs = 3, int64_t len = 11) {
-  MlaSetup s = MakeMla(c, seqs, len, nullptr);
+Result MlaAttention(Ctx& c, int64_t h0, int64_t h1, int64_t seqs = 3, int64_t len = 11,
+                    MlaSetup shapes = {}) {
+  MlaSetup s = MakeMla(c, seqs, len, nullptr, std::move(shapes));
   const int64_t width = s.kvr + s.dr, qk = s.dn + s.dr, nh = h1 - h0;
   std::vector<float> q = c.Randn(seqs * s.heads * qk);
   const Tensor out = c.Alloc(DType::kF32, {seqs, nh * s.dv});
@@ -580,10 +581,15 @@ Result Moe(Ctx& c, int64_t n, int64_t num_experts, int64_t k, int64_t h, int64_t
   return Result(num / den, 1e-4);
 }
 
-Result LogSoftmaxAt(Ctx& c) {
-  const int64_t n = 4, v = 1000;
+// Rows of v logits (the GPU reduces them in chunks of 4096); above 8192, row 1 starts with a
+// whole chunk of -inf.
+Result LogSoftmaxAt(Ctx& c, int64_t v) {
+  const int64_t n = 4;
   std::vector<float> logits = c.Randn(n * v, 4.0f);
-  std::vector<int32_t> ids = {0, 999, 17, 500};
+  if (v > 8192) {
+    for (int64_t j = 0; j < 5000; ++j) logits[v + j] = -INFINITY;
+  }
+  std::vector<int32_t> ids = {0, static_cast<int32_t>(v - 1), 17, static_cast<int32_t>(v / 2)};
   const Tensor out = c.Alloc(DType::kF32, {n});
   c.b.LogSoftmaxAt(c.Up(logits, DType::kF32, {n, v}), c.Up(ids, DType::kI32, {n}), out);
   std::vector<double> want(n);
@@ -594,6 +600,33 @@ Result LogSoftmaxAt(Ctx& c) {
     want[i] = logits[i * v + ids[i]] - mx - std::log(sum);
   }
   return Result(RelErr(c.Down<float>(out), want), 1e-6);
+}
+
+// Greedy over rows of 20000 logits (several of the GPU's chunks): the first maximum wins across
+// chunks, NaN never wins, a row of -inf gives 0.
+Result GreedyLongRows(Ctx& c) {
+  const int64_t v = 20000;
+  const float nan = std::nanf("");
+  std::vector<float> logits = c.Randn(5 * v, 1.0f);
+  std::vector<int32_t> want = {19999, 3, 8192, 0, 4097};
+  logits[0 * v + 19999] = 50.0f;  // max in the last chunk
+  logits[1 * v + 3] = 50.0f;      // a tie across chunks: the first wins
+  logits[1 * v + 12000] = 50.0f;
+  for (int64_t j = 0; j < v; ++j) logits[2 * v + j] = nan;  // NaN everywhere but one value
+  logits[2 * v + 8192] = -1.0f;
+  for (int64_t j = 0; j < v; ++j) logits[3 * v + j] = -INFINITY;
+  logits[4 * v + 4097] = 50.0f;  // a tie inside a chunk and with a later one
+  logits[4 * v + 4098] = 50.0f;
+  logits[4 * v + 9000] = 50.0f;
+  const Tensor ids = c.Alloc(DType::kI32, {5});
+  c.b.Sample(c.Up(logits, DType::kF32, {5, v}), std::vector<SampleRow>(5, SampleRow{}), ids);
+  const auto got = c.Down<int32_t>(ids);
+  for (size_t i = 0; i < want.size(); ++i) {
+    if (got[i] != want[i]) {
+      return Result::Fail(fmt::format("row {}: {} instead of {}", i, got[i], want[i]));
+    }
+  }
+  return Result(0.0, 0.0);
 }
 
 // Greedy, top-k 1, NaN rows, and inverse-CDF sampling at chosen u on a known distribution.
@@ -664,8 +697,18 @@ std::vector<Case> CheckCases() {
       // A few rows, K % 4 == 0: the GPU's fp32 GEMV (the router gate's path).
       {"Linear", "f32 3x64->65", [](Ctx& c) { return Linear(c, 3, 64, 65, D::kF32); }},
       {"Linear", "f32 1x2048->64", [](Ctx& c) { return Linear(c, 1, 2048, 64, D::kF32); }},
+      // The GPU's GEMVs (<= 8 rows): x staged in shared memory up to 48 KB, else read per row;
+      // K past one batch of loads (2048 bf16 / 1024 f32 per warp) and not a whole batch.
+      {"Linear", "bf16 1x2048->300", [](Ctx& c) { return Linear(c, 1, 2048, 300, D::kBF16); }},
+      {"Linear", "bf16 5x2600->77", [](Ctx& c) { return Linear(c, 5, 2600, 77, D::kBF16); }},
+      {"Linear", "bf16 8x4096->40", [](Ctx& c) { return Linear(c, 8, 4096, 40, D::kBF16); }},
+      {"Linear", "f32 8x2048->33", [](Ctx& c) { return Linear(c, 8, 2048, 33, D::kF32); }},
+      {"Linear", "f32 2x1500->19", [](Ctx& c) { return Linear(c, 2, 1500, 19, D::kF32); }},
       {"Embedding", "bf16 9 of 50x24", [](Ctx& c) { return Embedding(c, 9, 50, 24); }},
       {"RmsNorm", "5x96 in place", [](Ctx& c) { return RmsNorm(c, 5, 96); }},
+      // Widths not a multiple of 4 (the GPU's scalar form) and past what a thread holds.
+      {"RmsNorm", "3x50 in place", [](Ctx& c) { return RmsNorm(c, 3, 50); }},
+      {"RmsNorm", "2x4100 in place", [](Ctx& c) { return RmsNorm(c, 2, 4100); }},
       {"SiluMul+Add", "3x40", [](Ctx& c) { return AddSilu(c, 3, 40); }},
       {"Rope", "interleaved", [](Ctx& c) { return Rope(c, true); }},
       {"Rope", "half split", [](Ctx& c) { return Rope(c, false); }},
@@ -681,6 +724,20 @@ std::vector<Case> CheckCases() {
       {"MlaAttention", "11 seqs, heads [1, 4)",
        [](Ctx& c) { return MlaAttention(c, 1, 4, 11, 6); }},
       {"MlaAttention", "40 seqs", [](Ctx& c) { return MlaAttention(c, 0, 4, 40, 5); }},
+      // DeepSeek's latent width (512 + 64) and a second, partial group of heads (16 + 4), over
+      // several chunks of positions with a partial last one, at decode and small-batch sizes.
+      {"MlaAttention", "20 heads, 512 + 64, 2 seqs x 150",
+       [](Ctx& c) {
+         MlaSetup wide;
+         wide.heads = 20, wide.dn = 16, wide.dv = 8, wide.kvr = 512, wide.dr = 64, wide.block = 64;
+         return MlaAttention(c, 0, 20, 2, 150, std::move(wide));
+       }},
+      {"MlaAttention", "16 heads, 512 + 64, 1 seq x 37",
+       [](Ctx& c) {
+         MlaSetup wide;
+         wide.heads = 16, wide.dn = 16, wide.dv = 8, wide.kvr = 512, wide.dr = 64, wide.block = 16;
+         return MlaAttention(c, 0, 16, 1, 37, std::move(wide));
+       }},
       {"RouterTopk", "softmax greedy",
        [](Ctx& c) { return Router(c, RouterScoring::kSoftmax, false); }},
       {"RouterTopk", "softmax group-limited",
@@ -717,7 +774,9 @@ std::vector<Case> CheckCases() {
       // Over 256 rows per expert on average: the GPU's WMMA path.
       {"MoePermute+GroupedExpertMlp+MoeCombine", "600 tokens, top-4 of 8, 64x96",
        [](Ctx& c) { return Moe(c, 600, 8, 4, 64, 96, 0, 8); }},
-      {"LogSoftmaxAt", "4x1000", LogSoftmaxAt},
+      {"LogSoftmaxAt", "4x1000", [](Ctx& c) { return LogSoftmaxAt(c, 1000); }},
+      {"LogSoftmaxAt", "4x20000", [](Ctx& c) { return LogSoftmaxAt(c, 20000); }},
+      {"Sample", "greedy over 20000 logits", GreedyLongRows},
       {"Sample", "greedy, NaN, top-k, top-p, cdf", Sample},
       // One sampled row: parameter arrays of odd sizes must stay aligned on the device.
       {"Sample", "one sampled row", SampleOneRow},

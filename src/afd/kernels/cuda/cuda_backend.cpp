@@ -100,6 +100,7 @@ enum ScratchSlot {
   kMoeAct,
   kMlaPartial,
   kMlaLatent,
+  kSampleReduce,
   kNumSlots
 };
 
@@ -559,14 +560,16 @@ void CudaBackend::LogSoftmaxAt(const Tensor& logits, const Tensor& ids, const Te
   const auto [n, v] = CheckLogSoftmaxAt(device(), logits, ids, out);
   const OpScope scope(*this, "LogSoftmaxAt");
   LaunchLogSoftmaxAt(logits.data_as<const float>(), n, v, ids.data_as<const int32_t>(),
-                     out.data_as<float>(), state_->stream);
+                     out.data_as<float>(), Scratch(kSampleReduce, SampleReduceBytes(n, v)),
+                     state_->stream);
 }
 
 void CudaBackend::Sample(const Tensor& logits, const std::vector<SampleRow>& rows,
                          const Tensor& ids) {
   const auto [n, v] = CheckSample(device(), logits, rows, ids);
   const OpScope scope(*this, "Sample");
-  LaunchArgMax(logits.data_as<const float>(), n, v, ids.data_as<int32_t>(), state_->stream);
+  LaunchArgMax(logits.data_as<const float>(), n, v, ids.data_as<int32_t>(),
+               Scratch(kSampleReduce, SampleReduceBytes(n, v)), state_->stream);
   const bool any_sampled =
       std::any_of(rows.begin(), rows.end(), [](const SampleRow& r) { return r.temperature > 0; });
   if (!any_sampled || n == 0) return;

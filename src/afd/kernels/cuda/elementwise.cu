@@ -2,6 +2,9 @@
 // embedding, row gather, RMSNorm.
 #include <cuda_bf16.h>
 
+#include <cstdint>
+#include <type_traits>
+
 #include "afd/common/cuda_check.h"
 #include "afd/kernels/cuda/launch.cuh"
 
@@ -69,13 +72,54 @@ __device__ float BlockSum(float v) {
   return total;
 }
 
+// One block per row. kVec = 4: 16-byte loads (d % 4 == 0, aligned rows), a thread's first
+// kHeld vectors kept in registers between the sum of squares and the scaling.
+template <int kVec>
 __global__ void RmsNorm(const float* x, int64_t d, const float* w, float eps, float* out) {
-  const float* xr = x + blockIdx.x * d;
+  using V = std::conditional_t<kVec == 4, float4, float>;
+  constexpr int kHeld = 4;
+  const int64_t dv = d / kVec;
+  const V* xr = reinterpret_cast<const V*>(x + blockIdx.x * d);
+  V held[kHeld];
   float ss = 0.0f;
-  for (int64_t j = threadIdx.x; j < d; j += blockDim.x) ss += xr[j] * xr[j];
+#pragma unroll
+  for (int u = 0; u < kHeld; ++u) {
+    const int64_t j = threadIdx.x + int64_t(u) * blockDim.x;
+    if (j < dv) held[u] = xr[j];
+  }
+#pragma unroll
+  for (int u = 0; u < kHeld; ++u) {
+    const int64_t j = threadIdx.x + int64_t(u) * blockDim.x;
+    if (j >= dv) break;
+    const float* e = reinterpret_cast<const float*>(&held[u]);
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) ss += e[i] * e[i];
+  }
+  for (int64_t j = threadIdx.x + int64_t(kHeld) * blockDim.x; j < dv; j += blockDim.x) {
+    const V v = xr[j];
+    const float* e = reinterpret_cast<const float*>(&v);
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) ss += e[i] * e[i];
+  }
   const float inv = rsqrtf(BlockSum(ss) / d + eps);
-  for (int64_t j = threadIdx.x; j < d; j += blockDim.x)
-    out[blockIdx.x * d + j] = w[j] * (xr[j] * inv);
+  V* o = reinterpret_cast<V*>(out + blockIdx.x * d);
+  const V* wv = reinterpret_cast<const V*>(w);
+  const auto scale = [&](int64_t j, V v) {
+    const V g = wv[j];
+    float* e = reinterpret_cast<float*>(&v);
+    const float* ge = reinterpret_cast<const float*>(&g);
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) e[i] = ge[i] * (e[i] * inv);
+    o[j] = v;
+  };
+#pragma unroll
+  for (int u = 0; u < kHeld; ++u) {
+    const int64_t j = threadIdx.x + int64_t(u) * blockDim.x;
+    if (j < dv) scale(j, held[u]);
+  }
+  for (int64_t j = threadIdx.x + int64_t(kHeld) * blockDim.x; j < dv; j += blockDim.x) {
+    scale(j, xr[j]);
+  }
 }
 
 }  // namespace
@@ -126,7 +170,14 @@ void LaunchGatherRows(const float* x, const int32_t* index, int64_t m, int64_t h
 void LaunchRmsNorm(const float* x, int64_t n, int64_t d, const float* w, float eps, float* out,
                    cudaStream_t s) {
   if (n == 0) return;
-  RmsNorm<<<static_cast<unsigned>(n), kThreads, 0, s>>>(x, d, w, eps, out);
+  const bool vec4 = d % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+                    reinterpret_cast<uintptr_t>(w) % 16 == 0 &&
+                    reinterpret_cast<uintptr_t>(out) % 16 == 0;
+  if (vec4) {
+    RmsNorm<4><<<static_cast<unsigned>(n), kThreads, 0, s>>>(x, d, w, eps, out);
+  } else {
+    RmsNorm<1><<<static_cast<unsigned>(n), kThreads, 0, s>>>(x, d, w, eps, out);
+  }
   CheckLaunch("RmsNorm");
 }
 

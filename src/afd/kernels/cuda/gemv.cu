@@ -18,11 +18,9 @@ namespace {
 
 constexpr int kWarps = 8;
 
-// The 8 floats of x at p (16-byte aligned), each rounded to bf16 (as LaunchToBf16 does before a
-// cuBLAS bf16 GEMM: the same products either way).
-__device__ __forceinline__ void Load8RoundedBf16(const float* p, float* out) {
-  const float4 a = *reinterpret_cast<const float4*>(p);
-  const float4 b = *reinterpret_cast<const float4*>(p + 4);
+// The 8 floats a | b, each rounded to bf16 (as LaunchToBf16 does before a cuBLAS bf16 GEMM:
+// the same products either way).
+__device__ __forceinline__ void RoundToBf16(const float4& a, const float4& b, float* out) {
   const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
 #pragma unroll
   for (int i = 0; i < 8; ++i) out[i] = __bfloat162float(__float2bfloat16_rn(v[i]));
@@ -42,65 +40,138 @@ __device__ __forceinline__ void StoreWarpSums(const float (&acc)[kRowsMax], int 
   }
 }
 
-template <int kRowsMax>
+// Each lane issues kLoads 16-byte weight loads before using any (a 2048-wide row is one round
+// trip): at decode sizes these kernels are bound by load latency, not bandwidth. The bf16 form
+// stages x once per block in shared memory, rounded to bf16 (kStageX, when rows x K fits in
+// kStageBytes), while the first weight loads are in flight; otherwise each row of x is loaded
+// from L1/L2 in the same batches.
+constexpr int kLoads = 8;
+constexpr int64_t kStageBytes = 48 * 1024;
+
+// The kLoads weight vectors of lane slab k0 (those past k are left alone).
+__device__ __forceinline__ void LoadWeights(const __nv_bfloat16* wc, int64_t k0, int64_t k,
+                                            uint4 (&wv)[kLoads]) {
+#pragma unroll
+  for (int u = 0; u < kLoads; ++u) {
+    if (k0 + u * 32 * 8 < k) wv[u] = *reinterpret_cast<const uint4*>(wc + k0 + u * 32 * 8);
+  }
+}
+
+template <int kRowsMax, bool kStageX>
 __global__ void __launch_bounds__(kWarps * 32)
     GemvBf16(const float* x, int rows, int64_t k, const __nv_bfloat16* w, int64_t m, float* y) {
+  extern __shared__ uint4 xs4[];  // kStageX: x [rows, k] as bf16
   const int lane = threadIdx.x & 31;
   const int64_t c = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
-  if (c >= m) return;
-  const __nv_bfloat16* wc = w + c * k;
-  float acc[kRowsMax] = {};
+  const bool active = c < m;
+  const __nv_bfloat16* wc = w + (active ? c : 0) * k;
+  uint4 wv[kLoads];
   int64_t k0 = int64_t(lane) * 8;
-  // Two weight loads in flight per lane per iteration.
-  for (; k0 + 32 * 8 < k; k0 += 2 * 32 * 8) {
-    const uint4 wa = *reinterpret_cast<const uint4*>(wc + k0);
-    const uint4 wb = *reinterpret_cast<const uint4*>(wc + k0 + 32 * 8);
-    float fa[8], fb[8];
-    Unpack8Bf16(wa, fa);
-    Unpack8Bf16(wb, fb);
-#pragma unroll
-    for (int r = 0; r < kRowsMax; ++r) {
-      if (r >= rows) break;
-      float xa[8], xb[8];
-      Load8RoundedBf16(x + r * k + k0, xa);
-      Load8RoundedBf16(x + r * k + k0 + 32 * 8, xb);
-#pragma unroll
-      for (int i = 0; i < 8; ++i) acc[r] += fa[i] * xa[i] + fb[i] * xb[i];
-    }
-  }
-  for (; k0 < k; k0 += 32 * 8) {
-    float fa[8];
-    Unpack8Bf16(*reinterpret_cast<const uint4*>(wc + k0), fa);
-#pragma unroll
-    for (int r = 0; r < kRowsMax; ++r) {
-      if (r >= rows) break;
+  if (active) LoadWeights(wc, k0, k, wv);
+  if constexpr (kStageX) {
+    for (int64_t i = threadIdx.x; i < rows * k / 8; i += blockDim.x) {
       float xa[8];
-      Load8RoundedBf16(x + r * k + k0, xa);
+      RoundToBf16(reinterpret_cast<const float4*>(x)[2 * i],
+                  reinterpret_cast<const float4*>(x)[2 * i + 1], xa);
+      uint4 packed;
+      __nv_bfloat162* p = reinterpret_cast<__nv_bfloat162*>(&packed);
 #pragma unroll
-      for (int i = 0; i < 8; ++i) acc[r] += fa[i] * xa[i];
+      for (int e = 0; e < 4; ++e) p[e] = __floats2bfloat162_rn(xa[2 * e], xa[2 * e + 1]);
+      xs4[i] = packed;
     }
+    __syncthreads();
+  }
+  if (!active) return;
+  float acc[kRowsMax] = {};
+  for (;;) {
+#pragma unroll
+    for (int r = 0; r < kRowsMax; ++r) {
+      if (r >= rows) break;
+      float4 xv[kStageX ? 1 : kLoads][2];
+      if constexpr (!kStageX) {
+#pragma unroll
+        for (int u = 0; u < kLoads; ++u) {
+          if (k0 + u * 32 * 8 < k) {
+            const float* xp = x + r * k + k0 + u * 32 * 8;
+            xv[u][0] = *reinterpret_cast<const float4*>(xp);
+            xv[u][1] = *reinterpret_cast<const float4*>(xp + 4);
+          }
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kLoads; ++u) {
+        const int64_t kk = k0 + u * 32 * 8;
+        if (kk < k) {
+          float f[8], xa[8];
+          Unpack8Bf16(wv[u], f);
+          if constexpr (kStageX) {
+            Unpack8Bf16(xs4[(r * k + kk) / 8], xa);
+          } else {
+            RoundToBf16(xv[u][0], xv[u][1], xa);
+          }
+#pragma unroll
+          for (int i = 0; i < 8; ++i) acc[r] += f[i] * xa[i];
+        }
+      }
+    }
+    k0 += kLoads * 32 * 8;
+    if (k0 >= k) break;
+    LoadWeights(wc, k0, k, wv);
   }
   StoreWarpSums<kRowsMax>(acc, rows, lane, y + c, m);
 }
 
 // The fp32-weight form (the router gate, and every Linear with --dtype fp32): one warp per output
-// column, 16-byte loads of the weight row, the rows of x (fp32) from L1/L2.
-template <int kRowsMax>
+// column, kLoads 16-byte weight loads in flight per lane, x staged in shared memory as it is
+// (kStageX) or loaded from L1/L2 per row in the same batches.
+template <int kRowsMax, bool kStageX>
 __global__ void __launch_bounds__(kWarps * 32)
     GemvF32(const float* x, int rows, int64_t k, const float* w, int64_t m, float* y) {
+  extern __shared__ float4 xf4[];  // kStageX: x [rows, k]
   const int lane = threadIdx.x & 31;
   const int64_t c = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
-  if (c >= m) return;
-  const float* wc = w + c * k;
+  const bool active = c < m;
+  const float* wc = w + (active ? c : 0) * k;
+  float4 wv[kLoads];
+  int64_t k0 = int64_t(lane) * 4;
+  const auto load_weights = [&] {
+#pragma unroll
+    for (int u = 0; u < kLoads; ++u) {
+      if (k0 + u * 32 * 4 < k) wv[u] = *reinterpret_cast<const float4*>(wc + k0 + u * 32 * 4);
+    }
+  };
+  if (active) load_weights();
+  if constexpr (kStageX) {
+    for (int64_t i = threadIdx.x; i < rows * k / 4; i += blockDim.x) {
+      xf4[i] = reinterpret_cast<const float4*>(x)[i];
+    }
+    __syncthreads();
+  }
+  if (!active) return;
   float acc[kRowsMax] = {};
-  for (int64_t k0 = int64_t(lane) * 4; k0 < k; k0 += 32 * 4) {
-    const float4 wv = *reinterpret_cast<const float4*>(wc + k0);
+  for (;;) {
 #pragma unroll
     for (int r = 0; r < kRowsMax; ++r) {
       if (r >= rows) break;
-      const float4 xv = *reinterpret_cast<const float4*>(x + r * k + k0);
-      acc[r] += wv.x * xv.x + wv.y * xv.y + wv.z * xv.z + wv.w * xv.w;
+      float4 xv[kLoads];
+#pragma unroll
+      for (int u = 0; u < kLoads; ++u) {
+        const int64_t kk = k0 + u * 32 * 4;
+        if (kk < k) {
+          xv[u] =
+              kStageX ? xf4[(r * k + kk) / 4] : *reinterpret_cast<const float4*>(x + r * k + kk);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kLoads; ++u) {
+        if (k0 + u * 32 * 4 < k) {
+          acc[r] += wv[u].x * xv[u].x + wv[u].y * xv[u].y + wv[u].z * xv[u].z + wv[u].w * xv[u].w;
+        }
+      }
     }
+    k0 += kLoads * 32 * 4;
+    if (k0 >= k) break;
+    load_weights();
   }
   StoreWarpSums<kRowsMax>(acc, rows, lane, y + c, m);
 }
@@ -126,9 +197,15 @@ void LaunchGemvF32(const float* x, int64_t n, int64_t k, const float* w, int64_t
                    cudaStream_t s) {
   AFD_CHECK(GemvF32Fits(n, k), "GemvF32: {} rows of K = {}", n, k);
   const unsigned blocks = static_cast<unsigned>((m + kWarps - 1) / kWarps);
+  const int64_t stage_bytes = n * k * 4;
   ByRowBound(n, [&](auto bound) {
-    GemvF32<decltype(bound)::value>
-        <<<blocks, kWarps * 32, 0, s>>>(x, static_cast<int>(n), k, w, m, y);
+    constexpr int kRows = decltype(bound)::value;
+    if (stage_bytes <= kStageBytes) {
+      GemvF32<kRows, true>
+          <<<blocks, kWarps * 32, stage_bytes, s>>>(x, static_cast<int>(n), k, w, m, y);
+    } else {
+      GemvF32<kRows, false><<<blocks, kWarps * 32, 0, s>>>(x, static_cast<int>(n), k, w, m, y);
+    }
   });
   CheckLaunch("Linear (gemv f32)");
 }
@@ -140,9 +217,15 @@ void LaunchGemvBf16(const float* x, int64_t n, int64_t k, const void* w, int64_t
   AFD_CHECK(GemvFits(n, k), "GemvBf16: {} rows of K = {}", n, k);
   const auto* wb = static_cast<const __nv_bfloat16*>(w);
   const unsigned blocks = static_cast<unsigned>((m + kWarps - 1) / kWarps);
+  const int64_t stage_bytes = n * k * 2;
   ByRowBound(n, [&](auto bound) {
-    GemvBf16<decltype(bound)::value>
-        <<<blocks, kWarps * 32, 0, s>>>(x, static_cast<int>(n), k, wb, m, y);
+    constexpr int kRows = decltype(bound)::value;
+    if (stage_bytes <= kStageBytes) {
+      GemvBf16<kRows, true>
+          <<<blocks, kWarps * 32, stage_bytes, s>>>(x, static_cast<int>(n), k, wb, m, y);
+    } else {
+      GemvBf16<kRows, false><<<blocks, kWarps * 32, 0, s>>>(x, static_cast<int>(n), k, wb, m, y);
+    }
   });
   CheckLaunch("Linear (gemv)");
 }

@@ -101,9 +101,13 @@ void LaunchMoeCombine(const float* y, int64_t h, const int32_t* row_of_slot, con
                       int64_t n, int64_t k, bool accumulate, float* out, cudaStream_t s);
 
 // sample.cu
+// LogSoftmaxAt and ArgMax reduce each row in chunks, then merge the chunks: scratch holds
+// SampleReduceBytes(n, v) of device memory for the chunks' partial results.
+size_t SampleReduceBytes(int64_t n, int64_t v);
 void LaunchLogSoftmaxAt(const float* logits, int64_t n, int64_t v, const int32_t* ids, float* out,
-                        cudaStream_t s);
-void LaunchArgMax(const float* logits, int64_t n, int64_t v, int32_t* ids, cudaStream_t s);
+                        void* scratch, cudaStream_t s);
+void LaunchArgMax(const float* logits, int64_t n, int64_t v, int32_t* ids, void* scratch,
+                  cudaStream_t s);
 // Rows with temperature > 0: sorted (keys descending, NaN as -inf) candidates per row, then the
 // CPU backend's top-k / top-p / inverse-CDF rule with the row's u. params: [n, 4] f32
 // (temperature, top_k, top_p, u as float) ... u kept in double: u: [n] f64.

@@ -63,40 +63,89 @@ __global__ void CacheWrite(const float* ckv, int64_t kvr, const float* norm_w, f
 // Absorbed MLA decode, all heads of a group per block (the heads share every latent row, so
 // each row is read from memory once per token, not once per head). Block (token, head group,
 // split) attends positions [split·span, min((split+1)·span, len)) in chunks of kRows rows:
-// stages the chunk's rows in shared memory, scores thread (h, j) = head h, row j, updates each
+// stages the chunk's rows in shared memory, scores them for every head (below), updates each
 // head's running max and sum, and accumulates o_lat[h][l] in registers (thread owns latent
 // columns l = tid and tid + 256 for every head). q_lat = W_kᵀ·q_nope comes in precomputed
-// ([n, nh, kvr], a batched GEMM). Writes partial[((t·nh + h)·splits + split)] =
-// [m | l | o_lat[kvr]] like the merge below expects; an empty range writes m = -FLT_MAX, l = 0.
-// Shared memory: q[G][stride] | rows[kRows][stride] | p[G][kRows], stride = width + 4 (so the
-// 16-byte row reads of 8 threads hit 32 distinct banks).
+// ([n, nh, kvr]). Writes partial[((t·nh + h)·splits + split)] = [m | l | o_lat[kvr]] like the
+// merge below expects; an empty range writes m = -FLT_MAX, l = 0.
+// Latency, not bandwidth, bounds this at decode sizes, so every global load is issued before any
+// is used: each thread's share of the q rows and of a chunk's rows is loaded into registers in
+// one go (kMaxPer 16-byte loads in flight), and the next chunk's rows are in flight while the
+// current one is scored and accumulated.
+// Scores: thread (th, tj, slice) sums heads 2th, 2th + 1 against rows 2tj, 2tj + 1 over the
+// float4 columns ≡ slice (mod 4), the 4 slices (lanes xor 1, 2) then added by shuffles: a
+// register tile reads a quarter of the shared memory a thread per score did (that took ~5 us
+// a chunk). Warp th holds heads 2th, 2th + 1 for every row, so a head's max and sum over the
+// chunk are shuffles too.
+// Shared memory: q[G][stride] | rows[kRows][stride] | p[G][kRows] (AttnStride).
 constexpr int kAttnThreads = 256;
 constexpr int kGroup = 16;  // heads per block
 constexpr int kRows = 16;   // positions per chunk (kGroup · kRows == kAttnThreads)
 constexpr int kMaxLatent = 2 * kAttnThreads;
+constexpr int kMaxWidth = 640;  // latent + rope dims (DeepSeek: 512 + 64)
+constexpr int kMaxPer = (kRows * kMaxWidth / 4 + kAttnThreads - 1) / kAttnThreads;
+static_assert(kGroup == kRows, "the q rows and a chunk's rows are staged by one helper");
 
-size_t AttnSmemBytes(int64_t width) {
-  return (static_cast<size_t>(kGroup + kRows) * (width + 4) + kGroup * kRows) * sizeof(float);
+// Row stride in shared memory: a multiple of 4 past width (a pad column holds each head's
+// rescale) with stride ≡ 8 (mod 16) floats, so rows 2j and 2j + 2 start 16 banks apart: the
+// 16-byte reads of a quarter-warp in the score loop (2 rows x 4 column slices) hit 32 banks.
+__host__ __device__ int AttnStride(int64_t width) {
+  return static_cast<int>((width + 15) / 16 * 16 + 8);
 }
 
-__global__ void __launch_bounds__(kAttnThreads)
+size_t AttnSmemBytes(int64_t width) {
+  return (static_cast<size_t>(kGroup + kRows) * AttnStride(width) + kGroup * kRows) * sizeof(float);
+}
+
+// Thread tid's share of a [kRows, w4] float4 tile: elements e = tid + u·kAttnThreads, row e / w4.
+// `load(row, c4)` gives the float4. W4: the tile's width when known at compile time (DeepSeek's
+// 512 + 64 = 144 float4: every index is then a multiply-shift), else 0 and w4 at run time.
+template <int W4, typename Load>
+__device__ __forceinline__ void LoadTile(float4 (&v)[kMaxPer], int w4, Load load) {
+  if constexpr (W4 > 0) w4 = W4;
+#pragma unroll
+  for (int u = 0; u < kMaxPer; ++u) {
+    const int e = threadIdx.x + u * kAttnThreads;
+    if (e < kRows * w4) v[u] = load(e / w4, e % w4);
+  }
+}
+
+template <int W4>
+__device__ __forceinline__ void StoreTile(const float4 (&v)[kMaxPer], int w4, int stride,
+                                          float* tile) {
+  if constexpr (W4 > 0) w4 = W4;
+#pragma unroll
+  for (int u = 0; u < kMaxPer; ++u) {
+    const int e = threadIdx.x + u * kAttnThreads;
+    if (e < kRows * w4) {
+      const int r = e / w4, c4 = e % w4;
+      reinterpret_cast<float4*>(tile + r * stride)[c4] = v[u];
+    }
+  }
+}
+
+template <int W4>
+__global__ void __launch_bounds__(kAttnThreads, 2)
     AttentionPartial(const float* q, int64_t heads, const float* q_lat, int64_t kvr, int64_t dn,
                      int64_t dr, PagedArgs t, const float* cache, int64_t h0, int64_t nh,
                      float scale, int64_t span, float* partial) {
   extern __shared__ float4 smem4[];
+  __shared__ int64_t slots[2][kRows];  // cache slots of this chunk's rows and the next one's
   float* smem = reinterpret_cast<float*>(smem4);
-  const int64_t width = kvr + dr, stride = width + 4, w4 = width / 4;
+  const int width = W4 > 0 ? 4 * W4 : static_cast<int>(kvr + dr);
+  const int stride = AttnStride(width), w4 = width / 4;
+  const int kv4 = static_cast<int>(kvr / 4);
   float* qs = smem;                    // [kGroup][stride]
   float* rows = qs + kGroup * stride;  // [kRows][stride]
   float* ps = rows + kRows * stride;   // [kGroup][kRows]
   const int64_t tok = blockIdx.x, g0 = int64_t(blockIdx.y) * kGroup;
-  const int64_t g_count = min(static_cast<int64_t>(kGroup), nh - g0);
+  const int g_count = static_cast<int>(min(static_cast<int64_t>(kGroup), nh - g0));
   const int64_t splits = gridDim.z, split = blockIdx.z;
   const int64_t len = t.positions[tok] + 1, seq = t.seq_index[tok];
   const int64_t j_begin = split * span, j_end = min(len, j_begin + span);
   const int tid = threadIdx.x;
   if (j_begin >= j_end) {
-    for (int64_t h = 0; h < g_count; ++h) {
+    for (int h = 0; h < g_count; ++h) {
       float* part = partial + ((tok * nh + g0 + h) * splits + split) * (kvr + 2);
       if (tid == 0) {
         part[0] = -FLT_MAX;
@@ -106,59 +155,90 @@ __global__ void __launch_bounds__(kAttnThreads)
     }
     return;
   }
-  // q rows of the group: [q_lat | q_pe], zeros for heads past the group's end.
-  for (int64_t i = tid; i < kGroup * width; i += kAttnThreads) {
-    const int64_t h = i / width, c = i % width;
-    float v = 0.0f;
-    if (h < g_count) {
-      v = c < kvr ? q_lat[(tok * nh + g0 + h) * kvr + c]
-                  : q[(tok * heads + h0 + g0 + h) * (dn + dr) + dn + (c - kvr)];
+  const float4 zero4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  const int32_t* table = t.block_tables + seq * t.max_blocks;
+  const int block_size = static_cast<int>(t.block_size);
+  // Threads 0..kRows-1 look up the cache slots of chunk c's rows into slots[c & 1].
+  const auto find_slots = [&](int64_t j0, int c) {
+    if (tid < kRows && j0 + tid < j_end) {
+      const int j = static_cast<int>(j0 + tid);
+      slots[c & 1][tid] = int64_t(table[j / block_size]) * block_size + j % block_size;
     }
-    qs[h * stride + c] = v;
-  }
-  const int my_h = tid / kRows, my_j = tid % kRows;  // score of (head my_h, row my_j)
-  float m = -FLT_MAX, lsum = 0.0f;                   // of head my_h (same in its 16 lanes)
+  };
+  // The rows of chunk c (positions j0 ...; zeros past j_end), as registers.
+  const auto load_chunk = [&](float4(&v)[kMaxPer], int64_t j0, int c) {
+    LoadTile<W4>(v, w4, [&](int jj, int c4) {
+      if (j0 + jj >= j_end) return zero4;
+      return reinterpret_cast<const float4*>(cache + slots[c & 1][jj] * width)[c4];
+    });
+  };
+  float4 v[kMaxPer];
+  find_slots(j_begin, 0);
+  // q rows of the group: [q_lat | q_pe], zeros for heads past the group's end.
+  LoadTile<W4>(v, w4, [&](int h, int c4) {
+    if (h >= g_count) return zero4;
+    if (c4 < kv4) return reinterpret_cast<const float4*>(q_lat + (tok * nh + g0 + h) * kvr)[c4];
+    return reinterpret_cast<const float4*>(q + (tok * heads + h0 + g0 + h) * (dn + dr) +
+                                           dn)[c4 - kv4];
+  });
+  StoreTile<W4>(v, w4, stride, qs);
+  __syncthreads();  // slots[0]
+  load_chunk(v, j_begin, 0);
+  const int slice = tid & 3, tj = (tid >> 2) & 7, th = tid >> 5;
+  float m[2] = {-FLT_MAX, -FLT_MAX}, lsum[2] = {0.0f, 0.0f};  // of heads 2th, 2th + 1
   float acc[kGroup][2];
 #pragma unroll
   for (int h = 0; h < kGroup; ++h) acc[h][0] = acc[h][1] = 0.0f;
-  for (int64_t j0 = j_begin; j0 < j_end; j0 += kRows) {
+  int c = 0;  // chunk index
+  for (int64_t j0 = j_begin; j0 < j_end; j0 += kRows, ++c) {
     const int64_t cnt = min(static_cast<int64_t>(kRows), j_end - j0);
     __syncthreads();  // the previous chunk's rows and p are consumed
-    for (int64_t i = tid; i < kRows * w4; i += kAttnThreads) {
-      const int64_t jj = i / w4, c4 = i % w4;
-      float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      if (jj < cnt) {
-        const int64_t j = j0 + jj;
-        const int64_t slot =
-            int64_t(t.block_tables[seq * t.max_blocks + j / t.block_size]) * t.block_size +
-            j % t.block_size;
-        v = reinterpret_cast<const float4*>(cache + slot * width)[c4];
-      }
-      reinterpret_cast<float4*>(rows + jj * stride)[c4] = v;
-    }
+    StoreTile<W4>(v, w4, stride, rows);
+    if (j0 + kRows < j_end) find_slots(j0 + kRows, c + 1);
     __syncthreads();
-    float sc = -INFINITY;
-    if (my_j < cnt) {
-      const float4* qa = reinterpret_cast<const float4*>(qs + my_h * stride);
-      const float4* ra = reinterpret_cast<const float4*>(rows + my_j * stride);
-      float d = 0.0f;
-      for (int64_t c4 = 0; c4 < w4; ++c4) {
-        const float4 a = qa[c4], b = ra[c4];
-        d += a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
+    if (j0 + kRows < j_end) load_chunk(v, j0 + kRows, c + 1);  // in flight while this one is used
+    float sc[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
+    {
+      const float4* qa = reinterpret_cast<const float4*>(qs + 2 * th * stride);
+      const float4* ra = reinterpret_cast<const float4*>(rows + 2 * tj * stride);
+      const int s4 = stride / 4;
+      for (int c4 = slice; c4 < w4; c4 += 4) {
+        const float4 a[2] = {qa[c4], qa[s4 + c4]}, b[2] = {ra[c4], ra[s4 + c4]};
+#pragma unroll
+        for (int x = 0; x < 2; ++x) {
+#pragma unroll
+          for (int y = 0; y < 2; ++y) {
+            sc[x][y] += a[x].x * b[y].x;
+            sc[x][y] += a[x].y * b[y].y;
+            sc[x][y] += a[x].z * b[y].z;
+            sc[x][y] += a[x].w * b[y].w;
+          }
+        }
       }
-      sc = d * scale;
     }
-    float cmax = sc;
-    for (int o = kRows / 2; o > 0; o >>= 1)
-      cmax = fmaxf(cmax, __shfl_xor_sync(0xffffffffu, cmax, o));
-    const float m_new = fmaxf(m, cmax), rescale = expf(m - m_new);
-    const float p = expf(sc - m_new);  // 0 for rows past the chunk
-    float csum = p;
-    for (int o = kRows / 2; o > 0; o >>= 1) csum += __shfl_xor_sync(0xffffffffu, csum, o);
-    lsum = lsum * rescale + csum;
-    m = m_new;
-    ps[my_h * kRows + my_j] = p;
-    if (my_j == 0) qs[my_h * stride + width] = rescale;  // the pad column holds the rescale
+    float rescale[2];
+#pragma unroll
+    for (int x = 0; x < 2; ++x) {
+#pragma unroll
+      for (int y = 0; y < 2; ++y) {
+        for (int o = 1; o <= 2; o <<= 1) sc[x][y] += __shfl_xor_sync(0xffffffffu, sc[x][y], o);
+        sc[x][y] = 2 * tj + y < cnt ? sc[x][y] * scale : -INFINITY;
+      }
+      float cmax = fmaxf(sc[x][0], sc[x][1]);
+      for (int o = 4; o <= 16; o <<= 1) cmax = fmaxf(cmax, __shfl_xor_sync(0xffffffffu, cmax, o));
+      const float m_new = fmaxf(m[x], cmax);
+      rescale[x] = expf(m[x] - m_new);
+      const float p0 = expf(sc[x][0] - m_new), p1 = expf(sc[x][1] - m_new);  // 0 past the chunk
+      float csum = p0 + p1;
+      for (int o = 4; o <= 16; o <<= 1) csum += __shfl_xor_sync(0xffffffffu, csum, o);
+      lsum[x] = lsum[x] * rescale[x] + csum;
+      m[x] = m_new;
+      if (slice == 0) {
+        ps[(2 * th + x) * kRows + 2 * tj] = p0;
+        ps[(2 * th + x) * kRows + 2 * tj + 1] = p1;
+      }
+      if (slice == 0 && tj == 0) qs[(2 * th + x) * stride + width] = rescale[x];  // pad column
+    }
     __syncthreads();
 #pragma unroll
     for (int h = 0; h < kGroup; ++h) {
@@ -166,22 +246,35 @@ __global__ void __launch_bounds__(kAttnThreads)
       acc[h][0] *= r;
       acc[h][1] *= r;
     }
-    for (int jj = 0; jj < kRows; ++jj) {
-      const float r0 = tid < kvr ? rows[jj * stride + tid] : 0.0f;
-      const float r1 = tid + kAttnThreads < kvr ? rows[jj * stride + tid + kAttnThreads] : 0.0f;
+#pragma unroll
+    for (int jj = 0; jj < kRows; jj += 4) {
+      float r0[4], r1[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        r0[u] = tid < kvr ? rows[(jj + u) * stride + tid] : 0.0f;
+        r1[u] = tid + kAttnThreads < kvr ? rows[(jj + u) * stride + tid + kAttnThreads] : 0.0f;
+      }
 #pragma unroll
       for (int h = 0; h < kGroup; ++h) {
-        const float ph = ps[h * kRows + jj];
-        acc[h][0] += ph * r0;
-        acc[h][1] += ph * r1;
+        const float4 p4 = reinterpret_cast<const float4*>(ps + h * kRows + jj)[0];
+        const float ph[4] = {p4.x, p4.y, p4.z, p4.w};
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+          acc[h][0] += ph[u] * r0[u];
+          acc[h][1] += ph[u] * r1[u];
+        }
       }
     }
   }
-  // Every lane of a head's half-warp holds its m and lsum; lane my_j == 0 writes them.
-  if (my_j == 0 && my_h < g_count) {
-    float* part = partial + ((tok * nh + g0 + my_h) * splits + split) * (kvr + 2);
-    part[0] = m;
-    part[1] = lsum;
+  // Every lane of warp th holds the m and lsum of heads 2th, 2th + 1; lane 0 writes them.
+  if ((tid & 31) == 0) {
+#pragma unroll
+    for (int x = 0; x < 2; ++x) {
+      if (2 * th + x >= g_count) break;
+      float* part = partial + ((tok * nh + g0 + 2 * th + x) * splits + split) * (kvr + 2);
+      part[0] = m[x];
+      part[1] = lsum[x];
+    }
   }
 #pragma unroll
   for (int h = 0; h < kGroup; ++h) {
@@ -233,11 +326,11 @@ void LaunchMlaCacheWrite(const float* ckv, int64_t n, int64_t kvr, const float* 
 
 int64_t MlaSplits(int64_t n, int64_t nh, int64_t max_context) {
   // Enough blocks to fill the GPU (~2 per SM on an H200) when few tokens attend long contexts;
-  // each split keeps at least two chunks of positions.
+  // each split at least one chunk of positions (the next chunk's loads overlap the current one).
   const int64_t blocks = std::max<int64_t>(n * ((nh + kGroup - 1) / kGroup), 1);
   const int64_t want = (264 + blocks - 1) / blocks;
-  const int64_t most = std::max<int64_t>(1, max_context / (2 * kRows));
-  return std::max<int64_t>(1, std::min<int64_t>({want, most, 64}));
+  const int64_t chunks = (max_context + kRows - 1) / kRows;
+  return std::max<int64_t>(1, std::min<int64_t>({want, chunks, 64}));
 }
 
 namespace {
@@ -364,23 +457,29 @@ void LaunchMlaAttention(const float* q, int64_t n, int64_t heads, const float* q
                         int64_t h1, float scale, int64_t max_context, int64_t splits,
                         float* partial, float* o_lat, cudaStream_t s) {
   if (n == 0) return;
-  AFD_CHECK(kvr <= kMaxLatent && (kvr + dr) % 4 == 0,
-            "MlaAttention on cuda: kv_lora_rank {} (at most {}) + rope dim {} must be a multiple "
-            "of 4",
-            kvr, kMaxLatent, dr);
+  AFD_CHECK(kvr <= kMaxLatent && kvr % 4 == 0 && dr % 4 == 0 && dn % 4 == 0 &&
+                kvr + dr <= kMaxWidth && reinterpret_cast<uintptr_t>(q) % 16 == 0 &&
+                reinterpret_cast<uintptr_t>(cache) % 16 == 0,
+            "MlaAttention on cuda: kv_lora_rank {} (at most {}), rope dim {} and nope dim {} must "
+            "be multiples of 4 (latent + rope at most {}), q and the cache 16-byte aligned",
+            kvr, kMaxLatent, dr, dn, kMaxWidth);
   const size_t smem = AttnSmemBytes(kvr + dr);
-  static size_t smem_set = 0;  // the opt-in above 48 KB, raised once per size
-  if (smem > smem_set) {
-    AFD_CUDA_CHECK(cudaFuncSetAttribute(
-        AttentionPartial, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-    smem_set = smem;
+  // DeepSeek's width (512 + 64) has its own instance with constant index arithmetic.
+  const auto kernel = kvr + dr == 576 ? AttentionPartial<144> : AttentionPartial<0>;
+  static size_t smem_set[2] = {0, 0};  // the opt-in above 48 KB, raised once per size
+  if (smem > smem_set[kvr + dr == 576]) {
+    AFD_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        static_cast<int>(smem)));
+    smem_set[kvr + dr == 576] = smem;
   }
   const int64_t nh = h1 - h0;
-  const int64_t span = (max_context + splits - 1) / splits;
+  // Whole chunks per split: positions [split·span, (split + 1)·span).
+  const int64_t chunks = (max_context + kRows - 1) / kRows;
+  const int64_t span = (chunks + splits - 1) / splits * kRows;
   const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>((nh + kGroup - 1) / kGroup),
                   static_cast<unsigned>(splits));
-  AttentionPartial<<<grid, kAttnThreads, smem, s>>>(q, heads, q_lat, kvr, dn, dr, t, cache, h0, nh,
-                                                    scale, span, partial);
+  kernel<<<grid, kAttnThreads, smem, s>>>(q, heads, q_lat, kvr, dn, dr, t, cache, h0, nh, scale,
+                                          span, partial);
   CheckLaunch("MlaAttention (partial)");
   const dim3 grid2(static_cast<unsigned>(n), static_cast<unsigned>(nh));
   AttentionCombine<<<grid2, kAttnThreads, 0, s>>>(kvr, nh, splits, partial, o_lat);

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# One device call: Nsight Compute's detail sections (speed of light, occupancy, warp stall
+# reasons, launch) for one launch of one kernel inside the eager decode steps of `afd bench
+# decode --profile` (the CUDA backend opens the profiler range around those steps only).
+# Usage (repo root there): tools/device/kernel_detail.sh BIN_DIR KERNEL_REGEX BATCH
+set -u
+BIN=$(readlink -f "$1")
+CUBLAS_DIR=$(dirname "$(find / -name 'libcublas.so.13*' -not -path '*/proc/*' 2>/dev/null | head -1)")
+export LD_LIBRARY_PATH="$BIN:$CUBLAS_DIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+NCU=$(command -v ncu || find / -name ncu -type f -path '*nsight-compute*' -not -path '*/proc/*' 2>/dev/null | head -1)
+[ -n "$NCU" ] || { echo "no ncu on this machine"; exit 1; }
+timeout 200 "$NCU" --clock-control none --profile-from-start off --kernel-name "regex:$2" \
+  --launch-skip 5 --launch-count 1 --section SpeedOfLight --section Occupancy \
+  --section LaunchStats --section WarpStateStats --section MemoryWorkloadAnalysis \
+  "$BIN/afd" bench decode --model "${MODEL:-preset:deepseek-v2-lite}" --device cuda --batch "$3" \
+  --context 128 --steps 2 --profile 2>&1 | grep -vE '^\s*$|loading weights|^==PROF==|^batch|^ +[0-9]+ +[0-9.]+ ' |
+  grep -E 'Duration|Throughput|Registers|Shared Memory|Occupancy|Stall|Warp Cycles|Block Limit|Active Warps|Waves|L1|L2|DRAM|Issued|Eligible|Grid|Block Size|^\s+[A-Za-z]' | head -${LINES_MAX:-60}
