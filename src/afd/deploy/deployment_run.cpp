@@ -89,16 +89,24 @@ std::vector<RankProcessSpec> DeploymentRankSpecs(const DeploymentSpec& spec, con
   // GPU ranks exchange rows through CUDA IPC windows (the async connector), CPU ranks over TCP
   // unless the config asks for shared-memory windows.
   std::string connector(spec.cuda ? kAsyncConnector : kP2pHostConnector);
+  // The deployment's config as every rank will parse it (rank counts and connector filled in).
+  AfdConfig deployed;
+  deployed.connector = connector;
+  deployed.num_attention_ranks = A;
+  deployed.num_ffn_ranks = F;
   if (!spec.additional_config.empty()) {
     json given = json::parse(spec.additional_config);
     base = given.contains("afd") ? given["afd"] : given;
-    // Checks the fields, with the topology's rank counts where the config leaves them out (the
-    // connector's options are validated against them).
+    // Checks the fields, with the topology's rank counts and the device's connector where the
+    // config leaves them out (the connector's options are validated against them).
     json probe = base;
     if (probe.is_object() && !probe.contains("num_attention_ranks"))
       probe["num_attention_ranks"] = A;
     if (probe.is_object() && !probe.contains("num_ffn_ranks")) probe["num_ffn_ranks"] = F;
+    if (probe.is_object() && !probe.contains("connector") && !probe.contains("afd_connector"))
+      probe["connector"] = connector;
     const AfdConfig parsed = ParseAfdConfig(json{{"afd", probe}}.dump());
+    deployed = parsed;
     for (const char* k : {"role", "afd_role", "host", "afd_host", "port", "afd_port"}) {
       AFD_CHECK(!base.contains(k),
                 "--additional-config: \"{}\" is set by --topology; leave it "
@@ -139,10 +147,8 @@ std::vector<RankProcessSpec> DeploymentRankSpecs(const DeploymentSpec& spec, con
     AFD_CHECK(d >= 0, "--cuda-devices: {} is not a CUDA device ordinal", d);
   }
   // NCCL refuses two ranks on one GPU: the NCCL transports need --cuda-devices, one GPU each.
-  // (The extra config was validated above; a window of the async connectors is a string.)
-  const json extra = base.value("connector_extra_config", json::object());
   const bool p2p_nccl = connector == kP2pNcclConnector;
-  const bool nccl = p2p_nccl || (extra.is_object() && extra.value("window", "") == "nccl");
+  const bool nccl = p2p_nccl || (deployed.is_async() && deployed.async_options.window == "nccl");
   if (spec.cuda && nccl) {
     std::vector<int> sorted = spec.cuda_devices;
     std::sort(sorted.begin(), sorted.end());
