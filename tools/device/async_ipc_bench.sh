@@ -5,9 +5,7 @@
 # shared memory) for comparison. Usage (repo root there): async_ipc_bench.sh BIN_DIR
 set -u
 BIN=$(readlink -f "$1")
-CUBLAS_DIR=$(dirname "$(find / -name 'libcublas.so.13*' -not -path '*/proc/*' 2>/dev/null | head -1)")
-NCCL_DIR=$(dirname "$(find / -name 'libnccl.so.2*' -not -path '*/proc/*' 2>/dev/null | head -1)")
-export LD_LIBRARY_PATH="$BIN:$CUBLAS_DIR:$NCCL_DIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+. "$(dirname "$(readlink -f "$0")")/env.sh"  # CUBLAS_DIR, NCCL_DIR, LD_LIBRARY_PATH, PY
 export AFD_JOIN_SECRET=device-bench-secret
 status=0
 for dev in cuda cpu; do

@@ -4,8 +4,7 @@
 # log-probs within 1e-5. Usage (repo root there): async_quick_check.sh BIN_DIR
 set -u
 BIN=$(readlink -f "$1")
-CUBLAS_DIR=$(dirname "$(find / -name 'libcublas.so.13*' -not -path '*/proc/*' 2>/dev/null | head -1)")
-export LD_LIBRARY_PATH="$BIN:$CUBLAS_DIR"
+. "$(dirname "$(readlink -f "$0")")/env.sh"  # CUBLAS_DIR, NCCL_DIR, LD_LIBRARY_PATH, PY
 M=tests/data/golden/v3_noaux_tc
 P=(--prompt-ids 1,2,3,4,5,6,7,8 --prompt-ids 90,80,70 --prompt-ids 5 --max-tokens 16 --ignore-eos --json --device cuda)
 ASYNC='{"afd": {"connector": "AsyncAFDConnector"}}'

@@ -15,11 +15,8 @@ HERE=$(dirname "$(readlink -f "$0")")  # the helper scripts beside this one
 OUT=$2
 WORK=$(mktemp -d)  # scratch; only logs and references go to OUT (the tool returns 8 files)
 mkdir -p "$OUT"
-CUBLAS_DIR=$(dirname "$(find / -name 'libcublas.so.13*' -not -path '*/proc/*' 2>/dev/null | head -1)")
-export LD_LIBRARY_PATH="$BIN:$CUBLAS_DIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+. "$(dirname "$(readlink -f "$0")")/env.sh"  # CUBLAS_DIR, NCCL_DIR, LD_LIBRARY_PATH, PY
 AFD="$BIN/afd"
-PY=$(command -v python3)
-[ -x /opt/torch/.venv/bin/python3 ] && PY=/opt/torch/.venv/bin/python3
 nvidia-smi -L
 echo "cuBLAS from: $CUBLAS_DIR"
 "$AFD" --version

@@ -13,9 +13,7 @@ BIN=$(readlink -f "$1")
 OUT=$2
 MODEL=${3:-preset:deepseek-v2-lite}
 mkdir -p "$OUT"
-CUBLAS_DIR=$(dirname "$(find / -name 'libcublas.so.13*' -not -path '*/proc/*' 2>/dev/null | head -1)")
-NCCL_DIR=$(dirname "$(find / -name 'libnccl.so.2*' -not -path '*/proc/*' 2>/dev/null | head -1)")
-export LD_LIBRARY_PATH="$BIN:$CUBLAS_DIR:$NCCL_DIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+. "$(dirname "$(readlink -f "$0")")/env.sh"  # CUBLAS_DIR, NCCL_DIR, LD_LIBRARY_PATH, PY
 AFD="$BIN/afd"
 PORT=18200
 REPORT="$OUT/serve_bench.txt"

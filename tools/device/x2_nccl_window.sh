@@ -22,15 +22,11 @@ BIN=$(readlink -f "$1")
 OUT=$2
 mkdir -p "$OUT"
 WORK=$(mktemp -d)
-CUBLAS_DIR=$(dirname "$(find / -name 'libcublas.so.13*' -not -path '*/proc/*' 2>/dev/null | head -1)")
-# The NCCL the binary was built against (2.28.9) ships in the Python venv; /usr/lib may hold another.
-VENV_NCCL=$(find / -path '*nvidia/nccl/lib/libnccl.so.2' -not -path '*/proc/*' 2>/dev/null | head -1)
+. "$(dirname "$(readlink -f "$0")")/env.sh"  # CUBLAS_DIR, NCCL_DIR, LD_LIBRARY_PATH, PY
+VENV_NCCL=$NCCL_LIB  # env.sh: the venv's NCCL (the one built against); /usr/lib may hold another
 OTHER_NCCL=$(find / -name 'libnccl.so.2' -not -path '*/proc/*' -not -path '*nvidia/nccl/lib*' 2>/dev/null | head -1)
-export LD_LIBRARY_PATH="$BIN:$CUBLAS_DIR:$(dirname "$VENV_NCCL")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export AFD_JOIN_SECRET=device-check-secret
 AFD="$BIN/afd"
-PY=$(command -v python3)
-[ -x /opt/torch/.venv/bin/python3 ] && PY=/opt/torch/.venv/bin/python3
 status=0
 SECTIONS=${SECTIONS:-1 2 3 4 5}
 on() { [[ " $SECTIONS " == *" $1 "* ]]; }

@@ -7,10 +7,7 @@
 # Usage (repo root there): x2_probe.sh BIN_DIR
 set -u
 BIN=$(readlink -f "$1")
-CUBLAS_DIR=$(dirname "$(find / -name 'libcublas.so.13*' -not -path '*/proc/*' 2>/dev/null | head -1)")
-NCCL_LIB=$(find / -name 'libnccl.so.2*' -not -path '*/proc/*' 2>/dev/null | head -1)
-NCCL_DIR=$(dirname "$NCCL_LIB")
-export LD_LIBRARY_PATH="$BIN:$CUBLAS_DIR:$NCCL_DIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+. "$(dirname "$(readlink -f "$0")")/env.sh"  # CUBLAS_DIR, NCCL_DIR, LD_LIBRARY_PATH, PY
 export AFD_JOIN_SECRET=device-bench-secret
 echo "== machine"; nvidia-smi -L; nvidia-smi topo -m 2>&1 | head -8
 echo "nccl: $NCCL_LIB"; ls -la "$NCCL_DIR"/libnccl* 2>&1 | head

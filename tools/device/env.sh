@@ -1,0 +1,12 @@
+# Sourced by the device scripts after they set BIN (the folder of the carried binaries, an
+# absolute path). Sets CUBLAS_DIR (cuBLAS 13 of the machine's CUDA), NCCL_DIR (the NCCL the
+# binaries were built against, 2.28.9, which ships in the Python venv; /usr/lib may hold
+# another, found only when the venv has none), exports LD_LIBRARY_PATH with BIN first, and sets
+# PY (the python3 that holds torch and transformers).
+CUBLAS_DIR=$(dirname "$(find / -name 'libcublas.so.13*' -not -path '*/proc/*' 2>/dev/null | head -1)")
+NCCL_LIB=$(find / -path '*nvidia/nccl/lib/libnccl.so.2' -not -path '*/proc/*' 2>/dev/null | head -1)
+[ -n "$NCCL_LIB" ] || NCCL_LIB=$(find / -name 'libnccl.so.2*' -not -path '*/proc/*' 2>/dev/null | head -1)
+NCCL_DIR=$(dirname "${NCCL_LIB:-/nonexistent/libnccl.so.2}")
+export LD_LIBRARY_PATH="$BIN:$CUBLAS_DIR:$NCCL_DIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+PY=$(command -v python3)
+[ -x /opt/torch/.venv/bin/python3 ] && PY=/opt/torch/.venv/bin/python3
