@@ -59,11 +59,11 @@ TEST(DeploymentSpec, NcclTransportsNeedOneGpuPerRank) {
 #else
   // (The third: no connector given -- a GPU deployment's default, the async one, with the
   // NCCL window.)
-  for (const std::string cfg : {std::string(R"({"afd": {"connector": "AsyncAFDConnector", )"
-                                            R"("connector_extra_config": {"window": "nccl"}}})"),
-                                std::string(R"({"afd": {"connector": "P2pNcclAFDConnector"}})"),
-                                std::string(R"({"afd": {"connector_extra_config": )"
-                                            R"({"window": "nccl"}}})")}) {
+  for (const std::string& cfg : {std::string(R"({"afd": {"connector": "AsyncAFDConnector", )"
+                                             R"("connector_extra_config": {"window": "nccl"}}})"),
+                                 std::string(R"({"afd": {"connector": "P2pNcclAFDConnector"}})"),
+                                 std::string(R"({"afd": {"connector_extra_config": )"
+                                             R"({"window": "nccl"}}})")}) {
 #ifndef AFD_WITH_NCCL
     if (cfg.find("P2pNccl") != std::string::npos) continue;  // refused as not built
 #endif

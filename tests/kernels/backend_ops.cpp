@@ -602,6 +602,24 @@ Result LogSoftmaxAt(Ctx& c, int64_t v) {
   return Result(RelErr(c.Down<float>(out), want), 1e-6);
 }
 
+// A NaN logit makes its row's log-softmax NaN, also when its chunk holds only NaN and -inf (the
+// GPU's chunk max then ignores it); the other row is unaffected.
+Result LogSoftmaxNaN(Ctx& c) {
+  const int64_t n = 2, v = 9000;
+  std::vector<float> logits = c.Randn(n * v, 4.0f);
+  for (int64_t j = 8192; j < v; ++j) logits[j] = -INFINITY;
+  logits[8500] = std::nanf("");
+  std::vector<int32_t> ids = {3, 4};
+  const Tensor out = c.Alloc(DType::kF32, {n});
+  c.b.LogSoftmaxAt(c.Up(logits, DType::kF32, {n, v}), c.Up(ids, DType::kI32, {n}), out);
+  const std::vector<float> got = c.Down<float>(out);
+  if (!std::isnan(got[0])) return Result::Fail(fmt::format("row 0: {} instead of NaN", got[0]));
+  double mx = -INFINITY, sum = 0;
+  for (int64_t j = 0; j < v; ++j) mx = std::max(mx, double(logits[v + j]));
+  for (int64_t j = 0; j < v; ++j) sum += std::exp(logits[v + j] - mx);
+  return Result(RelErr({got[1]}, {logits[v + 4] - mx - std::log(sum)}), 1e-6);
+}
+
 // Greedy over rows of 20000 logits (several of the GPU's chunks): the first maximum wins across
 // chunks, NaN never wins, a row of -inf gives 0.
 Result GreedyLongRows(Ctx& c) {
@@ -776,6 +794,7 @@ std::vector<Case> CheckCases() {
        [](Ctx& c) { return Moe(c, 600, 8, 4, 64, 96, 0, 8); }},
       {"LogSoftmaxAt", "4x1000", [](Ctx& c) { return LogSoftmaxAt(c, 1000); }},
       {"LogSoftmaxAt", "4x20000", [](Ctx& c) { return LogSoftmaxAt(c, 20000); }},
+      {"LogSoftmaxAt", "NaN in a chunk of -inf", LogSoftmaxNaN},
       {"Sample", "greedy over 20000 logits", GreedyLongRows},
       {"Sample", "greedy, NaN, top-k, top-p, cdf", Sample},
       // One sampled row: parameter arrays of odd sizes must stay aligned on the device.

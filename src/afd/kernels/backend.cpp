@@ -15,6 +15,19 @@ std::unique_ptr<OpGraph> Backend::EndCapture() {
   AFD_THROW("{}: no graph capture on this backend", name());
 }
 
+void Backend::BeginTimedSpan() { span_begin_ = std::chrono::steady_clock::now(); }
+
+void Backend::EndTimedSpan() {
+  span_seconds_ +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - span_begin_).count();
+}
+
+double Backend::TakeTimedSeconds() {
+  const double s = span_seconds_;
+  span_seconds_ = 0.0;
+  return s;
+}
+
 std::unique_ptr<Backend> MakeBackend(Device device) {
   if (device.is_cpu()) return std::make_unique<cpu::CpuBackend>();
 #if AFD_WITH_CUDA

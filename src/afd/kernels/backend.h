@@ -17,6 +17,7 @@
 // Thread safety: a Backend is used by one thread at a time (one per rank).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -201,6 +202,17 @@ class Backend : public Allocator {
   // the last TakeProfile, longest first, and clears them.
   virtual void SetProfiling(bool /*on*/) {}
   virtual std::vector<OpTime> TakeProfile() { return {}; }
+  // Device time of spans of enqueued work (not while capturing): BeginTimedSpan marks the
+  // stream, EndTimedSpan marks it again; TakeTimedSeconds waits for the device and returns the
+  // device time of every span since the last call, summed. A backend that runs each op as it is
+  // called (the CPU) reads the host clock, which is then the same thing.
+  virtual void BeginTimedSpan();
+  virtual void EndTimedSpan();
+  virtual double TakeTimedSeconds();
+
+ private:
+  std::chrono::steady_clock::time_point span_begin_;
+  double span_seconds_ = 0.0;
 };
 
 // The backend of `device`: CpuBackend, or the CUDA backend in CUDA builds. Throws afd::Error

@@ -5,7 +5,8 @@
 #include <random>
 
 #include "afd/common/error.h"
-#include "afd/runtime/generator.h"
+#include "afd/runtime/engine.h"
+#include "afd/runtime/request.h"
 
 namespace afd::runtime {
 
@@ -41,22 +42,35 @@ double WeightBytes(const model::DeepseekModel& m, int64_t batch) {
   return total;
 }
 
-// Profiles the decode steps only: the backend records op times from each decode step's Forward
-// until the next Forward (so the generator's sampling and copies count too).
-class ProfiledRunner : public StepRunner {
+// Wraps the step runner of the bench: from the first timed decode step on (`timing`), times the
+// device work of each decode step's forward (Backend timed spans) and, with `profile`, records
+// the backend's per-op times of the decode steps (from each decode step's Forward until the next
+// Forward, so the engine's sampling and copies count too).
+class BenchRunner : public StepRunner {
  public:
-  ProfiledRunner(StepRunner& inner, kernels::Backend& backend) : inner_(inner), backend_(backend) {}
+  BenchRunner(StepRunner& inner, kernels::Backend& backend, bool profile)
+      : inner_(inner), backend_(backend), profile_(profile) {}
   Tensor Forward(const model::ForwardBatch& batch, kv::PagedKvCache& cache,
                  Workspace& ws) override {
     const bool decode = batch.size() == static_cast<int64_t>(batch.seq_ids.size());
-    backend_.SetProfiling(decode);
-    return inner_.Forward(batch, cache, ws);
+    if (profile_) backend_.SetProfiling(decode && timing);
+    if (!(decode && timing)) return inner_.Forward(batch, cache, ws);
+    backend_.BeginTimedSpan();
+    Tensor logits = inner_.Forward(batch, cache, ws);
+    backend_.EndTimedSpan();
+    return logits;
   }
+  bool timing = false;
 
  private:
   StepRunner& inner_;
   kernels::Backend& backend_;
+  bool profile_;
 };
+
+// Decode steps of each batch run before the timed ones: the first captures the batch's CUDA
+// graph (after an eager warm-up run), which the timed steps then replay.
+constexpr int64_t kWarmupSteps = 2;
 
 }  // namespace
 
@@ -83,50 +97,75 @@ BenchDecodeResult BenchDecode(const model::DeepseekModel& model, const BenchDeco
   AFD_CHECK(!o.batch_sizes.empty(), "bench decode: no batch sizes");
   AFD_CHECK(o.context >= 1 && o.steps >= 1,
             "bench decode: --context {} and --steps {} must be >= 1", o.context, o.steps);
-  AFD_CHECK(o.context + o.steps + 1 <= c.max_position_embeddings,
-            "bench decode: --context {} + --steps {} exceed max_position_embeddings {}", o.context,
-            o.steps, c.max_position_embeddings);
+  AFD_CHECK(o.context + kWarmupSteps + o.steps + 1 <= c.max_position_embeddings,
+            "bench decode: --context {} + --steps {} (+ {} warm-up steps) exceed "
+            "max_position_embeddings {}",
+            o.context, o.steps, kWarmupSteps, c.max_position_embeddings);
   BenchDecodeResult result;
   result.device = model.backend().name();
   result.copy_gb_per_s = MeasureCopyBandwidth(model.backend());
   CudaGraphOptions graph_options = o.graphs;
   graph_options.enforce_eager = graph_options.enforce_eager || o.profile;
   CudaGraphRunner graph_runner(model, graph_options);
-  ProfiledRunner profiled(graph_runner, model.backend());
-  StepRunner& runner = o.profile ? static_cast<StepRunner&>(profiled) : graph_runner;
-  Generator generator(model, runner);
+  BenchRunner runner(graph_runner, model.backend(), o.profile);
   std::mt19937_64 rng(o.seed);
   std::uniform_int_distribution<int32_t> id(0, static_cast<int32_t>(c.vocab_size - 1));
   const double kv_row_bytes = (c.kv_lora_rank + c.qk_rope_head_dim) * 4.0 * c.num_hidden_layers;
+  const kv::CacheShape shape = model.CacheShape(1);
   for (int64_t b : o.batch_sizes) {
     AFD_CHECK(b >= 1, "bench decode: batch size {} must be >= 1", b);
-    std::vector<std::vector<int32_t>> prompts(b, std::vector<int32_t>(o.context));
-    for (auto& p : prompts) {
-      for (int32_t& t : p) t = id(rng);
+    EngineOptions eo;
+    eo.num_kv_blocks = b * shape.BlocksFor(o.context + kWarmupSteps + o.steps + 1);
+    Engine engine(model, runner, eo);
+    for (int64_t s = 0; s < b; ++s) {
+      RequestParams p;
+      p.prompt.resize(o.context);
+      for (int32_t& t : p.prompt) t = id(rng);
+      // The first token comes from the prefill step, then the warm-up and the timed steps.
+      p.max_tokens = 1 + kWarmupSteps + o.steps;
+      p.sampler_stream = s;
+      p.ignore_eos = true;
+      p.logprobs = 0;  // as afd run asks (the log-probability of every output token)
+      engine.Add(static_cast<uint64_t>(s), std::move(p));
     }
-    GenerationOptions g;
-    g.max_tokens = o.steps + 1;  // the first token comes from the prefill step
-    g.ignore_eos = true;
-    GenerationStats st;
-    const int64_t graph_steps_before = graph_runner.graph_steps();
-    if (o.profile) model.backend().TakeProfile();  // drop anything recorded before
-    generator.Generate(prompts, g, &st);
+    runner.timing = false;
+    GenerationStats warm;  // the engine's stats when the timed steps begin
+    int64_t graph_steps_warm = graph_runner.graph_steps();
+    while (engine.HasWork()) {
+      for (const RequestOutput& out : engine.Step()) {
+        AFD_CHECK(out.finish_reason != FinishReason::kError, "bench decode: {}", out.error);
+      }
+      if (!runner.timing && engine.generation_stats().decode_steps == kWarmupSteps) {
+        warm = engine.generation_stats();
+        graph_steps_warm = graph_runner.graph_steps();
+        model.backend().TakeTimedSeconds();
+        if (o.profile) model.backend().TakeProfile();  // drop anything recorded before
+        runner.timing = true;
+      }
+    }
+    runner.timing = false;
+    const GenerationStats& st = engine.generation_stats();
+    const int64_t steps = st.decode_steps - warm.decode_steps;
+    const double seconds = st.decode_seconds - warm.decode_seconds;
+    AFD_CHECK(steps == o.steps, "bench decode: {} timed decode steps at batch {}, expected {}",
+              steps, b, o.steps);
     BenchDecodeRow row;
     row.batch = b;
-    row.graph_steps = graph_runner.graph_steps() - graph_steps_before;
+    row.graph_steps = graph_runner.graph_steps() - graph_steps_warm;
     if (o.profile) {
       model.backend().SetProfiling(false);
       row.profile = model.backend().TakeProfile();
-      const double steps = std::max<int64_t>(st.decode_steps, 1);
       for (kernels::OpTime& t : row.profile) {
-        t.ms /= steps;
-        t.calls = std::llround(t.calls / steps);
+        t.ms /= static_cast<double>(steps);
+        t.calls = std::llround(t.calls / static_cast<double>(steps));
       }
     }
-    row.ms_per_step = 1e3 * st.decode_seconds / std::max<int64_t>(st.decode_steps, 1);
-    row.tokens_per_s = st.decode_tokens / std::max(st.decode_seconds, 1e-12);
-    // KV read by the average step: each sequence's cache at mid-run length.
-    row.bytes_per_step = WeightBytes(model, b) + b * (o.context + o.steps / 2.0) * kv_row_bytes;
+    row.ms_per_step = 1e3 * seconds / static_cast<double>(steps);
+    row.device_ms_per_step = 1e3 * model.backend().TakeTimedSeconds() / static_cast<double>(steps);
+    row.tokens_per_s = (st.decode_tokens - warm.decode_tokens) / std::max(seconds, 1e-12);
+    // KV read by the average timed step: each sequence's cache at mid-run length.
+    row.bytes_per_step =
+        WeightBytes(model, b) + b * (o.context + kWarmupSteps + o.steps / 2.0) * kv_row_bytes;
     row.floor_ms = 1e3 * row.bytes_per_step / (result.copy_gb_per_s * 1e9);
     row.prefill_tokens_per_s = st.prefill_tokens / std::max(st.prefill_seconds, 1e-12);
     result.rows.push_back(row);

@@ -1,6 +1,7 @@
 // `afd bench decode`: decode speed of one process at several batch sizes, against the memory
 // floor. For each batch size B: B random prompts of `context` tokens are prefilled together,
-// then `steps` decode steps run (every sequence one token per step); the time per decode step
+// then kWarmupSteps (2) untimed decode steps (the first captures the CUDA graph) and `steps` timed
+// decode steps run (every sequence one token per step); the time per decode step
 // is compared with the bytes a step must read -- the weights it uses (everything but the
 // routed experts, plus the routed experts the batch touches: E·(1 - (1 - k/E)^B) per MoE layer
 // in expectation under uniform routing) and the latent cache of every sequence -- divided by
@@ -30,6 +31,10 @@ struct BenchDecodeOptions {
 struct BenchDecodeRow {
   int64_t batch = 0;
   double ms_per_step = 0;
+  // Device time of a step's forward (CUDA events around it; on the CPU its wall time). With
+  // graphs, ms_per_step - device_ms_per_step is the host time not overlapped with the device:
+  // scheduling, input upload, sampling and reading the sampled ids.
+  double device_ms_per_step = 0;
   double tokens_per_s = 0;
   double bytes_per_step = 0;  // weights used + KV read
   double floor_ms = 0;        // bytes_per_step / copy bandwidth

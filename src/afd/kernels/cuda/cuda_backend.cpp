@@ -49,6 +49,9 @@ struct CudaBackend::State {
   std::vector<cudaEvent_t> events;
   size_t events_used = 0;
   std::vector<std::pair<std::string, size_t>> records;
+  // Timed spans: (begin, end) event pairs, reused; spans_used pairs recorded since the last take.
+  std::vector<std::pair<cudaEvent_t, cudaEvent_t>> spans;
+  size_t spans_used = 0;
 };
 
 class CudaBackend::OpScope {
@@ -174,6 +177,10 @@ CudaBackend::~CudaBackend() {
   state_->retired.clear();
   state_->expert_tables.clear();
   for (cudaEvent_t e : state_->events) cudaEventDestroy(e);
+  for (auto [b, e] : state_->spans) {
+    cudaEventDestroy(b);
+    cudaEventDestroy(e);
+  }
   if (state_->staging) cudaFreeHost(state_->staging);
   if (state_->cublas) cublasDestroy(state_->cublas);
   if (state_->stream) cudaStreamDestroy(state_->stream);
@@ -354,6 +361,35 @@ std::vector<OpTime> CudaBackend::TakeProfile() {
   for (auto& [op, t] : by_op) out.push_back(t);
   std::sort(out.begin(), out.end(), [](const OpTime& a, const OpTime& b) { return a.ms > b.ms; });
   return out;
+}
+
+void CudaBackend::BeginTimedSpan() {
+  AFD_CHECK(!state_->capturing, "{}: a timed span cannot begin while capturing a graph", name());
+  if (state_->spans_used == state_->spans.size()) {
+    cudaEvent_t b, e;
+    AFD_CUDA_CHECK(cudaEventCreate(&b));
+    AFD_CUDA_CHECK(cudaEventCreate(&e));
+    state_->spans.emplace_back(b, e);
+  }
+  AFD_CUDA_CHECK(cudaEventRecord(state_->spans[state_->spans_used].first, state_->stream));
+}
+
+void CudaBackend::EndTimedSpan() {
+  AFD_CHECK(!state_->capturing, "{}: a timed span cannot end while capturing a graph", name());
+  AFD_CHECK(state_->spans_used < state_->spans.size(), "{}: EndTimedSpan without a begin", name());
+  AFD_CUDA_CHECK(cudaEventRecord(state_->spans[state_->spans_used++].second, state_->stream));
+}
+
+double CudaBackend::TakeTimedSeconds() {
+  Synchronize();
+  double seconds = 0.0;
+  for (size_t i = 0; i < state_->spans_used; ++i) {
+    float ms = 0.0f;
+    AFD_CUDA_CHECK(cudaEventElapsedTime(&ms, state_->spans[i].first, state_->spans[i].second));
+    seconds += ms / 1e3;
+  }
+  state_->spans_used = 0;
+  return seconds;
 }
 
 void CudaBackend::Embedding(const Tensor& table, const Tensor& ids, const Tensor& out) {

@@ -67,6 +67,9 @@ class CudaBackend : public Backend {
   std::unique_ptr<OpGraph> EndCapture() override;
   void SetProfiling(bool on) override;
   std::vector<OpTime> TakeProfile() override;
+  void BeginTimedSpan() override;
+  void EndTimedSpan() override;
+  double TakeTimedSeconds() override;
 
  private:
   struct State;

@@ -35,27 +35,34 @@ __device__ T BlockReduce(T v, Op op, T* shared /* [kThreads / 32] */) {
   return total;
 }
 
-// Chunk c of row r: its max m and sum of exp(x - m) in double (0 when every logit is -inf).
+// Chunk c of row r (block (r, c)): its max m and sum of exp(x - m) in double (0 when every
+// logit is -inf; NaN when one is NaN, which then makes the row's result NaN, as on the CPU).
 __global__ void __launch_bounds__(kThreads)
     LogSoftmaxPartial(const float* logits, int64_t v, double* part) {
   __shared__ float smax[kThreads / 32];
   __shared__ double ssum[kThreads / 32];
-  const int64_t r = blockIdx.y, c = blockIdx.x;
+  const int64_t r = blockIdx.x, c = blockIdx.y;
   const float* x = logits + r * v;
   const int64_t begin = c * kChunk, end = min(v, begin + kChunk);
-  float m = -INFINITY;
-  for (int64_t i = begin + threadIdx.x; i < end; i += kThreads) m = fmaxf(m, x[i]);
-  m = BlockReduce(
-      m, [](float a, float b) { return fmaxf(a, b); }, smax);
+  float m = -INFINITY, has_nan = 0.0f;
+  for (int64_t i = begin + threadIdx.x; i < end; i += kThreads) {
+    m = fmaxf(m, x[i]);
+    if (isnan(x[i])) has_nan = 1.0f;
+  }
+  const auto max = [](float a, float b) { return fmaxf(a, b); };
+  m = BlockReduce(m, max, smax);
+  has_nan = BlockReduce(has_nan, max, smax);
   double s = 0.0;
-  if (m != -INFINITY) {
+  if (has_nan != 0.0f) {
+    s = nan("");
+  } else if (m != -INFINITY) {
     for (int64_t i = begin + threadIdx.x; i < end; i += kThreads) s += exp(double(x[i]) - m);
   }
   s = BlockReduce(
       s, [](double a, double b) { return a + b; }, ssum);
   if (threadIdx.x == 0) {
-    part[2 * (r * gridDim.x + c)] = m;
-    part[2 * (r * gridDim.x + c) + 1] = s;
+    part[2 * (r * gridDim.y + c)] = m;
+    part[2 * (r * gridDim.y + c) + 1] = s;
   }
 }
 
@@ -85,13 +92,13 @@ __device__ void Better(float& bv, int64_t& bi, float v, int64_t i) {
   }
 }
 
-// Chunk c of row r: its first maximum (NaN counts as -inf; a chunk of -inf gives its first
-// index), written as (value, index).
+// Chunk c of row r (block (r, c)): its first maximum (NaN counts as -inf; a chunk of -inf gives
+// its first index), written as (value, index).
 __global__ void __launch_bounds__(kThreads)
     ArgMaxPartial(const float* logits, int64_t v, float* part_v, int64_t* part_i) {
   __shared__ float sval[kThreads / 32];
   __shared__ int64_t sidx[kThreads / 32];
-  const int64_t r = blockIdx.y, c = blockIdx.x;
+  const int64_t r = blockIdx.x, c = blockIdx.y;
   const float* x = logits + r * v;
   const int64_t begin = c * kChunk, end = min(v, begin + kChunk);
   float best = -INFINITY;
@@ -108,8 +115,8 @@ __global__ void __launch_bounds__(kThreads)
   __syncthreads();
   if (threadIdx.x != 0) return;
   for (int w = 1; w < kThreads / 32; ++w) Better(best, bi, sval[w], sidx[w]);
-  part_v[r * gridDim.x + c] = best;
-  part_i[r * gridDim.x + c] = bi;
+  part_v[r * gridDim.y + c] = best;
+  part_i[r * gridDim.y + c] = bi;
 }
 
 // One warp per row: the best of the chunks' candidates.
@@ -187,7 +194,8 @@ void LaunchLogSoftmaxAt(const float* logits, int64_t n, int64_t v, const int32_t
                         void* scratch, cudaStream_t s) {
   if (n == 0) return;
   auto* part = static_cast<double*>(scratch);
-  const dim3 grid(static_cast<unsigned>((v + kChunk - 1) / kChunk), static_cast<unsigned>(n));
+  // Rows on x (up to 2^31 - 1 of them: every prompt position of a long prompt), chunks on y.
+  const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>((v + kChunk - 1) / kChunk));
   LogSoftmaxPartial<<<grid, kThreads, 0, s>>>(logits, v, part);
   LogSoftmaxFinish<<<static_cast<unsigned>(n), 32, 0, s>>>(logits, v, part, ids, out);
   CheckLaunch("LogSoftmaxAt");
@@ -199,7 +207,7 @@ void LaunchArgMax(const float* logits, int64_t n, int64_t v, int32_t* ids, void*
   const int64_t chunks = (v + kChunk - 1) / kChunk;
   auto* part_i = static_cast<int64_t*>(scratch);
   auto* part_v = reinterpret_cast<float*>(part_i + n * chunks);
-  const dim3 grid(static_cast<unsigned>(chunks), static_cast<unsigned>(n));
+  const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>(chunks));
   ArgMaxPartial<<<grid, kThreads, 0, s>>>(logits, v, part_v, part_i);
   ArgMaxFinish<<<static_cast<unsigned>(n), 32, 0, s>>>(v, part_v, part_i, ids);
   CheckLaunch("ArgMax");

@@ -1,0 +1,59 @@
+// `afd bench decode` in one process (runtime::BenchDecode) on the CPU backend: one row per batch
+// size, the timed steps exclude the warm-up ones, the device time of a step's forward is within
+// its wall time, and bad options are refused naming them.
+#include "afd/runtime/bench_decode.h"
+
+#include <gtest/gtest.h>
+
+#include "afd/common/error.h"
+#include "afd/kernels/cpu/cpu_backend.h"
+#include "afd/model/loader.h"
+
+namespace afd::runtime {
+namespace {
+
+TEST(BenchDecode, RowsPerBatchWithDeviceTimeWithinTheStep) {
+  kernels::cpu::CpuBackend cpu;
+  const model::ModelConfig config = model::PresetConfig("tiny");
+  model::DeepseekModel model(config, model::RandomWeights(config, 0, model::WeightOptions{}), cpu);
+  BenchDecodeOptions o;
+  o.batch_sizes = {1, 3};
+  o.context = 8;
+  o.steps = 3;
+  const BenchDecodeResult r = BenchDecode(model, o);
+  ASSERT_EQ(r.rows.size(), 2u);
+  for (size_t i = 0; i < r.rows.size(); ++i) {
+    const BenchDecodeRow& row = r.rows[i];
+    EXPECT_EQ(row.batch, o.batch_sizes[i]);
+    EXPECT_GT(row.ms_per_step, 0.0);
+    EXPECT_GT(row.device_ms_per_step, 0.0);
+    EXPECT_LE(row.device_ms_per_step, row.ms_per_step);
+    EXPECT_EQ(row.graph_steps, 0);  // no graphs on the CPU
+    // tokens/s counts the timed steps' tokens only: batch x steps over their time.
+    EXPECT_NEAR(row.tokens_per_s, 1e3 * row.batch / row.ms_per_step, 1e-6 * row.tokens_per_s);
+    EXPECT_GT(row.floor_ms, 0.0);
+  }
+}
+
+TEST(BenchDecode, RefusesPositionsPastTheModel) {
+  kernels::cpu::CpuBackend cpu;
+  const model::ModelConfig config = model::PresetConfig("tiny");
+  model::DeepseekModel model(config, model::RandomWeights(config, 0, model::WeightOptions{}), cpu);
+  BenchDecodeOptions o;
+  o.batch_sizes = {1};
+  o.context = config.max_position_embeddings - 3;  // + 2 warm-up + 1 timed step + 1: one too many
+  o.steps = 1;
+  try {
+    BenchDecode(model, o);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("warm-up"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("max_position_embeddings"), std::string::npos) << e.what();
+  }
+  o.context = 8;
+  o.batch_sizes = {0};
+  EXPECT_THROW(BenchDecode(model, o), Error);
+}
+
+}  // namespace
+}  // namespace afd::runtime
