@@ -23,6 +23,22 @@ ExpertParallelMoe::ExpertParallelMoe(const model::DeepseekModel& model, comm::Co
   }
   begin_ = SplitOffset(E, F, ep.rank());
   end_ = SplitOffset(E, F, ep.rank() + 1);
+  // Every rank must split the same experts the same way, or a row would reach a rank that does
+  // not hold its expert: (E, begin, end) of every rank, checked once here (collective), not per
+  // layer on a host copy of the rows' experts (a wait for the device on a GPU).
+  std::vector<int64_t> table(3 * F, 0);
+  table[3 * ep.rank()] = E;
+  table[3 * ep.rank() + 1] = begin_;
+  table[3 * ep.rank() + 2] = end_;
+  ep.AllReduce(table.data(), table.size(), DType::kI64, comm::ReduceOp::kSum);
+  for (int f = 0; f < F; ++f) {
+    AFD_CHECK(table[3 * f] == E && table[3 * f + 1] == SplitOffset(E, F, f) &&
+                  table[3 * f + 2] == SplitOffset(E, F, f + 1),
+              "expert parallelism: {} has {} routed experts and owns [{}, {}); {} (rank {} of {}) "
+              "expects {} experts, [{}, {}) there",
+              ep.DescribeRank(f), table[3 * f], table[3 * f + 1], table[3 * f + 2], ep.name(),
+              ep.rank(), F, E, SplitOffset(E, F, f), SplitOffset(E, F, f + 1));
+  }
 }
 
 void ExpertParallelMoe::Forward(int64_t layer, const Tensor& rows, const Tensor& ids_t,
@@ -82,16 +98,8 @@ void ExpertParallelMoe::Forward(int64_t layer, const Tensor& rows, const Tensor&
   const Tensor held_ids = ws.Take(DType::kI32, {total_recv, 1});
   ep_rows_.AllToAllV(send_rows.data(), send_rows_n, held_rows.data(), recv_rows_n, DType::kF32);
   ep_rows_.AllToAllV(send_ids.data(), send_ids_n, held_ids.data(), recv_ids_n, DType::kI32);
-  // Every received row must be for an expert of this rank (a peer with another expert split
-  // would corrupt the grouping): checked on a host copy.
-  std::vector<int32_t> held_ids_host(total_recv);
-  if (total_recv > 0) backend.CopyToHost(held_ids_host.data(), held_ids);
-  for (int64_t i = 0; i < total_recv; ++i) {
-    const int32_t e = held_ids_host[i];
-    AFD_CHECK(e >= begin_ && e < end_,
-              "layer {}: received a row for expert {}, which FFN rank {} does not own", layer, e,
-              me);
-  }
+  // Every received row is for an expert of this rank: the senders map experts to ranks as this
+  // rank does (checked at construction) and checked the ids they sent.
 
   // 2. Run each owned expert on all the rows it holds, grouped by expert.
   const int64_t local = end_ - begin_;

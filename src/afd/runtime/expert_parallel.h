@@ -15,7 +15,9 @@
 // The routing bookkeeping (who sends which row where) is done on the host from a host copy of
 // the ids; the counts go over `ep` (a host communicator), the rows and ids over `ep_rows`: the
 // same communicator on the CPU, a device one (NCCL, on the backend's stream) on a GPU, whose
-// tensors then stay in device memory. Thread safety: one Forward at a time.
+// tensors then stay in device memory. The one wait for the device per layer is the copy of the
+// ids; that every rank splits the experts alike is checked once, when the group constructs it.
+// Thread safety: one Forward at a time.
 #pragma once
 
 #include <cstdint>
@@ -29,7 +31,8 @@ namespace afd::runtime {
 class ExpertParallelMoe {
  public:
   // `model`, `ep` and `ep_rows` (same group, same ranks; may be `ep` itself) must outlive this.
-  // The experts this rank owns (and the shared experts) must be loaded in the model.
+  // The experts this rank owns (and the shared experts) must be loaded in the model. Collective
+  // over `ep`: checks that every rank has the same number of routed experts (throws naming it).
   ExpertParallelMoe(const model::DeepseekModel& model, comm::Communicator& ep,
                     comm::Communicator& ep_rows);
 
