@@ -231,6 +231,24 @@ TEST(Cli, BenchDecodeOnATopology) {
     EXPECT_GT(j["rows"][i]["ms_per_step"].get<double>(), 0.0);
     EXPECT_GT(j["rows"][i]["tokens_per_s"].get<double>(), 0.0);
   }
+  // The monolithic baseline: data-parallel ranks with the MoE expert-parallel over them.
+  const Result ep = RunAfd(
+      "bench decode --model preset:tiny --batch 1,3 --context 8 --steps 4 --data-parallel-size 2 "
+      "--enable-expert-parallel --json",
+      /*stderr_too=*/false);
+  ASSERT_EQ(ep.exit_code, 0) << ep.out;
+  const nlohmann::json e = nlohmann::json::parse(ep.out);
+  EXPECT_EQ(e["topology"], "DP2+EP");
+  ASSERT_EQ(e["rows"].size(), 2u) << ep.out;
+  EXPECT_GT(e["rows"][1]["tokens_per_s"].get<double>(), 0.0);
+  const Result no_ep = RunAfd("bench decode --model preset:tiny --data-parallel-size 2");
+  EXPECT_EQ(no_ep.exit_code, 2) << no_ep.out;
+  EXPECT_NE(no_ep.out.find("--enable-expert-parallel"), std::string::npos) << no_ep.out;
+  const Result both = RunAfd(
+      "run --model preset:tiny --prompt-ids 1 --data-parallel-size 2 --enable-expert-parallel "
+      "--topology 1A1F");
+  EXPECT_EQ(both.exit_code, 2) << both.out;
+  EXPECT_NE(both.out.find("leave out --topology"), std::string::npos) << both.out;
   const Result bad = RunAfd("bench decode --model preset:tiny --topology 1A1F --profile");
   EXPECT_EQ(bad.exit_code, 2) << bad.out;
   EXPECT_NE(bad.out.find("one-process options"), std::string::npos) << bad.out;

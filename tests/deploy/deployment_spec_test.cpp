@@ -91,6 +91,47 @@ TEST(DeploymentSpec, NcclTransportsNeedOneGpuPerRank) {
 #endif
 }
 
+// Data-parallel + expert-parallel ranks: one process per rank, "dp-ep-worker" with its rank, a
+// shared rendezvous port and its own output; one distinct GPU per rank on cuda (NCCL rows); AFD's
+// options refused.
+TEST(DeploymentSpec, DataParallelExpertParallelRanks) {
+  DeploymentSpec spec;
+  spec.expert_parallel_size = 3;
+  spec.worker_flags = {"--model", "preset:tiny"};
+  const std::vector<RankProcessSpec> specs = DeploymentRankSpecs(spec, "/tmp", "/tmp/p.json");
+  ASSERT_EQ(specs.size(), 3u);
+  std::string port;
+  for (int r = 0; r < 3; ++r) {
+    const std::vector<std::string>& a = specs[r].argv;
+    EXPECT_EQ(a[1], "dp-ep-worker");
+    EXPECT_EQ(specs[r].label, "attention+experts rank " + std::to_string(r));
+    const auto value = [&a](const std::string& flag) {
+      const auto it = std::find(a.begin(), a.end(), flag);
+      return it == a.end() || it + 1 == a.end() ? std::string() : *(it + 1);
+    };
+    EXPECT_EQ(value("--data-parallel-rank"), std::to_string(r));
+    EXPECT_EQ(value("--data-parallel-size"), "3");
+    EXPECT_EQ(value("--output-file"), "/tmp/out" + std::to_string(r) + ".jsonl");
+    if (r == 0) port = value("--rendezvous-port");
+    EXPECT_EQ(value("--rendezvous-port"), port);
+    EXPECT_EQ(value("--model"), "preset:tiny");
+  }
+  DeploymentSpec with_topology = spec;
+  with_topology.topology = "1A1F";
+  EXPECT_NE(ErrorOf(with_topology).find("leave out --topology"), std::string::npos);
+  DeploymentSpec afd_opts = spec;
+  afd_opts.additional_config = R"({"afd": {}})";
+  EXPECT_NE(ErrorOf(afd_opts).find("takes none"), std::string::npos);
+  DeploymentSpec gpus = spec;
+  gpus.cuda = true;
+  gpus.cuda_devices = {0, 1};
+  EXPECT_NE(ErrorOf(gpus).find("2 devices for the 3 data-parallel ranks"), std::string::npos);
+  gpus.cuda_devices = {0, 1, 1};
+  EXPECT_NE(ErrorOf(gpus).find("one distinct device per rank"), std::string::npos);
+  gpus.cuda_devices = {2, 0, 1};
+  EXPECT_EQ(ErrorOf(gpus), "");
+}
+
 TEST(DeploymentSpec, CudaDevicesNeedCudaRanks) {
   DeploymentSpec spec;
   spec.topology = "1A1F";

@@ -268,6 +268,23 @@ std::vector<Case> Cases() {
                      Golden(golden),
                      {"--topology", topo, "--additional-config", async}});
   }
+  // The monolithic baseline of AFD: data-parallel ranks, each attention plus a share of the
+  // routed experts, the MoE expert-parallel over them (5 ranks for 4 prompts: one rank only
+  // takes part in the others' steps; chunked prefill: ranks in lockstep with unequal steps).
+  cases.push_back({"dp5_ep", kTiny, {"--data-parallel-size", "5", "--enable-expert-parallel"}});
+  cases.push_back(
+      {"dp2_ep_mixed_steps",
+       kTiny,
+       {"--data-parallel-size", "2", "--enable-expert-parallel", "--max-num-batched-tokens", "3"}});
+  for (const auto& [golden, ranks] :
+       std::vector<std::pair<std::string, std::string>>{{"v2_greedy_yarn", "2"},
+                                                        {"v2_group_limited", "3"},
+                                                        {"v3_noaux_tc", "4"},
+                                                        {"v3_sharded", "3"}}) {
+    cases.push_back({golden + "_dp" + ranks + "_ep",
+                     Golden(golden),
+                     {"--data-parallel-size", ranks, "--enable-expert-parallel"}});
+  }
   // Real checkpoints (loaded from safetensors) and every router variant.
   for (const std::string golden :
        {"v2_greedy_yarn", "v2_group_limited", "v3_noaux_tc", "v3_sharded"}) {
@@ -420,6 +437,43 @@ TEST(AfdRunTopologyAsync, AReplicaFinishesWhileAnotherStillRuns) {
   EXPECT_EQ(AttentionSteps(p.err, 0).first, AttentionSteps(p.err, 1).first) << p.err;
   EXPECT_EQ(AttentionSteps(p.err, 0).second, 7) << p.err;
   EXPECT_EQ(a.out, p.out);  // and the same results
+}
+
+// A data-parallel + expert-parallel rank killed mid-run: the run ends naming it, and the other
+// ranks (blocked in the MoE's collectives) are stopped.
+TEST(AfdRunTopologyFailures, KillingADataParallelExpertParallelRankEndsTheRunNamingIt) {
+  const std::string out = ::testing::TempDir() + "/kill_dp_ep.out";
+  Subprocess run({AFD_BINARY, "run", "--model", "preset:tiny", "--data-parallel-size", "3",
+                  "--enable-expert-parallel", "--max-tokens", "3000", "--ignore-eos",
+                  "--prompt-ids", "1,2,3", "--prompt-ids", "4,5"},
+                 out);
+  std::vector<pid_t> workers;
+  pid_t victim = -1;
+  const auto start = std::chrono::steady_clock::now();
+  while ((victim < 0 || workers.size() < 3) &&
+         std::chrono::steady_clock::now() - start < std::chrono::seconds(20)) {
+    workers = ChildrenOf(run.pid());
+    for (pid_t w : workers) {
+      if (Cmdline(w).find("--data-parallel-rank 1 ") != std::string::npos) victim = w;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_GT(victim, 0) << "no data-parallel rank 1 process appeared";
+  ASSERT_EQ(workers.size(), 3u);
+  std::this_thread::sleep_for(std::chrono::milliseconds(800));  // generation is under way
+  ASSERT_FALSE(run.Poll().has_value()) << "the run ended before the kill:\n" << ReadFile(out);
+  const auto kill_time = std::chrono::steady_clock::now();
+  kill(victim, SIGKILL);
+  const std::optional<int> status = run.Wait(Deadline::In(60));
+  ASSERT_TRUE(status.has_value()) << "afd run did not exit";
+  EXPECT_LT(std::chrono::steady_clock::now() - kill_time, std::chrono::seconds(30));
+  EXPECT_NE(*status, 0);
+  const std::string log = ReadFile(out);
+  EXPECT_NE(log.find("attention+experts rank 1 (pid " + std::to_string(victim) +
+                     ") was killed by signal 9"),
+            std::string::npos)
+      << log;
+  for (pid_t w : workers) EXPECT_FALSE(Alive(w)) << "process " << w << " was left behind";
 }
 
 TEST(AfdRunTopologyFailures, KillingAnAttentionRankEndsTheRunNamingIt) {

@@ -11,11 +11,13 @@
 #     async NCCL window vs async CUDA IPC window vs the P2P connector over NCCL vs raw
 #     ncclSend/ncclRecv.
 #  4. Decode: `afd bench decode --topology 1A1F --cuda-devices 0,1` (NCCL window, and the P2P
-#     connector over NCCL) vs the monolithic model on one GPU (preset:deepseek-v2-lite, bf16).
+#     connector over NCCL) vs the monolithic model on one GPU and vs the monolithic model with
+#     data parallelism + expert parallelism on both GPUs (DECODE=dpep; preset:deepseek-v2-lite,
+#     bf16).
 #  5. kill -9 of the FFN rank mid-run: the attention side exits naming it.
 # Usage (repo root there): tools/device/x2_nccl_window.sh BIN_DIR OUT
 # SECTIONS="1 2 3 5" runs those sections only (default: all); WINDOWS= and DECODE= subsets of
-# "nccl cuda_ipc p2p" and "mono nccl p2p" for sections 2 and 4.
+# "nccl cuda_ipc p2p" and "mono nccl p2p dpep" for sections 2 and 4.
 set -u
 HERE=$(dirname "$(readlink -f "$0")")
 BIN=$(readlink -f "$1")
@@ -98,10 +100,11 @@ done
 
 if on 4; then
   echo "== 4. decode, preset:deepseek-v2-lite bf16, context 128: monolithic on GPU 0 vs AFD 1A1F on GPUs 0+1"
-  for D in ${DECODE:-mono nccl p2p}; do
+  for D in ${DECODE:-mono nccl p2p dpep}; do
     extra=()
     [ $D = nccl ] && extra=(--topology 1A1F --cuda-devices 0,1 --additional-config "$NCCLW")
     [ $D = p2p ] && extra=(--topology 1A1F --cuda-devices 0,1 --additional-config "$P2PN")
+    [ $D = dpep ] && extra=(--data-parallel-size 2 --enable-expert-parallel --cuda-devices 0,1)
     timeout 400 "$AFD" bench decode --model preset:deepseek-v2-lite --device cuda \
       --batch 1,16,64,256 --steps 32 --json "${extra[@]}" >"$OUT/decode_$D.json" 2>"$WORK/d_$D.err" ||
       { tail -8 "$WORK/d_$D.err"; status=1; }

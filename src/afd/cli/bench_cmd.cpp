@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <iostream>
 #include <nlohmann/json.hpp>
 
@@ -31,6 +32,10 @@ struct BenchArgs {
   runtime::BenchDecodeOptions options;
   bool json = false;
   deploy::DeploymentSpec deployment;  // --topology: through an AFD deployment of this host
+  // --data-parallel-size N --enable-expert-parallel: through N data-parallel + expert-parallel
+  // rank processes (deployment.expert_parallel_size = N).
+  int data_parallel_size = 0;
+  bool enable_expert_parallel = false;
 };
 
 std::vector<int64_t> ParseList(const std::string& text, const char* flag) {
@@ -65,7 +70,8 @@ nlohmann::ordered_json JsonHead(const BenchArgs& a, const std::string& device) {
   return j;
 }
 
-// --topology: deploy::BenchDecodeOnDeployment with this command's worker flags.
+// --topology (or --data-parallel-size N --enable-expert-parallel):
+// deploy::BenchDecodeOnDeployment with this command's worker flags.
 void RunOnTopology(const BenchArgs& a, const std::vector<int64_t>& batches, int& exit_code) {
   const bool cuda = a.device == "cuda";
   deploy::DeploymentBenchOptions o;
@@ -98,8 +104,7 @@ void RunOnTopology(const BenchArgs& a, const std::vector<int64_t>& batches, int&
   try {
     rows = deploy::BenchDecodeOnDeployment(spec, o);
   } catch (const Error& e) {
-    std::cerr << "afd bench decode --topology " << a.deployment.topology << ": " << e.what()
-              << "\n";
+    std::cerr << "afd bench decode (" << deploy::DeploymentName(spec) << "): " << e.what() << "\n";
     exit_code = 1;
     return;
   }
@@ -107,7 +112,7 @@ void RunOnTopology(const BenchArgs& a, const std::vector<int64_t>& batches, int&
   const int gpus = deploy::NumGpus(spec);
   if (a.json) {
     nlohmann::ordered_json j = JsonHead(a, a.device);
-    j["topology"] = a.deployment.topology;
+    j["topology"] = deploy::DeploymentName(spec);
     if (gpus > 0) j["gpus"] = gpus;
     j["rows"] = nlohmann::ordered_json::array();
     for (const deploy::DeploymentBenchRow& r : rows) {
@@ -121,7 +126,7 @@ void RunOnTopology(const BenchArgs& a, const std::vector<int64_t>& batches, int&
     std::cout << j.dump() << "\n";
   } else {
     std::cout << fmt::format("{} | {} | {}{} | context {}\n", a.model, a.device,
-                             a.deployment.topology,
+                             deploy::DeploymentName(spec),
                              gpus > 0 ? fmt::format(" on {} GPU(s)", gpus) : "", a.options.context);
     std::cout << "batch  ms/step  tokens/s  prefill tok/s" << (gpus > 0 ? "  tok/s/GPU" : "")
               << "\n";
@@ -136,13 +141,25 @@ void RunOnTopology(const BenchArgs& a, const std::vector<int64_t>& batches, int&
 }
 
 void Run(BenchArgs a, int& exit_code) {
-  if (!a.deployment.topology.empty()) {
+  try {
+    AFD_CHECK(a.data_parallel_size == 0 || a.enable_expert_parallel,
+              "--data-parallel-size {} needs --enable-expert-parallel (the ranks' MoE layers "
+              "expert-parallel over them)",
+              a.data_parallel_size);
+  } catch (const Error& e) {
+    std::cerr << "afd bench decode: " << e.what() << "\n";
+    exit_code = 2;
+    return;
+  }
+  if (a.enable_expert_parallel)
+    a.deployment.expert_parallel_size = std::max(1, a.data_parallel_size);
+  if (!a.deployment.topology.empty() || a.deployment.expert_parallel_size > 0) {
     std::vector<int64_t> batches;
     try {
       batches = ParseList(a.batch, "--batch");
       AFD_CHECK(!a.options.profile && a.cuda_graph_sizes.empty() && !a.options.graphs.enforce_eager,
                 "--profile, --cuda-graph-sizes and --enforce-eager are one-process options; "
-                "leave them out with --topology");
+                "leave them out with --topology or --data-parallel-size");
     } catch (const Error& e) {
       std::cerr << "afd bench decode: " << e.what() << "\n";
       exit_code = 2;
@@ -345,6 +362,14 @@ void AddBenchCommand(CLI::App& app, int& exit_code) {
   decode->add_option("--topology", a->deployment.topology,
                      "xAyF: through an AFD deployment of rank processes on this host (e.g. "
                      "1A1F with the async connector on one GPU)");
+  decode
+      ->add_option("--data-parallel-size", a->data_parallel_size,
+                   "With --enable-expert-parallel: through that many rank processes, attention "
+                   "data-parallel and the MoE expert-parallel over them (the monolithic "
+                   "baseline of AFD; --cuda-devices: one GPU each)")
+      ->check(CLI::PositiveNumber);
+  decode->add_flag("--enable-expert-parallel", a->enable_expert_parallel,
+                   "The MoE layers expert-parallel over the --data-parallel-size ranks");
   decode->add_option("--additional-config", a->deployment.additional_config,
                      "With --topology: extra afd fields (connector, connector_extra_config)");
   decode

@@ -2,6 +2,7 @@
 // Several --prompt-ids run together as one batch. Exit 2 for invalid input (arguments, model
 // directory or checkpoint content), 1 for failures while running.
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <iostream>
@@ -35,6 +36,10 @@ struct RunArgs {
   int cuda_device = 0;
   runtime::CudaGraphOptions graphs;   // --cuda-graph-sizes, --enforce-eager (cuda only)
   deploy::DeploymentSpec deployment;  // --topology: run on an AFD deployment of local processes
+  // --data-parallel-size N --enable-expert-parallel: N local ranks, attention data-parallel and
+  // the MoE expert-parallel over them (no AFD; deployment.expert_parallel_size = N).
+  int data_parallel_size = 0;
+  bool enable_expert_parallel = false;
 };
 
 // "1,2,3" -> {1, 2, 3}; throws afd::Error on anything else.
@@ -62,7 +67,8 @@ std::vector<int32_t> ParseIds(const std::string& text) {
   return ids;
 }
 
-// `afd run --topology`: the same prompts and output through an AFD deployment.
+// `afd run --topology` (or --data-parallel-size N --enable-expert-parallel): the same prompts and
+// output through a deployment of local rank processes.
 void RunOnDeployment(const RunArgs& args, const std::vector<std::vector<int32_t>>& prompts,
                      int& exit_code) {
   deploy::DeploymentSpec spec = args.deployment;
@@ -80,7 +86,7 @@ void RunOnDeployment(const RunArgs& args, const std::vector<std::vector<int32_t>
     AFD_CHECK(args.dump_logits.empty(), "--dump-logits is not available with --topology");
     results = deploy::RunDeployment(spec, prompts);
   } catch (const Error& e) {
-    std::cerr << "afd run --topology " << spec.topology << ": " << e.what() << "\n";
+    std::cerr << "afd run (" << deploy::DeploymentName(spec) << "): " << e.what() << "\n";
     exit_code = 1;
     return;
   }
@@ -118,8 +124,23 @@ void Run(RunArgs args, int& exit_code) {
     backend = kernels::MakeBackend(cuda ? Device::Cuda(args.cuda_device) : Device::Cpu());
     model = model::OpenModel(args.gen.model, open, *backend);
     const model::ModelConfig& c = model->config();
-    AFD_CHECK(args.deployment.cuda_devices.empty() || !args.deployment.topology.empty(),
-              "--cuda-devices places the ranks of --topology; one process takes --cuda-device");
+    AFD_CHECK(args.data_parallel_size == 0 || args.enable_expert_parallel,
+              "--data-parallel-size {} runs data-parallel ranks with the MoE expert-parallel "
+              "over them: add --enable-expert-parallel (plain data parallelism is that many "
+              "independent afd run processes)",
+              args.data_parallel_size);
+    AFD_CHECK(!args.enable_expert_parallel || args.deployment.topology.empty(),
+              "--enable-expert-parallel runs data-parallel ranks without AFD: leave out "
+              "--topology {}",
+              args.deployment.topology);
+    if (args.enable_expert_parallel) {
+      args.deployment.expert_parallel_size = std::max(1, args.data_parallel_size);
+    }
+    const bool deployed =
+        !args.deployment.topology.empty() || args.deployment.expert_parallel_size > 0;
+    AFD_CHECK(args.deployment.cuda_devices.empty() || deployed,
+              "--cuda-devices places the ranks of --topology (or of --data-parallel-size); one "
+              "process takes --cuda-device");
     AFD_CHECK(!args.gen.dbo.enabled || !args.deployment.topology.empty(),
               "--enable-dbo overlaps the attention and FFN roles: it needs --topology");
     AFD_CHECK(
@@ -132,8 +153,8 @@ void Run(RunArgs args, int& exit_code) {
     exit_code = 2;
     return;
   }
-  if (!args.deployment.topology.empty()) {
-    model.reset();  // the role processes load their own copies
+  if (!args.deployment.topology.empty() || args.deployment.expert_parallel_size > 0) {
+    model.reset();  // the rank processes load their own copies
     RunOnDeployment(args, prompts, exit_code);
     return;
   }
@@ -218,6 +239,13 @@ void AddRunCommand(CLI::App& app, int& exit_code) {
   run->add_flag("--enforce-eager", args->graphs.enforce_eager, "No CUDA graphs");
   run->add_option("--topology", args->deployment.topology,
                   "Run on an AFD deployment xAyF of processes on this host (e.g. 3A2F)");
+  run->add_option("--data-parallel-size", args->data_parallel_size,
+                  "With --enable-expert-parallel: that many rank processes on this host, each "
+                  "attention for its share of the prompts plus its share of the routed experts "
+                  "(no AFD; --cuda-devices: one GPU each)")
+      ->check(CLI::PositiveNumber);
+  run->add_flag("--enable-expert-parallel", args->enable_expert_parallel,
+                "The MoE layers expert-parallel over the --data-parallel-size ranks");
   run->add_option("--attention-dp", args->deployment.attention_dp, "Attention DP size")
       ->check(CLI::PositiveNumber);
   run->add_option("--attention-tp", args->deployment.attention_tp, "Attention TP size")

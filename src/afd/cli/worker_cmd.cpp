@@ -20,6 +20,7 @@
 #include "afd/comm/join_secret.h"
 #include "afd/common/error.h"
 #include "afd/deploy/deployment_run.h"
+#include "afd/deploy/dp_ep_worker.h"
 #include "afd/deploy/kv_sizing.h"
 #include "afd/deploy/launcher.h"
 #include "afd/deploy/role_worker.h"
@@ -388,6 +389,61 @@ void AddWorkerCommands(CLI::App& app, int& exit_code) {
       exit_code = 0;
     } catch (const Error& e) {
       std::cerr << "afd worker (" << who << "): error: " << e.what() << std::endl;
+      exit_code = 1;
+    }
+  });
+
+  // One rank of `afd run --data-parallel-size N --enable-expert-parallel` (a launcher starts it).
+  auto eargs = std::make_shared<RoleArgs>();
+  auto ep = std::make_shared<deploy::DpEpWorkerOptions>();
+  auto* dp_ep =
+      app.add_subcommand("dp-ep-worker",
+                         "Run one rank of a data-parallel + expert-parallel deployment (afd run "
+                         "--data-parallel-size N --enable-expert-parallel starts them)");
+  AddGenerationFlags(dp_ep, eargs->gen);
+  dp_ep->add_option("--device", eargs->device, "cpu or cuda")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
+  AddCudaFlags(dp_ep, *eargs);
+  dp_ep->add_option("--data-parallel-rank", ep->rank, "This rank")
+      ->required()
+      ->check(CLI::NonNegativeNumber);
+  dp_ep->add_option("--data-parallel-size", ep->size, "Ranks of the deployment")
+      ->required()
+      ->check(CLI::PositiveNumber);
+  dp_ep->add_option("--rendezvous-port", ep->port, "Port of the store on 127.0.0.1 (rank 0's)")
+      ->required()
+      ->check(CLI::Range(1, 65535));
+  dp_ep->add_option("--prompts-file", eargs->prompts_file, "JSON array of token-id arrays");
+  dp_ep->add_option("--output-file", ep->output_file, "Generated results of this rank's prompts");
+  dp_ep->add_option("--stats-file", ep->stats_file, "JSON summary of this rank");
+  auto dp_ep_parent = std::make_shared<int>(0);
+  dp_ep->add_option("--exit-with-parent", *dp_ep_parent,
+                    "PID of the launcher: end this rank when it ends (launchers set it)");
+  dp_ep->callback([eargs, ep, dp_ep_parent, &exit_code] {
+    if (*dp_ep_parent > 0) deploy::ExitWithParent(*dp_ep_parent);
+    deploy::DpEpWorkerOptions o = *ep;
+    try {
+      AFD_CHECK(o.rank < o.size, "--data-parallel-rank {}: at most --data-parallel-size {} - 1",
+                o.rank, o.size);
+      const bool cuda = eargs->device == "cuda";
+      o.cuda_device = cuda ? eargs->cuda_device : -1;
+      o.model = eargs->gen.model;
+      o.open = ToOpenOptions(eargs->gen);
+      ApplyDtype(eargs->dtype, cuda, o.open);
+      o.prompts = ReadPrompts(eargs->prompts_file);
+      ValidateGenerationInput(eargs->gen, model::PeekModelConfig(o.model, o.open), o.prompts);
+      o.generation = ToGenerationOptions(eargs->gen);
+    } catch (const Error& e) {  // invalid input: exit 2
+      std::cerr << "afd dp-ep-worker: " << e.what() << std::endl;
+      exit_code = 2;
+      return;
+    }
+    try {
+      deploy::RunDpEpWorker(o);
+      exit_code = 0;
+    } catch (const Error& e) {
+      std::cerr << "afd dp-ep-worker (data-parallel rank " << o.rank << "): error: " << e.what()
+                << std::endl;
       exit_code = 1;
     }
   });

@@ -71,8 +71,88 @@ std::vector<std::string> CudaWorkerFlags(const DeploymentSpec& spec, int cuda_de
   return flags;
 }
 
+std::string DeploymentName(const DeploymentSpec& spec) {
+  return spec.expert_parallel_size > 0 ? fmt::format("DP{}+EP", spec.expert_parallel_size)
+                                       : spec.topology;
+}
+
+namespace {
+
+// The ranks of a data-parallel + expert-parallel deployment: each writes out<r>.jsonl and
+// attention<r>.stats like an attention rank of AFD (RunDeployment reads them alike).
+std::vector<RankProcessSpec> DpEpRankSpecs(const DeploymentSpec& spec, const std::string& dir,
+                                           const std::string& prompts_file) {
+  const int n = spec.expert_parallel_size;
+  AFD_CHECK(spec.topology.empty(),
+            "--enable-expert-parallel with --data-parallel-size is a deployment without AFD: "
+            "leave out --topology {}",
+            spec.topology);
+  AFD_CHECK(n >= 1 && n <= 256, "--data-parallel-size {}: must be in 1..256 on one host", n);
+  AFD_CHECK(spec.additional_config.empty(),
+            "--additional-config configures AFD; a data-parallel + expert-parallel deployment "
+            "takes none");
+  AFD_CHECK(
+      spec.attention_tp == 1 && spec.attention_dp == 0 && spec.ffn_dp == 0 && spec.ffn_tp == 1,
+      "--attention-dp/--attention-tp/--ffn-dp/--ffn-tp are AFD's; a data-parallel + "
+      "expert-parallel deployment has one rank per replica");
+  AFD_CHECK(spec.cuda_devices.empty() || spec.cuda,
+            "--cuda-devices places the ranks on GPUs: it needs --device cuda");
+  AFD_CHECK(spec.cuda_devices.empty() || static_cast<int>(spec.cuda_devices.size()) == n,
+            "--cuda-devices: {} devices for the {} data-parallel ranks (one per rank)",
+            spec.cuda_devices.size(), n);
+  if (spec.cuda && n > 1) {
+    // The MoE rows go over NCCL, which cannot put two ranks on one GPU.
+    std::vector<int> sorted = spec.cuda_devices;
+    std::sort(sorted.begin(), sorted.end());
+    AFD_CHECK(!sorted.empty() && std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end(),
+              "a data-parallel + expert-parallel deployment on GPUs moves its MoE rows over "
+              "NCCL, which cannot put two ranks on one GPU: give --cuda-devices one distinct "
+              "device per rank ({} here)",
+              n);
+  }
+  const int port = comm::PickRendezvousPort();
+  const std::string exe = SelfExe();
+  std::vector<RankProcessSpec> specs;
+  for (int r = 0; r < n; ++r) {
+    RankProcessSpec s;
+    s.label = fmt::format("attention+experts rank {}", r);
+    s.log = fmt::format("{}/attention{}.log", dir, r);
+    s.argv = {exe,
+              "dp-ep-worker",
+              "--exit-with-parent",
+              std::to_string(getpid()),
+              "--data-parallel-rank",
+              std::to_string(r),
+              "--data-parallel-size",
+              std::to_string(n),
+              "--rendezvous-port",
+              std::to_string(port),
+              "--stats-file",
+              fmt::format("{}/attention{}.stats", dir, r),
+              "--prompts-file",
+              prompts_file,
+              "--output-file",
+              fmt::format("{}/out{}.jsonl", dir, r)};
+    s.argv.insert(s.argv.end(), spec.worker_flags.begin(), spec.worker_flags.end());
+    if (!spec.cuda_devices.empty()) {
+      s.argv.insert(s.argv.end(), {"--cuda-device", std::to_string(spec.cuda_devices[r])});
+      s.label += fmt::format(" (cuda:{})", spec.cuda_devices[r]);
+    }
+    specs.push_back(std::move(s));
+  }
+  return specs;
+}
+
+}  // namespace
+
 std::vector<RankProcessSpec> DeploymentRankSpecs(const DeploymentSpec& spec, const std::string& dir,
                                                  const std::string& prompts_file) {
+  if (spec.expert_parallel_size > 0) {
+    AFD_CHECK(!prompts_file.empty(),
+              "a data-parallel + expert-parallel deployment runs prompts (afd run, afd bench "
+              "decode); it does not serve");
+    return DpEpRankSpecs(spec, dir, prompts_file);
+  }
   std::smatch m;
   const std::regex shape("^([0-9]+)A([0-9]+)F$", std::regex::icase);
   AFD_CHECK(std::regex_match(spec.topology, m, shape),
@@ -207,11 +287,16 @@ std::vector<RankProcessSpec> DeploymentRankSpecs(const DeploymentSpec& spec, con
 std::vector<DeploymentResult> RunDeployment(const DeploymentSpec& spec,
                                             const std::vector<std::vector<int32_t>>& prompts,
                                             std::vector<json>* attention_stats) {
-  std::smatch m;
-  const std::regex shape("^([0-9]+)A([0-9]+)F$", std::regex::icase);
-  AFD_CHECK(std::regex_match(spec.topology, m, shape),
-            "--topology \"{}\": expected xAyF, e.g. 3A2F", spec.topology);
-  const int A = std::stoi(m[1]);
+  // The ranks that generate: the attention ranks (TP rank 0 of each replica writes), or every
+  // rank of a data-parallel + expert-parallel deployment.
+  int A = spec.expert_parallel_size;
+  if (A == 0) {
+    std::smatch m;
+    const std::regex shape("^([0-9]+)A([0-9]+)F$", std::regex::icase);
+    AFD_CHECK(std::regex_match(spec.topology, m, shape),
+              "--topology \"{}\": expected xAyF, e.g. 3A2F", spec.topology);
+    A = std::stoi(m[1]);
+  }
   TempDir dir;
   const std::string prompts_file = dir.path + "/prompts.json";
   std::ofstream(prompts_file) << json(prompts).dump();
@@ -282,6 +367,10 @@ std::vector<DeploymentResult> RunDeployment(const DeploymentSpec& spec,
       if (st.value("mixed_steps", int64_t{0}) > 0) {
         std::cerr << fmt::format(", {} mixed prefill+decode steps",
                                  st["mixed_steps"].get<int64_t>());
+      }
+      if (st.contains("expert_range")) {  // a data-parallel + expert-parallel rank
+        std::cerr << fmt::format(", experts [{}, {})", st["expert_range"][0].get<int64_t>(),
+                                 st["expert_range"][1].get<int64_t>());
       }
       if (st.contains("experts")) {
         std::cerr << fmt::format(", experts [{}, {}), {} rows", st["experts"][0].get<int64_t>(),

@@ -12,7 +12,11 @@
 namespace afd::deploy {
 
 struct DeploymentSpec {
-  std::string topology;                    // "3A2F"
+  std::string topology;  // "3A2F"
+  // > 0 instead of a topology: that many data-parallel ranks, each attention plus its share of
+  // the routed experts, the MoE layers expert-parallel over all of them (vLLM's
+  // --data-parallel-size N --enable-expert-parallel; runtime/dp_ep_runner.h): no AFD.
+  int expert_parallel_size = 0;
   int attention_dp = 0, attention_tp = 1;  // 0: dp = A / tp
   int ffn_dp = 0, ffn_tp = 1;              // 0: dp = F / tp
   std::string additional_config;           // optional extra afd fields (e.g. the gate placement)
@@ -20,8 +24,9 @@ struct DeploymentSpec {
   bool print_stats = false;                // per-rank steps and per-layer transfers to stderr
   bool show_rank_map = false;              // print the deployment's rank map to stderr
   bool cuda = false;  // the ranks run on GPUs (worker_flags carry --device cuda): async connector
-  // With cuda: the CUDA device of every world rank (FFN ranks first, then attention ranks),
-  // passed to each as --cuda-device; empty: worker_flags say (every rank on one device).
+  // With cuda: the CUDA device of every world rank (FFN ranks first, then attention ranks; with
+  // expert_parallel_size, of each rank), passed to each as --cuda-device; empty: worker_flags
+  // say (every rank on one device).
   std::vector<int> cuda_devices;
 };
 
@@ -41,7 +46,11 @@ int NumGpus(const DeploymentSpec& spec);
 std::vector<std::string> CudaWorkerFlags(const DeploymentSpec& spec, int cuda_device,
                                          const std::string& dtype);
 
-// The rank processes of the deployment (FFN ranks first, then attention ranks), their logs and
+// "xAyF", or "DP<N>+EP" for a data-parallel + expert-parallel deployment.
+std::string DeploymentName(const DeploymentSpec& spec);
+
+// The rank processes of the deployment (FFN ranks first, then attention ranks; or the
+// data-parallel + expert-parallel ranks, labelled "attention+experts rank r"), their logs and
 // stats files in `dir`, on a fresh rendezvous port. With `prompts_file` the attention ranks
 // generate for it and write out<rank>.jsonl to `dir`; without, they serve (their specs are
 // marked serves_engine). Checks the topology and config; throws afd::Error naming the flag.

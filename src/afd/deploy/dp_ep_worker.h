@@ -1,0 +1,35 @@
+// One rank of a data-parallel + expert-parallel deployment (`afd run --data-parallel-size N
+// --enable-expert-parallel`; runtime/dp_ep_runner.h): the monolithic baseline of AFD. Rank 0
+// hosts the rendezvous store on 127.0.0.1:port (these deployments are single-host); every rank
+// joins one host group (counts, lockstep) and, on a GPU, an NCCL group for the MoE rows; loads
+// everything but the other ranks' routed experts; generates for prompts i with i % N == rank;
+// then takes part in the other ranks' steps until every rank is done.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "afd/model/loader.h"
+#include "afd/runtime/generator.h"
+
+namespace afd::deploy {
+
+struct DpEpWorkerOptions {
+  int rank = 0;
+  int size = 1;
+  int port = 0;            // rendezvous store on 127.0.0.1 (rank 0 listens)
+  double timeout_s = 120;  // bound on the rendezvous and on every collective wait
+  std::string model;
+  model::OpenOptions open;
+  int cuda_device = -1;  // >= 0: the model runs on this GPU (MoE rows over NCCL)
+  std::vector<std::vector<int32_t>> prompts;  // all prompts; this rank takes i % size == rank
+  runtime::GenerationOptions generation;
+  std::string output_file;  // {"index": i, "result": ...} lines of this rank's prompts
+  std::string stats_file;   // optional: a JSON summary (steps, prefill and decode counters)
+};
+
+// Throws afd::Error on any failure (the launcher then stops the other ranks).
+void RunDpEpWorker(const DpEpWorkerOptions& options);
+
+}  // namespace afd::deploy

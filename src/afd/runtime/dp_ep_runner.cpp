@@ -1,0 +1,55 @@
+#include "afd/runtime/dp_ep_runner.h"
+
+#include <vector>
+
+#include "afd/common/error.h"
+
+namespace afd::runtime {
+
+void ExpertParallelMoeBackend::Forward(int64_t layer, const Tensor& hidden, const Tensor& out,
+                                       Workspace& ws) {
+  const int64_t n = hidden.dim(0), k = model_.config().num_experts_per_tok;
+  const Tensor ids = ws.Take(DType::kI32, {n, k});
+  const Tensor weights = ws.Take(DType::kF32, {n, k});
+  if (n > 0) model_.Route(layer, hidden, ids, weights, ws);
+  ep_.Forward(layer, hidden, ids, weights, out, ws);
+}
+
+DataParallelExpertParallelRunner::DataParallelExpertParallelRunner(
+    const model::DeepseekModel& model, comm::Communicator& group, comm::Communicator& rows)
+    : model_(model),
+      group_(group),
+      ep_(model, group, rows),
+      moe_(model, ep_),
+      empty_ws_(model.backend()) {}
+
+int64_t DataParallelExpertParallelRunner::RunningRanks(bool running) {
+  int64_t v = running ? 1 : 0;
+  group_.AllReduce(&v, 1, DType::kI64, comm::ReduceOp::kSum);
+  return v;
+}
+
+Tensor DataParallelExpertParallelRunner::Forward(const model::ForwardBatch& batch,
+                                                 kv::PagedKvCache& cache, Workspace& ws) {
+  RunningRanks(true);
+  ++steps_;
+  return model_.Forward(batch, cache, moe_, ws);
+}
+
+void DataParallelExpertParallelRunner::Drain() {
+  const model::ModelConfig& c = model_.config();
+  const int64_t H = c.hidden_size, k = c.num_experts_per_tok;
+  while (RunningRanks(false) > 0) {
+    empty_ws_.Reset();
+    const Tensor rows = empty_ws_.Take(DType::kF32, {0, H});
+    const Tensor out = empty_ws_.Take(DType::kF32, {0, H});
+    const Tensor ids = empty_ws_.Take(DType::kI32, {0, k});
+    const Tensor weights = empty_ws_.Take(DType::kF32, {0, k});
+    for (int64_t layer = 0; layer < c.num_hidden_layers; ++layer) {
+      if (c.IsMoeLayer(layer)) ep_.Forward(layer, rows, ids, weights, out, empty_ws_);
+    }
+    ++empty_steps_;
+  }
+}
+
+}  // namespace afd::runtime
