@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <fstream>
 #include <iostream>
@@ -336,33 +337,34 @@ bool Alive(pid_t pid) {
   return stat.find(") Z") == std::string::npos;  // a zombie is dead
 }
 
-// Kills the role process whose command line has `role` and `--role-rank rank` mid-generation.
-void KillOneAndCheck(const std::string& role, int rank, const std::string& config = "") {
-  const std::string out =
-      ::testing::TempDir() + "/kill_" + role + (config.empty() ? "" : "_async") + ".out";
-  std::vector<std::string> argv = {AFD_BINARY,     "run",          "--model",      "preset:tiny",
-                                   "--topology",   "3A2F",         "--max-tokens", "3000",
-                                   "--ignore-eos", "--prompt-ids", "1,2,3",        "--prompt-ids",
-                                   "4,5"};
-  if (!config.empty()) argv.insert(argv.end(), {"--additional-config", config});
+// Starts `afd run` with `args`, waits for its `workers_expected` rank processes, SIGKILLs the
+// one whose command line contains every string of `victim_markers` mid-generation, and checks
+// that the run ends within 30 s naming "<label> (pid N) was killed by signal 9" and leaves no
+// process behind.
+void KillAndCheck(const std::vector<std::string>& args, size_t workers_expected,
+                  const std::vector<std::string>& victim_markers, const std::string& label,
+                  const std::string& tag) {
+  const std::string out = ::testing::TempDir() + "/kill_" + tag + ".out";
+  std::vector<std::string> argv = {AFD_BINARY};
+  argv.insert(argv.end(), args.begin(), args.end());
   Subprocess run(argv, out);
   std::vector<pid_t> workers;
   pid_t victim = -1;
   const auto start = std::chrono::steady_clock::now();
-  while ((victim < 0 || workers.size() < 5) &&
+  while ((victim < 0 || workers.size() < workers_expected) &&
          std::chrono::steady_clock::now() - start < std::chrono::seconds(20)) {
     workers = ChildrenOf(run.pid());
     for (pid_t w : workers) {
       const std::string cmd = Cmdline(w);
-      if (cmd.find("\"role\":\"" + role + "\"") != std::string::npos &&
-          cmd.find("--role-rank " + std::to_string(rank) + " ") != std::string::npos) {
+      if (std::all_of(victim_markers.begin(), victim_markers.end(),
+                      [&cmd](const std::string& m) { return cmd.find(m) != std::string::npos; })) {
         victim = w;
       }
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  ASSERT_GT(victim, 0) << "no " << role << " rank " << rank << " process appeared";
-  ASSERT_EQ(workers.size(), 5u);
+  ASSERT_GT(victim, 0) << "no " << label << " process appeared";
+  ASSERT_EQ(workers.size(), workers_expected);
   std::this_thread::sleep_for(std::chrono::milliseconds(800));  // generation is under way
   ASSERT_FALSE(run.Poll().has_value()) << "the run ended before the kill:\n" << ReadFile(out);
   const auto kill_time = std::chrono::steady_clock::now();
@@ -372,11 +374,21 @@ void KillOneAndCheck(const std::string& role, int rank, const std::string& confi
   EXPECT_LT(std::chrono::steady_clock::now() - kill_time, std::chrono::seconds(30));
   EXPECT_NE(*status, 0);
   const std::string log = ReadFile(out);
-  EXPECT_NE(log.find(role + " rank " + std::to_string(rank) + " (pid " + std::to_string(victim) +
-                     ") was killed by signal 9"),
+  EXPECT_NE(log.find(label + " (pid " + std::to_string(victim) + ") was killed by signal 9"),
             std::string::npos)
       << log;
   for (pid_t w : workers) EXPECT_FALSE(Alive(w)) << "process " << w << " was left behind";
+}
+
+// Kills the role process of `role` with `--role-rank rank` of a 3A2F run mid-generation.
+void KillOneAndCheck(const std::string& role, int rank, const std::string& config = "") {
+  std::vector<std::string> args = {"run",          "--model",      "preset:tiny",  "--topology",
+                                   "3A2F",         "--max-tokens", "3000",         "--ignore-eos",
+                                   "--prompt-ids", "1,2,3",        "--prompt-ids", "4,5"};
+  if (!config.empty()) args.insert(args.end(), {"--additional-config", config});
+  // The role's config and its rank flag, both on the worker's command line.
+  KillAndCheck(args, 5, {"\"role\":\"" + role + "\"", "--role-rank " + std::to_string(rank) + " "},
+               role + " rank " + std::to_string(rank), role + (config.empty() ? "" : "_async"));
 }
 
 TEST(AfdRunTopologyFailures, KillingAnFfnRankEndsTheRunNamingIt) { KillOneAndCheck("ffn", 1); }
@@ -442,38 +454,10 @@ TEST(AfdRunTopologyAsync, AReplicaFinishesWhileAnotherStillRuns) {
 // A data-parallel + expert-parallel rank killed mid-run: the run ends naming it, and the other
 // ranks (blocked in the MoE's collectives) are stopped.
 TEST(AfdRunTopologyFailures, KillingADataParallelExpertParallelRankEndsTheRunNamingIt) {
-  const std::string out = ::testing::TempDir() + "/kill_dp_ep.out";
-  Subprocess run({AFD_BINARY, "run", "--model", "preset:tiny", "--data-parallel-size", "3",
-                  "--enable-expert-parallel", "--max-tokens", "3000", "--ignore-eos",
-                  "--prompt-ids", "1,2,3", "--prompt-ids", "4,5"},
-                 out);
-  std::vector<pid_t> workers;
-  pid_t victim = -1;
-  const auto start = std::chrono::steady_clock::now();
-  while ((victim < 0 || workers.size() < 3) &&
-         std::chrono::steady_clock::now() - start < std::chrono::seconds(20)) {
-    workers = ChildrenOf(run.pid());
-    for (pid_t w : workers) {
-      if (Cmdline(w).find("--data-parallel-rank 1 ") != std::string::npos) victim = w;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  ASSERT_GT(victim, 0) << "no data-parallel rank 1 process appeared";
-  ASSERT_EQ(workers.size(), 3u);
-  std::this_thread::sleep_for(std::chrono::milliseconds(800));  // generation is under way
-  ASSERT_FALSE(run.Poll().has_value()) << "the run ended before the kill:\n" << ReadFile(out);
-  const auto kill_time = std::chrono::steady_clock::now();
-  kill(victim, SIGKILL);
-  const std::optional<int> status = run.Wait(Deadline::In(60));
-  ASSERT_TRUE(status.has_value()) << "afd run did not exit";
-  EXPECT_LT(std::chrono::steady_clock::now() - kill_time, std::chrono::seconds(30));
-  EXPECT_NE(*status, 0);
-  const std::string log = ReadFile(out);
-  EXPECT_NE(log.find("attention+experts rank 1 (pid " + std::to_string(victim) +
-                     ") was killed by signal 9"),
-            std::string::npos)
-      << log;
-  for (pid_t w : workers) EXPECT_FALSE(Alive(w)) << "process " << w << " was left behind";
+  KillAndCheck(
+      {"run", "--model", "preset:tiny", "--data-parallel-size", "3", "--enable-expert-parallel",
+       "--max-tokens", "3000", "--ignore-eos", "--prompt-ids", "1,2,3", "--prompt-ids", "4,5"},
+      3, {"--data-parallel-rank 1 "}, "attention+experts rank 1", "dp_ep");
 }
 
 TEST(AfdRunTopologyFailures, KillingAnAttentionRankEndsTheRunNamingIt) {

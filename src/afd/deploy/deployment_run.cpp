@@ -52,6 +52,12 @@ std::string RoleConfig(const json& base, Role role, int port, int A, int F, bool
   return text;
 }
 
+// NCCL cannot put two ranks on one GPU: --cuda-devices given, no device twice.
+bool OneDevicePerRank(std::vector<int> devices) {
+  std::sort(devices.begin(), devices.end());
+  return !devices.empty() && std::adjacent_find(devices.begin(), devices.end()) == devices.end();
+}
+
 }  // namespace
 
 int NumGpus(const DeploymentSpec& spec) {
@@ -102,9 +108,7 @@ std::vector<RankProcessSpec> DpEpRankSpecs(const DeploymentSpec& spec, const std
             spec.cuda_devices.size(), n);
   if (spec.cuda && n > 1) {
     // The MoE rows go over NCCL, which cannot put two ranks on one GPU.
-    std::vector<int> sorted = spec.cuda_devices;
-    std::sort(sorted.begin(), sorted.end());
-    AFD_CHECK(!sorted.empty() && std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end(),
+    AFD_CHECK(OneDevicePerRank(spec.cuda_devices),
               "a data-parallel + expert-parallel deployment on GPUs moves its MoE rows over "
               "NCCL, which cannot put two ranks on one GPU: give --cuda-devices one distinct "
               "device per rank ({} here)",
@@ -230,9 +234,7 @@ std::vector<RankProcessSpec> DeploymentRankSpecs(const DeploymentSpec& spec, con
   const bool p2p_nccl = connector == kP2pNcclConnector;
   const bool nccl = p2p_nccl || (deployed.is_async() && deployed.async_options.window == "nccl");
   if (spec.cuda && nccl) {
-    std::vector<int> sorted = spec.cuda_devices;
-    std::sort(sorted.begin(), sorted.end());
-    AFD_CHECK(!sorted.empty() && std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end(),
+    AFD_CHECK(OneDevicePerRank(spec.cuda_devices),
               "{} puts every rank on its own GPU (NCCL cannot put two ranks on one): give "
               "--cuda-devices one distinct device per world rank ({} here, FFN ranks first), or "
               "let the ranks share GPUs through AsyncAFDConnector's CUDA IPC windows",
