@@ -460,6 +460,25 @@ TEST(AfdRunTopologyFailures, KillingADataParallelExpertParallelRankEndsTheRunNam
       3, {"--data-parallel-rank 1 "}, "attention+experts rank 1", "dp_ep");
 }
 
+// A data-parallel + expert-parallel rank that fails on its own (its prompt does not fit the KV
+// cache; the other rank has no prompt) is named as the cause, first. (The rank that lost it
+// usually adds "the deployment was aborted: <cause>" from the store, which the failed rank 0
+// keeps serving for up to 2 s; not asserted: it is a race with the launcher's grace period.)
+TEST(AfdRunTopologyFailures, AFailingDataParallelRankIsNamedAsTheCause) {
+  std::string prompt = "2";
+  for (int i = 3; i < 200; ++i) prompt += "," + std::to_string(i);
+  const Output o = RunAfd(
+      {"run", "--model", "preset:tiny", "--prompt-ids", prompt, "--max-tokens", "4",
+       "--num-gpu-blocks-override", "1", "--data-parallel-size", "2", "--enable-expert-parallel"},
+      "dp_ep_fail");
+  EXPECT_EQ(o.status, 1) << o.err;
+  EXPECT_NE(o.err.find("attention+experts rank 0 (pid"), std::string::npos) << o.err;
+  EXPECT_NE(o.err.find("KV cache blocks"), std::string::npos) << o.err;
+  EXPECT_LT(o.err.find("attention+experts rank 0 (pid"),
+            o.err.find("attention+experts rank 1 (pid"))
+      << o.err;
+}
+
 TEST(AfdRunTopologyFailures, KillingAnAttentionRankEndsTheRunNamingIt) {
   KillOneAndCheck("attention", 2);
 }

@@ -146,13 +146,17 @@ void Run(BenchArgs a, int& exit_code) {
               "--data-parallel-size {} needs --enable-expert-parallel (the ranks' MoE layers "
               "expert-parallel over them)",
               a.data_parallel_size);
+    if (a.enable_expert_parallel) {
+      a.deployment.expert_parallel_size = std::max(1, a.data_parallel_size);
+      deploy::DeploymentSpec ep = a.deployment;
+      ep.cuda = a.device == "cuda";
+      deploy::CheckDataParallelExpertParallel(ep);
+    }
   } catch (const Error& e) {
     std::cerr << "afd bench decode: " << e.what() << "\n";
     exit_code = 2;
     return;
   }
-  if (a.enable_expert_parallel)
-    a.deployment.expert_parallel_size = std::max(1, a.data_parallel_size);
   if (!a.deployment.topology.empty() || a.deployment.expert_parallel_size > 0) {
     std::vector<int64_t> batches;
     try {
@@ -369,7 +373,8 @@ void AddBenchCommand(CLI::App& app, int& exit_code) {
                    "baseline of AFD; --cuda-devices: one GPU each)")
       ->check(CLI::PositiveNumber);
   decode->add_flag("--enable-expert-parallel", a->enable_expert_parallel,
-                   "The MoE layers expert-parallel over the --data-parallel-size ranks");
+                   "The MoE layers expert-parallel over the --data-parallel-size ranks (default 1: "
+                   "one rank process)");
   decode->add_option("--additional-config", a->deployment.additional_config,
                      "With --topology: extra afd fields (connector, connector_extra_config)");
   decode

@@ -83,7 +83,6 @@ void RunOnDeployment(const RunArgs& args, const std::vector<std::vector<int32_t>
   }
   std::vector<deploy::DeploymentResult> results;
   try {
-    AFD_CHECK(args.dump_logits.empty(), "--dump-logits is not available with --topology");
     results = deploy::RunDeployment(spec, prompts);
   } catch (const Error& e) {
     std::cerr << "afd run (" << deploy::DeploymentName(spec) << "): " << e.what() << "\n";
@@ -129,15 +128,19 @@ void Run(RunArgs args, int& exit_code) {
               "over them: add --enable-expert-parallel (plain data parallelism is that many "
               "independent afd run processes)",
               args.data_parallel_size);
-    AFD_CHECK(!args.enable_expert_parallel || args.deployment.topology.empty(),
-              "--enable-expert-parallel runs data-parallel ranks without AFD: leave out "
-              "--topology {}",
-              args.deployment.topology);
     if (args.enable_expert_parallel) {
       args.deployment.expert_parallel_size = std::max(1, args.data_parallel_size);
     }
+    if (args.deployment.expert_parallel_size > 0) {
+      deploy::DeploymentSpec ep = args.deployment;
+      ep.cuda = cuda;
+      deploy::CheckDataParallelExpertParallel(ep);
+    }
     const bool deployed =
         !args.deployment.topology.empty() || args.deployment.expert_parallel_size > 0;
+    AFD_CHECK(args.dump_logits.empty() || !deployed,
+              "--dump-logits is not available with rank processes (--topology, "
+              "--data-parallel-size)");
     AFD_CHECK(args.deployment.cuda_devices.empty() || deployed,
               "--cuda-devices places the ranks of --topology (or of --data-parallel-size); one "
               "process takes --cuda-device");
@@ -245,7 +248,8 @@ void AddRunCommand(CLI::App& app, int& exit_code) {
                   "(no AFD; --cuda-devices: one GPU each)")
       ->check(CLI::PositiveNumber);
   run->add_flag("--enable-expert-parallel", args->enable_expert_parallel,
-                "The MoE layers expert-parallel over the --data-parallel-size ranks");
+                "The MoE layers expert-parallel over the --data-parallel-size ranks (default 1: "
+                "one rank process)");
   run->add_option("--attention-dp", args->deployment.attention_dp, "Attention DP size")
       ->check(CLI::PositiveNumber);
   run->add_option("--attention-tp", args->deployment.attention_tp, "Attention TP size")

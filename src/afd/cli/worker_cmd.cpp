@@ -425,6 +425,9 @@ void AddWorkerCommands(CLI::App& app, int& exit_code) {
     try {
       AFD_CHECK(o.rank < o.size, "--data-parallel-rank {}: at most --data-parallel-size {} - 1",
                 o.rank, o.size);
+      AFD_CHECK(!eargs->gen.dbo.enabled,
+                "--enable-dbo overlaps AFD's attention and FFN roles; a data-parallel + "
+                "expert-parallel rank has no roles to overlap");
       const bool cuda = eargs->device == "cuda";
       o.cuda_device = cuda ? eargs->cuda_device : -1;
       o.model = eargs->gen.model;

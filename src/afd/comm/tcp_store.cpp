@@ -14,7 +14,9 @@ TcpStoreClient::TcpStoreClient(const std::string& host, int port, double timeout
                                std::optional<std::string> secret)
     : where_(fmt::format("rendezvous store at {}:{}", host, port)), timeout_s_(timeout_s) {
   const Deadline deadline = Deadline::In(timeout_s);
-  socket_ = Connect(host, port, deadline, where_ + " (served by FFN rank 0; is it running?)");
+  socket_ = Connect(
+      host, port, deadline,
+      where_ + " (served by the deployment's first rank: FFN rank 0 of AFD; is it running?)");
   try {
     const std::string challenge = ReadFrame(deadline, kMaxHandshakeBody);
     const std::string client_nonce = RandomBytes(kNonceBytes);

@@ -82,12 +82,7 @@ std::string DeploymentName(const DeploymentSpec& spec) {
                                        : spec.topology;
 }
 
-namespace {
-
-// The ranks of a data-parallel + expert-parallel deployment: each writes out<r>.jsonl and
-// attention<r>.stats like an attention rank of AFD (RunDeployment reads them alike).
-std::vector<RankProcessSpec> DpEpRankSpecs(const DeploymentSpec& spec, const std::string& dir,
-                                           const std::string& prompts_file) {
+void CheckDataParallelExpertParallel(const DeploymentSpec& spec) {
   const int n = spec.expert_parallel_size;
   AFD_CHECK(spec.topology.empty(),
             "--enable-expert-parallel with --data-parallel-size is a deployment without AFD: "
@@ -114,6 +109,16 @@ std::vector<RankProcessSpec> DpEpRankSpecs(const DeploymentSpec& spec, const std
               "device per rank ({} here)",
               n);
   }
+}
+
+namespace {
+
+// The ranks of a data-parallel + expert-parallel deployment: each writes out<r>.jsonl and
+// attention<r>.stats like an attention rank of AFD (RunDeployment reads them alike).
+std::vector<RankProcessSpec> DpEpRankSpecs(const DeploymentSpec& spec, const std::string& dir,
+                                           const std::string& prompts_file) {
+  CheckDataParallelExpertParallel(spec);
+  const int n = spec.expert_parallel_size;
   const int port = comm::PickRendezvousPort();
   const std::string exe = SelfExe();
   std::vector<RankProcessSpec> specs;

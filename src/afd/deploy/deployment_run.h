@@ -49,6 +49,11 @@ std::vector<std::string> CudaWorkerFlags(const DeploymentSpec& spec, int cuda_de
 // "xAyF", or "DP<N>+EP" for a data-parallel + expert-parallel deployment.
 std::string DeploymentName(const DeploymentSpec& spec);
 
+// The checks of a data-parallel + expert-parallel spec (expert_parallel_size > 0), for the
+// command lines' input validation before anything starts: no topology or AFD options, 1..256
+// ranks, --cuda-devices one distinct GPU per rank on cuda. Throws afd::Error naming the flag.
+void CheckDataParallelExpertParallel(const DeploymentSpec& spec);
+
 // The rank processes of the deployment (FFN ranks first, then attention ranks; or the
 // data-parallel + expert-parallel ranks, labelled "attention+experts rank r"), their logs and
 // stats files in `dir`, on a fresh rendezvous port. With `prompts_file` the attention ranks

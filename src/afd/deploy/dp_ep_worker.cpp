@@ -1,21 +1,53 @@
 #include "afd/deploy/dp_ep_worker.h"
 
 #include <chrono>
-#include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <thread>
 
 #include "afd/comm/join_secret.h"
 #include "afd/comm/store.h"
 #include "afd/comm/tcp_communicator.h"
 #include "afd/common/error.h"
 #include "afd/deploy/device_context.h"
-#include "afd/deploy/result_json.h"
+#include "afd/deploy/rank_output.h"
 #include "afd/runtime/dp_ep_runner.h"
 #include "afd/topology/topology.h"
 
 namespace afd::deploy {
+
+namespace {
+
+constexpr const char* kAbortKey = "dp_ep/abort";
+constexpr const char* kLoadedKey = "dp_ep/loaded";
+constexpr const char* kAbortSeenKey = "dp_ep/abort_seen";  // ranks that read the abort
+
+// The abort message a failed rank published, if any (nullopt also when the store is gone).
+std::optional<std::string> AbortMessage(comm::Store& store) {
+  try {
+    return store.TryGet(kAbortKey);
+  } catch (const Error&) {
+    return std::nullopt;
+  }
+}
+
+// Every rank has loaded its weights: waits up to `load_timeout_s` (loading a large checkpoint
+// takes long, and unevenly), ending early when a rank published an abort.
+void WaitForAllLoaded(comm::Store& store, int size, double load_timeout_s) {
+  store.Add(kLoadedKey, 1);
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::duration<double>(load_timeout_s);
+  while (store.Add(kLoadedKey, 0) < size) {
+    if (std::optional<std::string> cause = AbortMessage(store)) AFD_THROW("{}", *cause);
+    AFD_CHECK(std::chrono::steady_clock::now() < deadline,
+              "{} of {} data-parallel ranks loaded their weights within {} s",
+              store.Add(kLoadedKey, 0), size, load_timeout_s);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+}  // namespace
 
 void RunDpEpWorker(const DpEpWorkerOptions& o) {
   AFD_CHECK(o.size >= 1 && o.rank >= 0 && o.rank < o.size,
@@ -32,87 +64,95 @@ void RunDpEpWorker(const DpEpWorkerOptions& o) {
     server = std::make_unique<comm::TcpStoreServer>(so);
   }
   comm::TcpStoreClient store(host, o.port, o.timeout_s, secret);
+  try {
+    // This rank's weights: everything but the other ranks' routed experts.
+    model::OpenOptions open = o.open;
+    const model::ModelConfig config = model::PeekModelConfig(o.model, o.open);
+    open.weights.expert_begin = SplitOffset(config.n_routed_experts, o.size, o.rank);
+    open.weights.expert_end = SplitOffset(config.n_routed_experts, o.size, o.rank + 1);
+    const std::unique_ptr<kernels::Backend> backend =
+        kernels::MakeBackend(o.cuda_device >= 0 ? Device::Cuda(o.cuda_device) : Device::Cpu());
+    std::unique_ptr<model::DeepseekModel> model = model::OpenModel(o.model, open, *backend);
+    WaitForAllLoaded(store, o.size, o.load_timeout_s);
 
-  // This rank's weights: everything but the other ranks' routed experts.
-  model::OpenOptions open = o.open;
-  const model::ModelConfig config = model::PeekModelConfig(o.model, o.open);
-  open.weights.expert_begin = SplitOffset(config.n_routed_experts, o.size, o.rank);
-  open.weights.expert_end = SplitOffset(config.n_routed_experts, o.size, o.rank + 1);
-  const std::unique_ptr<kernels::Backend> backend =
-      kernels::MakeBackend(o.cuda_device >= 0 ? Device::Cuda(o.cuda_device) : Device::Cpu());
-  std::unique_ptr<model::DeepseekModel> model = model::OpenModel(o.model, open, *backend);
-
-  comm::GroupSpec spec;
-  spec.name = "dp_ep";
-  spec.rank = o.rank;
-  spec.size = o.size;
-  for (int r = 0; r < o.size; ++r) spec.labels.push_back(fmt::format("data-parallel rank {}", r));
-  spec.local_address = host;
-  spec.timeout_s = o.timeout_s;
-  spec.join_secret = secret;
-  comm::PrefixStore group_store(store, "dp_ep");
-  std::unique_ptr<comm::Communicator> group = comm::TcpCommunicator::Create(group_store, spec);
-  // On a GPU the MoE rows move between device buffers: an NCCL group on the model's stream.
-  std::unique_ptr<comm::Communicator> rows;
-  if (o.cuda_device >= 0) {
-    const DeviceContext device = MakeDeviceContext(o.cuda_device, o.rank, backend->stream().handle);
-    comm::GroupSpec rows_spec = spec;
-    rows_spec.name = "afd_nccl_dp_ep";
-    comm::PrefixStore rows_store(store, rows_spec.name);
-    rows = device.factory(rows_store, rows_spec);
-  }
-  runtime::DataParallelExpertParallelRunner runner(*model, *group, rows ? *rows : *group);
-
-  std::vector<std::vector<int32_t>> mine;
-  std::vector<int64_t> indices;
-  for (size_t i = 0; i < o.prompts.size(); ++i) {
-    if (static_cast<int>(i % o.size) == o.rank) {
-      mine.push_back(o.prompts[i]);
-      indices.push_back(static_cast<int64_t>(i));
+    comm::GroupSpec spec;
+    spec.name = "dp_ep";
+    spec.rank = o.rank;
+    spec.size = o.size;
+    for (int r = 0; r < o.size; ++r) spec.labels.push_back(fmt::format("data-parallel rank {}", r));
+    spec.local_address = host;
+    spec.timeout_s = o.timeout_s;
+    spec.join_secret = secret;
+    comm::PrefixStore group_store(store, "dp_ep");
+    std::unique_ptr<comm::Communicator> group = comm::TcpCommunicator::Create(group_store, spec);
+    // On a GPU the MoE rows move between device buffers: an NCCL group on the model's stream.
+    std::unique_ptr<comm::Communicator> rows;
+    if (o.cuda_device >= 0) {
+      const DeviceContext device =
+          MakeDeviceContext(o.cuda_device, o.rank, backend->stream().handle);
+      comm::GroupSpec rows_spec = spec;
+      rows_spec.name = "afd_nccl_dp_ep";
+      comm::PrefixStore rows_store(store, rows_spec.name);
+      rows = device.factory(rows_store, rows_spec);
     }
-  }
-  runtime::GenerationOptions gen = o.generation;
-  gen.sampler_streams = indices;  // sampling as in one process running every prompt
-  std::vector<runtime::GenerationResult> results;
-  runtime::GenerationStats gs;
-  if (!mine.empty()) {
-    runtime::Generator generator(*model, runner);
-    results = generator.Generate(mine, gen, &gs);
-  }
-  const int64_t own_steps = runner.steps();
-  runner.Drain();
-  if (!o.output_file.empty()) {
-    std::ofstream out(o.output_file, std::ios::trunc);
-    for (size_t i = 0; i < results.size(); ++i) {
-      out << fmt::format("{{\"index\": {}, \"result\": {}}}\n", indices[i],
-                         ResultJsonLine(results[i]));
+    // The stream carries NCCL transfers with the other ranks: a wait for it is bounded and ends
+    // when a rank has published an abort.
+    backend->WatchWaits(o.timeout_s, [&store] {
+      if (std::optional<std::string> cause = AbortMessage(store)) AFD_THROW("{}", *cause);
+    });
+    runtime::DataParallelExpertParallelRunner runner(*model, *group, rows ? *rows : *group);
+
+    const PromptShare mine = ShareOfPrompts(o.prompts, o.size, o.rank);
+    runtime::GenerationOptions gen = o.generation;
+    gen.sampler_streams = mine.indices;  // sampling as in one process running every prompt
+    std::vector<runtime::GenerationResult> results;
+    runtime::GenerationStats gs;
+    if (!mine.prompts.empty()) {
+      runtime::Generator generator(*model, runner);
+      results = generator.Generate(mine.prompts, gen, &gs);
     }
-    out.close();
-    AFD_CHECK(out.good(), "cannot write {}", o.output_file);
-  }
-  group->Barrier();  // everyone finishes together (rank 0's store lives until then)
-  if (!o.stats_file.empty()) {
-    const nlohmann::json stats = {
-        {"role", "data_parallel_expert_parallel"},
-        {"role_rank", o.rank},
-        {"expert_range", {runner.moe().expert_begin(), runner.moe().expert_end()}},
-        {"prompts", mine.size()},
-        {"steps", own_steps + runner.empty_steps()},
-        {"drain_steps", runner.empty_steps()},
-        {"prefill_tokens", gs.prefill_tokens},
-        {"prefill_seconds", gs.prefill_seconds},
-        {"decode_tokens", gs.decode_tokens},
-        {"decode_steps", gs.decode_steps},
-        {"decode_seconds", gs.decode_seconds},
-        {"mixed_steps", gs.mixed_steps},
-        {"mixed_seconds", gs.mixed_seconds},
-        {"seconds",
-         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()},
-        {"transfers", nlohmann::json::array()}};
-    std::ofstream out(o.stats_file, std::ios::trunc);
-    out << stats.dump() << "\n";
-    out.close();
-    AFD_CHECK(out.good(), "cannot write {}", o.stats_file);
+    const int64_t own_steps = runner.steps();
+    runner.Drain();
+    backend->Synchronize();  // a device error of the last steps surfaces here, not unseen
+    if (!o.output_file.empty()) WriteFileOrThrow(o.output_file, ResultLines(mine.indices, results));
+    group->Barrier();  // everyone finishes together (rank 0's store lives until then)
+    if (!o.stats_file.empty()) {
+      nlohmann::json stats = {
+          {"role", "data_parallel_expert_parallel"},
+          {"role_rank", o.rank},
+          {"expert_range", {runner.moe().expert_begin(), runner.moe().expert_end()}},
+          {"prompts", mine.prompts.size()},
+          {"steps", own_steps + runner.empty_steps()},
+          {"drain_steps", runner.empty_steps()},
+          {"seconds",
+           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()},
+          {"transfers", nlohmann::json::array()}};
+      AddGenerationStats(gs, stats);
+      WriteFileOrThrow(o.stats_file, stats.dump() + "\n");
+    }
+  } catch (const Error& e) {
+    // (The groups, scoped to the try, are closed by now: the peers see this rank leave.)
+    // A rank that lost a peer usually lost it because that peer failed and said why: report the
+    // root cause with our own error (the launcher then names the rank that failed first).
+    if (std::optional<std::string> cause = AbortMessage(store)) {
+      try {
+        store.Add(kAbortSeenKey, 1);
+      } catch (const Error&) {
+      }
+      AFD_THROW("{} (the deployment was aborted: {})", e.what(), *cause);
+    }
+    try {
+      store.Set(kAbortKey, fmt::format("attention+experts rank {} failed: {}", o.rank, e.what()));
+      // Rank 0 serves the store: it stays until the others have read why (or 2 s, within the
+      // launcher's grace period), else they would find the store gone with it.
+      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+      while (server && store.Add(kAbortSeenKey, 0) < o.size - 1 &&
+             std::chrono::steady_clock::now() < until) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+    } catch (const Error&) {  // the store is gone with rank 0: nothing to tell the others
+    }
+    throw;
   }
 }
 

@@ -19,7 +19,10 @@ struct DpEpWorkerOptions {
   int rank = 0;
   int size = 1;
   int port = 0;            // rendezvous store on 127.0.0.1 (rank 0 listens)
-  double timeout_s = 120;  // bound on the rendezvous and on every collective wait
+  double timeout_s = 120;  // bound on forming the groups and on every collective wait
+  // Bound on waiting for every rank to load its weights (a large checkpoint loads slowly and
+  // unevenly); a rank that fails meanwhile ends the wait at once (its abort in the store).
+  double load_timeout_s = 3600;
   std::string model;
   model::OpenOptions open;
   int cuda_device = -1;  // >= 0: the model runs on this GPU (MoE rows over NCCL)
@@ -29,7 +32,8 @@ struct DpEpWorkerOptions {
   std::string stats_file;   // optional: a JSON summary (steps, prefill and decode counters)
 };
 
-// Throws afd::Error on any failure (the launcher then stops the other ranks).
+// Throws afd::Error on any failure, after publishing it in the store so that the other ranks
+// (which then lose this one) report it as the cause; the launcher stops them.
 void RunDpEpWorker(const DpEpWorkerOptions& options);
 
 }  // namespace afd::deploy

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <fstream>
 #include <iostream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -12,8 +11,8 @@
 #include "afd/connector/async_connector.h"
 #include "afd/connector/p2p_connector.h"
 #include "afd/deploy/device_context.h"
+#include "afd/deploy/rank_output.h"
 #include "afd/deploy/replica_serve.h"
-#include "afd/deploy/result_json.h"
 #include "afd/deploy/transport.h"
 #include "afd/model/model_config.h"
 #include "afd/runtime/async_attention_runner.h"
@@ -33,13 +32,6 @@ nlohmann::json TransferStats(const std::map<int, connector::LayerTransferStats>&
         {{"layer", layer}, {"messages", s.messages}, {"bytes", s.bytes}, {"seconds", s.seconds}});
   }
   return layers;
-}
-
-void WriteFileOrThrow(const std::string& path, const std::string& text) {
-  std::ofstream out(path, std::ios::trunc);
-  out << text;
-  out.close();
-  AFD_CHECK(out.good(), "cannot write {}", path);
 }
 
 // The most tokens one step of this attention rank can hold: what the asynchronous connector
@@ -174,44 +166,26 @@ void RunWorker(const WorkerOptions& o) {
         ServeReplica(*model, *world, runner, serve);
         stats["steps"] = runner.steps();
       } else {
-        std::vector<std::vector<int32_t>> mine;
+        const PromptShare mine = ShareOfPrompts(o.prompts, o.dp, dp_rank);
         runtime::GenerationOptions gen = o.generation;
-        std::vector<int64_t> indices;
-        for (size_t i = 0; i < o.prompts.size(); ++i) {
-          if (static_cast<int>(i % o.dp) == dp_rank) {
-            mine.push_back(o.prompts[i]);
-            indices.push_back(static_cast<int64_t>(i));
-          }
-        }
-        gen.sampler_streams = indices;
+        gen.sampler_streams = mine.indices;  // sampling as in one process running every prompt
         std::vector<runtime::GenerationResult> results;
         runtime::GenerationStats gs;
-        if (!mine.empty()) {
+        if (!mine.prompts.empty()) {
           runtime::Generator generator(*model, runner);
-          results = generator.Generate(mine, gen, &gs);
+          results = generator.Generate(mine.prompts, gen, &gs);
         }
-        stats["prefill_tokens"] = gs.prefill_tokens;
-        stats["prefill_seconds"] = gs.prefill_seconds;
-        stats["decode_tokens"] = gs.decode_tokens;
-        stats["decode_steps"] = gs.decode_steps;
-        stats["decode_seconds"] = gs.decode_seconds;
-        stats["mixed_steps"] = gs.mixed_steps;
-        stats["mixed_seconds"] = gs.mixed_seconds;
+        AddGenerationStats(gs, stats);
         // This replica's own steps; the P2P runner then runs empty lockstep steps until every
         // replica is done, the asynchronous one only announces its shutdown.
         const int64_t own_steps = runner.steps();
         runner.Drain();
         if (tp_rank == 0 && !o.output_file.empty()) {
-          std::string text;
-          for (size_t i = 0; i < results.size(); ++i) {
-            text += fmt::format("{{\"index\": {}, \"result\": {}}}\n", indices[i],
-                                ResultJsonLine(results[i]));
-          }
-          WriteFileOrThrow(o.output_file, text);
+          WriteFileOrThrow(o.output_file, ResultLines(mine.indices, results));
         }
         stats["steps"] = runner.steps();
         stats["drain_steps"] = stats["steps"].get<int64_t>() - own_steps;
-        stats["prompts"] = mine.size();
+        stats["prompts"] = mine.prompts.size();
       }
       stats["dbo_steps"] = runner.dbo_steps();
       stats["split_exchanges"] = runner.split_exchanges();

@@ -46,7 +46,11 @@ void DataParallelExpertParallelRunner::Drain() {
     const Tensor ids = empty_ws_.Take(DType::kI32, {0, k});
     const Tensor weights = empty_ws_.Take(DType::kF32, {0, k});
     for (int64_t layer = 0; layer < c.num_hidden_layers; ++layer) {
-      if (c.IsMoeLayer(layer)) ep_.Forward(layer, rows, ids, weights, out, empty_ws_);
+      if (!c.IsMoeLayer(layer)) continue;
+      // The rows received for this rank's experts: one layer's worth of scratch at a time.
+      const Workspace::Mark scratch = empty_ws_.mark();
+      ep_.Forward(layer, rows, ids, weights, out, empty_ws_);
+      empty_ws_.Rewind(scratch);
     }
     ++empty_steps_;
   }

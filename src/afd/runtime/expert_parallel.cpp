@@ -23,21 +23,33 @@ ExpertParallelMoe::ExpertParallelMoe(const model::DeepseekModel& model, comm::Co
   }
   begin_ = SplitOffset(E, F, ep.rank());
   end_ = SplitOffset(E, F, ep.rank() + 1);
-  // Every rank must split the same experts the same way, or a row would reach a rank that does
-  // not hold its expert: (E, begin, end) of every rank, checked once here (collective), not per
-  // layer on a host copy of the rows' experts (a wait for the device on a GPU).
-  std::vector<int64_t> table(3 * F, 0);
-  table[3 * ep.rank()] = E;
-  table[3 * ep.rank() + 1] = begin_;
-  table[3 * ep.rank() + 2] = end_;
+  // Every rank must split the same experts the same way and hold its share, or a row would
+  // reach a rank that does not hold its expert: (E, begin, end, holds them) of every rank,
+  // checked once here (collective), not per layer on a host copy of the rows' experts (a wait
+  // for the device on a GPU).
+  bool holds = true;
+  for (int64_t layer = 0; layer < model.config().num_hidden_layers; ++layer) {
+    if (!model.config().IsMoeLayer(layer)) continue;
+    const kernels::ExpertWeights& w = model.weights().layers[layer].moe.experts;
+    holds = holds && w.expert_begin == begin_ && w.num_experts() == end_ - begin_;
+  }
+  std::vector<int64_t> table(4 * F, 0);
+  table[4 * ep.rank()] = E;
+  table[4 * ep.rank() + 1] = begin_;
+  table[4 * ep.rank() + 2] = end_;
+  table[4 * ep.rank() + 3] = holds ? 1 : 0;
   ep.AllReduce(table.data(), table.size(), DType::kI64, comm::ReduceOp::kSum);
   for (int f = 0; f < F; ++f) {
-    AFD_CHECK(table[3 * f] == E && table[3 * f + 1] == SplitOffset(E, F, f) &&
-                  table[3 * f + 2] == SplitOffset(E, F, f + 1),
+    AFD_CHECK(table[4 * f] == E && table[4 * f + 1] == SplitOffset(E, F, f) &&
+                  table[4 * f + 2] == SplitOffset(E, F, f + 1),
               "expert parallelism: {} has {} routed experts and owns [{}, {}); {} (rank {} of {}) "
               "expects {} experts, [{}, {}) there",
-              ep.DescribeRank(f), table[3 * f], table[3 * f + 1], table[3 * f + 2], ep.name(),
+              ep.DescribeRank(f), table[4 * f], table[4 * f + 1], table[4 * f + 2], ep.name(),
               ep.rank(), F, E, SplitOffset(E, F, f), SplitOffset(E, F, f + 1));
+    AFD_CHECK(table[4 * f + 3] == 1,
+              "expert parallelism: {} does not hold the weights of its experts [{}, {}) in every "
+              "MoE layer",
+              ep.DescribeRank(f), table[4 * f + 1], table[4 * f + 2]);
   }
 }
 
