@@ -418,7 +418,7 @@ void CudaBackend::Linear(const Tensor& x, const Tensor& w, const Tensor& y) {
                                  y.data_as<float>(), m));
     return;
   }
-  if (GemvFits(n, k) && Aligned16(x.data())) {
+  if (GemvFits(n, k) && Aligned16(x.data()) && Aligned16(w.data())) {
     // A few rows: stream the weights once, near the copy rate, x rounded to bf16 as it is read.
     LaunchGemvBf16(x.data_as<const float>(), n, k, w.data(), m, y.data_as<float>(), state_->stream);
     return;
