@@ -68,7 +68,8 @@ echo "== bf16 fidelity vs transformers bf16 on this GPU (seed 001's scoring, >= 
 if [ -n "${MAKE_BF16_REFERENCE:-}" ]; then
   $PY tools/golden/make_bf16_reference.py --golden tests/data/golden --out "$OUT/bf16_ref" || status=1
 fi
-for c in v2_greedy_yarn v2_group_limited v3_noaux_tc v3_sharded; do
+for c in v2_greedy_yarn v2_group_limited v3_noaux_tc v3_sharded v3_trained; do
+  [ -d tests/data/golden/$c ] || { echo "$c: no checkpoint (tools/golden/make_golden.py --cases $c)"; continue; }
   REF=tests/data/golden/$c/bf16_reference.json
   [ -f "$REF" ] || REF=$OUT/bf16_ref/$c/bf16_reference.json
   [ -f "$REF" ] || { echo "$c: no bf16 reference"; continue; }

@@ -139,6 +139,29 @@ CASES = {
                   beta_fast=32, beta_slow=1, mscale=1.0, mscale_all_dim=0.8),
         shard=None,
     ),
+    # v3_noaux_tc's shapes, trained briefly on a predictable synthetic language (train_weights):
+    # peaked predictions, as a real checkpoint has, for scoring bf16 against transformers.
+    "v3_trained": dict(
+        arch="v3",
+        seed=1005,
+        cfg=dict(
+            q_lora_rank=48,
+            n_routed_experts=16,
+            n_shared_experts=1,
+            num_experts_per_tok=4,
+            topk_method="noaux_tc",
+            scoring_func="sigmoid",
+            n_group=4,
+            topk_group=2,
+            norm_topk_prob=True,
+            routed_scaling_factor=2.5,
+            rope_interleave=True,
+            max_position_embeddings=4096,
+        ),
+        rope=None,
+        shard=None,
+        train=dict(steps=400, batch=16, length=48, lr=3e-3, p=0.9),
+    ),
     "v3_sharded": dict(
         arch="v3",
         seed=1004,
@@ -230,6 +253,37 @@ def init_weights(model, case):
         for name, b in model.named_buffers():
             if "e_score_correction_bias" in name:
                 b.copy_((0.1 * torch.randn(tuple(b.shape), generator=g)).to(b.dtype))
+
+
+def train_weights(model, case):
+    """Cases with "train": a few hundred deterministic AdamW steps (fp32, CPU) on a synthetic
+    language whose next token is predictable (token t is followed by succ[t] with probability
+    `p`, else by a random token), so that the model's predictions are peaked like a trained
+    model's, not near-uniform like random weights' (where bf16 rounding flips the top-1 token of
+    a few percent of positions in any implementation: docs/perf.md, issue 10's fidelity)."""
+    t = case["train"]
+    g = torch.Generator().manual_seed(case["seed"] + 7)
+    n_special = len(SPECIAL_IDS)
+    succ = n_special + torch.randperm(VOCAB - n_special, generator=g)  # successor of each token
+    succ = torch.cat([torch.full((n_special,), n_special, dtype=torch.long), succ])
+    opt = torch.optim.AdamW(model.parameters(), lr=t["lr"], weight_decay=0.0)
+    model.train()
+    for step in range(t["steps"]):
+        seq = torch.empty((t["batch"], t["length"]), dtype=torch.long)
+        seq[:, 0] = torch.randint(n_special, VOCAB, (t["batch"],), generator=g)
+        for j in range(1, t["length"]):
+            follow = torch.rand((t["batch"],), generator=g) < t["p"]
+            rand = torch.randint(n_special, VOCAB, (t["batch"],), generator=g)
+            seq[:, j] = torch.where(follow, succ[seq[:, j - 1]], rand)
+        logits = model(input_ids=seq, use_cache=False).logits
+        loss = torch.nn.functional.cross_entropy(
+            logits[:, :-1].reshape(-1, logits.shape[-1]).float(), seq[:, 1:].reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if step % 50 == 0 or step == t["steps"] - 1:
+            log("train step %d loss %.4f" % (step, float(loss)))
+    model.eval()
 
 
 def save_model(model, d, shard):
@@ -441,6 +495,8 @@ def run_case(name, case, out_root):
     model = model_cls(cfg)
     model.eval()
     init_weights(model, case)
+    if case.get("train"):
+        train_weights(model, case)
     d = os.path.join(out_root, name)
     if os.path.isdir(d):
         shutil.rmtree(d)
