@@ -426,6 +426,13 @@ TEST(ServeE2eLaunch, AsyncConnectorDeploymentEqualsAfdRun) {
                 R"({"afd": {"connector": "AsyncAFDConnector"}})"});
 }
 
+// The monolithic baseline served: data-parallel replicas, each attention plus a share of the
+// routed experts, the MoE expert-parallel over them in lockstep (idle replicas take part).
+TEST(ServeE2eLaunch, DataParallelExpertParallelDeploymentEqualsAfdRun) {
+  ExpectAsyncDeploymentEqualsAfdRun("dp_ep", {"launch", "--model", kModel, "--data-parallel-size",
+                                              "3", "--enable-expert-parallel"});
+}
+
 // Two replicas of two tensor-parallel attention ranks each: every TP rank dispatches its share
 // of a step's tokens.
 TEST(ServeE2eLaunch, AsyncConnectorWithAttentionTpEqualsAfdRun) {

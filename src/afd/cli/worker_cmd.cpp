@@ -80,7 +80,9 @@ void AddRoleFlags(CLI::App* cmd, RoleArgs& a) {
   cmd->add_option("--tensor-parallel-size", a.tp, "TP size of this role's server")
       ->check(CLI::PositiveNumber);
   cmd->add_flag("--enable-expert-parallel", a.expert_parallel,
-                "Accepted for recipe compatibility (the FFN role always shards experts)");
+                "AFD: accepted for recipe compatibility (the FFN role always shards experts); "
+                "launch without --topology: --data-parallel-size replicas, each attention plus "
+                "a share of the routed experts, the MoE expert-parallel over them (no AFD)");
   cmd->add_option("--prompts-file", a.prompts_file, "Attention: JSON array of token-id arrays");
   cmd->add_flag("--enforce-eager", a.enforce_eager,
                 "No CUDA graphs (an in-process model on cuda); AFD roles and the CPU run eagerly");
@@ -321,6 +323,12 @@ int LaunchCommand(RoleArgs& a) {
     AFD_CHECK(a.tp <= c.num_attention_heads, "--attention-tp {} exceeds the model's {} heads", a.tp,
               c.num_attention_heads);
     spec.topology = a.topology;
+    AFD_CHECK(!a.topology.empty() || a.expert_parallel,
+              "--topology xAyF is required (or --data-parallel-size N --enable-expert-parallel: "
+              "data-parallel replicas with the MoE expert-parallel over them, no AFD)");
+    // No topology and --enable-expert-parallel: data-parallel replicas with the MoE
+    // expert-parallel over them (no AFD), --data-parallel-size of them.
+    if (a.topology.empty()) spec.expert_parallel_size = a.dp;
     spec.attention_tp = a.tp;
     spec.additional_config = a.additional_config;
     spec.worker_flags = GenerationFlagsArgv(a.gen);
@@ -416,6 +424,8 @@ void AddWorkerCommands(CLI::App& app, int& exit_code) {
   dp_ep->add_option("--prompts-file", eargs->prompts_file, "JSON array of token-id arrays");
   dp_ep->add_option("--output-file", ep->output_file, "Generated results of this rank's prompts");
   dp_ep->add_option("--stats-file", ep->stats_file, "JSON summary of this rank");
+  dp_ep->add_option("--engine-endpoint", ep->engine_endpoint,
+                    "Serve the requests of the frontend at host:port (afd launch sets it)");
   auto dp_ep_parent = std::make_shared<int>(0);
   dp_ep->add_option("--exit-with-parent", *dp_ep_parent,
                     "PID of the launcher: end this rank when it ends (launchers set it)");
@@ -436,6 +446,11 @@ void AddWorkerCommands(CLI::App& app, int& exit_code) {
       o.prompts = ReadPrompts(eargs->prompts_file);
       ValidateGenerationInput(eargs->gen, model::PeekModelConfig(o.model, o.open), o.prompts);
       o.generation = ToGenerationOptions(eargs->gen);
+      if (!o.engine_endpoint.empty()) {
+        AFD_CHECK(o.prompts.empty(), "--engine-endpoint serves requests: leave out --prompts-file");
+        o.engine = ToEngineOptions(eargs->gen);
+        o.kv = ToKvSizing(eargs->gen);
+      }
     } catch (const Error& e) {  // invalid input: exit 2
       std::cerr << "afd dp-ep-worker: " << e.what() << std::endl;
       exit_code = 2;
@@ -487,8 +502,17 @@ void AddWorkerCommands(CLI::App& app, int& exit_code) {
       "OpenAI API in front of it until SIGINT/SIGTERM");
   AddGenerationFlags(launch, largs->gen);
   AddHttpFlags(launch, *largs);
-  launch->add_option("--topology", largs->topology, "xAyF: attention and FFN rank counts")
-      ->required();
+  launch->add_option("--topology", largs->topology,
+                     "xAyF: attention and FFN rank counts (required, unless "
+                     "--enable-expert-parallel)");
+  launch
+      ->add_option("--data-parallel-size", largs->dp,
+                   "With --enable-expert-parallel and no --topology: that many replicas, each "
+                   "attention plus a share of the routed experts (default 1)")
+      ->check(CLI::PositiveNumber);
+  launch->add_flag("--enable-expert-parallel", largs->expert_parallel,
+                   "Without --topology: data-parallel replicas with the MoE expert-parallel over "
+                   "them, no AFD (the monolithic baseline; --cuda-devices: one GPU each)");
   launch->add_option("--attention-tp", largs->tp, "Tensor-parallel size of an attention replica")
       ->check(CLI::PositiveNumber);
   launch->add_option("--additional-config", largs->additional_config,

@@ -114,7 +114,8 @@ void CheckDataParallelExpertParallel(const DeploymentSpec& spec) {
 namespace {
 
 // The ranks of a data-parallel + expert-parallel deployment: each writes out<r>.jsonl and
-// attention<r>.stats like an attention rank of AFD (RunDeployment reads them alike).
+// attention<r>.stats like an attention rank of AFD (RunDeployment reads them alike); without a
+// prompts file each serves the frontend of `afd launch` (serves_engine).
 std::vector<RankProcessSpec> DpEpRankSpecs(const DeploymentSpec& spec, const std::string& dir,
                                            const std::string& prompts_file) {
   CheckDataParallelExpertParallel(spec);
@@ -137,11 +138,12 @@ std::vector<RankProcessSpec> DpEpRankSpecs(const DeploymentSpec& spec, const std
               "--rendezvous-port",
               std::to_string(port),
               "--stats-file",
-              fmt::format("{}/attention{}.stats", dir, r),
-              "--prompts-file",
-              prompts_file,
-              "--output-file",
-              fmt::format("{}/out{}.jsonl", dir, r)};
+              fmt::format("{}/attention{}.stats", dir, r)};
+    if (!prompts_file.empty()) {
+      s.argv.insert(s.argv.end(), {"--prompts-file", prompts_file, "--output-file",
+                                   fmt::format("{}/out{}.jsonl", dir, r)});
+    }
+    s.serves_engine = prompts_file.empty();  // a replica of afd launch's frontend
     s.argv.insert(s.argv.end(), spec.worker_flags.begin(), spec.worker_flags.end());
     if (!spec.cuda_devices.empty()) {
       s.argv.insert(s.argv.end(), {"--cuda-device", std::to_string(spec.cuda_devices[r])});
@@ -156,12 +158,7 @@ std::vector<RankProcessSpec> DpEpRankSpecs(const DeploymentSpec& spec, const std
 
 std::vector<RankProcessSpec> DeploymentRankSpecs(const DeploymentSpec& spec, const std::string& dir,
                                                  const std::string& prompts_file) {
-  if (spec.expert_parallel_size > 0) {
-    AFD_CHECK(!prompts_file.empty(),
-              "a data-parallel + expert-parallel deployment runs prompts (afd run, afd bench "
-              "decode); it does not serve");
-    return DpEpRankSpecs(spec, dir, prompts_file);
-  }
+  if (spec.expert_parallel_size > 0) return DpEpRankSpecs(spec, dir, prompts_file);
   std::smatch m;
   const std::regex shape("^([0-9]+)A([0-9]+)F$", std::regex::icase);
   AFD_CHECK(std::regex_match(spec.topology, m, shape),

@@ -1,6 +1,7 @@
 #include "afd/deploy/dp_ep_worker.h"
 
 #include <chrono>
+#include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -12,6 +13,7 @@
 #include "afd/common/error.h"
 #include "afd/deploy/device_context.h"
 #include "afd/deploy/rank_output.h"
+#include "afd/deploy/replica_serve.h"
 #include "afd/runtime/dp_ep_runner.h"
 #include "afd/topology/topology.h"
 
@@ -103,16 +105,28 @@ void RunDpEpWorker(const DpEpWorkerOptions& o) {
     runtime::DataParallelExpertParallelRunner runner(*model, *group, rows ? *rows : *group);
 
     const PromptShare mine = ShareOfPrompts(o.prompts, o.size, o.rank);
-    runtime::GenerationOptions gen = o.generation;
-    gen.sampler_streams = mine.indices;  // sampling as in one process running every prompt
     std::vector<runtime::GenerationResult> results;
     runtime::GenerationStats gs;
-    if (!mine.prompts.empty()) {
-      runtime::Generator generator(*model, runner);
-      results = generator.Generate(mine.prompts, gen, &gs);
+    if (!o.engine_endpoint.empty()) {
+      ReplicaServeOptions serve;
+      serve.endpoint = o.engine_endpoint;
+      serve.dp_rank = o.rank;
+      serve.engine = o.engine;
+      if (serve.engine.num_kv_blocks == 0)
+        serve.engine.num_kv_blocks = ServingKvBlocks(*model, o.kv);
+      std::cerr << fmt::format("attention+experts rank {}: {}", o.rank,
+                               DescribeKvBlocks(*model, serve.engine.num_kv_blocks))
+                << std::endl;
+      ServeReplica(*model, /*world=*/nullptr, runner, serve);
+    } else {
+      runtime::GenerationOptions gen = o.generation;
+      gen.sampler_streams = mine.indices;  // sampling as in one process running every prompt
+      if (!mine.prompts.empty()) {
+        runtime::Generator generator(*model, runner);
+        results = generator.Generate(mine.prompts, gen, &gs);
+      }
+      runner.Drain();
     }
-    const int64_t own_steps = runner.steps();
-    runner.Drain();
     backend->Synchronize();  // a device error of the last steps surfaces here, not unseen
     if (!o.output_file.empty()) WriteFileOrThrow(o.output_file, ResultLines(mine.indices, results));
     group->Barrier();  // everyone finishes together (rank 0's store lives until then)
@@ -122,7 +136,7 @@ void RunDpEpWorker(const DpEpWorkerOptions& o) {
           {"role_rank", o.rank},
           {"expert_range", {runner.moe().expert_begin(), runner.moe().expert_end()}},
           {"prompts", mine.prompts.size()},
-          {"steps", own_steps + runner.empty_steps()},
+          {"steps", runner.steps()},
           {"drain_steps", runner.empty_steps()},
           {"seconds",
            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()},

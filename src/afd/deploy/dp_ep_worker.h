@@ -3,14 +3,17 @@
 // hosts the rendezvous store on 127.0.0.1:port (these deployments are single-host); every rank
 // joins one host group (counts, lockstep) and, on a GPU, an NCCL group for the MoE rows; loads
 // everything but the other ranks' routed experts; generates for prompts i with i % N == rank;
-// then takes part in the other ranks' steps until every rank is done.
+// then takes part in the other ranks' steps until every rank is done. Serving: the rank is a
+// replica of the frontend of `afd launch` (deploy/replica_serve.h), in the same lockstep.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "afd/deploy/kv_sizing.h"
 #include "afd/model/loader.h"
+#include "afd/runtime/engine.h"
 #include "afd/runtime/generator.h"
 
 namespace afd::deploy {
@@ -30,6 +33,11 @@ struct DpEpWorkerOptions {
   runtime::GenerationOptions generation;
   std::string output_file;  // {"index": i, "result": ...} lines of this rank's prompts
   std::string stats_file;   // optional: a JSON summary (steps, prefill and decode counters)
+  // Serving (`afd launch --data-parallel-size N --enable-expert-parallel`): the frontend's
+  // engine listener; requests come from there instead of `prompts` (deploy/replica_serve.h).
+  std::string engine_endpoint;
+  runtime::EngineOptions engine;  // num_kv_blocks 0: sized by `kv`
+  KvSizing kv;
 };
 
 // Throws afd::Error on any failure, after publishing it in the store so that the other ranks

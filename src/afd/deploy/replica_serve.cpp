@@ -75,17 +75,18 @@ std::pair<std::string, int> ParseEndpoint(const std::string& endpoint, const std
   return {endpoint.substr(0, colon), port};
 }
 
-void ServeReplica(const model::DeepseekModel& model, comm::AfdWorld& world,
+void ServeReplica(const model::DeepseekModel& model, comm::AfdWorld* world,
                   runtime::ReplicaRunner& runner, const ReplicaServeOptions& o) {
   runtime::Engine engine(model, runner, o.engine);
   runner.RecordRoundTrips();
   std::unique_ptr<comm::Communicator> tp_comm;
   if (o.tp > 1) {
+    AFD_CHECK(world != nullptr, "a replica of {} ranks needs the AFD world for its TP group", o.tp);
     std::vector<int> ranks;
     for (int i = 0; i < o.tp; ++i) {
-      ranks.push_back(world.topology().WorldRank({Role::kAttention, o.dp_rank * o.tp + i}));
+      ranks.push_back(world->topology().WorldRank({Role::kAttention, o.dp_rank * o.tp + i}));
     }
-    tp_comm = world.CreateGroup(fmt::format("serve_tp_{}", o.dp_rank), ranks);
+    tp_comm = world->CreateGroup(fmt::format("serve_tp_{}", o.dp_rank), ranks);
   }
   std::unique_ptr<FrameConnection> conn;
   if (o.tp_rank == 0) {

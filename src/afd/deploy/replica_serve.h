@@ -26,8 +26,10 @@ struct ReplicaServeOptions {
   double connect_timeout_s = 60;
 };
 
-// Returns when the deployment shut down cleanly; throws afd::Error otherwise.
-void ServeReplica(const model::DeepseekModel& model, comm::AfdWorld& world,
+// Returns when the deployment shut down cleanly; throws afd::Error otherwise. `world` forms the
+// replica's TP group (tp > 1); null for a replica of one rank (also outside AFD: a rank of a
+// data-parallel + expert-parallel deployment).
+void ServeReplica(const model::DeepseekModel& model, comm::AfdWorld* world,
                   runtime::ReplicaRunner& runner, const ReplicaServeOptions& options);
 
 // "host:port" -> (host, port); throws afd::Error naming `what`.

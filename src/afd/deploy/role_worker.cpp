@@ -163,7 +163,7 @@ void RunWorker(const WorkerOptions& o) {
         std::cerr << fmt::format("attention rank {}: {}", o.role_rank,
                                  DescribeKvBlocks(*model, serve.engine.num_kv_blocks))
                   << std::endl;
-        ServeReplica(*model, *world, runner, serve);
+        ServeReplica(*model, world.get(), runner, serve);
         stats["steps"] = runner.steps();
       } else {
         const PromptShare mine = ShareOfPrompts(o.prompts, o.dp, dp_rank);

@@ -23,37 +23,50 @@ DataParallelExpertParallelRunner::DataParallelExpertParallelRunner(
       moe_(model, ep_),
       empty_ws_(model.backend()) {}
 
-int64_t DataParallelExpertParallelRunner::RunningRanks(bool running) {
-  int64_t v = running ? 1 : 0;
-  group_.AllReduce(&v, 1, DType::kI64, comm::ReduceOp::kSum);
-  return v;
+std::pair<int64_t, int64_t> DataParallelExpertParallelRunner::Exchange(bool has_tokens,
+                                                                       bool active) {
+  int64_t v[2] = {has_tokens ? 1 : 0, active ? 1 : 0};
+  group_.AllReduce(v, 2, DType::kI64, comm::ReduceOp::kSum);
+  return {v[0], v[1]};
 }
 
 Tensor DataParallelExpertParallelRunner::Forward(const model::ForwardBatch& batch,
                                                  kv::PagedKvCache& cache, Workspace& ws) {
-  RunningRanks(true);
+  Exchange(/*has_tokens=*/true, /*active=*/true);
   ++steps_;
   return model_.Forward(batch, cache, moe_, ws);
 }
 
+ReplicaRunner::IdleResult DataParallelExpertParallelRunner::Idle(bool active) {
+  const auto [with_tokens, still_active] = Exchange(/*has_tokens=*/false, active);
+  if (with_tokens > 0) {
+    EmptyStep();
+    return IdleResult::kTookPart;
+  }
+  return still_active > 0 ? IdleResult::kNoneBusy : IdleResult::kShutdown;
+}
+
 void DataParallelExpertParallelRunner::Drain() {
+  while (Idle(/*active=*/false) != IdleResult::kShutdown) {
+  }
+}
+
+void DataParallelExpertParallelRunner::EmptyStep() {
   const model::ModelConfig& c = model_.config();
   const int64_t H = c.hidden_size, k = c.num_experts_per_tok;
-  while (RunningRanks(false) > 0) {
-    empty_ws_.Reset();
-    const Tensor rows = empty_ws_.Take(DType::kF32, {0, H});
-    const Tensor out = empty_ws_.Take(DType::kF32, {0, H});
-    const Tensor ids = empty_ws_.Take(DType::kI32, {0, k});
-    const Tensor weights = empty_ws_.Take(DType::kF32, {0, k});
-    for (int64_t layer = 0; layer < c.num_hidden_layers; ++layer) {
-      if (!c.IsMoeLayer(layer)) continue;
-      // The rows received for this rank's experts: one layer's worth of scratch at a time.
-      const Workspace::Mark scratch = empty_ws_.mark();
-      ep_.Forward(layer, rows, ids, weights, out, empty_ws_);
-      empty_ws_.Rewind(scratch);
-    }
-    ++empty_steps_;
+  empty_ws_.Reset();
+  const Tensor rows = empty_ws_.Take(DType::kF32, {0, H});
+  const Tensor out = empty_ws_.Take(DType::kF32, {0, H});
+  const Tensor ids = empty_ws_.Take(DType::kI32, {0, k});
+  const Tensor weights = empty_ws_.Take(DType::kF32, {0, k});
+  for (int64_t layer = 0; layer < c.num_hidden_layers; ++layer) {
+    if (!c.IsMoeLayer(layer)) continue;
+    // The rows received for this rank's experts: one layer's worth of scratch at a time.
+    const Workspace::Mark scratch = empty_ws_.mark();
+    ep_.Forward(layer, rows, ids, weights, out, empty_ws_);
+    empty_ws_.Rewind(scratch);
   }
+  ++empty_steps_;
 }
 
 }  // namespace afd::runtime

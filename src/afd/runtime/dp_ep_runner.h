@@ -9,14 +9,18 @@
 // process holding every expert.
 //
 // Lockstep: the MoE layers are collective, so every rank takes part in every step. Each step
-// starts with an all-reduce of "running" flags; a rank whose own sequences are done keeps
-// running empty steps (every MoE layer with zero rows) in Drain() until no rank runs.
+// starts with an all-reduce of (has tokens, active) over the ranks: a rank with tokens runs its
+// step; one without takes part in an empty step (every MoE layer with zero rows) while another
+// has tokens, else returns (kNoneBusy: serving waits for requests); when no rank is active any
+// more, every rank learns it in the same all-reduce (kShutdown). Generation ends with Drain().
 //
 // Thread safety: one thread.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <utility>
+#include <vector>
 
 #include "afd/comm/communicator.h"
 #include "afd/model/model.h"
@@ -38,7 +42,7 @@ class ExpertParallelMoeBackend : public model::MoeBackend {
   ExpertParallelMoe& ep_;
 };
 
-class DataParallelExpertParallelRunner : public StepRunner {
+class DataParallelExpertParallelRunner : public ReplicaRunner {
  public:
   // Collective over `group` (all ranks): `rows` carries the MoE rows (the same group on the CPU,
   // a device communicator on a GPU; ExpertParallelMoe). All must outlive the runner.
@@ -47,16 +51,23 @@ class DataParallelExpertParallelRunner : public StepRunner {
 
   // One step of this rank's sequences, in lockstep with the other ranks' steps.
   Tensor Forward(const model::ForwardBatch& batch, kv::PagedKvCache& cache, Workspace& ws) override;
-  // Empty steps until no rank has a step to run (every rank calls it once it is done).
-  void Drain();
+  IdleResult Idle(bool active) override;
+  // Idle steps (this rank inactive) until every rank is done.
+  void Drain() override;
+  // The MoE has no round trip of its own here (no connector): nothing to record.
+  void RecordRoundTrips() override {}
+  std::vector<double> TakeRoundTrips() override { return {}; }
 
-  int64_t steps() const { return steps_; }              // steps of this rank's own sequences
+  int64_t steps() const override { return steps_ + empty_steps_; }
+  int64_t dbo_steps() const override { return 0; }
+  int64_t own_steps() const { return steps_; }          // steps of this rank's own sequences
   int64_t empty_steps() const { return empty_steps_; }  // steps taken part in without tokens
   const ExpertParallelMoe& moe() const { return ep_; }
 
  private:
-  // All-reduces this rank's running flag; returns how many ranks run a step now.
-  int64_t RunningRanks(bool running);
+  // All-reduces (has tokens, active) with every rank: how many ranks have tokens, are active.
+  std::pair<int64_t, int64_t> Exchange(bool has_tokens, bool active);
+  void EmptyStep();
 
   const model::DeepseekModel& model_;
   comm::Communicator& group_;
