@@ -249,6 +249,9 @@ TEST(Cli, BenchDecodeOnATopology) {
       "--topology 1A1F");
   EXPECT_EQ(both.exit_code, 2) << both.out;
   EXPECT_NE(both.out.find("leave out --topology"), std::string::npos) << both.out;
+  const Result no_topology = RunAfd("launch --model preset:tiny");
+  EXPECT_EQ(no_topology.exit_code, 2) << no_topology.out;
+  EXPECT_NE(no_topology.out.find("--enable-expert-parallel"), std::string::npos) << no_topology.out;
   const Result bad = RunAfd("bench decode --model preset:tiny --topology 1A1F --profile");
   EXPECT_EQ(bad.exit_code, 2) << bad.out;
   EXPECT_NE(bad.out.find("one-process options"), std::string::npos) << bad.out;
