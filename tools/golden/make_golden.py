@@ -139,29 +139,6 @@ CASES = {
                   beta_fast=32, beta_slow=1, mscale=1.0, mscale_all_dim=0.8),
         shard=None,
     ),
-    # v3_noaux_tc's shapes, trained briefly on a predictable synthetic language (train_weights):
-    # peaked predictions, as a real checkpoint has, for scoring bf16 against transformers.
-    "v3_trained": dict(
-        arch="v3",
-        seed=1005,
-        cfg=dict(
-            q_lora_rank=48,
-            n_routed_experts=16,
-            n_shared_experts=1,
-            num_experts_per_tok=4,
-            topk_method="noaux_tc",
-            scoring_func="sigmoid",
-            n_group=4,
-            topk_group=2,
-            norm_topk_prob=True,
-            routed_scaling_factor=2.5,
-            rope_interleave=True,
-            max_position_embeddings=4096,
-        ),
-        rope=None,
-        shard=None,
-        train=dict(steps=400, batch=16, length=48, lr=3e-3, p=0.9),
-    ),
     "v3_sharded": dict(
         arch="v3",
         seed=1004,
@@ -183,6 +160,17 @@ CASES = {
         shard="200KB",
     ),
 }
+
+# v3_noaux_tc's shapes, trained briefly on a predictable synthetic language (train_weights):
+# peaked predictions, as a real checkpoint has, for scoring bf16 against transformers.
+CASES["v3_trained"] = dict(
+    arch="v3",
+    seed=1005,
+    cfg=dict(CASES["v3_noaux_tc"]["cfg"], max_position_embeddings=4096),
+    rope=None,
+    shard=None,
+    train=dict(steps=400, batch=16, length=48, lr=3e-3, p=0.9),
+)
 
 
 def log(*a):

@@ -111,12 +111,8 @@ void RunDpEpWorker(const DpEpWorkerOptions& o) {
       ReplicaServeOptions serve;
       serve.endpoint = o.engine_endpoint;
       serve.dp_rank = o.rank;
-      serve.engine = o.engine;
-      if (serve.engine.num_kv_blocks == 0)
-        serve.engine.num_kv_blocks = ServingKvBlocks(*model, o.kv);
-      std::cerr << fmt::format("attention+experts rank {}: {}", o.rank,
-                               DescribeKvBlocks(*model, serve.engine.num_kv_blocks))
-                << std::endl;
+      serve.engine = SizedServingEngine(*model, o.engine, o.kv,
+                                        fmt::format("attention+experts rank {}", o.rank));
       ServeReplica(*model, /*world=*/nullptr, runner, serve);
     } else {
       runtime::GenerationOptions gen = o.generation;

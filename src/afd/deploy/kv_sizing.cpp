@@ -1,6 +1,7 @@
 #include "afd/deploy/kv_sizing.h"
 
 #include <algorithm>
+#include <iostream>
 
 #include "afd/common/error.h"
 
@@ -49,6 +50,15 @@ std::string DescribeKvBlocks(const model::DeepseekModel& model, int64_t blocks) 
   const kv::CacheShape shape = model.CacheShape(blocks);
   return fmt::format("KV cache: {} blocks of {} tokens ({} tokens, {:.2f} GiB)", blocks,
                      shape.block_size, blocks * shape.block_size, shape.bytes() / 1073741824.0);
+}
+
+runtime::EngineOptions SizedServingEngine(const model::DeepseekModel& model,
+                                          runtime::EngineOptions engine, const KvSizing& sizing,
+                                          const std::string& who) {
+  if (engine.num_kv_blocks == 0) engine.num_kv_blocks = ServingKvBlocks(model, sizing);
+  std::cerr << fmt::format("{}: {}", who, DescribeKvBlocks(model, engine.num_kv_blocks))
+            << std::endl;
+  return engine;
 }
 
 }  // namespace afd::deploy

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "afd/model/model.h"
+#include "afd/runtime/engine.h"
 
 namespace afd::deploy {
 
@@ -25,5 +26,11 @@ int64_t ServingKvBlocks(const model::DeepseekModel& model, const KvSizing& sizin
 
 // One line for the log: blocks, tokens, GiB.
 std::string DescribeKvBlocks(const model::DeepseekModel& model, int64_t blocks);
+
+// `engine` with its KV blocks sized by `sizing` when it left them at 0, the result logged on
+// stderr as "<who>: KV cache: ..." (a serving rank's engine).
+runtime::EngineOptions SizedServingEngine(const model::DeepseekModel& model,
+                                          runtime::EngineOptions engine, const KvSizing& sizing,
+                                          const std::string& who);
 
 }  // namespace afd::deploy

@@ -157,12 +157,8 @@ void RunWorker(const WorkerOptions& o) {
         serve.dp_rank = dp_rank;
         serve.tp = o.tp;
         serve.tp_rank = tp_rank;
-        serve.engine = o.engine;
-        if (serve.engine.num_kv_blocks == 0)
-          serve.engine.num_kv_blocks = ServingKvBlocks(*model, o.kv);
-        std::cerr << fmt::format("attention rank {}: {}", o.role_rank,
-                                 DescribeKvBlocks(*model, serve.engine.num_kv_blocks))
-                  << std::endl;
+        serve.engine = SizedServingEngine(*model, o.engine, o.kv,
+                                          fmt::format("attention rank {}", o.role_rank));
         ServeReplica(*model, world.get(), runner, serve);
         stats["steps"] = runner.steps();
       } else {
