@@ -11,7 +11,7 @@ BIN=$(readlink -f "$1")
 OUT=$2
 mkdir -p "$OUT"
 WORK=$(mktemp -d)
-. "$(dirname "$(readlink -f "$0")")/env.sh"  # CUBLAS_DIR, NCCL_DIR, LD_LIBRARY_PATH, PY
+. "$HERE/env.sh"  # CUBLAS_DIR, NCCL_DIR, LD_LIBRARY_PATH, PY
 AFD="$BIN/afd"
 ASYNC='{"afd": {"connector": "AsyncAFDConnector"}}'
 P=(--prompt-ids 1,2,3,4,5,6,7,8 --prompt-ids 90,80,70 --prompt-ids 5 --prompt-ids 11,12,13,14,15)

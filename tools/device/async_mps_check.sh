@@ -6,7 +6,7 @@
 set -u
 HERE=$(dirname "$(readlink -f "$0")")
 BIN=$(readlink -f "$1")
-. "$(dirname "$(readlink -f "$0")")/env.sh"  # CUBLAS_DIR, NCCL_DIR, LD_LIBRARY_PATH, PY
+. "$HERE/env.sh"  # CUBLAS_DIR, NCCL_DIR, LD_LIBRARY_PATH, PY
 "$BIN/backend_ops_test" 2>&1 | grep -E "FAIL|passed"
 ONLY=mps MPS_THEN="echo '== decode under MPS'; bash $HERE/decode_mono_vs_afd.sh $1" \
   bash "$HERE/x2_probe.sh" "$1" 2>&1 | grep -A4 "^== a\|^== d\|^mono\|^1A1F"

@@ -15,7 +15,7 @@ HERE=$(dirname "$(readlink -f "$0")")  # the helper scripts beside this one
 OUT=$2
 WORK=$(mktemp -d)  # scratch; only logs and references go to OUT (the tool returns 8 files)
 mkdir -p "$OUT"
-. "$(dirname "$(readlink -f "$0")")/env.sh"  # CUBLAS_DIR, NCCL_DIR, LD_LIBRARY_PATH, PY
+. "$HERE/env.sh"  # CUBLAS_DIR, NCCL_DIR, LD_LIBRARY_PATH, PY
 AFD="$BIN/afd"
 nvidia-smi -L
 echo "cuBLAS from: $CUBLAS_DIR"

@@ -10,7 +10,7 @@ BIN=$(readlink -f "$1")
 OUT=$2
 HERE=$(dirname "$(readlink -f "$0")")
 mkdir -p "$OUT"
-. "$(dirname "$(readlink -f "$0")")/env.sh"  # CUBLAS_DIR, NCCL_DIR, LD_LIBRARY_PATH, PY
+. "$HERE/env.sh"  # CUBLAS_DIR, NCCL_DIR, LD_LIBRARY_PATH, PY
 NCU=$(command -v ncu || find / -name ncu -type f -path '*nsight-compute*' -not -path '*/proc/*' 2>/dev/null | head -1)
 [ -n "$NCU" ] || { echo "no ncu on this machine"; exit 1; }
 STEPS=${STEPS:-2}

@@ -24,7 +24,7 @@ BIN=$(readlink -f "$1")
 OUT=$2
 mkdir -p "$OUT"
 WORK=$(mktemp -d)
-. "$(dirname "$(readlink -f "$0")")/env.sh"  # CUBLAS_DIR, NCCL_DIR, LD_LIBRARY_PATH, PY
+. "$HERE/env.sh"  # CUBLAS_DIR, NCCL_DIR, LD_LIBRARY_PATH, PY
 VENV_NCCL=$NCCL_LIB  # env.sh: the venv's NCCL (the one built against); /usr/lib may hold another
 OTHER_NCCL=$(find / -name 'libnccl.so.2' -not -path '*/proc/*' -not -path '*nvidia/nccl/lib*' 2>/dev/null | head -1)
 export AFD_JOIN_SECRET=device-check-secret
