@@ -173,6 +173,20 @@ TEST(StoreServer, ClientThatDoesNotReadItsRepliesIsDroppedAndCostsOthersNothing)
   EXPECT_TRUE(s.Logged("did not read its replies"));
 }
 
+// A client that made no request for longer than the send timeout (a rank loading its weights)
+// is served when it asks again: the read deadline of a reply starts when the reply is queued.
+TEST(StoreServer, ClientQuietForLongerThanTheSendTimeoutIsServed) {
+  LoggedServer s(kSecret, /*timeouts_s=*/0.2);
+  TcpStoreClient a("127.0.0.1", s.port(), 5, kSecret);
+  a.Set("k", "v");
+  std::this_thread::sleep_for(std::chrono::milliseconds(600));
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(a.TryGet("k"), std::optional<std::string>("v"));
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  }
+  EXPECT_EQ(s.server->num_dropped(), 0);
+}
+
 TEST(StoreServer, OversizedFrameBeforeAuthenticationIsDropped) {
   LoggedServer s(kSecret);
   Socket raw = RawConnect(s.port());

@@ -264,7 +264,8 @@ std::vector<Case> Cases() {
        std::vector<std::pair<std::string, std::string>>{{"v2_greedy_yarn", "2A2F"},
                                                         {"v2_group_limited", "3A2F"},
                                                         {"v3_noaux_tc", "1A2F"},
-                                                        {"v3_sharded", "2A5F"}}) {
+                                                        {"v3_sharded", "2A5F"},
+                                                        {"v3_trained", "2A2F"}}) {
     cases.push_back({golden + "_" + topo + "_async",
                      Golden(golden),
                      {"--topology", topo, "--additional-config", async}});
@@ -281,14 +282,15 @@ std::vector<Case> Cases() {
        std::vector<std::pair<std::string, std::string>>{{"v2_greedy_yarn", "2"},
                                                         {"v2_group_limited", "3"},
                                                         {"v3_noaux_tc", "4"},
-                                                        {"v3_sharded", "3"}}) {
+                                                        {"v3_sharded", "3"},
+                                                        {"v3_trained", "2"}}) {
     cases.push_back({golden + "_dp" + ranks + "_ep",
                      Golden(golden),
                      {"--data-parallel-size", ranks, "--enable-expert-parallel"}});
   }
   // Real checkpoints (loaded from safetensors) and every router variant.
   for (const std::string golden :
-       {"v2_greedy_yarn", "v2_group_limited", "v3_noaux_tc", "v3_sharded"}) {
+       {"v2_greedy_yarn", "v2_group_limited", "v3_noaux_tc", "v3_sharded", "v3_trained"}) {
     cases.push_back({golden + "_3A2F", Golden(golden), {"--topology", "3A2F"}});
     cases.push_back({golden + "_1A2F_gate_on_attention",
                      Golden(golden),

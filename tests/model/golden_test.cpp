@@ -93,7 +93,7 @@ TEST_P(GoldenTest, LogitsAndGreedyMatchTransformers) {
 
 INSTANTIATE_TEST_SUITE_P(Cases, GoldenTest,
                          ::testing::Values("v2_greedy_yarn", "v2_group_limited", "v3_noaux_tc",
-                                           "v3_sharded"));
+                                           "v3_sharded", "v3_trained"));
 
 }  // namespace
 }  // namespace afd::model

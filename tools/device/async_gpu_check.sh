@@ -16,7 +16,7 @@ AFD="$BIN/afd"
 ASYNC='{"afd": {"connector": "AsyncAFDConnector"}}'
 P=(--prompt-ids 1,2,3,4,5,6,7,8 --prompt-ids 90,80,70 --prompt-ids 5 --prompt-ids 11,12,13,14,15)
 status=0
-for c in v2_greedy_yarn v2_group_limited v3_noaux_tc v3_sharded; do
+for c in v2_greedy_yarn v2_group_limited v3_noaux_tc v3_sharded v3_trained; do
   M=tests/data/golden/$c
   for dt in fp32 bf16; do
     "$AFD" run --model "$M" "${P[@]}" --max-tokens 16 --ignore-eos --json --device cuda \

@@ -27,7 +27,7 @@ echo "== backend_ops_test (cpu + cuda)"
 tail -1 "$OUT/backend_ops.txt" | grep -q " 0 failed" || status=1
 
 echo "== fp32 on cuda vs the cpu reference, golden checkpoints"
-for c in v2_greedy_yarn v2_group_limited v3_noaux_tc v3_sharded; do
+for c in v2_greedy_yarn v2_group_limited v3_noaux_tc v3_sharded v3_trained; do
   M=tests/data/golden/$c
   P=(--prompt-ids 1,2,3,4,5,6,7,8 --prompt-ids 90,80,70 --prompt-ids 5)
   "$AFD" run --model "$M" "${P[@]}" --max-tokens 20 --ignore-eos --json >"$WORK/${c}_cpu.json"

@@ -15,8 +15,10 @@
 #     data parallelism + expert parallelism on both GPUs (DECODE=dpep; preset:deepseek-v2-lite,
 #     bf16).
 #  5. kill -9 of the FFN rank mid-run: the attention side exits naming it.
+#  6. 2A1F, 2A2F, 3A2F, 1A2F with ranks sharing the two GPUs (CUDA IPC windows; FFN ranks on
+#     GPU 0, attention ranks on GPU 1) equal the monolithic run (fp32 and bf16).
 # Usage (repo root there): tools/device/x2_nccl_window.sh BIN_DIR OUT
-# SECTIONS="1 2 3 5" runs those sections only (default: all); WINDOWS= and DECODE= subsets of
+# SECTIONS="1 2 3 5 6" runs those sections only (default: all); WINDOWS= and DECODE= subsets of
 # "nccl cuda_ipc p2p" and "mono nccl p2p dpep" for sections 2 and 4.
 set -u
 HERE=$(dirname "$(readlink -f "$0")")
@@ -30,7 +32,7 @@ OTHER_NCCL=$(find / -name 'libnccl.so.2' -not -path '*/proc/*' -not -path '*nvid
 export AFD_JOIN_SECRET=device-check-secret
 AFD="$BIN/afd"
 status=0
-SECTIONS=${SECTIONS:-1 2 3 4 5}
+SECTIONS=${SECTIONS:-1 2 3 4 5 6}
 on() { [[ " $SECTIONS " == *" $1 "* ]]; }
 echo "== machine"; nvidia-smi -L; nvidia-smi topo -m 2>&1 | head -4
 echo "venv nccl: $VENV_NCCL; other: $OTHER_NCCL"; "$AFD" --version
@@ -53,7 +55,7 @@ fi
 
 P=(--prompt-ids 1,2,3,4,5,6,7,8 --prompt-ids 90,80,70 --prompt-ids 5 --prompt-ids 11,12,13,14,15)
 on 2 && echo "== 2. fidelity: 1A1F on two GPUs vs monolithic on one"
-on 2 && for c in v2_greedy_yarn v2_group_limited v3_noaux_tc v3_sharded; do
+on 2 && for c in v2_greedy_yarn v2_group_limited v3_noaux_tc v3_sharded v3_trained; do
   M=tests/data/golden/$c
   for dt in fp32 bf16; do
     "$AFD" run --model "$M" "${P[@]}" --max-tokens 16 --ignore-eos --json --device cuda \
@@ -132,6 +134,31 @@ if on 5; then
   fi
   pgrep -f "afd worker" >/dev/null && { echo "worker processes left behind"; pkill -9 -f "afd worker"; status=1; }
 fi
+if on 6; then
+  # Issue 16's topologies on the GPUs this machine has: several ranks share a GPU through the
+  # async connector's CUDA IPC windows (NCCL cannot put two ranks on one GPU), the FFN ranks on
+  # GPU 0 and the attention ranks on GPU 1, so every layer's rows cross NVLink.
+  echo "== 6. xAyF with ranks sharing GPUs (CUDA IPC windows): FFN ranks on GPU 0, attention on GPU 1"
+  mkdir -p "$WORK/topo"
+  for c in v3_trained v2_group_limited; do
+    M=tests/data/golden/$c
+    for dt in fp32 bf16; do
+      [ -f "$WORK/${c}_${dt}_mono.json" ] || "$AFD" run --model "$M" "${P[@]}" --max-tokens 16 \
+        --ignore-eos --json --device cuda --dtype $dt >"$WORK/${c}_${dt}_mono.json" 2>"$WORK/err" ||
+        { tail -3 "$WORK/err"; status=1; }
+      for TD in 2A1F:0,1,1 2A2F:0,0,1,1 3A2F:0,0,1,1,1 1A2F:0,0,1; do
+        T=${TD%%:*}; DEV=${TD#*:}
+        timeout 120 "$AFD" run --model "$M" "${P[@]}" --max-tokens 16 --ignore-eos --json \
+          --device cuda --dtype $dt --topology $T --cuda-devices $DEV --additional-config "$IPCW" \
+          >"$WORK/topo/${c}_${dt}_$T.json" 2>"$WORK/topo/err_$T" ||
+          { echo "$c $dt $T failed:"; tail -8 "$WORK/topo/err_$T"; status=1; continue; }
+        $PY "$HERE/compare_runs.py" "$WORK/${c}_${dt}_mono.json" "$WORK/topo/${c}_${dt}_$T.json" \
+          "$c $dt $T (cuda:$DEV) window cuda_ipc" || status=1
+      done
+    done
+  done
+fi
+
 cp "$WORK"/*.json "$OUT/" 2>/dev/null
 echo "== exit status $status"
 exit $status

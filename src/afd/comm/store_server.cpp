@@ -113,6 +113,7 @@ void TcpStoreServer::Serve() {
   };
   auto consume = [](Client& c) {
     const size_t before = c.in.size();
+    const bool had_out = !c.out.empty();
     try {
       c.session->Consume(c.in, c.out, kMaxPendingOut);
     } catch (const Error& e) {
@@ -120,6 +121,10 @@ void TcpStoreServer::Serve() {
     }
     // Frames held back while replies piled up are the server's delay, not the client's.
     if (c.in.size() != before) c.partial_since = Clock::now();
+    // A reply to a client that had none pending: its read deadline starts now, not at the
+    // last reply it read (a client quiet for longer than the send timeout, e.g. loading
+    // weights, was dropped with its first new reply).
+    if (!had_out && !c.out.empty()) c.blocked_since = Clock::now();
   };
 
   while (true) {
