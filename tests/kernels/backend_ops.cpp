@@ -347,15 +347,24 @@ Result MlaCacheWrite(Ctx& c) {
 
 // Attention of heads [h0, h1) for the last token of each sequence, against the expanded
 // (non-absorbed) form: k_j = W_k·c_j, v_j = W_v·c_j.
+// tf32: with Backend::AllowTf32 (a bf16 model's setting; the GPU may then use TF32 tensor
+// cores: inputs rounded to 10 mantissa bits, so the tolerance is that of those roundings).
 Result MlaAttention(Ctx& c, int64_t h0, int64_t h1, int64_t seqs = 3, int64_t len = 11,
-                    MlaSetup shapes = {}) {
+                    MlaSetup shapes = {}, bool tf32 = false) {
   MlaSetup s = MakeMla(c, seqs, len, nullptr, std::move(shapes));
   const int64_t width = s.kvr + s.dr, qk = s.dn + s.dr, nh = h1 - h0;
   std::vector<float> q = c.Randn(seqs * s.heads * qk);
   const Tensor out = c.Alloc(DType::kF32, {seqs, nh * s.dv});
   const float scale = 1.0f / std::sqrt(float(qk));
-  c.b.MlaAttention(c.Up(q, DType::kF32, {seqs, s.heads, qk}), s.kv_b_t, s.last, s.cache, h0, h1,
-                   s.dn, s.dv, scale, out);
+  c.b.AllowTf32(tf32);
+  try {
+    c.b.MlaAttention(c.Up(q, DType::kF32, {seqs, s.heads, qk}), s.kv_b_t, s.last, s.cache, h0, h1,
+                     s.dn, s.dv, scale, out);
+  } catch (...) {
+    c.b.AllowTf32(false);
+    throw;
+  }
+  c.b.AllowTf32(false);
   std::vector<double> want(seqs * nh * s.dv);
   for (int64_t t = 0; t < seqs; ++t) {
     for (int64_t h = h0; h < h1; ++h) {
@@ -389,11 +398,11 @@ Result MlaAttention(Ctx& c, int64_t h0, int64_t h1, int64_t seqs = 3, int64_t le
       }
     }
   }
-  return Result(RelErr(c.Down<float>(out), want), 1e-4);
+  return Result(RelErr(c.Down<float>(out), want), tf32 ? 5e-3 : 1e-4);
 }
 
 // Decode attention perf: `seqs` tokens over `ctx` cached positions each, 16 heads, 512 + 64.
-Result MlaDecodePerf(Ctx& c, int64_t seqs, int64_t ctx) {
+Result MlaDecodePerf(Ctx& c, int64_t seqs, int64_t ctx, bool tf32 = false) {
   const int64_t heads = 16, dn = 128, dr = 64, dv = 128, kvr = 512, block = 64, width = kvr + dr;
   const int64_t blocks = (ctx + block - 1) / block;
   const Tensor cache = c.Alloc(DType::kF32, {seqs * blocks * block, width});
@@ -413,7 +422,9 @@ Result MlaDecodePerf(Ctx& c, int64_t seqs, int64_t ctx) {
   Result r;
   r.bytes = double(seqs) * ctx * width * 4 + tkv.nbytes();
   r.flops = 2.0 * seqs * heads * (ctx * (kvr + dr) + ctx * kvr + (dn + dv) * kvr);
+  c.b.AllowTf32(tf32);
   r.seconds = c.Time([&] { c.b.MlaAttention(tq, tkv, t, cache, 0, heads, dn, dv, 0.1f, out); });
+  c.b.AllowTf32(false);
   return r;
 }
 
@@ -756,6 +767,26 @@ std::vector<Case> CheckCases() {
          wide.heads = 16, wide.dn = 16, wide.dv = 8, wide.kvr = 512, wide.dr = 64, wide.block = 16;
          return MlaAttention(c, 0, 16, 1, 37, std::move(wide));
        }},
+      // The same with TF32 allowed (bf16 models): tensor-core scores and P·V on the GPU,
+      // cuBLAS TF32 projections above 32 tokens.
+      {"MlaAttention", "tf32: all heads",
+       [](Ctx& c) { return MlaAttention(c, 0, 4, 3, 11, {}, true); }},
+      {"MlaAttention", "tf32: heads [1, 3), 2 seqs x 700",
+       [](Ctx& c) { return MlaAttention(c, 1, 3, 2, 700, {}, true); }},
+      {"MlaAttention", "tf32: 40 seqs",
+       [](Ctx& c) { return MlaAttention(c, 0, 4, 40, 5, {}, true); }},
+      {"MlaAttention", "tf32: 20 heads, 512 + 64, 3 x 150",
+       [](Ctx& c) {
+         MlaSetup wide;
+         wide.heads = 20, wide.dn = 16, wide.dv = 8, wide.kvr = 512, wide.dr = 64, wide.block = 64;
+         return MlaAttention(c, 0, 20, 3, 150, std::move(wide), true);
+       }},
+      {"MlaAttention", "tf32: 16 heads, 512 + 64, 40 x 37",
+       [](Ctx& c) {
+         MlaSetup wide;
+         wide.heads = 16, wide.dn = 16, wide.dv = 8, wide.kvr = 512, wide.dr = 64, wide.block = 16;
+         return MlaAttention(c, 0, 16, 40, 37, std::move(wide), true);
+       }},
       {"RouterTopk", "softmax greedy",
        [](Ctx& c) { return Router(c, RouterScoring::kSoftmax, false); }},
       {"RouterTopk", "softmax group-limited",
@@ -816,6 +847,14 @@ std::vector<Case> PerfCases() {
   for (int64_t seqs : {1, 16, 64}) {
     v.push_back({"MlaAttention", fmt::format("decode {} x ctx 1024, 16 heads", seqs),
                  [seqs](Ctx& c) { return MlaDecodePerf(c, seqs, 1024); }});
+  }
+  // fp32 vs TF32 tensor cores (bf16 models) at large batch: ctx 128 and 1024.
+  for (int64_t ctx : {128, 1024}) {
+    for (bool tf32 : {false, true}) {
+      v.push_back({"MlaAttention",
+                   fmt::format("decode 256 x ctx {}, 16 heads{}", ctx, tf32 ? ", tf32" : ""),
+                   [ctx, tf32](Ctx& c) { return MlaDecodePerf(c, 256, ctx, tf32); }});
+    }
   }
   for (int64_t n : {1, 16, 64}) {
     v.push_back({"MoE (permute+experts+combine)", fmt::format("{} tok, top-6 of 16, 2048x1408", n),

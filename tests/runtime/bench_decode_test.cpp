@@ -35,6 +35,26 @@ TEST(BenchDecode, RowsPerBatchWithDeviceTimeWithinTheStep) {
   }
 }
 
+// Prompts over prefill_tokens_per_step are prefilled in waves (whole prompts): the timed steps
+// still decode the whole batch, and the prefill steps' tokens all count.
+TEST(BenchDecode, PrefillInWavesStillTimesTheWholeBatch) {
+  kernels::cpu::CpuBackend cpu;
+  const model::ModelConfig config = model::PresetConfig("tiny");
+  model::DeepseekModel model(config, model::RandomWeights(config, 0, model::WeightOptions{}), cpu);
+  BenchDecodeOptions o;
+  o.batch_sizes = {5};
+  o.context = 8;
+  o.steps = 3;
+  o.prefill_tokens_per_step = 17;  // 2 prompts per wave: 3 waves
+  const BenchDecodeResult r = BenchDecode(model, o);
+  ASSERT_EQ(r.rows.size(), 1u);
+  EXPECT_NEAR(r.rows[0].tokens_per_s, 1e3 * 5 / r.rows[0].ms_per_step,
+              1e-6 * r.rows[0].tokens_per_s);
+  EXPECT_GT(r.rows[0].prefill_tokens_per_s, 0.0);
+  o.prefill_tokens_per_step = 0;
+  EXPECT_THROW(BenchDecode(model, o), Error);
+}
+
 TEST(BenchDecode, RefusesPositionsPastTheModel) {
   kernels::cpu::CpuBackend cpu;
   const model::ModelConfig config = model::PresetConfig("tiny");

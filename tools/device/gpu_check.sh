@@ -9,6 +9,9 @@
 # the torch peer when BIN_DIR holds torch_peer.py (skipped with SKIP_PEER=1),
 # afd bench decode with graphs and (PROFILE=1) the eager per-op profile, the torch peer, and
 # (HF_BATCH=1,16) transformers eager decode. Prints a summary; logs go to OUT_DIR.
+# SCORE_CASES="a b": score only those checkpoints against transformers bf16 (default: all);
+# PERF_OP=NAME: backend_ops_test --perf for that op only; LONG_CONTEXT=1: also afd bench decode
+# at batch 256, context 1024 (issue 11's last row).
 set -u
 BIN=$(readlink -f "$1")
 HERE=$(dirname "$(readlink -f "$0")")  # the helper scripts beside this one
@@ -68,7 +71,7 @@ echo "== bf16 fidelity vs transformers bf16 on this GPU (seed 001's scoring, >= 
 if [ -n "${MAKE_BF16_REFERENCE:-}" ]; then
   $PY tools/golden/make_bf16_reference.py --golden tests/data/golden --out "$OUT/bf16_ref" || status=1
 fi
-for c in v2_greedy_yarn v2_group_limited v3_noaux_tc v3_sharded v3_trained; do
+for c in ${SCORE_CASES:-v2_greedy_yarn v2_group_limited v3_noaux_tc v3_sharded v3_trained}; do
   [ -d tests/data/golden/$c ] || { echo "$c: no checkpoint (tools/golden/make_golden.py --cases $c)"; continue; }
   REF=tests/data/golden/$c/bf16_reference.json
   [ -f "$REF" ] || REF=$OUT/bf16_ref/$c/bf16_reference.json
@@ -79,11 +82,14 @@ done
 
 if [ -z "${SKIP_PERF:-}" ]; then
   echo "== backend_ops_test --perf --backend cuda"
-  "$BIN/backend_ops_test" --perf --backend cuda --iters 20 2>&1 | tee "$OUT/perf_cuda.txt"
+  "$BIN/backend_ops_test" --perf --backend cuda --iters 20 ${PERF_OP:+--op $PERF_OP} 2>&1 | tee "$OUT/perf_cuda.txt"
 fi
 
 echo "== afd bench decode on cuda (preset:deepseek-v2-lite, bf16)"
 timeout 420 "$AFD" bench decode --model preset:deepseek-v2-lite --device cuda --batch 1,16,64,256 --context 128 --steps 16 ${BENCH_LAYERS:+--num-layers $BENCH_LAYERS} 2>&1 | grep -v "loading weights \[" | tee "$OUT/bench_decode.txt"
+if [ -n "${LONG_CONTEXT:-}" ]; then
+  timeout 300 "$AFD" bench decode --model preset:deepseek-v2-lite --device cuda --batch 256 --context 1024 --steps 8 2>&1 | grep -v "loading weights \[" | tail -2 | tee -a "$OUT/bench_decode.txt"
+fi
 if [ -n "${PROFILE:-}" ]; then
   echo "== afd bench decode --enforce-eager --profile (per-op device time of a decode step)"
   timeout 300 "$AFD" bench decode --model preset:deepseek-v2-lite --device cuda --batch 1,16,64,256 --context 128 --steps 8 --profile 2>&1 | grep -v "loading weights \[" | tee "$OUT/bench_profile.txt"

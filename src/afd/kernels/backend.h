@@ -189,6 +189,12 @@ class Backend : public Allocator {
   virtual void Sample(const Tensor& logits, const std::vector<SampleRow>& rows,
                       const Tensor& ids) = 0;
 
+  // A bf16 model's attention may take its fp32 products (MLA's absorbed W_k / W_v projections,
+  // scores and P·V) on TF32 tensor cores: inputs rounded to a 10-bit mantissa, finer than the
+  // model's bf16 weights, accumulated in fp32. Off (the default, and every fp32 model): exact
+  // fp32. The CPU backend, the reference, is always exact. Set once, before any capture.
+  virtual void AllowTf32(bool /*on*/) {}
+
   // ---- Graphs and profiling (the CUDA backend; the CPU backend has neither) ---------------
   virtual bool SupportsGraphs() const { return false; }
   // The ops enqueued between BeginCapture and EndCapture are recorded into the returned graph,

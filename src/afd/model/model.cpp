@@ -33,6 +33,13 @@ DeepseekModel::DeepseekModel(ModelConfig config, ModelWeights weights, kernels::
   inv_freq_ = Tensor(mem.get(), DType::kF32, {half}, backend_.device(), mem);
   backend_.CopyToDevice(inv_freq_, rope_.inv_freq().data());
   rope_spec_ = {inv_freq_, rope_.attention_factor(), rope_.interleave()};
+  // A bf16 model's attention products may use TF32 tensor cores (Backend::AllowTf32); an fp32
+  // model stays exact.
+  for (const LayerWeights& l : weights_.layers) {
+    if (l.attn.kv_a_proj.empty()) continue;
+    backend_.AllowTf32(l.attn.kv_a_proj.dtype() == DType::kBF16);
+    break;
+  }
 }
 
 kv::CacheShape DeepseekModel::CacheShape(int64_t num_blocks, int64_t block_size) const {

@@ -97,10 +97,16 @@ BenchDecodeResult BenchDecode(const model::DeepseekModel& model, const BenchDeco
   AFD_CHECK(!o.batch_sizes.empty(), "bench decode: no batch sizes");
   AFD_CHECK(o.context >= 1 && o.steps >= 1,
             "bench decode: --context {} and --steps {} must be >= 1", o.context, o.steps);
-  AFD_CHECK(o.context + kWarmupSteps + o.steps + 1 <= c.max_position_embeddings,
-            "bench decode: --context {} + --steps {} (+ {} warm-up steps) exceed "
-            "max_position_embeddings {}",
-            o.context, o.steps, kWarmupSteps, c.max_position_embeddings);
+  AFD_CHECK(o.prefill_tokens_per_step >= 1, "bench decode: prefill_tokens_per_step {} must be >= 1",
+            o.prefill_tokens_per_step);
+  // Prompts per prefill wave; a sequence of an early wave decodes one token in each later wave.
+  const int64_t per_wave = std::max<int64_t>(1, o.prefill_tokens_per_step / o.context);
+  int64_t most_waves = 1;
+  for (int64_t b : o.batch_sizes) most_waves = std::max(most_waves, (b + per_wave - 1) / per_wave);
+  AFD_CHECK(o.context + kWarmupSteps + o.steps + most_waves <= c.max_position_embeddings,
+            "bench decode: --context {} + --steps {} (+ {} warm-up steps, + {} tokens decoded "
+            "while later prompts prefill) exceed max_position_embeddings {}",
+            o.context, o.steps, kWarmupSteps, most_waves - 1, c.max_position_embeddings);
   BenchDecodeResult result;
   result.device = model.backend().name();
   result.copy_gb_per_s = MeasureCopyBandwidth(model.backend());
@@ -114,15 +120,20 @@ BenchDecodeResult BenchDecode(const model::DeepseekModel& model, const BenchDeco
   const kv::CacheShape shape = model.CacheShape(1);
   for (int64_t b : o.batch_sizes) {
     AFD_CHECK(b >= 1, "bench decode: batch size {} must be >= 1", b);
+    const int64_t waves = (b + per_wave - 1) / per_wave;
     EngineOptions eo;
-    eo.num_kv_blocks = b * shape.BlocksFor(o.context + kWarmupSteps + o.steps + 1);
+    eo.num_kv_blocks = b * shape.BlocksFor(o.context + kWarmupSteps + o.steps + waves);
+    // Room for a wave's prompts beside every running sequence's decode token.
+    eo.max_num_batched_tokens = per_wave * o.context + b;
     Engine engine(model, runner, eo);
     for (int64_t s = 0; s < b; ++s) {
       RequestParams p;
       p.prompt.resize(o.context);
       for (int32_t& t : p.prompt) t = id(rng);
       // The first token comes from the prefill step, then the warm-up and the timed steps.
-      p.max_tokens = 1 + kWarmupSteps + o.steps;
+      // Long enough for the first wave, which decodes while the later ones prefill; the bench
+      // stops after the timed steps, with every sequence still running.
+      p.max_tokens = 1 + kWarmupSteps + o.steps + (waves - 1);
       p.sampler_stream = s;
       p.ignore_eos = true;
       p.logprobs = 0;  // as afd run asks (the log-probability of every output token)
@@ -141,6 +152,9 @@ BenchDecodeResult BenchDecode(const model::DeepseekModel& model, const BenchDeco
         model.backend().TakeTimedSeconds();
         if (o.profile) model.backend().TakeProfile();  // drop anything recorded before
         runner.timing = true;
+      }
+      if (runner.timing && engine.generation_stats().decode_steps - warm.decode_steps == o.steps) {
+        break;
       }
     }
     runner.timing = false;
@@ -167,7 +181,9 @@ BenchDecodeResult BenchDecode(const model::DeepseekModel& model, const BenchDeco
     row.bytes_per_step =
         WeightBytes(model, b) + b * (o.context + kWarmupSteps + o.steps / 2.0) * kv_row_bytes;
     row.floor_ms = 1e3 * row.bytes_per_step / (result.copy_gb_per_s * 1e9);
-    row.prefill_tokens_per_s = st.prefill_tokens / std::max(st.prefill_seconds, 1e-12);
+    // Prefill steps, and the mixed ones of later waves (their few decode tokens included).
+    row.prefill_tokens_per_s = (st.prefill_tokens + st.mixed_prefill_tokens) /
+                               std::max(st.prefill_seconds + st.mixed_seconds, 1e-12);
     result.rows.push_back(row);
   }
   return result;

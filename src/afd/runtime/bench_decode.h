@@ -1,5 +1,6 @@
 // `afd bench decode`: decode speed of one process at several batch sizes, against the memory
-// floor. For each batch size B: B random prompts of `context` tokens are prefilled together,
+// floor. For each batch size B: B random prompts of `context` tokens are prefilled (together,
+// or in waves of prefill_tokens_per_step),
 // then kWarmupSteps (2) untimed decode steps (the first captures the CUDA graph) and `steps` timed
 // decode steps run (every sequence one token per step); the time per decode step
 // is compared with the bytes a step must read -- the weights it uses (everything but the
@@ -26,6 +27,11 @@ struct BenchDecodeOptions {
   CudaGraphOptions graphs;  // decode steps replay CUDA graphs unless graphs.enforce_eager
   // Per-op device time of the decode steps (eager: graphs are turned off while profiling).
   bool profile = false;
+  // Prompt tokens prefilled per step at most (whole prompts, so at least one): a batch whose
+  // prompts hold more is prefilled in waves, as a server would (batch 256 x context 1024 in one
+  // step needs a ~40 GiB workspace). The sequences of earlier waves decode during the later
+  // ones (untimed mixed steps); the timed steps start once every sequence is running.
+  int64_t prefill_tokens_per_step = 65536;
 };
 
 struct BenchDecodeRow {

@@ -500,22 +500,26 @@ void CudaBackend::MlaAttention(const Tensor& q, const Tensor& kv_b, const Attent
                   head_begin, head_end, kvr, q_lat, state_->stream);
     LaunchMlaAttention(q.data_as<const float>(), n, heads, q_lat, kvr, dn, dr, Paged(tokens),
                        cache.data_as<const float>(), head_begin, head_end, scale, max_context,
-                       splits, partial, o_lat, state_->stream);
+                       splits, tf32_, partial, o_lat, state_->stream);
     LaunchMlaOut(o_lat, n, dn, dv, kv_b.data_as<const float>(), head_begin, head_end, kvr,
                  out.data_as<float>(), state_->stream);
     return;
   }
-  AFD_CUBLAS_CHECK(cublasSgemmStridedBatched(
-      state_->cublas, CUBLAS_OP_N, CUBLAS_OP_N, kvr, n, dn, &one, w_k, kvr, (dn + dv) * kvr,
-      q.data_as<const float>() + head_begin * (dn + dr), heads * (dn + dr), dn + dr, &zero, q_lat,
-      nh * kvr, kvr, nh));
+  // fp32 batched GEMMs; TF32 tensor cores when allowed (AllowTf32: bf16 models).
+  const cublasComputeType_t compute = tf32_ ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  AFD_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+      state_->cublas, CUBLAS_OP_N, CUBLAS_OP_N, kvr, n, dn, &one, w_k, CUDA_R_32F, kvr,
+      (dn + dv) * kvr, q.data_as<const float>() + head_begin * (dn + dr), CUDA_R_32F,
+      heads * (dn + dr), dn + dr, &zero, q_lat, CUDA_R_32F, nh * kvr, kvr, nh, compute,
+      CUBLAS_GEMM_DEFAULT));
   LaunchMlaAttention(q.data_as<const float>(), n, heads, q_lat, kvr, dn, dr, Paged(tokens),
                      cache.data_as<const float>(), head_begin, head_end, scale, max_context, splits,
-                     partial, o_lat, state_->stream);
+                     tf32_, partial, o_lat, state_->stream);
   // out_h [n, dv] = o_lat_h [n, kvr] · W_v[h]ᵀ (W_v[h]: [dv, kvr]).
-  AFD_CUBLAS_CHECK(cublasSgemmStridedBatched(state_->cublas, CUBLAS_OP_T, CUBLAS_OP_N, dv, n, kvr,
-                                             &one, w_v, kvr, (dn + dv) * kvr, o_lat, nh * kvr, kvr,
-                                             &zero, out.data_as<float>(), nh * dv, dv, nh));
+  AFD_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+      state_->cublas, CUBLAS_OP_T, CUBLAS_OP_N, dv, n, kvr, &one, w_v, CUDA_R_32F, kvr,
+      (dn + dv) * kvr, o_lat, CUDA_R_32F, nh * kvr, kvr, &zero, out.data_as<float>(), CUDA_R_32F,
+      nh * dv, dv, nh, compute, CUBLAS_GEMM_DEFAULT));
 }
 
 void CudaBackend::RouterTopk(const Tensor& logits, const Tensor& bias, const RouterSpec& spec,

@@ -65,6 +65,7 @@ class CudaBackend : public Backend {
   bool SupportsGraphs() const override { return true; }
   void BeginCapture() override;
   std::unique_ptr<OpGraph> EndCapture() override;
+  void AllowTf32(bool on) override { tf32_ = on; }
   void SetProfiling(bool on) override;
   std::vector<OpTime> TakeProfile() override;
   void BeginTimedSpan() override;
@@ -81,6 +82,7 @@ class CudaBackend : public Backend {
 
   int device_;
   std::string name_;
+  bool tf32_ = false;  // AllowTf32
   std::unique_ptr<State> state_;
 };
 

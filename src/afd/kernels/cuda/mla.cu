@@ -93,8 +93,32 @@ __host__ __device__ int AttnStride(int64_t width) {
   return static_cast<int>((width + 15) / 16 * 16 + 8);
 }
 
-size_t AttnSmemBytes(int64_t width) {
-  return (static_cast<size_t>(kGroup + kRows) * AttnStride(width) + kGroup * kRows) * sizeof(float);
+// The tensor-core form adds the score partials of its 4 k-quarters: [4][kGroup][kRows].
+constexpr int kTcQuarters = 4;
+
+size_t AttnSmemBytes(int64_t width, bool tc) {
+  return (static_cast<size_t>(kGroup + kRows) * AttnStride(width) + kGroup * kRows +
+          (tc ? kTcQuarters * kGroup * kRows : 0)) *
+         sizeof(float);
+}
+
+// fp32 -> tf32 (round to nearest, ties away), as a .b32 mma operand.
+__device__ __forceinline__ uint32_t Tf32(float x) {
+  uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+  return r;
+}
+
+// c += a · b, m16n8k8, tf32 in, fp32 accumulate. PTX ISA fragment layout (lane = 4 gid + t):
+//   A (16x8, row): a0 (gid, t), a1 (gid + 8, t), a2 (gid, t + 4), a3 (gid + 8, t + 4)
+//   B (8x8, col):  b0 (k = t, n = gid), b1 (k = t + 4, n = gid)
+//   C (16x8):      c0, c1 (gid, 2t + {0, 1}), c2, c3 (gid + 8, 2t + {0, 1})
+__device__ __forceinline__ void MmaTf32(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                        uint32_t a3, uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
 // Thread tid's share of a [kRows, w4] float4 tile: elements e = tid + u·kAttnThreads, row e / w4.
@@ -124,7 +148,15 @@ __device__ __forceinline__ void StoreTile(const float4 (&v)[kMaxPer], int w4, in
   }
 }
 
-template <int W4>
+//
+// kTc (bf16 models, Backend::AllowTf32): the chunk's two products on tensor cores, TF32 inputs
+// (10-bit mantissa: finer than the bf16 the model's weights have) with fp32 accumulation, the
+// same blocks, chunks, pipeline and partial layout. Scores S[16 heads x 16 rows] = q · rowsᵀ:
+// warp w takes the 8 rows 8 (w & 1).. over the k-quarter w >> 1 of the width (m16n8k8), the 4
+// quarters added in a fixed order; one thread per (head, row) then does the online softmax. P·V:
+// O[16 x kvr] += P[16 x 16] · rows[16 x kvr], warp w owning the 8-column tiles w, w + 8, ...
+// (C fragments in registers, rescaled per head). Needs kvr and width multiples of 8.
+template <int W4, bool kTc>
 __global__ void __launch_bounds__(kAttnThreads, 2)
     AttentionPartial(const float* q, int64_t heads, const float* q_lat, int64_t kvr, int64_t dn,
                      int64_t dr, PagedArgs t, const float* cache, int64_t h0, int64_t nh,
@@ -184,11 +216,20 @@ __global__ void __launch_bounds__(kAttnThreads, 2)
   StoreTile<W4>(v, w4, stride, qs);
   __syncthreads();  // slots[0]
   load_chunk(v, j_begin, 0);
-  const int slice = tid & 3, tj = (tid >> 2) & 7, th = tid >> 5;
+  [[maybe_unused]] const int slice = tid & 3, tj = (tid >> 2) & 7, th = tid >> 5;
   float m[2] = {-FLT_MAX, -FLT_MAX}, lsum[2] = {0.0f, 0.0f};  // of heads 2th, 2th + 1
-  float acc[kGroup][2];
+  // Tensor cores: per warp kTcTiles 8-column tiles of O (C fragments); the softmax thread of
+  // (head tid / 16, row tid % 16) keeps its head's running max and sum in m[0], lsum[0].
+  constexpr int kTcTiles = kMaxLatent / 8 / (kAttnThreads / 32);
+  constexpr int kAccRows = kTc ? 1 : kGroup, kAccCols = kTc ? 1 : 2;
+  float acc[kAccRows][kAccCols];
+  float tacc[kTc ? kTcTiles : 1][4];
 #pragma unroll
-  for (int h = 0; h < kGroup; ++h) acc[h][0] = acc[h][1] = 0.0f;
+  for (int h = 0; h < kAccRows; ++h) acc[h][0] = acc[h][kAccCols - 1] = 0.0f;
+#pragma unroll
+  for (int i = 0; i < (kTc ? kTcTiles : 1); ++i)
+    tacc[i][0] = tacc[i][1] = tacc[i][2] = tacc[i][3] = 0.0f;
+  [[maybe_unused]] const int lane = tid & 31, warp = tid >> 5, gid = lane >> 2, tq = lane & 3;
   int c = 0;  // chunk index
   for (int64_t j0 = j_begin; j0 < j_end; j0 += kRows, ++c) {
     const int64_t cnt = min(static_cast<int64_t>(kRows), j_end - j0);
@@ -197,91 +238,181 @@ __global__ void __launch_bounds__(kAttnThreads, 2)
     if (j0 + kRows < j_end) find_slots(j0 + kRows, c + 1);
     __syncthreads();
     if (j0 + kRows < j_end) load_chunk(v, j0 + kRows, c + 1);  // in flight while this one is used
-    float sc[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
-    {
-      const float4* qa = reinterpret_cast<const float4*>(qs + 2 * th * stride);
-      const float4* ra = reinterpret_cast<const float4*>(rows + 2 * tj * stride);
-      const int s4 = stride / 4;
-      for (int c4 = slice; c4 < w4; c4 += 4) {
-        const float4 a[2] = {qa[c4], qa[s4 + c4]}, b[2] = {ra[c4], ra[s4 + c4]};
+    if constexpr (kTc) {
+      float* sred = ps + kGroup * kRows;  // [kTcQuarters][kGroup][kRows]
+      {
+        const int nt = warp & 1, quarter = warp >> 1, ksteps = width / 8;
+        const int k_lo = quarter * ksteps / kTcQuarters,
+                  k_hi = (quarter + 1) * ksteps / kTcQuarters;
+        const float* qa = qs + gid * stride + tq;
+        const float* rb = rows + (8 * nt + gid) * stride + tq;
+        float sc4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        for (int ks = k_lo; ks < k_hi; ++ks) {
+          const int k0 = 8 * ks;
+          MmaTf32(sc4, Tf32(qa[k0]), Tf32(qa[8 * stride + k0]), Tf32(qa[k0 + 4]),
+                  Tf32(qa[8 * stride + k0 + 4]), Tf32(rb[k0]), Tf32(rb[k0 + 4]));
+        }
+        float* out = sred + quarter * kGroup * kRows + 8 * nt + 2 * tq;
+        out[gid * kRows] = sc4[0];
+        out[gid * kRows + 1] = sc4[1];
+        out[(gid + 8) * kRows] = sc4[2];
+        out[(gid + 8) * kRows + 1] = sc4[3];
+      }
+      __syncthreads();
+      {
+        const int h = tid >> 4, j = tid & 15;  // one (head, row) per thread: 16 x 16
+        float sc = 0.0f;
 #pragma unroll
-        for (int x = 0; x < 2; ++x) {
+        for (int qq = 0; qq < kTcQuarters; ++qq) sc += sred[(qq * kGroup + h) * kRows + j];
+        sc = j < cnt ? sc * scale : -INFINITY;
+        float cmax = sc;
+        for (int o = 1; o <= 8; o <<= 1) cmax = fmaxf(cmax, __shfl_xor_sync(0xffffffffu, cmax, o));
+        const float m_new = fmaxf(m[0], cmax);
+        const float rescale = expf(m[0] - m_new);
+        const float p = expf(sc - m_new);  // 0 past the chunk
+        float csum = p;
+        for (int o = 1; o <= 8; o <<= 1) csum += __shfl_xor_sync(0xffffffffu, csum, o);
+        lsum[0] = lsum[0] * rescale + csum;
+        m[0] = m_new;
+        ps[h * kRows + j] = p;
+        if (j == 0) qs[h * stride + width] = rescale;  // pad column
+      }
+      __syncthreads();
+      {
+        const float r_lo = qs[gid * stride + width], r_hi = qs[(gid + 8) * stride + width];
+        uint32_t pa[2][4];
 #pragma unroll
-          for (int y = 0; y < 2; ++y) {
-            sc[x][y] += a[x].x * b[y].x;
-            sc[x][y] += a[x].y * b[y].y;
-            sc[x][y] += a[x].z * b[y].z;
-            sc[x][y] += a[x].w * b[y].w;
+        for (int ks = 0; ks < 2; ++ks) {
+          pa[ks][0] = Tf32(ps[gid * kRows + 8 * ks + tq]);
+          pa[ks][1] = Tf32(ps[(gid + 8) * kRows + 8 * ks + tq]);
+          pa[ks][2] = Tf32(ps[gid * kRows + 8 * ks + tq + 4]);
+          pa[ks][3] = Tf32(ps[(gid + 8) * kRows + 8 * ks + tq + 4]);
+        }
+#pragma unroll
+        for (int i = 0; i < kTcTiles; ++i) {
+          const int col = 8 * (warp + i * (kAttnThreads / 32));
+          if (col >= kvr) break;
+          tacc[i][0] *= r_lo;
+          tacc[i][1] *= r_lo;
+          tacc[i][2] *= r_hi;
+          tacc[i][3] *= r_hi;
+#pragma unroll
+          for (int ks = 0; ks < 2; ++ks) {
+            const float* vb = rows + (8 * ks + tq) * stride + col + gid;
+            MmaTf32(tacc[i], pa[ks][0], pa[ks][1], pa[ks][2], pa[ks][3], Tf32(vb[0]),
+                    Tf32(vb[4 * stride]));
+          }
+        }
+      }
+    } else {
+      float sc[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
+      {
+        const float4* qa = reinterpret_cast<const float4*>(qs + 2 * th * stride);
+        const float4* ra = reinterpret_cast<const float4*>(rows + 2 * tj * stride);
+        const int s4 = stride / 4;
+        for (int c4 = slice; c4 < w4; c4 += 4) {
+          const float4 a[2] = {qa[c4], qa[s4 + c4]}, b[2] = {ra[c4], ra[s4 + c4]};
+#pragma unroll
+          for (int x = 0; x < 2; ++x) {
+#pragma unroll
+            for (int y = 0; y < 2; ++y) {
+              sc[x][y] += a[x].x * b[y].x;
+              sc[x][y] += a[x].y * b[y].y;
+              sc[x][y] += a[x].z * b[y].z;
+              sc[x][y] += a[x].w * b[y].w;
+            }
+          }
+        }
+      }
+      float rescale[2];
+#pragma unroll
+      for (int x = 0; x < 2; ++x) {
+#pragma unroll
+        for (int y = 0; y < 2; ++y) {
+          for (int o = 1; o <= 2; o <<= 1) sc[x][y] += __shfl_xor_sync(0xffffffffu, sc[x][y], o);
+          sc[x][y] = 2 * tj + y < cnt ? sc[x][y] * scale : -INFINITY;
+        }
+        float cmax = fmaxf(sc[x][0], sc[x][1]);
+        for (int o = 4; o <= 16; o <<= 1) cmax = fmaxf(cmax, __shfl_xor_sync(0xffffffffu, cmax, o));
+        const float m_new = fmaxf(m[x], cmax);
+        rescale[x] = expf(m[x] - m_new);
+        const float p0 = expf(sc[x][0] - m_new), p1 = expf(sc[x][1] - m_new);  // 0 past the chunk
+        float csum = p0 + p1;
+        for (int o = 4; o <= 16; o <<= 1) csum += __shfl_xor_sync(0xffffffffu, csum, o);
+        lsum[x] = lsum[x] * rescale[x] + csum;
+        m[x] = m_new;
+        if (slice == 0) {
+          ps[(2 * th + x) * kRows + 2 * tj] = p0;
+          ps[(2 * th + x) * kRows + 2 * tj + 1] = p1;
+        }
+        if (slice == 0 && tj == 0) qs[(2 * th + x) * stride + width] = rescale[x];  // pad column
+      }
+      __syncthreads();
+#pragma unroll
+      for (int h = 0; h < kGroup; ++h) {
+        const float r = qs[h * stride + width];
+        acc[h][0] *= r;
+        acc[h][1] *= r;
+      }
+#pragma unroll
+      for (int jj = 0; jj < kRows; jj += 4) {
+        float r0[4], r1[4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+          r0[u] = tid < kvr ? rows[(jj + u) * stride + tid] : 0.0f;
+          r1[u] = tid + kAttnThreads < kvr ? rows[(jj + u) * stride + tid + kAttnThreads] : 0.0f;
+        }
+#pragma unroll
+        for (int h = 0; h < kGroup; ++h) {
+          const float4 p4 = reinterpret_cast<const float4*>(ps + h * kRows + jj)[0];
+          const float ph[4] = {p4.x, p4.y, p4.z, p4.w};
+#pragma unroll
+          for (int u = 0; u < 4; ++u) {
+            acc[h][0] += ph[u] * r0[u];
+            acc[h][1] += ph[u] * r1[u];
           }
         }
       }
     }
-    float rescale[2];
-#pragma unroll
-    for (int x = 0; x < 2; ++x) {
-#pragma unroll
-      for (int y = 0; y < 2; ++y) {
-        for (int o = 1; o <= 2; o <<= 1) sc[x][y] += __shfl_xor_sync(0xffffffffu, sc[x][y], o);
-        sc[x][y] = 2 * tj + y < cnt ? sc[x][y] * scale : -INFINITY;
-      }
-      float cmax = fmaxf(sc[x][0], sc[x][1]);
-      for (int o = 4; o <= 16; o <<= 1) cmax = fmaxf(cmax, __shfl_xor_sync(0xffffffffu, cmax, o));
-      const float m_new = fmaxf(m[x], cmax);
-      rescale[x] = expf(m[x] - m_new);
-      const float p0 = expf(sc[x][0] - m_new), p1 = expf(sc[x][1] - m_new);  // 0 past the chunk
-      float csum = p0 + p1;
-      for (int o = 4; o <= 16; o <<= 1) csum += __shfl_xor_sync(0xffffffffu, csum, o);
-      lsum[x] = lsum[x] * rescale[x] + csum;
-      m[x] = m_new;
-      if (slice == 0) {
-        ps[(2 * th + x) * kRows + 2 * tj] = p0;
-        ps[(2 * th + x) * kRows + 2 * tj + 1] = p1;
-      }
-      if (slice == 0 && tj == 0) qs[(2 * th + x) * stride + width] = rescale[x];  // pad column
+  }
+  if constexpr (kTc) {
+    const int h = tid >> 4;
+    if ((tid & 15) == 0 && h < g_count) {
+      float* part = partial + ((tok * nh + g0 + h) * splits + split) * (kvr + 2);
+      part[0] = m[0];
+      part[1] = lsum[0];
     }
-    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < kTcTiles; ++i) {
+      const int col = 8 * (warp + i * (kAttnThreads / 32)) + 2 * tq;
+      if (col >= kvr) break;
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int hh = gid + 8 * half;
+        if (hh >= g_count) continue;
+        float* part = partial + ((tok * nh + g0 + hh) * splits + split) * (kvr + 2) + 2 + col;
+        part[0] = tacc[i][2 * half];
+        part[1] = tacc[i][2 * half + 1];
+      }
+    }
+  } else {
+    // Every lane of warp th holds the m and lsum of heads 2th, 2th + 1; lane 0 writes them.
+    if ((tid & 31) == 0) {
+#pragma unroll
+      for (int x = 0; x < 2; ++x) {
+        if (2 * th + x >= g_count) break;
+        float* part = partial + ((tok * nh + g0 + 2 * th + x) * splits + split) * (kvr + 2);
+        part[0] = m[x];
+        part[1] = lsum[x];
+      }
+    }
 #pragma unroll
     for (int h = 0; h < kGroup; ++h) {
-      const float r = qs[h * stride + width];
-      acc[h][0] *= r;
-      acc[h][1] *= r;
+      if (h >= g_count) break;
+      float* part = partial + ((tok * nh + g0 + h) * splits + split) * (kvr + 2);
+      if (tid < kvr) part[2 + tid] = acc[h][0];
+      if (tid + kAttnThreads < kvr) part[2 + tid + kAttnThreads] = acc[h][1];
     }
-#pragma unroll
-    for (int jj = 0; jj < kRows; jj += 4) {
-      float r0[4], r1[4];
-#pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        r0[u] = tid < kvr ? rows[(jj + u) * stride + tid] : 0.0f;
-        r1[u] = tid + kAttnThreads < kvr ? rows[(jj + u) * stride + tid + kAttnThreads] : 0.0f;
-      }
-#pragma unroll
-      for (int h = 0; h < kGroup; ++h) {
-        const float4 p4 = reinterpret_cast<const float4*>(ps + h * kRows + jj)[0];
-        const float ph[4] = {p4.x, p4.y, p4.z, p4.w};
-#pragma unroll
-        for (int u = 0; u < 4; ++u) {
-          acc[h][0] += ph[u] * r0[u];
-          acc[h][1] += ph[u] * r1[u];
-        }
-      }
-    }
-  }
-  // Every lane of warp th holds the m and lsum of heads 2th, 2th + 1; lane 0 writes them.
-  if ((tid & 31) == 0) {
-#pragma unroll
-    for (int x = 0; x < 2; ++x) {
-      if (2 * th + x >= g_count) break;
-      float* part = partial + ((tok * nh + g0 + 2 * th + x) * splits + split) * (kvr + 2);
-      part[0] = m[x];
-      part[1] = lsum[x];
-    }
-  }
-#pragma unroll
-  for (int h = 0; h < kGroup; ++h) {
-    if (h >= g_count) break;
-    float* part = partial + ((tok * nh + g0 + h) * splits + split) * (kvr + 2);
-    if (tid < kvr) part[2 + tid] = acc[h][0];
-    if (tid + kAttnThreads < kvr) part[2 + tid + kAttnThreads] = acc[h][1];
   }
 }
 
@@ -454,7 +585,7 @@ int64_t MlaPartialFloats(int64_t n, int64_t nh, int64_t splits, int64_t kvr) {
 
 void LaunchMlaAttention(const float* q, int64_t n, int64_t heads, const float* q_lat, int64_t kvr,
                         int64_t dn, int64_t dr, const PagedArgs& t, const float* cache, int64_t h0,
-                        int64_t h1, float scale, int64_t max_context, int64_t splits,
+                        int64_t h1, float scale, int64_t max_context, int64_t splits, bool tf32,
                         float* partial, float* o_lat, cudaStream_t s) {
   if (n == 0) return;
   AFD_CHECK(kvr <= kMaxLatent && kvr % 4 == 0 && dr % 4 == 0 && dn % 4 == 0 &&
@@ -463,14 +594,18 @@ void LaunchMlaAttention(const float* q, int64_t n, int64_t heads, const float* q
             "MlaAttention on cuda: kv_lora_rank {} (at most {}), rope dim {} and nope dim {} must "
             "be multiples of 4 (latent + rope at most {}), q and the cache 16-byte aligned",
             kvr, kMaxLatent, dr, dn, kMaxWidth);
-  const size_t smem = AttnSmemBytes(kvr + dr);
-  // DeepSeek's width (512 + 64) has its own instance with constant index arithmetic.
-  const auto kernel = kvr + dr == 576 ? AttentionPartial<144> : AttentionPartial<0>;
-  static size_t smem_set[2] = {0, 0};  // the opt-in above 48 KB, raised once per size
-  if (smem > smem_set[kvr + dr == 576]) {
+  // TF32 tensor cores where allowed (bf16 models) and the shapes fit the mma tiles.
+  const bool use_tc = tf32 && kvr % 8 == 0 && (kvr + dr) % 8 == 0;
+  const size_t smem = AttnSmemBytes(kvr + dr, use_tc);
+  // DeepSeek's width (512 + 64) has its own instances with constant index arithmetic.
+  const bool wide = kvr + dr == 576;
+  const auto kernel = use_tc ? (wide ? AttentionPartial<144, true> : AttentionPartial<0, true>)
+                             : (wide ? AttentionPartial<144, false> : AttentionPartial<0, false>);
+  static size_t smem_set[2][2] = {{0, 0}, {0, 0}};  // the opt-in above 48 KB, raised once per size
+  if (smem > smem_set[use_tc][wide]) {
     AFD_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         static_cast<int>(smem)));
-    smem_set[kvr + dr == 576] = smem;
+    smem_set[use_tc][wide] = smem;
   }
   const int64_t nh = h1 - h0;
   // Whole chunks per split: positions [split·span, (split + 1)·span).
