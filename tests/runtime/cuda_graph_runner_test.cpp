@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
+
 #include "afd/common/error.h"
 #include "afd/kernels/cpu/cpu_backend.h"
 #include "afd/model/loader.h"
@@ -18,6 +20,42 @@ TEST(CudaGraphRunner, DefaultSizesAscendFromOneTo256) {
   EXPECT_EQ(s.front(), 1);
   EXPECT_EQ(s.back(), 256);
   for (size_t i = 1; i < s.size(); ++i) EXPECT_LT(s[i - 1], s[i]);
+}
+
+// The one-upload layout of a graph's step inputs: every field where the layout says, padding
+// rows inert (token 0, position 0, row 0, slot -1), short block-table rows zero-filled.
+TEST(CudaGraphRunner, PacksStepInputsPaddedToTheBucket) {
+  model::ForwardBatch b;
+  b.token_ids = {7, 9, 11};
+  b.positions = {5, 0, 130};
+  b.seq_index = {0, 1, 2};
+  b.slot_mapping = {69, 512, 1090};
+  b.seq_ids = {10, 11, 12};
+  b.block_tables = {{1}, {8, 3}, {4, 5, 6}};
+  b.logits_rows = {0, 1, 2};
+  const PackedStepInputs layout{4, 4};
+  std::vector<char> out;
+  PackStepInputs(b, layout, out);
+  ASSERT_EQ(static_cast<int64_t>(out.size()), layout.bytes());
+  const auto at = [&](int64_t offset, auto sample, int64_t i) {
+    decltype(sample) v;
+    std::memcpy(&v, out.data() + offset + i * sizeof(v), sizeof(v));
+    return v;
+  };
+  const std::vector<int64_t> positions = {5, 0, 130, 0}, slots = {69, 512, 1090, -1};
+  const std::vector<int32_t> ids = {7, 9, 11, 0}, rows = {0, 1, 2, 0};
+  for (int64_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(at(layout.positions(), int64_t{}, i), positions[i]) << i;
+    EXPECT_EQ(at(layout.slots(), int64_t{}, i), slots[i]) << i;
+    EXPECT_EQ(at(layout.ids(), int32_t{}, i), ids[i]) << i;
+    EXPECT_EQ(at(layout.seq_index(), int32_t{}, i), rows[i]) << i;
+  }
+  const std::vector<int32_t> tables = {1, 0, 0, 0, 8, 3, 0, 0, 4, 5, 6, 0, 0, 0, 0, 0};
+  for (int64_t i = 0; i < 16; ++i) EXPECT_EQ(at(layout.tables(), int32_t{}, i), tables[i]) << i;
+  EXPECT_EQ(layout.tables() % 8, 0);
+  // More tokens than the bucket, or a table wider than the graph's, is refused.
+  EXPECT_THROW(PackStepInputs(b, PackedStepInputs{2, 4}, out), Error);
+  EXPECT_THROW(PackStepInputs(b, PackedStepInputs{4, 2}, out), Error);
 }
 
 TEST(CudaGraphRunner, RejectsNonPositiveSizes) {

@@ -1,6 +1,7 @@
 #include "afd/runtime/cuda_graph_runner.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "afd/common/error.h"
 
@@ -17,6 +18,7 @@ struct CudaGraphRunner::Graph {
   explicit Graph(Allocator& allocator) : ws(allocator) {}
   Workspace ws;          // the graph's tensors; never Reset after capture
   model::StepInputs in;  // [bucket] inputs the graph reads; block tables [bucket, width]
+  Tensor packed;         // the memory of in's per-step inputs (PackedStepInputs)
   Tensor logits;         // [bucket, vocab] the graph writes
   std::unique_ptr<kernels::OpGraph> graph;
 };
@@ -27,6 +29,30 @@ std::vector<int64_t> DefaultCudaGraphSizes() {
   for (int64_t b = 80; b <= 128; b += 16) s.push_back(b);
   for (int64_t b = 160; b <= 256; b += 32) s.push_back(b);
   return s;
+}
+
+void PackStepInputs(const model::ForwardBatch& batch, const PackedStepInputs& layout,
+                    std::vector<char>& out) {
+  const int64_t n = batch.size(), bucket = layout.bucket, width = layout.width;
+  AFD_CHECK(n <= bucket && static_cast<int64_t>(batch.block_tables.size()) <= bucket,
+            "graph inputs: {} tokens ({} block-table rows) in a bucket of {}", n,
+            batch.block_tables.size(), bucket);
+  out.assign(layout.bytes(), 0);
+  char* base = out.data();
+  const auto put = [](char* dst, const auto& v) {
+    std::memcpy(dst, v.data(), v.size() * sizeof(v[0]));
+  };
+  put(base + layout.positions(), batch.positions);
+  put(base + layout.slots(), batch.slot_mapping);
+  put(base + layout.slots() + 8 * n, std::vector<int64_t>(bucket - n, -1));
+  put(base + layout.ids(), batch.token_ids);
+  put(base + layout.seq_index(), batch.seq_index);
+  for (size_t r = 0; r < batch.block_tables.size(); ++r) {
+    AFD_CHECK(static_cast<int64_t>(batch.block_tables[r].size()) <= width,
+              "graph inputs: block-table row {} has {} blocks, the graph {}", r,
+              batch.block_tables[r].size(), width);
+    put(base + layout.tables() + 4 * width * static_cast<int64_t>(r), batch.block_tables[r]);
+  }
 }
 
 CudaGraphRunner::CudaGraphRunner(const model::DeepseekModel& model, CudaGraphOptions options)
@@ -48,26 +74,27 @@ CudaGraphRunner::Graph& CudaGraphRunner::GraphFor(int64_t bucket, int64_t width,
   kernels::Backend& backend = model_.backend();
   auto g = std::make_unique<Graph>(backend);
   // Inputs that are valid for any cache: token 0 at position 0 of row 0 (block 0), no write.
-  const std::vector<int32_t> zeros32(bucket * width, 0);
-  const std::vector<int64_t> zeros64(bucket, 0), no_slot(bucket, -1);
+  const PackedStepInputs layout{bucket, width};
+  std::vector<char> init;
+  PackStepInputs(model::ForwardBatch{}, layout, init);
   std::vector<int32_t> rows(bucket);
   for (int64_t i = 0; i < bucket; ++i) rows[i] = static_cast<int32_t>(i);
   auto take_inputs = [&] {
     model::StepInputs& in = g->in;
     in.n = bucket;
-    in.token_ids = g->ws.Take(DType::kI32, {bucket});
-    in.attn.positions = g->ws.Take(DType::kI64, {bucket});
-    in.attn.seq_index = g->ws.Take(DType::kI32, {bucket});
-    in.attn.slot_mapping = g->ws.Take(DType::kI64, {bucket});
-    in.attn.block_tables = g->ws.Take(DType::kI32, {bucket, width});
+    g->packed = g->ws.Take(DType::kI32, {layout.bytes() / 4});
+    char* base = static_cast<char*>(g->packed.data());
+    const Device dev = g->packed.device();
+    const std::shared_ptr<void>& owner = g->packed.owner();
+    in.attn.positions = Tensor(base + layout.positions(), DType::kI64, {bucket}, dev, owner);
+    in.attn.slot_mapping = Tensor(base + layout.slots(), DType::kI64, {bucket}, dev, owner);
+    in.token_ids = Tensor(base + layout.ids(), DType::kI32, {bucket}, dev, owner);
+    in.attn.seq_index = Tensor(base + layout.seq_index(), DType::kI32, {bucket}, dev, owner);
+    in.attn.block_tables = Tensor(base + layout.tables(), DType::kI32, {bucket, width}, dev, owner);
     in.attn.block_size = cache.block_size();
     in.attn.max_context = width * cache.block_size();
     in.logits_rows = g->ws.Take(DType::kI32, {bucket});
-    backend.CopyToDevice(in.token_ids, zeros32.data());
-    backend.CopyToDevice(in.attn.positions, zeros64.data());
-    backend.CopyToDevice(in.attn.seq_index, zeros32.data());
-    backend.CopyToDevice(in.attn.slot_mapping, no_slot.data());
-    backend.CopyToDevice(in.attn.block_tables, zeros32.data());
+    backend.CopyToDevice(g->packed, init.data());
     backend.CopyToDevice(in.logits_rows, rows.data());
   };
   // Warm-up: sizes the workspace and the backend's scratch for these shapes, builds the
@@ -117,25 +144,10 @@ Tensor CudaGraphRunner::Forward(const model::ForwardBatch& batch, kv::PagedKvCac
   while (width < needed) width *= 2;
   Graph& g = GraphFor(bucket, width, cache);
 
-  ids_.assign(bucket, 0);
-  positions_.assign(bucket, 0);
-  seq_index_.assign(bucket, 0);
-  slots_.assign(bucket, -1);
-  tables_.assign(bucket * width, 0);
-  std::copy(batch.token_ids.begin(), batch.token_ids.end(), ids_.begin());
-  std::copy(batch.positions.begin(), batch.positions.end(), positions_.begin());
-  std::copy(batch.seq_index.begin(), batch.seq_index.end(), seq_index_.begin());
-  std::copy(batch.slot_mapping.begin(), batch.slot_mapping.end(), slots_.begin());
-  for (size_t r = 0; r < batch.block_tables.size(); ++r) {
-    std::copy(batch.block_tables[r].begin(), batch.block_tables[r].end(),
-              tables_.begin() + r * width);
-  }
-  kernels::Backend& backend = model_.backend();
-  backend.CopyToDevice(g.in.token_ids, ids_.data());
-  backend.CopyToDevice(g.in.attn.positions, positions_.data());
-  backend.CopyToDevice(g.in.attn.seq_index, seq_index_.data());
-  backend.CopyToDevice(g.in.attn.slot_mapping, slots_.data());
-  backend.CopyToDevice(g.in.attn.block_tables, tables_.data());
+  // The step's inputs, padded to the bucket (padding rows: token 0 at position 0, no cache
+  // write), in one host buffer and one upload.
+  PackStepInputs(batch, PackedStepInputs{bucket, width}, packed_);
+  model_.backend().CopyToDevice(g.packed, packed_.data());
   g.graph->Replay();
   model::DeepseekModel::CommitBatch(batch, cache);
   ++graph_steps_;  // ws is not used: the graph's tensors live in its own workspace

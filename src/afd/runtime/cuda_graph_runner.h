@@ -38,6 +38,24 @@ struct CudaGraphOptions {
 // 256 (vLLM's idea: small steps between small sizes, where padding costs most).
 std::vector<int64_t> DefaultCudaGraphSizes();
 
+// A graph's per-step inputs live in one device buffer, uploaded with one copy per step (byte
+// offsets; the i64 parts first, so every part is 8-aligned): positions [B] i64 | slot_mapping
+// [B] i64 | token_ids [B] i32 | seq_index [B] i32 | block_tables [B, width] i32.
+struct PackedStepInputs {
+  int64_t bucket = 0, width = 0;
+  int64_t bytes() const { return bucket * (8 + 8 + 4 + 4) + bucket * width * 4; }
+  int64_t positions() const { return 0; }
+  int64_t slots() const { return 8 * bucket; }
+  int64_t ids() const { return 16 * bucket; }
+  int64_t seq_index() const { return 20 * bucket; }
+  int64_t tables() const { return 24 * bucket; }
+};
+// `batch` (n <= bucket tokens, block-table rows at most `width` blocks) padded to the bucket in
+// that layout into `out` (resized): padding rows are token 0 at position 0 of row 0 with slot
+// -1 (no cache write), padding table entries block 0.
+void PackStepInputs(const model::ForwardBatch& batch, const PackedStepInputs& layout,
+                    std::vector<char>& out);
+
 class CudaGraphRunner : public StepRunner {
  public:
   // `model` must outlive the runner and hold every expert. Throws afd::Error for a size < 1.
@@ -63,9 +81,8 @@ class CudaGraphRunner : public StepRunner {
   // The cache the graphs were captured with: its first and last layers' addresses.
   std::pair<const void*, const void*> cache_memory_ = {nullptr, nullptr};
   std::map<Key, std::unique_ptr<Graph>> graphs_;
-  // Host staging of a step's padded inputs (reused).
-  std::vector<int32_t> ids_, seq_index_, tables_;
-  std::vector<int64_t> positions_, slots_;
+  // Host staging of a step's padded inputs, laid out as the graph's packed inputs (reused).
+  std::vector<char> packed_;
   int64_t graph_steps_ = 0, eager_steps_ = 0, num_captures_ = 0;
 };
 
