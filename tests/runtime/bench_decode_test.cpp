@@ -12,10 +12,15 @@
 namespace afd::runtime {
 namespace {
 
+model::DeepseekModel TinyModel(kernels::Backend& backend) {
+  const model::ModelConfig config = model::PresetConfig("tiny");
+  return model::DeepseekModel(config, model::RandomWeights(config, 0, model::WeightOptions{}),
+                              backend);
+}
+
 TEST(BenchDecode, RowsPerBatchWithDeviceTimeWithinTheStep) {
   kernels::cpu::CpuBackend cpu;
-  const model::ModelConfig config = model::PresetConfig("tiny");
-  model::DeepseekModel model(config, model::RandomWeights(config, 0, model::WeightOptions{}), cpu);
+  const model::DeepseekModel model = TinyModel(cpu);
   BenchDecodeOptions o;
   o.batch_sizes = {1, 3};
   o.context = 8;
@@ -39,8 +44,7 @@ TEST(BenchDecode, RowsPerBatchWithDeviceTimeWithinTheStep) {
 // still decode the whole batch, and the prefill steps' tokens all count.
 TEST(BenchDecode, PrefillInWavesStillTimesTheWholeBatch) {
   kernels::cpu::CpuBackend cpu;
-  const model::ModelConfig config = model::PresetConfig("tiny");
-  model::DeepseekModel model(config, model::RandomWeights(config, 0, model::WeightOptions{}), cpu);
+  const model::DeepseekModel model = TinyModel(cpu);
   BenchDecodeOptions o;
   o.batch_sizes = {5};
   o.context = 8;
@@ -57,11 +61,11 @@ TEST(BenchDecode, PrefillInWavesStillTimesTheWholeBatch) {
 
 TEST(BenchDecode, RefusesPositionsPastTheModel) {
   kernels::cpu::CpuBackend cpu;
-  const model::ModelConfig config = model::PresetConfig("tiny");
-  model::DeepseekModel model(config, model::RandomWeights(config, 0, model::WeightOptions{}), cpu);
+  const model::DeepseekModel model = TinyModel(cpu);
   BenchDecodeOptions o;
   o.batch_sizes = {1};
-  o.context = config.max_position_embeddings - 3;  // + 2 warm-up + 1 timed step + 1: one too many
+  o.context =
+      model.config().max_position_embeddings - 3;  // + 2 warm-up + 1 timed step + 1: one too many
   o.steps = 1;
   try {
     BenchDecode(model, o);

@@ -7,6 +7,7 @@
 
 #include "afd/common/cuda_check.h"
 #include "afd/kernels/cuda/launch.cuh"
+#include "afd/kernels/cuda/mma.cuh"
 
 namespace afd::kernels::cuda {
 
@@ -100,25 +101,6 @@ size_t AttnSmemBytes(int64_t width, bool tc) {
   return (static_cast<size_t>(kGroup + kRows) * AttnStride(width) + kGroup * kRows +
           (tc ? kTcQuarters * kGroup * kRows : 0)) *
          sizeof(float);
-}
-
-// fp32 -> tf32 (round to nearest, ties away), as a .b32 mma operand.
-__device__ __forceinline__ uint32_t Tf32(float x) {
-  uint32_t r;
-  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
-  return r;
-}
-
-// c += a · b, m16n8k8, tf32 in, fp32 accumulate. PTX ISA fragment layout (lane = 4 gid + t):
-//   A (16x8, row): a0 (gid, t), a1 (gid + 8, t), a2 (gid, t + 4), a3 (gid + 8, t + 4)
-//   B (8x8, col):  b0 (k = t, n = gid), b1 (k = t + 4, n = gid)
-//   C (16x8):      c0, c1 (gid, 2t + {0, 1}), c2, c3 (gid + 8, 2t + {0, 1})
-__device__ __forceinline__ void MmaTf32(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
-                                        uint32_t a3, uint32_t b0, uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-      "{%8, %9}, {%0, %1, %2, %3};"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
 // Thread tid's share of a [kRows, w4] float4 tile: elements e = tid + u·kAttnThreads, row e / w4.

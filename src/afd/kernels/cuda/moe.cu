@@ -12,6 +12,7 @@
 #include "afd/common/cuda_check.h"
 #include "afd/kernels/cuda/bf16_vec.cuh"
 #include "afd/kernels/cuda/launch.cuh"
+#include "afd/kernels/cuda/mma.cuh"
 
 namespace afd::kernels::cuda {
 
@@ -355,14 +356,6 @@ __device__ __forceinline__ uint4 LoadStream(const __nv_bfloat16* p) {
       : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
       : "l"(p));
   return v;
-}
-
-__device__ __forceinline__ void MmaBf16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
-                                        uint32_t a3, uint32_t b0, uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-      "{%8, %9}, {%0, %1, %2, %3};"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
 // kMmaUnroll chunks from chunk c (kGuard: the last, possibly partial group): the weight loads
