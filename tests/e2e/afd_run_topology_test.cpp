@@ -114,6 +114,38 @@ const std::string kTiny = "preset:tiny";
 
 std::string Golden(const std::string& name);
 
+// --kv-cache-dtype bf16 (the latent cache in bf16; the default for bf16 models on a GPU) on the
+// CPU reference: an AFD deployment equals the monolithic run with the same cache, which differs
+// from the fp32-cache run in its log-probs (the rows are rounded) but, on the trained checkpoint's
+// clear margins, not in its greedy ids.
+TEST(KvCacheDtype, Bf16CacheDeploymentEqualsMonolithic) {
+  for (const std::string& model : {kTiny, Golden("v3_trained")}) {
+    std::vector<std::string> bf16 = BaseArgs(model);
+    bf16.insert(bf16.end(), {"--kv-cache-dtype", "bf16"});
+    const Output mono = RunAfd(bf16, "kv_bf16_mono");
+    ASSERT_EQ(mono.status, 0) << mono.err;
+    std::vector<std::string> afd = bf16;
+    afd.insert(afd.end(), {"--topology", "2A2F"});
+    const Output dep = RunAfd(afd, "kv_bf16_2a2f");
+    ASSERT_EQ(dep.status, 0) << dep.err;
+    ExpectSameResults(mono.out, dep.out);
+    const Output fp32 = RunAfd(BaseArgs(model), "kv_fp32_mono");
+    ASSERT_EQ(fp32.status, 0) << fp32.err;
+    EXPECT_NE(fp32.out, mono.out) << "the bf16 cache changed nothing: " << model;
+    if (model != kTiny) {
+      const std::vector<json> a = Lines(fp32.out), b = Lines(mono.out);
+      ASSERT_EQ(a.size(), b.size());
+      for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i]["output_ids"], b[i]["output_ids"]);
+    }
+  }
+  // A value other than auto, fp32 or bf16 is refused naming the flag.
+  std::vector<std::string> bad = BaseArgs(kTiny);
+  bad.insert(bad.end(), {"--kv-cache-dtype", "fp8"});
+  const Output refused = RunAfd(bad, "kv_bad");
+  EXPECT_NE(refused.status, 0);
+  EXPECT_NE(refused.err.find("--kv-cache-dtype"), std::string::npos) << refused.err;
+}
+
 // The CPU reference is exact by construction: whichever GEMM micro-kernel runs (AVX-512,
 // AVX2+FMA or portable C++), monolithic and AFD runs print the same bytes.
 TEST(CpuExactness, EveryGemmKernelGivesTheSameBytes) {

@@ -263,6 +263,7 @@ Result Gather(Ctx& c) {
 // rows written by MlaCacheWrite, one query token per sequence at its last position.
 struct MlaSetup {
   int64_t heads = 4, dn = 16, dr = 8, dv = 12, kvr = 32, block = 4;
+  DType cache_dtype = DType::kF32;  // kBF16: rows rounded when written (cache_ref likewise)
   std::vector<float> inv, norm_w, kv_b;
   std::vector<double> cache_ref;  // [seqs, len, kvr + dr] expected rows
   Tensor cache, kv_b_t;
@@ -281,7 +282,7 @@ MlaSetup MakeMla(Ctx& c, int64_t seqs, int64_t len, Result* write_check, MlaSetu
   s.kv_b = c.Randn(s.heads * (s.dn + s.dv) * s.kvr, 1.0f / std::sqrt(float(s.kvr)));
   s.kv_b_t = c.Up(s.kv_b, DType::kF32, {s.heads * (s.dn + s.dv), s.kvr});
   s.rope = {c.Up(s.inv, DType::kF32, {s.dr / 2}), 1.0f, true};
-  s.cache = c.Alloc(DType::kF32, {num_blocks * s.block, width});
+  s.cache = c.Alloc(s.cache_dtype, {num_blocks * s.block, width});
   // Block tables: a permutation of the pool, so no sequence has contiguous blocks.
   std::vector<int32_t> perm(num_blocks);
   std::iota(perm.begin(), perm.end(), 0);
@@ -319,14 +320,24 @@ MlaSetup MakeMla(Ctx& c, int64_t seqs, int64_t len, Result* write_check, MlaSetu
       s.cache_ref[i * width + s.kvr + j] = ckv[i * width + s.kvr + j];
     RefRope(&s.cache_ref[i * width + s.kvr], s.dr, pos[i], s.inv, 1.0, true);
   }
+  const bool bf16 = s.cache_dtype == DType::kBF16;
+  if (bf16) {
+    for (double& v : s.cache_ref) v = Bf16ToF32(F32ToBf16(static_cast<float>(v)));
+  }
   if (write_check) {
-    const std::vector<float> got_cache = c.Down<float>(s.cache);
+    std::vector<float> got_cache;
+    if (bf16) {
+      for (uint16_t v : c.Down<uint16_t>(s.cache)) got_cache.push_back(Bf16ToF32(v));
+    } else {
+      got_cache = c.Down<float>(s.cache);
+    }
     std::vector<float> got(n * width);
     for (int64_t i = 0; i < n; ++i) {
       std::copy(got_cache.begin() + slots[i] * width, got_cache.begin() + (slots[i] + 1) * width,
                 got.begin() + i * width);
     }
-    *write_check = Result(RelErr(got, s.cache_ref), 1e-5);
+    // bf16: the fp32 row and the double reference may round to neighbouring bf16 values.
+    *write_check = Result(RelErr(got, s.cache_ref), bf16 ? 8e-3 : 1e-5);
   }
   std::vector<int64_t> lpos(seqs, len - 1), lslots(seqs);
   std::vector<int32_t> lseq(seqs);
@@ -339,9 +350,11 @@ MlaSetup MakeMla(Ctx& c, int64_t seqs, int64_t len, Result* write_check, MlaSetu
   return s;
 }
 
-Result MlaCacheWrite(Ctx& c) {
+Result MlaCacheWrite(Ctx& c, DType cache_dtype = DType::kF32) {
   Result r;
-  MakeMla(c, 3, 9, &r);
+  MlaSetup shapes;
+  shapes.cache_dtype = cache_dtype;
+  MakeMla(c, 3, 9, &r, std::move(shapes));
   return r;
 }
 
@@ -398,15 +411,23 @@ Result MlaAttention(Ctx& c, int64_t h0, int64_t h1, int64_t seqs = 3, int64_t le
       }
     }
   }
-  return Result(RelErr(c.Down<float>(out), want), tf32 ? 5e-3 : 1e-4);
+  // A bf16 cache: the reference attends the same rounded rows (a rare tie may round the other
+  // way on the device).
+  const double tol = tf32 ? 5e-3 : s.cache_dtype == DType::kBF16 ? 1e-3 : 1e-4;
+  return Result(RelErr(c.Down<float>(out), want), tol);
 }
 
 // Decode attention perf: `seqs` tokens over `ctx` cached positions each, 16 heads, 512 + 64.
-Result MlaDecodePerf(Ctx& c, int64_t seqs, int64_t ctx, bool tf32 = false) {
+Result MlaDecodePerf(Ctx& c, int64_t seqs, int64_t ctx, bool tf32 = false,
+                     DType cache_dtype = DType::kF32) {
   const int64_t heads = 16, dn = 128, dr = 64, dv = 128, kvr = 512, block = 64, width = kvr + dr;
   const int64_t blocks = (ctx + block - 1) / block;
-  const Tensor cache = c.Alloc(DType::kF32, {seqs * blocks * block, width});
-  c.b.Fill(cache, 0.01f);
+  const Tensor cache = c.Alloc(cache_dtype, {seqs * blocks * block, width});
+  if (cache_dtype == DType::kF32) {
+    c.b.Fill(cache, 0.01f);
+  } else {
+    c.b.CopyToDevice(cache, std::vector<uint16_t>(cache.numel(), F32ToBf16(0.01f)).data());
+  }
   std::vector<int32_t> tables(seqs * blocks);
   std::iota(tables.begin(), tables.end(), 0);
   std::vector<int64_t> pos(seqs, ctx - 1), slots(seqs);
@@ -420,7 +441,7 @@ Result MlaDecodePerf(Ctx& c, int64_t seqs, int64_t ctx, bool tf32 = false) {
   const Tensor tkv = c.Up(kv_b, DType::kF32, {heads * (dn + dv), kvr});
   const Tensor out = c.Alloc(DType::kF32, {seqs, heads * dv});
   Result r;
-  r.bytes = double(seqs) * ctx * width * 4 + tkv.nbytes();
+  r.bytes = double(seqs) * ctx * width * DTypeSize(cache_dtype) + tkv.nbytes();
   r.flops = 2.0 * seqs * heads * (ctx * (kvr + dr) + ctx * kvr + (dn + dv) * kvr);
   c.b.AllowTf32(tf32);
   r.seconds = c.Time([&] { c.b.MlaAttention(tq, tkv, t, cache, 0, heads, dn, dv, 0.1f, out); });
@@ -742,7 +763,8 @@ std::vector<Case> CheckCases() {
       {"Rope", "interleaved", [](Ctx& c) { return Rope(c, true); }},
       {"Rope", "half split", [](Ctx& c) { return Rope(c, false); }},
       {"GatherRows", "5 of 7x33", Gather},
-      {"MlaCacheWrite", "3 seqs x 9, block 4", MlaCacheWrite},
+      {"MlaCacheWrite", "3 seqs x 9, block 4", [](Ctx& c) { return MlaCacheWrite(c); }},
+      {"MlaCacheWrite", "bf16 cache", [](Ctx& c) { return MlaCacheWrite(c, DType::kBF16); }},
       {"MlaAttention", "all heads", [](Ctx& c) { return MlaAttention(c, 0, 4); }},
       {"MlaAttention", "heads [1, 3)", [](Ctx& c) { return MlaAttention(c, 1, 3); }},
       // Long contexts: the GPU splits them over several blocks and merges the partials.
@@ -786,6 +808,27 @@ std::vector<Case> CheckCases() {
          MlaSetup wide;
          wide.heads = 16, wide.dn = 16, wide.dv = 8, wide.kvr = 512, wide.dr = 64, wide.block = 16;
          return MlaAttention(c, 0, 16, 40, 37, std::move(wide), true);
+       }},
+      // A bf16 latent cache (--kv-cache-dtype bf16), fp32 and TF32 products.
+      {"MlaAttention", "bf16 cache: heads [1, 3), 2 seqs x 300",
+       [](Ctx& c) {
+         MlaSetup s;
+         s.cache_dtype = DType::kBF16;
+         return MlaAttention(c, 1, 3, 2, 300, std::move(s));
+       }},
+      {"MlaAttention", "bf16 cache, tf32: 16 heads, 512 + 64, 40 x 37",
+       [](Ctx& c) {
+         MlaSetup wide;
+         wide.heads = 16, wide.dn = 16, wide.dv = 8, wide.kvr = 512, wide.dr = 64, wide.block = 16;
+         wide.cache_dtype = DType::kBF16;
+         return MlaAttention(c, 0, 16, 40, 37, std::move(wide), true);
+       }},
+      {"MlaAttention", "bf16 cache: 20 heads, 512 + 64, 2 x 150",
+       [](Ctx& c) {
+         MlaSetup wide;
+         wide.heads = 20, wide.dn = 16, wide.dv = 8, wide.kvr = 512, wide.dr = 64, wide.block = 64;
+         wide.cache_dtype = DType::kBF16;
+         return MlaAttention(c, 0, 20, 2, 150, std::move(wide));
        }},
       {"RouterTopk", "softmax greedy",
        [](Ctx& c) { return Router(c, RouterScoring::kSoftmax, false); }},
@@ -850,6 +893,9 @@ std::vector<Case> PerfCases() {
   }
   // fp32 vs TF32 tensor cores (bf16 models) at large batch: ctx 128 and 1024.
   for (int64_t ctx : {128, 1024}) {
+    v.push_back({"MlaAttention",
+                 fmt::format("decode 256 x ctx {}, 16 heads, tf32, bf16 cache", ctx),
+                 [ctx](Ctx& c) { return MlaDecodePerf(c, 256, ctx, true, DType::kBF16); }});
     for (bool tf32 : {false, true}) {
       v.push_back({"MlaAttention",
                    fmt::format("decode 256 x ctx {}, 16 heads{}", ctx, tf32 ? ", tf32" : ""),

@@ -11,6 +11,7 @@
 #include <map>
 
 #include "afd/common/error.h"
+#include "afd/kernels/cpu/cpu_backend.h"
 #include "afd/model/checkpoint.h"
 #include "afd/model/loader.h"
 #include "afd/model/safetensors.h"
@@ -139,6 +140,29 @@ TEST_P(CheckpointLoadTest, RoundTripIsExact) {
 }
 
 INSTANTIATE_TEST_SUITE_P(DTypes, CheckpointLoadTest, ::testing::Values("F32", "BF16", "F16"));
+
+// --kv-cache-dtype: auto is bf16 only for a bf16 model on a GPU (the CPU reference stays exact);
+// fp32 and bf16 are taken as given; anything else is refused naming the flag.
+TEST(KvCacheDtype, AutoFollowsTheModelOnGpusOnly) {
+  const Device cpu = Device::Cpu(), gpu = Device::Cuda(0);
+  EXPECT_EQ(ResolveKvCacheDType("auto", DType::kBF16, gpu), DType::kBF16);
+  EXPECT_EQ(ResolveKvCacheDType("auto", DType::kF32, gpu), DType::kF32);
+  EXPECT_EQ(ResolveKvCacheDType("auto", DType::kBF16, cpu), DType::kF32);
+  EXPECT_EQ(ResolveKvCacheDType("bf16", DType::kF32, cpu), DType::kBF16);
+  EXPECT_EQ(ResolveKvCacheDType("fp32", DType::kBF16, gpu), DType::kF32);
+  try {
+    ResolveKvCacheDType("fp8", DType::kBF16, gpu);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--kv-cache-dtype fp8"), std::string::npos) << e.what();
+  }
+  // OpenModel applies it: a preset opened with a bf16 cache makes bf16 cache shapes.
+  kernels::cpu::CpuBackend backend;
+  OpenOptions o;
+  o.kv_cache_dtype = "bf16";
+  EXPECT_EQ(OpenModel("preset:tiny", o, backend)->CacheShape(4).dtype, DType::kBF16);
+  EXPECT_EQ(OpenModel("preset:tiny", {}, backend)->CacheShape(4).dtype, DType::kF32);
+}
 
 }  // namespace
 }  // namespace afd::model

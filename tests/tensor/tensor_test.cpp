@@ -132,5 +132,19 @@ TEST(PagedKvCache, BlocksTablesSlotsAndRelease) {
   EXPECT_THROW(blocks.Free(*got), Error);  // double free
 }
 
+// Rows of bf16 (--kv-cache-dtype bf16) take half the bytes; other dtypes are refused.
+TEST(PagedKvCache, Bf16RowsHalveTheMemory) {
+  CountingAllocator alloc;
+  kv::CacheShape shape{2, 8, 4, 5};
+  const int64_t f32_bytes = shape.bytes();
+  shape.dtype = DType::kBF16;
+  EXPECT_EQ(shape.bytes() * 2, f32_bytes);
+  kv::PagedKvCache cache(alloc, shape);
+  EXPECT_EQ(cache.Layer(1).dtype(), DType::kBF16);
+  EXPECT_EQ(cache.Layer(1).nbytes() * 2 * 2, static_cast<size_t>(f32_bytes));
+  shape.dtype = DType::kI32;
+  EXPECT_THROW(kv::PagedKvCache(alloc, shape), Error);
+}
+
 }  // namespace
 }  // namespace afd

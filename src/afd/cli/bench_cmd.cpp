@@ -25,6 +25,7 @@ struct BenchArgs {
   std::string model;
   std::string device = "cpu";
   std::string dtype;
+  std::string kv_cache_dtype = "auto";
   int cuda_device = 0;
   std::string batch = "1,16,64,256";
   std::string cuda_graph_sizes;  // empty: the default capture sizes
@@ -90,6 +91,7 @@ void RunOnTopology(const BenchArgs& a, const std::vector<int64_t>& batches, int&
     g.max_num_seqs = batch;
     g.max_num_batched_tokens = batch * a.options.context;
     g.bf16 = !cuda && a.dtype == "bf16";
+    g.kv_cache_dtype = a.kv_cache_dtype;
     std::vector<std::string> flags = GenerationFlagsArgv(g);
     if (cuda) {
       const std::vector<std::string> f =
@@ -187,6 +189,7 @@ void Run(BenchArgs a, int& exit_code) {
     const std::string dtype = !a.dtype.empty() ? a.dtype : cuda ? "bf16" : "";
     if (dtype == "bf16") open.weights.matrix_dtype = DType::kBF16;
     if (dtype == "fp32") open.auto_bf16 = false;
+    open.kv_cache_dtype = a.kv_cache_dtype;
     backend = kernels::MakeBackend(cuda ? Device::Cuda(a.cuda_device) : Device::Cpu());
     model = model::OpenModel(a.model, open, *backend);
   } catch (const Error& e) {
@@ -349,6 +352,10 @@ void AddBenchCommand(CLI::App& app, int& exit_code) {
   decode->add_option("--device", a->device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
   decode->add_option("--dtype", a->dtype, "bf16 (cuda default) or fp32")
       ->check(CLI::IsMember({"bf16", "fp32"}));
+  decode
+      ->add_option("--kv-cache-dtype", a->kv_cache_dtype,
+                   "Latent cache rows: auto (bf16 for a bf16 model on cuda), fp32 or bf16")
+      ->check(CLI::IsMember({"auto", "fp32", "bf16"}));
   decode->add_option("--cuda-device", a->cuda_device, "CUDA device ordinal")
       ->check(CLI::NonNegativeNumber);
   decode->add_option("--batch", a->batch, "Batch sizes, comma-separated (default 1,16,64,256)");

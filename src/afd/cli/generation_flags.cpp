@@ -31,6 +31,10 @@ void AddGenerationFlags(CLI::App* cmd, GenerationFlags& f) {
                   "Keep only the first N decoder layers (benchmarks of big presets)");
   cmd->add_option("--preset-seed", f.preset_seed, "Seed of preset random weights (default 0)");
   cmd->add_flag("--bf16", f.bf16, "Store weight matrices as bf16 (automatic for big models)");
+  cmd->add_option("--kv-cache-dtype", f.kv_cache_dtype,
+                  "Latent cache rows: auto (default: bf16 for a bf16 model on cuda, else fp32), "
+                  "fp32 or bf16 (half the cache memory)")
+      ->check(CLI::IsMember({"auto", "fp32", "bf16"}));
   cmd->add_flag("--enable-dbo", f.dbo.enabled,
                 "AFD attention role: big steps run as two pipelined micro-batches (dual-batch "
                 "overlap of attention and FFN)");
@@ -107,6 +111,7 @@ std::vector<std::string> GenerationFlagsArgv(const GenerationFlags& f) {
   if (f.prompt_logprobs) v.push_back("--prompt-logprobs");
   if (f.ignore_eos) v.push_back("--ignore-eos");
   if (f.bf16) v.push_back("--bf16");
+  v.insert(v.end(), {"--kv-cache-dtype", f.kv_cache_dtype});
   if (f.dbo.enabled) v.push_back("--enable-dbo");
   return v;
 }
@@ -116,6 +121,7 @@ model::OpenOptions ToOpenOptions(const GenerationFlags& f) {
   open.num_layers = f.num_layers;
   open.preset_seed = f.preset_seed;
   if (f.bf16) open.weights.matrix_dtype = DType::kBF16;
+  open.kv_cache_dtype = f.kv_cache_dtype;
   open.preset_vocab_size = f.preset_vocab_size;
   open.preset_eos_token_ids = f.preset_eos_token_ids;
   return open;

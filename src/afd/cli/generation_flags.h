@@ -27,6 +27,7 @@ struct GenerationFlags {
   int64_t num_layers = 0;
   uint64_t preset_seed = 0;
   bool bf16 = false;
+  std::string kv_cache_dtype = "auto";  // --kv-cache-dtype: auto, fp32, bf16 (model::OpenOptions)
   runtime::DboOptions dbo;
   bool prompt_logprobs = false;  // log-probabilities of the prompt tokens (afd run --json)
   int64_t num_kv_blocks = 0;     // --num-gpu-blocks-override; 0: room for every prompt

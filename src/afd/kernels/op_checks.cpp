@@ -21,6 +21,12 @@ void CheckTokens(Device dev, const char* op, const AttentionTokens& t, int64_t n
   AFD_CHECK(t.block_size > 0, "{}: block size {}", op, t.block_size);
 }
 
+// The latent cache holds f32 or bf16 rows (kv::CacheShape::dtype): its own dtype when it is one
+// of those, else f32 (the error names what was expected).
+DType CacheDType(const Tensor& cache) {
+  return cache.dtype() == DType::kBF16 ? DType::kBF16 : DType::kF32;
+}
+
 }  // namespace
 
 void CheckOnDevice(const char* op, const Tensor& t, Device device) {
@@ -100,7 +106,7 @@ CacheWriteShape CheckMlaCacheWrite(Device dev, const Tensor& ckv, const Tensor& 
   On(dev, "MlaCacheWrite", {&ckv, &norm_w, &cache, &rope.inv_freq});
   const int64_t n = ckv.dim(0), kvr = norm_w.numel(), width = kvr + 2 * rope.inv_freq.numel();
   ckv.Expect("MlaCacheWrite ckv", DType::kF32, {n, width});
-  cache.Expect("MlaCacheWrite cache", DType::kF32, {-1, width});
+  cache.Expect("MlaCacheWrite cache", CacheDType(cache), {-1, width});
   CheckTokens(dev, "MlaCacheWrite", tokens, n);
   return {n, kvr, width};
 }
@@ -113,6 +119,7 @@ AttentionShape CheckMlaAttention(Device dev, const Tensor& q, const Tensor& kv_b
   const int64_t n = q.dim(0), heads = q.dim(1), kvr = kv_b.dim(1), dr = cache.dim(1) - kvr;
   q.Expect("MlaAttention q", DType::kF32, {n, heads, dn + dr});
   kv_b.Expect("MlaAttention kv_b", DType::kF32, {heads * (dn + dv), kvr});
+  cache.Expect("MlaAttention cache", CacheDType(cache), {-1, kvr + dr});
   AFD_CHECK(0 <= head_begin && head_begin < head_end && head_end <= heads,
             "MlaAttention: heads [{}, {}) of {}", head_begin, head_end, heads);
   out.Expect("MlaAttention out", DType::kF32, {n, (head_end - head_begin) * dv});

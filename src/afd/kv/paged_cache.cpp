@@ -9,9 +9,11 @@ PagedKvCache::PagedKvCache(Allocator& allocator, const CacheShape& shape)
   AFD_CHECK(shape.num_layers > 0 && shape.row_width > 0 && shape.block_size > 0,
             "KV cache: {} layers, row width {}, block size {}", shape.num_layers, shape.row_width,
             shape.block_size);
+  AFD_CHECK(shape.dtype == DType::kF32 || shape.dtype == DType::kBF16,
+            "KV cache: rows of {}; the cache holds f32 or bf16", DTypeName(shape.dtype));
   const int64_t slots = shape.num_blocks * shape.block_size;
   std::shared_ptr<void> memory = allocator.Allocate(static_cast<size_t>(shape.bytes()));
-  storage_ = Tensor(memory.get(), DType::kF32, {shape.num_layers, slots, shape.row_width},
+  storage_ = Tensor(memory.get(), shape.dtype, {shape.num_layers, slots, shape.row_width},
                     allocator.device(), memory);
 }
 

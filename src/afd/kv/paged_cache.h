@@ -1,10 +1,11 @@
 // The paged MLA latent cache: per layer, a pool of slots (num_blocks x block_size) of
-// row_width = kv_lora_rank + qk_rope_head_dim floats -- the kv_a_layernorm-ed latent c followed
+// row_width = kv_lora_rank + qk_rope_head_dim values (fp32, or bf16) -- the kv_a_layernorm-ed
+// latent c followed
 // by the roped shared key k_pe of one token. A sequence holds whole blocks (its block table);
 // position p of a sequence lives in slot table[p / block_size]·block_size + p % block_size.
 // Blocks return to the pool when a sequence is released.
 //
-// Memory: one device tensor [num_layers, num_blocks·block_size, row_width] f32 from the
+// Memory: one device tensor [num_layers, num_blocks·block_size, row_width] of shape.dtype from the
 // backend's allocator, allocated once.
 // Thread safety: none; the scheduler's thread.
 #pragma once
@@ -26,9 +27,13 @@ struct CacheShape {
   int64_t row_width = 0;
   int64_t block_size = kDefaultBlockSize;
   int64_t num_blocks = 0;
+  DType dtype = DType::kF32;  // of the rows: kF32, or kBF16 (half the memory; bf16 models)
   // Blocks holding `tokens` positions.
   int64_t BlocksFor(int64_t tokens) const { return (tokens + block_size - 1) / block_size; }
-  int64_t bytes() const { return num_layers * num_blocks * block_size * row_width * 4; }
+  int64_t bytes() const {
+    return num_layers * num_blocks * block_size * row_width *
+           static_cast<int64_t>(DTypeSize(dtype));
+  }
 };
 
 class PagedKvCache {
@@ -56,7 +61,7 @@ class PagedKvCache {
   // The slot of position `pos` < capacity(seq).
   int64_t Slot(int64_t seq, int64_t pos) const;
 
-  // Layer l's slots: [num_blocks·block_size, row_width] f32.
+  // Layer l's slots: [num_blocks·block_size, row_width] of shape().dtype.
   Tensor Layer(int64_t layer) const;
 
  private:

@@ -221,7 +221,18 @@ std::unique_ptr<DeepseekModel> OpenModel(const std::string& spec, const OpenOpti
   ModelWeights w = preset ? RandomWeights(config, options.preset_seed, weights)
                           : LoadWeights(config, *ckpt, weights);
   MoveToDevice(w, backend);
-  return std::make_unique<DeepseekModel>(std::move(config), std::move(w), backend);
+  auto model = std::make_unique<DeepseekModel>(std::move(config), std::move(w), backend);
+  model->set_kv_cache_dtype(
+      ResolveKvCacheDType(options.kv_cache_dtype, weights.matrix_dtype, backend.device()));
+  return model;
+}
+
+DType ResolveKvCacheDType(const std::string& kv_cache_dtype, DType matrix_dtype, Device device) {
+  if (kv_cache_dtype == "fp32") return DType::kF32;
+  if (kv_cache_dtype == "bf16") return DType::kBF16;
+  AFD_CHECK(kv_cache_dtype == "auto", "--kv-cache-dtype {}: expected auto, fp32 or bf16",
+            kv_cache_dtype);
+  return matrix_dtype == DType::kBF16 && !device.is_cpu() ? DType::kBF16 : DType::kF32;
 }
 
 }  // namespace afd::model

@@ -23,7 +23,14 @@ struct OpenOptions {
   // 0 / empty: the preset's own.
   int64_t preset_vocab_size = 0;
   std::vector<int64_t> preset_eos_token_ids;
+  // The latent cache's rows (`--kv-cache-dtype`, vLLM's flag): "auto" (bf16 for a model with
+  // bf16 matrices on a GPU, else fp32: the CPU reference stays exact), "fp32" or "bf16".
+  std::string kv_cache_dtype = "auto";
 };
+
+// The cache row dtype `kv_cache_dtype` ("auto", "fp32", "bf16") means for a model whose matrices
+// are `matrix_dtype` on `device`; throws afd::Error naming the flag for another value.
+DType ResolveKvCacheDType(const std::string& kv_cache_dtype, DType matrix_dtype, Device device);
 
 inline constexpr int64_t kAutoBf16Bytes = int64_t{8} << 30;
 

@@ -48,7 +48,14 @@ kv::CacheShape DeepseekModel::CacheShape(int64_t num_blocks, int64_t block_size)
   s.row_width = config_.kv_lora_rank + config_.qk_rope_head_dim;
   s.block_size = block_size;
   s.num_blocks = num_blocks;
+  s.dtype = kv_cache_dtype_;
   return s;
+}
+
+void DeepseekModel::set_kv_cache_dtype(DType dtype) {
+  AFD_CHECK(dtype == DType::kF32 || dtype == DType::kBF16,
+            "kv cache dtype {}: the latent cache holds fp32 or bf16 rows", DTypeName(dtype));
+  kv_cache_dtype_ = dtype;
 }
 
 void DeepseekModel::CheckBatch(const ForwardBatch& b, const kv::PagedKvCache& cache) const {

@@ -60,8 +60,13 @@ class DeepseekModel {
   const ModelConfig& config() const { return config_; }
   const ModelWeights& weights() const { return weights_; }
   kernels::Backend& backend() const { return backend_; }
-  // The cache shape of this model for `num_blocks` blocks.
+  // The cache shape of this model for `num_blocks` blocks (rows of kv_cache_dtype()).
   kv::CacheShape CacheShape(int64_t num_blocks, int64_t block_size = kv::kDefaultBlockSize) const;
+  // The dtype of the latent cache's rows: kF32 (the default, exact) or kBF16 (half the memory
+  // and the bytes a decode step reads; the latent and rope key are rounded when written, as a
+  // bf16 model's activations are). Set before any cache is made.
+  DType kv_cache_dtype() const { return kv_cache_dtype_; }
+  void set_kv_cache_dtype(DType dtype);
 
   // Checks that the batch continues the cache and its ids are in the vocabulary; throws
   // afd::Error otherwise.
@@ -116,6 +121,7 @@ class DeepseekModel {
   kernels::RopeSpec rope_spec_;
   kernels::RouterSpec router_spec_;
   Tensor inv_freq_;  // [dr/2] on the device
+  DType kv_cache_dtype_ = DType::kF32;
 };
 
 }  // namespace afd::model

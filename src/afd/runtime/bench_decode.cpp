@@ -116,8 +116,9 @@ BenchDecodeResult BenchDecode(const model::DeepseekModel& model, const BenchDeco
   BenchRunner runner(graph_runner, model.backend(), o.profile);
   std::mt19937_64 rng(o.seed);
   std::uniform_int_distribution<int32_t> id(0, static_cast<int32_t>(c.vocab_size - 1));
-  const double kv_row_bytes = (c.kv_lora_rank + c.qk_rope_head_dim) * 4.0 * c.num_hidden_layers;
   const kv::CacheShape shape = model.CacheShape(1);
+  const double kv_row_bytes = static_cast<double>(shape.row_width) * DTypeSize(shape.dtype) *
+                              static_cast<double>(c.num_hidden_layers);
   for (int64_t b : o.batch_sizes) {
     AFD_CHECK(b >= 1, "bench decode: batch size {} must be >= 1", b);
     const int64_t waves = (b + per_wave - 1) / per_wave;

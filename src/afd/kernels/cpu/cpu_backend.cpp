@@ -134,7 +134,7 @@ void CpuBackend::MlaCacheWrite(const Tensor& ckv, const Tensor& norm_w, float ep
               cache.dim(0));
   }
   cpu::MlaCacheWrite(ckv.data_as<const float>(), n, kvr, norm_w.data_as<const float>(), eps,
-                     Paged(tokens), Params(rope), cache.data_as<float>());
+                     Paged(tokens), Params(rope), cache.data(), cache.dtype() == DType::kBF16);
 }
 
 void CpuBackend::MlaAttention(const Tensor& q, const Tensor& kv_b, const AttentionTokens& tokens,
@@ -157,8 +157,8 @@ void CpuBackend::MlaAttention(const Tensor& q, const Tensor& kv_b, const Attenti
     }
   }
   cpu::MlaAttention(q.data_as<const float>(), n, heads, kv_b.data_as<const float>(), kvr, dn, dr,
-                    dv, Paged(tokens), cache.data_as<const float>(), head_begin, head_end, scale,
-                    out.data_as<float>());
+                    dv, Paged(tokens), cache.data(), cache.dtype() == DType::kBF16, head_begin,
+                    head_end, scale, out.data_as<float>());
 }
 
 void CpuBackend::RouterTopk(const Tensor& logits, const Tensor& bias, const RouterSpec& spec,

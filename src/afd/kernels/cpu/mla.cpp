@@ -4,6 +4,7 @@
 #include <cmath>
 #include <vector>
 
+#include "afd/common/dtype_convert.h"
 #include "afd/kernels/cpu/ops.h"
 
 namespace afd::kernels::cpu {
@@ -38,29 +39,47 @@ void ApplyRope(const RopeParams& rope, float* x, int64_t count, int64_t stride, 
 }
 
 void MlaCacheWrite(const float* ckv, int64_t n, int64_t kvr, const float* norm_w, float eps,
-                   const PagedTokens& tokens, const RopeParams& rope, float* cache) {
+                   const PagedTokens& tokens, const RopeParams& rope, void* cache,
+                   bool bf16_cache) {
   const int64_t dr = rope.dim, width = kvr + dr;
+  std::vector<float> staged(bf16_cache ? width : 0);
   for (int64_t i = 0; i < n; ++i) {
     if (tokens.slot_mapping[i] < 0) continue;  // a padding row: nothing to write
-    float* row = cache + tokens.slot_mapping[i] * width;
+    const int64_t slot = tokens.slot_mapping[i];
+    float* row = bf16_cache ? staged.data() : static_cast<float*>(cache) + slot * width;
     const float* src = ckv + i * width;
     RmsNorm(src, 1, kvr, norm_w, eps, row);
     std::copy(src + kvr, src + width, row + kvr);
     ApplyRope(rope, row + kvr, 1, dr, tokens.positions[i]);
+    if (bf16_cache) {
+      uint16_t* out = static_cast<uint16_t*>(cache) + slot * width;
+      for (int64_t j = 0; j < width; ++j) out[j] = F32ToBf16(row[j]);
+    }
   }
 }
 
 void MlaAttention(const float* q, int64_t n, int64_t heads, const float* kv_b, int64_t kvr,
-                  int64_t dn, int64_t dr, int64_t dv, const PagedTokens& tokens, const float* cache,
-                  int64_t h0, int64_t h1, float scale, float* out) {
+                  int64_t dn, int64_t dr, int64_t dv, const PagedTokens& tokens, const void* cache,
+                  bool bf16_cache, int64_t h0, int64_t h1, float scale, float* out) {
   const int64_t qk = dn + dr, width = kvr + dr, nh = h1 - h0;
-  std::vector<float> q_lat(kvr), o_lat(kvr), scores;
+  std::vector<float> q_lat(kvr), o_lat(kvr), scores, widened;
   std::vector<const float*> rows;
   for (int64_t i = 0; i < n; ++i) {
     const int32_t seq = tokens.seq_index[i];
     const int64_t len = tokens.positions[i] + 1;  // causal: positions 0..pos
     rows.resize(len);
-    for (int64_t j = 0; j < len; ++j) rows[j] = cache + SlotOf(tokens, seq, j) * width;
+    if (bf16_cache) {  // the token's rows widened to f32 (exact), then as for an f32 cache
+      widened.resize(len * width);
+      for (int64_t j = 0; j < len; ++j) {
+        const uint16_t* src = static_cast<const uint16_t*>(cache) + SlotOf(tokens, seq, j) * width;
+        for (int64_t c = 0; c < width; ++c) widened[j * width + c] = Bf16ToF32(src[c]);
+        rows[j] = widened.data() + j * width;
+      }
+    } else {
+      for (int64_t j = 0; j < len; ++j) {
+        rows[j] = static_cast<const float*>(cache) + SlotOf(tokens, seq, j) * width;
+      }
+    }
     scores.resize(len);
     for (int64_t h = h0; h < h1; ++h) {
       const float* qh = q + (i * heads + h) * qk;

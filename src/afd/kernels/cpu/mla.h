@@ -30,12 +30,14 @@ struct RopeParams {
 void ApplyRope(const RopeParams& rope, float* x, int64_t count, int64_t stride, int64_t pos);
 
 // cache[slot(t)] = [rmsnorm(ckv[t, :kvr]) | rope(ckv[t, kvr:])] for t < n; ckv: [n, kvr + dr].
+// cache: rows of f32, or of bf16 when bf16_cache (rounded once, after the norm and the rope).
 void MlaCacheWrite(const float* ckv, int64_t n, int64_t kvr, const float* norm_w, float eps,
-                   const PagedTokens& tokens, const RopeParams& rope, float* cache);
+                   const PagedTokens& tokens, const RopeParams& rope, void* cache, bool bf16_cache);
 
 // out: [n, (h1 - h0)·dv] from q: [n, heads, dn + dr], kv_b: [heads·(dn + dv), kvr].
+// cache: rows of f32, or of bf16 when bf16_cache (widened exactly to f32 as they are read).
 void MlaAttention(const float* q, int64_t n, int64_t heads, const float* kv_b, int64_t kvr,
-                  int64_t dn, int64_t dr, int64_t dv, const PagedTokens& tokens, const float* cache,
-                  int64_t h0, int64_t h1, float scale, float* out);
+                  int64_t dn, int64_t dr, int64_t dv, const PagedTokens& tokens, const void* cache,
+                  bool bf16_cache, int64_t h0, int64_t h1, float scale, float* out);
 
 }  // namespace afd::kernels::cpu

@@ -470,7 +470,8 @@ void CudaBackend::MlaCacheWrite(const Tensor& ckv, const Tensor& norm_w, float e
   const auto [n, kvr, width] = CheckMlaCacheWrite(device(), ckv, norm_w, tokens, rope, cache);
   const OpScope scope(*this, "MlaCacheWrite");
   LaunchMlaCacheWrite(ckv.data_as<const float>(), n, kvr, norm_w.data_as<const float>(), eps,
-                      Paged(tokens), cuda::Rope(rope), cache.data_as<float>(), state_->stream);
+                      Paged(tokens), cuda::Rope(rope), cache.data(), cache.dtype() == DType::kBF16,
+                      state_->stream);
 }
 
 void CudaBackend::MlaAttention(const Tensor& q, const Tensor& kv_b, const AttentionTokens& tokens,
@@ -499,8 +500,8 @@ void CudaBackend::MlaAttention(const Tensor& q, const Tensor& kv_b, const Attent
     LaunchMlaQLat(q.data_as<const float>(), n, heads, dn, dr, dv, kv_b.data_as<const float>(),
                   head_begin, head_end, kvr, q_lat, state_->stream);
     LaunchMlaAttention(q.data_as<const float>(), n, heads, q_lat, kvr, dn, dr, Paged(tokens),
-                       cache.data_as<const float>(), head_begin, head_end, scale, max_context,
-                       splits, tf32_, partial, o_lat, state_->stream);
+                       cache.data(), cache.dtype() == DType::kBF16, head_begin, head_end, scale,
+                       max_context, splits, tf32_, partial, o_lat, state_->stream);
     LaunchMlaOut(o_lat, n, dn, dv, kv_b.data_as<const float>(), head_begin, head_end, kvr,
                  out.data_as<float>(), state_->stream);
     return;
@@ -513,8 +514,8 @@ void CudaBackend::MlaAttention(const Tensor& q, const Tensor& kv_b, const Attent
       heads * (dn + dr), dn + dr, &zero, q_lat, CUDA_R_32F, nh * kvr, kvr, nh, compute,
       CUBLAS_GEMM_DEFAULT));
   LaunchMlaAttention(q.data_as<const float>(), n, heads, q_lat, kvr, dn, dr, Paged(tokens),
-                     cache.data_as<const float>(), head_begin, head_end, scale, max_context, splits,
-                     tf32_, partial, o_lat, state_->stream);
+                     cache.data(), cache.dtype() == DType::kBF16, head_begin, head_end, scale,
+                     max_context, splits, tf32_, partial, o_lat, state_->stream);
   // out_h [n, dv] = o_lat_h [n, kvr] · W_v[h]ᵀ (W_v[h]: [dv, kvr]).
   AFD_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
       state_->cublas, CUBLAS_OP_T, CUBLAS_OP_N, dv, n, kvr, &one, w_v, CUDA_R_32F, kvr,

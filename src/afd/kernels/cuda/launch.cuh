@@ -53,11 +53,13 @@ struct PagedArgs {
 void LaunchRope(float* x, int64_t n, int64_t heads, int64_t width, int64_t offset,
                 const int64_t* positions, const RopeArgs& rope, cudaStream_t s);
 void LaunchMlaCacheWrite(const float* ckv, int64_t n, int64_t kvr, const float* norm_w, float eps,
-                         const PagedArgs& t, const RopeArgs& rope, float* cache, cudaStream_t s);
+                         const PagedArgs& t, const RopeArgs& rope, void* cache, bool bf16_cache,
+                         cudaStream_t s);
 // Absorbed MLA decode core: o_lat[t, h] = softmax_j(q_lat·c_j + q_pe·pe_j)·c_j over each
 // token's positions, the context split over `splits` blocks (flash-decoding). q: [n, heads,
 // dn + dr] (q_pe read from it), q_lat: [n, nh, kvr] (W_kᵀ·q_nope of heads [h0, h1)), o_lat:
-// [n, nh, kvr]; partial: device scratch of MlaPartialFloats(...) floats. tf32: the scores and
+// [n, nh, kvr]; partial: device scratch of MlaPartialFloats(...) floats. cache: rows of f32, or
+// of bf16 when bf16_cache (MlaCacheWrite rounds them so). tf32: the scores and
 // P·V on TF32 tensor cores where the shapes allow (Backend::AllowTf32), else exact fp32.
 // The W_k / W_v products around it for n <= kMlaSmallBatch tokens (kvr % 4 == 0; kv_b 16-byte
 // aligned): q_lat [n, nh, kvr] from q's q_nope, and out [n, nh * dv] from o_lat.
@@ -71,9 +73,9 @@ void LaunchMlaOut(const float* o_lat, int64_t n, int64_t dn, int64_t dv, const f
 int64_t MlaSplits(int64_t n, int64_t nh, int64_t max_context);
 int64_t MlaPartialFloats(int64_t n, int64_t nh, int64_t splits, int64_t kvr);
 void LaunchMlaAttention(const float* q, int64_t n, int64_t heads, const float* q_lat, int64_t kvr,
-                        int64_t dn, int64_t dr, const PagedArgs& t, const float* cache, int64_t h0,
-                        int64_t h1, float scale, int64_t max_context, int64_t splits, bool tf32,
-                        float* partial, float* o_lat, cudaStream_t s);
+                        int64_t dn, int64_t dr, const PagedArgs& t, const void* cache,
+                        bool bf16_cache, int64_t h0, int64_t h1, float scale, int64_t max_context,
+                        int64_t splits, bool tf32, float* partial, float* o_lat, cudaStream_t s);
 
 // router.cu: one warp per token; num_experts <= kMaxRouterExperts.
 inline constexpr int kMaxRouterExperts = 512;

@@ -2,8 +2,11 @@
 // every head of a group per block, the context split over blocks, one merge kernel; the W_k and
 // W_v products around it are batched GEMMs in the backend, or for a few tokens the kernels
 // MlaQLat / MlaOut here).
+#include <cuda_bf16.h>
+
 #include <algorithm>
 #include <cfloat>
+#include <type_traits>
 
 #include "afd/common/cuda_check.h"
 #include "afd/kernels/cuda/launch.cuh"
@@ -40,13 +43,25 @@ __global__ void Rope(float* x, int64_t heads, int64_t width, int64_t offset, con
   }
 }
 
+constexpr int kMaxRopeDim = 512;  // CacheWrite stages the rope key in shared memory
+
+// A cache value from fp32: as is, or rounded to bf16 (round to nearest even, as on the CPU).
+__device__ __forceinline__ void StoreCache(float* p, float v) { *p = v; }
+__device__ __forceinline__ void StoreCache(__nv_bfloat16* p, float v) {
+  *p = __float2bfloat16_rn(v);
+}
+
+// One block per token: the normalised latent and the roped key, computed in fp32 (the rope key
+// rotated in shared memory), stored as the cache's T.
+template <typename T>
 __global__ void CacheWrite(const float* ckv, int64_t kvr, const float* norm_w, float eps,
-                           PagedArgs t, RopeArgs r, float* cache) {
+                           PagedArgs t, RopeArgs r, T* cache) {
   __shared__ float partial[32];
+  __shared__ float pe[kMaxRopeDim];
   const int64_t i = blockIdx.x, width = kvr + r.dim;
   if (t.slot_mapping[i] < 0) return;  // a padding row of a captured graph
   const float* src = ckv + i * width;
-  float* row = cache + t.slot_mapping[i] * width;
+  T* row = cache + t.slot_mapping[i] * width;
   float ss = 0.0f;
   for (int64_t j = threadIdx.x; j < kvr; j += blockDim.x) ss += src[j] * src[j];
   for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
@@ -55,10 +70,14 @@ __global__ void CacheWrite(const float* ckv, int64_t kvr, const float* norm_w, f
   float total = 0.0f;
   for (int w = 0; w < (blockDim.x + 31) / 32; ++w) total += partial[w];
   const float inv = rsqrtf(total / kvr + eps);
-  for (int64_t j = threadIdx.x; j < kvr; j += blockDim.x) row[j] = norm_w[j] * (src[j] * inv);
-  for (int64_t j = threadIdx.x; j < r.dim; j += blockDim.x) row[kvr + j] = src[kvr + j];
+  for (int64_t j = threadIdx.x; j < kvr; j += blockDim.x) {
+    StoreCache(row + j, norm_w[j] * (src[j] * inv));
+  }
+  for (int64_t j = threadIdx.x; j < r.dim; j += blockDim.x) pe[j] = src[kvr + j];
   __syncthreads();
-  if (threadIdx.x < r.dim / 2) RotatePair(row + kvr, r, t.positions[i], threadIdx.x);
+  if (threadIdx.x < r.dim / 2) RotatePair(pe, r, t.positions[i], threadIdx.x);
+  __syncthreads();
+  for (int64_t j = threadIdx.x; j < r.dim; j += blockDim.x) StoreCache(row + kvr + j, pe[j]);
 }
 
 // Absorbed MLA decode, all heads of a group per block (the heads share every latent row, so
@@ -138,11 +157,25 @@ __device__ __forceinline__ void StoreTile(const float4 (&v)[kMaxPer], int w4, in
 // quarters added in a fixed order; one thread per (head, row) then does the online softmax. P·V:
 // O[16 x kvr] += P[16 x 16] · rows[16 x kvr], warp w owning the 8-column tiles w, w + 8, ...
 // (C fragments in registers, rescaled per head). Needs kvr and width multiples of 8.
-template <int W4, bool kTc>
+// Values 4·c4 .. 4·c4 + 3 of a cache row as fp32.
+__device__ __forceinline__ float4 LoadCache4(const float* row, int c4) {
+  return reinterpret_cast<const float4*>(row)[c4];
+}
+__device__ __forceinline__ float4 LoadCache4(const __nv_bfloat16* row, int c4) {
+  const uint2 u = reinterpret_cast<const uint2*>(row)[c4];
+  const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.x));
+  const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.y));
+  return make_float4(a.x, a.y, b.x, b.y);
+}
+
+//
+// CT: the cache's rows, float or __nv_bfloat16 (widened exactly to fp32 as they are loaded: 8-byte
+// loads of 4 values in place of the 16-byte float4 loads).
+template <int W4, bool kTc, typename CT>
 __global__ void __launch_bounds__(kAttnThreads, 2)
     AttentionPartial(const float* q, int64_t heads, const float* q_lat, int64_t kvr, int64_t dn,
-                     int64_t dr, PagedArgs t, const float* cache, int64_t h0, int64_t nh,
-                     float scale, int64_t span, float* partial) {
+                     int64_t dr, PagedArgs t, const CT* cache, int64_t h0, int64_t nh, float scale,
+                     int64_t span, float* partial) {
   extern __shared__ float4 smem4[];
   __shared__ int64_t slots[2][kRows];  // cache slots of this chunk's rows and the next one's
   float* smem = reinterpret_cast<float*>(smem4);
@@ -183,7 +216,7 @@ __global__ void __launch_bounds__(kAttnThreads, 2)
   const auto load_chunk = [&](float4(&v)[kMaxPer], int64_t j0, int c) {
     LoadTile<W4>(v, w4, [&](int jj, int c4) {
       if (j0 + jj >= j_end) return zero4;
-      return reinterpret_cast<const float4*>(cache + slots[c & 1][jj] * width)[c4];
+      return LoadCache4(cache + slots[c & 1][jj] * width, c4);
     });
   };
   float4 v[kMaxPer];
@@ -430,10 +463,17 @@ void LaunchRope(float* x, int64_t n, int64_t heads, int64_t width, int64_t offse
 }
 
 void LaunchMlaCacheWrite(const float* ckv, int64_t n, int64_t kvr, const float* norm_w, float eps,
-                         const PagedArgs& t, const RopeArgs& rope, float* cache, cudaStream_t s) {
+                         const PagedArgs& t, const RopeArgs& rope, void* cache, bool bf16_cache,
+                         cudaStream_t s) {
   if (n == 0) return;
-  AFD_CHECK(rope.dim / 2 <= 256, "MlaCacheWrite: rope dim {} above 512", rope.dim);
-  CacheWrite<<<static_cast<unsigned>(n), 256, 0, s>>>(ckv, kvr, norm_w, eps, t, rope, cache);
+  AFD_CHECK(rope.dim <= kMaxRopeDim, "MlaCacheWrite: rope dim {} above {}", rope.dim, kMaxRopeDim);
+  if (bf16_cache) {
+    CacheWrite<<<static_cast<unsigned>(n), 256, 0, s>>>(ckv, kvr, norm_w, eps, t, rope,
+                                                        static_cast<__nv_bfloat16*>(cache));
+  } else {
+    CacheWrite<<<static_cast<unsigned>(n), 256, 0, s>>>(ckv, kvr, norm_w, eps, t, rope,
+                                                        static_cast<float*>(cache));
+  }
   CheckLaunch("MlaCacheWrite");
 }
 
@@ -566,9 +606,9 @@ int64_t MlaPartialFloats(int64_t n, int64_t nh, int64_t splits, int64_t kvr) {
 }
 
 void LaunchMlaAttention(const float* q, int64_t n, int64_t heads, const float* q_lat, int64_t kvr,
-                        int64_t dn, int64_t dr, const PagedArgs& t, const float* cache, int64_t h0,
-                        int64_t h1, float scale, int64_t max_context, int64_t splits, bool tf32,
-                        float* partial, float* o_lat, cudaStream_t s) {
+                        int64_t dn, int64_t dr, const PagedArgs& t, const void* cache,
+                        bool bf16_cache, int64_t h0, int64_t h1, float scale, int64_t max_context,
+                        int64_t splits, bool tf32, float* partial, float* o_lat, cudaStream_t s) {
   if (n == 0) return;
   AFD_CHECK(kvr <= kMaxLatent && kvr % 4 == 0 && dr % 4 == 0 && dn % 4 == 0 &&
                 kvr + dr <= kMaxWidth && reinterpret_cast<uintptr_t>(q) % 16 == 0 &&
@@ -581,22 +621,37 @@ void LaunchMlaAttention(const float* q, int64_t n, int64_t heads, const float* q
   const size_t smem = AttnSmemBytes(kvr + dr, use_tc);
   // DeepSeek's width (512 + 64) has its own instances with constant index arithmetic.
   const bool wide = kvr + dr == 576;
-  const auto kernel = use_tc ? (wide ? AttentionPartial<144, true> : AttentionPartial<0, true>)
-                             : (wide ? AttentionPartial<144, false> : AttentionPartial<0, false>);
-  static size_t smem_set[2][2] = {{0, 0}, {0, 0}};  // the opt-in above 48 KB, raised once per size
-  if (smem > smem_set[use_tc][wide]) {
-    AFD_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        static_cast<int>(smem)));
-    smem_set[use_tc][wide] = smem;
-  }
   const int64_t nh = h1 - h0;
   // Whole chunks per split: positions [split·span, (split + 1)·span).
   const int64_t chunks = (max_context + kRows - 1) / kRows;
   const int64_t span = (chunks + splits - 1) / splits * kRows;
   const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>((nh + kGroup - 1) / kGroup),
                   static_cast<unsigned>(splits));
-  kernel<<<grid, kAttnThreads, smem, s>>>(q, heads, q_lat, kvr, dn, dr, t, cache, h0, nh, scale,
-                                          span, partial);
+  // The opt-in above 48 KB of shared memory, raised once per instance and size.
+  static size_t smem_set[2][2][2] = {};
+  const auto launch = [&](auto kernel, const auto* rows) {
+    size_t& set = smem_set[use_tc][wide][bf16_cache];
+    if (smem > set) {
+      AFD_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          static_cast<int>(smem)));
+      set = smem;
+    }
+    kernel<<<grid, kAttnThreads, smem, s>>>(q, heads, q_lat, kvr, dn, dr, t, rows, h0, nh, scale,
+                                            span, partial);
+  };
+  const auto pick = [&](const auto* rows) {
+    using CT = std::remove_const_t<std::remove_pointer_t<decltype(rows)>>;
+    if (use_tc) {
+      launch(wide ? AttentionPartial<144, true, CT> : AttentionPartial<0, true, CT>, rows);
+    } else {
+      launch(wide ? AttentionPartial<144, false, CT> : AttentionPartial<0, false, CT>, rows);
+    }
+  };
+  if (bf16_cache) {
+    pick(static_cast<const __nv_bfloat16*>(cache));
+  } else {
+    pick(static_cast<const float*>(cache));
+  }
   CheckLaunch("MlaAttention (partial)");
   const dim3 grid2(static_cast<unsigned>(n), static_cast<unsigned>(nh));
   AttentionCombine<<<grid2, kAttnThreads, 0, s>>>(kvr, nh, splits, partial, o_lat);
