@@ -42,7 +42,7 @@ class ReadyLogitsRunner : public StepRunner {
   std::vector<char> packed_;
 };
 
-constexpr int64_t kSteps = 64;  // timed decode steps per batch size
+constexpr int64_t kSteps = 500;  // timed decode steps per batch size
 
 // One decode step of `batch` sequences of 1024 tokens each (block size 64: 16-17 blocks a row),
 // greedy, with the log-prob of every output token (as `afd run` asks).

@@ -151,18 +151,26 @@ void Scheduler::Update(const StepPlan& plan, const std::vector<int32_t>& next_id
   AFD_CHECK(next_ids.size() == plan.seqs.size() && finished.size() == plan.seqs.size(),
             "scheduler: {} ids and {} flags for {} sequences", next_ids.size(), finished.size(),
             plan.seqs.size());
+  // The plan lists running sequences in running_'s order (Schedule walks it, then appends the
+  // admitted ones), so one cursor finds them all (a search per sequence made a step O(n^2));
+  // finished ones are released after the walk, which would shift the cursor's sequence.
+  std::vector<int64_t> done;
+  size_t cursor = 0;
   for (size_t i = 0; i < plan.seqs.size(); ++i) {
-    Seq* s = Find(plan.seqs[i].request);
-    AFD_CHECK(s != nullptr && s->cache_seq >= 0, "scheduler: request {} is not running",
-              plan.seqs[i].request);
+    const int64_t request = plan.seqs[i].request;
+    while (cursor < running_.size() && running_[cursor].request != request) ++cursor;
+    Seq* s = cursor < running_.size() ? &running_[cursor] : Find(request);
+    AFD_CHECK(s != nullptr && s->cache_seq >= 0, "scheduler: request {} is not running", request);
+    if (cursor == running_.size()) cursor = 0;  // out of order (found by search): start over
     if (finished[i]) {
-      Abort(s->request);
+      done.push_back(request);
       continue;
     }
     if (!plan.seqs[i].sample) continue;  // a prompt chunk: the rest comes in the next steps
     s->prefilled = true;
     s->tokens.push_back(next_ids[i]);
   }
+  for (int64_t request : done) Abort(request);
 }
 
 }  // namespace afd::runtime
