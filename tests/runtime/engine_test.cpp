@@ -76,6 +76,22 @@ TEST_F(EngineTest, RequestsArrivingLaterMatchTheirRunAlone) {
   EXPECT_EQ(e.stats().num_running, 0);
 }
 
+// The steady decode counters leave out the engine's first kWarmDecodeSteps decode-only steps.
+TEST_F(EngineTest, SteadyDecodeStatsSkipTheWarmUpSteps) {
+  LocalStepRunner runner(*model_);
+  Engine e(*model_, runner, {0, 8, true, 16, 0});
+  e.Add(1, Params({1, 2, 3}, 7));
+  e.Add(2, Params({4, 5}, 7));
+  Drain(e);
+  const GenerationStats& st = e.generation_stats();
+  const int64_t warm = GenerationStats::kWarmDecodeSteps;
+  ASSERT_GT(st.decode_steps, warm);
+  EXPECT_EQ(st.steady_decode_steps, st.decode_steps - warm);
+  EXPECT_EQ(st.steady_decode_tokens, st.decode_tokens - 2 * warm);  // two sequences a step
+  EXPECT_GT(st.steady_decode_seconds, 0.0);
+  EXPECT_LT(st.steady_decode_seconds, st.decode_seconds);
+}
+
 TEST_F(EngineTest, AbortEndsTheRequestAndFreesItsBlocks) {
   LocalStepRunner runner(*model_);
   Engine e(*model_, runner, {0, 0, false, 8, 0});

@@ -85,7 +85,8 @@ void RunOnTopology(const BenchArgs& a, const std::vector<int64_t>& batches, int&
   o.worker_flags = [&](int64_t batch) {
     GenerationFlags g;
     g.model = a.model;
-    g.max_tokens = a.options.steps + 1;  // the first token comes from the prefill
+    // The first token comes from the prefill, then the ranks' warm-up and timed decode steps.
+    g.max_tokens = 1 + runtime::GenerationStats::kWarmDecodeSteps + a.options.steps;
     g.ignore_eos = true;
     g.num_layers = a.num_layers;
     g.max_num_seqs = batch;

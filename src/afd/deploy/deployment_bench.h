@@ -1,8 +1,9 @@
 // `afd bench decode --topology xAyF`: the decode bench through an AFD deployment's rank
 // processes on this host. Per batch size, `batch` prompts of `context` deterministic token ids
-// generate `steps` + 1 tokens each (the first comes from the prefill); decode ms/step and
-// tokens/s come from the attention ranks' own engine counters (the slowest replica's ms/step;
-// every replica's tokens over the slowest one's decode time).
+// generate 1 + kWarmDecodeSteps + `steps` tokens each (the first comes from the prefill); decode
+// ms/step and tokens/s come from the attention ranks' own engine counters of their steady decode
+// steps (after the warm-up ones: the slowest replica's ms/step; every replica's tokens over the
+// slowest one's decode time).
 #pragma once
 
 #include <cstdint>

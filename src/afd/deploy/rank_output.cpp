@@ -44,6 +44,9 @@ void AddGenerationStats(const runtime::GenerationStats& s, nlohmann::json& out) 
   out["decode_tokens"] = s.decode_tokens;
   out["decode_steps"] = s.decode_steps;
   out["decode_seconds"] = s.decode_seconds;
+  out["steady_decode_tokens"] = s.steady_decode_tokens;
+  out["steady_decode_steps"] = s.steady_decode_steps;
+  out["steady_decode_seconds"] = s.steady_decode_seconds;
   out["mixed_steps"] = s.mixed_steps;
   out["mixed_seconds"] = s.mixed_seconds;
 }

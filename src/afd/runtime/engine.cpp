@@ -313,6 +313,11 @@ std::vector<RequestOutput> Engine::Step() {
     st.decode_tokens += plan.num_decode_tokens;
     ++st.decode_steps;
     st.decode_seconds += seconds;
+    if (st.decode_steps > GenerationStats::kWarmDecodeSteps) {
+      st.steady_decode_tokens += plan.num_decode_tokens;
+      ++st.steady_decode_steps;
+      st.steady_decode_seconds += seconds;
+    }
   } else if (plan.num_decode_tokens == 0) {
     st.prefill_tokens += plan.num_prefill_tokens;
     st.prefill_seconds += seconds;

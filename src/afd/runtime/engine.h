@@ -40,6 +40,12 @@ struct GenerationStats {
   int64_t decode_tokens = 0;  // tokens fed through decode-only steps
   int64_t decode_steps = 0;
   double decode_seconds = 0.0;
+  // The decode-only steps after the engine's first kWarmDecodeSteps: without one-time costs
+  // (first kernel and library use, CUDA graph capture), for benchmarks.
+  static constexpr int64_t kWarmDecodeSteps = 2;
+  int64_t steady_decode_tokens = 0;
+  int64_t steady_decode_steps = 0;
+  double steady_decode_seconds = 0.0;
   // Steps with both prefill and decode tokens (continuous batching): their tokens and time.
   int64_t mixed_steps = 0;
   int64_t mixed_prefill_tokens = 0;
