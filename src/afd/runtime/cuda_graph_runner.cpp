@@ -40,7 +40,7 @@ void PackStepInputs(const model::ForwardBatch& batch, const PackedStepInputs& la
   out.assign(layout.bytes(), 0);
   char* base = out.data();
   const auto put = [](char* dst, const auto& v) {
-    std::memcpy(dst, v.data(), v.size() * sizeof(v[0]));
+    if (!v.empty()) std::memcpy(dst, v.data(), v.size() * sizeof(v[0]));
   };
   put(base + layout.positions(), batch.positions);
   put(base + layout.slots(), batch.slot_mapping);
