@@ -140,20 +140,20 @@ void AsyncConnector::EnqueueWait(int peer, int stage) {
     return;
   }
   // Inline (CPU): the "stream" is this thread; the flag is consumed by Receive later.
-  AwaitFlagOnHost(peer, stage, "the reply");
+  AwaitFlagOnHost(peer, stage, [] { return std::string("the reply"); });
 }
 
-void AsyncConnector::AwaitFlagOnHost(int peer, int stage, const std::string& what) {
+void AsyncConnector::AwaitFlagOnHost(int peer, int stage, const Describe& what) {
   const double timeout = world_.config().afd_process_group_timeout_s;
-  const std::string waiting = fmt::format("waited for {} from {}", what, PeerName(peer));
   const size_t i = static_cast<size_t>(peer) * layout_.ring_depth + stage;
-  const int hit = WaitForFlags(*window_, layout_.flag_offset(peer, stage),
-                               std::span<const uint64_t>(&seen_[i], 1), 0, Deadline::In(timeout),
-                               [&] { CheckPeers(waiting); });
+  const int hit = WaitForFlags(
+      *window_, layout_.flag_offset(peer, stage), std::span<const uint64_t>(&seen_[i], 1), 0,
+      Deadline::In(timeout),
+      [&] { CheckPeers(fmt::format("waited for {} from {}", what(), PeerName(peer))); });
   AFD_CHECK(hit == 0,
             "{} timed out after {}s waiting for {} from {} (flag of region {} ring {} "
             "still {})",
-            world_.Describe(world_.world_rank()), timeout, what, PeerName(peer), peer, stage,
+            world_.Describe(world_.world_rank()), timeout, what(), PeerName(peer), peer, stage,
             seen_[i]);
 }
 
@@ -294,21 +294,24 @@ uint64_t AsyncConnector::Send(int peer, const SlotPayload& p) {
   return seq;
 }
 
-ReceivedSlot AsyncConnector::Read(int region, int ring, uint64_t seq, const std::string& what) {
-  const std::string slot_name =
-      fmt::format("{}: slot (region {}, ring {}) of {} in {}", what, region, ring,
-                  world_.Describe(world_.world_rank()), window_->Describe(world_.world_rank()));
+ReceivedSlot AsyncConnector::Read(int region, int ring, uint64_t seq, const Describe& what) {
+  // Worded only for an error: a receive formats nothing.
+  const auto slot_name = [&] {
+    return fmt::format("{}: slot (region {}, ring {}) of {} in {}", what(), region, ring,
+                       world_.Describe(world_.world_rank()),
+                       window_->Describe(world_.world_rank()));
+  };
   uint64_t& seen = seen_[static_cast<size_t>(region) * layout_.ring_depth + ring];
   AFD_CHECK(seq == seen + 1,
             "{}: flag jumped from {} to {}: the sender overwrote a slot before it was read (its "
             "messages in flight exceed ring_depth {})",
-            slot_name, seen, seq, layout_.ring_depth);
+            slot_name(), seen, seq, layout_.ring_depth);
   seen = seq;
   char* base = window_->local() + layout_.slot_offset(region, ring);
   ReceivedSlot r;
   std::memcpy(&r.header, base + layout_.header, sizeof(SlotHeader));
   ValidateSlotHeader(r.header, layout_, region, seq, slot_name);
-  AFD_CHECK(r.header.stage == ring, "{}: header stage {} in ring slot {}", slot_name,
+  AFD_CHECK(r.header.stage == ring, "{}: header stage {} in ring slot {}", slot_name(),
             r.header.stage, ring);
   r.expert_counts = reinterpret_cast<const int32_t*>(base + layout_.header + sizeof(SlotHeader));
   r.route = reinterpret_cast<const int32_t*>(base + layout_.route);
@@ -330,7 +333,7 @@ void AsyncConnector::CheckPeers(const std::string& what) {
   }
 }
 
-ReceivedSlot AsyncConnector::Receive(int peer, int stage, const std::string& what) {
+ReceivedSlot AsyncConnector::Receive(int peer, int stage, const Describe& what) {
   AFD_CHECK(peer >= 0 && peer < num_peers() && stage >= 0 && stage < layout_.ring_depth,
             "async connector: receive from peer {} stage {} out of range", peer, stage);
   const auto start = std::chrono::steady_clock::now();
@@ -363,7 +366,7 @@ std::optional<ReceivedSlot> AsyncConnector::Poll(int timeout_ms) {
             region, num_peers());
   uint64_t seq = 0;
   window_->ReadFlags(layout_.flag_offset(region, ring), std::span<uint64_t>(&seq, 1));
-  return Read(region, ring, seq, fmt::format("work from {}", PeerName(region)));
+  return Read(region, ring, seq, [&] { return fmt::format("work from {}", PeerName(region)); });
 }
 
 void AsyncConnector::AnnounceShutdown() {

@@ -23,6 +23,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -133,8 +134,13 @@ class AsyncConnector {
   };
   RowViews RowsOf(int region, int ring) const;
   // Waits for `peer`'s next slot in ring `stage` (bounded by afd_process_group_timeout_s);
-  // `what` says what is awaited, for errors. A shutdown slot is returned as such.
-  ReceivedSlot Receive(int peer, int stage, const std::string& what);
+  // `what` says what is awaited, for errors: called only to word one (no formatting on the
+  // round trip's path). A shutdown slot is returned as such.
+  using Describe = std::function<std::string()>;
+  ReceivedSlot Receive(int peer, int stage, const Describe& what);
+  ReceivedSlot Receive(int peer, int stage, const std::string& what) {
+    return Receive(peer, stage, Describe([&what] { return what; }));
+  }
   // The next new slot from any peer (scan start rotates), or nullopt when none arrived within
   // timeout_ms (after checking for an abort and for exited peers).
   std::optional<ReceivedSlot> Poll(int timeout_ms);
@@ -149,11 +155,11 @@ class AsyncConnector {
  private:
   int OppositeWorldRank(int peer) const;
   int num_peers() const;
-  ReceivedSlot Read(int region, int ring, uint64_t seq, const std::string& what);
+  ReceivedSlot Read(int region, int ring, uint64_t seq, const Describe& what);
   void CheckPeers(const std::string& what);
   // Waits on the host until `peer`'s flag of ring `stage` moves past the seen one (bounded by
   // afd_process_group_timeout_s, checking for an abort and exited peers); does not consume it.
-  void AwaitFlagOnHost(int peer, int stage, const std::string& what);
+  void AwaitFlagOnHost(int peer, int stage, const Describe& what);
   // Device flags (stream_flags.h): the flag store after a send's copies, the stream wait for a
   // reply, and the release of waits left pending at destruction.
   void DeviceStoreFlag(int world_rank, size_t offset, uint64_t seq);

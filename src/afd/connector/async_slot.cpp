@@ -51,31 +51,36 @@ SlotLayout SlotLayout::Make(const SlotCapacity& cap, int num_regions, int ring_d
 }
 
 void ValidateSlotHeader(const SlotHeader& h, const SlotLayout& l, int region, uint64_t seq,
-                        const std::string& what) {
-  AFD_CHECK(h.magic == kSlotMagic, "{}: bad magic {:#x} (expected {:#x} \"AFDG\")", what, h.magic,
+                        const std::function<std::string()>& what) {
+  AFD_CHECK(h.magic == kSlotMagic, "{}: bad magic {:#x} (expected {:#x} \"AFDG\")", what(), h.magic,
             kSlotMagic);
-  AFD_CHECK(h.version == kSlotVersion, "{}: version {}, this build speaks version {}", what,
+  AFD_CHECK(h.version == kSlotVersion, "{}: version {}, this build speaks version {}", what(),
             h.version, kSlotVersion);
-  AFD_CHECK((h.flags & ~kKnownSlotFlags) == 0, "{}: unknown flag bits {:#x}", what, h.flags);
-  AFD_CHECK(h.reserved == 0, "{}: reserved field is {}", what, h.reserved);
+  AFD_CHECK((h.flags & ~kKnownSlotFlags) == 0, "{}: unknown flag bits {:#x}", what(), h.flags);
+  AFD_CHECK(h.reserved == 0, "{}: reserved field is {}", what(), h.reserved);
   AFD_CHECK(h.sender == region, "{}: the header names sender {} but region {} belongs to rank {}",
-            what, h.sender, region, region);
+            what(), h.sender, region, region);
   AFD_CHECK(h.seq == seq,
             "{}: header seq {} does not match its flag {} (the payload is not the one signalled)",
-            what, h.seq, seq);
-  AFD_CHECK(h.stage >= 0 && h.stage < l.ring_depth, "{}: stage {} outside the ring depth {}", what,
-            h.stage, l.ring_depth);
+            what(), h.seq, seq);
+  AFD_CHECK(h.stage >= 0 && h.stage < l.ring_depth, "{}: stage {} outside the ring depth {}",
+            what(), h.stage, l.ring_depth);
   AFD_CHECK(h.num_tokens >= 0 && h.num_tokens <= l.cap.token_cap,
-            "{}: {} tokens exceed the token capacity {}", what, h.num_tokens, l.cap.token_cap);
+            "{}: {} tokens exceed the token capacity {}", what(), h.num_tokens, l.cap.token_cap);
   AFD_CHECK(h.routed_rows >= 0 && h.routed_rows <= l.cap.routed_cap,
-            "{}: {} routed rows exceed the routed capacity {}", what, h.routed_rows,
+            "{}: {} routed rows exceed the routed capacity {}", what(), h.routed_rows,
             l.cap.routed_cap);
   AFD_CHECK(h.shared_rows >= 0 && h.shared_rows <= l.cap.shared_cap,
-            "{}: {} shared rows exceed the shared capacity {}", what, h.shared_rows,
+            "{}: {} shared rows exceed the shared capacity {}", what(), h.shared_rows,
             l.cap.shared_cap);
   AFD_CHECK(h.num_experts >= 0 && h.num_experts <= l.cap.max_local_experts,
-            "{}: {} expert counts exceed {}", what, h.num_experts, l.cap.max_local_experts);
-  AFD_CHECK(h.layer >= 0, "{}: layer {}", what, h.layer);
+            "{}: {} expert counts exceed {}", what(), h.num_experts, l.cap.max_local_experts);
+  AFD_CHECK(h.layer >= 0, "{}: layer {}", what(), h.layer);
+}
+
+void ValidateSlotHeader(const SlotHeader& h, const SlotLayout& l, int region, uint64_t seq,
+                        const std::string& what) {
+  ValidateSlotHeader(h, l, region, seq, [&what] { return what; });
 }
 
 }  // namespace afd::connector

@@ -13,6 +13,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 
 namespace afd::connector {
@@ -82,6 +83,9 @@ struct SlotLayout {
 // Checks a header read from region `region` whose flag said `seq`: magic, version, flags, sender,
 // seq, counts within the capacities. `what` names the slot ("slot of attention rank 1 ...").
 // Throws afd::Error naming the field and the slot.
+// `what` (or the lazy form, called only to word an error) names the slot.
+void ValidateSlotHeader(const SlotHeader& h, const SlotLayout& layout, int region, uint64_t seq,
+                        const std::function<std::string()>& what);
 void ValidateSlotHeader(const SlotHeader& h, const SlotLayout& layout, int region, uint64_t seq,
                         const std::string& what);
 

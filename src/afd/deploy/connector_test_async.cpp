@@ -163,7 +163,7 @@ void RunAttention(const ConnectorTestArgs& args, comm::AfdWorld& world, AsyncCon
           if (seqs[stage][f] == 0) continue;
           const connector::DispatchPlan& p = plans[stage];
           const ReceivedSlot r =
-              conn.Receive(f, stage, fmt::format("the reply to layer {}", layer));
+              conn.Receive(f, stage, [&] { return fmt::format("the reply to layer {}", layer); });
           AFD_CHECK(!r.shutdown() && r.header.echo_seq == seqs[stage][f] &&
                         r.header.routed_rows == p.segment[f + 1] - p.segment[f] &&
                         r.header.shared_rows == static_cast<int>(p.shared_tokens[f].size()),

@@ -286,7 +286,7 @@ void AsyncAttentionRunner::CombineRows(int stage, MicroBatch& mb, Pending& p, Wo
       rows = connector_.RowsOf(f, stage);
     } else {
       const connector::ReceivedSlot r = connector_.Receive(
-          f, stage, fmt::format("the reply to layer {} stage {}", p.layer, stage));
+          f, stage, [&] { return fmt::format("the reply to layer {} stage {}", p.layer, stage); });
       CheckReply(f, stage, p, p.layer, r);
       rows = {r.routed_rows, r.shared_rows};
     }
@@ -317,8 +317,8 @@ void AsyncAttentionRunner::CheckReplies(int stage, Pending& p) {
   p.unchecked_layer = -1;
   for (int f = 0; f < p.plan.num_ffn; ++f) {
     if (p.seqs[f] == 0) continue;
-    const connector::ReceivedSlot r =
-        connector_.Receive(f, stage, fmt::format("the reply to layer {} stage {}", layer, stage));
+    const connector::ReceivedSlot r = connector_.Receive(
+        f, stage, [&] { return fmt::format("the reply to layer {} stage {}", layer, stage); });
     CheckReply(f, stage, p, layer, r);
   }
   if (record_round_trips_) {

@@ -34,32 +34,36 @@ void AsyncFfnWorker::Serve(const connector::ReceivedSlot& in) {
   const connector::SlotHeader& h = in.header;
   const int64_t H = c.hidden_size, local = end_ - begin_;
   const int64_t R = h.routed_rows, S = h.shared_rows;
-  const std::string from = fmt::format("work item of attention rank {} (layer {}, stage {})",
-                                       h.sender, h.layer, h.stage);
-  AFD_CHECK(!(h.flags & connector::kSlotCombine), "{}: a reply sent to an FFN rank", from);
+  // Worded only for an error (a work item formats nothing on its way).
+  const auto from = [&] {
+    return fmt::format("work item of attention rank {} (layer {}, stage {})", h.sender, h.layer,
+                       h.stage);
+  };
+  AFD_CHECK(!(h.flags & connector::kSlotCombine), "{}: a reply sent to an FFN rank", from());
   AFD_CHECK(h.layer < c.num_hidden_layers && c.IsMoeLayer(h.layer),
             "{}: layer {} is not a MoE "
             "layer of this model",
-            from, h.layer);
-  AFD_CHECK(h.num_experts == local, "{}: {} expert counts, this rank has {} experts", from,
+            from(), h.layer);
+  AFD_CHECK(h.num_experts == local, "{}: {} expert counts, this rank has {} experts", from(),
             h.num_experts, local);
   std::vector<int32_t> offsets(local + 1, 0);
   for (int64_t e = 0; e < local; ++e) {
-    AFD_CHECK(in.expert_counts[e] >= 0, "{}: expert count {} of local expert {}", from,
+    AFD_CHECK(in.expert_counts[e] >= 0, "{}: expert count {} of local expert {}", from(),
               in.expert_counts[e], e);
     offsets[e + 1] = offsets[e] + in.expert_counts[e];
   }
-  AFD_CHECK(offsets[local] == R, "{}: expert counts sum to {}, {} routed rows arrived", from,
+  AFD_CHECK(offsets[local] == R, "{}: expert counts sum to {}, {} routed rows arrived", from(),
             offsets[local], R);
   for (int64_t i = 0; i < R; ++i) {
     AFD_CHECK(in.route[i] >= 0 && in.route[i] < h.num_tokens,
               "{}: routed row {} names token {} "
               "of {}",
-              from, i, in.route[i], h.num_tokens);
+              from(), i, in.route[i], h.num_tokens);
   }
   for (int64_t i = 0; i < S; ++i) {
     AFD_CHECK(in.shared_index[i] >= 0 && in.shared_index[i] < h.num_tokens,
-              "{}: shared row {} names token {} of {}", from, i, in.shared_index[i], h.num_tokens);
+              "{}: shared row {} names token {} of {}", from(), i, in.shared_index[i],
+              h.num_tokens);
   }
   ws_.Reset();
   // Views into this rank's window (read in place); outputs in the workspace.
