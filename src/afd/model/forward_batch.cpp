@@ -4,7 +4,7 @@
 
 namespace afd::model {
 
-void ForwardBatch::Add(const kv::PagedKvCache& cache, int64_t seq, const std::vector<int32_t>& ids,
+void ForwardBatch::Add(const kv::PagedKvCache& cache, int64_t seq, std::span<const int32_t> ids,
                        int64_t start, Logits logits) {
   auto it = std::find(seq_ids.begin(), seq_ids.end(), seq);
   int32_t row = static_cast<int32_t>(it - seq_ids.begin());

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "afd/kv/paged_cache.h"
@@ -30,8 +31,8 @@ struct ForwardBatch {
   // room reserved for them (PagedKvCache::Reserve). want_logits: rows of every appended token
   // (all) or only the last one (last_only).
   enum class Logits { kNone, kLast, kAll };
-  void Add(const kv::PagedKvCache& cache, int64_t seq, const std::vector<int32_t>& ids,
-           int64_t start, Logits logits);
+  void Add(const kv::PagedKvCache& cache, int64_t seq, std::span<const int32_t> ids, int64_t start,
+           Logits logits);
   // Tokens [begin, begin + count) with the same block tables; logits_rows keeps those in range
   // (renumbered).
   ForwardBatch Slice(int64_t begin, int64_t count) const;

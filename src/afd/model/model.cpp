@@ -65,7 +65,7 @@ void DeepseekModel::CheckBatch(const ForwardBatch& b, const kv::PagedKvCache& ca
                 static_cast<int64_t>(b.slot_mapping.size()) == n &&
                 b.seq_ids.size() == b.block_tables.size(),
             "forward batch: token_ids, positions, seq_index, slot_mapping differ in length");
-  std::map<int32_t, int64_t> next;  // block-table row -> expected position
+  std::vector<int64_t> next(b.seq_ids.size(), -1);  // block-table row -> expected position
   for (int64_t i = 0; i < n; ++i) {
     AFD_CHECK(b.token_ids[i] >= 0 && b.token_ids[i] < config_.vocab_size,
               "token id {} is outside the vocabulary [0, {})", b.token_ids[i], config_.vocab_size);
@@ -73,15 +73,16 @@ void DeepseekModel::CheckBatch(const ForwardBatch& b, const kv::PagedKvCache& ca
     AFD_CHECK(row >= 0 && row < static_cast<int32_t>(b.seq_ids.size()),
               "forward batch: token {} has no sequence row {}", i, row);
     const int64_t seq = b.seq_ids[row];
-    auto it = next.try_emplace(row, cache.length(seq)).first;
-    AFD_CHECK(b.positions[i] == it->second,
+    int64_t& expected = next[row];
+    if (expected < 0) expected = cache.length(seq);
+    AFD_CHECK(b.positions[i] == expected,
               "forward batch: token {} of sequence {} has position {}, expected {}", i, seq,
-              b.positions[i], it->second);
+              b.positions[i], expected);
     AFD_CHECK(b.positions[i] < cache.capacity(seq) &&
                   b.slot_mapping[i] == cache.Slot(seq, b.positions[i]),
               "sequence {}: position {} has no reserved cache slot (capacity {})", seq,
               b.positions[i], cache.capacity(seq));
-    ++it->second;
+    ++expected;
   }
   for (size_t r = 1; r < b.logits_rows.size(); ++r) {
     AFD_CHECK(b.logits_rows[r - 1] < b.logits_rows[r], "forward batch: logits rows not ascending");

@@ -76,8 +76,7 @@ void Scheduler::Plan(Seq& s, int64_t count, StepPlan& plan) {
   e.first_logits_row = static_cast<int64_t>(plan.batch.logits_rows.size());
   const bool all = e.prefill && e.first_prefill && s.prompt_logprobs;
   e.num_logits_rows = all ? count : (e.sample ? 1 : 0);
-  const std::vector<int32_t> ids(s.tokens.begin() + s.computed,
-                                 s.tokens.begin() + s.computed + count);
+  const std::span<const int32_t> ids(s.tokens.data() + s.computed, static_cast<size_t>(count));
   plan.batch.Add(cache_, s.cache_seq, ids, s.computed,
                  all ? Logits::kAll : (e.sample ? Logits::kLast : Logits::kNone));
   plan.seqs.push_back(e);
