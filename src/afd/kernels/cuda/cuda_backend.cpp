@@ -580,6 +580,14 @@ void CudaBackend::GroupedExpertMlp(const Tensor& x, const Tensor& offsets,
   auto* act = static_cast<float*>(Scratch(kMoeAct, m * inter * sizeof(float)));  // [m, I]
   auto* xb =
       bf16 ? static_cast<uint16_t*>(Scratch(kBf16Input, m * std::max(h, inter) * 2)) : nullptr;
+  // bf16 experts of decode and mid-sized groups: both GEMMs on tensor cores with a bf16
+  // intermediate (act's scratch holds it).
+  if (bf16 &&
+      LaunchGroupedMlpMma(x.data_as<const float>(), m, h, inter, ExpertTable(experts, 0),
+                          ExpertTable(experts, 1), offsets.data_as<const int32_t>(), e, xb,
+                          reinterpret_cast<uint16_t*>(act), out.data_as<float>(), state_->stream)) {
+    return;
+  }
   LaunchGroupedLinear(x.data_as<const float>(), m, h, ExpertTable(experts, 0), bf16,
                       offsets.data_as<const int32_t>(), e, inter, /*swiglu=*/true, act, xb,
                       state_->stream);

@@ -92,6 +92,14 @@ void LaunchRouterTopk(const float* logits, int64_t n, int64_t num_experts, const
 // moe.cu
 void LaunchMoePermute(const int32_t* ids, int64_t n, int64_t k, int64_t begin, int64_t num_local,
                       int32_t* offsets, int32_t* src_row, int32_t* row_of_slot, cudaStream_t s);
+// Both projections of a bf16 expert MLP on the mma.sync path, when both shapes fit it (else
+// false, nothing launched): x rounded to bf16 once into x_bf16 [m, h], the SwiGLU product
+// written as bf16 into act_bf16 [m, inter] by the first GEMM (rounded as the separate
+// conversion would: the same bits), then out [m, h] = act · W_down^T. No fp32 intermediate.
+bool LaunchGroupedMlpMma(const float* x, int64_t m, int64_t h, int64_t inter,
+                         const void* const* gate_up, const void* const* down,
+                         const int32_t* offsets, int64_t num_local, uint16_t* x_bf16,
+                         uint16_t* act_bf16, float* out, cudaStream_t s);
 // Grouped y[r] = x[r] · W_e^T for the rows of each expert; weights by pointer table
 // (w_ptrs[e], bf16 or f32 [N, K]). swiglu: W is [2N', K] gate|up and y[r, c] =
 // silu(gate_c) · up_c for c < N' = n_out. x_bf16: device scratch of m·k bf16 (or null): with

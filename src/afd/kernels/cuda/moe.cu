@@ -393,10 +393,12 @@ __device__ __forceinline__ void MmaChunks(const __nv_bfloat16* wa, const __nv_bf
   }
 }
 
-template <bool kSwiglu>
+// kBf16Out (SwiGLU only): the products are written as bf16 to yb (rounded as RowsToBf16 rounds
+// them: the next GEMM's input) instead of fp32 to y.
+template <bool kSwiglu, bool kBf16Out = false>
 __global__ void __launch_bounds__(kMmaWarps * 32)
     GroupedMma(const __nv_bfloat16* x, int64_t k, const void* const* w_ptrs, const int32_t* offsets,
-               int64_t n_out, float* y) {
+               int64_t n_out, float* y, __nv_bfloat16* yb = nullptr) {
   const int64_t e = blockIdx.z, r_end = offsets[e + 1];
   const int64_t first = offsets[e] + int64_t(blockIdx.y) * kMmaPassRows;
   if (first >= r_end) return;
@@ -435,12 +437,17 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
       for (int h = 0; h < 2; ++h) {
         const int rr = 16 * i + 8 * h + gid;
         if (rr >= rows) continue;
-        float* yr = y + (p0 + rr) * n_out + n0 + 2 * t;
+        const int64_t at = (p0 + rr) * n_out + n0 + 2 * t;
+        float* yr = kBf16Out ? nullptr : y + at;
         const float g0 = acc[i][0][2 * h], g1 = acc[i][0][2 * h + 1];
         if (kSwiglu) {
           const float u0 = acc[i][1][2 * h], u1 = acc[i][1][2 * h + 1];
-          *reinterpret_cast<float2*>(yr) =
-              make_float2(g0 / (1.0f + expf(-g0)) * u0, g1 / (1.0f + expf(-g1)) * u1);
+          const float2 a = make_float2(g0 / (1.0f + expf(-g0)) * u0, g1 / (1.0f + expf(-g1)) * u1);
+          if constexpr (kBf16Out) {
+            *reinterpret_cast<__nv_bfloat162*>(yb + at) = __floats2bfloat162_rn(a.x, a.y);
+          } else {
+            *reinterpret_cast<float2*>(yr) = a;
+          }
         } else {
           *reinterpret_cast<float2*>(yr) = make_float2(g0, g1);
           if (second) {
@@ -654,6 +661,33 @@ void LaunchGroupedLinear(const float* x, int64_t m, int64_t k, const void* const
     GroupedLinear<false, false><<<grid, kThreads, 0, s>>>(x, k, w_ptrs, offsets, n_out, y);
   }
   CheckLaunch("GroupedExpertMlp");
+}
+
+bool LaunchGroupedMlpMma(const float* x, int64_t m, int64_t h, int64_t inter,
+                         const void* const* gate_up, const void* const* down,
+                         const int32_t* offsets, int64_t num_local, uint16_t* x_bf16,
+                         uint16_t* act_bf16, float* out, cudaStream_t s) {
+  const auto fits = [&](int64_t k, int64_t n_out) {
+    return k % 32 == 0 && n_out % 8 == 0 && m <= kMmaMaxAvgRows * num_local;
+  };
+  if (m == 0 || num_local == 0 || !fits(h, inter) || !fits(inter, h)) return false;
+  const int64_t n_elems = m * h;
+  const int blocks = static_cast<int>(std::min<int64_t>((n_elems + 255) / 256, 4096));
+  auto* xb = reinterpret_cast<__nv_bfloat16*>(x_bf16);
+  auto* ab = reinterpret_cast<__nv_bfloat16*>(act_bf16);
+  RowsToBf16<<<blocks, 256, 0, s>>>(x, n_elems, xb);
+  const int64_t avg_passes = (m + kMmaPassRows * num_local - 1) / (kMmaPassRows * num_local);
+  const auto grid = [&](int64_t n_out, int64_t cols) {
+    return dim3(static_cast<unsigned>((n_out + cols - 1) / cols),
+                static_cast<unsigned>(std::max<int64_t>(1, avg_passes)),
+                static_cast<unsigned>(num_local));
+  };
+  GroupedMma<true, true><<<grid(inter, kMmaWarps * 8), kMmaWarps * 32, 0, s>>>(
+      xb, h, gate_up, offsets, inter, nullptr, ab);
+  GroupedMma<false>
+      <<<grid(h, kMmaWarps * 16), kMmaWarps * 32, 0, s>>>(ab, inter, down, offsets, h, out);
+  CheckLaunch("GroupedExpertMlp (mma, bf16 intermediate)");
+  return true;
 }
 
 void LaunchMoeCombine(const float* y, int64_t h, const int32_t* row_of_slot, const float* weights,
