@@ -353,10 +353,7 @@ void AddBenchCommand(CLI::App& app, int& exit_code) {
   decode->add_option("--device", a->device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
   decode->add_option("--dtype", a->dtype, "bf16 (cuda default) or fp32")
       ->check(CLI::IsMember({"bf16", "fp32"}));
-  decode
-      ->add_option("--kv-cache-dtype", a->kv_cache_dtype,
-                   "Latent cache rows: auto (bf16 for a bf16 model on cuda), fp32 or bf16")
-      ->check(CLI::IsMember({"auto", "fp32", "bf16"}));
+  AddKvCacheDtypeOption(decode, a->kv_cache_dtype);
   decode->add_option("--cuda-device", a->cuda_device, "CUDA device ordinal")
       ->check(CLI::NonNegativeNumber);
   decode->add_option("--batch", a->batch, "Batch sizes, comma-separated (default 1,16,64,256)");

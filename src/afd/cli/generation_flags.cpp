@@ -31,10 +31,7 @@ void AddGenerationFlags(CLI::App* cmd, GenerationFlags& f) {
                   "Keep only the first N decoder layers (benchmarks of big presets)");
   cmd->add_option("--preset-seed", f.preset_seed, "Seed of preset random weights (default 0)");
   cmd->add_flag("--bf16", f.bf16, "Store weight matrices as bf16 (automatic for big models)");
-  cmd->add_option("--kv-cache-dtype", f.kv_cache_dtype,
-                  "Latent cache rows: auto (default: bf16 for a bf16 model on cuda, else fp32), "
-                  "fp32 or bf16 (half the cache memory)")
-      ->check(CLI::IsMember({"auto", "fp32", "bf16"}));
+  AddKvCacheDtypeOption(cmd, f.kv_cache_dtype);
   cmd->add_flag("--enable-dbo", f.dbo.enabled,
                 "AFD attention role: big steps run as two pipelined micro-batches (dual-batch "
                 "overlap of attention and FFN)");
@@ -114,6 +111,13 @@ std::vector<std::string> GenerationFlagsArgv(const GenerationFlags& f) {
   v.insert(v.end(), {"--kv-cache-dtype", f.kv_cache_dtype});
   if (f.dbo.enabled) v.push_back("--enable-dbo");
   return v;
+}
+
+void AddKvCacheDtypeOption(CLI::App* cmd, std::string& kv_cache_dtype) {
+  cmd->add_option("--kv-cache-dtype", kv_cache_dtype,
+                  "Latent cache rows: auto (default: bf16 for a bf16 model on cuda, else fp32), "
+                  "fp32 or bf16 (half the cache memory)")
+      ->check(CLI::IsMember({"auto", "fp32", "bf16"}));
 }
 
 model::OpenOptions ToOpenOptions(const GenerationFlags& f) {

@@ -51,6 +51,9 @@ void AddGenerationFlags(CLI::App* cmd, GenerationFlags& flags);
 std::vector<std::string> GenerationFlagsArgv(const GenerationFlags& flags);
 
 model::OpenOptions ToOpenOptions(const GenerationFlags& flags);
+// --kv-cache-dtype auto|fp32|bf16 (model::OpenOptions::kv_cache_dtype), for commands that take it
+// outside GenerationFlags.
+void AddKvCacheDtypeOption(CLI::App* cmd, std::string& kv_cache_dtype);
 // --dtype of a model on `device` ("cpu"/"cuda"): bf16 (the default on cuda) or fp32 weights.
 void ApplyDtype(const std::string& dtype, bool cuda, model::OpenOptions& open);
 

@@ -558,6 +558,28 @@ __global__ void Combine(const float* y, int64_t h, const int32_t* ros, const flo
   *reinterpret_cast<V*>(out + t * h + i) = v;
 }
 
+// The mma.sync path's shapes: K in 32-wide chunks, N in 8-column tiles, at most
+// kMmaMaxAvgRows rows per expert on average.
+bool MmaFits(int64_t m, int64_t k, int64_t n_out, int64_t num_local) {
+  return k % 32 == 0 && n_out % 8 == 0 && m <= kMmaMaxAvgRows * num_local;
+}
+
+// x [n] rounded to bf16 into xb (the mma path's input).
+void LaunchRowsToBf16(const float* x, int64_t n, __nv_bfloat16* xb, cudaStream_t s) {
+  const int blocks = static_cast<int>(std::min<int64_t>((n + 255) / 256, 4096));
+  RowsToBf16<<<blocks, 256, 0, s>>>(x, n, xb);
+}
+
+// GroupedMma's grid for n_out columns: column tiles x row slices (the average passes per expert)
+// x experts.
+dim3 MmaGrid(int64_t m, int64_t n_out, bool swiglu, int64_t num_local) {
+  const int64_t cols = kMmaWarps * (swiglu ? 8 : 16);
+  const int64_t avg_passes = (m + kMmaPassRows * num_local - 1) / (kMmaPassRows * num_local);
+  return dim3(static_cast<unsigned>((n_out + cols - 1) / cols),
+              static_cast<unsigned>(std::max<int64_t>(1, avg_passes)),
+              static_cast<unsigned>(num_local));
+}
+
 }  // namespace
 
 void LaunchMoePermute(const int32_t* ids, int64_t n, int64_t k, int64_t begin, int64_t num_local,
@@ -576,17 +598,10 @@ void LaunchGroupedLinear(const float* x, int64_t m, int64_t k, const void* const
   // mma.sync straight from global memory, each used expert's weights read from memory once (the
   // passes over more rows run side by side in row slices and share them through L2). x is rounded
   // to bf16 once into the x_bf16 scratch [m, k].
-  if (bf16 && x_bf16 != nullptr && k % 32 == 0 && n_out % 8 == 0 &&
-      m <= kMmaMaxAvgRows * num_local) {
-    const int64_t n_elems = m * k;
-    const int blocks = static_cast<int>(std::min<int64_t>((n_elems + 255) / 256, 4096));
+  if (bf16 && x_bf16 != nullptr && MmaFits(m, k, n_out, num_local)) {
     auto* xb = reinterpret_cast<__nv_bfloat16*>(x_bf16);
-    RowsToBf16<<<blocks, 256, 0, s>>>(x, n_elems, xb);
-    const int64_t cols = kMmaWarps * (swiglu ? 8 : 16);
-    const int64_t avg_passes = (m + kMmaPassRows * num_local - 1) / (kMmaPassRows * num_local);
-    const dim3 g(static_cast<unsigned>((n_out + cols - 1) / cols),
-                 static_cast<unsigned>(std::max<int64_t>(1, avg_passes)),
-                 static_cast<unsigned>(num_local));
+    LaunchRowsToBf16(x, m * k, xb, s);
+    const dim3 g = MmaGrid(m, n_out, swiglu, num_local);
     if (swiglu) {
       GroupedMma<true><<<g, kMmaWarps * 32, 0, s>>>(xb, k, w_ptrs, offsets, n_out, y);
     } else {
@@ -611,10 +626,8 @@ void LaunchGroupedLinear(const float* x, int64_t m, int64_t k, const void* const
   // Other bf16 decode sizes: x rounded to bf16 once (x_bf16 scratch [m, k]), 4 weight rows per
   // warp.
   if (bf16 && x_bf16 != nullptr && m <= 32 * num_local && k % 8 == 0) {
-    const int64_t n_elems = m * k;
-    const int blocks = static_cast<int>(std::min<int64_t>((n_elems + 255) / 256, 4096));
     auto* xb = reinterpret_cast<__nv_bfloat16*>(x_bf16);
-    RowsToBf16<<<blocks, 256, 0, s>>>(x, n_elems, xb);
+    LaunchRowsToBf16(x, m * k, xb, s);
     const int64_t cols = swiglu ? kWRows / 2 : kWRows;
     const dim3 g(static_cast<unsigned>((n_out + kGemvWarps * cols - 1) / (kGemvWarps * cols)), 1,
                  static_cast<unsigned>(num_local));
@@ -667,25 +680,17 @@ bool LaunchGroupedMlpMma(const float* x, int64_t m, int64_t h, int64_t inter,
                          const void* const* gate_up, const void* const* down,
                          const int32_t* offsets, int64_t num_local, uint16_t* x_bf16,
                          uint16_t* act_bf16, float* out, cudaStream_t s) {
-  const auto fits = [&](int64_t k, int64_t n_out) {
-    return k % 32 == 0 && n_out % 8 == 0 && m <= kMmaMaxAvgRows * num_local;
-  };
-  if (m == 0 || num_local == 0 || !fits(h, inter) || !fits(inter, h)) return false;
-  const int64_t n_elems = m * h;
-  const int blocks = static_cast<int>(std::min<int64_t>((n_elems + 255) / 256, 4096));
+  if (m == 0 || num_local == 0 || !MmaFits(m, h, inter, num_local) ||
+      !MmaFits(m, inter, h, num_local)) {
+    return false;
+  }
   auto* xb = reinterpret_cast<__nv_bfloat16*>(x_bf16);
   auto* ab = reinterpret_cast<__nv_bfloat16*>(act_bf16);
-  RowsToBf16<<<blocks, 256, 0, s>>>(x, n_elems, xb);
-  const int64_t avg_passes = (m + kMmaPassRows * num_local - 1) / (kMmaPassRows * num_local);
-  const auto grid = [&](int64_t n_out, int64_t cols) {
-    return dim3(static_cast<unsigned>((n_out + cols - 1) / cols),
-                static_cast<unsigned>(std::max<int64_t>(1, avg_passes)),
-                static_cast<unsigned>(num_local));
-  };
-  GroupedMma<true, true><<<grid(inter, kMmaWarps * 8), kMmaWarps * 32, 0, s>>>(
+  LaunchRowsToBf16(x, m * h, xb, s);
+  GroupedMma<true, true><<<MmaGrid(m, inter, true, num_local), kMmaWarps * 32, 0, s>>>(
       xb, h, gate_up, offsets, inter, nullptr, ab);
   GroupedMma<false>
-      <<<grid(h, kMmaWarps * 16), kMmaWarps * 32, 0, s>>>(ab, inter, down, offsets, h, out);
+      <<<MmaGrid(m, h, false, num_local), kMmaWarps * 32, 0, s>>>(ab, inter, down, offsets, h, out);
   CheckLaunch("GroupedExpertMlp (mma, bf16 intermediate)");
   return true;
 }
