@@ -122,11 +122,12 @@ size_t AttnSmemBytes(int64_t width, bool tc) {
          sizeof(float);
 }
 
-// Thread tid's share of a [kRows, w4] float4 tile: elements e = tid + u·kAttnThreads, row e / w4.
-// `load(row, c4)` gives the float4. W4: the tile's width when known at compile time (DeepSeek's
-// 512 + 64 = 144 float4: every index is then a multiply-shift), else 0 and w4 at run time.
-template <int W4, typename Load>
-__device__ __forceinline__ void LoadTile(float4 (&v)[kMaxPer], int w4, Load load) {
+// Thread tid's share of a [kRows, w4] tile of 4-value vectors V: elements e = tid + u·kAttnThreads,
+// row e / w4. `load(row, c4)` gives the V. W4: the tile's width when known at compile time
+// (DeepSeek's 512 + 64 = 144 vectors: every index is then a multiply-shift), else 0 and w4 at
+// run time.
+template <int W4, typename V, typename Load>
+__device__ __forceinline__ void LoadTile(V (&v)[kMaxPer], int w4, Load load) {
   if constexpr (W4 > 0) w4 = W4;
 #pragma unroll
   for (int u = 0; u < kMaxPer; ++u) {
@@ -135,18 +136,36 @@ __device__ __forceinline__ void LoadTile(float4 (&v)[kMaxPer], int w4, Load load
   }
 }
 
-template <int W4>
-__device__ __forceinline__ void StoreTile(const float4 (&v)[kMaxPer], int w4, int stride,
-                                          float* tile) {
+// 4 values as fp32: a float4 as is, 4 bf16 (a uint2 as loaded from a bf16 cache) widened exactly.
+__device__ __forceinline__ float4 ToFloat4(float4 v) { return v; }
+__device__ __forceinline__ float4 ToFloat4(uint2 u) {
+  const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.x));
+  const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.y));
+  return make_float4(a.x, a.y, b.x, b.y);
+}
+
+// The tile into shared memory as fp32 rows of `stride` floats.
+template <int W4, typename V>
+__device__ __forceinline__ void StoreTile(const V (&v)[kMaxPer], int w4, int stride, float* tile) {
   if constexpr (W4 > 0) w4 = W4;
 #pragma unroll
   for (int u = 0; u < kMaxPer; ++u) {
     const int e = threadIdx.x + u * kAttnThreads;
     if (e < kRows * w4) {
       const int r = e / w4, c4 = e % w4;
-      reinterpret_cast<float4*>(tile + r * stride)[c4] = v[u];
+      reinterpret_cast<float4*>(tile + r * stride)[c4] = ToFloat4(v[u]);
     }
   }
+}
+
+// A cache row's values 4·c4 .. 4·c4 + 3 as loaded (16 bytes of fp32 or 8 of bf16): kept raw in
+// registers while in flight and widened only when stored to shared memory, so the next chunk's
+// loads do not stall the current chunk on a conversion.
+template <typename CT>
+using CacheVec = std::conditional_t<std::is_same_v<CT, float>, float4, uint2>;
+template <typename CT>
+__device__ __forceinline__ CacheVec<CT> LoadCache4(const CT* row, int c4) {
+  return reinterpret_cast<const CacheVec<CT>*>(row)[c4];
 }
 
 //
@@ -157,20 +176,9 @@ __device__ __forceinline__ void StoreTile(const float4 (&v)[kMaxPer], int w4, in
 // quarters added in a fixed order; one thread per (head, row) then does the online softmax. P·V:
 // O[16 x kvr] += P[16 x 16] · rows[16 x kvr], warp w owning the 8-column tiles w, w + 8, ...
 // (C fragments in registers, rescaled per head). Needs kvr and width multiples of 8.
-// Values 4·c4 .. 4·c4 + 3 of a cache row as fp32.
-__device__ __forceinline__ float4 LoadCache4(const float* row, int c4) {
-  return reinterpret_cast<const float4*>(row)[c4];
-}
-__device__ __forceinline__ float4 LoadCache4(const __nv_bfloat16* row, int c4) {
-  const uint2 u = reinterpret_cast<const uint2*>(row)[c4];
-  const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.x));
-  const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.y));
-  return make_float4(a.x, a.y, b.x, b.y);
-}
-
 //
-// CT: the cache's rows, float or __nv_bfloat16 (widened exactly to fp32 as they are loaded: 8-byte
-// loads of 4 values in place of the 16-byte float4 loads).
+// CT: the cache's rows, float or __nv_bfloat16 (8-byte loads of 4 values in place of the 16-byte
+// float4 loads, widened exactly to fp32 on the way to shared memory).
 template <int W4, bool kTc, typename CT>
 __global__ void __launch_bounds__(kAttnThreads, 2)
     AttentionPartial(const float* q, int64_t heads, const float* q_lat, int64_t kvr, int64_t dn,
@@ -213,22 +221,26 @@ __global__ void __launch_bounds__(kAttnThreads, 2)
     }
   };
   // The rows of chunk c (positions j0 ...; zeros past j_end), as registers.
-  const auto load_chunk = [&](float4(&v)[kMaxPer], int64_t j0, int c) {
+  using Vec = CacheVec<CT>;
+  const auto load_chunk = [&](Vec(&v)[kMaxPer], int64_t j0, int c) {
     LoadTile<W4>(v, w4, [&](int jj, int c4) {
-      if (j0 + jj >= j_end) return zero4;
+      if (j0 + jj >= j_end) return Vec{};
       return LoadCache4(cache + slots[c & 1][jj] * width, c4);
     });
   };
-  float4 v[kMaxPer];
   find_slots(j_begin, 0);
-  // q rows of the group: [q_lat | q_pe], zeros for heads past the group's end.
-  LoadTile<W4>(v, w4, [&](int h, int c4) {
-    if (h >= g_count) return zero4;
-    if (c4 < kv4) return reinterpret_cast<const float4*>(q_lat + (tok * nh + g0 + h) * kvr)[c4];
-    return reinterpret_cast<const float4*>(q + (tok * heads + h0 + g0 + h) * (dn + dr) +
-                                           dn)[c4 - kv4];
-  });
-  StoreTile<W4>(v, w4, stride, qs);
+  {
+    // q rows of the group: [q_lat | q_pe], zeros for heads past the group's end.
+    float4 qv[kMaxPer];
+    LoadTile<W4>(qv, w4, [&](int h, int c4) {
+      if (h >= g_count) return zero4;
+      if (c4 < kv4) return reinterpret_cast<const float4*>(q_lat + (tok * nh + g0 + h) * kvr)[c4];
+      return reinterpret_cast<const float4*>(q + (tok * heads + h0 + g0 + h) * (dn + dr) +
+                                             dn)[c4 - kv4];
+    });
+    StoreTile<W4>(qv, w4, stride, qs);
+  }
+  Vec v[kMaxPer];
   __syncthreads();  // slots[0]
   load_chunk(v, j_begin, 0);
   [[maybe_unused]] const int slice = tid & 3, tj = (tid >> 2) & 7, th = tid >> 5;

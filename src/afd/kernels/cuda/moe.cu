@@ -310,14 +310,22 @@ __global__ void RowsToBf16(const float* x, int64_t n, __nv_bfloat16* out) {
 }
 
 // Tensor-core path for bf16 experts at decode and mid-sized groups: mma.sync m16n8k16 (bf16 in,
-// fp32 accumulate) with both operands loaded by 16-byte vector loads straight into fragments
-// (no shared memory, no ldmatrix). x is the bf16 copy of the rows (RowsToBf16), so the results
-// round exactly as the other bf16 paths do.
+// fp32 accumulate). x is the bf16 copy of the rows (RowsToBf16), so the results round exactly as
+// the other bf16 paths do.
 //
-// One warp owns two 8-column weight tiles of one expert that share every A fragment: SwiGLU, the
+// Block: kWarps warps (4 per m tile: 2 tiles share x among 8) over one expert's pass of up to
+// 16·kTiles rows. The pass's x rows are
+// staged once per block in shared memory (cp.async, in K pieces of at most kMmaTileStageBytes
+// per m tile), so x
+// costs the L2 a fraction of the weights' traffic (every warp re-reading x through L1 made L2
+// the limit at batch 256: 90% busy at 2.4 TB/s of weights). Weights go straight from global
+// memory into B fragments by 16-byte streaming loads (L1 no-allocate), kMmaUnroll 32-wide k
+// chunks in flight per lane before their mmas.
+//
+// A warp owns two 8-column weight tiles of the expert that share every A fragment: SwiGLU, the
 // gate rows n0.. and the up rows n_out + n0.. of the same 8 output columns; plain, the columns
-// n0.. and n0 + 8.. (16 columns, which halves the x traffic per weight byte). Rows of the expert
-// are taken in passes of kMmaTiles m16 tiles, each loaded B fragment serving every m tile.
+// n0.. and n0 + 8.. Each loaded B fragment serves the pass's kTiles m16 tiles (kTiles = 2 when
+// experts average over 16 rows: the weights then stream from memory once per 32 rows).
 //
 // Permuted K: a dot product does not depend on the order of k, so each 32-wide k chunk is fed to
 // two m16n8k16 mmas with its k positions permuted so that every lane's operands are 8
@@ -334,21 +342,22 @@ __global__ void RowsToBf16(const float* x, int64_t n, __nv_bfloat16* out) {
 // register holds the lower-indexed element in its low half, as the memory order gives):
 //   mma #1: a = {x_gid.x, x_gid8.x, x_gid.y, x_gid8.y}, b = {w.x, w.y}
 //   mma #2: a = {x_gid.z, x_gid8.z, x_gid.w, x_gid8.w}, b = {w.z, w.w}
-// Weights are streamed (L1 no-allocate) with kMmaUnroll chunks of loads in flight per lane
-// before their mmas; x rows come from L1/L2 (every warp of the expert reads the same rows), rows
-// past the expert's segment are zeros and never read.
+// Shared rows are MmaStride(piece) bf16 apart, ≡ 64 bytes (mod 128): the 8 lanes of a 16-byte
+// load phase (rows gid, gid + 1 x 4 t) hit 32 distinct banks. Rows past the expert's segment are
+// zeros and never read.
 //
 // grid: (ceil(n_out / columns per block), slices, num_local) with slices = ceil(average rows per
 // expert / rows per pass) (host-known m and num_local only: graph-safe); block y takes the passes
 // y, y + slices, ... of its expert's rows; blocks of an expert without rows exit at once. Needs k %
-// 32 == 0, n_out % 8 == 0 and 16-byte aligned weights and x rows. One m16 tile per pass: 128
-// registers (16 warps per SM) instead of 168 with 4 tiles (12 warps) or 126 with 2; measured on an
-// H200 (v2-lite MoE layer, 64 tokens): 3.60 TB/s with 1 tile, 3.38 with 2, 2.87 with 4, and 1 tile
-// was fastest at 256 tokens too (docs/perf.md). More rows per expert take more passes, spread over
-// the grid's row slices and sharing weights in L2.
-constexpr int kMmaWarps = 4, kMmaTiles = 1, kMmaUnroll = 8;
-constexpr int kMmaPassRows = 16 * kMmaTiles;
+// 32 == 0, n_out % 8 == 0 and 16-byte aligned weights and x rows.
+constexpr int kMmaUnroll = 8;
+// x piece in shared memory per m tile: an SM holds 4 blocks of 1 tile or 2 of 2 tiles.
+constexpr int kMmaTileStageBytes = 36 * 1024;
 constexpr int64_t kMmaMaxAvgRows = 256;  // above: the WMMA path (see LaunchGroupedLinear)
+
+__host__ __device__ constexpr int MmaStride(int piece) {
+  return piece + (piece % 64 == 0 ? 32 : 0);
+}
 
 __device__ __forceinline__ uint4 LoadStream(const __nv_bfloat16* p) {
   uint4 v;
@@ -358,13 +367,20 @@ __device__ __forceinline__ uint4 LoadStream(const __nv_bfloat16* p) {
   return v;
 }
 
-// kMmaUnroll chunks from chunk c (kGuard: the last, possibly partial group): the weight loads
-// first, then per chunk and m tile the x loads and the 4 mmas.
+// 16 bytes global -> shared, through L2 only (cp.async.cg).
+__device__ __forceinline__ void CopyAsync16(void* smem, const void* gmem) {
+  const auto dst = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(gmem));
+}
+__device__ __forceinline__ void CopyAsyncWaitAll() {
+  asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;" ::: "memory");
+}
+
+// The weight fragments of kMmaUnroll chunks from chunk c (kGuard: the last, possibly partial
+// group; chunks past the end are zeros).
 template <bool kGuard>
-__device__ __forceinline__ void MmaChunks(const __nv_bfloat16* wa, const __nv_bfloat16* wb,
-                                          const __nv_bfloat16* const (&xr)[kMmaTiles][2], int c,
-                                          int chunks, int tiles, float (&acc)[kMmaTiles][2][4]) {
-  uint4 w[kMmaUnroll][2];
+__device__ __forceinline__ void MmaLoadW(const __nv_bfloat16* wa, const __nv_bfloat16* wb, int c,
+                                         int chunks, uint4 (&w)[kMmaUnroll][2]) {
 #pragma unroll
   for (int u = 0; u < kMmaUnroll; ++u) {
     if (!kGuard || c + u < chunks) {
@@ -374,16 +390,24 @@ __device__ __forceinline__ void MmaChunks(const __nv_bfloat16* wa, const __nv_bf
       w[u][0] = w[u][1] = make_uint4(0, 0, 0, 0);
     }
   }
+}
+
+// Per chunk and m tile: the x fragments from shared memory (xr: this lane's rows gid, gid + 8 of
+// each tile, null past the pass) and the 4 mmas.
+template <bool kGuard, int kTiles>
+__device__ __forceinline__ void MmaCompute(const uint4 (&w)[kMmaUnroll][2],
+                                           const __nv_bfloat16* const (&xr)[kTiles][2], int c,
+                                           int chunks, int tiles, float (&acc)[kTiles][2][4]) {
 #pragma unroll
   for (int u = 0; u < kMmaUnroll; ++u) {
     if (kGuard && c + u >= chunks) break;
 #pragma unroll
-    for (int i = 0; i < kMmaTiles; ++i) {
+    for (int i = 0; i < kTiles; ++i) {
       if (i >= tiles) break;
       const uint4 zero = make_uint4(0, 0, 0, 0);
       const int off = (c + u) * 32;
-      const uint4 lo = xr[i][0] ? __ldg(reinterpret_cast<const uint4*>(xr[i][0] + off)) : zero;
-      const uint4 hi = xr[i][1] ? __ldg(reinterpret_cast<const uint4*>(xr[i][1] + off)) : zero;
+      const uint4 lo = xr[i][0] ? *reinterpret_cast<const uint4*>(xr[i][0] + off) : zero;
+      const uint4 hi = xr[i][1] ? *reinterpret_cast<const uint4*>(xr[i][1] + off) : zero;
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
         MmaBf16(acc[i][j], lo.x, hi.x, lo.y, hi.y, w[u][j].x, w[u][j].y);
@@ -394,44 +418,79 @@ __device__ __forceinline__ void MmaChunks(const __nv_bfloat16* wa, const __nv_bf
 }
 
 // kBf16Out (SwiGLU only): the products are written as bf16 to yb (rounded as RowsToBf16 rounds
-// them: the next GEMM's input) instead of fp32 to y.
-template <bool kSwiglu, bool kBf16Out = false>
-__global__ void __launch_bounds__(kMmaWarps * 32)
-    GroupedMma(const __nv_bfloat16* x, int64_t k, const void* const* w_ptrs, const int32_t* offsets,
-               int64_t n_out, float* y, __nv_bfloat16* yb = nullptr) {
+// them: the next GEMM's input) instead of fp32 to y. piece: the K piece staged at a time (a
+// multiple of 32; MmaPiece).
+template <bool kSwiglu, bool kBf16Out, int kTiles, int kWarps = 4 * kTiles>
+__global__ void __launch_bounds__(kWarps * 32, 8 / kWarps * 2)  // 128 registers
+    GroupedMma(const __nv_bfloat16* x, int64_t k, int piece, const void* const* w_ptrs,
+               const int32_t* offsets, int64_t n_out, float* y, __nv_bfloat16* yb) {
+  extern __shared__ uint4 stage4[];
+  auto* xs = reinterpret_cast<__nv_bfloat16*>(stage4);  // [16 kTiles][MmaStride(piece)]
+  constexpr int kPassRows = 16 * kTiles;
   const int64_t e = blockIdx.z, r_end = offsets[e + 1];
-  const int64_t first = offsets[e] + int64_t(blockIdx.y) * kMmaPassRows;
-  if (first >= r_end) return;
+  const int64_t first = offsets[e] + int64_t(blockIdx.y) * kPassRows;
+  if (first >= r_end) return;  // the whole block
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gid = lane >> 2, t = lane & 3;
-  const int64_t n0 = (int64_t(blockIdx.x) * kMmaWarps + warp) * (kSwiglu ? 8 : 16);
-  if (n0 >= n_out) return;
+  const int64_t n0 = (int64_t(blockIdx.x) * kWarps + warp) * (kSwiglu ? 8 : 16);
+  const bool active = n0 < n_out;  // idle warps past n_out still stage x and meet the barriers
   // Plain with n_out % 16 == 8: the last warp's second tile is past n_out; it re-reads the
   // first tile and its outputs are dropped.
   const bool second = kSwiglu || n0 + 8 < n_out;
   const auto* w = static_cast<const __nv_bfloat16*>(w_ptrs[e]);
   const __nv_bfloat16* wa = w + (n0 + gid) * k + t * 8;
   const __nv_bfloat16* wb = w + ((kSwiglu ? n_out + n0 : (second ? n0 + 8 : n0)) + gid) * k + t * 8;
-  const int chunks = static_cast<int>(k / 32);
-  for (int64_t p0 = first; p0 < r_end; p0 += int64_t(gridDim.y) * kMmaPassRows) {
-    const int rows = static_cast<int>(min(static_cast<int64_t>(kMmaPassRows), r_end - p0));
+  const int stride = MmaStride(piece);
+  for (int64_t p0 = first; p0 < r_end; p0 += int64_t(gridDim.y) * kPassRows) {
+    const int rows = static_cast<int>(min(static_cast<int64_t>(kPassRows), r_end - p0));
     const int tiles = (rows + 15) / 16;
-    const __nv_bfloat16* xr[kMmaTiles][2];  // this lane's rows gid, gid + 8 of each m tile
+    const __nv_bfloat16* xr[kTiles][2];  // this lane's rows gid, gid + 8 of each m tile
 #pragma unroll
-    for (int i = 0; i < kMmaTiles; ++i) {
+    for (int i = 0; i < kTiles; ++i) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int rr = 16 * i + 8 * h + gid;
-        xr[i][h] = rr < rows ? x + (p0 + rr) * k + t * 8 : nullptr;
+        xr[i][h] = rr < rows ? xs + rr * stride + t * 8 : nullptr;
       }
     }
-    float acc[kMmaTiles][2][4] = {};
-    int c = 0;
-    for (; c + kMmaUnroll <= chunks; c += kMmaUnroll) {
-      MmaChunks<false>(wa, wb, xr, c, chunks, tiles, acc);
+    float acc[kTiles][2][4] = {};
+    for (int64_t kb = 0; kb < k; kb += piece) {
+      const int kn = static_cast<int>(min(static_cast<int64_t>(piece), k - kb));
+      const int chunks = kn / 32, vecs = kn / 8;
+      __syncthreads();  // the previous piece is consumed
+      for (int i = threadIdx.x; i < rows * vecs; i += kWarps * 32) {
+        const int r = i / vecs, v = i - r * vecs;
+        CopyAsync16(xs + r * stride + 8 * v, x + (p0 + r) * k + kb + 8 * v);
+      }
+      // The first weight group's loads are in flight while x lands.
+      uint4 wv[kMmaUnroll][2];
+      if (active) {
+        if (chunks >= kMmaUnroll) {
+          MmaLoadW<false>(wa + kb, wb + kb, 0, chunks, wv);
+        } else {
+          MmaLoadW<true>(wa + kb, wb + kb, 0, chunks, wv);
+        }
+      }
+      CopyAsyncWaitAll();
+      __syncthreads();
+      if (!active) continue;
+      for (int c = 0; c < chunks; c += kMmaUnroll) {
+        if (c > 0) {
+          if (c + kMmaUnroll <= chunks) {
+            MmaLoadW<false>(wa + kb, wb + kb, c, chunks, wv);
+          } else {
+            MmaLoadW<true>(wa + kb, wb + kb, c, chunks, wv);
+          }
+        }
+        if (c + kMmaUnroll <= chunks) {
+          MmaCompute<false>(wv, xr, c, chunks, tiles, acc);
+        } else {
+          MmaCompute<true>(wv, xr, c, chunks, tiles, acc);
+        }
+      }
     }
-    if (c < chunks) MmaChunks<true>(wa, wb, xr, c, chunks, tiles, acc);
+    if (!active) continue;
 #pragma unroll
-    for (int i = 0; i < kMmaTiles; ++i) {
+    for (int i = 0; i < kTiles; ++i) {
       if (i >= tiles) break;
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
@@ -570,14 +629,60 @@ void LaunchRowsToBf16(const float* x, int64_t n, __nv_bfloat16* xb, cudaStream_t
   RowsToBf16<<<blocks, 256, 0, s>>>(x, n, xb);
 }
 
-// GroupedMma's grid for n_out columns: column tiles x row slices (the average passes per expert)
-// x experts.
-dim3 MmaGrid(int64_t m, int64_t n_out, bool swiglu, int64_t num_local) {
-  const int64_t cols = kMmaWarps * (swiglu ? 8 : 16);
-  const int64_t avg_passes = (m + kMmaPassRows * num_local - 1) / (kMmaPassRows * num_local);
-  return dim3(static_cast<unsigned>((n_out + cols - 1) / cols),
-              static_cast<unsigned>(std::max<int64_t>(1, avg_passes)),
-              static_cast<unsigned>(num_local));
+// The mma path's launch for m rows of x [m, k] against n_out weight rows per expert: m tiles per
+// pass (2 when experts average over 16 rows), the K piece staged at a time in shared memory
+// (equal pieces, multiples of 32, each fitting kMmaTileStageBytes per m tile), the grid (column
+// tiles x row slices (the average passes per expert) x experts) and the shared memory bytes.
+struct MmaLaunch {
+  int tiles, warps, piece;
+  dim3 grid;
+  size_t smem;
+};
+
+MmaLaunch PlanMma(int64_t m, int64_t k, int64_t n_out, bool swiglu, int64_t num_local) {
+  MmaLaunch p{};
+  const int64_t avg_rows = (m + num_local - 1) / num_local;
+  p.tiles = avg_rows > 16 ? 2 : 1;
+  const int64_t pass_rows = 16 * p.tiles;
+  const int64_t max_piece = (kMmaTileStageBytes / 32 - 32) / 32 * 32;
+  const int64_t pieces = (k + max_piece - 1) / max_piece;
+  p.piece = static_cast<int>((k / 32 + pieces - 1) / pieces * 32);
+  p.smem = static_cast<size_t>(pass_rows) * MmaStride(p.piece) * sizeof(__nv_bfloat16);
+  p.warps = 4 * p.tiles;
+  const int64_t cols = p.warps * (swiglu ? 8 : 16);
+  // Row slices: one pass each for up to 16 rows per expert on average; above, twice the average
+  // passes, so that an expert over its share runs its extra passes side by side, not after
+  // (blocks of a slice past an expert's rows exit at once).
+  const int64_t avg_passes = (m + pass_rows * num_local - 1) / (pass_rows * num_local);
+  p.grid = dim3(static_cast<unsigned>((n_out + cols - 1) / cols),
+                static_cast<unsigned>(p.tiles == 1 ? 1 : 2 * avg_passes),
+                static_cast<unsigned>(num_local));
+  return p;
+}
+
+// GroupedMma with its plan: y (fp32) or, kBf16Out, yb (bf16).
+template <bool kSwiglu, bool kBf16Out>
+void LaunchMma(const __nv_bfloat16* x, int64_t m, int64_t k, const void* const* w_ptrs,
+               const int32_t* offsets, int64_t num_local, int64_t n_out, float* y,
+               __nv_bfloat16* yb, cudaStream_t s) {
+  const MmaLaunch p = PlanMma(m, k, n_out, kSwiglu, num_local);
+  const auto go = [&](auto tiles) {
+    constexpr int kTiles = decltype(tiles)::value;
+    const auto kernel = GroupedMma<kSwiglu, kBf16Out, kTiles>;
+    // The opt-in above 48 KB, once per instance (this lambda is instantiated per kTiles).
+    static const bool raised = [&] {
+      AFD_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          kTiles * kMmaTileStageBytes));
+      return true;
+    }();
+    (void)raised;
+    kernel<<<p.grid, p.warps * 32, p.smem, s>>>(x, k, p.piece, w_ptrs, offsets, n_out, y, yb);
+  };
+  if (p.tiles == 2) {
+    go(std::integral_constant<int, 2>{});
+  } else {
+    go(std::integral_constant<int, 1>{});
+  }
 }
 
 }  // namespace
@@ -601,11 +706,10 @@ void LaunchGroupedLinear(const float* x, int64_t m, int64_t k, const void* const
   if (bf16 && x_bf16 != nullptr && MmaFits(m, k, n_out, num_local)) {
     auto* xb = reinterpret_cast<__nv_bfloat16*>(x_bf16);
     LaunchRowsToBf16(x, m * k, xb, s);
-    const dim3 g = MmaGrid(m, n_out, swiglu, num_local);
     if (swiglu) {
-      GroupedMma<true><<<g, kMmaWarps * 32, 0, s>>>(xb, k, w_ptrs, offsets, n_out, y);
+      LaunchMma<true, false>(xb, m, k, w_ptrs, offsets, num_local, n_out, y, nullptr, s);
     } else {
-      GroupedMma<false><<<g, kMmaWarps * 32, 0, s>>>(xb, k, w_ptrs, offsets, n_out, y);
+      LaunchMma<false, false>(xb, m, k, w_ptrs, offsets, num_local, n_out, y, nullptr, s);
     }
     CheckLaunch("GroupedExpertMlp (mma)");
     return;
@@ -687,10 +791,8 @@ bool LaunchGroupedMlpMma(const float* x, int64_t m, int64_t h, int64_t inter,
   auto* xb = reinterpret_cast<__nv_bfloat16*>(x_bf16);
   auto* ab = reinterpret_cast<__nv_bfloat16*>(act_bf16);
   LaunchRowsToBf16(x, m * h, xb, s);
-  GroupedMma<true, true><<<MmaGrid(m, inter, true, num_local), kMmaWarps * 32, 0, s>>>(
-      xb, h, gate_up, offsets, inter, nullptr, ab);
-  GroupedMma<false>
-      <<<MmaGrid(m, h, false, num_local), kMmaWarps * 32, 0, s>>>(ab, inter, down, offsets, h, out);
+  LaunchMma<true, true>(xb, m, h, gate_up, offsets, num_local, inter, nullptr, ab, s);
+  LaunchMma<false, false>(ab, m, inter, down, offsets, num_local, h, out, nullptr, s);
   CheckLaunch("GroupedExpertMlp (mma, bf16 intermediate)");
   return true;
 }
