@@ -161,7 +161,9 @@ std::vector<double> ToDouble(const std::vector<float>& v) { return {v.begin(), v
 
 // ---- Cases -------------------------------------------------------------------------------
 
-Result Linear(Ctx& c, int64_t n, int64_t k, int64_t m, DType wt) {
+// warm: one product of other rows into the same output first (a kernel whose state outlives a
+// launch, such as split-K arrival counters, must leave it as it found it).
+Result Linear(Ctx& c, int64_t n, int64_t k, int64_t m, DType wt, bool warm = false) {
   std::vector<float> x = c.Randn(n * k), w = c.Randn(m * k, 1.0f / std::sqrt(float(k)));
   // The GPU's bf16 GEMMs take bf16 activations (as a bf16 model does): the reference rounds x
   // the same way, so the tolerance still only covers the summation order.
@@ -179,6 +181,7 @@ Result Linear(Ctx& c, int64_t n, int64_t k, int64_t m, DType wt) {
     r.seconds = c.Time([&] { c.b.Linear(tx, tw, ty); });
     return r;
   }
+  if (warm) c.b.Linear(c.Up(c.Randn(n * k), DType::kF32, {n, k}), tw, ty);
   c.b.Linear(tx, tw, ty);
   r.err = RelErr(c.Down<float>(ty), RefLinear(x_ref, w, n, k, m));
   r.tol = 1e-5;
@@ -752,6 +755,14 @@ std::vector<Case> CheckCases() {
       {"Linear", "bf16 1x2048->300", [](Ctx& c) { return Linear(c, 1, 2048, 300, D::kBF16); }},
       {"Linear", "bf16 5x2600->77", [](Ctx& c) { return Linear(c, 5, 2600, 77, D::kBF16); }},
       {"Linear", "bf16 8x4096->40", [](Ctx& c) { return Linear(c, 8, 4096, 40, D::kBF16); }},
+      // 9-32 rows (decode batches past the GEMV's 8 rows), N = 72 and 200 (not multiples of
+      // 16), K = 96; twice into one output (state a kernel keeps between launches, such as
+      // split-K workspace, must not leak into the next product).
+      {"Linear", "bf16 12x1024->72", [](Ctx& c) { return Linear(c, 12, 1024, 72, D::kBF16); }},
+      {"Linear", "bf16 32x2048->200", [](Ctx& c) { return Linear(c, 32, 2048, 200, D::kBF16); }},
+      {"Linear", "bf16 20x96->48", [](Ctx& c) { return Linear(c, 20, 96, 48, D::kBF16); }},
+      {"Linear", "bf16 16x2816->2048, twice",
+       [](Ctx& c) { return Linear(c, 16, 2816, 2048, D::kBF16, true); }},
       {"Linear", "f32 8x2048->33", [](Ctx& c) { return Linear(c, 8, 2048, 33, D::kF32); }},
       {"Linear", "f32 2x1500->19", [](Ctx& c) { return Linear(c, 2, 1500, 19, D::kF32); }},
       {"Embedding", "bf16 9 of 50x24", [](Ctx& c) { return Embedding(c, 9, 50, 24); }},
@@ -886,9 +897,15 @@ std::vector<Case> CheckCases() {
 std::vector<Case> PerfCases() {
   using D = DType;
   std::vector<Case> v;
-  for (int64_t n : {1, 16, 64, 256}) {
+  for (int64_t n : {1, 16, 32, 64, 256}) {
     v.push_back({"Linear", fmt::format("bf16 {}x2048->2816", n),
                  [n](Ctx& c) { return Linear(c, n, 2048, 2816, D::kBF16); }});
+  }
+  // DeepSeek-V2-Lite's dense projections at decode batch 16: q, o, kv_a, shared experts' down.
+  for (const auto& [k, m] : std::vector<std::pair<int64_t, int64_t>>{
+           {2048, 3072}, {2048, 2048}, {2048, 576}, {2816, 2048}}) {
+    v.push_back({"Linear", fmt::format("bf16 16x{}->{}", k, m),
+                 [k, m](Ctx& c) { return Linear(c, 16, k, m, D::kBF16); }});
   }
   v.push_back(
       {"Linear", "f32 256x2048->2048", [](Ctx& c) { return Linear(c, 256, 2048, 2048, D::kF32); }});
