@@ -218,6 +218,26 @@ Result RmsNorm(Ctx& c, int64_t n, int64_t d) {
   return r;
 }
 
+// y += x, out = RmsNorm(y): y exactly the fp32 sums, out against the double reference of them,
+// and both bit for bit what Add then RmsNorm give on the same backend.
+Result AddRmsNorm(Ctx& c, int64_t n, int64_t d) {
+  std::vector<float> y = c.Randn(n * d, 2.0f), x = c.Randn(n * d), w = c.Randn(d);
+  const Tensor ty = c.Up(y, DType::kF32, {n, d}), tx = c.Up(x, DType::kF32, {n, d});
+  const Tensor ty2 = c.Up(y, DType::kF32, {n, d}), tw = c.Up(w, DType::kF32, {d});
+  const Tensor out = c.Alloc(DType::kF32, {n, d}), out2 = c.Alloc(DType::kF32, {n, d});
+  c.b.AddRmsNorm(ty, tx, tw, 1e-6f, out);
+  c.b.Add(ty2, tx);
+  c.b.RmsNorm(ty2, tw, 1e-6f, out2);
+  std::vector<float> sum(n * d);
+  for (int64_t i = 0; i < n * d; ++i) sum[i] = y[i] + x[i];
+  const std::vector<float> got_y = c.Down<float>(ty), got = c.Down<float>(out);
+  if (got_y != sum) return Result::Fail("y is not y + x");
+  if (got_y != c.Down<float>(ty2) || got != c.Down<float>(out2)) {
+    return Result::Fail("differs from Add then RmsNorm");
+  }
+  return Result(RelErr(got, RefRmsNorm(ToDouble(sum), w, n, d, 1e-6)), 1e-5);
+}
+
 Result AddSilu(Ctx& c, int64_t n, int64_t inter) {
   std::vector<float> gu = c.Randn(n * 2 * inter, 2.0f), y = c.Randn(n * inter);
   const Tensor tg = c.Up(gu, DType::kF32, {n, 2 * inter}), ty = c.Up(y, DType::kF32, {n, inter});
@@ -770,6 +790,9 @@ std::vector<Case> CheckCases() {
       // Widths not a multiple of 4 (the GPU's scalar form) and past what a thread holds.
       {"RmsNorm", "3x50 in place", [](Ctx& c) { return RmsNorm(c, 3, 50); }},
       {"RmsNorm", "2x4100 in place", [](Ctx& c) { return RmsNorm(c, 2, 4100); }},
+      {"AddRmsNorm", "5x96", [](Ctx& c) { return AddRmsNorm(c, 5, 96); }},
+      {"AddRmsNorm", "3x50", [](Ctx& c) { return AddRmsNorm(c, 3, 50); }},
+      {"AddRmsNorm", "2x4100", [](Ctx& c) { return AddRmsNorm(c, 2, 4100); }},
       {"SiluMul+Add", "3x40", [](Ctx& c) { return AddSilu(c, 3, 40); }},
       {"Rope", "interleaved", [](Ctx& c) { return Rope(c, true); }},
       {"Rope", "half split", [](Ctx& c) { return Rope(c, false); }},

@@ -135,6 +135,13 @@ class Backend : public Allocator {
   virtual void RmsNorm(const Tensor& x, const Tensor& w, float eps, const Tensor& out) = 0;
   // y += x, same shape.
   virtual void Add(const Tensor& y, const Tensor& x) = 0;
+  // The residual add and the norm after it: y += x, then out = RmsNorm(y, w, eps) (out must not
+  // alias y or x). The same values as Add then RmsNorm (the default); a backend may fuse them.
+  virtual void AddRmsNorm(const Tensor& y, const Tensor& x, const Tensor& w, float eps,
+                          const Tensor& out) {
+    Add(y, x);
+    RmsNorm(y, w, eps, out);
+  }
   // out: [n, I] = silu(gate_up[:, :I]) · gate_up[:, I:], gate_up: [n, 2I].
   virtual void SiluMul(const Tensor& gate_up, const Tensor& out) = 0;
   // Rotates dims [offset, offset + dr) of every head of x: [n, heads, width] in place, token t

@@ -61,8 +61,7 @@ void DeepseekModel::Attention(int64_t layer, const StepInputs& in, kv::PagedKvCa
   }
   const Tensor out = ws.Take(DType::kF32, {n, h});
   backend_.Linear(heads, w.o_proj, out);
-  backend_.Add(x, out);
-  backend_.RmsNorm(x, weights_.layers[layer].post_attention_norm, c.rms_norm_eps, mlp_in);
+  backend_.AddRmsNorm(x, out, weights_.layers[layer].post_attention_norm, c.rms_norm_eps, mlp_in);
 }
 
 }  // namespace afd::model
