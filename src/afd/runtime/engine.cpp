@@ -171,6 +171,10 @@ std::vector<RequestOutput> Engine::Step() {
   const Tensor logits = runner_.Forward(plan.batch, *cache_, ws_);  // [m, vocab]
   const int64_t m = logits.dim(0);
 
+  // Each scheduled sequence's request, looked up once.
+  std::vector<Live*> lives(plan.seqs.size());
+  for (size_t i = 0; i < plan.seqs.size(); ++i) lives[i] = &live_.at(plan.seqs[i].request);
+
   // Sample every sequence's last logits row when it completes its tokens; other rows (prompt
   // positions) stay greedy and unused.
   std::vector<int32_t> ids(m), targets;
@@ -178,9 +182,9 @@ std::vector<RequestOutput> Engine::Step() {
   std::vector<std::vector<TopLogprob>> tops(m);
   if (m > 0) {
     std::vector<kernels::SampleRow> rows(m);
-    for (const ScheduledSeq& e : plan.seqs) {
-      if (e.sample)
-        rows[e.first_logits_row + e.num_logits_rows - 1] = live_.at(e.request).sampler.NextRow();
+    for (size_t i = 0; i < plan.seqs.size(); ++i) {
+      const ScheduledSeq& e = plan.seqs[i];
+      if (e.sample) rows[e.first_logits_row + e.num_logits_rows - 1] = lives[i]->sampler.NextRow();
     }
     // Log-probabilities at the sampled ids, and at the next prompt token for prompt rows --
     // only when a request of the step asks for them.
@@ -188,8 +192,9 @@ std::vector<RequestOutput> Engine::Step() {
     std::vector<char> sampled_row(m, 0);
     std::vector<int64_t> top_k(m, 0);
     bool any_logprobs = false;
-    for (const ScheduledSeq& e : plan.seqs) {
-      const RequestParams& p = live_.at(e.request).params;
+    for (size_t i = 0; i < plan.seqs.size(); ++i) {
+      const ScheduledSeq& e = plan.seqs[i];
+      const RequestParams& p = lives[i]->params;
       any_logprobs |= p.logprobs >= 0 || p.prompt_logprobs >= 0 || p.keep_prompt_logits;
       for (int64_t r = 0; r < e.num_logits_rows; ++r) {
         const int64_t row = e.first_logits_row + r;
@@ -233,9 +238,10 @@ std::vector<RequestOutput> Engine::Step() {
     }
     // The most likely tokens where asked: the row on the host, log-softmax as the CPU reference
     // computes it (so the token's own value matches its entry in the list).
-    std::vector<float> row(vocab);
+    std::vector<float> row;  // a vocabulary's worth (400 KB for DeepSeek): only when asked
     for (int64_t r = 0; r < m; ++r) {
       if (top_k[r] == 0) continue;
+      row.resize(vocab);
       backend.CopyToHost(row.data(), logits.Rows(r, 1));
       const double log_sum = kernels::cpu::LogSumExp(row.data(), vocab);
       tops[r] = TopK(row, top_k[r], log_sum);
@@ -249,7 +255,7 @@ std::vector<RequestOutput> Engine::Step() {
   std::vector<int64_t> done;
   for (size_t i = 0; i < plan.seqs.size(); ++i) {
     const ScheduledSeq& e = plan.seqs[i];
-    Live& live = live_.at(e.request);
+    Live& live = *lives[i];
     const RequestParams& p = live.params;
     const int64_t t = static_cast<int64_t>(p.prompt.size());
     const bool want_prompt = p.prompt_logprobs >= 0 || p.keep_prompt_logits;
