@@ -314,13 +314,12 @@ __global__ void RowsToBf16(const float* x, int64_t n, __nv_bfloat16* out) {
 // the other bf16 paths do.
 //
 // Block: kWarps warps (4 per m tile: 2 tiles share x among 8) over one expert's pass of up to
-// 16·kTiles rows. The pass's x rows are
-// staged once per block in shared memory (cp.async, in K pieces of at most kMmaTileStageBytes
-// per m tile), so x
-// costs the L2 a fraction of the weights' traffic (every warp re-reading x through L1 made L2
-// the limit at batch 256: 90% busy at 2.4 TB/s of weights). Weights go straight from global
-// memory into B fragments by 16-byte streaming loads (L1 no-allocate), kMmaUnroll 32-wide k
-// chunks in flight per lane before their mmas.
+// 16·kTiles rows. The pass's x rows are staged once per block in shared memory (cp.async, in K
+// pieces of at most kMmaTileStageBytes per m tile), so x costs the L2 a fraction of the
+// weights' traffic (every warp re-reading x through L1 made L2 the limit at batch 256: 90% busy
+// at 2.4 TB/s of weights). Weights go straight from global memory into B fragments by 16-byte
+// streaming loads (L1 no-allocate), kMmaUnroll 32-wide k chunks in flight per lane before their
+// mmas (the first group's loads are issued before the block waits for its x).
 //
 // A warp owns two 8-column weight tiles of the expert that share every A fragment: SwiGLU, the
 // gate rows n0.. and the up rows n_out + n0.. of the same 8 output columns; plain, the columns
@@ -346,10 +345,10 @@ __global__ void RowsToBf16(const float* x, int64_t n, __nv_bfloat16* out) {
 // load phase (rows gid, gid + 1 x 4 t) hit 32 distinct banks. Rows past the expert's segment are
 // zeros and never read.
 //
-// grid: (ceil(n_out / columns per block), slices, num_local) with slices = ceil(average rows per
-// expert / rows per pass) (host-known m and num_local only: graph-safe); block y takes the passes
-// y, y + slices, ... of its expert's rows; blocks of an expert without rows exit at once. Needs k %
-// 32 == 0, n_out % 8 == 0 and 16-byte aligned weights and x rows.
+// grid: (ceil(n_out / columns per block), row slices, num_local), from host-known m and num_local
+// only (graph-safe; PlanMma); block y takes the passes y, y + slices, ... of its expert's rows;
+// blocks past an expert's rows exit at once. Needs k % 32 == 0, n_out % 8 == 0 and 16-byte
+// aligned weights and x rows.
 constexpr int kMmaUnroll = 8;
 // x piece in shared memory per m tile: an SM holds 4 blocks of 1 tile or 2 of 2 tiles.
 constexpr int kMmaTileStageBytes = 36 * 1024;
@@ -419,7 +418,7 @@ __device__ __forceinline__ void MmaCompute(const uint4 (&w)[kMmaUnroll][2],
 
 // kBf16Out (SwiGLU only): the products are written as bf16 to yb (rounded as RowsToBf16 rounds
 // them: the next GEMM's input) instead of fp32 to y. piece: the K piece staged at a time (a
-// multiple of 32; MmaPiece).
+// multiple of 32; PlanMma).
 template <bool kSwiglu, bool kBf16Out, int kTiles, int kWarps = 4 * kTiles>
 __global__ void __launch_bounds__(kWarps * 32, 8 / kWarps * 2)  // 128 registers
     GroupedMma(const __nv_bfloat16* x, int64_t k, int piece, const void* const* w_ptrs,
@@ -632,7 +631,7 @@ void LaunchRowsToBf16(const float* x, int64_t n, __nv_bfloat16* xb, cudaStream_t
 // The mma path's launch for m rows of x [m, k] against n_out weight rows per expert: m tiles per
 // pass (2 when experts average over 16 rows), the K piece staged at a time in shared memory
 // (equal pieces, multiples of 32, each fitting kMmaTileStageBytes per m tile), the grid (column
-// tiles x row slices (the average passes per expert) x experts) and the shared memory bytes.
+// tiles x row slices x experts) and the shared memory bytes.
 struct MmaLaunch {
   int tiles, warps, piece;
   dim3 grid;
