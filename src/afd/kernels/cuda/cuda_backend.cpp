@@ -443,6 +443,17 @@ void CudaBackend::Add(const Tensor& y, const Tensor& x) {
   LaunchAdd(y.data_as<float>(), x.data_as<const float>(), y.numel(), state_->stream);
 }
 
+void CudaBackend::AddRmsNorm(const Tensor& y, const Tensor& x, const Tensor& w, float eps,
+                             const Tensor& out) {
+  CheckAdd(device(), y, x);
+  const auto [n, d] = CheckRmsNorm(device(), y, w, out);
+  AFD_CHECK(out.data() != y.data() && out.data() != x.data(),
+            "AddRmsNorm: out must not alias y or x");
+  const OpScope scope(*this, "AddRmsNorm", {n, d});
+  LaunchAddRmsNorm(y.data_as<float>(), x.data_as<const float>(), n, d, w.data_as<const float>(),
+                   eps, out.data_as<float>(), state_->stream);
+}
+
 void CudaBackend::SiluMul(const Tensor& gate_up, const Tensor& out) {
   const auto [n, inter] = CheckSiluMul(device(), gate_up, out);
   const OpScope scope(*this, "SiluMul", {n, inter});

@@ -41,6 +41,8 @@ class CudaBackend : public Backend {
   void Linear(const Tensor& x, const Tensor& w, const Tensor& y) override;
   void RmsNorm(const Tensor& x, const Tensor& w, float eps, const Tensor& out) override;
   void Add(const Tensor& y, const Tensor& x) override;
+  void AddRmsNorm(const Tensor& y, const Tensor& x, const Tensor& w, float eps,
+                  const Tensor& out) override;
   void SiluMul(const Tensor& gate_up, const Tensor& out) override;
   void Rope(const Tensor& x, int64_t offset, const Tensor& positions,
             const RopeSpec& rope) override;

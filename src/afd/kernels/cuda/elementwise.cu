@@ -73,19 +73,35 @@ __device__ float BlockSum(float v) {
 }
 
 // One block per row. kVec = 4: 16-byte loads (d % 4 == 0, aligned rows), a thread's first
-// kHeld vectors kept in registers between the sum of squares and the scaling.
+// kHeld vectors kept in registers between the sum of squares and the scaling. add (AddRmsNorm):
+// the row of add is added to x's first (x += add, stored back), and the sum is normalised.
 template <int kVec>
-__global__ void RmsNorm(const float* x, int64_t d, const float* w, float eps, float* out) {
+__global__ void RmsNorm(float* x, const float* add, int64_t d, const float* w, float eps,
+                        float* out) {
   using V = std::conditional_t<kVec == 4, float4, float>;
   constexpr int kHeld = 4;
   const int64_t dv = d / kVec;
-  const V* xr = reinterpret_cast<const V*>(x + blockIdx.x * d);
+  V* xr = reinterpret_cast<V*>(x + blockIdx.x * d);
+  const V* ar = add ? reinterpret_cast<const V*>(add + blockIdx.x * d) : nullptr;
+  // x[j] (+ add[j], stored back into x: the same rounding as Add).
+  const auto load = [&](int64_t j) {
+    V v = xr[j];
+    if (ar != nullptr) {
+      const V a = ar[j];
+      float* e = reinterpret_cast<float*>(&v);
+      const float* ae = reinterpret_cast<const float*>(&a);
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) e[i] += ae[i];
+      xr[j] = v;
+    }
+    return v;
+  };
   V held[kHeld];
   float ss = 0.0f;
 #pragma unroll
   for (int u = 0; u < kHeld; ++u) {
     const int64_t j = threadIdx.x + int64_t(u) * blockDim.x;
-    if (j < dv) held[u] = xr[j];
+    if (j < dv) held[u] = load(j);
   }
 #pragma unroll
   for (int u = 0; u < kHeld; ++u) {
@@ -96,7 +112,7 @@ __global__ void RmsNorm(const float* x, int64_t d, const float* w, float eps, fl
     for (int i = 0; i < kVec; ++i) ss += e[i] * e[i];
   }
   for (int64_t j = threadIdx.x + int64_t(kHeld) * blockDim.x; j < dv; j += blockDim.x) {
-    const V v = xr[j];
+    const V v = load(j);  // the thread's own store: re-read below as stored
     const float* e = reinterpret_cast<const float*>(&v);
 #pragma unroll
     for (int i = 0; i < kVec; ++i) ss += e[i] * e[i];
@@ -167,18 +183,35 @@ void LaunchGatherRows(const float* x, const int32_t* index, int64_t m, int64_t h
   CheckLaunch("GatherRows");
 }
 
+namespace {
+
+// x [n, d] (+= add when given) normalised into out.
+void LaunchNorm(float* x, const float* add, int64_t n, int64_t d, const float* w, float eps,
+                float* out, cudaStream_t s) {
+  if (n == 0) return;
+  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  const bool vec4 =
+      d % 4 == 0 && aligned(x) && aligned(w) && aligned(out) && (add == nullptr || aligned(add));
+  if (vec4) {
+    RmsNorm<4><<<static_cast<unsigned>(n), kThreads, 0, s>>>(x, add, d, w, eps, out);
+  } else {
+    RmsNorm<1><<<static_cast<unsigned>(n), kThreads, 0, s>>>(x, add, d, w, eps, out);
+  }
+}
+
+}  // namespace
+
 void LaunchRmsNorm(const float* x, int64_t n, int64_t d, const float* w, float eps, float* out,
                    cudaStream_t s) {
-  if (n == 0) return;
-  const bool vec4 = d % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
-                    reinterpret_cast<uintptr_t>(w) % 16 == 0 &&
-                    reinterpret_cast<uintptr_t>(out) % 16 == 0;
-  if (vec4) {
-    RmsNorm<4><<<static_cast<unsigned>(n), kThreads, 0, s>>>(x, d, w, eps, out);
-  } else {
-    RmsNorm<1><<<static_cast<unsigned>(n), kThreads, 0, s>>>(x, d, w, eps, out);
-  }
+  // Without an add, x is only read.
+  LaunchNorm(const_cast<float*>(x), nullptr, n, d, w, eps, out, s);
   CheckLaunch("RmsNorm");
+}
+
+void LaunchAddRmsNorm(float* y, const float* x, int64_t n, int64_t d, const float* w, float eps,
+                      float* out, cudaStream_t s) {
+  LaunchNorm(y, x, n, d, w, eps, out, s);
+  CheckLaunch("AddRmsNorm");
 }
 
 }  // namespace afd::kernels::cuda

@@ -22,6 +22,10 @@ void LaunchGatherRows(const float* x, const int32_t* index, int64_t m, int64_t h
                       cudaStream_t s);
 void LaunchRmsNorm(const float* x, int64_t n, int64_t d, const float* w, float eps, float* out,
                    cudaStream_t s);
+// y += x, then out = RmsNorm(y) in one pass over the rows (the same values as LaunchAdd then
+// LaunchRmsNorm).
+void LaunchAddRmsNorm(float* y, const float* x, int64_t n, int64_t d, const float* w, float eps,
+                      float* out, cudaStream_t s);
 
 // gemv.cu: y[n, N] = x[n, K] · wᵀ for n <= kMaxGemvRows rows (K % 8 == 0), x f32 (rounded to
 // bf16 as it is read; 16-byte aligned), w bf16 [N, K], y f32.
