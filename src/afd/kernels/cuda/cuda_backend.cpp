@@ -41,6 +41,7 @@ struct CudaBackend::State {
   void* staging = nullptr;
   size_t staging_pos = 0;
   bool capturing = false;
+  int sm_count = 1;  // the device's multiprocessors (kernels size their grids by it)
   // WatchWaits: 0 = block in cudaStreamSynchronize; else poll, bounded, calling wait_check.
   double wait_timeout_s = 0;
   std::function<void()> wait_check;
@@ -158,6 +159,7 @@ CudaBackend::CudaBackend(int device) : device_(device), state_(std::make_unique<
   cudaDeviceProp prop;
   AFD_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
   name_ = fmt::format("cuda:{} ({})", device, prop.name);
+  state_->sm_count = prop.multiProcessorCount;
   AFD_CUDA_CHECK(cudaStreamCreateWithFlags(&state_->stream, cudaStreamNonBlocking));
   AFD_CUBLAS_CHECK(cublasCreate(&state_->cublas));
   AFD_CUBLAS_CHECK(cublasSetStream(state_->cublas, state_->stream));
@@ -495,7 +497,9 @@ void CudaBackend::MlaAttention(const Tensor& q, const Tensor& kv_b, const Attent
   const int64_t max_context =
       tokens.max_context > 0 ? tokens.max_context : tokens.block_tables.dim(1) * tokens.block_size;
   const int64_t nh = head_end - head_begin;
-  const int64_t splits = MlaSplits(n, nh, max_context);
+  const int64_t splits =
+      MlaSplits(n, nh, max_context, MlaTilesFit(kvr, dr, cache.dtype() == DType::kBF16, tf32_),
+                state_->sm_count);
   auto* partial = static_cast<float*>(
       Scratch(kMlaPartial, MlaPartialFloats(n, nh, splits, kvr) * sizeof(float)));
   // q_lat, o_lat: [n, nh, kvr] each.

@@ -74,7 +74,11 @@ void LaunchMlaQLat(const float* q, int64_t n, int64_t heads, int64_t dn, int64_t
                    cudaStream_t s);
 void LaunchMlaOut(const float* o_lat, int64_t n, int64_t dn, int64_t dv, const float* kv_b,
                   int64_t h0, int64_t h1, int64_t kvr, float* out, cudaStream_t s);
-int64_t MlaSplits(int64_t n, int64_t nh, int64_t max_context);
+// The tiled bf16 kernel runs for kvr 512 + dr 64, a bf16 cache and tf32 (bf16 models): q and P
+// then rounded to bf16 like the model's own tensors (AFD_MLA_TILES=0 turns it off, to compare).
+bool MlaTilesFit(int64_t kvr, int64_t dr, bool bf16_cache, bool tf32);
+// Context splits per (token, head group) for the kernel that will run (`tiles`: MlaTilesFit).
+int64_t MlaSplits(int64_t n, int64_t nh, int64_t max_context, bool tiles, int sm_count);
 int64_t MlaPartialFloats(int64_t n, int64_t nh, int64_t splits, int64_t kvr);
 void LaunchMlaAttention(const float* q, int64_t n, int64_t heads, const float* q_lat, int64_t kvr,
                         int64_t dn, int64_t dr, const PagedArgs& t, const void* cache,

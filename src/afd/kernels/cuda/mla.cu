@@ -1,11 +1,15 @@
 // RoPE, MLA cache write and absorbed MLA attention over the paged latent cache (flash-decoding:
 // every head of a group per block, the context split over blocks, one merge kernel; the W_k and
 // W_v products around it are batched GEMMs in the backend, or for a few tokens the kernels
-// MlaQLat / MlaOut here).
+// MlaQLat / MlaOut here). DeepSeek's shape with a bf16 cache in a bf16 model runs a tiled kernel
+// on bf16 tensor cores (AttentionTiles); every other case the chunked one (AttentionPartial).
 #include <cuda_bf16.h>
 
 #include <algorithm>
 #include <cfloat>
+#include <cstdint>
+#include <cstdlib>
+#include <string>
 #include <type_traits>
 
 #include "afd/common/cuda_check.h"
@@ -443,6 +447,218 @@ __global__ void __launch_bounds__(kAttnThreads, 2)
   }
 }
 
+// Absorbed MLA decode on bf16 tensor cores, DeepSeek's shape only (latent 512 + rope 64, a bf16
+// cache; bf16 models, Backend::AllowTf32): the FlashMLA recipe on mma.sync. Block (token, head
+// group of 16, split) walks its positions in tiles of kTileRows cache rows, double-buffered in
+// shared memory by cp.async (the next tile's 72 KB in flight while this one is used; rows past
+// the end are zero-filled), 8 warps, one block per SM:
+//   S [16 heads x 64 rows] = Q · tileᵀ: warp w the 8 rows 8w.., all 576 dims (36 k-steps of
+//     m16n8k16, Q and the rows read by ldmatrix);
+//   online softmax in base 2: each head's tile max across the warps through shared memory (the
+//     only cross-warp step: every thread then holds the same running max m of its two heads);
+//     each thread keeps partial sums l of its own columns, added over the block at the end;
+//   P (bf16) through shared memory; O [16 x 512] += P · tile[:, :512]: warp w owns columns
+//     64w .. 64w + 63 (8 C tiles in registers, rescaled per head as the max moves).
+// Inputs are rounded to bf16 as a bf16 model holds them (q; the cache already is), P too, with
+// fp32 accumulation. Partials as AttentionPartial writes them (m in natural-log units, l, and
+// the unnormalised o_lat), so AttentionCombine merges the splits.
+// Shared memory rows are kTileStride bf16 (1168 bytes: rows 16 bytes apart in the banks, so the
+// 8 row addresses of an ldmatrix hit distinct banks).
+constexpr int kTileRows = 64;
+constexpr int kTileLatent = 512, kTileRope = 64, kTileWidth = kTileLatent + kTileRope;
+constexpr int kTileStride = kTileWidth + 8;
+constexpr int kTilePStride = kTileRows + 8;
+constexpr int kTileWarps = 8;
+constexpr int kTileChunks = kTileWidth / 8;  // 16-byte pieces of a row
+// A row's pieces are copied by 4 threads: thread tid copies row tid / 4, pieces tid % 4 + 4i.
+static_assert(kTileWarps * 32 == 4 * kTileRows && kTileChunks % 4 == 0);
+constexpr size_t kTileSmemBytes =
+    (size_t(kGroup + 2 * kTileRows) * kTileStride + kGroup * kTilePStride) * 2 +
+    2 * kTileWarps * kGroup * sizeof(float);
+
+__global__ void __launch_bounds__(kTileWarps * 32, 1)
+    AttentionTiles(const float* q, int64_t heads, const float* q_lat, int64_t dn, PagedArgs t,
+                   const __nv_bfloat16* cache, int64_t h0, int64_t nh, float scale_log2,
+                   int64_t span, float* partial) {
+  extern __shared__ float4 smem4[];
+  auto* qs = reinterpret_cast<__nv_bfloat16*>(smem4);                 // [kGroup][kTileStride]
+  __nv_bfloat16* rows = qs + kGroup * kTileStride;                    // [2][kTileRows][kTileStride]
+  __nv_bfloat16* ps = rows + 2 * kTileRows * kTileStride;             // [kGroup][kTilePStride]
+  float* red = reinterpret_cast<float*>(ps + kGroup * kTilePStride);  // [kTileWarps][kGroup]
+  float* lred = red + kTileWarps * kGroup;                            // [kTileWarps][kGroup]
+  constexpr int64_t kvr = kTileLatent, dr = kTileRope;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gid = lane >> 2, tq = lane & 3;
+  const int64_t tok = blockIdx.x, g0 = int64_t(blockIdx.y) * kGroup;
+  const int g_count = static_cast<int>(min(static_cast<int64_t>(kGroup), nh - g0));
+  const int64_t splits = gridDim.z, split = blockIdx.z;
+  const int64_t len = t.positions[tok] + 1, seq = t.seq_index[tok];
+  const int64_t j_begin = split * span, j_end = min(len, j_begin + span);
+  if (j_begin >= j_end) {
+    for (int h = 0; h < g_count; ++h) {
+      float* part = partial + ((tok * nh + g0 + h) * splits + split) * (kvr + 2);
+      if (tid == 0) {
+        part[0] = -FLT_MAX;
+        part[1] = 0.0f;
+      }
+      for (int64_t l = tid; l < kvr; l += blockDim.x) part[2 + l] = 0.0f;
+    }
+    return;
+  }
+  const int32_t* table = t.block_tables + seq * t.max_blocks;
+  // This thread's copy row and the cache slot of that row in the next tile to load.
+  const int my_row = tid >> 2, my_piece = tid & 3;
+  const auto slot_of = [&](int64_t j0) -> int64_t {
+    const int64_t j = j0 + my_row;
+    if (j >= j_end) return -1;
+    return int64_t(table[j / t.block_size]) * t.block_size + j % t.block_size;
+  };
+  const auto load_tile = [&](int64_t slot, int buf) {
+    const __nv_bfloat16* src = cache + (slot < 0 ? 0 : slot) * kTileWidth;
+    __nv_bfloat16* dst = rows + (buf * kTileRows + my_row) * kTileStride;
+#pragma unroll
+    for (int i = 0; i < kTileChunks / 4; ++i) {
+      const int piece = my_piece + 4 * i;
+      CopyAsync16Or0(dst + 8 * piece, src + 8 * piece, slot >= 0);
+    }
+    CopyAsyncCommit();
+  };
+  load_tile(slot_of(j_begin), 0);
+  int64_t next_slot = slot_of(j_begin + kTileRows);
+  // q rows of the group, [q_lat | q_pe] rounded to bf16 (zeros past the group's heads).
+  for (int e = tid; e < kGroup * kTileChunks * 2; e += blockDim.x) {
+    const int h = e / (kTileChunks * 2), c4 = e % (kTileChunks * 2);
+    float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (h < g_count) {
+      v = c4 < kvr / 4 ? reinterpret_cast<const float4*>(q_lat + (tok * nh + g0 + h) * kvr)[c4]
+                       : reinterpret_cast<const float4*>(
+                             q + (tok * heads + h0 + g0 + h) * (dn + dr) + dn)[c4 - kvr / 4];
+    }
+    __nv_bfloat162* dst = reinterpret_cast<__nv_bfloat162*>(qs + h * kTileStride + 4 * c4);
+    dst[0] = __floats2bfloat162_rn(v.x, v.y);
+    dst[1] = __floats2bfloat162_rn(v.z, v.w);
+  }
+  // Running max (log2 units) and this thread's partial sums, heads gid and gid + 8.
+  float m_lo = -FLT_MAX, m_hi = -FLT_MAX, l_lo = 0.0f, l_hi = 0.0f;
+  float o[8][4];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+  // ldmatrix row addresses: A operands (Q, P: 16 rows) and B operands (tile rows).
+  const int a_row = lane & 15, a_col = 8 * (lane >> 4);
+  const int b_row = lane & 7, b_col = 8 * (lane >> 3);
+  const int v_row = (lane & 7) + 8 * ((lane >> 3) & 1), v_col = 8 * (lane >> 4);
+  int buf = 0;
+  for (int64_t j0 = j_begin; j0 < j_end; j0 += kTileRows, buf ^= 1) {
+    CopyAsyncWait<0>();
+    __syncthreads();  // the tile is in; the other buffer, red and ps are free
+    if (j0 + kTileRows < j_end) {
+      load_tile(next_slot, buf ^ 1);
+      next_slot = slot_of(j0 + 2 * kTileRows);
+    }
+    const __nv_bfloat16* tile = rows + buf * kTileRows * kTileStride;
+    // Scores of rows 8 warp + (2 tq, 2 tq + 1) for heads gid (s[0], s[1]), gid + 8 (s[2], s[3]).
+    float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    {
+      const __nv_bfloat16* qa = qs + a_row * kTileStride + a_col;
+      const __nv_bfloat16* kb = tile + (8 * warp + b_row) * kTileStride + b_col;
+#pragma unroll 6
+      for (int kk = 0; kk < kTileWidth / 32; ++kk) {
+        uint32_t b[4], a0[4], a1[4];
+        Ldsm4(b, kb + 32 * kk);
+        Ldsm4(a0, qa + 32 * kk);
+        Ldsm4(a1, qa + 32 * kk + 16);
+        MmaBf16(s, a0[0], a0[1], a0[2], a0[3], b[0], b[1]);
+        MmaBf16(s, a1[0], a1[1], a1[2], a1[3], b[2], b[3]);
+      }
+    }
+    const int64_t j = j0 + 8 * warp + 2 * tq;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) s[i] = j + (i & 1) < j_end ? s[i] * scale_log2 : -INFINITY;
+    float mx_lo = fmaxf(s[0], s[1]), mx_hi = fmaxf(s[2], s[3]);
+#pragma unroll
+    for (int off = 1; off <= 2; off <<= 1) {
+      mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, off));
+      mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, off));
+    }
+    if (tq == 0) {
+      red[warp * kGroup + gid] = mx_lo;
+      red[warp * kGroup + gid + 8] = mx_hi;
+    }
+    __syncthreads();
+    float new_lo = m_lo, new_hi = m_hi;
+#pragma unroll
+    for (int w = 0; w < kTileWarps; ++w) {
+      new_lo = fmaxf(new_lo, red[w * kGroup + gid]);
+      new_hi = fmaxf(new_hi, red[w * kGroup + gid + 8]);
+    }
+    const float alpha_lo = exp2f(m_lo - new_lo), alpha_hi = exp2f(m_hi - new_hi);
+    m_lo = new_lo;
+    m_hi = new_hi;
+    const float p0 = exp2f(s[0] - m_lo), p1 = exp2f(s[1] - m_lo);
+    const float p2 = exp2f(s[2] - m_hi), p3 = exp2f(s[3] - m_hi);
+    l_lo = l_lo * alpha_lo + (p0 + p1);
+    l_hi = l_hi * alpha_hi + (p2 + p3);
+    *reinterpret_cast<__nv_bfloat162*>(ps + gid * kTilePStride + 8 * warp + 2 * tq) =
+        __floats2bfloat162_rn(p0, p1);
+    *reinterpret_cast<__nv_bfloat162*>(ps + (gid + 8) * kTilePStride + 8 * warp + 2 * tq) =
+        __floats2bfloat162_rn(p2, p3);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      o[i][0] *= alpha_lo;
+      o[i][1] *= alpha_lo;
+      o[i][2] *= alpha_hi;
+      o[i][3] *= alpha_hi;
+    }
+    __syncthreads();  // P of every warp
+#pragma unroll
+    for (int ks = 0; ks < kTileRows / 16; ++ks) {
+      uint32_t a[4];
+      Ldsm4(a, ps + a_row * kTilePStride + 16 * ks + a_col);
+      const __nv_bfloat16* vb = tile + (16 * ks + v_row) * kTileStride + 64 * warp + v_col;
+#pragma unroll
+      for (int np = 0; np < 4; ++np) {
+        uint32_t b[4];
+        Ldsm4T(b, vb + 16 * np);
+        MmaBf16(o[2 * np], a[0], a[1], a[2], a[3], b[0], b[1]);
+        MmaBf16(o[2 * np + 1], a[0], a[1], a[2], a[3], b[2], b[3]);
+      }
+    }
+  }
+  // l over the block: the 4 lanes of a row, then the warps in order.
+#pragma unroll
+  for (int off = 1; off <= 2; off <<= 1) {
+    l_lo += __shfl_xor_sync(0xffffffffu, l_lo, off);
+    l_hi += __shfl_xor_sync(0xffffffffu, l_hi, off);
+  }
+  if (tq == 0) {
+    lred[warp * kGroup + gid] = l_lo;
+    lred[warp * kGroup + gid + 8] = l_hi;
+  }
+  __syncthreads();
+  constexpr float kLn2 = 0.693147180559945309f;
+  if (tid < g_count) {
+    float total = 0.0f;
+    for (int w = 0; w < kTileWarps; ++w) total += lred[w * kGroup + tid];
+    partial[((tok * nh + g0 + tid) * splits + split) * (kvr + 2) + 1] = total;
+  }
+  if (tq == 0 && warp == 0) {
+    if (gid < g_count) partial[((tok * nh + g0 + gid) * splits + split) * (kvr + 2)] = m_lo * kLn2;
+    if (gid + 8 < g_count) {
+      partial[((tok * nh + g0 + gid + 8) * splits + split) * (kvr + 2)] = m_hi * kLn2;
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const int col = 64 * warp + 8 * i + 2 * tq;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int hh = gid + 8 * half;
+      if (hh >= g_count) continue;
+      float* part = partial + ((tok * nh + g0 + hh) * splits + split) * (kvr + 2) + 2 + col;
+      *reinterpret_cast<float2*>(part) = make_float2(o[i][2 * half], o[i][2 * half + 1]);
+    }
+  }
+}
+
 // Block (token, head): merges the splits' partials into o_lat[t, h] =
 // (Σ_s e^{m_s - M} o_s) / (Σ_s e^{m_s - M} l_s); W_v is applied by a batched GEMM after.
 __global__ void AttentionCombine(int64_t kvr, int64_t nh, int64_t splits, const float* partial,
@@ -489,11 +705,33 @@ void LaunchMlaCacheWrite(const float* ckv, int64_t n, int64_t kvr, const float* 
   CheckLaunch("MlaCacheWrite");
 }
 
-int64_t MlaSplits(int64_t n, int64_t nh, int64_t max_context) {
-  // Enough blocks to fill the GPU (~2 per SM on an H200) when few tokens attend long contexts;
-  // each split at least one chunk of positions (the next chunk's loads overlap the current one).
+bool MlaTilesFit(int64_t kvr, int64_t dr, bool bf16_cache, bool tf32) {
+  static const bool disabled = [] {
+    const char* v = std::getenv("AFD_MLA_TILES");  // "0": the chunked kernel (for comparisons)
+    return v != nullptr && std::string(v) == "0";
+  }();
+  return !disabled && bf16_cache && tf32 && kvr == kTileLatent && dr == kTileRope;
+}
+
+int64_t MlaSplits(int64_t n, int64_t nh, int64_t max_context, bool tiles, int sm_count) {
   const int64_t blocks = std::max<int64_t>(n * ((nh + kGroup - 1) / kGroup), 1);
-  const int64_t want = (264 + blocks - 1) / blocks;
+  if (tiles) {
+    // One block per SM: the split count s that minimises waves(s) x (tiles per split + 1), the
+    // 1 for a block's start (q rows, the first tile's latency); ties to fewer splits.
+    const int64_t tiles_total = (max_context + kTileRows - 1) / kTileRows;
+    const int64_t sms = std::max(sm_count, 1);
+    int64_t best = 1, best_cost = INT64_MAX;
+    for (int64_t s = 1; s <= std::min<int64_t>(tiles_total, 64); ++s) {
+      const int64_t span = (tiles_total + s - 1) / s, used = (tiles_total + span - 1) / span;
+      if (used != s) continue;  // the same spans as a smaller count
+      const int64_t cost = (blocks * s + sms - 1) / sms * (span + 1);
+      if (cost < best_cost) best = s, best_cost = cost;
+    }
+    return best;
+  }
+  // Enough blocks to fill the GPU (~2 per SM) when few tokens attend long contexts; each split at
+  // least one chunk of positions (the next chunk's loads overlap the current one).
+  const int64_t want = (2 * int64_t(std::max(sm_count, 1)) + blocks - 1) / blocks;
   const int64_t chunks = (max_context + kRows - 1) / kRows;
   return std::max<int64_t>(1, std::min<int64_t>({want, chunks, 64}));
 }
@@ -617,17 +855,13 @@ int64_t MlaPartialFloats(int64_t n, int64_t nh, int64_t splits, int64_t kvr) {
   return n * nh * splits * (kvr + 2);
 }
 
-void LaunchMlaAttention(const float* q, int64_t n, int64_t heads, const float* q_lat, int64_t kvr,
-                        int64_t dn, int64_t dr, const PagedArgs& t, const void* cache,
-                        bool bf16_cache, int64_t h0, int64_t h1, float scale, int64_t max_context,
-                        int64_t splits, bool tf32, float* partial, float* o_lat, cudaStream_t s) {
-  if (n == 0) return;
-  AFD_CHECK(kvr <= kMaxLatent && kvr % 4 == 0 && dr % 4 == 0 && dn % 4 == 0 &&
-                kvr + dr <= kMaxWidth && reinterpret_cast<uintptr_t>(q) % 16 == 0 &&
-                reinterpret_cast<uintptr_t>(cache) % 16 == 0,
-            "MlaAttention on cuda: kv_lora_rank {} (at most {}), rope dim {} and nope dim {} must "
-            "be multiples of 4 (latent + rope at most {}), q and the cache 16-byte aligned",
-            kvr, kMaxLatent, dr, dn, kMaxWidth);
+namespace {
+
+// The chunked kernel (AttentionPartial) for every other shape and precision.
+void LaunchChunks(const float* q, int64_t n, int64_t heads, const float* q_lat, int64_t kvr,
+                  int64_t dn, int64_t dr, const PagedArgs& t, const void* cache, bool bf16_cache,
+                  int64_t h0, int64_t h1, float scale, int64_t max_context, int64_t splits,
+                  bool tf32, float* partial, cudaStream_t s) {
   // TF32 tensor cores where allowed (bf16 models) and the shapes fit the mma tiles.
   const bool use_tc = tf32 && kvr % 8 == 0 && (kvr + dr) % 8 == 0;
   const size_t smem = AttnSmemBytes(kvr + dr, use_tc);
@@ -665,6 +899,43 @@ void LaunchMlaAttention(const float* q, int64_t n, int64_t heads, const float* q
     pick(static_cast<const float*>(cache));
   }
   CheckLaunch("MlaAttention (partial)");
+}
+
+}  // namespace
+
+void LaunchMlaAttention(const float* q, int64_t n, int64_t heads, const float* q_lat, int64_t kvr,
+                        int64_t dn, int64_t dr, const PagedArgs& t, const void* cache,
+                        bool bf16_cache, int64_t h0, int64_t h1, float scale, int64_t max_context,
+                        int64_t splits, bool tf32, float* partial, float* o_lat, cudaStream_t s) {
+  if (n == 0) return;
+  AFD_CHECK(kvr <= kMaxLatent && kvr % 4 == 0 && dr % 4 == 0 && dn % 4 == 0 &&
+                kvr + dr <= kMaxWidth && reinterpret_cast<uintptr_t>(q) % 16 == 0 &&
+                reinterpret_cast<uintptr_t>(cache) % 16 == 0,
+            "MlaAttention on cuda: kv_lora_rank {} (at most {}), rope dim {} and nope dim {} must "
+            "be multiples of 4 (latent + rope at most {}), q and the cache 16-byte aligned",
+            kvr, kMaxLatent, dr, dn, kMaxWidth);
+  const int64_t nh = h1 - h0;
+  if (MlaTilesFit(kvr, dr, bf16_cache, tf32)) {
+    static bool smem_set = false;
+    if (!smem_set) {
+      AFD_CUDA_CHECK(cudaFuncSetAttribute(AttentionTiles,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          static_cast<int>(kTileSmemBytes)));
+      smem_set = true;
+    }
+    const int64_t tiles = (max_context + kTileRows - 1) / kTileRows;
+    const int64_t span = (tiles + splits - 1) / splits * kTileRows;
+    const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>((nh + kGroup - 1) / kGroup),
+                    static_cast<unsigned>(splits));
+    constexpr float kLog2e = 1.4426950408889634f;
+    AttentionTiles<<<grid, kTileWarps * 32, kTileSmemBytes, s>>>(
+        q, heads, q_lat, dn, t, static_cast<const __nv_bfloat16*>(cache), h0, nh, scale * kLog2e,
+        span, partial);
+    CheckLaunch("MlaAttention (tiles)");
+  } else {
+    LaunchChunks(q, n, heads, q_lat, kvr, dn, dr, t, cache, bf16_cache, h0, h1, scale, max_context,
+                 splits, tf32, partial, s);
+  }
   const dim3 grid2(static_cast<unsigned>(n), static_cast<unsigned>(nh));
   AttentionCombine<<<grid2, kAttnThreads, 0, s>>>(kvr, nh, splits, partial, o_lat);
   CheckLaunch("MlaAttention (combine)");

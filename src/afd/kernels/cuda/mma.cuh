@@ -1,6 +1,7 @@
-// Tensor-core mma.sync wrappers shared by the kernels (moe.cu: bf16 grouped experts; mla.cu:
-// TF32 MLA decode). Fragment layouts are in the PTX ISA ("Matrix fragments for mma.m16n8k16" /
-// "mma.m16n8k8"); lane = 4 gid + t, gid = lane / 4, t = lane % 4.
+// Tensor-core mma.sync, ldmatrix and cp.async wrappers shared by the kernels (moe.cu: bf16
+// grouped experts; mla.cu: TF32 and bf16 MLA decode). Fragment layouts are in the PTX ISA
+// ("Matrix fragments for mma.m16n8k16" / "mma.m16n8k8"); lane = 4 gid + t, gid = lane / 4,
+// t = lane % 4.
 #pragma once
 
 #include <cstdint>
@@ -38,6 +39,50 @@ __device__ __forceinline__ void MmaTf32(float (&c)[4], uint32_t a0, uint32_t a1,
       "{%8, %9}, {%0, %1, %2, %3};"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// Four 8x8 b16 matrices from shared memory: lanes 8i .. 8i + 7 give the row addresses of matrix
+// i (16 bytes each), and register i of lane (gid, t) gets row gid, columns 2t, 2t + 1 of matrix
+// i (Ldsm4T: of its transpose, i.e. rows 2t, 2t + 1 of column gid).
+__device__ __forceinline__ void Ldsm4(uint32_t (&r)[4], const void* row) {
+  const auto a = static_cast<uint32_t>(__cvta_generic_to_shared(row));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a)
+               : "memory");
+}
+__device__ __forceinline__ void Ldsm4T(uint32_t (&r)[4], const void* row) {
+  const auto a = static_cast<uint32_t>(__cvta_generic_to_shared(row));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a)
+               : "memory");
+}
+
+// 16 bytes global -> shared, through L2 only (cp.async.cg); CopyAsync16Or0 writes 16 zero bytes
+// instead when !valid (gmem is then not read).
+__device__ __forceinline__ void CopyAsync16(void* smem, const void* gmem) {
+  const auto dst = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(gmem));
+}
+__device__ __forceinline__ void CopyAsync16Or0(void* smem, const void* gmem, bool valid) {
+  const auto dst = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(gmem),
+               "r"(valid ? 16 : 0)
+               : "memory");
+}
+// Closes the group of copies issued so far; CopyAsyncWait waits until at most kPending groups
+// are still in flight (this thread's copies: a barrier makes them visible to the block).
+__device__ __forceinline__ void CopyAsyncCommit() {
+  asm volatile("cp.async.commit_group;" ::: "memory");
+}
+template <int kPending>
+__device__ __forceinline__ void CopyAsyncWait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
+}
+__device__ __forceinline__ void CopyAsyncWaitAll() {
+  CopyAsyncCommit();
+  CopyAsyncWait<0>();
 }
 
 }  // namespace afd::kernels::cuda

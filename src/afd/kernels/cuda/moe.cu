@@ -366,15 +366,6 @@ __device__ __forceinline__ uint4 LoadStream(const __nv_bfloat16* p) {
   return v;
 }
 
-// 16 bytes global -> shared, through L2 only (cp.async.cg).
-__device__ __forceinline__ void CopyAsync16(void* smem, const void* gmem) {
-  const auto dst = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(gmem));
-}
-__device__ __forceinline__ void CopyAsyncWaitAll() {
-  asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;" ::: "memory");
-}
-
 // The weight fragments of kMmaUnroll chunks from chunk c (kGuard: the last, possibly partial
 // group; chunks past the end are zeros).
 template <bool kGuard>
