@@ -523,8 +523,10 @@ Result Router(Ctx& c, RouterScoring scoring, bool group_limited) {
 
 // Permute -> grouped experts -> combine, against per-token SwiGLU experts in double. hot >= 0:
 // every token routes to expert `hot` (one expert with n rows, the others sharing the rest).
+// gathered: Backend::GatheredExpertMlp (the rows read through MoePermute's src_row), else
+// GatherRows then GroupedExpertMlp.
 Result Moe(Ctx& c, int64_t n, int64_t num_experts, int64_t k, int64_t h, int64_t inter,
-           int64_t begin, int64_t local, int64_t hot = -1) {
+           int64_t begin, int64_t local, int64_t hot = -1, bool gathered = true) {
   std::vector<float> x = c.Randn(n * h), wts = c.Randn(n * k);
   std::vector<int32_t> ids(n * k);
   for (int64_t t = 0; t < n; ++t) {
@@ -557,8 +559,12 @@ Result Moe(Ctx& c, int64_t n, int64_t num_experts, int64_t k, int64_t h, int64_t
   const Tensor out = c.Alloc(DType::kF32, {n, h});
   auto run = [&] {
     c.b.MoePermute(tids, begin, local, offsets, src, row_of_slot);
-    c.b.GatherRows(tx, src, grouped);
-    c.b.GroupedExpertMlp(grouped, offsets, ew, y);
+    if (gathered) {
+      c.b.GatheredExpertMlp(tx, src, grouped, offsets, ew, y);
+    } else {
+      c.b.GatherRows(tx, src, grouped);
+      c.b.GroupedExpertMlp(grouped, offsets, ew, y);
+    }
     c.b.MoeCombine(y, row_of_slot, tw, false, out);
   };
   Result r;
@@ -876,6 +882,15 @@ std::vector<Case> CheckCases() {
          wide.cache_dtype = DType::kBF16;
          return MlaAttention(c, 2, 20, 3, 333, std::move(wide), true);
        }},
+      // 128-row blocks: the context bound (2 blocks) is past the positions, so some splits
+      // are empty and the last block to finish merges them.
+      {"MlaAttention", "bf16 cache, tf32: 16 heads, 512 + 64, 2 x 130, block 128",
+       [](Ctx& c) {
+         MlaSetup wide;
+         wide.heads = 16, wide.dn = 16, wide.dv = 8, wide.kvr = 512, wide.dr = 64, wide.block = 128;
+         wide.cache_dtype = DType::kBF16;
+         return MlaAttention(c, 0, 16, 2, 130, std::move(wide), true);
+       }},
       {"MlaAttention", "bf16 cache: 20 heads, 512 + 64, 2 x 150",
        [](Ctx& c) {
          MlaSetup wide;
@@ -919,6 +934,17 @@ std::vector<Case> CheckCases() {
        [](Ctx& c) { return Moe(c, 40, 8, 4, 1152, 96, 0, 8); }},
       {"MoePermute+GroupedExpertMlp+MoeCombine", "~1.5 rows/expert, K 2304 in 3 pieces",
        [](Ctx& c) { return Moe(c, 6, 8, 2, 2304, 64, 0, 8); }},
+      // One m tile over K in pieces: the GPU splits K between two halves of warps (pieces
+      // alternate), here with both projections in 2 pieces and a hot expert of 3 passes.
+      {"MoePermute+GroupedExpertMlp+MoeCombine", "~10 rows/expert, one of 40, 1280x1280",
+       [](Ctx& c) { return Moe(c, 40, 8, 2, 1280, 1280, 0, 8, 2); }},
+      // The same two and a tiled one with the rows gathered first (GatherRows), not on the way.
+      {"MoePermute+GroupedExpertMlp+MoeCombine", "~10 rows/expert, 1280x1280, gathered first",
+       [](Ctx& c) { return Moe(c, 40, 8, 2, 1280, 1280, 0, 8, 2, false); }},
+      {"MoePermute+GroupedExpertMlp+MoeCombine", "~6 rows/expert, gathered first",
+       [](Ctx& c) { return Moe(c, 24, 20, 4, 64, 96, 3, 16, -1, false); }},
+      {"MoePermute+GroupedExpertMlp+MoeCombine", "~40 rows/expert, gathered first",
+       [](Ctx& c) { return Moe(c, 80, 8, 4, 64, 96, 0, 8, 5, false); }},
       // Down projection N = 72 (a warp's second 8-column tile past N) on the mma.sync path.
       {"MoePermute+GroupedExpertMlp+MoeCombine", "30 tokens, top-4 of 8, 72x64",
        [](Ctx& c) { return Moe(c, 30, 8, 4, 72, 64, 0, 8); }},

@@ -183,6 +183,15 @@ class Backend : public Allocator {
   // local expert e. x, out: [m, H] with m >= offsets[num_local] (rows past it untouched).
   virtual void GroupedExpertMlp(const Tensor& x, const Tensor& offsets,
                                 const ExpertWeights& experts, const Tensor& out) = 0;
+  // GroupedExpertMlp of the gathered rows x[src_row[r]] (src_row: [m] i32, as MoePermute makes
+  // it): the composition gathers into `grouped` ([m, H] scratch); a backend that reads x through
+  // src_row itself may leave grouped unwritten.
+  virtual void GatheredExpertMlp(const Tensor& x, const Tensor& src_row, const Tensor& grouped,
+                                 const Tensor& offsets, const ExpertWeights& experts,
+                                 const Tensor& out) {
+    GatherRows(x, src_row, grouped);
+    GroupedExpertMlp(grouped, offsets, experts, out);
+  }
   // out[t] = Σ_j weights[t, j] · y[row_of_slot[t, j]] over j ascending with row >= 0, starting
   // from 0 (accumulate: from out[t]). y: [m, H], out: [n, H].
   virtual void MoeCombine(const Tensor& y, const Tensor& row_of_slot, const Tensor& weights,

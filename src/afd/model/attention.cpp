@@ -22,7 +22,7 @@ constexpr float kLatentNormEps = 1e-6f;
 
 void DeepseekModel::Attention(int64_t layer, const StepInputs& in, kv::PagedKvCache& cache,
                               const Tensor& x, const Tensor& mlp_in, Workspace& ws,
-                              HeadParallel* tp) const {
+                              HeadParallel* tp, const Tensor* pending) const {
   const ModelConfig& c = config_;
   const AttentionWeights& w = weights_.layers[layer].attn;
   const int64_t n = in.n, h = c.hidden_size, nh = c.num_attention_heads;
@@ -31,7 +31,11 @@ void DeepseekModel::Attention(int64_t layer, const StepInputs& in, kv::PagedKvCa
   const int64_t h0 = tp ? tp->head_begin() : 0, h1 = tp ? tp->head_end() : nh;
   AFD_CHECK(0 <= h0 && h0 < h1 && h1 <= nh, "heads [{}, {}) out of {}", h0, h1, nh);
   const Tensor normed = ws.Take(DType::kF32, {n, h});
-  backend_.RmsNorm(x, w.input_norm, c.rms_norm_eps, normed);
+  if (pending != nullptr) {
+    backend_.AddRmsNorm(x, *pending, w.input_norm, c.rms_norm_eps, normed);
+  } else {
+    backend_.RmsNorm(x, w.input_norm, c.rms_norm_eps, normed);
+  }
   // Cache rows of this layer for the step's tokens: c = kv_a_layernorm(x·W_kv_aᵀ[:kv_lora]),
   // k_pe = rope(x·W_kv_aᵀ[kv_lora:]).
   const Tensor ckv = ws.Take(DType::kF32, {n, kvr + dr});

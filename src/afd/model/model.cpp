@@ -170,17 +170,20 @@ Tensor DeepseekModel::ForwardInputs(const StepInputs& in, kv::PagedKvCache& cach
   const Tensor mlp_in = ws.Take(DType::kF32, {n, h});
   const Tensor mlp_out = ws.Take(DType::kF32, {n, h});
   if (n > 0) Embed(in, x);
-  for (int64_t l = 0; n > 0 && l < config_.num_hidden_layers; ++l) {
+  // Each layer's MLP output is added to x by the next layer's input norm (AddRmsNorm), the
+  // last one's before the logits.
+  const int64_t layers = n > 0 ? config_.num_hidden_layers : 0;
+  for (int64_t l = 0; l < layers; ++l) {
     const Workspace::Mark layer_scratch = ws.mark();  // the next layer reuses this one's scratch
-    Attention(l, in, cache, x, mlp_in, ws);
+    Attention(l, in, cache, x, mlp_in, ws, nullptr, l > 0 ? &mlp_out : nullptr);
     if (config_.IsMoeLayer(l)) {
       moe.Forward(l, mlp_in, mlp_out, ws);
     } else {
       DenseMlp(l, mlp_in, mlp_out, ws);
     }
-    backend_.Add(x, mlp_out);
     ws.Rewind(layer_scratch);
   }
+  if (layers > 0) backend_.Add(x, mlp_out);
   return Logits(x, in, ws);
 }
 

@@ -88,8 +88,11 @@ class DeepseekModel {
   void Embed(const StepInputs& in, const Tensor& x) const;
   // x: [n, H] residual stream, updated with the attention of `layer` (cache rows written
   // first); mlp_in: [n, H] = post_attention_layernorm(x). tp: null for all heads here.
+  // pending: the previous layer's MLP output not yet added to x (null: none); added here with
+  // the input norm as one op (Backend::AddRmsNorm, equal to the Add then the norm).
   void Attention(int64_t layer, const StepInputs& in, kv::PagedKvCache& cache, const Tensor& x,
-                 const Tensor& mlp_in, Workspace& ws, HeadParallel* tp = nullptr) const;
+                 const Tensor& mlp_in, Workspace& ws, HeadParallel* tp = nullptr,
+                 const Tensor* pending = nullptr) const;
   // out: [n, H] = dense MLP of a layer < first_k_dense_replace.
   void DenseMlp(int64_t layer, const Tensor& mlp_in, const Tensor& out, Workspace& ws) const;
   // Router of MoE `layer`: ids, weights: [n, k] (ids ascending per token).

@@ -26,8 +26,7 @@ void DeepseekModel::RoutedExperts(int64_t layer, const Tensor& hidden, const Ten
   // Every slot may land here: size the grouped rows for all of them.
   const Tensor grouped = ws.Take(DType::kF32, {n * k, h});
   const Tensor expert_out = ws.Take(DType::kF32, {n * k, h});
-  backend_.GatherRows(hidden, src_row, grouped);
-  backend_.GroupedExpertMlp(grouped, offsets, experts, expert_out);
+  backend_.GatheredExpertMlp(hidden, src_row, grouped, offsets, experts, expert_out);
   backend_.MoeCombine(expert_out, row_of_slot, weights, /*accumulate=*/false, out);
 }
 

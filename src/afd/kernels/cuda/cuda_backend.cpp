@@ -103,6 +103,7 @@ enum ScratchSlot {
   kSampleParams,
   kMoeAct,
   kMlaPartial,
+  kMlaCounters,  // zeroed when allocated
   kMlaLatent,
   kSampleReduce,
   kNumSlots
@@ -227,6 +228,15 @@ void* CudaBackend::Scratch(int slot, size_t bytes) {
     state_->scratch_bytes[slot] = size;
   }
   return state_->scratch[slot].get();
+}
+
+void* CudaBackend::ZeroedScratch(int slot, size_t bytes) {
+  const void* before = state_->scratch[slot].get();
+  void* p = Scratch(slot, bytes);
+  if (p != before) {
+    AFD_CUDA_CHECK(cudaMemsetAsync(p, 0, state_->scratch_bytes[slot], state_->stream));
+  }
+  return p;
 }
 
 void CudaBackend::CopyToDevice(const Tensor& dst, const void* src) {
@@ -502,6 +512,7 @@ void CudaBackend::MlaAttention(const Tensor& q, const Tensor& kv_b, const Attent
                 state_->sm_count);
   auto* partial = static_cast<float*>(
       Scratch(kMlaPartial, MlaPartialFloats(n, nh, splits, kvr) * sizeof(float)));
+  auto* counters = static_cast<int*>(ZeroedScratch(kMlaCounters, MlaCounters(n, nh) * sizeof(int)));
   // q_lat, o_lat: [n, nh, kvr] each.
   auto* q_lat = static_cast<float*>(Scratch(kMlaLatent, 2 * n * nh * kvr * sizeof(float)));
   float* o_lat = q_lat + n * nh * kvr;
@@ -516,7 +527,7 @@ void CudaBackend::MlaAttention(const Tensor& q, const Tensor& kv_b, const Attent
                   head_begin, head_end, kvr, q_lat, state_->stream);
     LaunchMlaAttention(q.data_as<const float>(), n, heads, q_lat, kvr, dn, dr, Paged(tokens),
                        cache.data(), cache.dtype() == DType::kBF16, head_begin, head_end, scale,
-                       max_context, splits, tf32_, partial, o_lat, state_->stream);
+                       max_context, splits, tf32_, partial, counters, o_lat, state_->stream);
     LaunchMlaOut(o_lat, n, dn, dv, kv_b.data_as<const float>(), head_begin, head_end, kvr,
                  out.data_as<float>(), state_->stream);
     return;
@@ -530,7 +541,7 @@ void CudaBackend::MlaAttention(const Tensor& q, const Tensor& kv_b, const Attent
       CUBLAS_GEMM_DEFAULT));
   LaunchMlaAttention(q.data_as<const float>(), n, heads, q_lat, kvr, dn, dr, Paged(tokens),
                      cache.data(), cache.dtype() == DType::kBF16, head_begin, head_end, scale,
-                     max_context, splits, tf32_, partial, o_lat, state_->stream);
+                     max_context, splits, tf32_, partial, counters, o_lat, state_->stream);
   // out_h [n, dv] = o_lat_h [n, kvr] · W_v[h]ᵀ (W_v[h]: [dv, kvr]).
   AFD_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
       state_->cublas, CUBLAS_OP_T, CUBLAS_OP_N, dv, n, kvr, &one, w_v, CUDA_R_32F, kvr,
@@ -598,7 +609,7 @@ void CudaBackend::GroupedExpertMlp(const Tensor& x, const Tensor& offsets,
   // bf16 experts of decode and mid-sized groups: both GEMMs on tensor cores with a bf16
   // intermediate (act's scratch holds it).
   if (bf16 &&
-      LaunchGroupedMlpMma(x.data_as<const float>(), m, h, inter, ExpertTable(experts, 0),
+      LaunchGroupedMlpMma(x.data_as<const float>(), nullptr, m, h, inter, ExpertTable(experts, 0),
                           ExpertTable(experts, 1), offsets.data_as<const int32_t>(), e, xb,
                           reinterpret_cast<uint16_t*>(act), out.data_as<float>(), state_->stream)) {
     return;
@@ -609,6 +620,31 @@ void CudaBackend::GroupedExpertMlp(const Tensor& x, const Tensor& offsets,
   LaunchGroupedLinear(act, m, inter, ExpertTable(experts, 1), bf16,
                       offsets.data_as<const int32_t>(), e, h, /*swiglu=*/false,
                       out.data_as<float>(), xb, state_->stream);
+}
+
+void CudaBackend::GatheredExpertMlp(const Tensor& x, const Tensor& src_row, const Tensor& grouped,
+                                    const Tensor& offsets, const ExpertWeights& experts,
+                                    const Tensor& out) {
+  const auto [m, h] = CheckGatherRows(device(), x, src_row, grouped);
+  CheckGroupedExpertMlp(device(), grouped, offsets, experts, out);
+  const int64_t e = experts.num_experts();
+  if (e == 0 || m == 0) return;
+  const int64_t inter = experts.down.front().dim(1);
+  const bool bf16 = experts.gate_up.front().dtype() == DType::kBF16;
+  if (bf16 && Aligned16(x.data())) {
+    // The mma path rounds its rows to bf16 first: gathered on the way (no fp32 copy).
+    const OpScope scope(*this, "GroupedExpertMlp", {m, h});
+    auto* act = static_cast<uint16_t*>(Scratch(kMoeAct, m * inter * sizeof(float)));
+    auto* xb = static_cast<uint16_t*>(Scratch(kBf16Input, m * std::max(h, inter) * 2));
+    if (LaunchGroupedMlpMma(x.data_as<const float>(), src_row.data_as<const int32_t>(), m, h, inter,
+                            ExpertTable(experts, 0), ExpertTable(experts, 1),
+                            offsets.data_as<const int32_t>(), e, xb, act, out.data_as<float>(),
+                            state_->stream)) {
+      return;
+    }
+  }
+  GatherRows(x, src_row, grouped);
+  GroupedExpertMlp(grouped, offsets, experts, out);
 }
 
 void CudaBackend::MoeCombine(const Tensor& y, const Tensor& row_of_slot, const Tensor& weights,

@@ -59,6 +59,9 @@ class CudaBackend : public Backend {
                   const Tensor& src_row, const Tensor& row_of_slot) override;
   void GroupedExpertMlp(const Tensor& x, const Tensor& offsets, const ExpertWeights& experts,
                         const Tensor& out) override;
+  void GatheredExpertMlp(const Tensor& x, const Tensor& src_row, const Tensor& grouped,
+                         const Tensor& offsets, const ExpertWeights& experts,
+                         const Tensor& out) override;
   void MoeCombine(const Tensor& y, const Tensor& row_of_slot, const Tensor& weights,
                   bool accumulate, const Tensor& out) override;
   void LogSoftmaxAt(const Tensor& logits, const Tensor& ids, const Tensor& out) override;
@@ -79,6 +82,8 @@ class CudaBackend : public Backend {
   class OpScope;  // records an op's device time while profiling
   // Device scratch of at least `bytes` for slot `slot` (grows between uses; kept).
   void* Scratch(int slot, size_t bytes);
+  // Scratch that reads zero when (re)allocated: kernels that use it leave it zero again.
+  void* ZeroedScratch(int slot, size_t bytes);
   // Device table of an expert set's gate_up (kind 0) or down (kind 1) weight pointers.
   const void* const* ExpertTable(const ExpertWeights& experts, int kind);
 

@@ -80,10 +80,13 @@ bool MlaTilesFit(int64_t kvr, int64_t dr, bool bf16_cache, bool tf32);
 // Context splits per (token, head group) for the kernel that will run (`tiles`: MlaTilesFit).
 int64_t MlaSplits(int64_t n, int64_t nh, int64_t max_context, bool tiles, int sm_count);
 int64_t MlaPartialFloats(int64_t n, int64_t nh, int64_t splits, int64_t kvr);
+// counters: MlaCounters(...) ints, zero before the first launch (the kernels leave them zero).
+int64_t MlaCounters(int64_t n, int64_t nh);
 void LaunchMlaAttention(const float* q, int64_t n, int64_t heads, const float* q_lat, int64_t kvr,
                         int64_t dn, int64_t dr, const PagedArgs& t, const void* cache,
                         bool bf16_cache, int64_t h0, int64_t h1, float scale, int64_t max_context,
-                        int64_t splits, bool tf32, float* partial, float* o_lat, cudaStream_t s);
+                        int64_t splits, bool tf32, float* partial, int* counters, float* o_lat,
+                        cudaStream_t s);
 
 // router.cu: one warp per token; num_experts <= kMaxRouterExperts.
 inline constexpr int kMaxRouterExperts = 512;
@@ -104,8 +107,9 @@ void LaunchMoePermute(const int32_t* ids, int64_t n, int64_t k, int64_t begin, i
 // false, nothing launched): x rounded to bf16 once into x_bf16 [m, h], the SwiGLU product
 // written as bf16 into act_bf16 [m, inter] by the first GEMM (rounded as the separate
 // conversion would: the same bits), then out [m, h] = act · W_down^T. No fp32 intermediate.
-bool LaunchGroupedMlpMma(const float* x, int64_t m, int64_t h, int64_t inter,
-                         const void* const* gate_up, const void* const* down,
+// src_row: null, or row r of the rows is x[src_row[r]] (gathered while rounded).
+bool LaunchGroupedMlpMma(const float* x, const int32_t* src_row, int64_t m, int64_t h,
+                         int64_t inter, const void* const* gate_up, const void* const* down,
                          const int32_t* offsets, int64_t num_local, uint16_t* x_bf16,
                          uint16_t* act_bf16, float* out, cudaStream_t s);
 // Grouped y[r] = x[r] · W_e^T for the rows of each expert; weights by pointer table

@@ -476,10 +476,50 @@ constexpr size_t kTileSmemBytes =
     (size_t(kGroup + 2 * kTileRows) * kTileStride + kGroup * kTilePStride) * 2 +
     2 * kTileWarps * kGroup * sizeof(float);
 
+// The end of a split of AttentionTiles when there are several: its partial is written; the
+// last block of the (token, head group) to arrive (a counter per pair, zero between launches:
+// that block re-arms it) merges every split's partial into o_lat in split order, with
+// AttentionCombine's arithmetic, so the result does not depend on which block came last.
+// stats: kGroup x 2 floats of shared memory.
+__device__ void MergeIfLast(const float* partial, int64_t tok, int64_t nh, int64_t g0, int g_count,
+                            int64_t splits, int64_t kvr, int* counter, float* o_lat, float* stats) {
+  __shared__ int last;
+  __threadfence();  // this thread's partial is visible device-wide before the arrival
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(counter, 1) == splits - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  const auto part = [&](int h, int64_t s) {
+    return partial + ((tok * nh + g0 + h) * splits + s) * (kvr + 2);
+  };
+  if (threadIdx.x < g_count) {
+    const int h = threadIdx.x;
+    float mx = -FLT_MAX;
+    for (int64_t s = 0; s < splits; ++s) mx = fmaxf(mx, __ldcg(part(h, s)));
+    float total = 0.0f;
+    for (int64_t s = 0; s < splits; ++s)
+      total += __ldcg(part(h, s) + 1) * expf(__ldcg(part(h, s)) - mx);
+    stats[h] = mx;
+    stats[kGroup + h] = total;
+  }
+  if (threadIdx.x == 0) *counter = 0;
+  __syncthreads();
+  for (int64_t e = threadIdx.x; e < g_count * kvr; e += blockDim.x) {
+    const int h = static_cast<int>(e / kvr);
+    const int64_t l = e % kvr;
+    const float mx = stats[h];
+    float acc = 0.0f;
+    for (int64_t s = 0; s < splits; ++s)
+      acc += __ldcg(part(h, s) + 2 + l) * expf(__ldcg(part(h, s)) - mx);
+    o_lat[(tok * nh + g0 + h) * kvr + l] = acc / stats[kGroup + h];
+  }
+}
+
 __global__ void __launch_bounds__(kTileWarps * 32, 1)
     AttentionTiles(const float* q, int64_t heads, const float* q_lat, int64_t dn, PagedArgs t,
                    const __nv_bfloat16* cache, int64_t h0, int64_t nh, float scale_log2,
-                   int64_t span, float* partial) {
+                   int64_t span, float* partial, int* counters, float* o_lat) {
   extern __shared__ float4 smem4[];
   auto* qs = reinterpret_cast<__nv_bfloat16*>(smem4);                 // [kGroup][kTileStride]
   __nv_bfloat16* rows = qs + kGroup * kTileStride;                    // [2][kTileRows][kTileStride]
@@ -493,7 +533,8 @@ __global__ void __launch_bounds__(kTileWarps * 32, 1)
   const int64_t splits = gridDim.z, split = blockIdx.z;
   const int64_t len = t.positions[tok] + 1, seq = t.seq_index[tok];
   const int64_t j_begin = split * span, j_end = min(len, j_begin + span);
-  if (j_begin >= j_end) {
+  int* counter = counters + tok * gridDim.y + blockIdx.y;
+  if (j_begin >= j_end) {  // an empty split (splits > 1)
     for (int h = 0; h < g_count; ++h) {
       float* part = partial + ((tok * nh + g0 + h) * splits + split) * (kvr + 2);
       if (tid == 0) {
@@ -502,6 +543,7 @@ __global__ void __launch_bounds__(kTileWarps * 32, 1)
       }
       for (int64_t l = tid; l < kvr; l += blockDim.x) part[2 + l] = 0.0f;
     }
+    MergeIfLast(partial, tok, nh, g0, g_count, splits, kvr, counter, o_lat, red);
     return;
   }
   const int32_t* table = t.block_tables + seq * t.max_blocks;
@@ -634,6 +676,26 @@ __global__ void __launch_bounds__(kTileWarps * 32, 1)
     lred[warp * kGroup + gid + 8] = l_hi;
   }
   __syncthreads();
+  if (splits == 1) {  // o_lat = o / l at once (what AttentionCombine makes of one split)
+    float total_lo = 0.0f, total_hi = 0.0f;
+    for (int w = 0; w < kTileWarps; ++w) {
+      total_lo += lred[w * kGroup + gid];
+      total_hi += lred[w * kGroup + gid + 8];
+    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int col = 64 * warp + 8 * i + 2 * tq;
+      if (gid < g_count) {
+        *reinterpret_cast<float2*>(o_lat + (tok * nh + g0 + gid) * kvr + col) =
+            make_float2(o[i][0] / total_lo, o[i][1] / total_lo);
+      }
+      if (gid + 8 < g_count) {
+        *reinterpret_cast<float2*>(o_lat + (tok * nh + g0 + gid + 8) * kvr + col) =
+            make_float2(o[i][2] / total_hi, o[i][3] / total_hi);
+      }
+    }
+    return;
+  }
   constexpr float kLn2 = 0.693147180559945309f;
   if (tid < g_count) {
     float total = 0.0f;
@@ -657,6 +719,7 @@ __global__ void __launch_bounds__(kTileWarps * 32, 1)
       *reinterpret_cast<float2*>(part) = make_float2(o[i][2 * half], o[i][2 * half + 1]);
     }
   }
+  MergeIfLast(partial, tok, nh, g0, g_count, splits, kvr, counter, o_lat, red);
 }
 
 // Block (token, head): merges the splits' partials into o_lat[t, h] =
@@ -855,6 +918,8 @@ int64_t MlaPartialFloats(int64_t n, int64_t nh, int64_t splits, int64_t kvr) {
   return n * nh * splits * (kvr + 2);
 }
 
+int64_t MlaCounters(int64_t n, int64_t nh) { return n * ((nh + kGroup - 1) / kGroup); }
+
 namespace {
 
 // The chunked kernel (AttentionPartial) for every other shape and precision.
@@ -906,7 +971,8 @@ void LaunchChunks(const float* q, int64_t n, int64_t heads, const float* q_lat, 
 void LaunchMlaAttention(const float* q, int64_t n, int64_t heads, const float* q_lat, int64_t kvr,
                         int64_t dn, int64_t dr, const PagedArgs& t, const void* cache,
                         bool bf16_cache, int64_t h0, int64_t h1, float scale, int64_t max_context,
-                        int64_t splits, bool tf32, float* partial, float* o_lat, cudaStream_t s) {
+                        int64_t splits, bool tf32, float* partial, int* counters, float* o_lat,
+                        cudaStream_t s) {
   if (n == 0) return;
   AFD_CHECK(kvr <= kMaxLatent && kvr % 4 == 0 && dr % 4 == 0 && dn % 4 == 0 &&
                 kvr + dr <= kMaxWidth && reinterpret_cast<uintptr_t>(q) % 16 == 0 &&
@@ -930,12 +996,12 @@ void LaunchMlaAttention(const float* q, int64_t n, int64_t heads, const float* q
     constexpr float kLog2e = 1.4426950408889634f;
     AttentionTiles<<<grid, kTileWarps * 32, kTileSmemBytes, s>>>(
         q, heads, q_lat, dn, t, static_cast<const __nv_bfloat16*>(cache), h0, nh, scale * kLog2e,
-        span, partial);
+        span, partial, counters, o_lat);
     CheckLaunch("MlaAttention (tiles)");
-  } else {
-    LaunchChunks(q, n, heads, q_lat, kvr, dn, dr, t, cache, bf16_cache, h0, h1, scale, max_context,
-                 splits, tf32, partial, s);
+    return;  // the kernel writes o_lat itself (one split) or merges the splits (the last block)
   }
+  LaunchChunks(q, n, heads, q_lat, kvr, dn, dr, t, cache, bf16_cache, h0, h1, scale, max_context,
+               splits, tf32, partial, s);
   const dim3 grid2(static_cast<unsigned>(n), static_cast<unsigned>(nh));
   AttentionCombine<<<grid2, kAttnThreads, 0, s>>>(kvr, nh, splits, partial, o_lat);
   CheckLaunch("MlaAttention (combine)");

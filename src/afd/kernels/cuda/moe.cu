@@ -6,7 +6,9 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 #include <type_traits>
 
 #include "afd/common/cuda_check.h"
@@ -309,6 +311,21 @@ __global__ void RowsToBf16(const float* x, int64_t n, __nv_bfloat16* out) {
   }
 }
 
+// Block r: out[r] = x[index[r]] rounded to bf16 (4 values per thread step; h % 4 == 0, x
+// 16-byte aligned, out 8-byte aligned).
+__global__ void GatherRowsToBf16(const float* x, const int32_t* index, int64_t h,
+                                 __nv_bfloat16* out) {
+  const float4* src = reinterpret_cast<const float4*>(x + int64_t(index[blockIdx.x]) * h);
+  auto* dst = reinterpret_cast<uint2*>(out + int64_t(blockIdx.x) * h);
+  for (int64_t i = threadIdx.x; i < h / 4; i += blockDim.x) {
+    const float4 v = src[i];
+    uint2 packed;
+    *reinterpret_cast<__nv_bfloat162*>(&packed.x) = __floats2bfloat162_rn(v.x, v.y);
+    *reinterpret_cast<__nv_bfloat162*>(&packed.y) = __floats2bfloat162_rn(v.z, v.w);
+    dst[i] = packed;
+  }
+}
+
 // Tensor-core path for bf16 experts at decode and mid-sized groups: mma.sync m16n8k16 (bf16 in,
 // fp32 accumulate). x is the bf16 copy of the rows (RowsToBf16), so the results round exactly as
 // the other bf16 paths do.
@@ -410,18 +427,26 @@ __device__ __forceinline__ void MmaCompute(const uint4 (&w)[kMmaUnroll][2],
 // kBf16Out (SwiGLU only): the products are written as bf16 to yb (rounded as RowsToBf16 rounds
 // them: the next GEMM's input) instead of fp32 to y. piece: the K piece staged at a time (a
 // multiple of 32; PlanMma).
-template <bool kSwiglu, bool kBf16Out, int kTiles, int kWarps = 4 * kTiles>
-__global__ void __launch_bounds__(kWarps * 32, 8 / kWarps * 2)  // 128 registers
+// kHalves == 2 (one m tile, K over one piece: decode's few rows per expert): the block's warps
+// are two halves over the same columns, half h taking pieces h, h + 2, ... (both pieces of a
+// round staged at once), so each warp's chain of dependent weight loads is half as long; half 1
+// hands its sums to half 0 through shared memory, which adds them (sum = half 0 + half 1) and
+// stores. The sum order then differs from kHalves == 1 in the last bits.
+template <bool kSwiglu, bool kBf16Out, int kTiles, int kHalves = 1,
+          int kWarps = 4 * kTiles* kHalves>
+__global__ void __launch_bounds__(kWarps * 32, 16 / kWarps)  // 128 registers
     GroupedMma(const __nv_bfloat16* x, int64_t k, int piece, const void* const* w_ptrs,
                const int32_t* offsets, int64_t n_out, float* y, __nv_bfloat16* yb) {
+  static_assert(kHalves == 1 || kTiles == 1, "halves only with one m tile");
   extern __shared__ uint4 stage4[];
-  auto* xs = reinterpret_cast<__nv_bfloat16*>(stage4);  // [16 kTiles][MmaStride(piece)]
-  constexpr int kPassRows = 16 * kTiles;
+  auto* xs = reinterpret_cast<__nv_bfloat16*>(stage4);  // [kHalves][16 kTiles][MmaStride(piece)]
+  constexpr int kPassRows = 16 * kTiles, kColWarps = kWarps / kHalves;
   const int64_t e = blockIdx.z, r_end = offsets[e + 1];
   const int64_t first = offsets[e] + int64_t(blockIdx.y) * kPassRows;
   if (first >= r_end) return;  // the whole block
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gid = lane >> 2, t = lane & 3;
-  const int64_t n0 = (int64_t(blockIdx.x) * kWarps + warp) * (kSwiglu ? 8 : 16);
+  const int half = warp / kColWarps, cw = warp % kColWarps;
+  const int64_t n0 = (int64_t(blockIdx.x) * kColWarps + cw) * (kSwiglu ? 8 : 16);
   const bool active = n0 < n_out;  // idle warps past n_out still stage x and meet the barriers
   // Plain with n_out % 16 == 8: the last warp's second tile is past n_out; it re-reads the
   // first tile and its outputs are dropped.
@@ -430,6 +455,7 @@ __global__ void __launch_bounds__(kWarps * 32, 8 / kWarps * 2)  // 128 registers
   const __nv_bfloat16* wa = w + (n0 + gid) * k + t * 8;
   const __nv_bfloat16* wb = w + ((kSwiglu ? n_out + n0 : (second ? n0 + 8 : n0)) + gid) * k + t * 8;
   const int stride = MmaStride(piece);
+  const __nv_bfloat16* my_xs = xs + half * kPassRows * stride;
   for (int64_t p0 = first; p0 < r_end; p0 += int64_t(gridDim.y) * kPassRows) {
     const int rows = static_cast<int>(min(static_cast<int64_t>(kPassRows), r_end - p0));
     const int tiles = (rows + 15) / 16;
@@ -439,21 +465,29 @@ __global__ void __launch_bounds__(kWarps * 32, 8 / kWarps * 2)  // 128 registers
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int rr = 16 * i + 8 * h + gid;
-        xr[i][h] = rr < rows ? xs + rr * stride + t * 8 : nullptr;
+        xr[i][h] = rr < rows ? my_xs + rr * stride + t * 8 : nullptr;
       }
     }
     float acc[kTiles][2][4] = {};
-    for (int64_t kb = 0; kb < k; kb += piece) {
-      const int kn = static_cast<int>(min(static_cast<int64_t>(piece), k - kb));
-      const int chunks = kn / 32, vecs = kn / 8;
-      __syncthreads();  // the previous piece is consumed
-      for (int i = threadIdx.x; i < rows * vecs; i += kWarps * 32) {
-        const int r = i / vecs, v = i - r * vecs;
-        CopyAsync16(xs + r * stride + 8 * v, x + (p0 + r) * k + kb + 8 * v);
+    for (int64_t kr = 0; kr < k; kr += int64_t(kHalves) * piece) {
+      __syncthreads();  // the previous round's pieces are consumed
+#pragma unroll
+      for (int h = 0; h < kHalves; ++h) {
+        const int64_t kb = kr + int64_t(h) * piece;
+        if (kb >= k) break;
+        const int vecs = static_cast<int>(min(static_cast<int64_t>(piece), k - kb)) / 8;
+        __nv_bfloat16* dst = xs + h * kPassRows * stride;
+        for (int i = threadIdx.x; i < rows * vecs; i += kWarps * 32) {
+          const int r = i / vecs, v = i - r * vecs;
+          CopyAsync16(dst + r * stride + 8 * v, x + (p0 + r) * k + kb + 8 * v);
+        }
       }
+      const int64_t kb = kr + int64_t(half) * piece;
+      const int kn = kb < k ? static_cast<int>(min(static_cast<int64_t>(piece), k - kb)) : 0;
+      const int chunks = kn / 32;
       // The first weight group's loads are in flight while x lands.
       uint4 wv[kMmaUnroll][2];
-      if (active) {
+      if (active && chunks > 0) {
         if (chunks >= kMmaUnroll) {
           MmaLoadW<false>(wa + kb, wb + kb, 0, chunks, wv);
         } else {
@@ -476,6 +510,28 @@ __global__ void __launch_bounds__(kWarps * 32, 8 / kWarps * 2)  // 128 registers
         } else {
           MmaCompute<true>(wv, xr, c, chunks, tiles, acc);
         }
+      }
+    }
+    if constexpr (kHalves == 2) {
+      // Half 1's sums to half 0 (the stage is free once every warp is past its last piece).
+      float* red = reinterpret_cast<float*>(stage4);  // [kColWarps][32 lanes][8]
+      __syncthreads();
+      if (half == 1 && active) {
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          reinterpret_cast<float4*>(red)[(cw * 32 + lane) * 2 + j] =
+              make_float4(acc[0][j][0], acc[0][j][1], acc[0][j][2], acc[0][j][3]);
+        }
+      }
+      __syncthreads();
+      if (half == 1 || !active) continue;
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const float4 o = reinterpret_cast<const float4*>(red)[(cw * 32 + lane) * 2 + j];
+        acc[0][j][0] += o.x;
+        acc[0][j][1] += o.y;
+        acc[0][j][2] += o.z;
+        acc[0][j][3] += o.w;
       }
     }
     if (!active) continue;
@@ -614,6 +670,15 @@ bool MmaFits(int64_t m, int64_t k, int64_t n_out, int64_t num_local) {
 }
 
 // x [n] rounded to bf16 into xb (the mma path's input).
+void LaunchGatherRowsToBf16(const float* x, const int32_t* index, int64_t m, int64_t h,
+                            __nv_bfloat16* xb, cudaStream_t s) {
+  if (m == 0) return;
+  AFD_CHECK(h % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0,
+            "GatherRowsToBf16: hidden size {} must be a multiple of 4, x 16-byte aligned", h);
+  GatherRowsToBf16<<<static_cast<unsigned>(m), 256, 0, s>>>(x, index, h, xb);
+  CheckLaunch("GatherRowsToBf16");
+}
+
 void LaunchRowsToBf16(const float* x, int64_t n, __nv_bfloat16* xb, cudaStream_t s) {
   const int blocks = static_cast<int>(std::min<int64_t>((n + 255) / 256, 4096));
   RowsToBf16<<<blocks, 256, 0, s>>>(x, n, xb);
@@ -624,7 +689,7 @@ void LaunchRowsToBf16(const float* x, int64_t n, __nv_bfloat16* xb, cudaStream_t
 // (equal pieces, multiples of 32, each fitting kMmaTileStageBytes per m tile), the grid (column
 // tiles x row slices x experts) and the shared memory bytes.
 struct MmaLaunch {
-  int tiles, warps, piece;
+  int tiles, halves, warps, piece;
   dim3 grid;
   size_t smem;
 };
@@ -637,9 +702,15 @@ MmaLaunch PlanMma(int64_t m, int64_t k, int64_t n_out, bool swiglu, int64_t num_
   const int64_t max_piece = (kMmaTileStageBytes / 32 - 32) / 32 * 32;
   const int64_t pieces = (k + max_piece - 1) / max_piece;
   p.piece = static_cast<int>((k / 32 + pieces - 1) / pieces * 32);
-  p.smem = static_cast<size_t>(pass_rows) * MmaStride(p.piece) * sizeof(__nv_bfloat16);
-  p.warps = 4 * p.tiles;
-  const int64_t cols = p.warps * (swiglu ? 8 : 16);
+  // One m tile over more than one piece: two halves of warps over K (GroupedMma, kHalves).
+  static const bool halves_off = [] {
+    const char* v = std::getenv("AFD_MOE_HALVES");  // "0": one chain over K (for comparisons)
+    return v != nullptr && std::string(v) == "0";
+  }();
+  p.halves = p.tiles == 1 && pieces > 1 && !halves_off ? 2 : 1;
+  p.smem = static_cast<size_t>(p.halves * pass_rows) * MmaStride(p.piece) * sizeof(__nv_bfloat16);
+  p.warps = 4 * p.tiles * p.halves;
+  const int64_t cols = p.warps / p.halves * (swiglu ? 8 : 16);
   // Row slices: one pass each for up to 16 rows per expert on average; above, twice the average
   // passes, so that an expert over its share runs its extra passes side by side, not after
   // (blocks of a slice past an expert's rows exit at once).
@@ -656,22 +727,26 @@ void LaunchMma(const __nv_bfloat16* x, int64_t m, int64_t k, const void* const* 
                const int32_t* offsets, int64_t num_local, int64_t n_out, float* y,
                __nv_bfloat16* yb, cudaStream_t s) {
   const MmaLaunch p = PlanMma(m, k, n_out, kSwiglu, num_local);
-  const auto go = [&](auto tiles) {
-    constexpr int kTiles = decltype(tiles)::value;
-    const auto kernel = GroupedMma<kSwiglu, kBf16Out, kTiles>;
-    // The opt-in above 48 KB, once per instance (this lambda is instantiated per kTiles).
+  const auto go = [&](auto tiles, auto halves) {
+    constexpr int kTiles = decltype(tiles)::value, kHalves = decltype(halves)::value;
+    const auto kernel = GroupedMma<kSwiglu, kBf16Out, kTiles, kHalves>;
+    // The opt-in above 48 KB, once per instance (this lambda is instantiated per plan shape).
     static const bool raised = [&] {
       AFD_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          kTiles * kMmaTileStageBytes));
+                                          kHalves * kTiles * kMmaTileStageBytes));
       return true;
     }();
     (void)raised;
     kernel<<<p.grid, p.warps * 32, p.smem, s>>>(x, k, p.piece, w_ptrs, offsets, n_out, y, yb);
   };
+  using One = std::integral_constant<int, 1>;
+  using Two = std::integral_constant<int, 2>;
   if (p.tiles == 2) {
-    go(std::integral_constant<int, 2>{});
+    go(Two{}, One{});
+  } else if (p.halves == 2) {
+    go(One{}, Two{});
   } else {
-    go(std::integral_constant<int, 1>{});
+    go(One{}, One{});
   }
 }
 
@@ -770,8 +845,8 @@ void LaunchGroupedLinear(const float* x, int64_t m, int64_t k, const void* const
   CheckLaunch("GroupedExpertMlp");
 }
 
-bool LaunchGroupedMlpMma(const float* x, int64_t m, int64_t h, int64_t inter,
-                         const void* const* gate_up, const void* const* down,
+bool LaunchGroupedMlpMma(const float* x, const int32_t* src_row, int64_t m, int64_t h,
+                         int64_t inter, const void* const* gate_up, const void* const* down,
                          const int32_t* offsets, int64_t num_local, uint16_t* x_bf16,
                          uint16_t* act_bf16, float* out, cudaStream_t s) {
   if (m == 0 || num_local == 0 || !MmaFits(m, h, inter, num_local) ||
@@ -780,7 +855,11 @@ bool LaunchGroupedMlpMma(const float* x, int64_t m, int64_t h, int64_t inter,
   }
   auto* xb = reinterpret_cast<__nv_bfloat16*>(x_bf16);
   auto* ab = reinterpret_cast<__nv_bfloat16*>(act_bf16);
-  LaunchRowsToBf16(x, m * h, xb, s);
+  if (src_row != nullptr) {
+    LaunchGatherRowsToBf16(x, src_row, m, h, xb, s);
+  } else {
+    LaunchRowsToBf16(x, m * h, xb, s);
+  }
   LaunchMma<true, true>(xb, m, h, gate_up, offsets, num_local, inter, nullptr, ab, s);
   LaunchMma<false, false>(ab, m, inter, down, offsets, num_local, h, out, nullptr, s);
   CheckLaunch("GroupedExpertMlp (mma, bf16 intermediate)");
