@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# One device call after a change to the decode kernels: gpu_check.sh (backend_ops_test, fp32 vs
+# the CPU and bf16 graph vs eager on the goldens, v3_trained vs transformers bf16, afd bench decode
+# at context 128 and 1024; the torch peer unless SKIP_PEER=1), its summary printed, then
+# `afd bench decode` again under AB_ENV (e.g. "AFD_MOE_HALVES=0": a kernel choice turned off, to
+# compare in the same call) at AB_BATCH (default 1,16,64).
+# Usage (repo root there): tools/device/decode_check.sh BIN_DIR OUT_DIR
+set -u
+BIN=$(readlink -f "$1")
+OUT=$2
+HERE=$(dirname "$(readlink -f "$0")")
+mkdir -p "$OUT"
+. "$HERE/env.sh"  # LD_LIBRARY_PATH, PY
+SCORE_CASES=${SCORE_CASES:-v3_trained} SKIP_PERF=1 SKIP_PEER=${SKIP_PEER:-} LONG_CONTEXT=1 \
+  timeout "${CHECK_TIMEOUT:-450}" bash "$HERE/gpu_check.sh" "$BIN" /tmp/decode_chk >"$OUT/check.log" 2>&1
+echo "== gpu_check (rc $?)"
+grep -v '^\[' "$OUT/check.log" | grep -vE 'Loading weights|^\s*$' |
+  grep -E 'passed|failed|FAIL|greedy ids identical|top-1|batch|^ +[0-9]+ |exit status|ms/step|torch|peer' |
+  cut -c1-220 | tail -40
+if [ -n "${AB_ENV:-}" ]; then
+  echo "== afd bench decode with $AB_ENV"
+  env $AB_ENV timeout 240 "$BIN/afd" bench decode --model preset:deepseek-v2-lite --device cuda \
+    --batch "${AB_BATCH:-1,16,64}" --context 128 --steps 16 2>&1 | grep -v "loading weights \[" | tail -5
+fi
