@@ -479,10 +479,16 @@ constexpr size_t kTileSmemBytes =
 // The end of a split of AttentionTiles when there are several: its partial is written; the
 // last block of the (token, head group) to arrive (a counter per pair, zero between launches:
 // that block re-arms it) merges every split's partial into o_lat in split order, with
-// AttentionCombine's arithmetic, so the result does not depend on which block came last.
-// stats: kGroup x 2 floats of shared memory.
+// AttentionCombine's arithmetic (the same bits), so the result does not depend on which block
+// came last. The merge reads the partials from L2 in batches of kMergeBatch 16-byte loads per
+// thread per split (a load at a time would be one L2 round trip per output: ~16 us a block).
+// scratch: kMaxMlaSplits x kGroup floats of shared memory (the factors e^{m_s - M}), then the
+// kGroup totals.
+constexpr int kMaxMlaSplits = 64;
+constexpr int kMergeBatch = 8;
 __device__ void MergeIfLast(const float* partial, int64_t tok, int64_t nh, int64_t g0, int g_count,
-                            int64_t splits, int64_t kvr, int* counter, float* o_lat, float* stats) {
+                            int splits, int* counter, float* o_lat, float* scratch) {
+  constexpr int64_t kvr = kTileLatent;
   __shared__ int last;
   __threadfence();  // this thread's partial is visible device-wide before the arrival
   __syncthreads();
@@ -490,29 +496,59 @@ __device__ void MergeIfLast(const float* partial, int64_t tok, int64_t nh, int64
   __syncthreads();
   if (!last) return;
   __threadfence();
-  const auto part = [&](int h, int64_t s) {
+  const auto part = [&](int h, int s) {
     return partial + ((tok * nh + g0 + h) * splits + s) * (kvr + 2);
   };
+  float* factor = scratch;                          // [splits][kGroup]
+  float* total = scratch + kMaxMlaSplits * kGroup;  // [kGroup]
   if (threadIdx.x < g_count) {
     const int h = threadIdx.x;
     float mx = -FLT_MAX;
-    for (int64_t s = 0; s < splits; ++s) mx = fmaxf(mx, __ldcg(part(h, s)));
-    float total = 0.0f;
-    for (int64_t s = 0; s < splits; ++s)
-      total += __ldcg(part(h, s) + 1) * expf(__ldcg(part(h, s)) - mx);
-    stats[h] = mx;
-    stats[kGroup + h] = total;
+    for (int s = 0; s < splits; ++s) mx = fmaxf(mx, __ldcg(part(h, s)));
+    float sum = 0.0f;
+    for (int s = 0; s < splits; ++s) {
+      const float f = expf(__ldcg(part(h, s)) - mx);
+      factor[s * kGroup + h] = f;
+      sum += __ldcg(part(h, s) + 1) * f;
+    }
+    total[h] = sum;
   }
   if (threadIdx.x == 0) *counter = 0;
   __syncthreads();
-  for (int64_t e = threadIdx.x; e < g_count * kvr; e += blockDim.x) {
-    const int h = static_cast<int>(e / kvr);
-    const int64_t l = e % kvr;
-    const float mx = stats[h];
-    float acc = 0.0f;
-    for (int64_t s = 0; s < splits; ++s)
-      acc += __ldcg(part(h, s) + 2 + l) * expf(__ldcg(part(h, s)) - mx);
-    o_lat[(tok * nh + g0 + h) * kvr + l] = acc / stats[kGroup + h];
+  constexpr int kVecs = kvr / 4;  // float4 columns of a head
+  const int vecs = g_count * kVecs;
+  for (int base = threadIdx.x; base < vecs; base += kMergeBatch * blockDim.x) {
+    float4 acc[kMergeBatch];
+#pragma unroll
+    for (int b = 0; b < kMergeBatch; ++b) acc[b] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int s = 0; s < splits; ++s) {
+      float4 v[kMergeBatch];
+#pragma unroll
+      for (int b = 0; b < kMergeBatch; ++b) {
+        const int e = base + b * blockDim.x;
+        if (e < vecs)
+          v[b] = __ldcg(reinterpret_cast<const float4*>(part(e / kVecs, s) + 2) + e % kVecs);
+      }
+#pragma unroll
+      for (int b = 0; b < kMergeBatch; ++b) {
+        const int e = base + b * blockDim.x;
+        if (e >= vecs) break;
+        const float f = factor[s * kGroup + e / kVecs];
+        acc[b].x += v[b].x * f;
+        acc[b].y += v[b].y * f;
+        acc[b].z += v[b].z * f;
+        acc[b].w += v[b].w * f;
+      }
+    }
+#pragma unroll
+    for (int b = 0; b < kMergeBatch; ++b) {
+      const int e = base + b * blockDim.x;
+      if (e >= vecs) break;
+      const int h = e / kVecs;
+      const float t = total[h];
+      reinterpret_cast<float4*>(o_lat + (tok * nh + g0 + h) * kvr)[e % kVecs] =
+          make_float4(acc[b].x / t, acc[b].y / t, acc[b].z / t, acc[b].w / t);
+    }
   }
 }
 
@@ -543,7 +579,8 @@ __global__ void __launch_bounds__(kTileWarps * 32, 1)
       }
       for (int64_t l = tid; l < kvr; l += blockDim.x) part[2 + l] = 0.0f;
     }
-    MergeIfLast(partial, tok, nh, g0, g_count, splits, kvr, counter, o_lat, red);
+    MergeIfLast(partial, tok, nh, g0, g_count, static_cast<int>(splits), counter, o_lat,
+                reinterpret_cast<float*>(rows));
     return;
   }
   const int32_t* table = t.block_tables + seq * t.max_blocks;
@@ -564,20 +601,29 @@ __global__ void __launch_bounds__(kTileWarps * 32, 1)
     }
     CopyAsyncCommit();
   };
+  // q rows of the group, [q_lat | q_pe] rounded to bf16 (zeros past the group's heads): every
+  // load of this thread issued at once (one round trip), ahead of the cache slot lookups.
+  constexpr int kQVecs = kGroup * kTileChunks * 2, kQLoads = kQVecs / (kTileWarps * 32);
+  static_assert(kQVecs % (kTileWarps * 32) == 0);
+  float4 qv[kQLoads];
+#pragma unroll
+  for (int u = 0; u < kQLoads; ++u) {
+    const int e = tid + u * kTileWarps * 32, h = e / (kTileChunks * 2), c4 = e % (kTileChunks * 2);
+    qv[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (h < g_count) {
+      qv[u] = c4 < kvr / 4 ? reinterpret_cast<const float4*>(q_lat + (tok * nh + g0 + h) * kvr)[c4]
+                           : reinterpret_cast<const float4*>(
+                                 q + (tok * heads + h0 + g0 + h) * (dn + dr) + dn)[c4 - kvr / 4];
+    }
+  }
   load_tile(slot_of(j_begin), 0);
   int64_t next_slot = slot_of(j_begin + kTileRows);
-  // q rows of the group, [q_lat | q_pe] rounded to bf16 (zeros past the group's heads).
-  for (int e = tid; e < kGroup * kTileChunks * 2; e += blockDim.x) {
-    const int h = e / (kTileChunks * 2), c4 = e % (kTileChunks * 2);
-    float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    if (h < g_count) {
-      v = c4 < kvr / 4 ? reinterpret_cast<const float4*>(q_lat + (tok * nh + g0 + h) * kvr)[c4]
-                       : reinterpret_cast<const float4*>(
-                             q + (tok * heads + h0 + g0 + h) * (dn + dr) + dn)[c4 - kvr / 4];
-    }
+#pragma unroll
+  for (int u = 0; u < kQLoads; ++u) {
+    const int e = tid + u * kTileWarps * 32, h = e / (kTileChunks * 2), c4 = e % (kTileChunks * 2);
     __nv_bfloat162* dst = reinterpret_cast<__nv_bfloat162*>(qs + h * kTileStride + 4 * c4);
-    dst[0] = __floats2bfloat162_rn(v.x, v.y);
-    dst[1] = __floats2bfloat162_rn(v.z, v.w);
+    dst[0] = __floats2bfloat162_rn(qv[u].x, qv[u].y);
+    dst[1] = __floats2bfloat162_rn(qv[u].z, qv[u].w);
   }
   // Running max (log2 units) and this thread's partial sums, heads gid and gid + 8.
   float m_lo = -FLT_MAX, m_hi = -FLT_MAX, l_lo = 0.0f, l_hi = 0.0f;
@@ -719,7 +765,8 @@ __global__ void __launch_bounds__(kTileWarps * 32, 1)
       *reinterpret_cast<float2*>(part) = make_float2(o[i][2 * half], o[i][2 * half + 1]);
     }
   }
-  MergeIfLast(partial, tok, nh, g0, g_count, splits, kvr, counter, o_lat, red);
+  MergeIfLast(partial, tok, nh, g0, g_count, static_cast<int>(splits), counter, o_lat,
+              reinterpret_cast<float*>(rows));
 }
 
 // Block (token, head): merges the splits' partials into o_lat[t, h] =
@@ -784,7 +831,7 @@ int64_t MlaSplits(int64_t n, int64_t nh, int64_t max_context, bool tiles, int sm
     const int64_t tiles_total = (max_context + kTileRows - 1) / kTileRows;
     const int64_t sms = std::max(sm_count, 1);
     int64_t best = 1, best_cost = INT64_MAX;
-    for (int64_t s = 1; s <= std::min<int64_t>(tiles_total, 64); ++s) {
+    for (int64_t s = 1; s <= std::min<int64_t>(tiles_total, kMaxMlaSplits); ++s) {
       const int64_t span = (tiles_total + s - 1) / s, used = (tiles_total + span - 1) / span;
       if (used != s) continue;  // the same spans as a smaller count
       const int64_t cost = (blocks * s + sms - 1) / sms * (span + 1);
@@ -989,6 +1036,7 @@ void LaunchMlaAttention(const float* q, int64_t n, int64_t heads, const float* q
                                           static_cast<int>(kTileSmemBytes)));
       smem_set = true;
     }
+    AFD_CHECK(splits >= 1 && splits <= kMaxMlaSplits, "MlaAttention (tiles): {} splits", splits);
     const int64_t tiles = (max_context + kTileRows - 1) / kTileRows;
     const int64_t span = (tiles + splits - 1) / splits * kTileRows;
     const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>((nh + kGroup - 1) / kGroup),
