@@ -480,8 +480,9 @@ constexpr size_t kTileSmemBytes =
 // last block of the (token, head group) to arrive (a counter per pair, zero between launches:
 // that block re-arms it) merges every split's partial into o_lat in split order, with
 // AttentionCombine's arithmetic (the same bits), so the result does not depend on which block
-// came last. The merge reads the partials from L2 in batches of kMergeBatch 16-byte loads per
-// thread per split (a load at a time would be one L2 round trip per output: ~16 us a block).
+// came last. The merge reads the partials from L2 in batches of kMergeBatch loads per
+// thread per split (a load at a time would be one L2 round trip per output: ~16 us a block);
+// 8-byte loads, as the partial rows are 8-byte aligned (kvr + 2 floats each).
 // scratch: kMaxMlaSplits x kGroup floats of shared memory (the factors e^{m_s - M}), then the
 // kGroup totals.
 constexpr int kMaxMlaSplits = 64;
@@ -515,19 +516,21 @@ __device__ void MergeIfLast(const float* partial, int64_t tok, int64_t nh, int64
   }
   if (threadIdx.x == 0) *counter = 0;
   __syncthreads();
-  constexpr int kVecs = kvr / 4;  // float4 columns of a head
+  // float2 columns of a head: a partial's o_lat starts 2 floats past [m | l], 8-byte aligned only.
+  constexpr int kVecs = kvr / 2;
   const int vecs = g_count * kVecs;
   for (int base = threadIdx.x; base < vecs; base += kMergeBatch * blockDim.x) {
-    float4 acc[kMergeBatch];
+    float2 acc[kMergeBatch];
 #pragma unroll
-    for (int b = 0; b < kMergeBatch; ++b) acc[b] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int b = 0; b < kMergeBatch; ++b) acc[b] = make_float2(0.0f, 0.0f);
     for (int s = 0; s < splits; ++s) {
-      float4 v[kMergeBatch];
+      float2 v[kMergeBatch];
 #pragma unroll
       for (int b = 0; b < kMergeBatch; ++b) {
         const int e = base + b * blockDim.x;
-        if (e < vecs)
-          v[b] = __ldcg(reinterpret_cast<const float4*>(part(e / kVecs, s) + 2) + e % kVecs);
+        if (e < vecs) {
+          v[b] = __ldcg(reinterpret_cast<const float2*>(part(e / kVecs, s) + 2) + e % kVecs);
+        }
       }
 #pragma unroll
       for (int b = 0; b < kMergeBatch; ++b) {
@@ -536,8 +539,6 @@ __device__ void MergeIfLast(const float* partial, int64_t tok, int64_t nh, int64
         const float f = factor[s * kGroup + e / kVecs];
         acc[b].x += v[b].x * f;
         acc[b].y += v[b].y * f;
-        acc[b].z += v[b].z * f;
-        acc[b].w += v[b].w * f;
       }
     }
 #pragma unroll
@@ -546,8 +547,8 @@ __device__ void MergeIfLast(const float* partial, int64_t tok, int64_t nh, int64
       if (e >= vecs) break;
       const int h = e / kVecs;
       const float t = total[h];
-      reinterpret_cast<float4*>(o_lat + (tok * nh + g0 + h) * kvr)[e % kVecs] =
-          make_float4(acc[b].x / t, acc[b].y / t, acc[b].z / t, acc[b].w / t);
+      reinterpret_cast<float2*>(o_lat + (tok * nh + g0 + h) * kvr)[e % kVecs] =
+          make_float2(acc[b].x / t, acc[b].y / t);
     }
   }
 }
