@@ -209,6 +209,13 @@ class Backend : public Allocator {
   // scores and P·V) on TF32 tensor cores: inputs rounded to a 10-bit mantissa, finer than the
   // model's bf16 weights, accumulated in fp32. Off (the default, and every fp32 model): exact
   // fp32. The CPU backend, the reference, is always exact. Set once, before any capture.
+  // Concurrency inside a step: the ops `fn` issues may run beside those issued after Beside
+  // returns, until JoinBeside(); ops issued after JoinBeside see everything fn's ops wrote. fn's
+  // ops read only what was written before Beside and write memory that nothing else touches
+  // before JoinBeside. One Beside at a time, joined before the step's end. A backend with one
+  // queue runs fn in place (the CPU: the same ops in the same order, so the same values).
+  virtual void Beside(const std::function<void()>& fn) { fn(); }
+  virtual void JoinBeside() {}
   virtual void AllowTf32(bool /*on*/) {}
 
   // ---- Graphs and profiling (the CUDA backend; the CPU backend has neither) ---------------

@@ -38,11 +38,15 @@ void DeepseekModel::Attention(int64_t layer, const StepInputs& in, kv::PagedKvCa
   }
   // Cache rows of this layer for the step's tokens: c = kv_a_layernorm(x·W_kv_aᵀ[:kv_lora]),
   // k_pe = rope(x·W_kv_aᵀ[kv_lora:]).
+  // (Beside the q projection: both only read `normed`.)
   const Tensor ckv = ws.Take(DType::kF32, {n, kvr + dr});
-  backend_.Linear(normed, w.kv_a_proj, ckv);
   kernels::AttentionTokens tokens = in.attn;
   tokens.block_size = cache.block_size();
-  backend_.MlaCacheWrite(ckv, w.kv_a_norm, kLatentNormEps, tokens, rope_spec_, cache.Layer(layer));
+  backend_.Beside([&] {
+    backend_.Linear(normed, w.kv_a_proj, ckv);
+    backend_.MlaCacheWrite(ckv, w.kv_a_norm, kLatentNormEps, tokens, rope_spec_,
+                           cache.Layer(layer));
+  });
   // q of all heads: [n, nH, dn + dr], rope on the last dr dims of each head.
   const Tensor q = ws.Take(DType::kF32, {n, nh, qk});
   const Tensor q2 = q.Reshape({n, nh * qk});
@@ -55,6 +59,7 @@ void DeepseekModel::Attention(int64_t layer, const StepInputs& in, kv::PagedKvCa
     backend_.Linear(qa, w.q_b_proj, q2);
   }
   backend_.Rope(q, c.qk_nope_head_dim, in.attn.positions, rope_spec_);
+  backend_.JoinBeside();  // the cache rows of this step are written
   const Tensor mine = ws.Take(DType::kF32, {n, (h1 - h0) * dv});
   backend_.MlaAttention(q, w.kv_b_proj, tokens, cache.Layer(layer), h0, h1, c.qk_nope_head_dim, dv,
                         rope_.softmax_scale(), mine);

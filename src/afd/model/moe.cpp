@@ -53,11 +53,21 @@ void LocalMoeBackend::Forward(int64_t layer, const Tensor& hidden, const Tensor&
   const int64_t n = hidden.dim(0), k = c.num_experts_per_tok;
   AFD_CHECK(model_.weights().layers[layer].moe.experts.num_experts() == c.n_routed_experts,
             "in-process MoE needs every routed expert loaded");
+  // The shared experts beside the routed ones (both only read `hidden`), added after them:
+  // out = routed + shared, as AddSharedExperts adds them.
+  const bool shared = !model_.weights().layers[layer].moe.shared.empty() && n > 0;
+  const Tensor shared_out = shared ? ws.Take(DType::kF32, {n, c.hidden_size}) : Tensor();
+  if (shared) {
+    model_.backend().Beside([&] { model_.SharedExperts(layer, hidden, shared_out, ws); });
+  }
   const Tensor ids = ws.Take(DType::kI32, {n, k});
   const Tensor weights = ws.Take(DType::kF32, {n, k});
   model_.Route(layer, hidden, ids, weights, ws);
   model_.RoutedExperts(layer, hidden, ids, weights, out, ws);
-  model_.AddSharedExperts(layer, hidden, out, ws);
+  if (shared) {
+    model_.backend().JoinBeside();
+    model_.backend().Add(out, shared_out);
+  }
 }
 
 }  // namespace afd::model

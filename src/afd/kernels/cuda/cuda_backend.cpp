@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -21,9 +22,14 @@
 namespace afd::kernels::cuda {
 
 struct CudaBackend::State {
+  // The stream ops go to: main, or side inside Beside (lane 1).
   cudaStream_t stream = nullptr;
+  cudaStream_t main = nullptr, side = nullptr;
+  cudaEvent_t fork = nullptr, join = nullptr;
+  int lane = 0;
+  bool side_open = false;  // side work not yet joined
   cublasHandle_t cublas = nullptr;
-  std::vector<std::shared_ptr<void>> scratch;  // by slot
+  std::vector<std::shared_ptr<void>> scratch;  // by lane * kNumSlots + slot
   std::vector<size_t> scratch_bytes;
   // Expert pointer tables by (first tensor's address, kind), with the pointers they hold: a
   // table is reused only for the very same tensors (freed memory can come back at the same
@@ -36,7 +42,7 @@ struct CudaBackend::State {
   // Scratch buffers replaced by larger ones: kept while the backend lives, since a captured
   // graph may still point at them.
   std::vector<std::shared_ptr<void>> retired;
-  std::shared_ptr<void> cublas_workspace;  // set explicitly, so capture never allocates
+  std::shared_ptr<void> cublas_workspace[2];  // by lane, set explicitly: capture never allocates
   // CopyToDevice staging: pinned ring; staging_pos restarts at 0 after every full wait.
   void* staging = nullptr;
   size_t staging_pos = 0;
@@ -161,21 +167,27 @@ CudaBackend::CudaBackend(int device) : device_(device), state_(std::make_unique<
   AFD_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
   name_ = fmt::format("cuda:{} ({})", device, prop.name);
   state_->sm_count = prop.multiProcessorCount;
-  AFD_CUDA_CHECK(cudaStreamCreateWithFlags(&state_->stream, cudaStreamNonBlocking));
+  AFD_CUDA_CHECK(cudaStreamCreateWithFlags(&state_->main, cudaStreamNonBlocking));
+  AFD_CUDA_CHECK(cudaStreamCreateWithFlags(&state_->side, cudaStreamNonBlocking));
+  AFD_CUDA_CHECK(cudaEventCreateWithFlags(&state_->fork, cudaEventDisableTiming));
+  AFD_CUDA_CHECK(cudaEventCreateWithFlags(&state_->join, cudaEventDisableTiming));
+  state_->stream = state_->main;
   AFD_CUBLAS_CHECK(cublasCreate(&state_->cublas));
   AFD_CUBLAS_CHECK(cublasSetStream(state_->cublas, state_->stream));
   // fp32 GEMMs stay fp32 (no TF32): the verification mode must match the CPU reference.
   AFD_CUBLAS_CHECK(cublasSetMathMode(state_->cublas, CUBLAS_PEDANTIC_MATH));
-  state_->scratch.resize(kNumSlots);
-  state_->scratch_bytes.assign(kNumSlots, 0);
-  state_->cublas_workspace = Allocate(kCublasWorkspaceBytes);
+  state_->scratch.resize(2 * kNumSlots);
+  state_->scratch_bytes.assign(2 * kNumSlots, 0);
+  state_->cublas_workspace[0] = Allocate(kCublasWorkspaceBytes);
+  state_->cublas_workspace[1] = Allocate(kCublasWorkspaceBytes);
   AFD_CUBLAS_CHECK(
-      cublasSetWorkspace(state_->cublas, state_->cublas_workspace.get(), kCublasWorkspaceBytes));
+      cublasSetWorkspace(state_->cublas, state_->cublas_workspace[0].get(), kCublasWorkspaceBytes));
   AFD_CUDA_CHECK(cudaMallocHost(&state_->staging, kStagingBytes));
 }
 
 CudaBackend::~CudaBackend() {
-  if (state_->stream) cudaStreamSynchronize(state_->stream);
+  if (state_->side) cudaStreamSynchronize(state_->side);
+  if (state_->main) cudaStreamSynchronize(state_->main);
   state_->scratch.clear();
   state_->retired.clear();
   state_->expert_tables.clear();
@@ -186,10 +198,52 @@ CudaBackend::~CudaBackend() {
   }
   if (state_->staging) cudaFreeHost(state_->staging);
   if (state_->cublas) cublasDestroy(state_->cublas);
-  if (state_->stream) cudaStreamDestroy(state_->stream);
+  if (state_->fork) cudaEventDestroy(state_->fork);
+  if (state_->join) cudaEventDestroy(state_->join);
+  if (state_->side) cudaStreamDestroy(state_->side);
+  if (state_->main) cudaStreamDestroy(state_->main);
 }
 
-Stream CudaBackend::stream() const { return {state_->stream}; }
+Stream CudaBackend::stream() const { return {state_->main}; }
+
+void CudaBackend::Beside(const std::function<void()>& fn) {
+  static const bool one_stream = [] {
+    const char* v = std::getenv("AFD_SIDE_STREAM");  // "0": in place (for comparisons)
+    return v != nullptr && std::string(v) == "0";
+  }();
+  if (one_stream) {
+    fn();
+    return;
+  }
+  AFD_CHECK(state_->lane == 0 && !state_->side_open, "{}: Beside while side work is open", name_);
+  AFD_CUDA_CHECK(cudaEventRecord(state_->fork, state_->main));
+  AFD_CUDA_CHECK(cudaStreamWaitEvent(state_->side, state_->fork, 0));
+  const auto use = [&](int lane) {
+    state_->lane = lane;
+    state_->stream = lane == 0 ? state_->main : state_->side;
+    // cublasSetStream drops the workspace: each stream has its own (concurrent GEMMs).
+    AFD_CUBLAS_CHECK(cublasSetStream(state_->cublas, state_->stream));
+    AFD_CUBLAS_CHECK(cublasSetWorkspace(state_->cublas, state_->cublas_workspace[lane].get(),
+                                        kCublasWorkspaceBytes));
+  };
+  use(1);
+  state_->side_open = true;
+  try {
+    fn();
+  } catch (...) {
+    use(0);
+    JoinBeside();
+    throw;
+  }
+  use(0);
+}
+
+void CudaBackend::JoinBeside() {
+  if (!state_->side_open) return;
+  AFD_CUDA_CHECK(cudaEventRecord(state_->join, state_->side));
+  AFD_CUDA_CHECK(cudaStreamWaitEvent(state_->main, state_->join, 0));
+  state_->side_open = false;
+}
 
 void CudaBackend::BindThread() { AFD_CUDA_CHECK(cudaSetDevice(device_)); }
 
@@ -218,7 +272,8 @@ std::shared_ptr<void> CudaBackend::Allocate(size_t bytes) {
   });
 }
 
-void* CudaBackend::Scratch(int slot, size_t bytes) {
+void* CudaBackend::Scratch(int slot_of_lane, size_t bytes) {
+  const int slot = state_->lane * kNumSlots + slot_of_lane;  // each stream its own buffers
   if (state_->scratch_bytes[slot] < bytes) {
     // Queued work or a captured graph may still use the old buffer: keep it. Growing by at
     // least half bounds what is kept to about twice the largest buffer.
@@ -230,9 +285,10 @@ void* CudaBackend::Scratch(int slot, size_t bytes) {
   return state_->scratch[slot].get();
 }
 
-void* CudaBackend::ZeroedScratch(int slot, size_t bytes) {
+void* CudaBackend::ZeroedScratch(int slot_of_lane, size_t bytes) {
+  const int slot = state_->lane * kNumSlots + slot_of_lane;
   const void* before = state_->scratch[slot].get();
-  void* p = Scratch(slot, bytes);
+  void* p = Scratch(slot_of_lane, bytes);
   if (p != before) {
     AFD_CUDA_CHECK(cudaMemsetAsync(p, 0, state_->scratch_bytes[slot], state_->stream));
   }
@@ -294,6 +350,7 @@ void CudaBackend::WatchWaits(double timeout_s, std::function<void()> check) {
 
 void CudaBackend::Synchronize() {
   AFD_CHECK(!state_->capturing, "Synchronize while capturing a graph");
+  JoinBeside();  // the side stream's work too
   if (state_->wait_timeout_s <= 0) {
     AFD_CUDA_CHECK(cudaStreamSynchronize(state_->stream));
   } else {
@@ -337,6 +394,7 @@ void CudaBackend::BeginCapture() {
 
 std::unique_ptr<OpGraph> CudaBackend::EndCapture() {
   AFD_CHECK(state_->capturing, "{}: EndCapture without BeginCapture", name_);
+  JoinBeside();  // a capture ends with every forked stream joined
   state_->capturing = false;
   cudaGraph_t graph = nullptr;
   AFD_CUDA_CHECK(cudaStreamEndCapture(state_->stream, &graph));

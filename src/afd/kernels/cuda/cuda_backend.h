@@ -33,6 +33,10 @@ class CudaBackend : public Backend {
   void Copy(const Tensor& dst, const Tensor& src) override;
   void Fill(const Tensor& dst, float value) override;
   void Synchronize() override;
+  // A second stream (its own scratch and cuBLAS workspace), forked and joined by events: in a
+  // captured graph, parallel branches.
+  void Beside(const std::function<void()>& fn) override;
+  void JoinBeside() override;
   void WatchWaits(double timeout_s, std::function<void()> check) override;
   void BindThread() override;
   MemoryInfo DeviceMemory() const override;
