@@ -204,13 +204,15 @@ CudaBackend::~CudaBackend() {
   if (state_->main) cudaStreamDestroy(state_->main);
 }
 
+bool ChoiceOff(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr && std::string(v) == "0";
+}
+
 Stream CudaBackend::stream() const { return {state_->main}; }
 
 void CudaBackend::Beside(const std::function<void()>& fn) {
-  static const bool one_stream = [] {
-    const char* v = std::getenv("AFD_SIDE_STREAM");  // "0": in place (for comparisons)
-    return v != nullptr && std::string(v) == "0";
-  }();
+  static const bool one_stream = ChoiceOff("AFD_SIDE_STREAM");
   if (one_stream) {
     fn();
     return;

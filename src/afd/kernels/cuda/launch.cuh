@@ -74,6 +74,9 @@ void LaunchMlaQLat(const float* q, int64_t n, int64_t heads, int64_t dn, int64_t
                    cudaStream_t s);
 void LaunchMlaOut(const float* o_lat, int64_t n, int64_t dn, int64_t dv, const float* kv_b,
                   int64_t h0, int64_t h1, int64_t kvr, float* out, cudaStream_t s);
+// A kernel choice turned off by the environment: NAME=0 (AFD_MLA_TILES, AFD_MOE_HALVES,
+// AFD_SIDE_STREAM), to measure a form against the one it replaced in the same run.
+bool ChoiceOff(const char* name);
 // The tiled bf16 kernel runs for kvr 512 + dr 64, a bf16 cache and tf32 (bf16 models): q and P
 // then rounded to bf16 like the model's own tensors (AFD_MLA_TILES=0 turns it off, to compare).
 bool MlaTilesFit(int64_t kvr, int64_t dr, bool bf16_cache, bool tf32);

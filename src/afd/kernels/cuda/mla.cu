@@ -8,8 +8,6 @@
 #include <algorithm>
 #include <cfloat>
 #include <cstdint>
-#include <cstdlib>
-#include <string>
 #include <type_traits>
 
 #include "afd/common/cuda_check.h"
@@ -817,10 +815,7 @@ void LaunchMlaCacheWrite(const float* ckv, int64_t n, int64_t kvr, const float* 
 }
 
 bool MlaTilesFit(int64_t kvr, int64_t dr, bool bf16_cache, bool tf32) {
-  static const bool disabled = [] {
-    const char* v = std::getenv("AFD_MLA_TILES");  // "0": the chunked kernel (for comparisons)
-    return v != nullptr && std::string(v) == "0";
-  }();
+  static const bool disabled = ChoiceOff("AFD_MLA_TILES");  // the chunked kernel
   return !disabled && bf16_cache && tf32 && kvr == kTileLatent && dr == kTileRope;
 }
 

@@ -6,9 +6,7 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
-#include <string>
 #include <type_traits>
 
 #include "afd/common/cuda_check.h"
@@ -703,10 +701,7 @@ MmaLaunch PlanMma(int64_t m, int64_t k, int64_t n_out, bool swiglu, int64_t num_
   const int64_t pieces = (k + max_piece - 1) / max_piece;
   p.piece = static_cast<int>((k / 32 + pieces - 1) / pieces * 32);
   // One m tile over more than one piece: two halves of warps over K (GroupedMma, kHalves).
-  static const bool halves_off = [] {
-    const char* v = std::getenv("AFD_MOE_HALVES");  // "0": one chain over K (for comparisons)
-    return v != nullptr && std::string(v) == "0";
-  }();
+  static const bool halves_off = ChoiceOff("AFD_MOE_HALVES");  // one chain over K
   p.halves = p.tiles == 1 && pieces > 1 && !halves_off ? 2 : 1;
   p.smem = static_cast<size_t>(p.halves * pass_rows) * MmaStride(p.piece) * sizeof(__nv_bfloat16);
   p.warps = 4 * p.tiles * p.halves;
