@@ -85,10 +85,12 @@ std::vector<int64_t> AsyncAttentionRunner::SplitPoints(const model::ForwardBatch
 void AsyncAttentionRunner::ComputeLayer(int64_t layer, MicroBatch& mb, kv::PagedKvCache& cache,
                                         Workspace& ws) {
   const Workspace::Mark scratch = ws.mark();
-  model_.Attention(layer, mb.in, cache, mb.x, mb.mlp_in, ws, tp_group_.get());
+  model_.Attention(layer, mb.in, cache, mb.x, mb.mlp_in, ws, tp_group_.get(),
+                   mb.pending ? &mb.mlp_out : nullptr);
+  mb.pending = false;
   if (!model_.config().IsMoeLayer(layer)) {
     model_.DenseMlp(layer, mb.mlp_in, mb.mlp_out, ws);
-    model_.backend().Add(mb.x, mb.mlp_out);
+    mb.pending = true;
   }
   ws.Rewind(scratch);
 }
@@ -241,7 +243,7 @@ void AsyncAttentionRunner::Combine(int stage, MicroBatch& mb, Pending& p, Worksp
   if (!p.combined && mb.share_count > 0) CombineRows(stage, mb, p, ws);
   // This TP rank's rows of the MoE output are in place; then (TP) every rank's, the residual.
   if (tp_group_) tp_group_->AllGatherRows(mb.mlp_out);
-  model_.backend().Add(mb.x, mb.mlp_out);
+  mb.pending = true;  // added to x by the next layer's input norm, or at the step's end
   p.layer = -1;
   p.combined = false;
 }
@@ -368,6 +370,7 @@ Tensor AsyncAttentionRunner::Forward(const model::ForwardBatch& batch, kv::Paged
   }
   for (int s = 0; s < stages; ++s) {
     if (pending[s].layer >= 0) Combine(s, mbs[s], pending[s], ws);
+    if (mbs[s].pending) model_.backend().Add(mbs[s].x, mbs[s].mlp_out);
   }
   model::DeepseekModel::CommitBatch(batch, cache);
   ++steps_;

@@ -68,6 +68,9 @@ class AsyncAttentionRunner : public ReplicaRunner {
     model::StepInputs in;
     Tensor x, mlp_in, mlp_out;                 // [n, H] views of the step's
     int64_t share_begin = 0, share_count = 0;  // this TP rank's tokens for the MoE exchange
+    // mlp_out is not yet added to x: the next layer's input norm adds it (AddRmsNorm), or the
+    // step's end.
+    bool pending = false;
     int64_t n() const { return in.n; }
   };
   // A dispatched MoE layer of one micro-batch whose replies are outstanding.

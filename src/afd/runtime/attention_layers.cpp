@@ -30,10 +30,12 @@ void AttentionRunner::ComputeLayer(int64_t layer, MicroBatch& mb, kv::PagedKvCac
   // Only this layer's scratch is taken after the mark (routing sent in a pending connector group
   // was taken before it and stays).
   const Workspace::Mark scratch = ws.mark();
-  model_.Attention(layer, mb.in, *cache, mb.x, mb.mlp_in, ws, tp_group_.get());
+  model_.Attention(layer, mb.in, *cache, mb.x, mb.mlp_in, ws, tp_group_.get(),
+                   mb.pending ? &mb.mlp_out : nullptr);
+  mb.pending = false;
   if (!model_.config().IsMoeLayer(layer)) {
     model_.DenseMlp(layer, mb.mlp_in, mb.mlp_out, ws);
-    model_.backend().Add(mb.x, mb.mlp_out);
+    mb.pending = true;
   }
   ws.Rewind(scratch);
 }
@@ -63,7 +65,7 @@ void AttentionRunner::PostMoeRecv(int64_t layer, int stage, MicroBatch& mb) {
 
 void AttentionRunner::FinishMoe(MicroBatch& mb) {
   if (tp_group_ && mb.n() > 0) tp_group_->AllGatherRows(mb.mlp_out);
-  if (mb.n() > 0) model_.backend().Add(mb.x, mb.mlp_out);
+  mb.pending = mb.n() > 0;  // added to x by the next layer's input norm, or at the step's end
 }
 
 void AttentionRunner::RunOneStage(MicroBatch& mb, kv::PagedKvCache* cache, Workspace& ws) {
@@ -146,6 +148,9 @@ Tensor AttentionRunner::RunLayers(const model::ForwardBatch& batch, kv::PagedKvC
     RunOneStage(mbs[0], cache, ws);
   } else {
     RunTwoStages(mbs[0], mbs[1], cache, ws);
+  }
+  for (MicroBatch& mb : mbs) {
+    if (mb.pending) model_.backend().Add(mb.x, mb.mlp_out);
   }
   if (n == 0) return Tensor();
   model::DeepseekModel::CommitBatch(batch, *cache);

@@ -76,6 +76,9 @@ class AttentionRunner : public ReplicaRunner {
     int64_t n() const { return in.n; }
     int64_t share_begin = 0, share_count = 0;  // this TP rank's rows of the MoE exchange
     Tensor ids, weights;                       // routing of the share (gate on attention)
+    // mlp_out is not yet added to x: the next layer's input norm adds it (AddRmsNorm), or the
+    // step's end.
+    bool pending = false;
   };
 
   // All-reduces this rank's (count, active, wants DBO) with every attention rank; returns
