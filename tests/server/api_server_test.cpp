@@ -19,6 +19,26 @@ runtime::RequestParams Greedy(std::vector<int32_t> prompt) {
   return p;
 }
 
+// A port already served is refused with a clear error (no second listener sharing it).
+TEST(ServerApiStart, APortInUseIsRefused) {
+  ApiHarness first(SmallModel());
+  FakeEngine engine(SmallModel());
+  ApiServerOptions options;
+  options.host = "127.0.0.1";
+  options.port = first.server->port();
+  ApiServer second(options, engine, nullptr, nullptr);
+  try {
+    second.Start();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot bind"), std::string::npos) << e.what();
+    EXPECT_EQ(first.Post("/v1/completions", json{{"prompt", {1, 2}}, {"max_tokens", 2}}).status,
+              200);
+    return;
+  }
+  second.Stop();
+  FAIL() << "a second server started on port " << options.port;
+}
+
 TEST(ServerApiCompletions, TokenIdPrompt) {
   ApiHarness h(SmallModel());
   const HttpResult r = h.Post("/v1/completions", json{{"model", "model"},

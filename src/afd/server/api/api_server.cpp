@@ -176,8 +176,12 @@ ApiServer::ApiServer(ApiServerOptions options, EngineClient& engine, const Token
   impl_->http.new_task_queue = [threads] {
     return new httplib::ThreadPool(static_cast<size_t>(threads));
   };
+  // SO_REUSEADDR only: httplib's default also sets SO_REUSEPORT, under which a second server
+  // binds a port already in use (and the kernel splits the connections between the two), and
+  // two port-0 binds can be handed the same port.
   impl_->http.set_socket_options([impl = impl_.get()](socket_t sock) {
-    httplib::default_socket_options(sock);
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
     impl->listen_fd = sock;
   });
   impl_->Routes();
