@@ -567,11 +567,14 @@ void CudaBackend::MlaAttention(const Tensor& q, const Tensor& kv_b, const Attent
   const int64_t max_context =
       tokens.max_context > 0 ? tokens.max_context : tokens.block_tables.dim(1) * tokens.block_size;
   const int64_t nh = head_end - head_begin;
-  const int64_t splits =
-      MlaSplits(n, nh, max_context, MlaTilesFit(kvr, dr, cache.dtype() == DType::kBF16, tf32_),
-                state_->sm_count);
-  auto* partial = static_cast<float*>(
-      Scratch(kMlaPartial, MlaPartialFloats(n, nh, splits, kvr) * sizeof(float)));
+  const bool tiles = MlaTilesFit(kvr, dr, cache.dtype() == DType::kBF16, tf32_);
+  const int64_t splits = MlaSplits(n, nh, max_context, tiles, state_->sm_count);
+  // The tiled kernel with one split writes o_lat directly: no partials (at prefill they would
+  // take n x heads x (kvr + 2) floats).
+  auto* partial = tiles && splits == 1
+                      ? nullptr
+                      : static_cast<float*>(Scratch(
+                            kMlaPartial, MlaPartialFloats(n, nh, splits, kvr) * sizeof(float)));
   auto* counters = static_cast<int*>(ZeroedScratch(kMlaCounters, MlaCounters(n, nh) * sizeof(int)));
   // q_lat, o_lat: [n, nh, kvr] each.
   auto* q_lat = static_cast<float*>(Scratch(kMlaLatent, 2 * n * nh * kvr * sizeof(float)));
