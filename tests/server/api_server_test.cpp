@@ -377,7 +377,9 @@ TEST(ServerApiConcurrency, BurstOfConnectionsIsAnswered) {
 }
 
 TEST(ServerApiStream, ClientDisconnectAbortsTheSequence) {
-  ApiHarness h(SmallModel(), {}, nullptr, nullptr, std::chrono::milliseconds(2));
+  // 20 ms a token: the 200 tokens take 4 s, time enough for the server to see the hang-up on a
+  // loaded machine (at 2 ms a fresh-clone `make test` once saw the request finish first).
+  ApiHarness h(SmallModel(), {}, nullptr, nullptr, std::chrono::milliseconds(20));
   std::atomic<int> chunks{0};
   auto client = h.Client();
   httplib::Request req;
