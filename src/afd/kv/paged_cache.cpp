@@ -60,11 +60,19 @@ const std::vector<int32_t>& PagedKvCache::block_table(int64_t seq) const { retur
 
 int64_t PagedKvCache::Slot(int64_t seq, int64_t pos) const {
   const Sequence& s = Get(seq);
-  AFD_CHECK(pos >= 0 && pos < static_cast<int64_t>(s.blocks.size()) * shape_.block_size,
-            "KV cache: position {} of sequence {} is outside its {} reserved positions", pos, seq,
-            capacity(seq));
-  return static_cast<int64_t>(s.blocks[pos / shape_.block_size]) * shape_.block_size +
-         pos % shape_.block_size;
+  const int64_t slot = SlotIn(s.blocks, pos);
+  AFD_CHECK(slot >= 0, "KV cache: position {} of sequence {} is outside its {} reserved positions",
+            pos, seq, static_cast<int64_t>(s.blocks.size()) * shape_.block_size);
+  return slot;
+}
+
+void PagedKvCache::Extend(int64_t seq, int64_t length) {
+  Sequence& s = const_cast<Sequence&>(Get(seq));
+  if (length <= s.length) return;
+  const int64_t cap = static_cast<int64_t>(s.blocks.size()) * shape_.block_size;
+  AFD_CHECK(length <= cap, "KV cache: sequence {} length {} exceeds its {} reserved positions", seq,
+            length, cap);
+  s.length = length;
 }
 
 Tensor PagedKvCache::Layer(int64_t layer) const {

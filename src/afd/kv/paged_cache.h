@@ -60,6 +60,15 @@ class PagedKvCache {
   const std::vector<int32_t>& block_table(int64_t seq) const;
   // The slot of position `pos` < capacity(seq).
   int64_t Slot(int64_t seq, int64_t pos) const;
+  // Slot of position `pos` in a block table (as block_table gives it), or -1 past its blocks:
+  // one lookup of the sequence for many positions.
+  int64_t SlotIn(const std::vector<int32_t>& blocks, int64_t pos) const {
+    if (pos < 0 || pos >= static_cast<int64_t>(blocks.size()) * shape_.block_size) return -1;
+    return static_cast<int64_t>(blocks[pos / shape_.block_size]) * shape_.block_size +
+           pos % shape_.block_size;
+  }
+  // length(seq) = max(length(seq), length), within capacity(seq): one lookup.
+  void Extend(int64_t seq, int64_t length);
 
   // Layer l's slots: [num_blocks·block_size, row_width] of shape().dtype.
   Tensor Layer(int64_t layer) const;

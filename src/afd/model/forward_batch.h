@@ -33,6 +33,12 @@ struct ForwardBatch {
   enum class Logits { kNone, kLast, kAll };
   void Add(const kv::PagedKvCache& cache, int64_t seq, std::span<const int32_t> ids, int64_t start,
            Logits logits);
+  // Add for a sequence known not to be in the batch yet (the scheduler plans each once a step):
+  // no search of the rows. A second row for one sequence fails CheckBatch (its positions).
+  void AddNew(const kv::PagedKvCache& cache, int64_t seq, std::span<const int32_t> ids,
+              int64_t start, Logits logits);
+  // Room for `tokens` tokens and `rows` sequences without reallocating.
+  void Reserve(int64_t tokens, int64_t rows);
   // Tokens [begin, begin + count) with the same block tables; logits_rows keeps those in range
   // (renumbered).
   ForwardBatch Slice(int64_t begin, int64_t count) const;

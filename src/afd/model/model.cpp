@@ -65,7 +65,10 @@ void DeepseekModel::CheckBatch(const ForwardBatch& b, const kv::PagedKvCache& ca
                 static_cast<int64_t>(b.slot_mapping.size()) == n &&
                 b.seq_ids.size() == b.block_tables.size(),
             "forward batch: token_ids, positions, seq_index, slot_mapping differ in length");
-  std::vector<int64_t> next(b.seq_ids.size(), -1);  // block-table row -> expected position
+  // Per block-table row: the expected next position and the sequence's blocks (one cache
+  // lookup per row, not per token).
+  std::vector<int64_t> next(b.seq_ids.size(), -1);
+  std::vector<const std::vector<int32_t>*> blocks(b.seq_ids.size(), nullptr);
   for (int64_t i = 0; i < n; ++i) {
     AFD_CHECK(b.token_ids[i] >= 0 && b.token_ids[i] < config_.vocab_size,
               "token id {} is outside the vocabulary [0, {})", b.token_ids[i], config_.vocab_size);
@@ -74,12 +77,15 @@ void DeepseekModel::CheckBatch(const ForwardBatch& b, const kv::PagedKvCache& ca
               "forward batch: token {} has no sequence row {}", i, row);
     const int64_t seq = b.seq_ids[row];
     int64_t& expected = next[row];
-    if (expected < 0) expected = cache.length(seq);
+    if (expected < 0) {
+      expected = cache.length(seq);
+      blocks[row] = &cache.block_table(seq);
+    }
     AFD_CHECK(b.positions[i] == expected,
               "forward batch: token {} of sequence {} has position {}, expected {}", i, seq,
               b.positions[i], expected);
-    AFD_CHECK(b.positions[i] < cache.capacity(seq) &&
-                  b.slot_mapping[i] == cache.Slot(seq, b.positions[i]),
+    const int64_t slot = cache.SlotIn(*blocks[row], b.positions[i]);
+    AFD_CHECK(slot >= 0 && b.slot_mapping[i] == slot,
               "sequence {}: position {} has no reserved cache slot (capacity {})", seq,
               b.positions[i], cache.capacity(seq));
     ++expected;
@@ -92,9 +98,10 @@ void DeepseekModel::CheckBatch(const ForwardBatch& b, const kv::PagedKvCache& ca
 }
 
 void DeepseekModel::CommitBatch(const ForwardBatch& b, kv::PagedKvCache& cache) {
+  // A row's tokens are consecutive positions: the last of each run sets the length.
   for (int64_t i = 0; i < b.size(); ++i) {
-    const int64_t seq = b.seq_ids[b.seq_index[i]];
-    if (b.positions[i] + 1 > cache.length(seq)) cache.SetLength(seq, b.positions[i] + 1);
+    if (i + 1 < b.size() && b.seq_index[i + 1] == b.seq_index[i]) continue;
+    cache.Extend(b.seq_ids[b.seq_index[i]], b.positions[i] + 1);
   }
 }
 

@@ -77,8 +77,8 @@ void Scheduler::Plan(Seq& s, int64_t count, StepPlan& plan) {
   const bool all = e.prefill && e.first_prefill && s.prompt_logprobs;
   e.num_logits_rows = all ? count : (e.sample ? 1 : 0);
   const std::span<const int32_t> ids(s.tokens.data() + s.computed, static_cast<size_t>(count));
-  plan.batch.Add(cache_, s.cache_seq, ids, s.computed,
-                 all ? Logits::kAll : (e.sample ? Logits::kLast : Logits::kNone));
+  plan.batch.AddNew(cache_, s.cache_seq, ids, s.computed,
+                    all ? Logits::kAll : (e.sample ? Logits::kLast : Logits::kNone));
   plan.seqs.push_back(e);
   if (e.prefill) {
     plan.num_prefill_tokens += count;
@@ -90,6 +90,8 @@ void Scheduler::Plan(Seq& s, int64_t count, StepPlan& plan) {
 
 StepPlan Scheduler::Schedule() {
   StepPlan plan;
+  plan.batch.Reserve(static_cast<int64_t>(running_.size()) + 1,
+                     static_cast<int64_t>(running_.size() + waiting_.size()));
   const int64_t budget =
       limits_.max_num_batched_tokens > 0 ? limits_.max_num_batched_tokens : INT64_MAX;
   auto left = [&] { return budget - plan.batch.size(); };
