@@ -1,0 +1,57 @@
+// Host-side plans of the CUDA backend's kernels (no GPU needed): the MLA decode split counts.
+#include <gtest/gtest.h>
+
+#ifdef AFD_WITH_CUDA
+
+#include <algorithm>
+#include <cstdint>
+
+#include "afd/kernels/cuda/launch.cuh"
+
+namespace afd::kernels::cuda {
+namespace {
+
+constexpr int kSms = 132;  // an H200
+
+// Positions per split of the tiled kernel (64-row tiles): whole tiles, every position covered.
+int64_t TileSpan(int64_t max_context, int64_t splits) {
+  const int64_t tiles = (max_context + 63) / 64;
+  return (tiles + splits - 1) / splits * 64;
+}
+
+TEST(MlaSplitsTiles, CoverTheContextWithinLimits) {
+  for (int64_t n : {1, 3, 16, 64, 133, 256, 8192}) {
+    for (int64_t nh : {16, 20, 128}) {
+      for (int64_t ctx : {1, 64, 65, 192, 1024, 4096, 163840}) {
+        const int64_t s = MlaSplits(n, nh, ctx, /*tiles=*/true, kSms);
+        ASSERT_GE(s, 1) << n << " " << nh << " " << ctx;
+        ASSERT_LE(s, 64) << n << " " << nh << " " << ctx;  // kMaxMlaSplits
+        // No split past the context is wasted: the last split starts inside it.
+        EXPECT_LT((s - 1) * TileSpan(ctx, s), std::max<int64_t>(ctx, 1))
+            << n << " tokens, " << nh << " heads, context " << ctx << ": " << s << " splits";
+        EXPECT_GE(s * TileSpan(ctx, s), ctx);
+      }
+    }
+  }
+}
+
+TEST(MlaSplitsTiles, FewTokensSpreadLongContextsManyTokensDoNot) {
+  // One token over 1024 positions: one tile a split fills the most SMs.
+  EXPECT_EQ(MlaSplits(1, 16, 1024, true, kSms), 16);
+  // 16 tokens: 8 splits of 2 tiles (128 blocks, one wave) cost less than 16 of 1 (two waves).
+  EXPECT_EQ(MlaSplits(16, 16, 1024, true, kSms), 8);
+  // More (token, group) blocks than SMs: one split, each block walks its whole context.
+  EXPECT_EQ(MlaSplits(256, 16, 1024, true, kSms), 1);
+  EXPECT_EQ(MlaSplits(8192, 16, 1024, true, kSms), 1);
+}
+
+TEST(MlaSplitsChunks, AtMostTheChunksAndSixtyFour) {
+  EXPECT_EQ(MlaSplits(1, 16, 16, false, kSms), 1);  // one 16-row chunk
+  EXPECT_EQ(MlaSplits(1, 16, 100000, false, kSms), 64);
+  EXPECT_EQ(MlaSplits(512, 16, 1024, false, kSms), 1);
+}
+
+}  // namespace
+}  // namespace afd::kernels::cuda
+
+#endif  // AFD_WITH_CUDA
