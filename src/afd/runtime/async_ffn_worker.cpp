@@ -67,7 +67,15 @@ void AsyncFfnWorker::Serve(const connector::ReceivedSlot& in) {
   }
   ws_.Reset();
   // Views into this rank's window (read in place); outputs in the workspace.
+  // The shared experts' rows beside the routed ones (Backend::Beside: a second stream on a GPU).
   const Tensor routed_out = ws_.Take(DType::kF32, {R, H});
+  const Tensor shared_out = ws_.Take(DType::kF32, {S, H});
+  if (S > 0) {
+    backend.Beside([&] {
+      const Tensor x(in.shared_rows, DType::kF32, {S, H}, backend.device());
+      model_.SharedExperts(h.layer, x, shared_out, ws_);
+    });
+  }
   if (R > 0) {
     const Tensor x(in.routed_rows, DType::kF32, {R, H}, backend.device());
     const Tensor offsets_t = ws_.Take(DType::kI32, {local + 1});
@@ -75,11 +83,7 @@ void AsyncFfnWorker::Serve(const connector::ReceivedSlot& in) {
     backend.GroupedExpertMlp(x, offsets_t, model_.weights().layers[h.layer].moe.experts,
                              routed_out);
   }
-  const Tensor shared_out = ws_.Take(DType::kF32, {S, H});
-  if (S > 0) {
-    const Tensor x(in.shared_rows, DType::kF32, {S, H}, backend.device());
-    model_.SharedExperts(h.layer, x, shared_out, ws_);
-  }
+  backend.JoinBeside();
   connector::SlotPayload reply;
   reply.layer = h.layer;
   reply.stage = h.stage;
