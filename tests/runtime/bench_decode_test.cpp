@@ -18,6 +18,22 @@ model::DeepseekModel TinyModel(kernels::Backend& backend) {
                               backend);
 }
 
+// Prefill FLOPs per token: the weights' part does not depend on the prompt length, attention
+// grows by heads x (2 kv_lora + rope) multiply-adds a layer per position of mean prefix, and the
+// LM head is shared by the prompt's tokens.
+TEST(BenchDecode, PrefillFlopsPerTokenGrowWithThePrefix) {
+  kernels::cpu::CpuBackend cpu;
+  const model::DeepseekModel model = TinyModel(cpu);
+  const model::ModelConfig& c = model.config();
+  const double lm = static_cast<double>(c.vocab_size) * static_cast<double>(c.hidden_size);
+  const double attn = static_cast<double>(c.num_hidden_layers) * c.num_attention_heads *
+                      (2.0 * c.kv_lora_rank + c.qk_rope_head_dim);
+  const double f1 = PrefillFlopsPerToken(model, 1), f3 = PrefillFlopsPerToken(model, 3);
+  // Mean prefix 1 -> 2 positions; LM head per token lm -> lm / 3.
+  EXPECT_NEAR(f3 - f1, 2.0 * (attn - lm * 2.0 / 3.0), 1e-6 * f1);
+  EXPECT_GT(f1, 2.0 * (lm + attn));
+}
+
 TEST(BenchDecode, RowsPerBatchWithDeviceTimeWithinTheStep) {
   kernels::cpu::CpuBackend cpu;
   const model::DeepseekModel model = TinyModel(cpu);
@@ -55,6 +71,9 @@ TEST(BenchDecode, PrefillInWavesStillTimesTheWholeBatch) {
   EXPECT_NEAR(r.rows[0].tokens_per_s, 1e3 * 5 / r.rows[0].ms_per_step,
               1e-6 * r.rows[0].tokens_per_s);
   EXPECT_GT(r.rows[0].prefill_tokens_per_s, 0.0);
+  EXPECT_NEAR(r.rows[0].prefill_tflops,
+              r.rows[0].prefill_tokens_per_s * PrefillFlopsPerToken(model, o.context) / 1e12,
+              1e-9 * r.rows[0].prefill_tflops);
   o.prefill_tokens_per_step = 0;
   EXPECT_THROW(BenchDecode(model, o), Error);
 }

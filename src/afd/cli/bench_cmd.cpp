@@ -213,6 +213,7 @@ void Run(BenchArgs a, int& exit_code) {
                            {"floor_ms", row.floor_ms},
                            {"ratio_to_floor", row.ms_per_step / row.floor_ms},
                            {"prefill_tokens_per_s", row.prefill_tokens_per_s},
+                           {"prefill_tflops", row.prefill_tflops},
                            {"graph_steps", row.graph_steps}});
     }
     std::cout << j.dump() << "\n";
@@ -221,13 +222,14 @@ void Run(BenchArgs a, int& exit_code) {
                              a.options.context, r.copy_gb_per_s);
     // host ms: the step's time not spent in its forward on the device (scheduling, uploads,
     // sampling, reading the ids back: with graphs, the host time not overlapped with the GPU).
-    std::cout << "batch  ms/step  host ms  tokens/s  GB/step  floor ms  x floor  prefill tok/s\n";
+    std::cout << "batch  ms/step  host ms  tokens/s  GB/step  floor ms  x floor  prefill tok/s"
+                 "  prefill TFLOP/s\n";
     for (const auto& row : r.rows) {
       std::cout << fmt::format(
-          "{:5}  {:7.3f}  {:7.3f}  {:8.1f}  {:7.3f}  {:8.3f}  {:7.2f}  {:13.1f}\n", row.batch,
-          row.ms_per_step, row.ms_per_step - row.device_ms_per_step, row.tokens_per_s,
+          "{:5}  {:7.3f}  {:7.3f}  {:8.1f}  {:7.3f}  {:8.3f}  {:7.2f}  {:13.1f}  {:15.1f}\n",
+          row.batch, row.ms_per_step, row.ms_per_step - row.device_ms_per_step, row.tokens_per_s,
           row.bytes_per_step / 1e9, row.floor_ms, row.ms_per_step / row.floor_ms,
-          row.prefill_tokens_per_s);
+          row.prefill_tokens_per_s, row.prefill_tflops);
     }
     for (const auto& row : r.rows) {
       if (row.profile.empty()) continue;

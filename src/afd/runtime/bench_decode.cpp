@@ -74,6 +74,27 @@ constexpr int64_t kWarmupSteps = 2;
 
 }  // namespace
 
+double PrefillFlopsPerToken(const model::DeepseekModel& m, int64_t context) {
+  const model::ModelConfig& c = m.config();
+  const model::ModelWeights& w = m.weights();
+  double macs = static_cast<double>(w.lm_head.numel()) / static_cast<double>(context);
+  const double mean_prefix = (static_cast<double>(context) + 1.0) / 2.0;
+  for (const model::LayerWeights& l : w.layers) {
+    for (const Tensor* t : {&l.attn.q_proj, &l.attn.q_a_proj, &l.attn.q_b_proj, &l.attn.kv_a_proj,
+                            &l.attn.kv_b_proj, &l.attn.o_proj, &l.dense.gate_up, &l.dense.down,
+                            &l.moe.gate, &l.moe.shared.gate_up, &l.moe.shared.down}) {
+      macs += static_cast<double>(t->numel());
+    }
+    if (!l.moe.experts.gate_up.empty()) {
+      macs += static_cast<double>(c.num_experts_per_tok) *
+              static_cast<double>(l.moe.experts.gate_up[0].numel() + l.moe.experts.down[0].numel());
+    }
+    macs += static_cast<double>(c.num_attention_heads) * mean_prefix *
+            static_cast<double>(2 * c.kv_lora_rank + c.qk_rope_head_dim);
+  }
+  return 2.0 * macs;
+}
+
 double MeasureCopyBandwidth(kernels::Backend& backend) {
   const int64_t n = backend.device().is_cpu() ? (int64_t{64} << 20) : (int64_t{1} << 28);  // floats
   std::shared_ptr<void> a = backend.Allocate(n * 4), b = backend.Allocate(n * 4);
@@ -185,6 +206,7 @@ BenchDecodeResult BenchDecode(const model::DeepseekModel& model, const BenchDeco
     // Prefill steps, and the mixed ones of later waves (their few decode tokens included).
     row.prefill_tokens_per_s = (st.prefill_tokens + st.mixed_prefill_tokens) /
                                std::max(st.prefill_seconds + st.mixed_seconds, 1e-12);
+    row.prefill_tflops = row.prefill_tokens_per_s * PrefillFlopsPerToken(model, o.context) / 1e12;
     result.rows.push_back(row);
   }
   return result;

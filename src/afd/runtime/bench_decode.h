@@ -34,6 +34,12 @@ struct BenchDecodeOptions {
   int64_t prefill_tokens_per_step = 65536;
 };
 
+// Model FLOPs per token of a `context`-token prompt's prefill, averaged over its positions: 2 x
+// the multiply-adds of the weight matrices a token goes through (absorbed MLA's W_k and W_v, the
+// top-k routed and the shared experts, the router), of attention over its prefix (scores over
+// kv_lora + rope dims, P·V over kv_lora) and of the LM head once per prompt.
+double PrefillFlopsPerToken(const model::DeepseekModel& model, int64_t context);
+
 struct BenchDecodeRow {
   int64_t batch = 0;
   double ms_per_step = 0;
@@ -45,6 +51,9 @@ struct BenchDecodeRow {
   double bytes_per_step = 0;  // weights used + KV read
   double floor_ms = 0;        // bytes_per_step / copy bandwidth
   double prefill_tokens_per_s = 0;
+  // prefill_tokens_per_s x PrefillFlopsPerToken: the prefill's model FLOP/s (issue 11 compares it
+  // with the bf16 tensor-core peak).
+  double prefill_tflops = 0;
   int64_t graph_steps = 0;               // decode steps replayed from a CUDA graph
   std::vector<kernels::OpTime> profile;  // per decode step (ms and calls divided by steps)
 };
