@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "afd/common/function_ref.h"
 #include "afd/tensor/allocator.h"
 #include "afd/tensor/tensor.h"
 
@@ -214,7 +215,7 @@ class Backend : public Allocator {
   // ops read only what was written before Beside and write memory that nothing else touches
   // before JoinBeside. One Beside at a time, joined before the step's end. A backend with one
   // queue runs fn in place (the CPU: the same ops in the same order, so the same values).
-  virtual void Beside(const std::function<void()>& fn) { fn(); }
+  virtual void Beside(FunctionRef<void()> fn) { fn(); }
   virtual void JoinBeside() {}
   virtual void AllowTf32(bool /*on*/) {}
 

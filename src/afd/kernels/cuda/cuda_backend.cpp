@@ -211,7 +211,7 @@ bool ChoiceOff(const char* name) {
 
 Stream CudaBackend::stream() const { return {state_->main}; }
 
-void CudaBackend::Beside(const std::function<void()>& fn) {
+void CudaBackend::Beside(FunctionRef<void()> fn) {
   static const bool one_stream = ChoiceOff("AFD_SIDE_STREAM");
   if (one_stream) {
     fn();
@@ -664,19 +664,12 @@ void CudaBackend::GroupedExpertMlp(const Tensor& x, const Tensor& offsets,
   const int64_t e = experts.num_experts();
   if (e == 0 || m == 0) return;
   const OpScope scope(*this, "GroupedExpertMlp", {m, h});
+  if (MmaExpertMlp(x.data_as<const float>(), nullptr, m, h, offsets, experts, out)) return;
   const int64_t inter = experts.down.front().dim(1);
   const bool bf16 = experts.gate_up.front().dtype() == DType::kBF16;
   auto* act = static_cast<float*>(Scratch(kMoeAct, m * inter * sizeof(float)));  // [m, I]
   auto* xb =
       bf16 ? static_cast<uint16_t*>(Scratch(kBf16Input, m * std::max(h, inter) * 2)) : nullptr;
-  // bf16 experts of decode and mid-sized groups: both GEMMs on tensor cores with a bf16
-  // intermediate (act's scratch holds it).
-  if (bf16 &&
-      LaunchGroupedMlpMma(x.data_as<const float>(), nullptr, m, h, inter, ExpertTable(experts, 0),
-                          ExpertTable(experts, 1), offsets.data_as<const int32_t>(), e, xb,
-                          reinterpret_cast<uint16_t*>(act), out.data_as<float>(), state_->stream)) {
-    return;
-  }
   LaunchGroupedLinear(x.data_as<const float>(), m, h, ExpertTable(experts, 0), bf16,
                       offsets.data_as<const int32_t>(), e, inter, /*swiglu=*/true, act, xb,
                       state_->stream);
@@ -685,24 +678,31 @@ void CudaBackend::GroupedExpertMlp(const Tensor& x, const Tensor& offsets,
                       out.data_as<float>(), xb, state_->stream);
 }
 
+bool CudaBackend::MmaExpertMlp(const float* x, const int32_t* src_row, int64_t m, int64_t h,
+                               const Tensor& offsets, const ExpertWeights& experts,
+                               const Tensor& out) {
+  // bf16 experts of decode and mid-sized groups: both GEMMs on tensor cores with a bf16
+  // intermediate (the act scratch holds it).
+  if (experts.gate_up.front().dtype() != DType::kBF16) return false;
+  const int64_t inter = experts.down.front().dim(1);
+  auto* act = static_cast<uint16_t*>(Scratch(kMoeAct, m * inter * sizeof(float)));
+  auto* xb = static_cast<uint16_t*>(Scratch(kBf16Input, m * std::max(h, inter) * 2));
+  return LaunchGroupedMlpMma(x, src_row, m, h, inter, ExpertTable(experts, 0),
+                             ExpertTable(experts, 1), offsets.data_as<const int32_t>(),
+                             experts.num_experts(), xb, act, out.data_as<float>(), state_->stream);
+}
+
 void CudaBackend::GatheredExpertMlp(const Tensor& x, const Tensor& src_row, const Tensor& grouped,
                                     const Tensor& offsets, const ExpertWeights& experts,
                                     const Tensor& out) {
   const auto [m, h] = CheckGatherRows(device(), x, src_row, grouped);
   CheckGroupedExpertMlp(device(), grouped, offsets, experts, out);
-  const int64_t e = experts.num_experts();
-  if (e == 0 || m == 0) return;
-  const int64_t inter = experts.down.front().dim(1);
-  const bool bf16 = experts.gate_up.front().dtype() == DType::kBF16;
-  if (bf16 && Aligned16(x.data())) {
+  if (experts.num_experts() == 0 || m == 0) return;
+  if (Aligned16(x.data())) {
     // The mma path rounds its rows to bf16 first: gathered on the way (no fp32 copy).
     const OpScope scope(*this, "GroupedExpertMlp", {m, h});
-    auto* act = static_cast<uint16_t*>(Scratch(kMoeAct, m * inter * sizeof(float)));
-    auto* xb = static_cast<uint16_t*>(Scratch(kBf16Input, m * std::max(h, inter) * 2));
-    if (LaunchGroupedMlpMma(x.data_as<const float>(), src_row.data_as<const int32_t>(), m, h, inter,
-                            ExpertTable(experts, 0), ExpertTable(experts, 1),
-                            offsets.data_as<const int32_t>(), e, xb, act, out.data_as<float>(),
-                            state_->stream)) {
+    if (MmaExpertMlp(x.data_as<const float>(), src_row.data_as<const int32_t>(), m, h, offsets,
+                     experts, out)) {
       return;
     }
   }

@@ -35,7 +35,7 @@ class CudaBackend : public Backend {
   void Synchronize() override;
   // A second stream (its own scratch and cuBLAS workspace), forked and joined by events: in a
   // captured graph, parallel branches.
-  void Beside(const std::function<void()>& fn) override;
+  void Beside(FunctionRef<void()> fn) override;
   void JoinBeside() override;
   void WatchWaits(double timeout_s, std::function<void()> check) override;
   void BindThread() override;
@@ -90,6 +90,10 @@ class CudaBackend : public Backend {
   void* ZeroedScratch(int slot, size_t bytes);
   // Device table of an expert set's gate_up (kind 0) or down (kind 1) weight pointers.
   const void* const* ExpertTable(const ExpertWeights& experts, int kind);
+  // Both expert GEMMs on the mma path (bf16 experts whose shapes fit it; else false, nothing
+  // launched); rows x[src_row[r]] when src_row is not null.
+  bool MmaExpertMlp(const float* x, const int32_t* src_row, int64_t m, int64_t h,
+                    const Tensor& offsets, const ExpertWeights& experts, const Tensor& out);
 
   int device_;
   std::string name_;

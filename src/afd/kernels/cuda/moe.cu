@@ -425,8 +425,8 @@ __device__ __forceinline__ void MmaCompute(const uint4 (&w)[kMmaUnroll][2],
 // kBf16Out (SwiGLU only): the products are written as bf16 to yb (rounded as RowsToBf16 rounds
 // them: the next GEMM's input) instead of fp32 to y. piece: the K piece staged at a time (a
 // multiple of 32; PlanMma).
-// kHalves == 2 (one m tile, K over one piece: decode's few rows per expert): the block's warps
-// are two halves over the same columns, half h taking pieces h, h + 2, ... (both pieces of a
+// kHalves == 2 (one m tile, K in more than one piece: decode's few rows per expert): the block's
+// warps are two halves over the same columns, half h taking pieces h, h + 2, ... (both pieces of a
 // round staged at once), so each warp's chain of dependent weight loads is half as long; half 1
 // hands its sums to half 0 through shared memory, which adds them (sum = half 0 + half 1) and
 // stores. The sum order then differs from kHalves == 1 in the last bits.
@@ -667,7 +667,6 @@ bool MmaFits(int64_t m, int64_t k, int64_t n_out, int64_t num_local) {
   return k % 32 == 0 && n_out % 8 == 0 && m <= kMmaMaxAvgRows * num_local;
 }
 
-// x [n] rounded to bf16 into xb (the mma path's input).
 void LaunchGatherRowsToBf16(const float* x, const int32_t* index, int64_t m, int64_t h,
                             __nv_bfloat16* xb, cudaStream_t s) {
   if (m == 0) return;
@@ -677,6 +676,7 @@ void LaunchGatherRowsToBf16(const float* x, const int32_t* index, int64_t m, int
   CheckLaunch("GatherRowsToBf16");
 }
 
+// x [n] rounded to bf16 into xb (the mma path's input).
 void LaunchRowsToBf16(const float* x, int64_t n, __nv_bfloat16* xb, cudaStream_t s) {
   const int blocks = static_cast<int>(std::min<int64_t>((n + 255) / 256, 4096));
   RowsToBf16<<<blocks, 256, 0, s>>>(x, n, xb);
