@@ -593,13 +593,16 @@ Result Moe(Ctx& c, int64_t n, int64_t num_experts, int64_t k, int64_t h, int64_t
       return Result::Fail("bad permutation");
     }
   }
-  // The GPU's bf16 paths round their GEMM inputs to bf16: the mma.sync path (up to 256 rows
-  // per expert on average, K a multiple of 32, N of 8), the WMMA path (16+ rows per expert, K
-  // and N multiples of 16) and the bf16 GEMV (up to 32 rows per expert, K a multiple of 8).
-  // The reference does the same there.
+  // The GPU's bf16 paths round their GEMM inputs to bf16: the mma.sync paths (up to 256 rows
+  // per expert on average, K a multiple of 32, N of 8; above, the tiled one), the WMMA path (16+
+  // rows per expert, K and N multiples of 16) and the bf16 GEMV (up to 32 rows per expert, K a
+  // multiple of 8). The reference does the same there.
   const bool gpu = !c.b.device().is_cpu();
+  // Over 256 rows per expert on average with K and N multiples of 8 in both projections: the
+  // tiled path (both GEMMs, bf16 intermediate).
+  const bool tiled = n * k > 256 * local && h % 8 == 0 && inter % 8 == 0;
   auto rounds = [&](int64_t kk, int64_t nn) {
-    const bool mma = n * k <= 256 * local && kk % 32 == 0 && nn % 8 == 0;
+    const bool mma = tiled || (n * k <= 256 * local && kk % 32 == 0 && nn % 8 == 0);
     const bool tensor_cores = n * k >= 16 * local && kk % 16 == 0 && nn % 16 == 0;
     const bool gemv = n * k <= 32 * local && kk % 8 == 0;
     return gpu && (mma || tensor_cores || gemv);
@@ -791,7 +794,14 @@ std::vector<Case> CheckCases() {
       {"Linear", "bf16 20x96->48", [](Ctx& c) { return Linear(c, 20, 96, 48, D::kBF16); }},
       {"Linear", "bf16 16x2816->2048, twice",
        [](Ctx& c) { return Linear(c, 16, 2816, 2048, D::kBF16, true); }},
+      // 512+ rows of bf16 (prefill): the GPU's tiled kernel (128 x 128 tiles, K in steps of 64),
+      // here with a partial m tile, a partial K step and a partial column block.
+      {"Linear", "bf16 700x200->576", [](Ctx& c) { return Linear(c, 700, 200, 576, D::kBF16); }},
+      {"Linear", "bf16 512x2048->66", [](Ctx& c) { return Linear(c, 512, 2048, 66, D::kBF16); }},
       {"Linear", "f32 8x2048->33", [](Ctx& c) { return Linear(c, 8, 2048, 33, D::kF32); }},
+      // 512+ rows, <= 256 columns of fp32 (the router gate at prefill): the GPU's 64 x 64 tiles,
+      // partial row and column tiles, K not a multiple of the 16-wide step.
+      {"Linear", "f32 600x1500->70", [](Ctx& c) { return Linear(c, 600, 1500, 70, D::kF32); }},
       {"Linear", "f32 2x1500->19", [](Ctx& c) { return Linear(c, 2, 1500, 19, D::kF32); }},
       {"Embedding", "bf16 9 of 50x24", [](Ctx& c) { return Embedding(c, 9, 50, 24); }},
       {"RmsNorm", "5x96 in place", [](Ctx& c) { return RmsNorm(c, 5, 96); }},
@@ -948,9 +958,19 @@ std::vector<Case> CheckCases() {
       // Down projection N = 72 (a warp's second 8-column tile past N) on the mma.sync path.
       {"MoePermute+GroupedExpertMlp+MoeCombine", "30 tokens, top-4 of 8, 72x64",
        [](Ctx& c) { return Moe(c, 30, 8, 4, 72, 64, 0, 8); }},
-      // Over 256 rows per expert on average: the GPU's WMMA path.
+      // Over 256 rows per expert on average: the GPU's tiled path (128 x 128 block tiles, K in
+      // steps of 64): partial column blocks (gate/up N 96, down N 64) and a partial K step
+      // (96); K = 200 in 3 steps + 8, N = 72, a hot expert over 8 m tiles beside experts of a
+      // partial one, a local range not from 0; 40 experts (the block's expert lookup over more
+      // than one warp's 32); the rows gathered first.
       {"MoePermute+GroupedExpertMlp+MoeCombine", "600 tokens, top-4 of 8, 64x96",
        [](Ctx& c) { return Moe(c, 600, 8, 4, 64, 96, 0, 8); }},
+      {"MoePermute+GroupedExpertMlp+MoeCombine", "~300 rows/expert, one of 900, 200x72",
+       [](Ctx& c) { return Moe(c, 900, 12, 4, 200, 72, 2, 8, 6); }},
+      {"MoePermute+GroupedExpertMlp+MoeCombine", "~280 rows/expert, 40 experts",
+       [](Ctx& c) { return Moe(c, 1400, 40, 8, 64, 64, 0, 40); }},
+      {"MoePermute+GroupedExpertMlp+MoeCombine", "~300 rows/expert, gathered first",
+       [](Ctx& c) { return Moe(c, 600, 8, 4, 64, 96, 0, 8, -1, false); }},
       {"LogSoftmaxAt", "4x1000", [](Ctx& c) { return LogSoftmaxAt(c, 1000); }},
       {"LogSoftmaxAt", "4x20000", [](Ctx& c) { return LogSoftmaxAt(c, 20000); }},
       {"LogSoftmaxAt", "NaN in a chunk of -inf", LogSoftmaxNaN},
@@ -977,6 +997,14 @@ std::vector<Case> PerfCases() {
   }
   v.push_back(
       {"Linear", "f32 256x2048->2048", [](Ctx& c) { return Linear(c, 256, 2048, 2048, D::kF32); }});
+  // The same projections at prefill (8192 tokens), and the router gate (fp32, 64 experts).
+  for (const auto& [k, m] : std::vector<std::pair<int64_t, int64_t>>{
+           {2048, 3072}, {2048, 2048}, {2048, 576}, {2048, 5632}, {2816, 2048}}) {
+    v.push_back({"Linear", fmt::format("bf16 8192x{}->{}", k, m),
+                 [k, m](Ctx& c) { return Linear(c, 8192, k, m, D::kBF16); }});
+  }
+  v.push_back(
+      {"Linear", "f32 8192x2048->64", [](Ctx& c) { return Linear(c, 8192, 2048, 64, D::kF32); }});
   v.push_back({"RmsNorm", "256x2048", [](Ctx& c) { return RmsNorm(c, 256, 2048); }});
   for (int64_t seqs : {1, 16, 64}) {
     v.push_back({"MlaAttention", fmt::format("decode {} x ctx 1024, 16 heads", seqs),
@@ -1001,7 +1029,7 @@ std::vector<Case> PerfCases() {
                  [n](Ctx& c) { return Moe(c, n, 16, 6, 2048, 1408, 0, 16); }});
   }
   // DeepSeek-V2-Lite's routed experts: 64 of 2048x1408, top-6 (GB/s of the weights touched).
-  for (int64_t n : {1, 16, 64, 256}) {
+  for (int64_t n : {1, 16, 64, 256, 4096, 8192}) {
     v.push_back({"MoE (permute+experts+combine)", fmt::format("{} tok, top-6 of 64, 2048x1408", n),
                  [n](Ctx& c) { return Moe(c, n, 64, 6, 2048, 1408, 0, 64); }});
   }

@@ -78,6 +78,42 @@ TEST(BenchDecode, PrefillInWavesStillTimesTheWholeBatch) {
   EXPECT_THROW(BenchDecode(model, o), Error);
 }
 
+// A CPU backend that reports one op of 2 ms for every forward profiled (each turns it on).
+class ProfilingCpu : public kernels::cpu::CpuBackend {
+ public:
+  void SetProfiling(bool on, bool /*profiler_range*/) override { spans_ += on ? 1 : 0; }
+  std::vector<kernels::OpTime> TakeProfile() override {
+    std::vector<kernels::OpTime> out;
+    if (spans_ > 0) out.push_back({"Op", spans_, 2.0 * static_cast<double>(spans_)});
+    spans_ = 0;
+    return out;
+  }
+
+ private:
+  int64_t spans_ = 0;
+};
+
+// --profile: the prefill steps' op times come apart from the decode steps', each per step.
+TEST(BenchDecode, ProfileKeepsThePrefillStepsApart) {
+  ProfilingCpu cpu;
+  const model::DeepseekModel model = TinyModel(cpu);
+  BenchDecodeOptions o;
+  o.batch_sizes = {5};
+  o.context = 8;
+  o.steps = 3;
+  o.profile = true;
+  o.prefill_tokens_per_step = 17;  // 2 prompts per wave: 3 prefill (or mixed) steps
+  const BenchDecodeResult r = BenchDecode(model, o);
+  ASSERT_EQ(r.rows.size(), 1u);
+  const BenchDecodeRow& row = r.rows[0];
+  EXPECT_EQ(row.prefill_steps, 3);
+  ASSERT_EQ(row.prefill_profile.size(), 1u);
+  EXPECT_DOUBLE_EQ(row.prefill_profile[0].ms, 2.0);  // one 2 ms span per prefill step
+  EXPECT_EQ(row.prefill_profile[0].calls, 1);
+  ASSERT_EQ(row.profile.size(), 1u);
+  EXPECT_DOUBLE_EQ(row.profile[0].ms, 2.0);  // the timed decode steps only, one span each
+}
+
 TEST(BenchDecode, RefusesPositionsPastTheModel) {
   kernels::cpu::CpuBackend cpu;
   const model::DeepseekModel model = TinyModel(cpu);

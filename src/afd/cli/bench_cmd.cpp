@@ -231,17 +231,24 @@ void Run(BenchArgs a, int& exit_code) {
           row.bytes_per_step / 1e9, row.floor_ms, row.ms_per_step / row.floor_ms,
           row.prefill_tokens_per_s, row.prefill_tflops);
     }
-    for (const auto& row : r.rows) {
-      if (row.profile.empty()) continue;
+    const auto print_profile = [](const std::vector<kernels::OpTime>& profile,
+                                  const std::string& title) {
+      if (profile.empty()) return;
       double total = 0;
-      for (const auto& t : row.profile) total += t.ms;
-      std::cout << fmt::format("profile, batch {}: device ms per decode step by op (sum {:.3f})\n",
-                               row.batch, total);
-      for (size_t i = 0; i < row.profile.size() && i < 16; ++i) {
-        const auto& t = row.profile[i];
+      for (const auto& t : profile) total += t.ms;
+      std::cout << fmt::format("{} (sum {:.3f})\n", title, total);
+      for (size_t i = 0; i < profile.size() && i < 16; ++i) {
+        const auto& t = profile[i];
         std::cout << fmt::format("  {:8.3f} ms {:5.1f}%  {:6.1f} calls  {}\n", t.ms,
                                  100.0 * t.ms / total, static_cast<double>(t.calls), t.op);
       }
+    };
+    for (const auto& row : r.rows) {
+      print_profile(row.prefill_profile,
+                    fmt::format("profile, batch {}: device ms per prefill step by op ({} steps)",
+                                row.batch, row.prefill_steps));
+      print_profile(row.profile,
+                    fmt::format("profile, batch {}: device ms per decode step by op", row.batch));
     }
   }
   exit_code = 0;

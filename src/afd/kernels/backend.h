@@ -214,8 +214,10 @@ class Backend : public Allocator {
   // returns, until JoinBeside(); ops issued after JoinBeside see everything fn's ops wrote. fn's
   // ops read only what was written before Beside and write memory that nothing else touches
   // before JoinBeside. One Beside at a time, joined before the step's end. A backend with one
-  // queue runs fn in place (the CPU: the same ops in the same order, so the same values).
-  virtual void Beside(FunctionRef<void()> fn) { fn(); }
+  // queue runs fn in place (the CPU: the same ops in the same order, so the same values). rows:
+  // the rows fn's ops work on (tokens); where they are many, the ops fill the device alone and
+  // a backend may run fn in place (the CUDA backend above kBesideMaxRows).
+  virtual void Beside(FunctionRef<void()> fn, int64_t /*rows*/) { fn(); }
   virtual void JoinBeside() {}
   virtual void AllowTf32(bool /*on*/) {}
 
@@ -229,8 +231,9 @@ class Backend : public Allocator {
   virtual std::unique_ptr<OpGraph> EndCapture();
   // While on, each op's device time is recorded (CUDA events around it; off by default, and
   // not while capturing). TakeProfile waits for the device and returns the per-op totals since
-  // the last TakeProfile, longest first, and clears them.
-  virtual void SetProfiling(bool /*on*/) {}
+  // the last TakeProfile, longest first, and clears them. `profiler_range`: the span is also the
+  // range an external profiler sees (CUDA: cudaProfilerStart/Stop).
+  virtual void SetProfiling(bool /*on*/, bool /*profiler_range*/ = true) {}
   virtual std::vector<OpTime> TakeProfile() { return {}; }
   // Device time of spans of enqueued work (not while capturing): BeginTimedSpan marks the
   // stream, EndTimedSpan marks it again; TakeTimedSeconds waits for the device and returns the

@@ -42,11 +42,13 @@ void DeepseekModel::Attention(int64_t layer, const StepInputs& in, kv::PagedKvCa
   const Tensor ckv = ws.Take(DType::kF32, {n, kvr + dr});
   kernels::AttentionTokens tokens = in.attn;
   tokens.block_size = cache.block_size();
-  backend_.Beside([&] {
-    backend_.Linear(normed, w.kv_a_proj, ckv);
-    backend_.MlaCacheWrite(ckv, w.kv_a_norm, kLatentNormEps, tokens, rope_spec_,
-                           cache.Layer(layer));
-  });
+  backend_.Beside(
+      [&] {
+        backend_.Linear(normed, w.kv_a_proj, ckv);
+        backend_.MlaCacheWrite(ckv, w.kv_a_norm, kLatentNormEps, tokens, rope_spec_,
+                               cache.Layer(layer));
+      },
+      n);
   // q of all heads: [n, nH, dn + dr], rope on the last dr dims of each head.
   const Tensor q = ws.Take(DType::kF32, {n, nh, qk});
   const Tensor q2 = q.Reshape({n, nh * qk});

@@ -58,7 +58,7 @@ void LocalMoeBackend::Forward(int64_t layer, const Tensor& hidden, const Tensor&
   const bool shared = !model_.weights().layers[layer].moe.shared.empty() && n > 0;
   const Tensor shared_out = shared ? ws.Take(DType::kF32, {n, c.hidden_size}) : Tensor();
   if (shared) {
-    model_.backend().Beside([&] { model_.SharedExperts(layer, hidden, shared_out, ws); });
+    model_.backend().Beside([&] { model_.SharedExperts(layer, hidden, shared_out, ws); }, n);
   }
   const Tensor ids = ws.Take(DType::kI32, {n, k});
   const Tensor weights = ws.Take(DType::kF32, {n, k});

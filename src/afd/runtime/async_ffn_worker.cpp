@@ -71,10 +71,12 @@ void AsyncFfnWorker::Serve(const connector::ReceivedSlot& in) {
   const Tensor routed_out = ws_.Take(DType::kF32, {R, H});
   const Tensor shared_out = ws_.Take(DType::kF32, {S, H});
   if (S > 0) {
-    backend.Beside([&] {
-      const Tensor x(in.shared_rows, DType::kF32, {S, H}, backend.device());
-      model_.SharedExperts(h.layer, x, shared_out, ws_);
-    });
+    backend.Beside(
+        [&] {
+          const Tensor x(in.shared_rows, DType::kF32, {S, H}, backend.device());
+          model_.SharedExperts(h.layer, x, shared_out, ws_);
+        },
+        S);
   }
   if (R > 0) {
     const Tensor x(in.routed_rows, DType::kF32, {R, H}, backend.device());

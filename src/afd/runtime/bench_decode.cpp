@@ -1,5 +1,6 @@
 #include "afd/runtime/bench_decode.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <random>
@@ -53,6 +54,25 @@ class BenchRunner : public StepRunner {
   Tensor Forward(const model::ForwardBatch& batch, kv::PagedKvCache& cache,
                  Workspace& ws) override {
     const bool decode = batch.size() == static_cast<int64_t>(batch.seq_ids.size());
+    if (profile_ && !decode) {
+      // A prefill (or mixed) step's own per-op times, kept apart from the decode steps' (an
+      // external profiler's range stays on the decode steps).
+      backend_.SetProfiling(true, /*profiler_range=*/false);
+      Tensor logits = inner_.Forward(batch, cache, ws);
+      backend_.SetProfiling(false);
+      for (const kernels::OpTime& t : backend_.TakeProfile()) {
+        auto it = std::find_if(prefill_profile.begin(), prefill_profile.end(),
+                               [&](const kernels::OpTime& p) { return p.op == t.op; });
+        if (it == prefill_profile.end()) {
+          prefill_profile.push_back(t);
+        } else {
+          it->calls += t.calls;
+          it->ms += t.ms;
+        }
+      }
+      ++prefill_steps;
+      return logits;
+    }
     if (profile_) backend_.SetProfiling(decode && timing);
     if (!(decode && timing)) return inner_.Forward(batch, cache, ws);
     backend_.BeginTimedSpan();
@@ -61,12 +81,25 @@ class BenchRunner : public StepRunner {
     return logits;
   }
   bool timing = false;
+  std::vector<kernels::OpTime> prefill_profile;  // summed over prefill_steps
+  int64_t prefill_steps = 0;
 
  private:
   StepRunner& inner_;
   kernels::Backend& backend_;
   bool profile_;
 };
+
+// Op times summed over `steps` steps -> per step, slowest first.
+std::vector<kernels::OpTime> PerStep(std::vector<kernels::OpTime> times, int64_t steps) {
+  for (kernels::OpTime& t : times) {
+    t.ms /= static_cast<double>(std::max<int64_t>(steps, 1));
+    t.calls = std::llround(t.calls / static_cast<double>(std::max<int64_t>(steps, 1)));
+  }
+  std::sort(times.begin(), times.end(),
+            [](const kernels::OpTime& a, const kernels::OpTime& b) { return a.ms > b.ms; });
+  return times;
+}
 
 // Decode steps of each batch run before the timed ones: the first captures the batch's CUDA
 // graph (after an eager warm-up run), which the timed steps then replay.
@@ -190,11 +223,11 @@ BenchDecodeResult BenchDecode(const model::DeepseekModel& model, const BenchDeco
     row.graph_steps = graph_runner.graph_steps() - graph_steps_warm;
     if (o.profile) {
       model.backend().SetProfiling(false);
-      row.profile = model.backend().TakeProfile();
-      for (kernels::OpTime& t : row.profile) {
-        t.ms /= static_cast<double>(steps);
-        t.calls = std::llround(t.calls / static_cast<double>(steps));
-      }
+      row.profile = PerStep(model.backend().TakeProfile(), steps);
+      row.prefill_profile = PerStep(std::move(runner.prefill_profile), runner.prefill_steps);
+      row.prefill_steps = runner.prefill_steps;
+      runner.prefill_profile.clear();
+      runner.prefill_steps = 0;
     }
     row.ms_per_step = 1e3 * seconds / static_cast<double>(steps);
     row.device_ms_per_step = 1e3 * model.backend().TakeTimedSeconds() / static_cast<double>(steps);

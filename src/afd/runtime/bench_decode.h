@@ -25,7 +25,8 @@ struct BenchDecodeOptions {
   int64_t steps = 32;       // timed decode steps
   uint64_t seed = 0;        // prompt ids
   CudaGraphOptions graphs;  // decode steps replay CUDA graphs unless graphs.enforce_eager
-  // Per-op device time of the decode steps (eager: graphs are turned off while profiling).
+  // Per-op device time of the decode steps (eager: graphs are turned off while profiling) and,
+  // apart, of the prefill (and mixed) steps.
   bool profile = false;
   // Prompt tokens prefilled per step at most (whole prompts, so at least one): a batch whose
   // prompts hold more is prefilled in waves, as a server would (batch 256 x context 1024 in one
@@ -54,8 +55,10 @@ struct BenchDecodeRow {
   // prefill_tokens_per_s x PrefillFlopsPerToken: the prefill's model FLOP/s (issue 11 compares it
   // with the bf16 tensor-core peak).
   double prefill_tflops = 0;
-  int64_t graph_steps = 0;               // decode steps replayed from a CUDA graph
-  std::vector<kernels::OpTime> profile;  // per decode step (ms and calls divided by steps)
+  int64_t graph_steps = 0;                       // decode steps replayed from a CUDA graph
+  std::vector<kernels::OpTime> profile;          // per decode step (ms and calls divided by steps)
+  std::vector<kernels::OpTime> prefill_profile;  // per prefill or mixed step
+  int64_t prefill_steps = 0;
 };
 
 struct BenchDecodeResult {

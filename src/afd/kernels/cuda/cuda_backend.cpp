@@ -53,6 +53,7 @@ struct CudaBackend::State {
   std::function<void()> wait_check;
   // Profiling: op names with the index of their start event (the end event follows it).
   bool profiling = false;
+  bool profiler_range = false;  // cudaProfilerStart in effect (SetProfiling)
   std::vector<cudaEvent_t> events;
   size_t events_used = 0;
   std::vector<std::pair<std::string, size_t>> records;
@@ -117,6 +118,8 @@ enum ScratchSlot {
 
 constexpr size_t kStagingBytes = size_t{16} << 20;
 constexpr size_t kCublasWorkspaceBytes = size_t{64} << 20;
+// Beside with more rows runs in place (prefill: its GEMMs fill the GPU alone).
+constexpr int64_t kBesideMaxRows = 1024;
 
 // A captured CUDA graph, replayed on the backend's stream.
 class CudaGraph : public OpGraph {
@@ -211,9 +214,11 @@ bool ChoiceOff(const char* name) {
 
 Stream CudaBackend::stream() const { return {state_->main}; }
 
-void CudaBackend::Beside(FunctionRef<void()> fn) {
+void CudaBackend::Beside(FunctionRef<void()> fn, int64_t rows) {
   static const bool one_stream = ChoiceOff("AFD_SIDE_STREAM");
-  if (one_stream) {
+  // Prefill-sized work: two streams of large GEMMs contend (8192-token prefill of
+  // deepseek-v2-lite on the H200: 424 ms with the side stream, 329 ms without).
+  if (one_stream || rows > kBesideMaxRows) {
     fn();
     return;
   }
@@ -411,8 +416,12 @@ std::unique_ptr<OpGraph> CudaBackend::EndCapture() {
 
 // The profiled ops are also the range an external profiler sees: `ncu --profile-from-start off`
 // on `afd bench decode --profile` times the kernels of the decode steps only (no-op without one).
-void CudaBackend::SetProfiling(bool on) {
-  if (on != state_->profiling) AFD_CUDA_CHECK(on ? cudaProfilerStart() : cudaProfilerStop());
+void CudaBackend::SetProfiling(bool on, bool profiler_range) {
+  const bool range = on && profiler_range;
+  if (range != state_->profiler_range) {
+    AFD_CUDA_CHECK(range ? cudaProfilerStart() : cudaProfilerStop());
+  }
+  state_->profiler_range = range;
   state_->profiling = on;
 }
 
@@ -485,6 +494,11 @@ void CudaBackend::Linear(const Tensor& x, const Tensor& w, const Tensor& y) {
                     state_->stream);
       return;
     }
+    if (SkinnyF32Fits(n, k, m) && Aligned16(x.data()) && Aligned16(w.data())) {
+      LaunchSkinnyF32(x.data_as<const float>(), n, k, w.data_as<const float>(), m,
+                      y.data_as<float>(), state_->stream);
+      return;
+    }
     AFD_CUBLAS_CHECK(cublasSgemm(state_->cublas, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha,
                                  w.data_as<const float>(), k, x.data_as<const float>(), k, &beta,
                                  y.data_as<float>(), m));
@@ -497,6 +511,10 @@ void CudaBackend::Linear(const Tensor& x, const Tensor& w, const Tensor& y) {
   }
   auto* xb = static_cast<uint16_t*>(Scratch(kBf16Input, n * k * 2));
   LaunchToBf16(x.data_as<const float>(), n * k, xb, state_->stream);
+  if (TiledLinearFits(n, k, m) && Aligned16(w.data())) {
+    LaunchTiledLinear(xb, n, k, w.data(), m, y.data_as<float>(), state_->stream);
+    return;
+  }
   AFD_CUBLAS_CHECK(cublasGemmEx(state_->cublas, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha, w.data(),
                                 CUDA_R_16BF, k, xb, CUDA_R_16BF, k, &beta, y.data(), CUDA_R_32F, m,
                                 CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));

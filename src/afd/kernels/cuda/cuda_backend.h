@@ -35,7 +35,7 @@ class CudaBackend : public Backend {
   void Synchronize() override;
   // A second stream (its own scratch and cuBLAS workspace), forked and joined by events: in a
   // captured graph, parallel branches.
-  void Beside(FunctionRef<void()> fn) override;
+  void Beside(FunctionRef<void()> fn, int64_t rows) override;
   void JoinBeside() override;
   void WatchWaits(double timeout_s, std::function<void()> check) override;
   void BindThread() override;
@@ -75,7 +75,7 @@ class CudaBackend : public Backend {
   void BeginCapture() override;
   std::unique_ptr<OpGraph> EndCapture() override;
   void AllowTf32(bool on) override { tf32_ = on; }
-  void SetProfiling(bool on) override;
+  void SetProfiling(bool on, bool profiler_range = true) override;
   std::vector<OpTime> TakeProfile() override;
   void BeginTimedSpan() override;
   void EndTimedSpan() override;

@@ -176,6 +176,59 @@ __global__ void __launch_bounds__(kWarps * 32)
   StoreWarpSums<kRowsMax>(acc, rows, lane, y + c, m);
 }
 
+// fp32 y[n, m] = x[n, k] · wᵀ for many rows and few columns (the router gate at prefill: 8192 x
+// 2048 -> 64, where cuBLAS's SGEMM runs at ~2 TFLOP/s). Block: kSkinnyRows rows x kSkinnyCols
+// columns, K in steps of kSkinnyK staged in shared memory transposed ([k][row], [k][col]); thread
+// (ty, tx) of 16 x 16 sums rows 4 ty .. and columns 4 tx .. over k in order (fp32 FMA, one
+// deterministic order per output). Needs k % 4 == 0 and 16-byte aligned rows.
+constexpr int kSkinnyRows = 64, kSkinnyCols = 64, kSkinnyK = 16;
+constexpr int64_t kSkinnyMinRows = 512, kSkinnyMaxCols = 256;
+
+__global__ void __launch_bounds__(256)
+    SkinnyF32(const float* x, int64_t n, int64_t k, const float* w, int64_t m, float* y) {
+  __shared__ __align__(16) float xs[kSkinnyK][kSkinnyRows + 4];
+  __shared__ __align__(16) float ws[kSkinnyK][kSkinnyCols + 4];
+  const int tid = threadIdx.x, ty = tid / 16, tx = tid % 16;
+  const int64_t r0 = int64_t(blockIdx.y) * kSkinnyRows, c0 = int64_t(blockIdx.x) * kSkinnyCols;
+  // Loads: thread tid takes row tid / 4 of the tile, k 4 (tid % 4) .. + 3 (one float4).
+  const int lr = tid / 4, lk = (tid % 4) * 4;
+  const bool x_ok = r0 + lr < n, w_ok = c0 + lr < m;
+  const float* xp = x + (x_ok ? r0 + lr : 0) * k + lk;
+  const float* wp = w + (w_ok ? c0 + lr : 0) * k + lk;
+  float acc[4][4] = {};
+  for (int64_t k0 = 0; k0 < k; k0 += kSkinnyK) {
+    const bool k_ok = k0 + lk < k;
+    const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
+    const float4 xv = x_ok && k_ok ? *reinterpret_cast<const float4*>(xp + k0) : zero;
+    const float4 wv = w_ok && k_ok ? *reinterpret_cast<const float4*>(wp + k0) : zero;
+    __syncthreads();  // the previous step's tiles are consumed
+    xs[lk][lr] = xv.x, xs[lk + 1][lr] = xv.y, xs[lk + 2][lr] = xv.z, xs[lk + 3][lr] = xv.w;
+    ws[lk][lr] = wv.x, ws[lk + 1][lr] = wv.y, ws[lk + 2][lr] = wv.z, ws[lk + 3][lr] = wv.w;
+    __syncthreads();
+#pragma unroll
+    for (int kk = 0; kk < kSkinnyK; ++kk) {
+      const float4 a = *reinterpret_cast<const float4*>(&xs[kk][4 * ty]);
+      const float4 b = *reinterpret_cast<const float4*>(&ws[kk][4 * tx]);
+      const float av[4] = {a.x, a.y, a.z, a.w}, bv[4] = {b.x, b.y, b.z, b.w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
+      }
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int64_t r = r0 + 4 * ty + i;
+    if (r >= n) break;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int64_t c = c0 + 4 * tx + j;
+      if (c < m) y[r * m + c] = acc[i][j];
+    }
+  }
+}
+
 }  // namespace
 
 // Calls launch(std::integral_constant<int, R>{}) with the smallest row bound R (1, 4 or
@@ -228,6 +281,20 @@ void LaunchGemvBf16(const float* x, int64_t n, int64_t k, const void* w, int64_t
     }
   });
   CheckLaunch("Linear (gemv)");
+}
+
+bool SkinnyF32Fits(int64_t n, int64_t k, int64_t m) {
+  return n >= kSkinnyMinRows && m <= kSkinnyMaxCols && k % 4 == 0 &&
+         (n + kSkinnyRows - 1) / kSkinnyRows <= 65535;
+}
+
+void LaunchSkinnyF32(const float* x, int64_t n, int64_t k, const float* w, int64_t m, float* y,
+                     cudaStream_t s) {
+  AFD_CHECK(SkinnyF32Fits(n, k, m), "SkinnyF32: {} rows, K = {}, N = {}", n, k, m);
+  const dim3 grid(static_cast<unsigned>((m + kSkinnyCols - 1) / kSkinnyCols),
+                  static_cast<unsigned>((n + kSkinnyRows - 1) / kSkinnyRows));
+  SkinnyF32<<<grid, 256, 0, s>>>(x, n, k, w, m, y);
+  CheckLaunch("Linear (skinny f32)");
 }
 
 }  // namespace afd::kernels::cuda

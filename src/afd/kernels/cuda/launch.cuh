@@ -34,6 +34,11 @@ bool GemvFits(int64_t n, int64_t k);
 void LaunchGemvBf16(const float* x, int64_t n, int64_t k, const void* w, int64_t m, float* y,
                     cudaStream_t s);
 // The same with fp32 x and w (K % 4 == 0; x and w 16-byte aligned).
+// fp32 Linear of many rows (512+) and few columns (<= 256: the router gate at prefill), 64 x 64
+// tiles on the CUDA cores (fp32 exact, one summation order).
+bool SkinnyF32Fits(int64_t n, int64_t k, int64_t m);
+void LaunchSkinnyF32(const float* x, int64_t n, int64_t k, const float* w, int64_t m, float* y,
+                     cudaStream_t s);
 bool GemvF32Fits(int64_t n, int64_t k);
 void LaunchGemvF32(const float* x, int64_t n, int64_t k, const float* w, int64_t m, float* y,
                    cudaStream_t s);
@@ -106,7 +111,8 @@ void LaunchRouterTopk(const float* logits, int64_t n, int64_t num_experts, const
 // moe.cu
 void LaunchMoePermute(const int32_t* ids, int64_t n, int64_t k, int64_t begin, int64_t num_local,
                       int32_t* offsets, int32_t* src_row, int32_t* row_of_slot, cudaStream_t s);
-// Both projections of a bf16 expert MLP on the mma.sync path, when both shapes fit it (else
+// Both projections of a bf16 expert MLP on tensor cores (mma.sync: GroupedMma up to
+// kMmaMaxAvgRows rows per expert on average, GroupedTiled above), when both shapes fit (else
 // false, nothing launched): x rounded to bf16 once into x_bf16 [m, h], the SwiGLU product
 // written as bf16 into act_bf16 [m, inter] by the first GEMM (rounded as the separate
 // conversion would: the same bits), then out [m, h] = act · W_down^T. No fp32 intermediate.
@@ -115,6 +121,12 @@ bool LaunchGroupedMlpMma(const float* x, const int32_t* src_row, int64_t m, int6
                          int64_t inter, const void* const* gate_up, const void* const* down,
                          const int32_t* offsets, int64_t num_local, uint16_t* x_bf16,
                          uint16_t* act_bf16, float* out, cudaStream_t s);
+// Dense y[n, m] = x · w^T on the tiled bf16 kernel (GroupedTiled with one weight matrix): x_bf16
+// [n, k] (x already rounded), w bf16 [m, k], y fp32. For prefill-sized n, where cuBLAS's choice
+// for N off its 128 grid runs at a few % of the tensor cores (kv_a's N = 576).
+bool TiledLinearFits(int64_t n, int64_t k, int64_t m);
+void LaunchTiledLinear(const uint16_t* x_bf16, int64_t n, int64_t k, const void* w, int64_t m,
+                       float* y, cudaStream_t s);
 // Grouped y[r] = x[r] · W_e^T for the rows of each expert; weights by pointer table
 // (w_ptrs[e], bf16 or f32 [N, K]). swiglu: W is [2N', K] gate|up and y[r, c] =
 // silu(gate_c) · up_c for c < N' = n_out. x_bf16: device scratch of m·k bf16 (or null): with
