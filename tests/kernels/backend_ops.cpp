@@ -291,6 +291,7 @@ struct MlaSetup {
   std::vector<double> cache_ref;  // [seqs, len, kvr + dr] expected rows
   Tensor cache, kv_b_t;
   AttentionTokens last;  // one token per sequence: position len - 1
+  AttentionTokens all;   // every position of every sequence (a prefill's queries)
   RopeSpec rope;
 };
 
@@ -330,6 +331,7 @@ MlaSetup MakeMla(Ctx& c, int64_t seqs, int64_t len, Result* write_check, MlaSetu
                       c.Up(slots, DType::kI64, {n}), tables_t, s.block};
   c.b.MlaCacheWrite(c.Up(ckv, DType::kF32, {n, width}), c.Up(s.norm_w, DType::kF32, {s.kvr}), 1e-6f,
                     all, s.rope, s.cache);
+  s.all = all;
   s.cache_ref.resize(n * width);
   std::vector<double> latent(n * s.kvr);
   for (int64_t i = 0; i < n; ++i) {
@@ -437,6 +439,70 @@ Result MlaAttention(Ctx& c, int64_t h0, int64_t h1, int64_t seqs = 3, int64_t le
   // A bf16 cache: the reference attends the same rounded rows (a rare tie may round the other
   // way on the device). TF32 allowed with a bf16 cache (a bf16 model): the GPU may take q and
   // the softmax weights as bf16 too (8 mantissa bits, as the model's own tensors), so 1e-2.
+  const bool bf16_cache = s.cache_dtype == DType::kBF16;
+  const double tol = tf32 ? (bf16_cache ? 1e-2 : 5e-3) : bf16_cache ? 1e-3 : 1e-4;
+  return Result(RelErr(c.Down<float>(out), want), tol);
+}
+
+// Prefill attention: every position of `seqs` sequences of `len` queries at once (causal: the
+// token at position p attends 0 .. p), heads [0, heads), against the expanded form as above
+// (each head's k_j, v_j computed once per cached row).
+Result MlaPrefill(Ctx& c, int64_t seqs, int64_t len, MlaSetup shapes, bool tf32) {
+  MlaSetup s = MakeMla(c, seqs, len, nullptr, std::move(shapes));
+  const int64_t width = s.kvr + s.dr, qk = s.dn + s.dr, nh = s.heads, n = seqs * len;
+  std::vector<float> q = c.Randn(n * nh * qk);
+  const Tensor out = c.Alloc(DType::kF32, {n, nh * s.dv});
+  const float scale = 1.0f / std::sqrt(float(qk));
+  c.b.AllowTf32(tf32);
+  try {
+    c.b.MlaAttention(c.Up(q, DType::kF32, {n, nh, qk}), s.kv_b_t, s.all, s.cache, 0, nh, s.dn, s.dv,
+                     scale, out);
+  } catch (...) {
+    c.b.AllowTf32(false);
+    throw;
+  }
+  c.b.AllowTf32(false);
+  std::vector<double> want(n * nh * s.dv);
+  std::vector<double> k(len * s.dn), v(len * s.dv), score(len);
+  for (int64_t sq = 0; sq < seqs; ++sq) {
+    for (int64_t h = 0; h < nh; ++h) {
+      const float* wk = &s.kv_b[h * (s.dn + s.dv) * s.kvr];
+      const float* wv = wk + s.dn * s.kvr;
+      for (int64_t j = 0; j < len; ++j) {
+        const double* row = &s.cache_ref[(sq * len + j) * width];
+        for (int64_t d = 0; d < s.dn; ++d) {
+          double acc = 0;
+          for (int64_t l = 0; l < s.kvr; ++l) acc += double(wk[d * s.kvr + l]) * row[l];
+          k[j * s.dn + d] = acc;
+        }
+        for (int64_t e = 0; e < s.dv; ++e) {
+          double acc = 0;
+          for (int64_t l = 0; l < s.kvr; ++l) acc += double(wv[e * s.kvr + l]) * row[l];
+          v[j * s.dv + e] = acc;
+        }
+      }
+      for (int64_t p = 0; p < len; ++p) {
+        const int64_t t = sq * len + p;
+        const float* qh = &q[(t * nh + h) * qk];
+        double mx = -1e300;
+        for (int64_t j = 0; j <= p; ++j) {
+          const double* row = &s.cache_ref[(sq * len + j) * width];
+          double acc = 0;
+          for (int64_t d = 0; d < s.dn; ++d) acc += qh[d] * k[j * s.dn + d];
+          for (int64_t d = 0; d < s.dr; ++d) acc += qh[s.dn + d] * row[s.kvr + d];
+          score[j] = acc * scale;
+          mx = std::max(mx, score[j]);
+        }
+        double sum = 0;
+        for (int64_t j = 0; j <= p; ++j) sum += (score[j] = std::exp(score[j] - mx));
+        for (int64_t e = 0; e < s.dv; ++e) {
+          double o = 0;
+          for (int64_t j = 0; j <= p; ++j) o += score[j] / sum * v[j * s.dv + e];
+          want[(t * nh + h) * s.dv + e] = o;
+        }
+      }
+    }
+  }
   const bool bf16_cache = s.cache_dtype == DType::kBF16;
   const double tol = tf32 ? (bf16_cache ? 1e-2 : 5e-3) : bf16_cache ? 1e-3 : 1e-4;
   return Result(RelErr(c.Down<float>(out), want), tol);
@@ -901,6 +967,24 @@ std::vector<Case> CheckCases() {
          wide.cache_dtype = DType::kBF16;
          return MlaAttention(c, 0, 16, 2, 130, std::move(wide), true);
        }},
+      // A prefill's queries (every position, causal), DeepSeek's shape, bf16 cache, TF32: past
+      // 1024 tokens the GPU's tiled kernel takes two query tokens per block, here with a pair
+      // across two sequences (345 positions each: tokens 344 | 345) and an odd last token; and
+      // the same queries over fewer tokens (one per block), heads past a group of 16.
+      {"MlaAttention", "prefill, bf16 cache, tf32: 16 heads, 512 + 64, 3 x 345",
+       [](Ctx& c) {
+         MlaSetup wide;
+         wide.heads = 16, wide.dn = 16, wide.dv = 8, wide.kvr = 512, wide.dr = 64, wide.block = 64;
+         wide.cache_dtype = DType::kBF16;
+         return MlaPrefill(c, 3, 345, std::move(wide), true);
+       }},
+      {"MlaAttention", "prefill, bf16 cache, tf32: 20 heads, 512 + 64, 2 x 90, block 16",
+       [](Ctx& c) {
+         MlaSetup wide;
+         wide.heads = 20, wide.dn = 16, wide.dv = 8, wide.kvr = 512, wide.dr = 64, wide.block = 16;
+         wide.cache_dtype = DType::kBF16;
+         return MlaPrefill(c, 2, 90, std::move(wide), true);
+       }},
       {"MlaAttention", "bf16 cache: 20 heads, 512 + 64, 2 x 150",
        [](Ctx& c) {
          MlaSetup wide;
@@ -1068,6 +1152,9 @@ int Main(int argc, char** argv) {
   }
   int passed = 0, failed = 0;
   for (auto& backend : backends) {
+    // Checks: the launch mode of a small decode step (a GPU's programmatic dependent launch,
+    // where a kernel reading before its predecessor finished would show); perf: the plain one.
+    if (!perf) backend->SetStepRows(1);
     Ctx ctx{*backend};
     ctx.perf = perf;
     ctx.iters = iters;

@@ -219,6 +219,10 @@ class Backend : public Allocator {
   // a backend may run fn in place (the CUDA backend above kBesideMaxRows).
   virtual void Beside(FunctionRef<void()> fn, int64_t /*rows*/) { fn(); }
   virtual void JoinBeside() {}
+  // The rows (tokens) of the forward step about to be issued, for launch choices that depend on
+  // the step's size (the CUDA backend: programmatic dependent launch up to 64 rows). Captured
+  // graphs keep the choice made when they were captured.
+  virtual void SetStepRows(int64_t /*rows*/) {}
   virtual void AllowTf32(bool /*on*/) {}
 
   // ---- Graphs and profiling (the CUDA backend; the CPU backend has neither) ---------------

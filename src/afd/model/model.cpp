@@ -173,6 +173,7 @@ Tensor DeepseekModel::Forward(const ForwardBatch& batch, kv::PagedKvCache& cache
 Tensor DeepseekModel::ForwardInputs(const StepInputs& in, kv::PagedKvCache& cache, MoeBackend& moe,
                                     Workspace& ws) const {
   const int64_t n = in.n, h = config_.hidden_size;
+  backend_.SetStepRows(n);
   const Tensor x = ws.Take(DType::kF32, {n, h});
   const Tensor mlp_in = ws.Take(DType::kF32, {n, h});
   const Tensor mlp_out = ws.Take(DType::kF32, {n, h});

@@ -37,6 +37,7 @@ class CudaBackend : public Backend {
   // captured graph, parallel branches.
   void Beside(FunctionRef<void()> fn, int64_t rows) override;
   void JoinBeside() override;
+  void SetStepRows(int64_t rows) override;
   void WatchWaits(double timeout_s, std::function<void()> check) override;
   void BindThread() override;
   MemoryInfo DeviceMemory() const override;

@@ -2,11 +2,13 @@
 // embedding, row gather, RMSNorm.
 #include <cuda_bf16.h>
 
+#include <atomic>
 #include <cstdint>
 #include <type_traits>
 
 #include "afd/common/cuda_check.h"
 #include "afd/kernels/cuda/launch.cuh"
+#include "afd/kernels/cuda/pdl.cuh"
 
 namespace afd::kernels::cuda {
 
@@ -19,18 +21,21 @@ int Blocks(int64_t n) {
 }
 
 __global__ void Fill(float* x, int64_t n, float v) {
+  PdlStart();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x)
     x[i] = v;
 }
 
 __global__ void Add(float* y, const float* x, int64_t n) {
+  PdlStart();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x)
     y[i] += x[i];
 }
 
 __global__ void SiluMul(const float* gu, int64_t n, int64_t inter, float* out) {
+  PdlStart();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n * inter;
        i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t r = i / inter, c = i % inter;
@@ -40,6 +45,7 @@ __global__ void SiluMul(const float* gu, int64_t n, int64_t inter, float* out) {
 }
 
 __global__ void ToBf16(const float* x, int64_t n, __nv_bfloat16* out) {
+  PdlStart();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
     out[i] = __float2bfloat16_rn(x[i]);
@@ -47,6 +53,7 @@ __global__ void ToBf16(const float* x, int64_t n, __nv_bfloat16* out) {
 }
 
 __global__ void Embedding(const void* table, bool bf16, const int32_t* ids, int64_t h, float* out) {
+  PdlStart();
   const int64_t row = ids[blockIdx.x];
   for (int64_t j = threadIdx.x; j < h; j += blockDim.x) {
     out[blockIdx.x * h + j] =
@@ -56,6 +63,7 @@ __global__ void Embedding(const void* table, bool bf16, const int32_t* ids, int6
 }
 
 __global__ void Gather(const float* x, const int32_t* index, int64_t h, float* out) {
+  PdlStart();
   const int64_t r = index[blockIdx.x];
   for (int64_t j = threadIdx.x; j < h; j += blockDim.x) out[blockIdx.x * h + j] = x[r * h + j];
 }
@@ -78,6 +86,7 @@ __device__ float BlockSum(float v) {
 template <int kVec>
 __global__ void RmsNorm(float* x, const float* add, int64_t d, const float* w, float eps,
                         float* out) {
+  PdlStart();
   using V = std::conditional_t<kVec == 4, float4, float>;
   constexpr int kHeld = 4;
   const int64_t dv = d / kVec;
@@ -145,41 +154,66 @@ void CheckLaunch(const char* what) {
   AFD_CHECK(e == cudaSuccess, "CUDA kernel {} failed to launch: {}", what, cudaGetErrorString(e));
 }
 
+namespace {
+thread_local bool pdl_for_thread = false;
+}  // namespace
+
+void SetPdlForThread(bool on) { pdl_for_thread = on; }
+
+bool PdlEnabled() {
+  static const bool off = ChoiceOff("AFD_PDL");
+  if (off || !pdl_for_thread) return false;
+  // Per device (compute capability 9.0+), looked up once each.
+  constexpr int kDevices = 64;
+  static std::atomic<int> known[kDevices];  // 0 unknown, 1 off, 2 on
+  int device = 0;
+  AFD_CUDA_CHECK(cudaGetDevice(&device));
+  if (device < 0 || device >= kDevices) return false;
+  int state = known[device].load(std::memory_order_relaxed);
+  if (state == 0) {
+    int major = 0;
+    AFD_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    state = major >= 9 ? 2 : 1;
+    known[device].store(state, std::memory_order_relaxed);
+  }
+  return state == 2;
+}
+
 void LaunchFill(float* x, int64_t n, float value, cudaStream_t s) {
   if (n == 0) return;
-  Fill<<<Blocks(n), kThreads, 0, s>>>(x, n, value);
+  LaunchPdl(Fill, Blocks(n), kThreads, 0, s, x, n, value);
   CheckLaunch("Fill");
 }
 
 void LaunchAdd(float* y, const float* x, int64_t n, cudaStream_t s) {
   if (n == 0) return;
-  Add<<<Blocks(n), kThreads, 0, s>>>(y, x, n);
+  LaunchPdl(Add, Blocks(n), kThreads, 0, s, y, x, n);
   CheckLaunch("Add");
 }
 
 void LaunchSiluMul(const float* gate_up, int64_t n, int64_t inter, float* out, cudaStream_t s) {
   if (n * inter == 0) return;
-  SiluMul<<<Blocks(n * inter), kThreads, 0, s>>>(gate_up, n, inter, out);
+  LaunchPdl(SiluMul, Blocks(n * inter), kThreads, 0, s, gate_up, n, inter, out);
   CheckLaunch("SiluMul");
 }
 
 void LaunchToBf16(const float* x, int64_t n, uint16_t* out, cudaStream_t s) {
   if (n == 0) return;
-  ToBf16<<<Blocks(n), kThreads, 0, s>>>(x, n, reinterpret_cast<__nv_bfloat16*>(out));
+  LaunchPdl(ToBf16, Blocks(n), kThreads, 0, s, x, n, reinterpret_cast<__nv_bfloat16*>(out));
   CheckLaunch("ToBf16");
 }
 
 void LaunchEmbedding(const void* table, bool bf16, const int32_t* ids, int64_t n, int64_t h,
                      float* out, cudaStream_t s) {
   if (n == 0) return;
-  Embedding<<<static_cast<unsigned>(n), kThreads, 0, s>>>(table, bf16, ids, h, out);
+  LaunchPdl(Embedding, static_cast<unsigned>(n), kThreads, 0, s, table, bf16, ids, h, out);
   CheckLaunch("Embedding");
 }
 
 void LaunchGatherRows(const float* x, const int32_t* index, int64_t m, int64_t h, float* out,
                       cudaStream_t s) {
   if (m == 0) return;
-  Gather<<<static_cast<unsigned>(m), kThreads, 0, s>>>(x, index, h, out);
+  LaunchPdl(Gather, static_cast<unsigned>(m), kThreads, 0, s, x, index, h, out);
   CheckLaunch("GatherRows");
 }
 
@@ -193,9 +227,9 @@ void LaunchNorm(float* x, const float* add, int64_t n, int64_t d, const float* w
   const bool vec4 =
       d % 4 == 0 && aligned(x) && aligned(w) && aligned(out) && (add == nullptr || aligned(add));
   if (vec4) {
-    RmsNorm<4><<<static_cast<unsigned>(n), kThreads, 0, s>>>(x, add, d, w, eps, out);
+    LaunchPdl(RmsNorm<4>, static_cast<unsigned>(n), kThreads, 0, s, x, add, d, w, eps, out);
   } else {
-    RmsNorm<1><<<static_cast<unsigned>(n), kThreads, 0, s>>>(x, add, d, w, eps, out);
+    LaunchPdl(RmsNorm<1>, static_cast<unsigned>(n), kThreads, 0, s, x, add, d, w, eps, out);
   }
 }
 

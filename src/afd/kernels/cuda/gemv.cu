@@ -11,6 +11,7 @@
 #include "afd/common/cuda_check.h"
 #include "afd/kernels/cuda/bf16_vec.cuh"
 #include "afd/kernels/cuda/launch.cuh"
+#include "afd/kernels/cuda/pdl.cuh"
 
 namespace afd::kernels::cuda {
 
@@ -60,6 +61,7 @@ __device__ __forceinline__ void LoadWeights(const __nv_bfloat16* wc, int64_t k0,
 template <int kRowsMax, bool kStageX>
 __global__ void __launch_bounds__(kWarps * 32)
     GemvBf16(const float* x, int rows, int64_t k, const __nv_bfloat16* w, int64_t m, float* y) {
+  PdlStart();
   extern __shared__ uint4 xs4[];  // kStageX: x [rows, k] as bf16
   const int lane = threadIdx.x & 31;
   const int64_t c = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
@@ -127,6 +129,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 template <int kRowsMax, bool kStageX>
 __global__ void __launch_bounds__(kWarps * 32)
     GemvF32(const float* x, int rows, int64_t k, const float* w, int64_t m, float* y) {
+  PdlStart();
   extern __shared__ float4 xf4[];  // kStageX: x [rows, k]
   const int lane = threadIdx.x & 31;
   const int64_t c = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
@@ -186,6 +189,7 @@ constexpr int64_t kSkinnyMinRows = 512, kSkinnyMaxCols = 256;
 
 __global__ void __launch_bounds__(256)
     SkinnyF32(const float* x, int64_t n, int64_t k, const float* w, int64_t m, float* y) {
+  PdlStart();
   __shared__ __align__(16) float xs[kSkinnyK][kSkinnyRows + 4];
   __shared__ __align__(16) float ws[kSkinnyK][kSkinnyCols + 4];
   const int tid = threadIdx.x, ty = tid / 16, tx = tid % 16;
@@ -254,10 +258,11 @@ void LaunchGemvF32(const float* x, int64_t n, int64_t k, const float* w, int64_t
   ByRowBound(n, [&](auto bound) {
     constexpr int kRows = decltype(bound)::value;
     if (stage_bytes <= kStageBytes) {
-      GemvF32<kRows, true>
-          <<<blocks, kWarps * 32, stage_bytes, s>>>(x, static_cast<int>(n), k, w, m, y);
+      LaunchPdl(GemvF32<kRows, true>, blocks, kWarps * 32, stage_bytes, s, x, static_cast<int>(n),
+                k, w, m, y);
     } else {
-      GemvF32<kRows, false><<<blocks, kWarps * 32, 0, s>>>(x, static_cast<int>(n), k, w, m, y);
+      LaunchPdl(GemvF32<kRows, false>, blocks, kWarps * 32, 0, s, x, static_cast<int>(n), k, w, m,
+                y);
     }
   });
   CheckLaunch("Linear (gemv f32)");
@@ -274,10 +279,11 @@ void LaunchGemvBf16(const float* x, int64_t n, int64_t k, const void* w, int64_t
   ByRowBound(n, [&](auto bound) {
     constexpr int kRows = decltype(bound)::value;
     if (stage_bytes <= kStageBytes) {
-      GemvBf16<kRows, true>
-          <<<blocks, kWarps * 32, stage_bytes, s>>>(x, static_cast<int>(n), k, wb, m, y);
+      LaunchPdl(GemvBf16<kRows, true>, blocks, kWarps * 32, stage_bytes, s, x, static_cast<int>(n),
+                k, wb, m, y);
     } else {
-      GemvBf16<kRows, false><<<blocks, kWarps * 32, 0, s>>>(x, static_cast<int>(n), k, wb, m, y);
+      LaunchPdl(GemvBf16<kRows, false>, blocks, kWarps * 32, 0, s, x, static_cast<int>(n), k, wb, m,
+                y);
     }
   });
   CheckLaunch("Linear (gemv)");
@@ -293,7 +299,7 @@ void LaunchSkinnyF32(const float* x, int64_t n, int64_t k, const float* w, int64
   AFD_CHECK(SkinnyF32Fits(n, k, m), "SkinnyF32: {} rows, K = {}, N = {}", n, k, m);
   const dim3 grid(static_cast<unsigned>((m + kSkinnyCols - 1) / kSkinnyCols),
                   static_cast<unsigned>((n + kSkinnyRows - 1) / kSkinnyRows));
-  SkinnyF32<<<grid, 256, 0, s>>>(x, n, k, w, m, y);
+  LaunchPdl(SkinnyF32, grid, 256, 0, s, x, n, k, w, m, y);
   CheckLaunch("Linear (skinny f32)");
 }
 

@@ -11,6 +11,11 @@
 namespace afd::kernels::cuda {
 
 // elementwise.cu
+// Programmatic dependent launch (pdl.cuh): whether this thread's launches carry the attribute
+// (the current device is sm_90+, AFD_PDL is not 0, and SetPdlForThread(true) was the last call
+// on this thread; off until then).
+bool PdlEnabled();
+void SetPdlForThread(bool on);
 void LaunchFill(float* x, int64_t n, float value, cudaStream_t s);
 void LaunchAdd(float* y, const float* x, int64_t n, cudaStream_t s);
 void LaunchSiluMul(const float* gate_up, int64_t n, int64_t inter, float* out, cudaStream_t s);
@@ -33,12 +38,12 @@ inline constexpr int kMaxGemvRows = 8;
 bool GemvFits(int64_t n, int64_t k);
 void LaunchGemvBf16(const float* x, int64_t n, int64_t k, const void* w, int64_t m, float* y,
                     cudaStream_t s);
-// The same with fp32 x and w (K % 4 == 0; x and w 16-byte aligned).
 // fp32 Linear of many rows (512+) and few columns (<= 256: the router gate at prefill), 64 x 64
 // tiles on the CUDA cores (fp32 exact, one summation order).
 bool SkinnyF32Fits(int64_t n, int64_t k, int64_t m);
 void LaunchSkinnyF32(const float* x, int64_t n, int64_t k, const float* w, int64_t m, float* y,
                      cudaStream_t s);
+// The GEMV with fp32 x and w (K % 4 == 0; x and w 16-byte aligned).
 bool GemvF32Fits(int64_t n, int64_t k);
 void LaunchGemvF32(const float* x, int64_t n, int64_t k, const float* w, int64_t m, float* y,
                    cudaStream_t s);

@@ -13,6 +13,7 @@
 #include "afd/common/cuda_check.h"
 #include "afd/kernels/cuda/launch.cuh"
 #include "afd/kernels/cuda/mma.cuh"
+#include "afd/kernels/cuda/pdl.cuh"
 
 namespace afd::kernels::cuda {
 
@@ -39,6 +40,7 @@ __device__ void RotatePair(float* v, const RopeArgs& r, int64_t pos, int64_t i) 
 
 __global__ void Rope(float* x, int64_t heads, int64_t width, int64_t offset, const int64_t* pos,
                      RopeArgs r) {
+  PdlStart();
   const int64_t t = blockIdx.x, half = r.dim / 2;
   for (int64_t e = threadIdx.x; e < heads * half; e += blockDim.x) {
     RotatePair(x + (t * heads + e / half) * width + offset, r, pos[t], e % half);
@@ -58,6 +60,7 @@ __device__ __forceinline__ void StoreCache(__nv_bfloat16* p, float v) {
 template <typename T>
 __global__ void CacheWrite(const float* ckv, int64_t kvr, const float* norm_w, float eps,
                            PagedArgs t, RopeArgs r, T* cache) {
+  PdlStart();
   __shared__ float partial[32];
   __shared__ float pe[kMaxRopeDim];
   const int64_t i = blockIdx.x, width = kvr + r.dim;
@@ -186,6 +189,7 @@ __global__ void __launch_bounds__(kAttnThreads, 2)
     AttentionPartial(const float* q, int64_t heads, const float* q_lat, int64_t kvr, int64_t dn,
                      int64_t dr, PagedArgs t, const CT* cache, int64_t h0, int64_t nh, float scale,
                      int64_t span, float* partial) {
+  PdlStart();
   extern __shared__ float4 smem4[];
   __shared__ int64_t slots[2][kRows];  // cache slots of this chunk's rows and the next one's
   float* smem = reinterpret_cast<float*>(smem4);
@@ -470,9 +474,15 @@ constexpr int kTileWarps = 8;
 constexpr int kTileChunks = kTileWidth / 8;  // 16-byte pieces of a row
 // A row's pieces are copied by 4 threads: thread tid copies row tid / 4, pieces tid % 4 + 4i.
 static_assert(kTileWarps * 32 == 4 * kTileRows && kTileChunks % 4 == 0);
-constexpr size_t kTileSmemBytes =
-    (size_t(kGroup + 2 * kTileRows) * kTileStride + kGroup * kTilePStride) * 2 +
-    2 * kTileWarps * kGroup * sizeof(float);
+// Shared memory of AttentionTiles<kTok> (kTok query tokens per block).
+constexpr size_t TileSmemBytes(int tokens) {
+  return (size_t(tokens * kGroup + 2 * kTileRows) * kTileStride + tokens * kGroup * kTilePStride) *
+             2 +
+         2 * kTileWarps * tokens * kGroup * sizeof(float);
+}
+// Two query tokens per block from this many tokens on (prefill; one split): each tile read
+// from L2 serves both tokens' 32 rows.
+constexpr int64_t kTilePairMinTokens = 1024;
 
 // The end of a split of AttentionTiles when there are several: its partial is written; the
 // last block of the (token, head group) to arrive (a counter per pair, zero between launches:
@@ -551,45 +561,90 @@ __device__ void MergeIfLast(const float* partial, int64_t tok, int64_t nh, int64
   }
 }
 
+template <int kTok>
 __global__ void __launch_bounds__(kTileWarps * 32, 1)
-    AttentionTiles(const float* q, int64_t heads, const float* q_lat, int64_t dn, PagedArgs t,
-                   const __nv_bfloat16* cache, int64_t h0, int64_t nh, float scale_log2,
-                   int64_t span, float* partial, int* counters, float* o_lat) {
+    AttentionTiles(const float* q, int64_t n, int64_t heads, const float* q_lat, int64_t dn,
+                   PagedArgs t, const __nv_bfloat16* cache, int64_t h0, int64_t nh,
+                   float scale_log2, int64_t span, float* partial, int* counters, float* o_lat) {
+  PdlStart();
+  static_assert(kTok == 1 || kTok == 2);
+  constexpr int kM = kTok * kGroup;  // Q rows: token i's head hh at row 16 i + hh
   extern __shared__ float4 smem4[];
-  auto* qs = reinterpret_cast<__nv_bfloat16*>(smem4);                 // [kGroup][kTileStride]
-  __nv_bfloat16* rows = qs + kGroup * kTileStride;                    // [2][kTileRows][kTileStride]
-  __nv_bfloat16* ps = rows + 2 * kTileRows * kTileStride;             // [kGroup][kTilePStride]
-  float* red = reinterpret_cast<float*>(ps + kGroup * kTilePStride);  // [kTileWarps][kGroup]
-  float* lred = red + kTileWarps * kGroup;                            // [kTileWarps][kGroup]
+  auto* qs = reinterpret_cast<__nv_bfloat16*>(smem4);             // [kM][kTileStride]
+  __nv_bfloat16* rows = qs + kM * kTileStride;                    // [2][kTileRows][kTileStride]
+  __nv_bfloat16* ps = rows + 2 * kTileRows * kTileStride;         // [kM][kTilePStride]
+  float* red = reinterpret_cast<float*>(ps + kM * kTilePStride);  // [kTileWarps][kM]
+  float* lred = red + kTileWarps * kM;                            // [kTileWarps][kM]
   constexpr int64_t kvr = kTileLatent, dr = kTileRope;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gid = lane >> 2, tq = lane & 3;
-  const int64_t tok = blockIdx.x, g0 = int64_t(blockIdx.y) * kGroup;
+  const int64_t tok0 = int64_t(blockIdx.x) * kTok, g0 = int64_t(blockIdx.y) * kGroup;
   const int g_count = static_cast<int>(min(static_cast<int64_t>(kGroup), nh - g0));
   const int64_t splits = gridDim.z, split = blockIdx.z;
-  const int64_t len = t.positions[tok] + 1, seq = t.seq_index[tok];
-  const int64_t j_begin = split * span, j_end = min(len, j_begin + span);
-  int* counter = counters + tok * gridDim.y + blockIdx.y;
-  if (j_begin >= j_end) {  // an empty split (splits > 1)
-    for (int h = 0; h < g_count; ++h) {
-      float* part = partial + ((tok * nh + g0 + h) * splits + split) * (kvr + 2);
-      if (tid == 0) {
-        part[0] = -FLT_MAX;
-        part[1] = 0.0f;
-      }
-      for (int64_t l = tid; l < kvr; l += blockDim.x) part[2 + l] = 0.0f;
-    }
-    MergeIfLast(partial, tok, nh, g0, g_count, static_cast<int>(splits), counter, o_lat,
-                reinterpret_cast<float*>(rows));
-    return;
+  // The block's tokens (kTok == 2: splits == 1): those of one sequence share every tile; two of
+  // different sequences (or a last token past n) are taken one run each.
+  int64_t len[kTok], seq[kTok];
+#pragma unroll
+  for (int i = 0; i < kTok; ++i) {
+    const bool valid = tok0 + i < n;
+    len[i] = valid ? t.positions[tok0 + i] + 1 : 0;
+    seq[i] = valid ? t.seq_index[tok0 + i] : -1;
   }
-  const int32_t* table = t.block_tables + seq * t.max_blocks;
-  // This thread's copy row and the cache slot of that row in the next tile to load.
-  const int my_row = tid >> 2, my_piece = tid & 3;
-  const auto slot_of = [&](int64_t j0) -> int64_t {
-    const int64_t j = j0 + my_row;
-    if (j >= j_end) return -1;
-    return int64_t(table[j / t.block_size]) * t.block_size + j % t.block_size;
+  const bool together = kTok == 1 || seq[kTok - 1] == seq[0];
+  const int runs = together ? 1 : (seq[kTok - 1] >= 0 ? 2 : 1);
+  const int64_t j_begin = split * span;
+  int* counter = counters + tok0 * gridDim.y + blockIdx.y;  // kTok == 1 (splits > 1)
+  if constexpr (kTok == 1) {
+    if (j_begin >= min(len[0], j_begin + span)) {  // an empty split (splits > 1)
+      for (int h = 0; h < g_count; ++h) {
+        float* part = partial + ((tok0 * nh + g0 + h) * splits + split) * (kvr + 2);
+        if (tid == 0) {
+          part[0] = -FLT_MAX;
+          part[1] = 0.0f;
+        }
+        for (int64_t l = tid; l < kvr; l += blockDim.x) part[2 + l] = 0.0f;
+      }
+      MergeIfLast(partial, tok0, nh, g0, g_count, static_cast<int>(splits), counter, o_lat,
+                  reinterpret_cast<float*>(rows));
+      return;
+    }
+  }
+  // q rows of the group, [q_lat | q_pe] rounded to bf16 (zeros past the group's heads and past
+  // n): every load of a token issued at once (one round trip); token 0's ahead of the first
+  // tile's cache slot lookups.
+  constexpr int kQVecs = kGroup * kTileChunks * 2, kQLoads = kQVecs / (kTileWarps * 32);
+  static_assert(kQVecs % (kTileWarps * 32) == 0);
+  const auto load_q = [&](int i, float4(&qv)[kQLoads]) {
+    const int64_t tok = tok0 + i;
+#pragma unroll
+    for (int u = 0; u < kQLoads; ++u) {
+      const int e = tid + u * kTileWarps * 32, h = e / (kTileChunks * 2),
+                c4 = e % (kTileChunks * 2);
+      qv[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      if (h < g_count && tok < n) {
+        qv[u] = c4 < kvr / 4
+                    ? reinterpret_cast<const float4*>(q_lat + (tok * nh + g0 + h) * kvr)[c4]
+                    : reinterpret_cast<const float4*>(q + (tok * heads + h0 + g0 + h) * (dn + dr) +
+                                                      dn)[c4 - kvr / 4];
+      }
+    }
   };
+  const auto store_q = [&](int i, const float4(&qv)[kQLoads]) {
+#pragma unroll
+    for (int u = 0; u < kQLoads; ++u) {
+      const int e = tid + u * kTileWarps * 32, h = e / (kTileChunks * 2),
+                c4 = e % (kTileChunks * 2);
+      __nv_bfloat162* dst =
+          reinterpret_cast<__nv_bfloat162*>(qs + (kGroup * i + h) * kTileStride + 4 * c4);
+      dst[0] = __floats2bfloat162_rn(qv[u].x, qv[u].y);
+      dst[1] = __floats2bfloat162_rn(qv[u].z, qv[u].w);
+    }
+  };
+  // ldmatrix row addresses: A operands (Q, P: 16 rows) and B operands (tile rows).
+  const int a_row = lane & 15, a_col = 8 * (lane >> 4);
+  const int b_row = lane & 7, b_col = 8 * (lane >> 3);
+  const int v_row = (lane & 7) + 8 * ((lane >> 3) & 1), v_col = 8 * (lane >> 4);
+  // This thread's copy row of a tile.
+  const int my_row = tid >> 2, my_piece = tid & 3;
   const auto load_tile = [&](int64_t slot, int buf) {
     const __nv_bfloat16* src = cache + (slot < 0 ? 0 : slot) * kTileWidth;
     __nv_bfloat16* dst = rows + (buf * kTileRows + my_row) * kTileStride;
@@ -600,178 +655,223 @@ __global__ void __launch_bounds__(kTileWarps * 32, 1)
     }
     CopyAsyncCommit();
   };
-  // q rows of the group, [q_lat | q_pe] rounded to bf16 (zeros past the group's heads): every
-  // load of this thread issued at once (one round trip), ahead of the cache slot lookups.
-  constexpr int kQVecs = kGroup * kTileChunks * 2, kQLoads = kQVecs / (kTileWarps * 32);
-  static_assert(kQVecs % (kTileWarps * 32) == 0);
-  float4 qv[kQLoads];
+  for (int run = 0; run < runs; ++run) {
+    // The run's tokens (active[i]) and each one's last position + 1 within the split (lim).
+    bool active[kTok];
+    int64_t lim[kTok], j_end = j_begin;
 #pragma unroll
-  for (int u = 0; u < kQLoads; ++u) {
-    const int e = tid + u * kTileWarps * 32, h = e / (kTileChunks * 2), c4 = e % (kTileChunks * 2);
-    qv[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    if (h < g_count) {
-      qv[u] = c4 < kvr / 4 ? reinterpret_cast<const float4*>(q_lat + (tok * nh + g0 + h) * kvr)[c4]
-                           : reinterpret_cast<const float4*>(
-                                 q + (tok * heads + h0 + g0 + h) * (dn + dr) + dn)[c4 - kvr / 4];
+    for (int i = 0; i < kTok; ++i) {
+      active[i] = together ? len[i] > 0 : i == run;
+      lim[i] = active[i] ? min(len[i], j_begin + span) : 0;
+      j_end = max(j_end, lim[i]);
     }
-  }
-  load_tile(slot_of(j_begin), 0);
-  int64_t next_slot = slot_of(j_begin + kTileRows);
+    const int64_t rseq = seq[together ? 0 : run];
+    const int32_t* table = t.block_tables + rseq * t.max_blocks;
+    // The cache slot of this thread's copy row in the tile from j0 (-1 past the run's end).
+    const auto slot_of = [&](int64_t j0) -> int64_t {
+      const int64_t j = j0 + my_row;
+      if (j >= j_end) return -1;
+      return int64_t(table[j / t.block_size]) * t.block_size + j % t.block_size;
+    };
+    if (run == 0) {
+      float4 qv[kQLoads];
+      load_q(0, qv);
+      load_tile(slot_of(j_begin), 0);
+      store_q(0, qv);
 #pragma unroll
-  for (int u = 0; u < kQLoads; ++u) {
-    const int e = tid + u * kTileWarps * 32, h = e / (kTileChunks * 2), c4 = e % (kTileChunks * 2);
-    __nv_bfloat162* dst = reinterpret_cast<__nv_bfloat162*>(qs + h * kTileStride + 4 * c4);
-    dst[0] = __floats2bfloat162_rn(qv[u].x, qv[u].y);
-    dst[1] = __floats2bfloat162_rn(qv[u].z, qv[u].w);
-  }
-  // Running max (log2 units) and this thread's partial sums, heads gid and gid + 8.
-  float m_lo = -FLT_MAX, m_hi = -FLT_MAX, l_lo = 0.0f, l_hi = 0.0f;
-  float o[8][4];
-#pragma unroll
-  for (int i = 0; i < 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
-  // ldmatrix row addresses: A operands (Q, P: 16 rows) and B operands (tile rows).
-  const int a_row = lane & 15, a_col = 8 * (lane >> 4);
-  const int b_row = lane & 7, b_col = 8 * (lane >> 3);
-  const int v_row = (lane & 7) + 8 * ((lane >> 3) & 1), v_col = 8 * (lane >> 4);
-  int buf = 0;
-  for (int64_t j0 = j_begin; j0 < j_end; j0 += kTileRows, buf ^= 1) {
-    CopyAsyncWait<0>();
-    __syncthreads();  // the tile is in; the other buffer, red and ps are free
-    if (j0 + kTileRows < j_end) {
-      load_tile(next_slot, buf ^ 1);
-      next_slot = slot_of(j0 + 2 * kTileRows);
+      for (int i = 1; i < kTok; ++i) {
+        load_q(i, qv);
+        store_q(i, qv);
+      }
+    } else {
+      __syncthreads();  // the last run's tiles, P and sums are consumed
+      load_tile(slot_of(j_begin), 0);
     }
-    const __nv_bfloat16* tile = rows + buf * kTileRows * kTileStride;
-    // Scores of rows 8 warp + (2 tq, 2 tq + 1) for heads gid (s[0], s[1]), gid + 8 (s[2], s[3]).
-    float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    {
-      const __nv_bfloat16* qa = qs + a_row * kTileStride + a_col;
-      const __nv_bfloat16* kb = tile + (8 * warp + b_row) * kTileStride + b_col;
+    int64_t next_slot = slot_of(j_begin + kTileRows);
+    // Running max (log2 units) and this thread's partial sums, per token: heads gid, gid + 8.
+    float m_lo[kTok], m_hi[kTok], l_lo[kTok], l_hi[kTok];
+    float o[kTok][8][4];
+#pragma unroll
+    for (int i = 0; i < kTok; ++i) {
+      m_lo[i] = m_hi[i] = -FLT_MAX;
+      l_lo[i] = l_hi[i] = 0.0f;
+#pragma unroll
+      for (int c = 0; c < 8; ++c) o[i][c][0] = o[i][c][1] = o[i][c][2] = o[i][c][3] = 0.0f;
+    }
+    int buf = 0;
+    for (int64_t j0 = j_begin; j0 < j_end; j0 += kTileRows, buf ^= 1) {
+      CopyAsyncWait<0>();
+      __syncthreads();  // the tile is in; the other buffer, red and ps are free
+      if (j0 + kTileRows < j_end) {
+        load_tile(next_slot, buf ^ 1);
+        next_slot = slot_of(j0 + 2 * kTileRows);
+      }
+      const __nv_bfloat16* tile = rows + buf * kTileRows * kTileStride;
+      // Scores of rows 8 warp + (2 tq, 2 tq + 1), token i's heads gid (s[i][0], s[i][1]) and
+      // gid + 8 (s[i][2], s[i][3]).
+      float s[kTok][4];
+#pragma unroll
+      for (int i = 0; i < kTok; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
+      {
+        const __nv_bfloat16* qa = qs + a_row * kTileStride + a_col;
+        const __nv_bfloat16* kb = tile + (8 * warp + b_row) * kTileStride + b_col;
 #pragma unroll 6
-      for (int kk = 0; kk < kTileWidth / 32; ++kk) {
-        uint32_t b[4], a0[4], a1[4];
-        Ldsm4(b, kb + 32 * kk);
-        Ldsm4(a0, qa + 32 * kk);
-        Ldsm4(a1, qa + 32 * kk + 16);
-        MmaBf16(s, a0[0], a0[1], a0[2], a0[3], b[0], b[1]);
-        MmaBf16(s, a1[0], a1[1], a1[2], a1[3], b[2], b[3]);
+        for (int kk = 0; kk < kTileWidth / 32; ++kk) {
+          uint32_t b[4];
+          Ldsm4(b, kb + 32 * kk);
+#pragma unroll
+          for (int i = 0; i < kTok; ++i) {
+            uint32_t a0[4], a1[4];
+            Ldsm4(a0, qa + kGroup * i * kTileStride + 32 * kk);
+            Ldsm4(a1, qa + kGroup * i * kTileStride + 32 * kk + 16);
+            MmaBf16(s[i], a0[0], a0[1], a0[2], a0[3], b[0], b[1]);
+            MmaBf16(s[i], a1[0], a1[1], a1[2], a1[3], b[2], b[3]);
+          }
+        }
+      }
+      const int64_t j = j0 + 8 * warp + 2 * tq;
+#pragma unroll
+      for (int i = 0; i < kTok; ++i) {
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          s[i][c] = j + (c & 1) < lim[i] ? s[i][c] * scale_log2 : -INFINITY;
+        }
+        float mx_lo = fmaxf(s[i][0], s[i][1]), mx_hi = fmaxf(s[i][2], s[i][3]);
+#pragma unroll
+        for (int off = 1; off <= 2; off <<= 1) {
+          mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, off));
+          mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, off));
+        }
+        if (tq == 0) {
+          red[warp * kM + kGroup * i + gid] = mx_lo;
+          red[warp * kM + kGroup * i + gid + 8] = mx_hi;
+        }
+      }
+      __syncthreads();
+#pragma unroll
+      for (int i = 0; i < kTok; ++i) {
+        float new_lo = m_lo[i], new_hi = m_hi[i];
+#pragma unroll
+        for (int w = 0; w < kTileWarps; ++w) {
+          new_lo = fmaxf(new_lo, red[w * kM + kGroup * i + gid]);
+          new_hi = fmaxf(new_hi, red[w * kM + kGroup * i + gid + 8]);
+        }
+        const float alpha_lo = exp2f(m_lo[i] - new_lo), alpha_hi = exp2f(m_hi[i] - new_hi);
+        m_lo[i] = new_lo;
+        m_hi[i] = new_hi;
+        const float p0 = exp2f(s[i][0] - new_lo), p1 = exp2f(s[i][1] - new_lo);
+        const float p2 = exp2f(s[i][2] - new_hi), p3 = exp2f(s[i][3] - new_hi);
+        l_lo[i] = l_lo[i] * alpha_lo + (p0 + p1);
+        l_hi[i] = l_hi[i] * alpha_hi + (p2 + p3);
+        *reinterpret_cast<__nv_bfloat162*>(ps + (kGroup * i + gid) * kTilePStride + 8 * warp +
+                                           2 * tq) = __floats2bfloat162_rn(p0, p1);
+        *reinterpret_cast<__nv_bfloat162*>(ps + (kGroup * i + gid + 8) * kTilePStride + 8 * warp +
+                                           2 * tq) = __floats2bfloat162_rn(p2, p3);
+#pragma unroll
+        for (int c = 0; c < 8; ++c) {
+          o[i][c][0] *= alpha_lo;
+          o[i][c][1] *= alpha_lo;
+          o[i][c][2] *= alpha_hi;
+          o[i][c][3] *= alpha_hi;
+        }
+      }
+      __syncthreads();  // P of every warp
+#pragma unroll
+      for (int ks = 0; ks < kTileRows / 16; ++ks) {
+        uint32_t a[kTok][4];
+#pragma unroll
+        for (int i = 0; i < kTok; ++i) {
+          Ldsm4(a[i], ps + (kGroup * i + a_row) * kTilePStride + 16 * ks + a_col);
+        }
+        const __nv_bfloat16* vb = tile + (16 * ks + v_row) * kTileStride + 64 * warp + v_col;
+#pragma unroll
+        for (int np = 0; np < 4; ++np) {
+          uint32_t b[4];
+          Ldsm4T(b, vb + 16 * np);
+#pragma unroll
+          for (int i = 0; i < kTok; ++i) {
+            MmaBf16(o[i][2 * np], a[i][0], a[i][1], a[i][2], a[i][3], b[0], b[1]);
+            MmaBf16(o[i][2 * np + 1], a[i][0], a[i][1], a[i][2], a[i][3], b[2], b[3]);
+          }
+        }
       }
     }
-    const int64_t j = j0 + 8 * warp + 2 * tq;
+    // l over the block: the 4 lanes of a row, then the warps in order.
 #pragma unroll
-    for (int i = 0; i < 4; ++i) s[i] = j + (i & 1) < j_end ? s[i] * scale_log2 : -INFINITY;
-    float mx_lo = fmaxf(s[0], s[1]), mx_hi = fmaxf(s[2], s[3]);
+    for (int i = 0; i < kTok; ++i) {
 #pragma unroll
-    for (int off = 1; off <= 2; off <<= 1) {
-      mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, off));
-      mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, off));
-    }
-    if (tq == 0) {
-      red[warp * kGroup + gid] = mx_lo;
-      red[warp * kGroup + gid + 8] = mx_hi;
+      for (int off = 1; off <= 2; off <<= 1) {
+        l_lo[i] += __shfl_xor_sync(0xffffffffu, l_lo[i], off);
+        l_hi[i] += __shfl_xor_sync(0xffffffffu, l_hi[i], off);
+      }
+      if (tq == 0) {
+        lred[warp * kM + kGroup * i + gid] = l_lo[i];
+        lred[warp * kM + kGroup * i + gid + 8] = l_hi[i];
+      }
     }
     __syncthreads();
-    float new_lo = m_lo, new_hi = m_hi;
+    if (splits == 1) {  // o_lat = o / l at once (what AttentionCombine makes of one split)
 #pragma unroll
-    for (int w = 0; w < kTileWarps; ++w) {
-      new_lo = fmaxf(new_lo, red[w * kGroup + gid]);
-      new_hi = fmaxf(new_hi, red[w * kGroup + gid + 8]);
-    }
-    const float alpha_lo = exp2f(m_lo - new_lo), alpha_hi = exp2f(m_hi - new_hi);
-    m_lo = new_lo;
-    m_hi = new_hi;
-    const float p0 = exp2f(s[0] - m_lo), p1 = exp2f(s[1] - m_lo);
-    const float p2 = exp2f(s[2] - m_hi), p3 = exp2f(s[3] - m_hi);
-    l_lo = l_lo * alpha_lo + (p0 + p1);
-    l_hi = l_hi * alpha_hi + (p2 + p3);
-    *reinterpret_cast<__nv_bfloat162*>(ps + gid * kTilePStride + 8 * warp + 2 * tq) =
-        __floats2bfloat162_rn(p0, p1);
-    *reinterpret_cast<__nv_bfloat162*>(ps + (gid + 8) * kTilePStride + 8 * warp + 2 * tq) =
-        __floats2bfloat162_rn(p2, p3);
+      for (int i = 0; i < kTok; ++i) {
+        if (!active[i]) continue;
+        const int64_t tok = tok0 + i;
+        float total_lo = 0.0f, total_hi = 0.0f;
+        for (int w = 0; w < kTileWarps; ++w) {
+          total_lo += lred[w * kM + kGroup * i + gid];
+          total_hi += lred[w * kM + kGroup * i + gid + 8];
+        }
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      o[i][0] *= alpha_lo;
-      o[i][1] *= alpha_lo;
-      o[i][2] *= alpha_hi;
-      o[i][3] *= alpha_hi;
-    }
-    __syncthreads();  // P of every warp
-#pragma unroll
-    for (int ks = 0; ks < kTileRows / 16; ++ks) {
-      uint32_t a[4];
-      Ldsm4(a, ps + a_row * kTilePStride + 16 * ks + a_col);
-      const __nv_bfloat16* vb = tile + (16 * ks + v_row) * kTileStride + 64 * warp + v_col;
-#pragma unroll
-      for (int np = 0; np < 4; ++np) {
-        uint32_t b[4];
-        Ldsm4T(b, vb + 16 * np);
-        MmaBf16(o[2 * np], a[0], a[1], a[2], a[3], b[0], b[1]);
-        MmaBf16(o[2 * np + 1], a[0], a[1], a[2], a[3], b[2], b[3]);
+        for (int c = 0; c < 8; ++c) {
+          const int col = 64 * warp + 8 * c + 2 * tq;
+          if (gid < g_count) {
+            *reinterpret_cast<float2*>(o_lat + (tok * nh + g0 + gid) * kvr + col) =
+                make_float2(o[i][c][0] / total_lo, o[i][c][1] / total_lo);
+          }
+          if (gid + 8 < g_count) {
+            *reinterpret_cast<float2*>(o_lat + (tok * nh + g0 + gid + 8) * kvr + col) =
+                make_float2(o[i][c][2] / total_hi, o[i][c][3] / total_hi);
+          }
+        }
       }
+      continue;
     }
-  }
-  // l over the block: the 4 lanes of a row, then the warps in order.
-#pragma unroll
-  for (int off = 1; off <= 2; off <<= 1) {
-    l_lo += __shfl_xor_sync(0xffffffffu, l_lo, off);
-    l_hi += __shfl_xor_sync(0xffffffffu, l_hi, off);
-  }
-  if (tq == 0) {
-    lred[warp * kGroup + gid] = l_lo;
-    lred[warp * kGroup + gid + 8] = l_hi;
-  }
-  __syncthreads();
-  if (splits == 1) {  // o_lat = o / l at once (what AttentionCombine makes of one split)
-    float total_lo = 0.0f, total_hi = 0.0f;
-    for (int w = 0; w < kTileWarps; ++w) {
-      total_lo += lred[w * kGroup + gid];
-      total_hi += lred[w * kGroup + gid + 8];
-    }
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const int col = 64 * warp + 8 * i + 2 * tq;
-      if (gid < g_count) {
-        *reinterpret_cast<float2*>(o_lat + (tok * nh + g0 + gid) * kvr + col) =
-            make_float2(o[i][0] / total_lo, o[i][1] / total_lo);
+    if constexpr (kTok == 1) {  // several splits: this one's partial, then maybe the merge
+      constexpr float kLn2 = 0.693147180559945309f;
+      if (tid < g_count) {
+        float total = 0.0f;
+        for (int w = 0; w < kTileWarps; ++w) total += lred[w * kM + tid];
+        partial[((tok0 * nh + g0 + tid) * splits + split) * (kvr + 2) + 1] = total;
       }
-      if (gid + 8 < g_count) {
-        *reinterpret_cast<float2*>(o_lat + (tok * nh + g0 + gid + 8) * kvr + col) =
-            make_float2(o[i][2] / total_hi, o[i][3] / total_hi);
+      if (tq == 0 && warp == 0) {
+        if (gid < g_count) {
+          partial[((tok0 * nh + g0 + gid) * splits + split) * (kvr + 2)] = m_lo[0] * kLn2;
+        }
+        if (gid + 8 < g_count) {
+          partial[((tok0 * nh + g0 + gid + 8) * splits + split) * (kvr + 2)] = m_hi[0] * kLn2;
+        }
       }
-    }
-    return;
-  }
-  constexpr float kLn2 = 0.693147180559945309f;
-  if (tid < g_count) {
-    float total = 0.0f;
-    for (int w = 0; w < kTileWarps; ++w) total += lred[w * kGroup + tid];
-    partial[((tok * nh + g0 + tid) * splits + split) * (kvr + 2) + 1] = total;
-  }
-  if (tq == 0 && warp == 0) {
-    if (gid < g_count) partial[((tok * nh + g0 + gid) * splits + split) * (kvr + 2)] = m_lo * kLn2;
-    if (gid + 8 < g_count) {
-      partial[((tok * nh + g0 + gid + 8) * splits + split) * (kvr + 2)] = m_hi * kLn2;
-    }
-  }
 #pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const int col = 64 * warp + 8 * i + 2 * tq;
+      for (int c = 0; c < 8; ++c) {
+        const int col = 64 * warp + 8 * c + 2 * tq;
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int hh = gid + 8 * half;
-      if (hh >= g_count) continue;
-      float* part = partial + ((tok * nh + g0 + hh) * splits + split) * (kvr + 2) + 2 + col;
-      *reinterpret_cast<float2*>(part) = make_float2(o[i][2 * half], o[i][2 * half + 1]);
+        for (int half = 0; half < 2; ++half) {
+          const int hh = gid + 8 * half;
+          if (hh >= g_count) continue;
+          float* part = partial + ((tok0 * nh + g0 + hh) * splits + split) * (kvr + 2) + 2 + col;
+          *reinterpret_cast<float2*>(part) = make_float2(o[0][c][2 * half], o[0][c][2 * half + 1]);
+        }
+      }
+      MergeIfLast(partial, tok0, nh, g0, g_count, static_cast<int>(splits), counter, o_lat,
+                  reinterpret_cast<float*>(rows));
     }
   }
-  MergeIfLast(partial, tok, nh, g0, g_count, static_cast<int>(splits), counter, o_lat,
-              reinterpret_cast<float*>(rows));
 }
 
 // Block (token, head): merges the splits' partials into o_lat[t, h] =
 // (Σ_s e^{m_s - M} o_s) / (Σ_s e^{m_s - M} l_s); W_v is applied by a batched GEMM after.
 __global__ void AttentionCombine(int64_t kvr, int64_t nh, int64_t splits, const float* partial,
                                  float* o_lat) {
+  PdlStart();
   const int64_t tok = blockIdx.x, h = blockIdx.y;
   const float* part = partial + (tok * nh + h) * splits * (kvr + 2);
   float mx = -FLT_MAX;
@@ -795,7 +895,7 @@ __global__ void AttentionCombine(int64_t kvr, int64_t nh, int64_t splits, const 
 void LaunchRope(float* x, int64_t n, int64_t heads, int64_t width, int64_t offset,
                 const int64_t* positions, const RopeArgs& rope, cudaStream_t s) {
   if (n == 0) return;
-  Rope<<<static_cast<unsigned>(n), 256, 0, s>>>(x, heads, width, offset, positions, rope);
+  LaunchPdl(Rope, static_cast<unsigned>(n), 256, 0, s, x, heads, width, offset, positions, rope);
   CheckLaunch("Rope");
 }
 
@@ -805,11 +905,11 @@ void LaunchMlaCacheWrite(const float* ckv, int64_t n, int64_t kvr, const float* 
   if (n == 0) return;
   AFD_CHECK(rope.dim <= kMaxRopeDim, "MlaCacheWrite: rope dim {} above {}", rope.dim, kMaxRopeDim);
   if (bf16_cache) {
-    CacheWrite<<<static_cast<unsigned>(n), 256, 0, s>>>(ckv, kvr, norm_w, eps, t, rope,
-                                                        static_cast<__nv_bfloat16*>(cache));
+    LaunchPdl(CacheWrite<__nv_bfloat16>, static_cast<unsigned>(n), 256, 0, s, ckv, kvr, norm_w, eps,
+              t, rope, static_cast<__nv_bfloat16*>(cache));
   } else {
-    CacheWrite<<<static_cast<unsigned>(n), 256, 0, s>>>(ckv, kvr, norm_w, eps, t, rope,
-                                                        static_cast<float*>(cache));
+    LaunchPdl(CacheWrite<float>, static_cast<unsigned>(n), 256, 0, s, ckv, kvr, norm_w, eps, t,
+              rope, static_cast<float*>(cache));
   }
   CheckLaunch("MlaCacheWrite");
 }
@@ -857,6 +957,7 @@ constexpr int kQLatGroups = 4;  // d-groups per column in MlaQLat (threads = 32 
 __global__ void __launch_bounds__(32 * kQLatGroups)
     MlaQLat(const float* q, int64_t n, int64_t heads, int64_t dn, int64_t dr, int64_t dv,
             const float* kv_b, int64_t h0, int64_t nh, int64_t kvr, float* q_lat) {
+  PdlStart();
   extern __shared__ float smem[];  // q_nope [kMlaTok][dn], then partial [groups][kMlaTok][32]
   float* qs = smem;
   float* part = smem + kMlaTok * dn;
@@ -896,6 +997,7 @@ __global__ void __launch_bounds__(32 * kQLatGroups)
 __global__ void __launch_bounds__(256)
     MlaOut(const float* o_lat, int64_t n, int64_t dn, int64_t dv, const float* kv_b, int64_t h0,
            int64_t nh, int64_t kvr, float* out) {
+  PdlStart();
   extern __shared__ float smem[];  // o_lat of this head [kMlaTok][kvr]
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t hh = blockIdx.y, h = h0 + hh, t0 = int64_t(blockIdx.z) * kMlaTok;
@@ -943,7 +1045,8 @@ void LaunchMlaQLat(const float* q, int64_t n, int64_t heads, int64_t dn, int64_t
   const dim3 grid(static_cast<unsigned>((kvr + 31) / 32), static_cast<unsigned>(nh),
                   static_cast<unsigned>((n + kMlaTok - 1) / kMlaTok));
   const size_t smem = (kMlaTok * dn + kQLatGroups * kMlaTok * 32) * sizeof(float);
-  MlaQLat<<<grid, 32 * kQLatGroups, smem, s>>>(q, n, heads, dn, dr, dv, kv_b, h0, nh, kvr, q_lat);
+  LaunchPdl(MlaQLat, grid, 32 * kQLatGroups, smem, s, q, n, heads, dn, dr, dv, kv_b, h0, nh, kvr,
+            q_lat);
   CheckLaunch("MlaAttention (W_k)");
 }
 
@@ -953,7 +1056,8 @@ void LaunchMlaOut(const float* o_lat, int64_t n, int64_t dn, int64_t dv, const f
   const int64_t nh = h1 - h0;
   const dim3 grid(static_cast<unsigned>((dv + 7) / 8), static_cast<unsigned>(nh),
                   static_cast<unsigned>((n + kMlaTok - 1) / kMlaTok));
-  MlaOut<<<grid, 256, kMlaTok * kvr * sizeof(float), s>>>(o_lat, n, dn, dv, kv_b, h0, nh, kvr, out);
+  LaunchPdl(MlaOut, grid, 256, kMlaTok * kvr * sizeof(float), s, o_lat, n, dn, dv, kv_b, h0, nh,
+            kvr, out);
   CheckLaunch("MlaAttention (W_v)");
 }
 
@@ -990,8 +1094,8 @@ void LaunchChunks(const float* q, int64_t n, int64_t heads, const float* q_lat, 
                                           static_cast<int>(smem)));
       set = smem;
     }
-    kernel<<<grid, kAttnThreads, smem, s>>>(q, heads, q_lat, kvr, dn, dr, t, rows, h0, nh, scale,
-                                            span, partial);
+    LaunchPdl(kernel, grid, kAttnThreads, smem, s, q, heads, q_lat, kvr, dn, dr, t, rows, h0, nh,
+              scale, span, partial);
   };
   const auto pick = [&](const auto* rows) {
     using CT = std::remove_const_t<std::remove_pointer_t<decltype(rows)>>;
@@ -1025,29 +1129,39 @@ void LaunchMlaAttention(const float* q, int64_t n, int64_t heads, const float* q
             kvr, kMaxLatent, dr, dn, kMaxWidth);
   const int64_t nh = h1 - h0;
   if (MlaTilesFit(kvr, dr, bf16_cache, tf32)) {
-    static bool smem_set = false;
-    if (!smem_set) {
-      AFD_CUDA_CHECK(cudaFuncSetAttribute(AttentionTiles,
-                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          static_cast<int>(kTileSmemBytes)));
-      smem_set = true;
-    }
     AFD_CHECK(splits >= 1 && splits <= kMaxMlaSplits, "MlaAttention (tiles): {} splits", splits);
     const int64_t tiles = (max_context + kTileRows - 1) / kTileRows;
     const int64_t span = (tiles + splits - 1) / splits * kTileRows;
-    const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>((nh + kGroup - 1) / kGroup),
-                    static_cast<unsigned>(splits));
     constexpr float kLog2e = 1.4426950408889634f;
-    AttentionTiles<<<grid, kTileWarps * 32, kTileSmemBytes, s>>>(
-        q, heads, q_lat, dn, t, static_cast<const __nv_bfloat16*>(cache), h0, nh, scale * kLog2e,
-        span, partial, counters, o_lat);
+    const auto go = [&](auto tokens) {
+      constexpr int kTok = decltype(tokens)::value;
+      const auto kernel = AttentionTiles<kTok>;
+      static const bool raised = [&] {
+        AFD_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            static_cast<int>(TileSmemBytes(kTok))));
+        return true;
+      }();
+      (void)raised;
+      const dim3 grid(static_cast<unsigned>((n + kTok - 1) / kTok),
+                      static_cast<unsigned>((nh + kGroup - 1) / kGroup),
+                      static_cast<unsigned>(splits));
+      LaunchPdl(kernel, grid, kTileWarps * 32, TileSmemBytes(kTok), s, q, n, heads, q_lat, dn, t,
+                static_cast<const __nv_bfloat16*>(cache), h0, nh, scale * kLog2e, span, partial,
+                counters, o_lat);
+    };
+    static const bool pairs_off = ChoiceOff("AFD_MLA_PAIRS");  // one query token per block
+    if (splits == 1 && n >= kTilePairMinTokens && !pairs_off) {
+      go(std::integral_constant<int, 2>{});
+    } else {
+      go(std::integral_constant<int, 1>{});
+    }
     CheckLaunch("MlaAttention (tiles)");
     return;  // the kernel writes o_lat itself (one split) or merges the splits (the last block)
   }
   LaunchChunks(q, n, heads, q_lat, kvr, dn, dr, t, cache, bf16_cache, h0, h1, scale, max_context,
                splits, tf32, partial, s);
   const dim3 grid2(static_cast<unsigned>(n), static_cast<unsigned>(nh));
-  AttentionCombine<<<grid2, kAttnThreads, 0, s>>>(kvr, nh, splits, partial, o_lat);
+  LaunchPdl(AttentionCombine, grid2, kAttnThreads, 0, s, kvr, nh, splits, partial, o_lat);
   CheckLaunch("MlaAttention (combine)");
 }
 

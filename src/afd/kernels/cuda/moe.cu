@@ -13,6 +13,7 @@
 #include "afd/kernels/cuda/bf16_vec.cuh"
 #include "afd/kernels/cuda/launch.cuh"
 #include "afd/kernels/cuda/mma.cuh"
+#include "afd/kernels/cuda/pdl.cuh"
 
 namespace afd::kernels::cuda {
 
@@ -28,6 +29,7 @@ constexpr int kFastPermuteExperts = 128;  // per-warp counts in shared memory: 1
 
 __global__ void Permute(const int32_t* ids, int64_t n, int64_t k, int64_t begin, int64_t local,
                         int32_t* offsets, int32_t* src_row, int32_t* row_of_slot) {
+  PdlStart();
   __shared__ int32_t tile[kPermuteTile];
   __shared__ int32_t count[kMaxLocalExperts];
   const int64_t slots = n * k;
@@ -126,6 +128,7 @@ __device__ float LoadW(const void* w, int64_t idx) {
 template <bool kBf16, bool kSwiglu>
 __global__ void GroupedLinear(const float* x, int64_t k, const void* const* w_ptrs,
                               const int32_t* offsets, int64_t n_out, float* y) {
+  PdlStart();
   const int64_t e = blockIdx.z;
   const int64_t r0 = offsets[e] + int64_t(blockIdx.y) * kTm, r_end = offsets[e + 1];
   if (r0 >= r_end) return;
@@ -198,6 +201,7 @@ __device__ void Load8(const void* w, int64_t idx, float* out) {
 template <bool kBf16, bool kSwiglu>
 __global__ void GroupedGemv(const float* x, int64_t k, const void* const* w_ptrs,
                             const int32_t* offsets, int64_t n_out, float* y) {
+  PdlStart();
   const int64_t e = blockIdx.z, r_begin = offsets[e], r_end = offsets[e + 1];
   if (r_begin >= r_end) return;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -244,6 +248,7 @@ template <bool kSwiglu>
 __global__ void __launch_bounds__(kGemvWarps * 32)
     GroupedGemvBf16(const __nv_bfloat16* x, int64_t k, const void* const* w_ptrs,
                     const int32_t* offsets, int64_t n_out, float* y) {
+  PdlStart();
   constexpr int kCols = kSwiglu ? kWRows / 2 : kWRows;
   const int64_t e = blockIdx.z, r_begin = offsets[e], r_end = offsets[e + 1];
   if (r_begin >= r_end) return;
@@ -303,6 +308,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
 }
 
 __global__ void RowsToBf16(const float* x, int64_t n, __nv_bfloat16* out) {
+  PdlStart();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
     out[i] = __float2bfloat16_rn(x[i]);
@@ -313,6 +319,7 @@ __global__ void RowsToBf16(const float* x, int64_t n, __nv_bfloat16* out) {
 // 16-byte aligned, out 8-byte aligned).
 __global__ void GatherRowsToBf16(const float* x, const int32_t* index, int64_t h,
                                  __nv_bfloat16* out) {
+  PdlStart();
   const float4* src = reinterpret_cast<const float4*>(x + int64_t(index[blockIdx.x]) * h);
   auto* dst = reinterpret_cast<uint2*>(out + int64_t(blockIdx.x) * h);
   for (int64_t i = threadIdx.x; i < h / 4; i += blockDim.x) {
@@ -435,6 +442,7 @@ template <bool kSwiglu, bool kBf16Out, int kTiles, int kHalves = 1,
 __global__ void __launch_bounds__(kWarps * 32, 16 / kWarps)  // 128 registers
     GroupedMma(const __nv_bfloat16* x, int64_t k, int piece, const void* const* w_ptrs,
                const int32_t* offsets, int64_t n_out, float* y, __nv_bfloat16* yb) {
+  PdlStart();
   static_assert(kHalves == 1 || kTiles == 1, "halves only with one m tile");
   extern __shared__ uint4 stage4[];
   auto* xs = reinterpret_cast<__nv_bfloat16*>(stage4);  // [kHalves][16 kTiles][MmaStride(piece)]
@@ -598,6 +606,7 @@ __global__ void __launch_bounds__(kTileThreads, 2)
     GroupedTiled(const __nv_bfloat16* x, int64_t k, const void* const* w_ptrs,
                  const int32_t* offsets, int64_t num_local, int64_t n_out, float* y,
                  __nv_bfloat16* yb) {
+  PdlStart();
   extern __shared__ uint4 tile_smem[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gid = lane >> 2, t = lane & 3;
   // Which expert and which of its m tiles: slot blockIdx.y in expert order.
@@ -753,8 +762,8 @@ void LaunchTiled(const __nv_bfloat16* x, int64_t m, int64_t k, const void* const
   const dim3 grid(
       static_cast<unsigned>((n_out + cols - 1) / cols),
       static_cast<unsigned>((m + kTileM - 1) / kTileM + (offsets != nullptr ? num_local : 0)));
-  kernel<<<grid, kTileThreads, kSmem, s>>>(x, k, w_ptrs, offsets,
-                                           offsets != nullptr ? num_local : m, n_out, y, yb);
+  LaunchPdl(kernel, grid, kTileThreads, kSmem, s, x, k, w_ptrs, offsets,
+            offsets != nullptr ? num_local : m, n_out, y, yb);
 }
 
 // Tensor-core path for bf16 experts with many rows per expert (large decode batches, prefill):
@@ -768,6 +777,7 @@ constexpr int kWmTm = 32, kWmTn = 64, kWmTk = 64;
 template <bool kSwiglu>
 __global__ void GroupedWmma(const float* x, int64_t k, const void* const* w_ptrs,
                             const int32_t* offsets, int64_t n_out, float* y) {
+  PdlStart();
   using namespace nvcuda;
   const int64_t e = blockIdx.z;
   const int64_t r0 = offsets[e] + int64_t(blockIdx.y) * kWmTm, r_end = offsets[e + 1];
@@ -827,6 +837,7 @@ __global__ void GroupedWmma(const float* x, int64_t k, const void* const* w_ptrs
 template <int kVec>
 __global__ void Combine(const float* y, int64_t h, const int32_t* ros, const float* w, int64_t k,
                         bool accumulate, float* out) {
+  PdlStart();
   using V = std::conditional_t<kVec == 4, float4, float>;
   const int64_t t = blockIdx.x;
   const int64_t i = (int64_t(blockIdx.y) * blockDim.x + threadIdx.x) * kVec;
@@ -874,14 +885,14 @@ void LaunchGatherRowsToBf16(const float* x, const int32_t* index, int64_t m, int
   if (m == 0) return;
   AFD_CHECK(h % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0,
             "GatherRowsToBf16: hidden size {} must be a multiple of 4, x 16-byte aligned", h);
-  GatherRowsToBf16<<<static_cast<unsigned>(m), 256, 0, s>>>(x, index, h, xb);
+  LaunchPdl(GatherRowsToBf16, static_cast<unsigned>(m), 256, 0, s, x, index, h, xb);
   CheckLaunch("GatherRowsToBf16");
 }
 
 // x [n] rounded to bf16 into xb (the mma path's input).
 void LaunchRowsToBf16(const float* x, int64_t n, __nv_bfloat16* xb, cudaStream_t s) {
   const int blocks = static_cast<int>(std::min<int64_t>((n + 255) / 256, 4096));
-  RowsToBf16<<<blocks, 256, 0, s>>>(x, n, xb);
+  LaunchPdl(RowsToBf16, blocks, 256, 0, s, x, n, xb);
 }
 
 // The mma path's launch for m rows of x [m, k] against n_out weight rows per expert: m tiles per
@@ -934,7 +945,8 @@ void LaunchMma(const __nv_bfloat16* x, int64_t m, int64_t k, const void* const* 
       return true;
     }();
     (void)raised;
-    kernel<<<p.grid, p.warps * 32, p.smem, s>>>(x, k, p.piece, w_ptrs, offsets, n_out, y, yb);
+    LaunchPdl(kernel, p.grid, p.warps * 32, p.smem, s, x, k, p.piece, w_ptrs, offsets, n_out, y,
+              yb);
   };
   using One = std::integral_constant<int, 1>;
   using Two = std::integral_constant<int, 2>;
@@ -953,7 +965,8 @@ void LaunchMoePermute(const int32_t* ids, int64_t n, int64_t k, int64_t begin, i
                       int32_t* offsets, int32_t* src_row, int32_t* row_of_slot, cudaStream_t s) {
   AFD_CHECK(num_local <= kMaxLocalExperts, "MoePermute on cuda: {} local experts, at most {}",
             num_local, kMaxLocalExperts);
-  Permute<<<1, kPermuteThreads, 0, s>>>(ids, n, k, begin, num_local, offsets, src_row, row_of_slot);
+  LaunchPdl(Permute, 1, kPermuteThreads, 0, s, ids, n, k, begin, num_local, offsets, src_row,
+            row_of_slot);
   CheckLaunch("MoePermute");
 }
 
@@ -982,9 +995,9 @@ void LaunchGroupedLinear(const float* x, int64_t m, int64_t k, const void* const
     const dim3 g(static_cast<unsigned>((n_out + kWmTn - 1) / kWmTn),
                  static_cast<unsigned>((m + kWmTm - 1) / kWmTm), static_cast<unsigned>(num_local));
     if (swiglu) {
-      GroupedWmma<true><<<g, 256, 0, s>>>(x, k, w_ptrs, offsets, n_out, y);
+      LaunchPdl(GroupedWmma<true>, g, 256, 0, s, x, k, w_ptrs, offsets, n_out, y);
     } else {
-      GroupedWmma<false><<<g, 256, 0, s>>>(x, k, w_ptrs, offsets, n_out, y);
+      LaunchPdl(GroupedWmma<false>, g, 256, 0, s, x, k, w_ptrs, offsets, n_out, y);
     }
     CheckLaunch("GroupedExpertMlp (wmma)");
     return;
@@ -998,9 +1011,9 @@ void LaunchGroupedLinear(const float* x, int64_t m, int64_t k, const void* const
     const dim3 g(static_cast<unsigned>((n_out + kGemvWarps * cols - 1) / (kGemvWarps * cols)), 1,
                  static_cast<unsigned>(num_local));
     if (swiglu) {
-      GroupedGemvBf16<true><<<g, kGemvWarps * 32, 0, s>>>(xb, k, w_ptrs, offsets, n_out, y);
+      LaunchPdl(GroupedGemvBf16<true>, g, kGemvWarps * 32, 0, s, xb, k, w_ptrs, offsets, n_out, y);
     } else {
-      GroupedGemvBf16<false><<<g, kGemvWarps * 32, 0, s>>>(xb, k, w_ptrs, offsets, n_out, y);
+      LaunchPdl(GroupedGemvBf16<false>, g, kGemvWarps * 32, 0, s, xb, k, w_ptrs, offsets, n_out, y);
     }
     CheckLaunch("GroupedExpertMlp (bf16 gemv)");
     return;
@@ -1014,14 +1027,14 @@ void LaunchGroupedLinear(const float* x, int64_t m, int64_t k, const void* const
     const int threads = 32 * kGemvWarps;
     if (bf16) {
       if (swiglu) {
-        GroupedGemv<true, true><<<g, threads, 0, s>>>(x, k, w_ptrs, offsets, n_out, y);
+        LaunchPdl(GroupedGemv<true, true>, g, threads, 0, s, x, k, w_ptrs, offsets, n_out, y);
       } else {
-        GroupedGemv<true, false><<<g, threads, 0, s>>>(x, k, w_ptrs, offsets, n_out, y);
+        LaunchPdl(GroupedGemv<true, false>, g, threads, 0, s, x, k, w_ptrs, offsets, n_out, y);
       }
     } else if (swiglu) {
-      GroupedGemv<false, true><<<g, threads, 0, s>>>(x, k, w_ptrs, offsets, n_out, y);
+      LaunchPdl(GroupedGemv<false, true>, g, threads, 0, s, x, k, w_ptrs, offsets, n_out, y);
     } else {
-      GroupedGemv<false, false><<<g, threads, 0, s>>>(x, k, w_ptrs, offsets, n_out, y);
+      LaunchPdl(GroupedGemv<false, false>, g, threads, 0, s, x, k, w_ptrs, offsets, n_out, y);
     }
     CheckLaunch("GroupedExpertMlp (gemv)");
     return;
@@ -1030,14 +1043,14 @@ void LaunchGroupedLinear(const float* x, int64_t m, int64_t k, const void* const
                   static_cast<unsigned>((m + kTm - 1) / kTm), static_cast<unsigned>(num_local));
   if (bf16) {
     if (swiglu) {
-      GroupedLinear<true, true><<<grid, kThreads, 0, s>>>(x, k, w_ptrs, offsets, n_out, y);
+      LaunchPdl(GroupedLinear<true, true>, grid, kThreads, 0, s, x, k, w_ptrs, offsets, n_out, y);
     } else {
-      GroupedLinear<true, false><<<grid, kThreads, 0, s>>>(x, k, w_ptrs, offsets, n_out, y);
+      LaunchPdl(GroupedLinear<true, false>, grid, kThreads, 0, s, x, k, w_ptrs, offsets, n_out, y);
     }
   } else if (swiglu) {
-    GroupedLinear<false, true><<<grid, kThreads, 0, s>>>(x, k, w_ptrs, offsets, n_out, y);
+    LaunchPdl(GroupedLinear<false, true>, grid, kThreads, 0, s, x, k, w_ptrs, offsets, n_out, y);
   } else {
-    GroupedLinear<false, false><<<grid, kThreads, 0, s>>>(x, k, w_ptrs, offsets, n_out, y);
+    LaunchPdl(GroupedLinear<false, false>, grid, kThreads, 0, s, x, k, w_ptrs, offsets, n_out, y);
   }
   CheckLaunch("GroupedExpertMlp");
 }
@@ -1095,7 +1108,8 @@ void LaunchMoeCombine(const float* y, int64_t h, const int32_t* row_of_slot, con
     const int64_t per_block = int64_t{kThreadsPerBlock} * kVec;
     const dim3 grid(static_cast<unsigned>(n),
                     static_cast<unsigned>((h + per_block - 1) / per_block));
-    Combine<kVec><<<grid, kThreadsPerBlock, 0, s>>>(y, h, row_of_slot, weights, k, accumulate, out);
+    LaunchPdl(Combine<kVec>, grid, kThreadsPerBlock, 0, s, y, h, row_of_slot, weights, k,
+              accumulate, out);
   };
   const bool vec4 = h % 4 == 0 && reinterpret_cast<uintptr_t>(y) % 16 == 0 &&
                     reinterpret_cast<uintptr_t>(out) % 16 == 0;

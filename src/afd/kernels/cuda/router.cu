@@ -6,6 +6,7 @@
 
 #include "afd/common/cuda_check.h"
 #include "afd/kernels/cuda/launch.cuh"
+#include "afd/kernels/cuda/pdl.cuh"
 
 namespace afd::kernels::cuda {
 
@@ -54,6 +55,7 @@ __device__ int WarpArgMaxFree(const float* v, const unsigned char* taken, int n,
 __global__ void __launch_bounds__(kRouterWarps * 32)
     Router(const float* logits, int64_t n, int64_t e64, const float* bias, RouterArgs a,
            int32_t* ids, float* weights) {
+  PdlStart();
   __shared__ WarpScratch scratch[kRouterWarps];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t t = int64_t(blockIdx.x) * kRouterWarps + warp;
@@ -155,8 +157,8 @@ void LaunchRouterTopk(const float* logits, int64_t n, int64_t num_experts, const
       "RouterTopk on cuda: {} experts, {} groups, top-{} (at most {}, 64, 32)", num_experts,
       args.n_group, args.top_k, kMaxRouterExperts);
   if (n == 0) return;
-  Router<<<static_cast<unsigned>((n + kRouterWarps - 1) / kRouterWarps), kRouterWarps * 32, 0, s>>>(
-      logits, n, num_experts, bias, args, ids, weights);
+  LaunchPdl(Router, static_cast<unsigned>((n + kRouterWarps - 1) / kRouterWarps), kRouterWarps * 32,
+            0, s, logits, n, num_experts, bias, args, ids, weights);
   CheckLaunch("RouterTopk");
 }
 

@@ -5,6 +5,7 @@
 
 #include "afd/common/cuda_check.h"
 #include "afd/kernels/cuda/launch.cuh"
+#include "afd/kernels/cuda/pdl.cuh"
 
 namespace afd::kernels::cuda {
 
@@ -39,6 +40,7 @@ __device__ T BlockReduce(T v, Op op, T* shared /* [kThreads / 32] */) {
 // logit is -inf; NaN when one is NaN, which then makes the row's result NaN, as on the CPU).
 __global__ void __launch_bounds__(kThreads)
     LogSoftmaxPartial(const float* logits, int64_t v, double* part) {
+  PdlStart();
   __shared__ float smax[kThreads / 32];
   __shared__ double ssum[kThreads / 32];
   const int64_t r = blockIdx.x, c = blockIdx.y;
@@ -70,6 +72,7 @@ __global__ void __launch_bounds__(kThreads)
 // lane, lane + 32, ..., then a fixed shuffle tree), out = x[id] - (log S + M).
 __global__ void LogSoftmaxFinish(const float* logits, int64_t v, const double* part,
                                  const int32_t* ids, float* out) {
+  PdlStart();
   const int64_t r = blockIdx.x, chunks = Chunks(v);
   const int lane = threadIdx.x;
   const double* p = part + 2 * r * chunks;
@@ -96,6 +99,7 @@ __device__ void Better(float& bv, int64_t& bi, float v, int64_t i) {
 // its first index), written as (value, index).
 __global__ void __launch_bounds__(kThreads)
     ArgMaxPartial(const float* logits, int64_t v, float* part_v, int64_t* part_i) {
+  PdlStart();
   __shared__ float sval[kThreads / 32];
   __shared__ int64_t sidx[kThreads / 32];
   const int64_t r = blockIdx.x, c = blockIdx.y;
@@ -121,6 +125,7 @@ __global__ void __launch_bounds__(kThreads)
 
 // One warp per row: the best of the chunks' candidates.
 __global__ void ArgMaxFinish(int64_t v, const float* part_v, const int64_t* part_i, int32_t* ids) {
+  PdlStart();
   const int64_t r = blockIdx.x, chunks = Chunks(v);
   float best = -INFINITY;
   int64_t bi = INT64_MAX;
@@ -135,6 +140,7 @@ __global__ void ArgMaxFinish(int64_t v, const float* part_v, const int64_t* part
 
 __global__ void PrepareSort(const float* logits, int64_t n, int64_t v, float* keys, int32_t* vals,
                             int32_t* offsets) {
+  PdlStart();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n * v;
        i += int64_t(gridDim.x) * blockDim.x) {
     keys[i] = Key(logits[i]);
@@ -149,6 +155,7 @@ __global__ void PrepareSort(const float* logits, int64_t n, int64_t v, float* ke
 // One thread per row (greedy rows are left as ArgMax wrote them).
 __global__ void SampleSorted(const float* keys, const int32_t* sorted_ids, int64_t n, int64_t v,
                              SampleParamsDev p, int32_t* ids) {
+  PdlStart();
   const int64_t r = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (r >= n || !(p.temperature[r] > 0.0f)) return;
   const float* key = keys + r * v;
@@ -196,8 +203,8 @@ void LaunchLogSoftmaxAt(const float* logits, int64_t n, int64_t v, const int32_t
   auto* part = static_cast<double*>(scratch);
   // Rows on x (up to 2^31 - 1 of them: every prompt position of a long prompt), chunks on y.
   const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>((v + kChunk - 1) / kChunk));
-  LogSoftmaxPartial<<<grid, kThreads, 0, s>>>(logits, v, part);
-  LogSoftmaxFinish<<<static_cast<unsigned>(n), 32, 0, s>>>(logits, v, part, ids, out);
+  LaunchPdl(LogSoftmaxPartial, grid, kThreads, 0, s, logits, v, part);
+  LaunchPdl(LogSoftmaxFinish, static_cast<unsigned>(n), 32, 0, s, logits, v, part, ids, out);
   CheckLaunch("LogSoftmaxAt");
 }
 
@@ -208,14 +215,14 @@ void LaunchArgMax(const float* logits, int64_t n, int64_t v, int32_t* ids, void*
   auto* part_i = static_cast<int64_t*>(scratch);
   auto* part_v = reinterpret_cast<float*>(part_i + n * chunks);
   const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>(chunks));
-  ArgMaxPartial<<<grid, kThreads, 0, s>>>(logits, v, part_v, part_i);
-  ArgMaxFinish<<<static_cast<unsigned>(n), 32, 0, s>>>(v, part_v, part_i, ids);
+  LaunchPdl(ArgMaxPartial, grid, kThreads, 0, s, logits, v, part_v, part_i);
+  LaunchPdl(ArgMaxFinish, static_cast<unsigned>(n), 32, 0, s, v, part_v, part_i, ids);
   CheckLaunch("ArgMax");
 }
 
 void LaunchPrepareSort(const float* logits, int64_t n, int64_t v, float* keys, int32_t* vals,
                        int32_t* offsets, cudaStream_t s) {
-  PrepareSort<<<1024, kThreads, 0, s>>>(logits, n, v, keys, vals, offsets);
+  LaunchPdl(PrepareSort, 1024, kThreads, 0, s, logits, n, v, keys, vals, offsets);
   CheckLaunch("PrepareSort");
 }
 
@@ -240,8 +247,8 @@ void SegmentedSortDescending(void* temp, size_t temp_bytes, const float* keys_in
 void LaunchSampleSorted(const float* sorted_logits, const int32_t* sorted_ids, int64_t n, int64_t v,
                         const SampleParamsDev& p, int32_t* ids, cudaStream_t s) {
   if (n == 0) return;
-  SampleSorted<<<static_cast<unsigned>((n + 63) / 64), 64, 0, s>>>(sorted_logits, sorted_ids, n, v,
-                                                                   p, ids);
+  LaunchPdl(SampleSorted, static_cast<unsigned>((n + 63) / 64), 64, 0, s, sorted_logits, sorted_ids,
+            n, v, p, ids);
   CheckLaunch("SampleSorted");
 }
 
