@@ -295,6 +295,14 @@ struct MlaSetup {
   RopeSpec rope;
 };
 
+// DeepSeek's MLA shape (latent 512 + rope 64) with small heads (dn 16, dv 8) and a bf16 cache.
+MlaSetup WideBf16Mla(int64_t heads, int64_t block) {
+  MlaSetup s;
+  s.heads = heads, s.dn = 16, s.dv = 8, s.kvr = 512, s.dr = 64, s.block = block;
+  s.cache_dtype = DType::kBF16;
+  return s;
+}
+
 // `s` gives the shapes (its defaults are small ones).
 MlaSetup MakeMla(Ctx& c, int64_t seqs, int64_t len, Result* write_check, MlaSetup s = {}) {
   const int64_t width = s.kvr + s.dr, blocks_per_seq = (len + s.block - 1) / s.block;
@@ -383,6 +391,15 @@ Result MlaCacheWrite(Ctx& c, DType cache_dtype = DType::kF32) {
   return r;
 }
 
+// MlaAttention's tolerance against the double reference: a bf16 cache makes the reference
+// attend the same rounded rows (a rare tie may round the other way on the device); TF32 allowed
+// with a bf16 cache (a bf16 model): the GPU may take q and the softmax weights as bf16 too (8
+// mantissa bits, as the model's own tensors), so 1e-2.
+double MlaTolerance(const MlaSetup& s, bool tf32) {
+  const bool bf16_cache = s.cache_dtype == DType::kBF16;
+  return tf32 ? (bf16_cache ? 1e-2 : 5e-3) : bf16_cache ? 1e-3 : 1e-4;
+}
+
 // Attention of heads [h0, h1) for the last token of each sequence, against the expanded
 // (non-absorbed) form: k_j = W_k·c_j, v_j = W_v·c_j.
 // tf32: with Backend::AllowTf32 (a bf16 model's setting; the GPU may then use TF32 tensor
@@ -436,12 +453,7 @@ Result MlaAttention(Ctx& c, int64_t h0, int64_t h1, int64_t seqs = 3, int64_t le
       }
     }
   }
-  // A bf16 cache: the reference attends the same rounded rows (a rare tie may round the other
-  // way on the device). TF32 allowed with a bf16 cache (a bf16 model): the GPU may take q and
-  // the softmax weights as bf16 too (8 mantissa bits, as the model's own tensors), so 1e-2.
-  const bool bf16_cache = s.cache_dtype == DType::kBF16;
-  const double tol = tf32 ? (bf16_cache ? 1e-2 : 5e-3) : bf16_cache ? 1e-3 : 1e-4;
-  return Result(RelErr(c.Down<float>(out), want), tol);
+  return Result(RelErr(c.Down<float>(out), want), MlaTolerance(s, tf32));
 }
 
 // Prefill attention: every position of `seqs` sequences of `len` queries at once (causal: the
@@ -503,9 +515,7 @@ Result MlaPrefill(Ctx& c, int64_t seqs, int64_t len, MlaSetup shapes, bool tf32)
       }
     }
   }
-  const bool bf16_cache = s.cache_dtype == DType::kBF16;
-  const double tol = tf32 ? (bf16_cache ? 1e-2 : 5e-3) : bf16_cache ? 1e-3 : 1e-4;
-  return Result(RelErr(c.Down<float>(out), want), tol);
+  return Result(RelErr(c.Down<float>(out), want), MlaTolerance(s, tf32));
 }
 
 // Decode attention perf: `seqs` tokens over `ctx` cached positions each, 16 heads, 512 + 64.
@@ -935,63 +945,28 @@ std::vector<Case> CheckCases() {
          return MlaAttention(c, 1, 3, 2, 300, std::move(s));
        }},
       {"MlaAttention", "bf16 cache, tf32: 16 heads, 512 + 64, 40 x 37",
-       [](Ctx& c) {
-         MlaSetup wide;
-         wide.heads = 16, wide.dn = 16, wide.dv = 8, wide.kvr = 512, wide.dr = 64, wide.block = 16;
-         wide.cache_dtype = DType::kBF16;
-         return MlaAttention(c, 0, 16, 40, 37, std::move(wide), true);
-       }},
+       [](Ctx& c) { return MlaAttention(c, 0, 16, 40, 37, WideBf16Mla(16, 16), true); }},
       // DeepSeek's shape, bf16 cache, TF32 allowed: the GPU's tiled bf16 kernel (64-row tiles):
       // more tokens than SMs (one split, several tiles, the last partial); a head range past
       // one group of 16 (the second partial) over a 16-row block size and split contexts.
       {"MlaAttention", "bf16 cache, tf32: 16 heads, 512 + 64, 136 x 130",
-       [](Ctx& c) {
-         MlaSetup wide;
-         wide.heads = 16, wide.dn = 16, wide.dv = 8, wide.kvr = 512, wide.dr = 64, wide.block = 64;
-         wide.cache_dtype = DType::kBF16;
-         return MlaAttention(c, 0, 16, 136, 130, std::move(wide), true);
-       }},
+       [](Ctx& c) { return MlaAttention(c, 0, 16, 136, 130, WideBf16Mla(16, 64), true); }},
       {"MlaAttention", "bf16 cache, tf32: heads [2, 20) of 20, 512 + 64, 3 x 333, block 16",
-       [](Ctx& c) {
-         MlaSetup wide;
-         wide.heads = 20, wide.dn = 16, wide.dv = 8, wide.kvr = 512, wide.dr = 64, wide.block = 16;
-         wide.cache_dtype = DType::kBF16;
-         return MlaAttention(c, 2, 20, 3, 333, std::move(wide), true);
-       }},
+       [](Ctx& c) { return MlaAttention(c, 2, 20, 3, 333, WideBf16Mla(20, 16), true); }},
       // 128-row blocks: the context bound (2 blocks) is past the positions, so some splits
       // are empty and the last block to finish merges them.
       {"MlaAttention", "bf16 cache, tf32: 16 heads, 512 + 64, 2 x 130, block 128",
-       [](Ctx& c) {
-         MlaSetup wide;
-         wide.heads = 16, wide.dn = 16, wide.dv = 8, wide.kvr = 512, wide.dr = 64, wide.block = 128;
-         wide.cache_dtype = DType::kBF16;
-         return MlaAttention(c, 0, 16, 2, 130, std::move(wide), true);
-       }},
+       [](Ctx& c) { return MlaAttention(c, 0, 16, 2, 130, WideBf16Mla(16, 128), true); }},
       // A prefill's queries (every position, causal), DeepSeek's shape, bf16 cache, TF32: past
       // 1024 tokens the GPU's tiled kernel takes two query tokens per block, here with a pair
       // across two sequences (345 positions each: tokens 344 | 345) and an odd last token; and
       // the same queries over fewer tokens (one per block), heads past a group of 16.
       {"MlaAttention", "prefill, bf16 cache, tf32: 16 heads, 512 + 64, 3 x 345",
-       [](Ctx& c) {
-         MlaSetup wide;
-         wide.heads = 16, wide.dn = 16, wide.dv = 8, wide.kvr = 512, wide.dr = 64, wide.block = 64;
-         wide.cache_dtype = DType::kBF16;
-         return MlaPrefill(c, 3, 345, std::move(wide), true);
-       }},
+       [](Ctx& c) { return MlaPrefill(c, 3, 345, WideBf16Mla(16, 64), true); }},
       {"MlaAttention", "prefill, bf16 cache, tf32: 20 heads, 512 + 64, 2 x 90, block 16",
-       [](Ctx& c) {
-         MlaSetup wide;
-         wide.heads = 20, wide.dn = 16, wide.dv = 8, wide.kvr = 512, wide.dr = 64, wide.block = 16;
-         wide.cache_dtype = DType::kBF16;
-         return MlaPrefill(c, 2, 90, std::move(wide), true);
-       }},
+       [](Ctx& c) { return MlaPrefill(c, 2, 90, WideBf16Mla(20, 16), true); }},
       {"MlaAttention", "bf16 cache: 20 heads, 512 + 64, 2 x 150",
-       [](Ctx& c) {
-         MlaSetup wide;
-         wide.heads = 20, wide.dn = 16, wide.dv = 8, wide.kvr = 512, wide.dr = 64, wide.block = 64;
-         wide.cache_dtype = DType::kBF16;
-         return MlaAttention(c, 0, 20, 2, 150, std::move(wide));
-       }},
+       [](Ctx& c) { return MlaAttention(c, 0, 20, 2, 150, WideBf16Mla(20, 64)); }},
       {"RouterTopk", "softmax greedy",
        [](Ctx& c) { return Router(c, RouterScoring::kSoftmax, false); }},
       {"RouterTopk", "softmax group-limited",
