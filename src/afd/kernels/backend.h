@@ -130,7 +130,8 @@ class Backend : public Allocator {
   // ---- Dense ops -----------------------------------------------------------------------
   // out: [n, H] f32 = rows ids: [n] i32 of table: [V, H] (f32/bf16). Ids are checked by callers.
   virtual void Embedding(const Tensor& table, const Tensor& ids, const Tensor& out) = 0;
-  // y: [n, N] = x: [n, K] · wᵀ, w: [N, K] f32/bf16.
+  // y: [n, N] = x: [n, K] · wᵀ, w: [N, K] f32/bf16: a weight, which no op of the step writes
+  // (the CUDA backend's GEMVs may load it before the previous kernel has finished).
   virtual void Linear(const Tensor& x, const Tensor& w, const Tensor& y) = 0;
   // out: [n, D] = w ⊙ x / sqrt(mean(x²) + eps) per row, w: [D] f32; out may alias x.
   virtual void RmsNorm(const Tensor& x, const Tensor& w, float eps, const Tensor& out) = 0;

@@ -61,7 +61,6 @@ __device__ __forceinline__ void LoadWeights(const __nv_bfloat16* wc, int64_t k0,
 template <int kRowsMax, bool kStageX>
 __global__ void __launch_bounds__(kWarps * 32)
     GemvBf16(const float* x, int rows, int64_t k, const __nv_bfloat16* w, int64_t m, float* y) {
-  PdlStart();
   extern __shared__ uint4 xs4[];  // kStageX: x [rows, k] as bf16
   const int lane = threadIdx.x & 31;
   const int64_t c = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
@@ -70,6 +69,9 @@ __global__ void __launch_bounds__(kWarps * 32)
   uint4 wv[kLoads];
   int64_t k0 = int64_t(lane) * 8;
   if (active) LoadWeights(wc, k0, k, wv);
+  // The first weight loads (a 2048-wide row's all) are in flight before waiting for the kernel
+  // before this one (programmatic launch: nothing writes the weights); x only after.
+  PdlStart();
   if constexpr (kStageX) {
     for (int64_t i = threadIdx.x; i < rows * k / 8; i += blockDim.x) {
       float xa[8];
@@ -129,7 +131,6 @@ __global__ void __launch_bounds__(kWarps * 32)
 template <int kRowsMax, bool kStageX>
 __global__ void __launch_bounds__(kWarps * 32)
     GemvF32(const float* x, int rows, int64_t k, const float* w, int64_t m, float* y) {
-  PdlStart();
   extern __shared__ float4 xf4[];  // kStageX: x [rows, k]
   const int lane = threadIdx.x & 31;
   const int64_t c = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
@@ -144,6 +145,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     }
   };
   if (active) load_weights();
+  PdlStart();  // as in GemvBf16: the weights' first loads in flight before the wait
   if constexpr (kStageX) {
     for (int64_t i = threadIdx.x; i < rows * k / 4; i += blockDim.x) {
       xf4[i] = reinterpret_cast<const float4*>(x)[i];

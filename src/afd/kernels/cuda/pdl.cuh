@@ -1,8 +1,10 @@
 // Programmatic dependent launch (Hopper): the backend's kernels are launched with
 // cudaLaunchAttributeProgrammaticStreamSerialization, so a kernel's blocks may be scheduled
 // while the kernel before it in the stream is still running (in a CUDA graph too: the edge
-// becomes programmatic). Correctness rests on every such kernel calling PdlStart() first:
-// griddepcontrol.wait blocks until the previous grid has completed and its memory is visible,
+// becomes programmatic). Correctness rests on every such kernel calling PdlStart() before it
+// reads anything a kernel may have written or writes anything (loads of weights, which nothing
+// writes, may come before it: the GEMVs issue their first ones there); griddepcontrol.wait
+// blocks until the previous grid has completed and its memory is visible,
 // exactly the ordering of a plain launch; then griddepcontrol.launch_dependents lets the next
 // kernel's blocks be scheduled once all of this one's have started. What overlaps is the
 // launch and the scheduling of the next kernel's blocks (~1 us per kernel boundary in a graph,
@@ -27,9 +29,8 @@ __device__ __forceinline__ void PdlStart() {
 #endif
 }
 
-
 // kernel<<<grid, block, smem, s>>>(args...) with the attribute (when PdlEnabled). The kernel
-// must call PdlStart() before anything else.
+// must call PdlStart() before touching memory other kernels write.
 template <typename... Params, typename... Args>
 void LaunchPdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
                Args&&... args) {
