@@ -3,7 +3,8 @@
 # the CPU and bf16 graph vs eager on the goldens, v3_trained vs transformers bf16, afd bench decode
 # at context 128 and 1024; the torch peer unless SKIP_PEER=1), its summary printed, then
 # `afd bench decode` again under AB_ENV (e.g. "AFD_MOE_HALVES=0": a kernel choice turned off, to
-# compare in the same call) at AB_BATCH (default 1,16,64).
+# compare in the same call) at AB_BATCH (default 1,16,64); PREFILL=1: also the 8 x 1024 prefill
+# with its per-op profile (issue 11's prefill target).
 # Usage (repo root there): tools/device/decode_check.sh BIN_DIR OUT_DIR
 set -u
 BIN=$(readlink -f "$1")
@@ -21,4 +22,9 @@ if [ -n "${AB_ENV:-}" ]; then
   echo "== afd bench decode with $AB_ENV"
   env $AB_ENV timeout 240 "$BIN/afd" bench decode --model preset:deepseek-v2-lite --device cuda \
     --batch "${AB_BATCH:-1,16,64}" --context 128 --steps 16 2>&1 | grep -v "loading weights \[" | tail -5
+fi
+if [ -n "${PREFILL:-}" ]; then
+  echo "== afd bench decode --batch 8 --context 1024 --profile (the prefill step's ops)"
+  timeout 200 "$BIN/afd" bench decode --model preset:deepseek-v2-lite --device cuda --batch 8 \
+    --context 1024 --steps 4 --profile 2>&1 | grep -v "loading weights" | sed -n 3,14p
 fi
