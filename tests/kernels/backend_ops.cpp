@@ -837,6 +837,66 @@ Result SampleOneRow(Ctx& c) {
   return got == 2 ? Result(0.0, 0.0) : Result::Fail(fmt::format("{} instead of 2", got));
 }
 
+// TakeIds: ids from a device array where the source says (-1: kept); a copy to the host that
+// later work does not disturb (StartCopyToHost takes the values of its place in the stream).
+Result TakeIdsAndCopiesToHost(Ctx& c) {
+  const int64_t k = 7, n = 300;
+  std::vector<int32_t> from(k), source(n), ids(n), want(n);
+  for (int64_t i = 0; i < k; ++i) from[i] = 1000 + 37 * static_cast<int32_t>(i);
+  for (int64_t t = 0; t < n; ++t) {
+    ids[t] = static_cast<int32_t>(t);
+    source[t] = t % 3 == 0 ? -1 : static_cast<int32_t>((t * 5) % k);
+    want[t] = source[t] < 0 ? ids[t] : from[source[t]];
+  }
+  const Tensor from_t = c.Up(from, DType::kI32, {k}), ids_t = c.Up(ids, DType::kI32, {n});
+  const int64_t before = c.b.StartCopyToHost(ids_t);  // the ids as uploaded
+  c.b.TakeIds(from_t, c.Up(source, DType::kI32, {n}), ids_t);
+  const int64_t after = c.b.StartCopyToHost(ids_t);
+  c.b.TakeIds(from_t, c.Up(std::vector<int32_t>(n, 0), DType::kI32, {n}), ids_t);  // all from[0]
+  std::vector<int32_t> got_before(n), got_after(n);
+  c.b.FinishCopyToHost(before, got_before.data());
+  c.b.FinishCopyToHost(after, got_after.data());
+  for (int64_t t = 0; t < n; ++t) {
+    if (got_before[t] != ids[t] || got_after[t] != want[t]) {
+      return Result::Fail(fmt::format("token {}: {} then {}, expected {} then {}", t, got_before[t],
+                                      got_after[t], ids[t], want[t]));
+    }
+  }
+  const auto last = c.Down<int32_t>(ids_t);
+  if (last != std::vector<int32_t>(n, from[0])) return Result::Fail("the last TakeIds");
+  return Result(0.0, 0.0);
+}
+
+// Many uploads in a row, more bytes than the staging ring holds, with copies to the host
+// finished between them: every tensor gets its own bytes.
+Result StagedUploadsWrap(Ctx& c) {
+  const int64_t n = 300000;  // 1.2 MB each, 40 of them
+  std::vector<Tensor> up;
+  std::vector<int64_t> tickets;
+  for (int i = 0; i < 40; ++i) {
+    std::vector<int32_t> v(n, i);
+    v[i] = -i;
+    up.push_back(c.Up(v, DType::kI32, {n}));
+    if (i % 7 == 3) tickets.push_back(c.b.StartCopyToHost(up.back().Rows(0, 8)));
+    if (tickets.size() == 2) {
+      std::vector<int32_t> h(8);
+      for (int64_t t : tickets) c.b.FinishCopyToHost(t, h.data());
+      tickets.clear();
+    }
+  }
+  std::vector<int32_t> h(8);
+  for (int64_t t : tickets) c.b.FinishCopyToHost(t, h.data());
+  for (int i = 0; i < 40; ++i) {
+    const auto v = c.Down<int32_t>(up[i]);
+    for (int64_t j = 0; j < n; ++j) {
+      if (v[j] != (j == i ? -i : i)) {
+        return Result::Fail(fmt::format("upload {}: element {} is {}", i, j, v[j]));
+      }
+    }
+  }
+  return Result(0.0, 0.0);
+}
+
 Result CopyFill(Ctx& c) {
   std::vector<float> x = c.Randn(100);
   const Tensor a = c.Up(x, DType::kF32, {10, 10}), b = c.Alloc(DType::kF32, {10, 10});
@@ -1038,6 +1098,8 @@ std::vector<Case> CheckCases() {
       // One sampled row: parameter arrays of odd sizes must stay aligned on the device.
       {"Sample", "one sampled row", SampleOneRow},
       {"Copy+Fill", "10x10", CopyFill},
+      {"TakeIds+StartCopyToHost", "300 ids from 7", TakeIdsAndCopiesToHost},
+      {"CopyToDevice", "40 x 1.2 MB staged, past the ring", StagedUploadsWrap},
   };
 }
 

@@ -120,7 +120,7 @@ TEST(BenchDecode, RefusesPositionsPastTheModel) {
   BenchDecodeOptions o;
   o.batch_sizes = {1};
   o.context =
-      model.config().max_position_embeddings - 3;  // + 2 warm-up + 1 timed step + 1: one too many
+      model.config().max_position_embeddings - 4;  // + 2 warm-up + 1 timed + 1 + 1: one too many
   o.steps = 1;
   try {
     BenchDecode(model, o);

@@ -151,5 +151,57 @@ TEST(ContinuousBatching, APromptLargerThanTheBudgetStillRuns) {
   EXPECT_EQ(got[1].output_ids.size(), 3u);
 }
 
+// Asynchronous scheduling (a step of decodes launched before the previous step's ids reach the
+// host) gives the results of waiting for them, under preemption, chunked prefill, sampling and
+// prompt log-probabilities, and runs steps ahead whenever a step is all decodes.
+TEST(ContinuousBatching, AsyncSchedulingKeepsTheResults) {
+  kernels::cpu::CpuBackend cpu;
+  const auto model = model::OpenModel("preset:tiny", model::OpenOptions{}, cpu);
+  std::vector<std::vector<int32_t>> prompts = {
+      std::vector<int32_t>(100, 0), {7, 8, 9}, {20, 21}, {1, 2, 3, 4, 5}};
+  for (size_t i = 0; i < prompts[0].size(); ++i) prompts[0][i] = static_cast<int32_t>(i % 50 + 1);
+  struct Case {
+    int64_t blocks, budget;
+    bool chunked, prompt_logprobs;
+    int64_t min_ahead;  // steps that must run ahead
+  };
+  // Budget 2: at most 2 of the 4 sequences decode in a step, so none runs ahead (each step
+  // leaves someone behind).
+  for (const Case c :
+       {Case{0, 0, false, false, 60}, Case{5, 0, false, false, 40}, Case{3, 16, true, true, 40},
+        Case{0, 0, false, true, 60}, Case{0, 2, false, true, 0}}) {
+    SCOPED_TRACE(testing::Message() << "blocks " << c.blocks << ", budget " << c.budget
+                                    << (c.chunked ? ", chunked" : "")
+                                    << (c.prompt_logprobs ? ", prompt logprobs" : ""));
+    GenerationOptions o;
+    o.max_tokens = 70;  // past a 64-token block
+    o.ignore_eos = true;
+    o.sampling = {0.7f, 0, 0.95f, 11};
+    o.num_kv_blocks = c.blocks;
+    o.max_num_batched_tokens = c.budget;
+    o.chunked_prefill = c.chunked;
+    o.prompt_logprobs = c.prompt_logprobs;
+    Generator g(*model);
+    GenerationOptions sync = o;
+    sync.async_scheduling = false;
+    GenerationStats want_stats, got_stats;
+    const auto want = g.Generate(prompts, sync, &want_stats);
+    const auto got = g.Generate(prompts, o, &got_stats);
+    EXPECT_EQ(want_stats.ahead_steps, 0);
+    EXPECT_GE(got_stats.ahead_steps, c.min_ahead);
+    EXPECT_EQ(got_stats.preemptions, want_stats.preemptions);
+    EXPECT_EQ(got_stats.decode_tokens + got_stats.mixed_decode_tokens,
+              want_stats.decode_tokens + want_stats.mixed_decode_tokens);
+    for (size_t s = 0; s < want.size(); ++s) {
+      EXPECT_EQ(got[s].output_ids, want[s].output_ids) << "prompt " << s;
+      EXPECT_EQ(got[s].logprobs, want[s].logprobs) << "prompt " << s;
+      ASSERT_EQ(got[s].prompt_logprobs.size(), want[s].prompt_logprobs.size());
+      for (size_t j = 1; j < want[s].prompt_logprobs.size(); ++j) {
+        EXPECT_EQ(got[s].prompt_logprobs[j], want[s].prompt_logprobs[j]) << s << " " << j;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace afd::runtime

@@ -53,6 +53,14 @@ TEST(CudaGraphRunner, PacksStepInputsPaddedToTheBucket) {
   const std::vector<int32_t> tables = {1, 0, 0, 0, 8, 3, 0, 0, 4, 5, 6, 0, 0, 0, 0, 0};
   for (int64_t i = 0; i < 16; ++i) EXPECT_EQ(at(layout.tables(), int32_t{}, i), tables[i]) << i;
   EXPECT_EQ(layout.tables() % 8, 0);
+  // No id sources: every id is in ids (-1 everywhere); with them, padding rows -1.
+  for (int64_t i = 0; i < 4; ++i) EXPECT_EQ(at(layout.id_source(), int32_t{}, i), -1) << i;
+  b.id_source = {-1, 4, 0};
+  PackStepInputs(b, layout, out);
+  const std::vector<int32_t> sources = {-1, 4, 0, -1};
+  for (int64_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(at(layout.id_source(), int32_t{}, i), sources[i]) << i;
+  }
   // More tokens than the bucket, or a table wider than the graph's, is refused.
   EXPECT_THROW(PackStepInputs(b, PackedStepInputs{2, 4}, out), Error);
   EXPECT_THROW(PackStepInputs(b, PackedStepInputs{4, 2}, out), Error);

@@ -180,6 +180,95 @@ TEST_F(EngineTest, TopLogprobsAreSortedAndAgreeWithTheTokensLogprob) {
   }
 }
 
+// Asynchronous scheduling (the next step of decodes launched before this one's ids are read)
+// hands every request what waiting for the ids gives: through arrivals, an abort, a stop token
+// that ends a sequence already planned into the next step, top log-probabilities (steps read at
+// once), max_tokens 0 and sampling.
+TEST_F(EngineTest, AsyncSchedulingGivesEveryRequestTheSameOutputs) {
+  LocalStepRunner runner(*model_);
+  Engine probe(*model_, runner, {0, 0, false, 16, 0});
+  probe.Add(1, Params({6, 2, 8}, 9));
+  const std::vector<int32_t> free_run = Tokens(Drain(probe).at(1));
+  ASSERT_EQ(free_run.size(), 9u);
+  const auto run = [&](bool async, GenerationStats* stats) {
+    EngineOptions o{0, 0, false, 16, 0};
+    o.async_scheduling = async;
+    Engine e(*model_, runner, o);
+    RequestParams greedy = Params({1, 2, 3, 4}, 12);
+    greedy.logprobs = 0;
+    e.Add(1, greedy);
+    RequestParams sampled = Params({9, 8, 7}, 10);
+    sampled.sampling = {0.8f, 0, 0.9f, 3};
+    sampled.sampler_stream = 3;
+    sampled.logprobs = 0;
+    e.Add(2, sampled);
+    RequestParams stops = Params({6, 2, 8}, 20);
+    stops.stop_token_ids = {free_run[4]};
+    e.Add(3, stops);
+    e.Add(5, Params({4, 4, 4, 4, 4}, 30));
+    std::map<uint64_t, std::vector<RequestOutput>> got;
+    for (int step = 0; e.HasWork(); ++step) {
+      for (RequestOutput& out : e.Step()) got[out.request_id].push_back(std::move(out));
+      if (step == 3) {
+        RequestParams tops = Params({3, 1, 4, 1, 5}, 5);
+        tops.logprobs = 3;
+        tops.prompt_logprobs = 2;
+        e.Add(4, tops);
+      }
+      if (step == 6) e.Abort(5);
+      if (step == 8) e.Add(6, Params({2, 2}, 0));
+    }
+    EXPECT_EQ(e.stats().kv_blocks_used, 0);
+    EXPECT_EQ(e.stats().num_running, 0);
+    *stats = e.generation_stats();
+    return got;
+  };
+  GenerationStats sync_stats, async_stats;
+  const auto want = run(false, &sync_stats);
+  const auto got = run(true, &async_stats);
+  EXPECT_EQ(sync_stats.ahead_steps, 0);
+  EXPECT_GE(async_stats.ahead_steps, 5);  // the top-logprobs request's steps are read at once
+  ASSERT_EQ(got.size(), want.size());
+  EXPECT_EQ(Tokens(want.at(3)).size(), 5u);  // stopped at free_run[4]
+  EXPECT_EQ(want.at(3).back().finish_reason, FinishReason::kStop);
+  EXPECT_EQ(want.at(5).back().finish_reason, FinishReason::kAbort);
+  EXPECT_EQ(want.at(6).back().finish_reason, FinishReason::kLength);
+  for (const auto& [id, outs] : want) {
+    SCOPED_TRACE(testing::Message() << "request " << id);
+    const std::vector<RequestOutput>& g = got.at(id);
+    EXPECT_EQ(Tokens(g), Tokens(outs));
+    EXPECT_EQ(g.back().finish_reason, outs.back().finish_reason);
+    EXPECT_EQ(g.back().stop_token_id, outs.back().stop_token_id);
+    std::vector<TokenLogprobs> a, b;
+    for (const auto& o : outs) b.insert(b.end(), o.logprobs.begin(), o.logprobs.end());
+    for (const auto& o : g) a.insert(a.end(), o.logprobs.begin(), o.logprobs.end());
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t i = 0; i < a.size(); ++i) {
+      EXPECT_EQ(a[i].logprob, b[i].logprob) << i;
+      ASSERT_EQ(a[i].top.size(), b[i].top.size());
+      for (size_t k = 0; k < a[i].top.size(); ++k) {
+        EXPECT_EQ(a[i].top[k].id, b[i].top[k].id);
+        EXPECT_EQ(a[i].top[k].logprob, b[i].top[k].logprob);
+      }
+    }
+    ASSERT_EQ(g.front().prompt_logprobs.size(), outs.front().prompt_logprobs.size());
+    for (size_t j = 1; j < outs.front().prompt_logprobs.size(); ++j) {
+      EXPECT_EQ(g.front().prompt_logprobs[j].logprob, outs.front().prompt_logprobs[j].logprob);
+    }
+  }
+}
+
+// An engine destroyed with a step still launched ahead waits for it (no stray device writes).
+TEST_F(EngineTest, AnEngineLeftWithAStepAheadEndsCleanly) {
+  LocalStepRunner runner(*model_);
+  Engine e(*model_, runner, {0, 0, false, 16, 0});
+  e.Add(1, Params({1, 2, 3}, 20));
+  for (int i = 0; i < 4; ++i) e.Step();
+  // Each call launched the next step before reading its own (the prefill's ids too).
+  EXPECT_EQ(e.generation_stats().ahead_steps, 4);
+  EXPECT_TRUE(e.HasWork());
+}
+
 TEST_F(EngineTest, BadRequestsEndWithAnErrorNamingTheCause) {
   LocalStepRunner runner(*model_);
   Engine e(*model_, runner, {0, 0, false, 1, 100});

@@ -214,7 +214,8 @@ void Run(BenchArgs a, int& exit_code) {
                            {"ratio_to_floor", row.ms_per_step / row.floor_ms},
                            {"prefill_tokens_per_s", row.prefill_tokens_per_s},
                            {"prefill_tflops", row.prefill_tflops},
-                           {"graph_steps", row.graph_steps}});
+                           {"graph_steps", row.graph_steps},
+                           {"ahead_steps", row.ahead_steps}});
     }
     std::cout << j.dump() << "\n";
   } else {
@@ -375,6 +376,9 @@ void AddBenchCommand(CLI::App& app, int& exit_code) {
   decode->add_option("--cuda-graph-sizes", a->cuda_graph_sizes,
                      "Decode batch buckets captured as CUDA graphs, comma-separated");
   decode->add_flag("--enforce-eager", a->options.graphs.enforce_eager, "No CUDA graphs");
+  decode->add_flag_callback(
+      "--no-async-scheduling", [a] { a->options.async_scheduling = false; },
+      "Read each step's ids back before scheduling the next");
   decode->add_flag("--profile", a->options.profile,
                    "Per-op device time of the decode steps (runs eagerly)");
   decode->add_option("--topology", a->deployment.topology,

@@ -50,6 +50,10 @@ void AddGenerationFlags(CLI::App* cmd, GenerationFlags& f) {
   cmd->add_flag_callback(
       "--no-enable-chunked-prefill", [&f] { f.chunked_prefill = 0; },
       "Run every prompt whole in one step");
+  cmd->add_flag_callback(
+      "--no-async-scheduling", [&f] { f.async_scheduling = false; },
+      "Wait for each step's sampled ids before scheduling the next (by default a step of "
+      "decodes is launched while the one before it finishes, its ids taken on the device)");
   cmd->add_option("--gpu-memory-utilization", f.gpu_memory_utilization,
                   "Serving on a GPU: the share of its memory for weights, activations and the KV "
                   "cache (default 0.9)");
@@ -106,6 +110,7 @@ std::vector<std::string> GenerationFlagsArgv(const GenerationFlags& f) {
   if (f.chunked_prefill == 1) v.push_back("--enable-chunked-prefill");
   if (f.chunked_prefill == 0) v.push_back("--no-enable-chunked-prefill");
   if (f.prompt_logprobs) v.push_back("--prompt-logprobs");
+  if (!f.async_scheduling) v.push_back("--no-async-scheduling");
   if (f.ignore_eos) v.push_back("--ignore-eos");
   if (f.bf16) v.push_back("--bf16");
   v.insert(v.end(), {"--kv-cache-dtype", f.kv_cache_dtype});
@@ -165,6 +170,7 @@ runtime::GenerationOptions ToGenerationOptions(const GenerationFlags& f) {
   g.prompt_logprobs = f.prompt_logprobs;
   g.num_kv_blocks = f.num_kv_blocks;
   g.chunked_prefill = f.chunked_prefill == 1;
+  g.async_scheduling = f.async_scheduling;
   return g;
 }
 
@@ -179,6 +185,7 @@ runtime::EngineOptions ToEngineOptions(const GenerationFlags& f) {
   e.max_num_seqs = f.max_num_seqs;
   e.max_num_batched_tokens = f.max_num_batched_tokens;
   e.chunked_prefill = f.chunked_prefill == 1;
+  e.async_scheduling = f.async_scheduling;
   AFD_CHECK(!e.chunked_prefill || e.max_num_batched_tokens > 0,
             "--enable-chunked-prefill needs --max-num-batched-tokens > 0");
   e.num_kv_blocks = f.num_kv_blocks;

@@ -34,6 +34,7 @@ struct GenerationFlags {
   // Serving engine (afd serve/launch and their workers):
   int64_t max_model_len = 0;                  // 0: the model's max_position_embeddings
   int chunked_prefill = -1;                   // -1: the command's default, 0 off, 1 on
+  bool async_scheduling = true;               // --no-async-scheduling turns it off
   double gpu_memory_utilization = 0.9;        // KV cache sizing on a GPU
   double cpu_kv_cache_gib = 4.0;              // KV cache sizing on the CPU
   int64_t preset_vocab_size = 0;              // presets served with a tokenizer
@@ -44,6 +45,7 @@ struct GenerationFlags {
 // --ignore-eos, --temperature, --top-k, --top-p, --seed, --num-layers, --preset-seed, --bf16,
 // --enable-dbo, --dbo-decode-token-threshold, --dbo-prefill-token-threshold,
 // --prompt-logprobs, --num-gpu-blocks-override, --max-model-len, --[no-]enable-chunked-prefill,
+// --no-async-scheduling,
 // --gpu-memory-utilization, --cpu-kv-cache-gib, --preset-vocab-size, --preset-eos-token-id.
 void AddGenerationFlags(CLI::App* cmd, GenerationFlags& flags);
 

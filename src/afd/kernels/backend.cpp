@@ -1,5 +1,8 @@
 #include "afd/kernels/backend.h"
 
+#include <algorithm>
+#include <cstring>
+
 #include "afd/common/error.h"
 #include "afd/kernels/cpu/cpu_backend.h"
 
@@ -26,6 +29,46 @@ double Backend::TakeTimedSeconds() {
   const double s = span_seconds_;
   span_seconds_ = 0.0;
   return s;
+}
+
+int64_t Backend::OpenCopyTicket(int& slot) {
+  if (copy_tickets_.empty()) copy_tickets_.assign(kMaxCopiesToHost, -1);
+  const auto free = std::find(copy_tickets_.begin(), copy_tickets_.end(), -1);
+  AFD_CHECK(free != copy_tickets_.end(),
+            "StartCopyToHost: {} copies to the host are unfinished already (at most {})",
+            kMaxCopiesToHost, kMaxCopiesToHost);
+  slot = static_cast<int>(free - copy_tickets_.begin());
+  *free = next_copy_ticket_;
+  return next_copy_ticket_++;
+}
+
+int Backend::CopySlot(int64_t ticket) const {
+  const auto it = std::find(copy_tickets_.begin(), copy_tickets_.end(), ticket);
+  AFD_CHECK(ticket >= 0 && it != copy_tickets_.end(),
+            "FinishCopyToHost: ticket {} is not an unfinished copy", ticket);
+  return static_cast<int>(it - copy_tickets_.begin());
+}
+
+int64_t Backend::StartCopyToHost(const Tensor& src) {
+  int slot = 0;
+  const int64_t ticket = OpenCopyTicket(slot);
+  if (copies_to_host_.empty()) copies_to_host_.resize(kMaxCopiesToHost);
+  std::vector<char>& buf = copies_to_host_[slot];
+  buf.resize(src.nbytes());
+  try {
+    CopyToHost(buf.data(), src);
+  } catch (...) {
+    CloseCopySlot(slot);
+    throw;
+  }
+  return ticket;
+}
+
+void Backend::FinishCopyToHost(int64_t ticket, void* dst) {
+  const int slot = CopySlot(ticket);
+  const std::vector<char>& buf = copies_to_host_[slot];
+  if (!buf.empty()) std::memcpy(dst, buf.data(), buf.size());
+  CloseCopySlot(slot);
 }
 
 std::unique_ptr<Backend> MakeBackend(Device device) {

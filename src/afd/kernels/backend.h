@@ -118,6 +118,16 @@ class Backend : public Allocator {
   virtual void Copy(const Tensor& dst, const Tensor& src) = 0;
   virtual void Fill(const Tensor& dst, float value) = 0;  // f32 tensors
   virtual void Synchronize() = 0;
+  // A copy to the host that does not wait for work enqueued after it: StartCopyToHost enqueues
+  // a copy of src into host memory the backend holds and returns a ticket; FinishCopyToHost
+  // waits for that copy (and the work before it) only, then writes its bytes to dst
+  // (src.nbytes() of them). Each ticket is finished once, in any order; at most
+  // kMaxCopiesToHost are unfinished at a time (several engines may share a backend). The base
+  // class copies at once (CopyToHost); the CUDA backend copies into pinned memory and waits on
+  // an event.
+  static constexpr int kMaxCopiesToHost = 16;
+  virtual int64_t StartCopyToHost(const Tensor& src);
+  virtual void FinishCopyToHost(int64_t ticket, void* dst);
   // Bounds every wait for the device (Synchronize, CopyToHost) of a rank whose stream also
   // carries transfers with other processes (a peer that died mid-transfer would leave it blocked
   // for ever): such a wait fails after `timeout_s`, and calls `check` (which may throw, e.g. on
@@ -206,6 +216,11 @@ class Backend : public Allocator {
   // of only NaN gives id 0).
   virtual void Sample(const Tensor& logits, const std::vector<SampleRow>& rows,
                       const Tensor& ids) = 0;
+  // ids[t] = from[source[t]] for each t with source[t] >= 0 (else ids[t] is left as it is):
+  // a step's input ids taken from the previous step's sampled ids, which only the device has
+  // yet (the engine's asynchronous scheduling). ids, source: [n] i32, from: [k] i32; callers
+  // check source[t] < k.
+  virtual void TakeIds(const Tensor& from, const Tensor& source, const Tensor& ids) = 0;
 
   // A bf16 model's attention may take its fp32 products (MLA's absorbed W_k / W_v projections,
   // scores and P·V) on TF32 tensor cores: inputs rounded to a 10-bit mantissa, finer than the
@@ -248,9 +263,21 @@ class Backend : public Allocator {
   virtual void EndTimedSpan();
   virtual double TakeTimedSeconds();
 
+ protected:
+  // StartCopyToHost's bookkeeping: a free slot (in [0, kMaxCopiesToHost)) for a new ticket,
+  // returned in `slot` (throws afd::Error when every slot is taken)...
+  int64_t OpenCopyTicket(int& slot);
+  // ... the slot of an unfinished ticket (throws for an unknown or finished one), and the
+  // slot's release once its copy is read.
+  int CopySlot(int64_t ticket) const;
+  void CloseCopySlot(int slot) { copy_tickets_[slot] = -1; }
+
  private:
   std::chrono::steady_clock::time_point span_begin_;
   double span_seconds_ = 0.0;
+  int64_t next_copy_ticket_ = 0;
+  std::vector<int64_t> copy_tickets_;              // by slot: its ticket, -1 when free
+  std::vector<std::vector<char>> copies_to_host_;  // the base class's copies, by slot
 };
 
 // The backend of `device`: CpuBackend, or the CUDA backend in CUDA builds. Throws afd::Error

@@ -198,4 +198,13 @@ RowsShape CheckSample(Device dev, const Tensor& logits, const std::vector<Sample
   return {n, v};
 }
 
+int64_t CheckTakeIds(Device dev, const Tensor& from, const Tensor& source, const Tensor& ids) {
+  On(dev, "TakeIds", {&from, &source, &ids});
+  from.Expect("TakeIds from", DType::kI32, {from.numel()});
+  const int64_t n = ids.numel();
+  ids.Expect("TakeIds ids", DType::kI32, {n});
+  source.Expect("TakeIds source", DType::kI32, {n});
+  return n;
+}
+
 }  // namespace afd::kernels

@@ -64,5 +64,7 @@ RowsShape CheckLogSoftmaxAt(Device dev, const Tensor& logits, const Tensor& ids,
                             const Tensor& out);  // d: vocab
 RowsShape CheckSample(Device dev, const Tensor& logits, const std::vector<SampleRow>& rows,
                       const Tensor& ids);  // d: vocab
+// Returns n (the ids taken), after checking from: [k] i32, source and ids: [n] i32.
+int64_t CheckTakeIds(Device dev, const Tensor& from, const Tensor& source, const Tensor& ids);
 
 }  // namespace afd::kernels

@@ -72,6 +72,8 @@ ForwardBatch ForwardBatch::Slice(int64_t begin, int64_t count) const {
   b.positions = cut(positions);
   b.seq_index = cut(seq_index);
   b.slot_mapping = cut(slot_mapping);
+  if (!id_source.empty()) b.id_source = cut(id_source);
+  b.ids_from = ids_from;
   for (int32_t r : logits_rows) {
     if (r >= begin && r < begin + count) b.logits_rows.push_back(static_cast<int32_t>(r - begin));
   }

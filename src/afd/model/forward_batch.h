@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "afd/kv/paged_cache.h"
+#include "afd/tensor/tensor.h"
 
 namespace afd::model {
 
@@ -22,6 +23,11 @@ struct ForwardBatch {
   // Tokens whose logits the step returns, ascending (e.g. each sequence's last token; all
   // tokens when prompt log-probabilities are wanted).
   std::vector<int32_t> logits_rows;
+  // Asynchronous scheduling (runtime/engine.h): ids only the device holds yet. Empty, or [n]:
+  // token t with id_source[t] >= 0 takes ids_from[id_source[t]] (the previous step's sampled
+  // ids, i32 on the backend's device) in place of token_ids[t], a placeholder.
+  std::vector<int32_t> id_source;
+  Tensor ids_from;
 
   int64_t size() const { return static_cast<int64_t>(token_ids.size()); }
   // True when some token is a prefill token: not its sequence's only token in the step, or at

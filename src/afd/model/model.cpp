@@ -90,6 +90,18 @@ void DeepseekModel::CheckBatch(const ForwardBatch& b, const kv::PagedKvCache& ca
               b.positions[i], cache.capacity(seq));
     ++expected;
   }
+  if (!b.id_source.empty()) {
+    AFD_CHECK(static_cast<int64_t>(b.id_source.size()) == n,
+              "forward batch: {} id sources for {} tokens", b.id_source.size(), n);
+    const int64_t k = b.ids_from.numel();
+    AFD_CHECK(b.ids_from.dtype() == DType::kI32 && b.ids_from.device() == backend_.device(),
+              "forward batch: ids_from must be i32 on {}, got {}", backend_.device().ToString(),
+              b.ids_from.ToString());
+    for (int64_t i = 0; i < n; ++i) {
+      AFD_CHECK(b.id_source[i] < k, "forward batch: token {} takes id {} of {} sampled ids", i,
+                b.id_source[i], k);
+    }
+  }
   for (size_t r = 1; r < b.logits_rows.size(); ++r) {
     AFD_CHECK(b.logits_rows[r - 1] < b.logits_rows[r], "forward batch: logits rows not ascending");
   }
@@ -114,6 +126,9 @@ StepInputs DeepseekModel::Upload(const ForwardBatch& b, Workspace& ws) const {
     return t;
   };
   in.token_ids = put(b.token_ids, DType::kI32, {in.n});
+  if (!b.id_source.empty()) {
+    backend_.TakeIds(b.ids_from, put(b.id_source, DType::kI32, {in.n}), in.token_ids);
+  }
   in.attn.positions = put(b.positions, DType::kI64, {in.n});
   in.attn.seq_index = put(b.seq_index, DType::kI32, {in.n});
   in.attn.slot_mapping = put(b.slot_mapping, DType::kI64, {in.n});

@@ -75,10 +75,15 @@ class BenchRunner : public StepRunner {
     }
     if (profile_) backend_.SetProfiling(decode && timing);
     if (!(decode && timing)) return inner_.Forward(batch, cache, ws);
+    // The step's device time: from here to the copy of its sampled ids (StepEnqueued).
     backend_.BeginTimedSpan();
-    Tensor logits = inner_.Forward(batch, cache, ws);
-    backend_.EndTimedSpan();
-    return logits;
+    span_open_ = true;
+    return inner_.Forward(batch, cache, ws);
+  }
+  bool TakesDeviceIds() const override { return inner_.TakesDeviceIds(); }
+  void StepEnqueued() override {
+    if (span_open_) backend_.EndTimedSpan();
+    span_open_ = false;
   }
   bool timing = false;
   std::vector<kernels::OpTime> prefill_profile;  // summed over prefill_steps
@@ -88,6 +93,7 @@ class BenchRunner : public StepRunner {
   StepRunner& inner_;
   kernels::Backend& backend_;
   bool profile_;
+  bool span_open_ = false;
 };
 
 // Op times summed over `steps` steps -> per step, slowest first.
@@ -157,9 +163,10 @@ BenchDecodeResult BenchDecode(const model::DeepseekModel& model, const BenchDeco
   const int64_t per_wave = std::max<int64_t>(1, o.prefill_tokens_per_step / o.context);
   int64_t most_waves = 1;
   for (int64_t b : o.batch_sizes) most_waves = std::max(most_waves, (b + per_wave - 1) / per_wave);
-  AFD_CHECK(o.context + kWarmupSteps + o.steps + most_waves <= c.max_position_embeddings,
+  AFD_CHECK(o.context + kWarmupSteps + o.steps + most_waves + 1 <= c.max_position_embeddings,
             "bench decode: --context {} + --steps {} (+ {} warm-up steps, + {} tokens decoded "
-            "while later prompts prefill) exceed max_position_embeddings {}",
+            "while later prompts prefill, + 2: the prefill's token and the step after the "
+            "timed ones) exceed max_position_embeddings {}",
             o.context, o.steps, kWarmupSteps, most_waves - 1, c.max_position_embeddings);
   BenchDecodeResult result;
   result.device = model.backend().name();
@@ -177,9 +184,10 @@ BenchDecodeResult BenchDecode(const model::DeepseekModel& model, const BenchDeco
     AFD_CHECK(b >= 1, "bench decode: batch size {} must be >= 1", b);
     const int64_t waves = (b + per_wave - 1) / per_wave;
     EngineOptions eo;
-    eo.num_kv_blocks = b * shape.BlocksFor(o.context + kWarmupSteps + o.steps + waves);
+    eo.num_kv_blocks = b * shape.BlocksFor(o.context + kWarmupSteps + o.steps + waves + 1);
     // Room for a wave's prompts beside every running sequence's decode token.
     eo.max_num_batched_tokens = per_wave * o.context + b;
+    eo.async_scheduling = o.async_scheduling;
     {
       // A first wave's prefill, untimed: the first launch of each kernel a prefill needs loads
       // its module (CUDA's lazy loading: ~40 ms for a cuBLAS GEMM's the first time), which a
@@ -207,9 +215,10 @@ BenchDecodeResult BenchDecode(const model::DeepseekModel& model, const BenchDeco
       p.prompt.resize(o.context);
       for (int32_t& t : p.prompt) t = id(rng);
       // The first token comes from the prefill step, then the warm-up and the timed steps.
-      // Long enough for the first wave, which decodes while the later ones prefill; the bench
-      // stops after the timed steps, with every sequence still running.
-      p.max_tokens = 1 + kWarmupSteps + o.steps + (waves - 1);
+      // Long enough for the first wave, which decodes while the later ones prefill, and for
+      // one more step (the last timed step launches the next ahead as every timed step does);
+      // the bench stops after the timed steps, with every sequence still running.
+      p.max_tokens = 2 + kWarmupSteps + o.steps + (waves - 1);
       p.sampler_stream = s;
       p.ignore_eos = true;
       p.logprobs = 0;  // as afd run asks (the log-probability of every output token)
@@ -218,20 +227,25 @@ BenchDecodeResult BenchDecode(const model::DeepseekModel& model, const BenchDeco
     runner.timing = false;
     GenerationStats warm;  // the engine's stats when the timed steps begin
     int64_t graph_steps_warm = graph_runner.graph_steps();
+    bool warmed = false;
     while (engine.HasWork()) {
       for (const RequestOutput& out : engine.Step()) {
         AFD_CHECK(out.finish_reason != FinishReason::kError, "bench decode: {}", out.error);
       }
-      if (!runner.timing && engine.generation_stats().decode_steps == kWarmupSteps) {
+      // The timed steps are the decode steps kWarmupSteps + 1 .. kWarmupSteps + steps (the
+      // window's wall time is that of the Step calls that complete them); their device time is
+      // that of their launches. The next call launches decode step done + 1, or done + 2 when a
+      // step is in flight (asynchronous scheduling: the call completes that one and launches
+      // the next). Nothing here waits for the device, which would empty the pipeline.
+      const int64_t done = engine.generation_stats().decode_steps;
+      const int64_t next_launch = done + (engine.HasStepInFlight() ? 2 : 1);
+      runner.timing = next_launch > kWarmupSteps && next_launch <= kWarmupSteps + o.steps;
+      if (!warmed && done == kWarmupSteps) {
         warm = engine.generation_stats();
         graph_steps_warm = graph_runner.graph_steps();
-        model.backend().TakeTimedSeconds();
-        if (o.profile) model.backend().TakeProfile();  // drop anything recorded before
-        runner.timing = true;
+        warmed = true;
       }
-      if (runner.timing && engine.generation_stats().decode_steps - warm.decode_steps == o.steps) {
-        break;
-      }
+      if (warmed && done - warm.decode_steps == o.steps) break;
     }
     runner.timing = false;
     const GenerationStats& st = engine.generation_stats();
@@ -241,7 +255,9 @@ BenchDecodeResult BenchDecode(const model::DeepseekModel& model, const BenchDeco
               steps, b, o.steps);
     BenchDecodeRow row;
     row.batch = b;
+    // Graph replays of the timed steps' launches (with a step in flight, one later each).
     row.graph_steps = graph_runner.graph_steps() - graph_steps_warm;
+    row.ahead_steps = st.ahead_steps - warm.ahead_steps;
     if (o.profile) {
       model.backend().SetProfiling(false);
       row.profile = PerStep(model.backend().TakeProfile(), steps);

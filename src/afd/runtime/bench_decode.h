@@ -33,6 +33,7 @@ struct BenchDecodeOptions {
   // step needs a ~40 GiB workspace). The sequences of earlier waves decode during the later
   // ones (untimed mixed steps); the timed steps start once every sequence is running.
   int64_t prefill_tokens_per_step = 65536;
+  bool async_scheduling = true;  // EngineOptions::async_scheduling
 };
 
 // Model FLOPs per token of a `context`-token prompt's prefill, averaged over its positions: 2 x
@@ -44,9 +45,10 @@ double PrefillFlopsPerToken(const model::DeepseekModel& model, int64_t context);
 struct BenchDecodeRow {
   int64_t batch = 0;
   double ms_per_step = 0;
-  // Device time of a step's forward (CUDA events around it; on the CPU its wall time). With
-  // graphs, ms_per_step - device_ms_per_step is the host time not overlapped with the device:
-  // scheduling, input upload, sampling and reading the sampled ids.
+  // Device time of a step: from its inputs' upload to the copy of its sampled ids back (CUDA
+  // events; on the CPU wall time). ms_per_step - device_ms_per_step is the host time not
+  // overlapped with the device (the device idle, waiting for the host's scheduling, result
+  // handling and launches; with asynchronous scheduling they overlap the step before).
   double device_ms_per_step = 0;
   double tokens_per_s = 0;
   double bytes_per_step = 0;  // weights used + KV read
@@ -55,7 +57,8 @@ struct BenchDecodeRow {
   // prefill_tokens_per_s x PrefillFlopsPerToken: the prefill's model FLOP/s (issue 11 compares it
   // with the bf16 tensor-core peak).
   double prefill_tflops = 0;
-  int64_t graph_steps = 0;                       // decode steps replayed from a CUDA graph
+  int64_t graph_steps = 0;  // decode steps replayed from a CUDA graph
+  int64_t ahead_steps = 0;  // timed steps launched before the previous one's ids were read
   std::vector<kernels::OpTime> profile;          // per decode step (ms and calls divided by steps)
   std::vector<kernels::OpTime> prefill_profile;  // per prefill or mixed step
   int64_t prefill_steps = 0;

@@ -47,6 +47,12 @@ void PackStepInputs(const model::ForwardBatch& batch, const PackedStepInputs& la
   put(base + layout.slots() + 8 * n, std::vector<int64_t>(bucket - n, -1));
   put(base + layout.ids(), batch.token_ids);
   put(base + layout.seq_index(), batch.seq_index);
+  if (batch.id_source.empty()) {
+    std::memset(base + layout.id_source(), 0xff, 4 * bucket);  // -1: every id is in ids
+  } else {
+    put(base + layout.id_source(), batch.id_source);
+    put(base + layout.id_source() + 4 * n, std::vector<int32_t>(bucket - n, -1));
+  }
   for (size_t r = 0; r < batch.block_tables.size(); ++r) {
     AFD_CHECK(static_cast<int64_t>(batch.block_tables[r].size()) <= width,
               "graph inputs: block-table row {} has {} blocks, the graph {}", r,
@@ -147,7 +153,14 @@ Tensor CudaGraphRunner::Forward(const model::ForwardBatch& batch, kv::PagedKvCac
   // The step's inputs, padded to the bucket (padding rows: token 0 at position 0, no cache
   // write), in one host buffer and one upload.
   PackStepInputs(batch, PackedStepInputs{bucket, width}, packed_);
-  model_.backend().CopyToDevice(g.packed, packed_.data());
+  kernels::Backend& backend = model_.backend();
+  backend.CopyToDevice(g.packed, packed_.data());
+  if (!batch.id_source.empty()) {  // ids the previous step sampled, still on the device only
+    const Tensor source(
+        static_cast<char*>(g.packed.data()) + PackedStepInputs{bucket, width}.id_source(),
+        DType::kI32, {n}, g.packed.device(), g.packed.owner());
+    backend.TakeIds(batch.ids_from, source, g.in.token_ids.Rows(0, n));
+  }
   g.graph->Replay();
   model::DeepseekModel::CommitBatch(batch, cache);
   ++graph_steps_;  // ws is not used: the graph's tensors live in its own workspace

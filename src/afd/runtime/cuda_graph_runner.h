@@ -43,16 +43,17 @@ std::vector<int64_t> DefaultCudaGraphSizes();
 // [B] i64 | token_ids [B] i32 | seq_index [B] i32 | block_tables [B, width] i32.
 struct PackedStepInputs {
   int64_t bucket = 0, width = 0;
-  int64_t bytes() const { return bucket * (8 + 8 + 4 + 4) + bucket * width * 4; }
+  int64_t bytes() const { return bucket * (8 + 8 + 4 + 4 + 4) + bucket * width * 4; }
   int64_t positions() const { return 0; }
   int64_t slots() const { return 8 * bucket; }
   int64_t ids() const { return 16 * bucket; }
   int64_t seq_index() const { return 20 * bucket; }
   int64_t tables() const { return 24 * bucket; }
+  int64_t id_source() const { return 24 * bucket + 4 * bucket * width; }  // TakeIds reads it
 };
 // `batch` (n <= bucket tokens, block-table rows at most `width` blocks) padded to the bucket in
 // that layout into `out` (resized): padding rows are token 0 at position 0 of row 0 with slot
-// -1 (no cache write), padding table entries block 0.
+// -1 (no cache write) and id source -1, padding table entries block 0.
 void PackStepInputs(const model::ForwardBatch& batch, const PackedStepInputs& layout,
                     std::vector<char>& out);
 
@@ -63,6 +64,7 @@ class CudaGraphRunner : public StepRunner {
   ~CudaGraphRunner() override;
 
   Tensor Forward(const model::ForwardBatch& batch, kv::PagedKvCache& cache, Workspace& ws) override;
+  bool TakesDeviceIds() const override { return true; }
 
   int64_t graph_steps() const { return graph_steps_; }  // steps replayed from a graph
   int64_t eager_steps() const { return eager_steps_; }

@@ -72,9 +72,19 @@ Engine::Engine(const model::DeepseekModel& model, StepRunner& runner, const Engi
                       options.chunked_prefill},
       *cache_);
   gen_stats_.kv_blocks = shape.num_blocks;
+  async_ = options.async_scheduling && runner.TakesDeviceIds();
 }
 
-Engine::~Engine() = default;
+Engine::~Engine() {
+  // A step launched ahead whose results nobody took: wait for it (it writes the cache).
+  if (inflight_ && inflight_->ticket >= 0) {
+    try {
+      std::vector<int32_t> back(inflight_->with_logprobs ? 2 * inflight_->m : inflight_->m);
+      model_.backend().FinishCopyToHost(inflight_->ticket, back.data());
+    } catch (const std::exception&) {  // a device failure was reported where it happened
+    }
+  }
+}
 
 std::string Engine::Check(const RequestParams& p) const {
   const model::ModelConfig& c = model_.config();
@@ -144,7 +154,7 @@ void Engine::Abort(uint64_t id) {
   Finish(it->second, FinishReason::kAbort, pending_);
 }
 
-bool Engine::HasWork() const { return !live_.empty() || !pending_.empty(); }
+bool Engine::HasWork() const { return !live_.empty() || !pending_.empty() || inflight_; }
 
 EngineStats Engine::stats() const {
   EngineStats s;
@@ -160,102 +170,162 @@ EngineStats Engine::stats() const {
 std::vector<RequestOutput> Engine::Step() {
   std::vector<RequestOutput> out = std::move(pending_);
   pending_.clear();
-  if (!scheduler_->HasWork()) return out;
-  const StepPlan plan = scheduler_->Schedule();
-  AFD_CHECK(!plan.empty(), "scheduler: work left but nothing scheduled");
-  gen_stats_.peak_kv_blocks = std::max(gen_stats_.peak_kv_blocks, cache_->num_used_blocks());
   const auto start = std::chrono::steady_clock::now();
+  if (!inflight_) {
+    if (!scheduler_->HasWork()) return out;
+    StepPlan plan = scheduler_->Schedule();
+    AFD_CHECK(!plan.empty(), "scheduler: work left but nothing scheduled");
+    inflight_ = Launch(std::move(plan));
+  }
+  // Asynchronous scheduling: while the step in flight runs on the device, the next one (pure
+  // decodes, ids from the device) is planned and launched; then the first one's results are
+  // read back and handed out.
+  std::optional<Launched> next;
+  if (async_ && inflight_->ticket >= 0) {
+    const StepPlan& plan = inflight_->plan;
+    std::vector<char> finishing(plan.seqs.size(), 1);
+    for (size_t i = 0; i < plan.seqs.size(); ++i) {
+      const auto it = live_.find(plan.seqs[i].request);
+      if (it == live_.end()) continue;  // aborted since: not running any more
+      const RequestParams& p = it->second.params;
+      finishing[i] =
+          plan.seqs[i].sample && (p.max_tokens == 0 || it->second.generated + 1 >= p.max_tokens);
+    }
+    const auto ahead_start = std::chrono::steady_clock::now();
+    if (std::optional<StepPlan> ahead = scheduler_->ScheduleAhead(plan, finishing)) {
+      ahead->batch.ids_from = inflight_->ids_t;
+      next = Launch(std::move(*ahead));
+      // Its planning and launch (a graph's first capture, say) count as its own time.
+      next->launch_seconds = Seconds(ahead_start);
+      ++gen_stats_.ahead_steps;
+    }
+  }
+  Launched done = std::move(*inflight_);
+  inflight_ = std::move(next);
+  Complete(done, out, start, inflight_ ? inflight_->launch_seconds : 0.0);
+  return out;
+}
+
+Engine::Launched Engine::Launch(StepPlan plan) {
+  Launched L;
+  L.plan = std::move(plan);
+  gen_stats_.peak_kv_blocks = std::max(gen_stats_.peak_kv_blocks, cache_->num_used_blocks());
   kernels::Backend& backend = model_.backend();
   const int64_t vocab = model_.config().vocab_size;
   ws_.Reset();
-  const Tensor logits = runner_.Forward(plan.batch, *cache_, ws_);  // [m, vocab]
-  const int64_t m = logits.dim(0);
-
-  // Each scheduled sequence's request, looked up once.
-  std::vector<Live*> lives(plan.seqs.size());
-  for (size_t i = 0; i < plan.seqs.size(); ++i) lives[i] = &live_.at(plan.seqs[i].request);
+  L.logits = runner_.Forward(L.plan.batch, *cache_, ws_);  // [m, vocab]
+  const int64_t m = L.logits.dim(0);
+  L.m = m;
+  const std::vector<ScheduledSeq>& seqs = L.plan.seqs;
+  L.ids.assign(m, 0);
+  L.lps.assign(m, 0.0f);
+  L.tops.assign(m, {});
+  if (m == 0) {
+    runner_.StepEnqueued();
+    return L;
+  }
 
   // Sample every sequence's last logits row when it completes its tokens; other rows (prompt
   // positions) stay greedy and unused.
-  std::vector<int32_t> ids(m), targets;
-  std::vector<float> lps(m);
-  std::vector<std::vector<TopLogprob>> tops(m);
-  if (m > 0) {
-    std::vector<kernels::SampleRow> rows(m);
-    for (size_t i = 0; i < plan.seqs.size(); ++i) {
-      const ScheduledSeq& e = plan.seqs[i];
-      if (e.sample) rows[e.first_logits_row + e.num_logits_rows - 1] = lives[i]->sampler.NextRow();
-    }
+  std::vector<kernels::SampleRow> rows(m);
+  std::vector<int32_t> targets(m, 0);
+  std::vector<char> sampled_row(m, 0);
+  std::vector<int64_t> top_k(m, 0);
+  bool any_logprobs = false, host_logits = false;
+  for (const ScheduledSeq& e : seqs) {
+    Live& live = live_.at(e.request);
+    const RequestParams& p = live.params;
+    if (e.sample) rows[e.first_logits_row + e.num_logits_rows - 1] = live.sampler.NextRow();
     // Log-probabilities at the sampled ids, and at the next prompt token for prompt rows --
     // only when a request of the step asks for them.
-    targets.assign(m, 0);
-    std::vector<char> sampled_row(m, 0);
-    std::vector<int64_t> top_k(m, 0);
-    bool any_logprobs = false;
-    for (size_t i = 0; i < plan.seqs.size(); ++i) {
-      const ScheduledSeq& e = plan.seqs[i];
-      const RequestParams& p = lives[i]->params;
-      any_logprobs |= p.logprobs >= 0 || p.prompt_logprobs >= 0 || p.keep_prompt_logits;
-      for (int64_t r = 0; r < e.num_logits_rows; ++r) {
-        const int64_t row = e.first_logits_row + r;
-        const bool sampled = e.sample && r + 1 == e.num_logits_rows;
-        sampled_row[row] = sampled;
-        if (!sampled) targets[row] = p.prompt[e.start + r + 1];
-        top_k[row] = sampled ? std::max(p.logprobs, 0) : std::max(p.prompt_logprobs, 0);
-      }
-    }
-    const bool every_row_sampled =
-        std::all_of(sampled_row.begin(), sampled_row.end(), [](char c) { return c != 0; });
-    if (any_logprobs && every_row_sampled) {
-      // A decode step: the targets are the sampled ids, already on the device, so the
-      // log-probabilities follow the sampling on the stream and ids and log-probabilities come
-      // back in one copy (one wait for the device per step instead of two, and no upload).
-      const Tensor both = ws_.Take(DType::kI32, {2 * m});
-      const Tensor ids_t = both.Rows(0, m);
-      const Tensor lp_t(static_cast<char*>(both.data()) + m * sizeof(int32_t), DType::kF32, {m},
-                        both.device(), both.owner());
-      backend.Sample(logits, rows, ids_t);
-      backend.LogSoftmaxAt(logits, ids_t, lp_t);
-      std::vector<int32_t> back(2 * m);
-      backend.CopyToHost(back.data(), both);
-      std::copy(back.begin(), back.begin() + m, ids.begin());
-      std::memcpy(lps.data(), back.data() + m, m * sizeof(float));
-      targets = ids;
-    } else {
-      const Tensor ids_t = ws_.Take(DType::kI32, {m});
-      backend.Sample(logits, rows, ids_t);
-      backend.CopyToHost(ids.data(), ids_t);
-      for (int64_t r = 0; r < m; ++r) {
-        if (sampled_row[r]) targets[r] = ids[r];
-      }
-      if (any_logprobs) {
-        const Tensor targets_t = ws_.Take(DType::kI32, {m});
-        backend.CopyToDevice(targets_t, targets.data());
-        const Tensor lp_t = ws_.Take(DType::kF32, {m});
-        backend.LogSoftmaxAt(logits, targets_t, lp_t);
-        backend.CopyToHost(lps.data(), lp_t);
-      }
-    }
-    // The most likely tokens where asked: the row on the host, log-softmax as the CPU reference
-    // computes it (so the token's own value matches its entry in the list).
-    std::vector<float> row;  // a vocabulary's worth (400 KB for DeepSeek): only when asked
-    for (int64_t r = 0; r < m; ++r) {
-      if (top_k[r] == 0) continue;
-      row.resize(vocab);
-      backend.CopyToHost(row.data(), logits.Rows(r, 1));
-      const double log_sum = kernels::cpu::LogSumExp(row.data(), vocab);
-      tops[r] = TopK(row, top_k[r], log_sum);
-      lps[r] = static_cast<float>(row[targets[r]] - log_sum);
+    any_logprobs |= p.logprobs >= 0 || p.prompt_logprobs >= 0 || p.keep_prompt_logits;
+    host_logits |= p.keep_prompt_logits;
+    for (int64_t r = 0; r < e.num_logits_rows; ++r) {
+      const int64_t row = e.first_logits_row + r;
+      const bool sampled = e.sample && r + 1 == e.num_logits_rows;
+      sampled_row[row] = sampled;
+      if (!sampled) targets[row] = p.prompt[e.start + r + 1];
+      top_k[row] = sampled ? std::max(p.logprobs, 0) : std::max(p.prompt_logprobs, 0);
+      host_logits |= top_k[row] > 0;
     }
   }
+  const bool every_row_sampled =
+      std::all_of(sampled_row.begin(), sampled_row.end(), [](char c) { return c != 0; });
+  if (every_row_sampled && !host_logits) {
+    // A decode step: ids and log-probabilities (at the sampled ids, already on the device: no
+    // upload) come back in one copy that does not wait for the steps launched after it; the
+    // ids stay on the device for a next step planned before they reach the host.
+    if (sampled_.numel() < 2 * m) {  // grows only when no step is in flight (ahead: m shrinks)
+      std::shared_ptr<void> mem = backend.Allocate(2 * m * sizeof(int32_t));
+      sampled_ = Tensor(mem.get(), DType::kI32, {2 * m}, backend.device(), mem);
+    }
+    const Tensor both = sampled_.Rows(0, 2 * m);
+    L.ids_t = both.Rows(0, m);
+    const Tensor lp_t(static_cast<char*>(both.data()) + m * sizeof(int32_t), DType::kF32, {m},
+                      both.device(), both.owner());
+    backend.Sample(L.logits, rows, L.ids_t);
+    if (any_logprobs) backend.LogSoftmaxAt(L.logits, L.ids_t, lp_t);
+    L.ticket = backend.StartCopyToHost(any_logprobs ? both : L.ids_t);
+    L.with_logprobs = any_logprobs;
+    runner_.StepEnqueued();
+    return L;
+  }
+  // Prompt rows, top log-probabilities or prompt logits: read at once (nothing is launched
+  // before this step's results are taken).
+  const Tensor ids_t = ws_.Take(DType::kI32, {m});
+  backend.Sample(L.logits, rows, ids_t);
+  backend.CopyToHost(L.ids.data(), ids_t);
+  for (int64_t r = 0; r < m; ++r) {
+    if (sampled_row[r]) targets[r] = L.ids[r];
+  }
+  if (any_logprobs) {
+    const Tensor targets_t = ws_.Take(DType::kI32, {m});
+    backend.CopyToDevice(targets_t, targets.data());
+    const Tensor lp_t = ws_.Take(DType::kF32, {m});
+    backend.LogSoftmaxAt(L.logits, targets_t, lp_t);
+    backend.CopyToHost(L.lps.data(), lp_t);
+  }
+  // The most likely tokens where asked: the row on the host, log-softmax as the CPU reference
+  // computes it (so the token's own value matches its entry in the list).
+  std::vector<float> row;  // a vocabulary's worth (400 KB for DeepSeek): only when asked
+  for (int64_t r = 0; r < m; ++r) {
+    if (top_k[r] == 0) continue;
+    row.resize(vocab);
+    backend.CopyToHost(row.data(), L.logits.Rows(r, 1));
+    const double log_sum = kernels::cpu::LogSumExp(row.data(), vocab);
+    L.tops[r] = TopK(row, top_k[r], log_sum);
+    L.lps[r] = static_cast<float>(row[targets[r]] - log_sum);
+  }
+  runner_.StepEnqueued();
+  return L;
+}
 
+void Engine::Complete(Launched& L, std::vector<RequestOutput>& out,
+                      std::chrono::steady_clock::time_point start, double others_seconds) {
+  kernels::Backend& backend = model_.backend();
+  const int64_t vocab = model_.config().vocab_size, m = L.m;
+  if (L.ticket >= 0) {
+    std::vector<int32_t> back(L.with_logprobs ? 2 * m : m);
+    backend.FinishCopyToHost(L.ticket, back.data());
+    L.ticket = -1;
+    std::copy(back.begin(), back.begin() + m, L.ids.begin());
+    if (L.with_logprobs) std::memcpy(L.lps.data(), back.data() + m, m * sizeof(float));
+  }
+  const StepPlan& plan = L.plan;
   const auto& eos = model_.config().eos_token_ids;
   std::vector<int32_t> next(plan.seqs.size(), 0);
-  std::vector<char> finished(plan.seqs.size(), 0);
+  std::vector<char> finished(plan.seqs.size(), Scheduler::kContinues);
   std::vector<int64_t> done;
+  int64_t gone_decodes = 0;
   for (size_t i = 0; i < plan.seqs.size(); ++i) {
     const ScheduledSeq& e = plan.seqs[i];
-    Live& live = *lives[i];
+    const auto it = live_.find(e.request);
+    if (it == live_.end()) {  // aborted, or finished by the step before this one ran ahead
+      finished[i] = Scheduler::kGone;
+      gone_decodes += !e.prefill;
+      continue;
+    }
+    Live& live = it->second;
     const RequestParams& p = live.params;
     const int64_t t = static_cast<int64_t>(p.prompt.size());
     const bool want_prompt = p.prompt_logprobs >= 0 || p.keep_prompt_logits;
@@ -267,9 +337,9 @@ std::vector<RequestOutput> Engine::Step() {
       }
       for (int64_t r = 0; r < e.num_logits_rows; ++r) {
         const int64_t pos = e.start + r, row = e.first_logits_row + r;
-        if (pos + 1 < t) live.prompt_logprobs[pos + 1] = {lps[row], tops[row]};
-        if (p.keep_prompt_logits) {
-          backend.CopyToHost(live.prompt_logits.data() + pos * vocab, logits.Rows(row, 1));
+        if (pos + 1 < t) live.prompt_logprobs[pos + 1] = {L.lps[row], L.tops[row]};
+        if (p.keep_prompt_logits) {  // a step read at once: its logits are still there
+          backend.CopyToHost(live.prompt_logits.data() + pos * vocab, L.logits.Rows(row, 1));
         }
       }
     }
@@ -285,9 +355,9 @@ std::vector<RequestOutput> Engine::Step() {
       o.finish_reason = FinishReason::kLength;
     } else {
       const int64_t last = e.first_logits_row + e.num_logits_rows - 1;
-      const int32_t id = ids[last];
+      const int32_t id = L.ids[last];
       o.token_ids.push_back(id);
-      if (p.logprobs >= 0) o.logprobs.push_back({lps[last], std::move(tops[last])});
+      if (p.logprobs >= 0) o.logprobs.push_back({L.lps[last], std::move(L.tops[last])});
       ++live.generated;
       next[i] = id;
       const bool stop =
@@ -302,7 +372,7 @@ std::vector<RequestOutput> Engine::Step() {
     }
     if (o.finish_reason != FinishReason::kNone) {
       o.finished = true;
-      finished[i] = 1;
+      finished[i] = Scheduler::kFinished;
       done.push_back(e.request);
     }
     out.push_back(std::move(o));
@@ -312,29 +382,30 @@ std::vector<RequestOutput> Engine::Step() {
     index_of_.erase(live_.at(index).id);
     live_.erase(index);
   }
+  const int64_t decode_tokens = plan.num_decode_tokens - gone_decodes;
+  if (plan.num_prefill_tokens == 0 && decode_tokens == 0) return;  // every result discarded
   ++steps_;
-  const double seconds = Seconds(start);
+  const double seconds = Seconds(start) - others_seconds + L.launch_seconds;
   GenerationStats& st = gen_stats_;
   if (plan.num_prefill_tokens == 0) {
-    st.decode_tokens += plan.num_decode_tokens;
+    st.decode_tokens += decode_tokens;
     ++st.decode_steps;
     st.decode_seconds += seconds;
     if (st.decode_steps > GenerationStats::kWarmDecodeSteps) {
-      st.steady_decode_tokens += plan.num_decode_tokens;
+      st.steady_decode_tokens += decode_tokens;
       ++st.steady_decode_steps;
       st.steady_decode_seconds += seconds;
     }
-  } else if (plan.num_decode_tokens == 0) {
+  } else if (decode_tokens == 0) {
     st.prefill_tokens += plan.num_prefill_tokens;
     st.prefill_seconds += seconds;
   } else {
     ++st.mixed_steps;
     st.mixed_prefill_tokens += plan.num_prefill_tokens;
-    st.mixed_decode_tokens += plan.num_decode_tokens;
+    st.mixed_decode_tokens += decode_tokens;
     st.mixed_seconds += seconds;
   }
   st.preemptions = scheduler_->num_preemptions();
-  return out;
 }
 
 }  // namespace afd::runtime

@@ -31,6 +31,12 @@ struct EngineOptions {
   bool chunked_prefill = false;        // needs max_num_batched_tokens > 0
   int64_t num_kv_blocks = 0;           // cache blocks (kv::kDefaultBlockSize tokens); > 0
   int64_t max_model_len = 0;           // prompt + new tokens at most; 0: the model's limit
+  // Plan and launch a step of pure decodes before the previous step's ids reach the host (its
+  // ids go from the device's samples straight into the step's inputs), so that the host's
+  // work of a step (results, stop checks, scheduling, uploads) overlaps the device's. The same
+  // outputs either way; only with a runner that takes ids from the device
+  // (StepRunner::TakesDeviceIds). vLLM's --async-scheduling.
+  bool async_scheduling = true;
 };
 
 // Wall time and tokens by kind of step, and the cache's use.
@@ -51,7 +57,9 @@ struct GenerationStats {
   int64_t mixed_prefill_tokens = 0;
   int64_t mixed_decode_tokens = 0;
   double mixed_seconds = 0.0;
-  int64_t preemptions = 0;     // sequences preempted (and recomputed) for lack of KV blocks
+  int64_t preemptions = 0;  // sequences preempted (and recomputed) for lack of KV blocks
+  // Steps launched before the previous step's results were read (asynchronous scheduling).
+  int64_t ahead_steps = 0;
   int64_t kv_blocks = 0;       // blocks of the cache
   int64_t peak_kv_blocks = 0;  // most blocks in use at once
 };
@@ -69,11 +77,14 @@ class Engine {
   // Ends a live request at the next Step (output with kAbort) and frees its blocks; unknown
   // ids are ignored.
   void Abort(uint64_t id);
-  // True while a request is live or an output is pending.
+  // True while a request is live, an output is pending or a step launched ahead is unread.
   bool HasWork() const;
   // True when the next Step runs a forward pass (a request is live), false when it only
   // returns pending outputs (the AFD attention role then runs an idle step instead).
   bool HasScheduledWork() const { return !live_.empty(); }
+  // True when a step launched ahead is in flight: the next Step completes it (and may launch
+  // another before reading it).
+  bool HasStepInFlight() const { return inflight_.has_value(); }
   // Runs one step when anything is scheduled; returns every output produced (possibly none).
   std::vector<RequestOutput> Step();
 
@@ -90,6 +101,30 @@ class Engine {
     std::vector<TokenLogprobs> prompt_logprobs;  // filled over the first prefill's chunks
     std::vector<float> prompt_logits;            // [T, vocab] with keep_prompt_logits
   };
+  // A step launched on the device, its results not yet handed out.
+  struct Launched {
+    StepPlan plan;
+    int64_t m = 0;  // logits rows
+    Tensor logits;  // [m, vocab]: read only for a step whose results were read at once
+    // ticket >= 0: ids (and log-probabilities with with_logprobs) are still being copied back
+    // (Backend::StartCopyToHost); ids_t is where the device keeps the ids. Else ids, lps and
+    // tops are read.
+    int64_t ticket = -1;
+    bool with_logprobs = false;
+    Tensor ids_t;
+    std::vector<int32_t> ids;  // [m] by logits row
+    std::vector<float> lps;    // [m]
+    std::vector<std::vector<TopLogprob>> tops;
+    double launch_seconds = 0;  // its launch ahead, in the call that completed the step before
+  };
+  // Runs the planned step's forward and sampling; reads the results at once unless they are
+  // only ids and log-probabilities at them (then copied back behind later steps' launches).
+  Launched Launch(StepPlan plan);
+  // Takes a launched step's results: outputs, stop checks, scheduler update, stats (the step's
+  // wall time: from `start` on, less others_seconds spent launching the next step, plus its
+  // own launch_seconds).
+  void Complete(Launched& step, std::vector<RequestOutput>& out,
+                std::chrono::steady_clock::time_point start, double others_seconds);
   // Empty when fine, else why the request cannot run.
   std::string Check(const RequestParams& p) const;
   void Finish(int64_t index, FinishReason reason, std::vector<RequestOutput>& out,
@@ -107,6 +142,9 @@ class Engine {
   std::vector<RequestOutput> pending_;    // outputs decided outside a step (errors, aborts)
   GenerationStats gen_stats_;
   int64_t steps_ = 0;
+  bool async_ = false;                // EngineOptions::async_scheduling, with a runner for it
+  std::optional<Launched> inflight_;  // launched, results not yet taken
+  Tensor sampled_;                    // [ids | log-probabilities] of launched steps, on the device
 };
 
 }  // namespace afd::runtime

@@ -48,6 +48,7 @@ std::vector<GenerationResult> Generator::Generate(const std::vector<std::vector<
   eo.max_num_seqs = options.max_num_seqs;
   eo.max_num_batched_tokens = options.max_num_batched_tokens;
   eo.chunked_prefill = options.chunked_prefill;
+  eo.async_scheduling = options.async_scheduling;
   eo.num_kv_blocks = options.num_kv_blocks;
   if (eo.num_kv_blocks == 0) {
     // Enough for every prompt at full length at once: never preempts.

@@ -31,6 +31,7 @@ struct GenerationOptions {
   // does not fit waits, unless nothing else would run (then it runs alone, whatever its size).
   int64_t max_num_batched_tokens = 0;
   bool chunked_prefill = false;  // needs max_num_batched_tokens > 0
+  bool async_scheduling = true;  // EngineOptions::async_scheduling
   bool ignore_eos = false;
   SamplingParams sampling;
   bool prompt_logprobs = false;     // fill GenerationResult::prompt_logprobs

@@ -101,6 +101,8 @@ StepPlan Scheduler::Schedule() {
   // back.
   for (size_t i = 0; i < running_.size();) {
     Seq& s = running_[i];
+    AFD_CHECK(!s.id_pending, "scheduler: request {} still waits for the id of a step ahead",
+              s.request);
     const int64_t todo = static_cast<int64_t>(s.tokens.size()) - s.computed;
     const int64_t count = todo == 1 ? 1 : std::min(todo, left());
     if (count <= 0) {
@@ -147,6 +149,51 @@ StepPlan Scheduler::Schedule() {
   return plan;
 }
 
+std::optional<StepPlan> Scheduler::ScheduleAhead(const StepPlan& inflight,
+                                                 const std::vector<char>& finishing) {
+  AFD_CHECK(finishing.size() == inflight.seqs.size(),
+            "scheduler: {} finishing flags for {} sequences", finishing.size(),
+            inflight.seqs.size());
+  if (!waiting_.empty() || running_.empty()) return std::nullopt;
+  // Each running sequence's entry in inflight: the same order (entries of sequences aborted
+  // since are passed over).
+  std::vector<size_t> entry(running_.size());
+  int64_t planned = 0;
+  for (size_t i = 0, cursor = 0; i < running_.size(); ++i, ++cursor) {
+    const Seq& s = running_[i];
+    while (cursor < inflight.seqs.size() && inflight.seqs[cursor].request != s.request) ++cursor;
+    if (cursor == inflight.seqs.size()) return std::nullopt;  // not in that step
+    if (!inflight.seqs[cursor].sample || s.id_pending ||
+        s.computed != static_cast<int64_t>(s.tokens.size())) {
+      return std::nullopt;  // a prompt chunk still to run, or not caught up
+    }
+    entry[i] = cursor;
+    if (!finishing[cursor]) ++planned;
+  }
+  const int64_t budget =
+      limits_.max_num_batched_tokens > 0 ? limits_.max_num_batched_tokens : INT64_MAX;
+  if (planned == 0 || planned > budget) return std::nullopt;
+  for (size_t i = 0; i < running_.size(); ++i) {
+    const Seq& s = running_[i];
+    if (!finishing[entry[i]] && !cache_.Reserve(s.cache_seq, s.computed + 1)) return std::nullopt;
+  }
+  StepPlan plan;
+  plan.batch.Reserve(planned, planned);
+  plan.batch.id_source.reserve(planned);
+  for (size_t i = 0; i < running_.size(); ++i) {
+    if (finishing[entry[i]]) continue;
+    Seq& s = running_[i];
+    s.tokens.push_back(0);  // the placeholder; Update puts the id in
+    s.id_pending = true;
+    s.prefilled = true;  // it samples in inflight (Update would say so before a Schedule)
+    Plan(s, 1, plan);
+    const ScheduledSeq& e = inflight.seqs[entry[i]];
+    plan.batch.id_source.push_back(
+        static_cast<int32_t>(e.first_logits_row + e.num_logits_rows - 1));
+  }
+  return plan;
+}
+
 void Scheduler::Update(const StepPlan& plan, const std::vector<int32_t>& next_ids,
                        const std::vector<char>& finished) {
   AFD_CHECK(next_ids.size() == plan.seqs.size() && finished.size() == plan.seqs.size(),
@@ -158,18 +205,24 @@ void Scheduler::Update(const StepPlan& plan, const std::vector<int32_t>& next_id
   std::vector<int64_t> done;
   size_t cursor = 0;
   for (size_t i = 0; i < plan.seqs.size(); ++i) {
+    if (finished[i] == kGone) continue;
     const int64_t request = plan.seqs[i].request;
     while (cursor < running_.size() && running_[cursor].request != request) ++cursor;
     Seq* s = cursor < running_.size() ? &running_[cursor] : Find(request);
     AFD_CHECK(s != nullptr && s->cache_seq >= 0, "scheduler: request {} is not running", request);
     if (cursor == running_.size()) cursor = 0;  // out of order (found by search): start over
-    if (finished[i]) {
+    if (finished[i] == kFinished) {
       done.push_back(request);
       continue;
     }
     if (!plan.seqs[i].sample) continue;  // a prompt chunk: the rest comes in the next steps
     s->prefilled = true;
-    s->tokens.push_back(next_ids[i]);
+    if (s->id_pending) {  // the next step, planned ahead, holds its place
+      s->tokens.back() = next_ids[i];
+      s->id_pending = false;
+    } else {
+      s->tokens.push_back(next_ids[i]);
+    }
   }
   for (int64_t request : done) Abort(request);
 }

@@ -13,6 +13,8 @@
 //    far (batch-invariant kernels make that give the same bits) and goes on.
 // A sequence's logits row is its last token of the step when that token completes what it has
 // to compute (it samples); with prompt_logprobs, every prompt token of its first computation too.
+// Asynchronous scheduling (ScheduleAhead): the next step of pure decodes is planned while the
+// step before it still runs, its ids taken on the device from that step's samples.
 // Thread safety: none; one thread schedules and updates.
 #pragma once
 
@@ -71,11 +73,28 @@ class Scheduler {
   int64_t num_waiting() const { return static_cast<int64_t>(waiting_.size()); }
   int64_t num_preemptions() const { return preemptions_; }
 
-  // The next step (empty when there is no work).
+  // The next step (empty when there is no work). Not while a step planned by ScheduleAhead
+  // waits for its Update.
   StepPlan Schedule();
+  // The step after `inflight` (planned, run, not yet Updated), planned before its sampled ids
+  // are known: each running sequence decodes the token `inflight` samples for it, which the
+  // device supplies (plan.batch.id_source: the token's logits row in `inflight`; the scheduler
+  // holds a placeholder until Update(inflight, ...) brings the id). finishing[i]: inflight's
+  // seqs[i] ends with that step whatever its id (max_tokens), so it is left out. Nothing (the
+  // caller then waits for inflight's ids and calls Schedule) unless every running sequence
+  // samples in inflight, none waits, and the cache has room for every next token without a
+  // preemption; blocks reserved before finding that out stay with their sequences.
+  std::optional<StepPlan> ScheduleAhead(const StepPlan& inflight,
+                                        const std::vector<char>& finishing);
+  // What became of a planned sequence (Update's `finished`).
+  enum Outcome : char {
+    kContinues = 0,
+    kFinished = 1,  // the request is done: its blocks are freed
+    kGone = 2,      // ended before this step's results came (aborted, or finished by the step
+                    // before when this one was planned ahead): ignored
+  };
   // After the step ran: `next_ids[i]` is the token sampled for plan.seqs[i] (its last logits
-  // row; ignored when it does not sample), `finished[i]` whether that request is done (its
-  // blocks are freed then).
+  // row; ignored when it does not sample), `finished[i]` its Outcome.
   void Update(const StepPlan& plan, const std::vector<int32_t>& next_ids,
               const std::vector<char>& finished);
 
@@ -86,8 +105,9 @@ class Scheduler {
     int64_t prompt_len = 0;
     int64_t cache_seq = -1;  // -1: holds no cache sequence (waiting)
     bool prompt_logprobs = false;
-    bool prefilled = false;  // its prompt's logits were produced once
-    int64_t computed = 0;    // tokens in the cache (running)
+    bool prefilled = false;   // its prompt's logits were produced once
+    int64_t computed = 0;     // tokens in the cache (running)
+    bool id_pending = false;  // tokens.back() is a placeholder for an id not yet Updated
   };
   // Schedules `s` (running, holding a cache sequence) for `count` of its uncomputed tokens.
   void Plan(Seq& s, int64_t count, StepPlan& plan);

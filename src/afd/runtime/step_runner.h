@@ -14,6 +14,12 @@ class StepRunner {
   virtual ~StepRunner() = default;
   virtual Tensor Forward(const model::ForwardBatch& batch, kv::PagedKvCache& cache,
                          Workspace& ws) = 0;
+  // Whether Forward honours batch.id_source (ids from the device): the engine schedules a step
+  // before the previous one's ids reach the host only through such a runner.
+  virtual bool TakesDeviceIds() const { return false; }
+  // Called by the engine once the step's last device work after Forward (sampling, the copy of
+  // its results to the host) is enqueued.
+  virtual void StepEnqueued() {}
 };
 
 // The step runner of one AFD attention replica in a serving loop (deploy/replica_serve.h): the
@@ -49,6 +55,7 @@ class LocalStepRunner : public StepRunner {
                  Workspace& ws) override {
     return model_.Forward(batch, cache, moe_, ws);
   }
+  bool TakesDeviceIds() const override { return true; }  // DeepseekModel::Upload takes them
 
  private:
   const model::DeepseekModel& model_;

@@ -215,4 +215,14 @@ void CpuBackend::Sample(const Tensor& logits, const std::vector<SampleRow>& rows
   }
 }
 
+void CpuBackend::TakeIds(const Tensor& from, const Tensor& source, const Tensor& ids) {
+  const int64_t n = CheckTakeIds(kCpu, from, source, ids), k = from.numel();
+  for (int64_t t = 0; t < n; ++t) {
+    const int32_t s = source.data_as<const int32_t>()[t];
+    if (s < 0) continue;
+    AFD_CHECK(s < k, "TakeIds: source {} of token {} outside the {} ids", s, t, k);
+    ids.data_as<int32_t>()[t] = from.data_as<const int32_t>()[s];
+  }
+}
+
 }  // namespace afd::kernels::cpu

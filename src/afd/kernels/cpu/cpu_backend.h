@@ -45,6 +45,7 @@ class CpuBackend : public Backend {
                   bool accumulate, const Tensor& out) override;
   void LogSoftmaxAt(const Tensor& logits, const Tensor& ids, const Tensor& out) override;
   void Sample(const Tensor& logits, const std::vector<SampleRow>& rows, const Tensor& ids) override;
+  void TakeIds(const Tensor& from, const Tensor& source, const Tensor& ids) override;
 };
 
 }  // namespace afd::kernels::cpu

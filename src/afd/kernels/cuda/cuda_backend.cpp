@@ -43,9 +43,20 @@ struct CudaBackend::State {
   // graph may still point at them.
   std::vector<std::shared_ptr<void>> retired;
   std::shared_ptr<void> cublas_workspace[2];  // by lane, set explicitly: capture never allocates
-  // CopyToDevice staging: pinned ring; staging_pos restarts at 0 after every full wait.
+  // CopyToDevice's (and Sample's parameters') pinned staging ring. Positions count bytes since
+  // the start: head, the next byte to stage; tail, the first whose copy may still be pending
+  // (every copy staged before a completed wait is done: Synchronize, FinishCopyToHost).
   void* staging = nullptr;
-  size_t staging_pos = 0;
+  uint64_t staging_head = 0, staging_tail = 0;
+  // StartCopyToHost's copies, by ticket % kMaxCopiesToHost: pinned memory, its event, and the
+  // staging head when the copy was enqueued.
+  struct HostCopy {
+    void* pinned = nullptr;
+    size_t capacity = 0, bytes = 0;
+    cudaEvent_t done = nullptr;
+    uint64_t staged = 0;
+  };
+  HostCopy host_copies[Backend::kMaxCopiesToHost];
   bool capturing = false;
   int sm_count = 1;  // the device's multiprocessors (kernels size their grids by it)
   // WatchWaits: 0 = block in cudaStreamSynchronize; else poll, bounded, calling wait_check.
@@ -200,6 +211,10 @@ CudaBackend::~CudaBackend() {
     cudaEventDestroy(e);
   }
   if (state_->staging) cudaFreeHost(state_->staging);
+  for (State::HostCopy& c : state_->host_copies) {
+    if (c.pinned) cudaFreeHost(c.pinned);
+    if (c.done) cudaEventDestroy(c.done);
+  }
   if (state_->cublas) cublasDestroy(state_->cublas);
   if (state_->fork) cudaEventDestroy(state_->fork);
   if (state_->join) cudaEventDestroy(state_->join);
@@ -323,11 +338,65 @@ void CudaBackend::CopyToDevice(const Tensor& dst, const void* src) {
   }
   // The source is the caller's (possibly temporary) host memory: copied into the pinned ring
   // before returning; the device copy from the ring runs in stream order.
-  if (state_->staging_pos + bytes > kStagingBytes) Synchronize();  // earlier copies are done
-  char* stage = static_cast<char*>(state_->staging) + state_->staging_pos;
+  AFD_CUDA_CHECK(cudaMemcpyAsync(dst.data(), Stage(src, bytes), bytes, cudaMemcpyHostToDevice,
+                                 state_->stream));
+}
+
+const void* CudaBackend::Stage(const void* src, size_t bytes) {
+  State& st = *state_;
+  const uint64_t aligned = (bytes + 255) / 256 * 256;
+  AFD_CHECK(aligned <= kStagingBytes, "staging: {} bytes exceed the ring's {}", bytes,
+            kStagingBytes);
+  const uint64_t at = st.staging_head % kStagingBytes;
+  if (at + aligned > kStagingBytes) st.staging_head += kStagingBytes - at;  // wrap past the gap
+  // The bytes from tail on may still be read by pending copies: wait for them all when the
+  // ring would overwrite them.
+  if (st.staging_head + aligned - st.staging_tail > kStagingBytes) Synchronize();
+  char* stage = static_cast<char*>(st.staging) + st.staging_head % kStagingBytes;
   std::memcpy(stage, src, bytes);
-  AFD_CUDA_CHECK(cudaMemcpyAsync(dst.data(), stage, bytes, cudaMemcpyHostToDevice, state_->stream));
-  state_->staging_pos += (bytes + 255) / 256 * 256;
+  st.staging_head += aligned;
+  return stage;
+}
+
+int64_t CudaBackend::StartCopyToHost(const Tensor& src) {
+  CheckOn("StartCopyToHost", src, device_);
+  AFD_CHECK(!state_->capturing, "StartCopyToHost while capturing a graph");
+  JoinBeside();
+  int slot = 0;
+  const int64_t ticket = OpenCopyTicket(slot);
+  State::HostCopy& c = state_->host_copies[slot];
+  const size_t bytes = src.nbytes();
+  try {
+    if (bytes > c.capacity) {  // this slot's earlier copy is finished: its memory is free
+      if (c.pinned) AFD_CUDA_CHECK(cudaFreeHost(c.pinned));
+      c.pinned = nullptr;
+      c.capacity = 0;
+      AFD_CUDA_CHECK(cudaMallocHost(&c.pinned, std::max<size_t>(bytes, 4096)));
+      c.capacity = std::max<size_t>(bytes, 4096);
+    }
+    if (!c.done) AFD_CUDA_CHECK(cudaEventCreateWithFlags(&c.done, cudaEventDisableTiming));
+    c.bytes = bytes;
+    if (bytes > 0) {
+      AFD_CUDA_CHECK(
+          cudaMemcpyAsync(c.pinned, src.data(), bytes, cudaMemcpyDeviceToHost, state_->stream));
+    }
+    AFD_CUDA_CHECK(cudaEventRecord(c.done, state_->stream));
+  } catch (...) {
+    CloseCopySlot(slot);
+    throw;
+  }
+  c.staged = state_->staging_head;
+  return ticket;
+}
+
+void CudaBackend::FinishCopyToHost(int64_t ticket, void* dst) {
+  const int slot = CopySlot(ticket);
+  State::HostCopy& c = state_->host_copies[slot];
+  AwaitDone([&] { return static_cast<int>(cudaEventQuery(c.done)); },
+            [&] { return static_cast<int>(cudaEventSynchronize(c.done)); });
+  if (c.bytes > 0) std::memcpy(dst, c.pinned, c.bytes);
+  state_->staging_tail = std::max(state_->staging_tail, c.staged);
+  CloseCopySlot(slot);
 }
 
 void CudaBackend::CopyToHost(void* dst, const Tensor& src) {
@@ -366,37 +435,42 @@ void CudaBackend::WatchWaits(double timeout_s, std::function<void()> check) {
 void CudaBackend::Synchronize() {
   AFD_CHECK(!state_->capturing, "Synchronize while capturing a graph");
   JoinBeside();  // the side stream's work too
+  AwaitDone([&] { return static_cast<int>(cudaStreamQuery(state_->stream)); },
+            [&] { return static_cast<int>(cudaStreamSynchronize(state_->stream)); });
+  AFD_CUDA_CHECK(cudaGetLastError());
+  state_->staging_tail = state_->staging_head;  // every staged copy has completed
+}
+
+void CudaBackend::AwaitDone(FunctionRef<int()> query, FunctionRef<int()> block) {
   if (state_->wait_timeout_s <= 0) {
-    AFD_CUDA_CHECK(cudaStreamSynchronize(state_->stream));
-  } else {
-    // Polled: yield for the first 50 ms (a step's work ends within them: no sleep adds to its
-    // latency), then sleep 50 us between queries; the check runs every 100 ms and the wait
-    // ends at the timeout.
-    using Clock = std::chrono::steady_clock;
-    const auto start = Clock::now();
-    auto next_check = start + std::chrono::milliseconds(100);
-    while (true) {
-      const cudaError_t e = cudaStreamQuery(state_->stream);
-      if (e == cudaSuccess) break;
-      AFD_CHECK(e == cudaErrorNotReady, "{}: the stream failed: {}", name_, cudaGetErrorString(e));
-      const auto now = Clock::now();
-      if (now >= next_check) {
-        if (state_->wait_check) state_->wait_check();
-        next_check = now + std::chrono::milliseconds(100);
-      }
-      AFD_CHECK(std::chrono::duration<double>(now - start).count() < state_->wait_timeout_s,
-                "{}: the device's work did not finish within {}s (a transfer with a peer that "
-                "stopped?)",
-                name_, state_->wait_timeout_s);
-      if (now - start < std::chrono::milliseconds(50)) {
-        std::this_thread::yield();
-      } else {
-        std::this_thread::sleep_for(std::chrono::microseconds(50));
-      }
+    AFD_CUDA_CHECK(static_cast<cudaError_t>(block()));
+    return;
+  }
+  // Polled: yield for the first 50 ms (a step's work ends within them: no sleep adds to its
+  // latency), then sleep 50 us between queries; the check runs every 100 ms and the wait ends
+  // at the timeout.
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
+  auto next_check = start + std::chrono::milliseconds(100);
+  while (true) {
+    const auto e = static_cast<cudaError_t>(query());
+    if (e == cudaSuccess) break;
+    AFD_CHECK(e == cudaErrorNotReady, "{}: the stream failed: {}", name_, cudaGetErrorString(e));
+    const auto now = Clock::now();
+    if (now >= next_check) {
+      if (state_->wait_check) state_->wait_check();
+      next_check = now + std::chrono::milliseconds(100);
+    }
+    AFD_CHECK(std::chrono::duration<double>(now - start).count() < state_->wait_timeout_s,
+              "{}: the device's work did not finish within {}s (a transfer with a peer that "
+              "stopped?)",
+              name_, state_->wait_timeout_s);
+    if (now - start < std::chrono::milliseconds(50)) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
   }
-  AFD_CUDA_CHECK(cudaGetLastError());
-  state_->staging_pos = 0;  // every staged copy has completed
 }
 
 void CudaBackend::BeginCapture() {
@@ -779,7 +853,9 @@ void CudaBackend::Sample(const Tensor& logits, const std::vector<SampleRow>& row
   }
   const size_t bytes = 24 * n;
   char* dev = static_cast<char*>(Scratch(kSampleParams, bytes));
-  AFD_CUDA_CHECK(cudaMemcpyAsync(dev, p, bytes, cudaMemcpyHostToDevice, state_->stream));
+  // From the pinned ring: the copy runs in stream order, nothing waits for it here.
+  AFD_CUDA_CHECK(
+      cudaMemcpyAsync(dev, Stage(p, bytes), bytes, cudaMemcpyHostToDevice, state_->stream));
   const SampleParamsDev params{reinterpret_cast<const float*>(dev + temp_at),
                                reinterpret_cast<const int64_t*>(dev + top_k_at),
                                reinterpret_cast<const float*>(dev + top_p_at),
@@ -795,8 +871,13 @@ void CudaBackend::Sample(const Tensor& logits, const std::vector<SampleRow>& row
                           offsets, state_->stream);
   LaunchSampleSorted(keys + n * v, vals + n * v, n, v, params, ids.data_as<int32_t>(),
                      state_->stream);
-  // The host parameter buffer must outlive the async copy.
-  Synchronize();
+}
+
+void CudaBackend::TakeIds(const Tensor& from, const Tensor& source, const Tensor& ids) {
+  const int64_t n = CheckTakeIds(device(), from, source, ids);
+  const OpScope scope(*this, "TakeIds");
+  LaunchTakeIds(from.data_as<const int32_t>(), source.data_as<const int32_t>(), n,
+                ids.data_as<int32_t>(), state_->stream);
 }
 
 }  // namespace afd::kernels::cuda

@@ -33,6 +33,8 @@ class CudaBackend : public Backend {
   void Copy(const Tensor& dst, const Tensor& src) override;
   void Fill(const Tensor& dst, float value) override;
   void Synchronize() override;
+  int64_t StartCopyToHost(const Tensor& src) override;
+  void FinishCopyToHost(int64_t ticket, void* dst) override;
   // A second stream (its own scratch and cuBLAS workspace), forked and joined by events: in a
   // captured graph, parallel branches.
   void Beside(FunctionRef<void()> fn, int64_t rows) override;
@@ -71,6 +73,7 @@ class CudaBackend : public Backend {
                   bool accumulate, const Tensor& out) override;
   void LogSoftmaxAt(const Tensor& logits, const Tensor& ids, const Tensor& out) override;
   void Sample(const Tensor& logits, const std::vector<SampleRow>& rows, const Tensor& ids) override;
+  void TakeIds(const Tensor& from, const Tensor& source, const Tensor& ids) override;
 
   bool SupportsGraphs() const override { return true; }
   void BeginCapture() override;
@@ -91,6 +94,12 @@ class CudaBackend : public Backend {
   void* ZeroedScratch(int slot, size_t bytes);
   // Device table of an expert set's gate_up (kind 0) or down (kind 1) weight pointers.
   const void* const* ExpertTable(const ExpertWeights& experts, int kind);
+  // Copies `bytes` of host memory into the pinned staging ring and returns where (valid until
+  // the device copies that read it are done; waits for the device only when the ring is full).
+  const void* Stage(const void* src, size_t bytes);
+  // Waits until query() (a cudaError_t: event or stream query) is no longer cudaErrorNotReady:
+  // block() when no WatchWaits bound is set, else polled with its timeout and check.
+  void AwaitDone(FunctionRef<int()> query, FunctionRef<int()> block);
   // Both expert GEMMs on the mma path (bf16 experts whose shapes fit it; else false, nothing
   // launched); rows x[src_row[r]] when src_row is not null.
   bool MmaExpertMlp(const float* x, const int32_t* src_row, int64_t m, int64_t h,

@@ -151,6 +151,9 @@ void LaunchLogSoftmaxAt(const float* logits, int64_t n, int64_t v, const int32_t
                         void* scratch, cudaStream_t s);
 void LaunchArgMax(const float* logits, int64_t n, int64_t v, int32_t* ids, void* scratch,
                   cudaStream_t s);
+// ids[t] = from[source[t]] where source[t] >= 0 (Backend::TakeIds).
+void LaunchTakeIds(const int32_t* from, const int32_t* source, int64_t n, int32_t* ids,
+                   cudaStream_t s);
 // Rows with temperature > 0: sorted (keys descending, NaN as -inf) candidates per row, then the
 // CPU backend's top-k / top-p / inverse-CDF rule with the row's u. params: [n, 4] f32
 // (temperature, top_k, top_p, u as float) ... u kept in double: u: [n] f64.

@@ -1,5 +1,6 @@
 // Log-softmax at ids and token selection on the GPU: greedy argmax (NaN never wins, first
 // maximum), and for sampled rows the CPU reference's rule over candidates sorted on the device.
+#include <algorithm>
 #include <cfloat>
 #include <cub/device/device_segmented_radix_sort.cuh>
 
@@ -218,6 +219,23 @@ void LaunchArgMax(const float* logits, int64_t n, int64_t v, int32_t* ids, void*
   LaunchPdl(ArgMaxPartial, grid, kThreads, 0, s, logits, v, part_v, part_i);
   LaunchPdl(ArgMaxFinish, static_cast<unsigned>(n), 32, 0, s, v, part_v, part_i, ids);
   CheckLaunch("ArgMax");
+}
+
+__global__ void TakeIdsKernel(const int32_t* from, const int32_t* source, int64_t n, int32_t* ids) {
+  PdlStart();
+  for (int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; t < n;
+       t += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int32_t src = source[t];
+    if (src >= 0) ids[t] = from[src];
+  }
+}
+
+void LaunchTakeIds(const int32_t* from, const int32_t* source, int64_t n, int32_t* ids,
+                   cudaStream_t s) {
+  if (n == 0) return;
+  const int64_t blocks = std::min<int64_t>((n + 255) / 256, 1024);
+  LaunchPdl(TakeIdsKernel, static_cast<unsigned>(blocks), 256, 0, s, from, source, n, ids);
+  CheckLaunch("TakeIds");
 }
 
 void LaunchPrepareSort(const float* logits, int64_t n, int64_t v, float* keys, int32_t* vals,
