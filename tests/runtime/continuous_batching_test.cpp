@@ -37,6 +37,21 @@ class CountingRunner : public StepRunner {
   LocalStepRunner local_;
 };
 
+// Bitwise the same ids, log-probabilities and prompt log-probabilities (tokens are computed
+// alone whatever else shares their step).
+void ExpectSameResults(const std::vector<GenerationResult>& got,
+                       const std::vector<GenerationResult>& want) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t s = 0; s < want.size(); ++s) {
+    EXPECT_EQ(got[s].output_ids, want[s].output_ids) << "prompt " << s;
+    EXPECT_EQ(got[s].logprobs, want[s].logprobs) << "prompt " << s;
+    ASSERT_EQ(got[s].prompt_logprobs.size(), want[s].prompt_logprobs.size());
+    for (size_t j = 1; j < want[s].prompt_logprobs.size(); ++j) {
+      EXPECT_EQ(got[s].prompt_logprobs[j], want[s].prompt_logprobs[j]) << s << " " << j;
+    }
+  }
+}
+
 TEST(ContinuousBatching, LimitsChangeTheStepsNotTheResults) {
   kernels::cpu::CpuBackend cpu;
   const auto model = model::OpenModel("preset:tiny", model::OpenOptions{}, cpu);
@@ -64,16 +79,7 @@ TEST(ContinuousBatching, LimitsChangeTheStepsNotTheResults) {
     o.chunked_prefill = lim.chunked;
     CountingRunner runner(*model);
     Generator g(*model, runner);
-    const auto got = g.Generate(prompts, o);
-    ASSERT_EQ(got.size(), want.size());
-    for (size_t s = 0; s < want.size(); ++s) {
-      EXPECT_EQ(got[s].output_ids, want[s].output_ids);
-      EXPECT_EQ(got[s].logprobs, want[s].logprobs);  // bitwise: tokens are computed alone
-      ASSERT_EQ(got[s].prompt_logprobs.size(), want[s].prompt_logprobs.size());
-      for (size_t j = 1; j < want[s].prompt_logprobs.size(); ++j) {
-        EXPECT_EQ(got[s].prompt_logprobs[j], want[s].prompt_logprobs[j]);
-      }
-    }
+    ExpectSameResults(g.Generate(prompts, o), want);
     EXPECT_GT(runner.steps, 7);  // the prompts did not all run together
     if (lim.tokens > 1) {
       EXPECT_GT(runner.mixed_steps, 0);  // prompts joined running ones
@@ -99,10 +105,7 @@ TEST(ContinuousBatching, PreemptionByRecomputeKeepsTheResults) {
   const auto got = g.Generate(prompts, tight, &tight_stats);
   EXPECT_GT(tight_stats.preemptions, 0);
   EXPECT_LE(tight_stats.peak_kv_blocks, 5);
-  for (size_t s = 0; s < want.size(); ++s) {
-    EXPECT_EQ(got[s].output_ids, want[s].output_ids) << "prompt " << s;
-    EXPECT_EQ(got[s].logprobs, want[s].logprobs) << "prompt " << s;
-  }
+  ExpectSameResults(got, want);
   // A prompt that can never fit is an error, not a hang.
   GenerationOptions tiny = base;
   tiny.num_kv_blocks = 1;
@@ -129,14 +132,7 @@ TEST(ContinuousBatching, ChunkedPrefillUnderPreemptionKeepsTheResults) {
   const auto got = g.Generate(prompts, o, &st);
   EXPECT_GT(st.preemptions, 0);
   EXPECT_GT(st.mixed_steps, 0);
-  for (size_t s = 0; s < want.size(); ++s) {
-    EXPECT_EQ(got[s].output_ids, want[s].output_ids) << "prompt " << s;
-    EXPECT_EQ(got[s].logprobs, want[s].logprobs) << "prompt " << s;
-    ASSERT_EQ(got[s].prompt_logprobs.size(), want[s].prompt_logprobs.size());
-    for (size_t j = 1; j < want[s].prompt_logprobs.size(); ++j) {
-      EXPECT_EQ(got[s].prompt_logprobs[j], want[s].prompt_logprobs[j]) << s << " " << j;
-    }
-  }
+  ExpectSameResults(got, want);
 }
 
 TEST(ContinuousBatching, APromptLargerThanTheBudgetStillRuns) {
@@ -192,14 +188,7 @@ TEST(ContinuousBatching, AsyncSchedulingKeepsTheResults) {
     EXPECT_EQ(got_stats.preemptions, want_stats.preemptions);
     EXPECT_EQ(got_stats.decode_tokens + got_stats.mixed_decode_tokens,
               want_stats.decode_tokens + want_stats.mixed_decode_tokens);
-    for (size_t s = 0; s < want.size(); ++s) {
-      EXPECT_EQ(got[s].output_ids, want[s].output_ids) << "prompt " << s;
-      EXPECT_EQ(got[s].logprobs, want[s].logprobs) << "prompt " << s;
-      ASSERT_EQ(got[s].prompt_logprobs.size(), want[s].prompt_logprobs.size());
-      for (size_t j = 1; j < want[s].prompt_logprobs.size(); ++j) {
-        EXPECT_EQ(got[s].prompt_logprobs[j], want[s].prompt_logprobs[j]) << s << " " << j;
-      }
-    }
+    ExpectSameResults(got, want);
   }
 }
 
