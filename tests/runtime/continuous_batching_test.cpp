@@ -177,9 +177,10 @@ TEST(ContinuousBatching, AsyncSchedulingKeepsTheResults) {
     o.max_num_batched_tokens = c.budget;
     o.chunked_prefill = c.chunked;
     o.prompt_logprobs = c.prompt_logprobs;
+    o.async_scheduling = AsyncScheduling::kOn;  // kAuto: only where the backend is asynchronous
     Generator g(*model);
     GenerationOptions sync = o;
-    sync.async_scheduling = false;
+    sync.async_scheduling = AsyncScheduling::kOff;
     GenerationStats want_stats, got_stats;
     const auto want = g.Generate(prompts, sync, &want_stats);
     const auto got = g.Generate(prompts, o, &got_stats);

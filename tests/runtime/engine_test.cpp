@@ -192,7 +192,7 @@ TEST_F(EngineTest, AsyncSchedulingGivesEveryRequestTheSameOutputs) {
   ASSERT_EQ(free_run.size(), 9u);
   const auto run = [&](bool async, GenerationStats* stats) {
     EngineOptions o{0, 0, false, 16, 0};
-    o.async_scheduling = async;
+    o.async_scheduling = async ? AsyncScheduling::kOn : AsyncScheduling::kOff;
     Engine e(*model_, runner, o);
     RequestParams greedy = Params({1, 2, 3, 4}, 12);
     greedy.logprobs = 0;
@@ -261,7 +261,9 @@ TEST_F(EngineTest, AsyncSchedulingGivesEveryRequestTheSameOutputs) {
 // An engine destroyed with a step still launched ahead waits for it (no stray device writes).
 TEST_F(EngineTest, AnEngineLeftWithAStepAheadEndsCleanly) {
   LocalStepRunner runner(*model_);
-  Engine e(*model_, runner, {0, 0, false, 16, 0});
+  EngineOptions o{0, 0, false, 16, 0};
+  o.async_scheduling = AsyncScheduling::kOn;
+  Engine e(*model_, runner, o);
   e.Add(1, Params({1, 2, 3}, 20));
   for (int i = 0; i < 4; ++i) e.Step();
   // Each call launched the next step before reading its own (the prefill's ids too).

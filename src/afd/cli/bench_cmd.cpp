@@ -377,7 +377,12 @@ void AddBenchCommand(CLI::App& app, int& exit_code) {
                      "Decode batch buckets captured as CUDA graphs, comma-separated");
   decode->add_flag("--enforce-eager", a->options.graphs.enforce_eager, "No CUDA graphs");
   decode->add_flag_callback(
-      "--no-async-scheduling", [a] { a->options.async_scheduling = false; },
+      "--async-scheduling", [a] { a->options.async_scheduling = runtime::AsyncScheduling::kOn; },
+      "Launch the next decode step before this one's ids are read, also on the CPU (the "
+      "default on cuda)");
+  decode->add_flag_callback(
+      "--no-async-scheduling",
+      [a] { a->options.async_scheduling = runtime::AsyncScheduling::kOff; },
       "Read each step's ids back before scheduling the next");
   decode->add_flag("--profile", a->options.profile,
                    "Per-op device time of the decode steps (runs eagerly)");

@@ -51,9 +51,12 @@ void AddGenerationFlags(CLI::App* cmd, GenerationFlags& f) {
       "--no-enable-chunked-prefill", [&f] { f.chunked_prefill = 0; },
       "Run every prompt whole in one step");
   cmd->add_flag_callback(
-      "--no-async-scheduling", [&f] { f.async_scheduling = false; },
-      "Wait for each step's sampled ids before scheduling the next (by default a step of "
-      "decodes is launched while the one before it finishes, its ids taken on the device)");
+      "--async-scheduling", [&f] { f.async_scheduling = runtime::AsyncScheduling::kOn; },
+      "Launch a step of decodes while the one before it finishes, its ids taken on the device "
+      "(the default on cuda; on the CPU it only delays each output by a step)");
+  cmd->add_flag_callback(
+      "--no-async-scheduling", [&f] { f.async_scheduling = runtime::AsyncScheduling::kOff; },
+      "Wait for each step's sampled ids before scheduling the next");
   cmd->add_option("--gpu-memory-utilization", f.gpu_memory_utilization,
                   "Serving on a GPU: the share of its memory for weights, activations and the KV "
                   "cache (default 0.9)");
@@ -110,7 +113,8 @@ std::vector<std::string> GenerationFlagsArgv(const GenerationFlags& f) {
   if (f.chunked_prefill == 1) v.push_back("--enable-chunked-prefill");
   if (f.chunked_prefill == 0) v.push_back("--no-enable-chunked-prefill");
   if (f.prompt_logprobs) v.push_back("--prompt-logprobs");
-  if (!f.async_scheduling) v.push_back("--no-async-scheduling");
+  if (f.async_scheduling == runtime::AsyncScheduling::kOn) v.push_back("--async-scheduling");
+  if (f.async_scheduling == runtime::AsyncScheduling::kOff) v.push_back("--no-async-scheduling");
   if (f.ignore_eos) v.push_back("--ignore-eos");
   if (f.bf16) v.push_back("--bf16");
   v.insert(v.end(), {"--kv-cache-dtype", f.kv_cache_dtype});

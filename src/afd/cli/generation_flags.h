@@ -32,9 +32,9 @@ struct GenerationFlags {
   bool prompt_logprobs = false;  // log-probabilities of the prompt tokens (afd run --json)
   int64_t num_kv_blocks = 0;     // --num-gpu-blocks-override; 0: room for every prompt
   // Serving engine (afd serve/launch and their workers):
-  int64_t max_model_len = 0;                  // 0: the model's max_position_embeddings
-  int chunked_prefill = -1;                   // -1: the command's default, 0 off, 1 on
-  bool async_scheduling = true;               // --no-async-scheduling turns it off
+  int64_t max_model_len = 0;  // 0: the model's max_position_embeddings
+  int chunked_prefill = -1;   // -1: the command's default, 0 off, 1 on
+  runtime::AsyncScheduling async_scheduling = runtime::AsyncScheduling::kAuto;  // --[no-]async-
   double gpu_memory_utilization = 0.9;        // KV cache sizing on a GPU
   double cpu_kv_cache_gib = 4.0;              // KV cache sizing on the CPU
   int64_t preset_vocab_size = 0;              // presets served with a tokenizer
@@ -45,7 +45,7 @@ struct GenerationFlags {
 // --ignore-eos, --temperature, --top-k, --top-p, --seed, --num-layers, --preset-seed, --bf16,
 // --enable-dbo, --dbo-decode-token-threshold, --dbo-prefill-token-threshold,
 // --prompt-logprobs, --num-gpu-blocks-override, --max-model-len, --[no-]enable-chunked-prefill,
-// --no-async-scheduling,
+// --[no-]async-scheduling,
 // --gpu-memory-utilization, --cpu-kv-cache-gib, --preset-vocab-size, --preset-eos-token-id.
 void AddGenerationFlags(CLI::App* cmd, GenerationFlags& flags);
 

@@ -243,6 +243,9 @@ class Backend : public Allocator {
 
   // ---- Graphs and profiling (the CUDA backend; the CPU backend has neither) ---------------
   virtual bool SupportsGraphs() const { return false; }
+  // Whether ops run after they are enqueued (a CUDA stream), so that the host may work while
+  // they do; the CPU backend runs each op as it is called.
+  virtual bool RunsAsynchronously() const { return false; }
   // The ops enqueued between BeginCapture and EndCapture are recorded into the returned graph,
   // not run. Nothing in between may wait for the device or read host memory at replay time:
   // no CopyToDevice, CopyToHost, Synchronize or sampled Sample. Throws afd::Error when

@@ -16,6 +16,7 @@
 #include "afd/kernels/backend.h"
 #include "afd/model/model.h"
 #include "afd/runtime/cuda_graph_runner.h"
+#include "afd/runtime/engine.h"
 
 namespace afd::runtime {
 
@@ -33,7 +34,7 @@ struct BenchDecodeOptions {
   // step needs a ~40 GiB workspace). The sequences of earlier waves decode during the later
   // ones (untimed mixed steps); the timed steps start once every sequence is running.
   int64_t prefill_tokens_per_step = 65536;
-  bool async_scheduling = true;  // EngineOptions::async_scheduling
+  AsyncScheduling async_scheduling = AsyncScheduling::kAuto;  // EngineOptions'
 };
 
 // Model FLOPs per token of a `context`-token prompt's prefill, averaged over its positions: 2 x

@@ -72,7 +72,9 @@ Engine::Engine(const model::DeepseekModel& model, StepRunner& runner, const Engi
                       options.chunked_prefill},
       *cache_);
   gen_stats_.kv_blocks = shape.num_blocks;
-  async_ = options.async_scheduling && runner.TakesDeviceIds();
+  async_ = runner.TakesDeviceIds() && (options.async_scheduling == AsyncScheduling::kOn ||
+                                       (options.async_scheduling == AsyncScheduling::kAuto &&
+                                        model.backend().RunsAsynchronously()));
 }
 
 Engine::~Engine() {

@@ -25,6 +25,14 @@
 
 namespace afd::runtime {
 
+// EngineOptions::async_scheduling.
+enum class AsyncScheduling {
+  kAuto,  // on where the backend runs asynchronously (CUDA), where the host's work can overlap
+  kOn,    // also on the CPU (where the next step's forward runs before this one's outputs are
+          // handed out: the same outputs, one step later; for tests)
+  kOff,
+};
+
 struct EngineOptions {
   int64_t max_num_seqs = 0;            // running sequences at most; 0: no limit
   int64_t max_num_batched_tokens = 0;  // tokens per step at most; 0: no limit
@@ -36,7 +44,7 @@ struct EngineOptions {
   // work of a step (results, stop checks, scheduling, uploads) overlaps the device's. The same
   // outputs either way; only with a runner that takes ids from the device
   // (StepRunner::TakesDeviceIds). vLLM's --async-scheduling.
-  bool async_scheduling = true;
+  AsyncScheduling async_scheduling = AsyncScheduling::kAuto;
 };
 
 // Wall time and tokens by kind of step, and the cache's use.

@@ -30,8 +30,8 @@ struct GenerationOptions {
   // Tokens per step at most (decode tokens plus admitted prompts); 0: no limit. A prompt that
   // does not fit waits, unless nothing else would run (then it runs alone, whatever its size).
   int64_t max_num_batched_tokens = 0;
-  bool chunked_prefill = false;  // needs max_num_batched_tokens > 0
-  bool async_scheduling = true;  // EngineOptions::async_scheduling
+  bool chunked_prefill = false;                               // needs max_num_batched_tokens > 0
+  AsyncScheduling async_scheduling = AsyncScheduling::kAuto;  // EngineOptions'
   bool ignore_eos = false;
   SamplingParams sampling;
   bool prompt_logprobs = false;     // fill GenerationResult::prompt_logprobs

@@ -76,6 +76,7 @@ class CudaBackend : public Backend {
   void TakeIds(const Tensor& from, const Tensor& source, const Tensor& ids) override;
 
   bool SupportsGraphs() const override { return true; }
+  bool RunsAsynchronously() const override { return true; }
   void BeginCapture() override;
   std::unique_ptr<OpGraph> EndCapture() override;
   void AllowTf32(bool on) override { tf32_ = on; }
