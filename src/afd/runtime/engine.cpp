@@ -181,9 +181,11 @@ std::vector<RequestOutput> Engine::Step() {
   }
   // Asynchronous scheduling: while the step in flight runs on the device, the next one (pure
   // decodes, ids from the device) is planned and launched; then the first one's results are
-  // read back and handed out.
+  // read back and handed out. Not after a step with prompt tokens: the launch after it may
+  // capture a CUDA graph, which waits for the device, and its time would count as the
+  // prefill's (each call's time is its completed step's).
   std::optional<Launched> next;
-  if (async_ && inflight_->ticket >= 0) {
+  if (async_ && inflight_->ticket >= 0 && inflight_->plan.num_prefill_tokens == 0) {
     const StepPlan& plan = inflight_->plan;
     std::vector<char> finishing(plan.seqs.size(), 1);
     for (size_t i = 0; i < plan.seqs.size(); ++i) {
@@ -193,18 +195,15 @@ std::vector<RequestOutput> Engine::Step() {
       finishing[i] =
           plan.seqs[i].sample && (p.max_tokens == 0 || it->second.generated + 1 >= p.max_tokens);
     }
-    const auto ahead_start = std::chrono::steady_clock::now();
     if (std::optional<StepPlan> ahead = scheduler_->ScheduleAhead(plan, finishing)) {
       ahead->batch.ids_from = inflight_->ids_t;
       next = Launch(std::move(*ahead));
-      // Its planning and launch (a graph's first capture, say) count as its own time.
-      next->launch_seconds = Seconds(ahead_start);
       ++gen_stats_.ahead_steps;
     }
   }
   Launched done = std::move(*inflight_);
   inflight_ = std::move(next);
-  Complete(done, out, start, inflight_ ? inflight_->launch_seconds : 0.0);
+  Complete(done, out, start);
   return out;
 }
 
@@ -303,7 +302,7 @@ Engine::Launched Engine::Launch(StepPlan plan) {
 }
 
 void Engine::Complete(Launched& L, std::vector<RequestOutput>& out,
-                      std::chrono::steady_clock::time_point start, double others_seconds) {
+                      std::chrono::steady_clock::time_point start) {
   kernels::Backend& backend = model_.backend();
   const int64_t vocab = model_.config().vocab_size, m = L.m;
   if (L.ticket >= 0) {
@@ -387,7 +386,7 @@ void Engine::Complete(Launched& L, std::vector<RequestOutput>& out,
   const int64_t decode_tokens = plan.num_decode_tokens - gone_decodes;
   if (plan.num_prefill_tokens == 0 && decode_tokens == 0) return;  // every result discarded
   ++steps_;
-  const double seconds = Seconds(start) - others_seconds + L.launch_seconds;
+  const double seconds = Seconds(start);
   GenerationStats& st = gen_stats_;
   if (plan.num_prefill_tokens == 0) {
     st.decode_tokens += decode_tokens;

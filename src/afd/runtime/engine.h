@@ -123,16 +123,14 @@ class Engine {
     std::vector<int32_t> ids;  // [m] by logits row
     std::vector<float> lps;    // [m]
     std::vector<std::vector<TopLogprob>> tops;
-    double launch_seconds = 0;  // its launch ahead, in the call that completed the step before
   };
   // Runs the planned step's forward and sampling; reads the results at once unless they are
   // only ids and log-probabilities at them (then copied back behind later steps' launches).
   Launched Launch(StepPlan plan);
   // Takes a launched step's results: outputs, stop checks, scheduler update, stats (the step's
-  // wall time: from `start` on, less others_seconds spent launching the next step, plus its
-  // own launch_seconds).
+  // wall time: the Step call's, from `start`, the next step's launch included).
   void Complete(Launched& step, std::vector<RequestOutput>& out,
-                std::chrono::steady_clock::time_point start, double others_seconds);
+                std::chrono::steady_clock::time_point start);
   // Empty when fine, else why the request cannot run.
   std::string Check(const RequestParams& p) const;
   void Finish(int64_t index, FinishReason reason, std::vector<RequestOutput>& out,
