@@ -917,6 +917,9 @@ std::vector<Case> CheckCases() {
       // A few rows, K % 4 == 0: the GPU's fp32 GEMV (the router gate's path).
       {"Linear", "f32 3x64->65", [](Ctx& c) { return Linear(c, 3, 64, 65, D::kF32); }},
       {"Linear", "f32 1x2048->64", [](Ctx& c) { return Linear(c, 1, 2048, 64, D::kF32); }},
+      // The router gate at decode batch 9-64: the GPU's GEMV by 8-row launches.
+      {"Linear", "f32 16x2048->64", [](Ctx& c) { return Linear(c, 16, 2048, 64, D::kF32); }},
+      {"Linear", "f32 61x512->160", [](Ctx& c) { return Linear(c, 61, 512, 160, D::kF32); }},
       // The GPU's GEMVs (<= 8 rows): x staged in shared memory up to 48 KB, else read per row;
       // K past one batch of loads (2048 bf16 / 1024 f32 per warp) and not a whole batch.
       {"Linear", "bf16 1x2048->300", [](Ctx& c) { return Linear(c, 1, 2048, 300, D::kBF16); }},
