@@ -37,23 +37,47 @@ std::future<Collected> SubmitAndCollect(EngineClient& client, uint64_t id,
   return promise->get_future();
 }
 
-TEST(LocalEngineClient, ConcurrentRequestsMatchTheirRunAlone) {
+// Both ways of scheduling: waiting for each step's ids (the CPU's default), and launching the
+// next decode step first (CUDA's default, forced here).
+class LocalEngineClientTest : public testing::TestWithParam<runtime::AsyncScheduling> {
+ protected:
+  runtime::EngineOptions Options(runtime::EngineOptions o) const {
+    o.async_scheduling = GetParam();
+    return o;
+  }
+};
+
+INSTANTIATE_TEST_SUITE_P(Scheduling, LocalEngineClientTest,
+                         testing::Values(runtime::AsyncScheduling::kOff,
+                                         runtime::AsyncScheduling::kOn),
+                         [](const auto& info) {
+                           return info.param == runtime::AsyncScheduling::kOn ? "Async" : "Sync";
+                         });
+
+TEST_P(LocalEngineClientTest, ConcurrentRequestsMatchTheirRunAlone) {
   kernels::cpu::CpuBackend cpu;
   const auto model = model::OpenModel("preset:tiny", model::OpenOptions{}, cpu);
-  runtime::LocalStepRunner runner(*model);
-  LocalEngineClient client(*model, runner, {4, 32, true, 64, 0});
-  EXPECT_TRUE(client.Ready());
-  EXPECT_EQ(client.model_info().vocab_size, model->config().vocab_size);
   constexpr int kRequests = 24;
-  std::vector<std::future<Collected>> futures(kRequests);
-  std::vector<std::thread> threads;
   std::vector<runtime::RequestParams> params(kRequests);
+  std::vector<std::vector<int32_t>> want(kRequests);
+  runtime::Generator g(*model);
   for (int i = 0; i < kRequests; ++i) {
     params[i].prompt = {static_cast<int32_t>(i + 1), 3, static_cast<int32_t>(2 * i + 5)};
     params[i].max_tokens = 4 + i % 5;
     params[i].ignore_eos = true;
     params[i].sampling = {i % 2 ? 0.8f : 0.0f, 0, 1.0f, static_cast<uint64_t>(i)};
+    runtime::GenerationOptions o;  // each alone, before the client's thread uses the backend
+    o.max_tokens = params[i].max_tokens;
+    o.ignore_eos = true;
+    o.sampling = params[i].sampling;
+    want[i] = g.Generate({params[i].prompt}, o)[0].output_ids;
   }
+  runtime::LocalStepRunner runner(*model);
+  LocalEngineClient client(*model, runner, Options({4, 32, true, 64, 0}));
+  EXPECT_TRUE(client.Ready());
+  EXPECT_EQ(client.model_info().vocab_size, model->config().vocab_size);
+  std::vector<std::future<Collected>> futures(kRequests);
+  std::vector<std::thread> threads;
   for (int t = 0; t < 4; ++t) {
     threads.emplace_back([&, t] {
       for (int i = t; i < kRequests; i += 4)
@@ -61,27 +85,21 @@ TEST(LocalEngineClient, ConcurrentRequestsMatchTheirRunAlone) {
     });
   }
   for (auto& t : threads) t.join();
-  runtime::Generator g(*model);
   for (int i = 0; i < kRequests; ++i) {
     const Collected got = futures[i].get();
-    runtime::GenerationOptions o;
-    o.max_tokens = params[i].max_tokens;
-    o.ignore_eos = true;
-    o.sampling = params[i].sampling;
-    const auto want = g.Generate({params[i].prompt}, o)[0];
-    EXPECT_EQ(got.ids, want.output_ids) << "request " << i;
+    EXPECT_EQ(got.ids, want[i]) << "request " << i;
     EXPECT_EQ(got.reason, runtime::FinishReason::kLength);
   }
   EXPECT_EQ(client.Load().total.kv_blocks_used, 0);
 }
 
-TEST(LocalEngineClient, AbortAndShutdownEndRequests) {
+TEST_P(LocalEngineClientTest, AbortAndShutdownEndRequests) {
   kernels::cpu::CpuBackend cpu;
   const auto model = model::OpenModel("preset:tiny", model::OpenOptions{}, cpu);
   runtime::LocalStepRunner runner(*model);
   std::future<Collected> pending;
   {
-    LocalEngineClient client(*model, runner, {0, 0, false, 64, 0});
+    LocalEngineClient client(*model, runner, Options({0, 0, false, 64, 0}));
     runtime::RequestParams p;
     p.prompt = {1, 2, 3};
     p.max_tokens = 2000;
