@@ -160,21 +160,26 @@ TEST(ContinuousBatching, AsyncSchedulingKeepsTheResults) {
     int64_t blocks, budget;
     bool chunked, prompt_logprobs;
     int64_t min_ahead;  // steps that must run ahead
+    int64_t max_seqs = 0;
   };
   // Budget 2: at most 2 of the 4 sequences decode in a step, so none runs ahead (each step
   // leaves someone behind).
   for (const Case c :
        {Case{0, 0, false, false, 60}, Case{5, 0, false, false, 40}, Case{3, 16, true, true, 40},
-        Case{0, 0, false, true, 60}, Case{0, 2, false, true, 0}}) {
-    SCOPED_TRACE(testing::Message() << "blocks " << c.blocks << ", budget " << c.budget
-                                    << (c.chunked ? ", chunked" : "")
-                                    << (c.prompt_logprobs ? ", prompt logprobs" : ""));
+        Case{0, 0, false, true, 60}, Case{0, 2, false, true, 0},
+        // Two of four run while two wait: steps still run ahead (no one could join them).
+        Case{0, 0, false, false, 100, 2}}) {
+    SCOPED_TRACE(testing::Message()
+                 << "blocks " << c.blocks << ", budget " << c.budget << ", max_num_seqs "
+                 << c.max_seqs << (c.chunked ? ", chunked" : "")
+                 << (c.prompt_logprobs ? ", prompt logprobs" : ""));
     GenerationOptions o;
     o.max_tokens = 70;  // past a 64-token block
     o.ignore_eos = true;
     o.sampling = {0.7f, 0, 0.95f, 11};
     o.num_kv_blocks = c.blocks;
     o.max_num_batched_tokens = c.budget;
+    o.max_num_seqs = c.max_seqs;
     o.chunked_prefill = c.chunked;
     o.prompt_logprobs = c.prompt_logprobs;
     o.async_scheduling = AsyncScheduling::kOn;  // kAuto: only where the backend is asynchronous

@@ -154,7 +154,12 @@ std::optional<StepPlan> Scheduler::ScheduleAhead(const StepPlan& inflight,
   AFD_CHECK(finishing.size() == inflight.seqs.size(),
             "scheduler: {} finishing flags for {} sequences", finishing.size(),
             inflight.seqs.size());
-  if (!waiting_.empty() || running_.empty()) return std::nullopt;
+  // Waiting requests join only in a step planned after the results (Schedule): none may wait,
+  // unless none could join anyway (max_num_seqs running; one that ends with inflight frees its
+  // place for the step after next, as a stop token found late does).
+  const bool full =
+      limits_.max_num_seqs > 0 && static_cast<int64_t>(running_.size()) >= limits_.max_num_seqs;
+  if ((!waiting_.empty() && !full) || running_.empty()) return std::nullopt;
   // Each running sequence's entry in inflight: the same order (entries of sequences aborted
   // since are passed over).
   std::vector<size_t> entry(running_.size());

@@ -82,8 +82,9 @@ class Scheduler {
   // holds a placeholder until Update(inflight, ...) brings the id). finishing[i]: inflight's
   // seqs[i] ends with that step whatever its id (max_tokens), so it is left out. Nothing (the
   // caller then waits for inflight's ids and calls Schedule) unless every running sequence
-  // samples in inflight, none waits, and the cache has room for every next token without a
-  // preemption; blocks reserved before finding that out stay with their sequences.
+  // samples in inflight, none waits (or max_num_seqs run: none could join), and the cache has
+  // room for every next token without a preemption; blocks reserved before finding that out
+  // stay with their sequences.
   std::optional<StepPlan> ScheduleAhead(const StepPlan& inflight,
                                         const std::vector<char>& finishing);
   // What became of a planned sequence (Update's `finished`).
