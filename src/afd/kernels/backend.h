@@ -7,9 +7,10 @@
 //    bf16, shapes are noted per op ("x: [n, K]"); an op checks shapes and dtypes and throws
 //    afd::Error naming the op and the tensor.
 //  * Ops are enqueued on the backend's stream in call order; the CPU backend runs them inline.
-//    CopyToHost and Synchronize wait for the device; CopyToDevice returns once `src` may be
-//    reused (the CUDA backend waits for that copy), and Sample with sampled (non-greedy) rows
-//    waits for its parameter upload. Every other op returns without waiting.
+//    CopyToHost and Synchronize wait for the device, FinishCopyToHost for one copy's place in
+//    the stream; CopyToDevice returns once `src` may be reused (the CUDA backend stages it in
+//    pinned memory first, as it does Sample's row parameters). Every other op returns without
+//    waiting.
 //  * A token whose slot_mapping is negative writes no cache row (MlaCacheWrite): the padding
 //    rows of a captured graph (runtime/cuda_graph_runner.h) use it.
 //  * Rows are independent: a token's result never depends on the other rows of the batch

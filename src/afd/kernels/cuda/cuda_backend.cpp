@@ -48,8 +48,8 @@ struct CudaBackend::State {
   // (every copy staged before a completed wait is done: Synchronize, FinishCopyToHost).
   void* staging = nullptr;
   uint64_t staging_head = 0, staging_tail = 0;
-  // StartCopyToHost's copies, by ticket % kMaxCopiesToHost: pinned memory, its event, and the
-  // staging head when the copy was enqueued.
+  // StartCopyToHost's copies, by slot (Backend::OpenCopyTicket): pinned memory, its event, and
+  // the staging head when the copy was enqueued.
   struct HostCopy {
     void* pinned = nullptr;
     size_t capacity = 0, bytes = 0;
