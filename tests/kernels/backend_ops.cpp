@@ -965,6 +965,8 @@ std::vector<Case> CheckCases() {
       // 512+ rows, <= 256 columns of fp32 (the router gate at prefill): the GPU's 64 x 64 tiles,
       // partial row and column tiles, K not a multiple of the 16-wide step.
       {"Linear", "f32 600x1500->70", [](Ctx& c) { return Linear(c, 600, 1500, 70, D::kF32); }},
+      // The skinny kernel's K steps of 32: a last step holding one float4.
+      {"Linear", "f32 520x36->64", [](Ctx& c) { return Linear(c, 520, 36, 64, D::kF32); }},
       {"Linear", "f32 2x1500->19", [](Ctx& c) { return Linear(c, 2, 1500, 19, D::kF32); }},
       {"Embedding", "bf16 9 of 50x24", [](Ctx& c) { return Embedding(c, 9, 50, 24); }},
       {"RmsNorm", "5x96 in place", [](Ctx& c) { return RmsNorm(c, 5, 96); }},
