@@ -597,6 +597,30 @@ Result Router(Ctx& c, RouterScoring scoring, bool group_limited) {
   return Result(RelErr(c.Down<float>(w), want), 1e-5);
 }
 
+// The router in one op (RouterGateTopk: the CUDA backend fuses the fp32 gate GEMV and the top-k
+// for up to 8 tokens) against Linear then RouterTopk on the same backend: the same ids, weights
+// within 1e-6 (the same gate arithmetic; only the fusion differs).
+Result RouterGate(Ctx& c, int64_t n, int64_t e, RouterScoring scoring, bool group_limited) {
+  const int64_t h = 2048, k = 6;
+  RouterSpec spec{scoring, group_limited, k, 8, 3, scoring == RouterScoring::kSigmoid, 2.5f};
+  const Tensor x = c.Up(c.Randn(n * h), DType::kF32, {n, h});
+  const Tensor gate = c.Up(c.Randn(e * h, 0.05f), DType::kF32, {e, h});
+  const Tensor bias =
+      scoring == RouterScoring::kSigmoid ? c.Up(c.Randn(e, 0.1f), DType::kF32, {e}) : Tensor();
+  const Tensor logits = c.Alloc(DType::kF32, {n, e}), logits2 = c.Alloc(DType::kF32, {n, e});
+  const Tensor ids = c.Alloc(DType::kI32, {n, k}), w = c.Alloc(DType::kF32, {n, k});
+  const Tensor ids2 = c.Alloc(DType::kI32, {n, k}), w2 = c.Alloc(DType::kF32, {n, k});
+  for (int rep = 0; rep < 3; ++rep) {  // the fused kernel's arrival counter re-arms itself
+    c.b.RouterGateTopk(x, gate, bias, spec, logits, ids, w);
+  }
+  c.b.Linear(x, gate, logits2);
+  c.b.RouterTopk(logits2, bias, spec, ids2, w2);
+  if (c.Down<int32_t>(ids) != c.Down<int32_t>(ids2)) return Result::Fail("ids differ");
+  const double err = std::max(RelErr(c.Down<float>(w), ToDouble(c.Down<float>(w2))),
+                              RelErr(c.Down<float>(logits), ToDouble(c.Down<float>(logits2))));
+  return Result(err, 1e-6);
+}
+
 // Permute -> grouped experts -> combine, against per-token SwiGLU experts in double. hot >= 0:
 // every token routes to expert `hot` (one expert with n rows, the others sharing the rest).
 // gathered: Backend::GatheredExpertMlp (the rows read through MoePermute's src_row), else
@@ -941,6 +965,8 @@ std::vector<Case> CheckCases() {
       // 512+ rows, <= 256 columns of fp32 (the router gate at prefill): the GPU's 64 x 64 tiles,
       // partial row and column tiles, K not a multiple of the 16-wide step.
       {"Linear", "f32 600x1500->70", [](Ctx& c) { return Linear(c, 600, 1500, 70, D::kF32); }},
+      // The skinny kernel's K steps of 32: a last step holding one float4.
+      {"Linear", "f32 520x36->64", [](Ctx& c) { return Linear(c, 520, 36, 64, D::kF32); }},
       {"Linear", "f32 2x1500->19", [](Ctx& c) { return Linear(c, 2, 1500, 19, D::kF32); }},
       {"Embedding", "bf16 9 of 50x24", [](Ctx& c) { return Embedding(c, 9, 50, 24); }},
       {"RmsNorm", "5x96 in place", [](Ctx& c) { return RmsNorm(c, 5, 96); }},
@@ -1036,6 +1062,14 @@ std::vector<Case> CheckCases() {
        [](Ctx& c) { return Router(c, RouterScoring::kSoftmax, true); }},
       {"RouterTopk", "sigmoid noaux_tc",
        [](Ctx& c) { return Router(c, RouterScoring::kSigmoid, false); }},
+      {"RouterGateTopk", "1 token, 64 experts, softmax",
+       [](Ctx& c) { return RouterGate(c, 1, 64, RouterScoring::kSoftmax, false); }},
+      {"RouterGateTopk", "5 tokens, 160 experts, softmax group-limited",
+       [](Ctx& c) { return RouterGate(c, 5, 160, RouterScoring::kSoftmax, true); }},
+      {"RouterGateTopk", "8 tokens, 256 experts, sigmoid noaux_tc",
+       [](Ctx& c) { return RouterGate(c, 8, 256, RouterScoring::kSigmoid, false); }},
+      {"RouterGateTopk", "12 tokens (unfused), 64 experts",
+       [](Ctx& c) { return RouterGate(c, 12, 64, RouterScoring::kSoftmax, false); }},
       {"MoePermute+GroupedExpertMlp+MoeCombine", "all 8 experts",
        [](Ctx& c) { return Moe(c, 7, 8, 3, 32, 24, 0, 8); }},
       {"MoePermute+GroupedExpertMlp+MoeCombine", "experts [3, 6)",

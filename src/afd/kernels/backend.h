@@ -184,6 +184,15 @@ class Backend : public Allocator {
   // ids: [n, k] i32 ascending per token, weights: [n, k] f32.
   virtual void RouterTopk(const Tensor& logits, const Tensor& bias, const RouterSpec& spec,
                           const Tensor& ids, const Tensor& weights) = 0;
+  // A MoE layer's router in one op: logits = hidden: [n, H] · gateᵀ (gate: [E, H]), then
+  // RouterTopk(logits, ...). logits: [n, E] receives the gate's output. The composition by
+  // default; a backend may fuse the two (the CUDA backend for a few tokens).
+  virtual void RouterGateTopk(const Tensor& hidden, const Tensor& gate, const Tensor& bias,
+                              const RouterSpec& spec, const Tensor& logits, const Tensor& ids,
+                              const Tensor& weights) {
+    Linear(hidden, gate, logits);
+    RouterTopk(logits, bias, spec, ids, weights);
+  }
   // Groups the (token, slot) pairs whose expert is in [begin, begin + num_local) by expert,
   // tokens ascending within an expert. ids: [n, k] i32. Outputs: offsets: [num_local + 1] i32
   // (expert e's rows are [offsets[e], offsets[e+1])), src_row: [n·k] i32 (token of each grouped

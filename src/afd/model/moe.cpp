@@ -10,8 +10,8 @@ void DeepseekModel::Route(int64_t layer, const Tensor& hidden, const Tensor& ids
   const MoeWeights& w = weights_.layers[layer].moe;
   AFD_CHECK(!w.gate.empty(), "the router of layer {} is not loaded in this process", layer);
   const Tensor logits = ws.Take(DType::kF32, {hidden.dim(0), config_.n_routed_experts});
-  backend_.Linear(hidden, w.gate, logits);
-  backend_.RouterTopk(logits, w.e_score_correction_bias, router_spec_, ids, weights);
+  backend_.RouterGateTopk(hidden, w.gate, w.e_score_correction_bias, router_spec_, logits, ids,
+                          weights);
 }
 
 void DeepseekModel::RoutedExperts(int64_t layer, const Tensor& hidden, const Tensor& ids,

@@ -121,7 +121,8 @@ enum ScratchSlot {
   kSampleParams,
   kMoeAct,
   kMlaPartial,
-  kMlaCounters,  // zeroed when allocated
+  kMlaCounters,    // zeroed when allocated
+  kRouterCounter,  // likewise
   kMlaLatent,
   kSampleReduce,
   kNumSlots
@@ -725,21 +726,47 @@ void CudaBackend::MlaAttention(const Tensor& q, const Tensor& kv_b, const Attent
       nh * dv, dv, nh, compute, CUBLAS_GEMM_DEFAULT));
 }
 
+namespace {
+
+RouterArgs ToRouterArgs(const RouterSpec& spec) {
+  return {spec.scoring == RouterScoring::kSigmoid,
+          spec.group_limited,
+          spec.top_k,
+          spec.n_group,
+          spec.topk_group,
+          spec.norm_topk_prob,
+          spec.routed_scaling_factor};
+}
+
+}  // namespace
+
 void CudaBackend::RouterTopk(const Tensor& logits, const Tensor& bias, const RouterSpec& spec,
                              const Tensor& ids, const Tensor& weights) {
   const auto [n, e] = CheckRouterTopk(device(), logits, bias, spec, ids, weights);
   const OpScope scope(*this, "RouterTopk", {n, e});
-  const int64_t k = spec.top_k;
-  const RouterArgs a{spec.scoring == RouterScoring::kSigmoid,
-                     spec.group_limited,
-                     k,
-                     spec.n_group,
-                     spec.topk_group,
-                     spec.norm_topk_prob,
-                     spec.routed_scaling_factor};
+  const RouterArgs a = ToRouterArgs(spec);
   LaunchRouterTopk(logits.data_as<const float>(), n, e,
                    bias.empty() ? nullptr : bias.data_as<const float>(), a, ids.data_as<int32_t>(),
                    weights.data_as<float>(), state_->stream);
+}
+
+void CudaBackend::RouterGateTopk(const Tensor& hidden, const Tensor& gate, const Tensor& bias,
+                                 const RouterSpec& spec, const Tensor& logits, const Tensor& ids,
+                                 const Tensor& weights) {
+  const auto [n, k, e] = CheckLinear(device(), hidden, gate, logits);
+  CheckRouterTopk(device(), logits, bias, spec, ids, weights);
+  const RouterArgs a = ToRouterArgs(spec);
+  if (gate.dtype() != DType::kF32 || !RouterGateTopkFits(n, k, e, a) || !Aligned16(hidden.data()) ||
+      !Aligned16(gate.data()) || ChoiceOff("AFD_ROUTER_FUSED")) {
+    Backend::RouterGateTopk(hidden, gate, bias, spec, logits, ids, weights);
+    return;
+  }
+  const OpScope scope(*this, "RouterGateTopk", {n, e});
+  auto* counter = static_cast<unsigned int*>(ZeroedScratch(kRouterCounter, sizeof(unsigned int)));
+  LaunchRouterGateTopk(hidden.data_as<const float>(), n, k, gate.data_as<const float>(), e,
+                       logits.data_as<float>(),
+                       bias.empty() ? nullptr : bias.data_as<const float>(), a,
+                       ids.data_as<int32_t>(), weights.data_as<float>(), counter, state_->stream);
 }
 
 void CudaBackend::MoePermute(const Tensor& ids, int64_t begin, int64_t num_local,

@@ -183,10 +183,11 @@ __global__ void __launch_bounds__(kWarps * 32)
 
 // fp32 y[n, m] = x[n, k] · wᵀ for many rows and few columns (the router gate at prefill: 8192 x
 // 2048 -> 64, where cuBLAS's SGEMM runs at ~2 TFLOP/s). Block: kSkinnyRows rows x kSkinnyCols
-// columns, K in steps of kSkinnyK staged in shared memory transposed ([k][row], [k][col]); thread
-// (ty, tx) of 16 x 16 sums rows 4 ty .. and columns 4 tx .. over k in order (fp32 FMA, one
-// deterministic order per output). Needs k % 4 == 0 and 16-byte aligned rows.
-constexpr int kSkinnyRows = 64, kSkinnyCols = 64, kSkinnyK = 16;
+// columns, K in steps of kSkinnyK staged in shared memory transposed ([k][row], [k][col]), the
+// next step's loads in registers while this one is summed; thread (ty, tx) of 16 x 16 sums rows
+// 4 ty .. and columns 4 tx .. over k in order (fp32 FMA, one deterministic order per output).
+// Needs k % 4 == 0 and 16-byte aligned rows.
+constexpr int kSkinnyRows = 64, kSkinnyCols = 64, kSkinnyK = 32;
 constexpr int64_t kSkinnyMinRows = 512, kSkinnyMaxCols = 256;
 
 __global__ void __launch_bounds__(256)
@@ -196,21 +197,36 @@ __global__ void __launch_bounds__(256)
   __shared__ __align__(16) float ws[kSkinnyK][kSkinnyCols + 4];
   const int tid = threadIdx.x, ty = tid / 16, tx = tid % 16;
   const int64_t r0 = int64_t(blockIdx.y) * kSkinnyRows, c0 = int64_t(blockIdx.x) * kSkinnyCols;
-  // Loads: thread tid takes row tid / 4 of the tile, k 4 (tid % 4) .. + 3 (one float4).
+  // Loads: thread tid takes row tid / 4 of the tile, k 4 (tid % 4) .. + 3 and 16 more (two
+  // float4 a step).
   const int lr = tid / 4, lk = (tid % 4) * 4;
   const bool x_ok = r0 + lr < n, w_ok = c0 + lr < m;
   const float* xp = x + (x_ok ? r0 + lr : 0) * k + lk;
   const float* wp = w + (w_ok ? c0 + lr : 0) * k + lk;
-  float acc[4][4] = {};
-  for (int64_t k0 = 0; k0 < k; k0 += kSkinnyK) {
-    const bool k_ok = k0 + lk < k;
+  float4 xv[2], wv[2];
+  const auto load = [&](int64_t k0) {
     const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
-    const float4 xv = x_ok && k_ok ? *reinterpret_cast<const float4*>(xp + k0) : zero;
-    const float4 wv = w_ok && k_ok ? *reinterpret_cast<const float4*>(wp + k0) : zero;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const bool k_ok = k0 + lk + 16 * h < k;
+      xv[h] = x_ok && k_ok ? *reinterpret_cast<const float4*>(xp + k0 + 16 * h) : zero;
+      wv[h] = w_ok && k_ok ? *reinterpret_cast<const float4*>(wp + k0 + 16 * h) : zero;
+    }
+  };
+  float acc[4][4] = {};
+  load(0);
+  for (int64_t k0 = 0; k0 < k; k0 += kSkinnyK) {
     __syncthreads();  // the previous step's tiles are consumed
-    xs[lk][lr] = xv.x, xs[lk + 1][lr] = xv.y, xs[lk + 2][lr] = xv.z, xs[lk + 3][lr] = xv.w;
-    ws[lk][lr] = wv.x, ws[lk + 1][lr] = wv.y, ws[lk + 2][lr] = wv.z, ws[lk + 3][lr] = wv.w;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int kk = lk + 16 * h;
+      xs[kk][lr] = xv[h].x, xs[kk + 1][lr] = xv[h].y, xs[kk + 2][lr] = xv[h].z;
+      xs[kk + 3][lr] = xv[h].w;
+      ws[kk][lr] = wv[h].x, ws[kk + 1][lr] = wv[h].y, ws[kk + 2][lr] = wv[h].z;
+      ws[kk + 3][lr] = wv[h].w;
+    }
     __syncthreads();
+    if (k0 + kSkinnyK < k) load(k0 + kSkinnyK);  // in flight while this step is summed
 #pragma unroll
     for (int kk = 0; kk < kSkinnyK; ++kk) {
       const float4 a = *reinterpret_cast<const float4*>(&xs[kk][4 * ty]);

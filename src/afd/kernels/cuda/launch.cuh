@@ -112,6 +112,13 @@ struct RouterArgs {
 };
 void LaunchRouterTopk(const float* logits, int64_t n, int64_t num_experts, const float* bias,
                       const RouterArgs& args, int32_t* ids, float* weights, cudaStream_t s);
+// The router gate (fp32 GEMV, LaunchGemvF32's arithmetic) and the top-k in one launch, for up
+// to 8 tokens: logits [n, num_experts] written on the way; counter: one zeroed unsigned int the
+// kernel leaves zeroed.
+bool RouterGateTopkFits(int64_t n, int64_t k, int64_t num_experts, const RouterArgs& args);
+void LaunchRouterGateTopk(const float* x, int64_t n, int64_t k, const float* w, int64_t num_experts,
+                          float* logits, const float* bias, const RouterArgs& args, int32_t* ids,
+                          float* weights, unsigned int* counter, cudaStream_t s);
 
 // moe.cu
 void LaunchMoePermute(const int32_t* ids, int64_t n, int64_t k, int64_t begin, int64_t num_local,

@@ -52,24 +52,17 @@ __device__ int WarpArgMaxFree(const float* v, const unsigned char* taken, int n,
   return bi;
 }
 
-__global__ void __launch_bounds__(kRouterWarps * 32)
-    Router(const float* logits, int64_t n, int64_t e64, const float* bias, RouterArgs a,
-           int32_t* ids, float* weights) {
-  PdlStart();
-  __shared__ WarpScratch scratch[kRouterWarps];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int64_t t = int64_t(blockIdx.x) * kRouterWarps + warp;
-  if (t >= n) return;  // the whole warp: no block-wide barrier below
-  WarpScratch& sc = scratch[warp];
-  const int e = static_cast<int>(e64);
-  const float* lt = logits + t * e64;
+// Token t's route from its logits lt[e] (read through L2: another block may have written
+// them), by one warp with its scratch.
+__device__ void RouteToken(const float* lt, int e, const float* bias, const RouterArgs& a,
+                           WarpScratch& sc, int lane, int64_t t, int32_t* ids, float* weights) {
   if (!a.sigmoid) {
     float mx = NAN;  // fmaxf skips NaN: the largest number (NaN only if every logit is)
-    for (int i = lane; i < e; i += 32) mx = fmaxf(mx, lt[i]);
+    for (int i = lane; i < e; i += 32) mx = fmaxf(mx, __ldcg(lt + i));
     for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
     double sum = 0.0;
     for (int i = lane; i < e; i += 32) {
-      sc.score[i] = expf(lt[i] - mx);
+      sc.score[i] = expf(__ldcg(lt + i) - mx);
       sum += sc.score[i];
     }
     for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
@@ -77,7 +70,7 @@ __global__ void __launch_bounds__(kRouterWarps * 32)
     for (int i = lane; i < e; i += 32) sc.choice[i] = sc.score[i] = sc.score[i] * inv;
   } else {
     for (int i = lane; i < e; i += 32) {
-      sc.score[i] = 1.0f / (1.0f + expf(-lt[i]));
+      sc.score[i] = 1.0f / (1.0f + expf(-__ldcg(lt + i)));
       sc.choice[i] = sc.score[i] + (bias ? bias[i] : 0.0f);
     }
   }
@@ -148,6 +141,90 @@ __global__ void __launch_bounds__(kRouterWarps * 32)
   for (int j = 0; j < a.top_k; ++j) wt[j] *= a.scaling;
 }
 
+__global__ void __launch_bounds__(kRouterWarps * 32)
+    Router(const float* logits, int64_t n, int64_t e64, const float* bias, RouterArgs a,
+           int32_t* ids, float* weights) {
+  PdlStart();
+  __shared__ WarpScratch scratch[kRouterWarps];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t t = int64_t(blockIdx.x) * kRouterWarps + warp;
+  if (t >= n) return;  // the whole warp
+  RouteToken(logits + t * e64, static_cast<int>(e64), bias, a, scratch[warp], lane, t, ids,
+             weights);
+}
+
+// The router gate (fp32 x · wᵀ for n <= kMaxGemvRows tokens) and the top-k in one launch. Block b
+// computes logits columns [8b, 8b + 8), one warp each, with GemvF32's arithmetic (16-byte
+// loads, lane-strided over K in batches of kGateLoads, per-lane sums in order, then the warp's
+// sum in a fixed order: the same bits as LaunchGemvF32); the last block to finish (an arrival
+// counter that it re-arms) routes every token, warp t token t.
+constexpr int kGateWarps = 8, kGateLoads = 8;
+
+template <int kRowsMax>
+__global__ void __launch_bounds__(kGateWarps * 32)
+    RouterGateTopk(const float* x, int rows, int64_t k, const float* w, int64_t e64, float* logits,
+                   const float* bias, RouterArgs a, int32_t* ids, float* weights,
+                   unsigned int* counter) {
+  __shared__ WarpScratch scratch[kGateWarps];
+  __shared__ bool last;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t c = int64_t(blockIdx.x) * kGateWarps + warp;
+  const bool active = c < e64;
+  const float* wc = w + (active ? c : 0) * k;
+  float4 wv[kGateLoads];
+  int64_t k0 = int64_t(lane) * 4;
+  const auto load_weights = [&] {
+#pragma unroll
+    for (int u = 0; u < kGateLoads; ++u) {
+      if (k0 + u * 32 * 4 < k) wv[u] = *reinterpret_cast<const float4*>(wc + k0 + u * 32 * 4);
+    }
+  };
+  if (active) load_weights();
+  PdlStart();  // the weights' first loads in flight before the wait; x only after
+  if (active) {
+    float acc[kRowsMax] = {};
+    for (;;) {
+#pragma unroll
+      for (int r = 0; r < kRowsMax; ++r) {
+        if (r >= rows) break;
+        float4 xv[kGateLoads];
+#pragma unroll
+        for (int u = 0; u < kGateLoads; ++u) {
+          const int64_t kk = k0 + u * 32 * 4;
+          if (kk < k) xv[u] = *reinterpret_cast<const float4*>(x + r * k + kk);
+        }
+#pragma unroll
+        for (int u = 0; u < kGateLoads; ++u) {
+          if (k0 + u * 32 * 4 < k) {
+            acc[r] += wv[u].x * xv[u].x + wv[u].y * xv[u].y + wv[u].z * xv[u].z + wv[u].w * xv[u].w;
+          }
+        }
+      }
+      k0 += kGateLoads * 32 * 4;
+      if (k0 >= k) break;
+      load_weights();
+    }
+#pragma unroll
+    for (int r = 0; r < kRowsMax; ++r) {
+      if (r >= rows) break;
+      float v = acc[r];
+      for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+      if (lane == 0) logits[r * e64 + c] = v;
+    }
+  }
+  __threadfence();  // this block's logits visible before its arrival counts
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(counter, 1u) == gridDim.x - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  if (warp < rows) {
+    RouteToken(logits + warp * e64, static_cast<int>(e64), bias, a, scratch[warp], lane, warp, ids,
+               weights);
+  }
+  if (threadIdx.x == 0) *counter = 0;  // re-armed for the next launch (graph replays too)
+}
+
 }  // namespace
 
 void LaunchRouterTopk(const float* logits, int64_t n, int64_t num_experts, const float* bias,
@@ -160,6 +237,31 @@ void LaunchRouterTopk(const float* logits, int64_t n, int64_t num_experts, const
   LaunchPdl(Router, static_cast<unsigned>((n + kRouterWarps - 1) / kRouterWarps), kRouterWarps * 32,
             0, s, logits, n, num_experts, bias, args, ids, weights);
   CheckLaunch("RouterTopk");
+}
+
+bool RouterGateTopkFits(int64_t n, int64_t k, int64_t num_experts, const RouterArgs& args) {
+  return n >= 1 && n <= kGateWarps && k % 4 == 0 && num_experts <= kMaxRouterExperts &&
+         args.n_group <= kMaxGroups && args.top_k <= kMaxTopk;
+}
+
+void LaunchRouterGateTopk(const float* x, int64_t n, int64_t k, const float* w, int64_t num_experts,
+                          float* logits, const float* bias, const RouterArgs& args, int32_t* ids,
+                          float* weights, unsigned int* counter, cudaStream_t s) {
+  AFD_CHECK(RouterGateTopkFits(n, k, num_experts, args),
+            "RouterGateTopk on cuda: {} tokens, K = {}, {} experts", n, k, num_experts);
+  const unsigned blocks = static_cast<unsigned>((num_experts + kGateWarps - 1) / kGateWarps);
+  const auto launch = [&](auto kernel) {
+    LaunchPdl(kernel, blocks, kGateWarps * 32, 0, s, x, static_cast<int>(n), k, w, num_experts,
+              logits, bias, args, ids, weights, counter);
+  };
+  if (n <= 1) {
+    launch(RouterGateTopk<1>);
+  } else if (n <= 4) {
+    launch(RouterGateTopk<4>);
+  } else {
+    launch(RouterGateTopk<kGateWarps>);
+  }
+  CheckLaunch("RouterGateTopk");
 }
 
 }  // namespace afd::kernels::cuda
