@@ -941,9 +941,10 @@ std::vector<Case> CheckCases() {
       // A few rows, K % 4 == 0: the GPU's fp32 GEMV (the router gate's path).
       {"Linear", "f32 3x64->65", [](Ctx& c) { return Linear(c, 3, 64, 65, D::kF32); }},
       {"Linear", "f32 1x2048->64", [](Ctx& c) { return Linear(c, 1, 2048, 64, D::kF32); }},
-      // The router gate at decode batch 9-64: the GPU's GEMV by 8-row launches.
+      // The router gate at decode batch 9-64: the GPU's GEMV in 8-row chunks (one launch).
       {"Linear", "f32 16x2048->64", [](Ctx& c) { return Linear(c, 16, 2048, 64, D::kF32); }},
       {"Linear", "f32 61x512->160", [](Ctx& c) { return Linear(c, 61, 512, 160, D::kF32); }},
+      {"Linear", "f32 64x4096->72", [](Ctx& c) { return Linear(c, 64, 4096, 72, D::kF32); }},
       // The GPU's GEMVs (<= 8 rows): x staged in shared memory up to 48 KB, else read per row;
       // K past one batch of loads (2048 bf16 / 1024 f32 per warp) and not a whole batch.
       {"Linear", "bf16 1x2048->300", [](Ctx& c) { return Linear(c, 1, 2048, 300, D::kBF16); }},
@@ -1100,6 +1101,15 @@ std::vector<Case> CheckCases() {
        [](Ctx& c) { return Moe(c, 40, 8, 4, 1152, 96, 0, 8); }},
       {"MoePermute+GroupedExpertMlp+MoeCombine", "~1.5 rows/expert, K 2304 in 3 pieces",
        [](Ctx& c) { return Moe(c, 6, 8, 2, 2304, 64, 0, 8); }},
+      // Fewer rows than local experts (decode at batch 1-10): the GPU launches blocks for
+      // min(experts, rows) experts, block z taking the z-th expert with rows; a local range not
+      // from 0 with foreign slots; over 256 local experts every expert gets its blocks.
+      {"MoePermute+GroupedExpertMlp+MoeCombine", "1 token, top-6 of 64",
+       [](Ctx& c) { return Moe(c, 1, 64, 6, 256, 128, 0, 64); }},
+      {"MoePermute+GroupedExpertMlp+MoeCombine", "3 tokens, top-4 of 64, [10, 50)",
+       [](Ctx& c) { return Moe(c, 3, 64, 4, 64, 96, 10, 40); }},
+      {"MoePermute+GroupedExpertMlp+MoeCombine", "2 tokens, top-4 of 300",
+       [](Ctx& c) { return Moe(c, 2, 300, 4, 64, 64, 0, 300); }},
       // One m tile over K in pieces: the GPU splits K between two halves of warps (pieces
       // alternate), here with both projections in 2 pieces and a hot expert of 3 passes.
       {"MoePermute+GroupedExpertMlp+MoeCombine", "~10 rows/expert, one of 40, 1280x1280",

@@ -129,8 +129,6 @@ enum ScratchSlot {
 };
 
 constexpr size_t kStagingBytes = size_t{16} << 20;
-// fp32 Linear (the router gate) by 8-row GEMV launches up to these sizes.
-constexpr int64_t kMaxGemvChunkedRows = 64, kMaxGemvChunkedCols = 256;
 constexpr size_t kCublasWorkspaceBytes = size_t{64} << 20;
 // Beside with more rows runs in place (prefill: its GEMMs fill the GPU alone).
 constexpr int64_t kBesideMaxRows = 1024;
@@ -573,21 +571,11 @@ void CudaBackend::Linear(const Tensor& x, const Tensor& w, const Tensor& y) {
   // Row-major y[n, m] = x[n, k] · w[m, k]ᵀ is column-major yᵀ[m, n] = w · xᵀ.
   if (w.dtype() == DType::kF32) {
     // A few rows (decode; the router gate in every model): cuBLAS picks kernels that take ~50 us
-    // for a 1x2048x64 product; one warp per output column streams the weights instead.
-    if (GemvF32Fits(n, k) && Aligned16(x.data()) && Aligned16(w.data())) {
+    // for a 1x2048x64 product (~20 us at 16 x 2048 x 64); one warp per output column streams the
+    // weights instead (9-64 rows of <= 256 columns: one launch, a block per 8 rows and 8 columns).
+    if (GemvF32Fits(n, k, m) && Aligned16(x.data()) && Aligned16(w.data())) {
       LaunchGemvF32(x.data_as<const float>(), n, k, w.data_as<const float>(), m, y.data_as<float>(),
                     state_->stream);
-      return;
-    }
-    // The router gate at decode batch 9-64 (m <= 256 columns): the GEMV per 8 rows (its few
-    // weights stay in L2 between launches) instead of cuBLAS's SGEMM (~20 us at 16 x 2048 x
-    // 64); each row's sum is the GEMV's, whatever the batch.
-    if (n <= kMaxGemvChunkedRows && m <= kMaxGemvChunkedCols && GemvF32Fits(kMaxGemvRows, k) &&
-        Aligned16(x.data()) && Aligned16(w.data())) {
-      for (int64_t r = 0; r < n; r += kMaxGemvRows) {
-        LaunchGemvF32(x.data_as<const float>() + r * k, std::min<int64_t>(kMaxGemvRows, n - r), k,
-                      w.data_as<const float>(), m, y.data_as<float>() + r * m, state_->stream);
-      }
       return;
     }
     if (SkinnyF32Fits(n, k, m) && Aligned16(x.data()) && Aligned16(w.data())) {

@@ -10,6 +10,7 @@
 
 #include "afd/common/cuda_check.h"
 #include "afd/kernels/cuda/bf16_vec.cuh"
+#include "afd/kernels/cuda/gemv_f32.cuh"
 #include "afd/kernels/cuda/launch.cuh"
 #include "afd/kernels/cuda/pdl.cuh"
 
@@ -125,60 +126,20 @@ __global__ void __launch_bounds__(kWarps * 32)
   StoreWarpSums<kRowsMax>(acc, rows, lane, y + c, m);
 }
 
-// The fp32-weight form (the router gate, and every Linear with --dtype fp32): one warp per output
-// column, kLoads 16-byte weight loads in flight per lane, x staged in shared memory as it is
-// (kStageX) or loaded from L1/L2 per row in the same batches.
+// The fp32-weight form (the router gate, and every Linear with --dtype fp32): GemvF32Block
+// (gemv_f32.cuh), x staged in shared memory as it is (kStageX: one column per warp only) or read
+// from L1/L2. blockIdx.y picks a chunk of kRowsMax rows (more than kRowsMax rows in one launch:
+// the router gate at decode batch 9-64); a row's sum is the same whatever its chunk and the
+// number of rows.
 template <int kRowsMax, bool kStageX>
-__global__ void __launch_bounds__(kWarps * 32)
-    GemvF32(const float* x, int rows, int64_t k, const float* w, int64_t m, float* y) {
-  extern __shared__ float4 xf4[];  // kStageX: x [rows, k]
-  const int lane = threadIdx.x & 31;
-  const int64_t c = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
-  const bool active = c < m;
-  const float* wc = w + (active ? c : 0) * k;
-  float4 wv[kLoads];
-  int64_t k0 = int64_t(lane) * 4;
-  const auto load_weights = [&] {
-#pragma unroll
-    for (int u = 0; u < kLoads; ++u) {
-      if (k0 + u * 32 * 4 < k) wv[u] = *reinterpret_cast<const float4*>(wc + k0 + u * 32 * 4);
-    }
-  };
-  if (active) load_weights();
-  PdlStart();  // as in GemvBf16: the weights' first loads in flight before the wait
-  if constexpr (kStageX) {
-    for (int64_t i = threadIdx.x; i < rows * k / 4; i += blockDim.x) {
-      xf4[i] = reinterpret_cast<const float4*>(x)[i];
-    }
-    __syncthreads();
-  }
-  if (!active) return;
-  float acc[kRowsMax] = {};
-  for (;;) {
-#pragma unroll
-    for (int r = 0; r < kRowsMax; ++r) {
-      if (r >= rows) break;
-      float4 xv[kLoads];
-#pragma unroll
-      for (int u = 0; u < kLoads; ++u) {
-        const int64_t kk = k0 + u * 32 * 4;
-        if (kk < k) {
-          xv[u] =
-              kStageX ? xf4[(r * k + kk) / 4] : *reinterpret_cast<const float4*>(x + r * k + kk);
-        }
-      }
-#pragma unroll
-      for (int u = 0; u < kLoads; ++u) {
-        if (k0 + u * 32 * 4 < k) {
-          acc[r] += wv[u].x * xv[u].x + wv[u].y * xv[u].y + wv[u].z * xv[u].z + wv[u].w * xv[u].w;
-        }
-      }
-    }
-    k0 += kLoads * 32 * 4;
-    if (k0 >= k) break;
-    load_weights();
-  }
-  StoreWarpSums<kRowsMax>(acc, rows, lane, y + c, m);
+__global__ void __launch_bounds__(kGemvF32Warps * 32)
+    GemvF32(const float* x, int rows, int64_t k, const float* w, int64_t m, int splits, float* y) {
+  extern __shared__ float4 xf4[];  // kStageX: this chunk's x [rows, k]
+  __shared__ float part[kGemvF32Warps][kRowsMax];
+  x += int64_t(blockIdx.y) * kRowsMax * k;
+  y += int64_t(blockIdx.y) * kRowsMax * m;
+  rows = min(rows - int(blockIdx.y) * kRowsMax, kRowsMax);
+  GemvF32Block<kRowsMax, kStageX>(x, rows, k, w, m, splits, reinterpret_cast<float*>(xf4), part, y);
 }
 
 // fp32 y[n, m] = x[n, k] · wᵀ for many rows and few columns (the router gate at prefill: 8192 x
@@ -266,21 +227,27 @@ void ByRowBound(int64_t n, Launch launch) {
   }
 }
 
-bool GemvF32Fits(int64_t n, int64_t k) { return n >= 1 && n <= kMaxGemvRows && k % 4 == 0; }
+bool GemvF32Fits(int64_t n, int64_t k, int64_t m) {
+  return n >= 1 && k % 4 == 0 &&
+         (n <= kMaxGemvRows || (n <= kMaxGemvF32Rows && m <= kMaxGemvF32ChunkedCols));
+}
 
 void LaunchGemvF32(const float* x, int64_t n, int64_t k, const float* w, int64_t m, float* y,
                    cudaStream_t s) {
-  AFD_CHECK(GemvF32Fits(n, k), "GemvF32: {} rows of K = {}", n, k);
-  const unsigned blocks = static_cast<unsigned>((m + kWarps - 1) / kWarps);
-  const int64_t stage_bytes = n * k * 4;
+  AFD_CHECK(GemvF32Fits(n, k, m), "GemvF32: {} rows of K = {}, N = {}", n, k, m);
+  const int splits = GemvF32Splits(m), cols = kGemvF32Warps / splits;
+  const dim3 blocks(static_cast<unsigned>((m + cols - 1) / cols),
+                    static_cast<unsigned>((n + kMaxGemvRows - 1) / kMaxGemvRows));
+  const int64_t stage_bytes = std::min<int64_t>(n, kMaxGemvRows) * k * 4;
   ByRowBound(n, [&](auto bound) {
     constexpr int kRows = decltype(bound)::value;
-    if (stage_bytes <= kStageBytes) {
-      LaunchPdl(GemvF32<kRows, true>, blocks, kWarps * 32, stage_bytes, s, x, static_cast<int>(n),
-                k, w, m, y);
+    // Staging pays when a block's warps read x for several columns.
+    if (splits == 1 && stage_bytes <= kStageBytes) {
+      LaunchPdl(GemvF32<kRows, true>, blocks, kGemvF32Warps * 32, stage_bytes, s, x,
+                static_cast<int>(n), k, w, m, splits, y);
     } else {
-      LaunchPdl(GemvF32<kRows, false>, blocks, kWarps * 32, 0, s, x, static_cast<int>(n), k, w, m,
-                y);
+      LaunchPdl(GemvF32<kRows, false>, blocks, kGemvF32Warps * 32, 0, s, x, static_cast<int>(n), k,
+                w, m, splits, y);
     }
   });
   CheckLaunch("Linear (gemv f32)");

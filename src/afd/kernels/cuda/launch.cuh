@@ -43,8 +43,11 @@ void LaunchGemvBf16(const float* x, int64_t n, int64_t k, const void* w, int64_t
 bool SkinnyF32Fits(int64_t n, int64_t k, int64_t m);
 void LaunchSkinnyF32(const float* x, int64_t n, int64_t k, const float* w, int64_t m, float* y,
                      cudaStream_t s);
-// The GEMV with fp32 x and w (K % 4 == 0; x and w 16-byte aligned).
-bool GemvF32Fits(int64_t n, int64_t k);
+// The GEMV with fp32 x and w (K % 4 == 0; x and w 16-byte aligned): up to kMaxGemvRows rows, or
+// up to kMaxGemvF32Rows (in chunks of kMaxGemvRows, one launch) of at most
+// kMaxGemvF32ChunkedCols columns (the router gate at decode batch 9-64).
+inline constexpr int64_t kMaxGemvF32Rows = 64, kMaxGemvF32ChunkedCols = 256;
+bool GemvF32Fits(int64_t n, int64_t k, int64_t m);
 void LaunchGemvF32(const float* x, int64_t n, int64_t k, const float* w, int64_t m, float* y,
                    cudaStream_t s);
 

@@ -489,12 +489,13 @@ constexpr int64_t kTilePairMinTokens = 1024;
 // that block re-arms it) merges every split's partial into o_lat in split order, with
 // AttentionCombine's arithmetic (the same bits), so the result does not depend on which block
 // came last. The merge reads the partials from L2 in batches of kMergeBatch loads per
-// thread per split (a load at a time would be one L2 round trip per output: ~16 us a block);
+// thread for kMergeSplits splits at once (a load at a time would be one L2 round trip per
+// output: ~16 us a block);
 // 8-byte loads, as the partial rows are 8-byte aligned (kvr + 2 floats each).
 // scratch: kMaxMlaSplits x kGroup floats of shared memory (the factors e^{m_s - M}), then the
 // kGroup totals.
 constexpr int kMaxMlaSplits = 64;
-constexpr int kMergeBatch = 8;
+constexpr int kMergeBatch = 8, kMergeSplits = 4;
 __device__ void MergeIfLast(const float* partial, int64_t tok, int64_t nh, int64_t g0, int g_count,
                             int splits, int* counter, float* o_lat, float* scratch) {
   constexpr int64_t kvr = kTileLatent;
@@ -531,22 +532,33 @@ __device__ void MergeIfLast(const float* partial, int64_t tok, int64_t nh, int64
     float2 acc[kMergeBatch];
 #pragma unroll
     for (int b = 0; b < kMergeBatch; ++b) acc[b] = make_float2(0.0f, 0.0f);
-    for (int s = 0; s < splits; ++s) {
-      float2 v[kMergeBatch];
+    for (int s0 = 0; s0 < splits; s0 += kMergeSplits) {
+      // kMergeSplits splits' loads in flight at once (the short contexts of small batches have
+      // 2-4 splits: one L2 round trip per batch, not one per split), summed in split order.
+      float2 v[kMergeSplits][kMergeBatch];
 #pragma unroll
-      for (int b = 0; b < kMergeBatch; ++b) {
-        const int e = base + b * blockDim.x;
-        if (e < vecs) {
-          v[b] = __ldcg(reinterpret_cast<const float2*>(part(e / kVecs, s) + 2) + e % kVecs);
+      for (int i = 0; i < kMergeSplits; ++i) {
+        if (s0 + i >= splits) break;
+#pragma unroll
+        for (int b = 0; b < kMergeBatch; ++b) {
+          const int e = base + b * blockDim.x;
+          if (e < vecs) {
+            v[i][b] =
+                __ldcg(reinterpret_cast<const float2*>(part(e / kVecs, s0 + i) + 2) + e % kVecs);
+          }
         }
       }
 #pragma unroll
-      for (int b = 0; b < kMergeBatch; ++b) {
-        const int e = base + b * blockDim.x;
-        if (e >= vecs) break;
-        const float f = factor[s * kGroup + e / kVecs];
-        acc[b].x += v[b].x * f;
-        acc[b].y += v[b].y * f;
+      for (int i = 0; i < kMergeSplits; ++i) {
+        if (s0 + i >= splits) break;
+#pragma unroll
+        for (int b = 0; b < kMergeBatch; ++b) {
+          const int e = base + b * blockDim.x;
+          if (e >= vecs) break;
+          const float f = factor[(s0 + i) * kGroup + e / kVecs];
+          acc[b].x += v[i][b].x * f;
+          acc[b].y += v[i][b].y * f;
+        }
       }
     }
 #pragma unroll
@@ -950,6 +962,7 @@ namespace {
 // order (no atomics): the same result whatever the batch around a token.
 constexpr int kMlaTok = 8;      // tokens per block (chunk)
 constexpr int kQLatGroups = 4;  // d-groups per column in MlaQLat (threads = 32 x groups)
+constexpr int kMlaLoads = 16;   // MlaQLat's weight loads in flight per thread
 
 // q_lat[t, hh, c] = sum_d q[t, h0 + hh, d] * W_k[h0 + hh][d, c]; W_k[h] = kv_b + h (dn + dv) kvr,
 // rows of kvr. Grid (ceil(kvr / 32), nh, ceil(n / kMlaTok)); thread (lane, g) sums d = g, g + 4,
@@ -957,33 +970,49 @@ constexpr int kQLatGroups = 4;  // d-groups per column in MlaQLat (threads = 32 
 __global__ void __launch_bounds__(32 * kQLatGroups)
     MlaQLat(const float* q, int64_t n, int64_t heads, int64_t dn, int64_t dr, int64_t dv,
             const float* kv_b, int64_t h0, int64_t nh, int64_t kvr, float* q_lat) {
-  PdlStart();
   extern __shared__ float smem[];  // q_nope [kMlaTok][dn], then partial [groups][kMlaTok][32]
   float* qs = smem;
   float* part = smem + kMlaTok * dn;
   const int lane = threadIdx.x & 31, g = threadIdx.x >> 5;
   const int64_t hh = blockIdx.y, h = h0 + hh, t0 = int64_t(blockIdx.z) * kMlaTok;
+  const int64_t c = int64_t(blockIdx.x) * 32 + lane;
+  const bool active = c < kvr;
+  const float* w = kv_b + h * (dn + dv) * kvr + (active ? c : 0);
+  // kMlaLoads weights in flight per thread (d = g, g + groups, ...), the first batch before the
+  // wait for the kernel before (nothing writes the weights).
+  float wv[kMlaLoads];
+  const auto load = [&](int64_t d0) {
+#pragma unroll
+    for (int u = 0; u < kMlaLoads; ++u) {
+      const int64_t d = d0 + u * kQLatGroups;
+      wv[u] = active && d < dn ? w[d * kvr] : 0.0f;
+    }
+  };
+  load(g);
+  PdlStart();
   const int cnt = static_cast<int>(n - t0 < kMlaTok ? n - t0 : kMlaTok);
   for (int64_t i = threadIdx.x; i < cnt * dn; i += blockDim.x) {
     const int64_t t = i / dn, d = i % dn;
     qs[i] = q[((t0 + t) * heads + h) * (dn + dr) + d];
   }
   __syncthreads();
-  const int64_t c = int64_t(blockIdx.x) * 32 + lane;
   float acc[kMlaTok] = {};
-  if (c < kvr) {
-    const float* w = kv_b + h * (dn + dv) * kvr + c;
-#pragma unroll 4
-    for (int64_t d = g; d < dn; d += kQLatGroups) {
-      const float wv = w[d * kvr];
+  for (int64_t d0 = g;;) {
 #pragma unroll
-      for (int t = 0; t < kMlaTok; ++t) acc[t] += qs[t * dn + d] * wv;
+    for (int u = 0; u < kMlaLoads; ++u) {
+      const int64_t d = d0 + u * kQLatGroups;
+      if (d >= dn) break;
+#pragma unroll
+      for (int t = 0; t < kMlaTok; ++t) acc[t] += qs[t * dn + d] * wv[u];
     }
+    d0 += kMlaLoads * kQLatGroups;
+    if (d0 >= dn) break;
+    load(d0);
   }
 #pragma unroll
   for (int t = 0; t < kMlaTok; ++t) part[(g * kMlaTok + t) * 32 + lane] = acc[t];
   __syncthreads();
-  if (g != 0 || c >= kvr) return;
+  if (g != 0 || !active) return;
   for (int t = 0; t < cnt; ++t) {
     float v = part[t * 32 + lane];
     for (int gg = 1; gg < kQLatGroups; ++gg) v += part[(gg * kMlaTok + t) * 32 + lane];
@@ -997,28 +1026,48 @@ __global__ void __launch_bounds__(32 * kQLatGroups)
 __global__ void __launch_bounds__(256)
     MlaOut(const float* o_lat, int64_t n, int64_t dn, int64_t dv, const float* kv_b, int64_t h0,
            int64_t nh, int64_t kvr, float* out) {
-  PdlStart();
   extern __shared__ float smem[];  // o_lat of this head [kMlaTok][kvr]
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t hh = blockIdx.y, h = h0 + hh, t0 = int64_t(blockIdx.z) * kMlaTok;
+  const int64_t j = int64_t(blockIdx.x) * 8 + warp;
+  const bool active = j < dv;
+  const float* w = kv_b + (h * (dn + dv) + dn + (active ? j : 0)) * kvr;
+  // The row's first kOutLoads 16-byte pieces per lane in flight before the wait (all of a
+  // 512-wide row).
+  constexpr int kOutLoads = 4;
+  float4 wv[kOutLoads];
+  const auto load = [&](int64_t c0) {
+#pragma unroll
+    for (int u = 0; u < kOutLoads; ++u) {
+      const int64_t c = c0 + u * 32 * 4;
+      if (active && c < kvr) wv[u] = *reinterpret_cast<const float4*>(w + c);
+    }
+  };
+  load(int64_t(lane) * 4);
+  PdlStart();
   const int cnt = static_cast<int>(n - t0 < kMlaTok ? n - t0 : kMlaTok);
   for (int64_t i = threadIdx.x; i < cnt * kvr; i += blockDim.x) {
     const int64_t t = i / kvr, c = i % kvr;
     smem[i] = o_lat[((t0 + t) * nh + hh) * kvr + c];
   }
   __syncthreads();
-  const int64_t j = int64_t(blockIdx.x) * 8 + warp;
-  if (j >= dv) return;
-  const float* w = kv_b + (h * (dn + dv) + dn + j) * kvr;
+  if (!active) return;
   float acc[kMlaTok] = {};
-  for (int64_t c = int64_t(lane) * 4; c < kvr; c += 32 * 4) {
-    const float4 wv = *reinterpret_cast<const float4*>(w + c);
+  for (int64_t c0 = int64_t(lane) * 4;;) {
 #pragma unroll
-    for (int t = 0; t < kMlaTok; ++t) {
-      if (t >= cnt) break;
-      const float4 ov = *reinterpret_cast<const float4*>(smem + t * kvr + c);
-      acc[t] += wv.x * ov.x + wv.y * ov.y + wv.z * ov.z + wv.w * ov.w;
+    for (int u = 0; u < kOutLoads; ++u) {
+      const int64_t c = c0 + u * 32 * 4;
+      if (c >= kvr) break;
+#pragma unroll
+      for (int t = 0; t < kMlaTok; ++t) {
+        if (t >= cnt) break;
+        const float4 ov = *reinterpret_cast<const float4*>(smem + t * kvr + c);
+        acc[t] += wv[u].x * ov.x + wv[u].y * ov.y + wv[u].z * ov.z + wv[u].w * ov.w;
+      }
     }
+    c0 += kOutLoads * 32 * 4;
+    if (c0 >= kvr) break;
+    load(c0);
   }
 #pragma unroll
   for (int t = 0; t < kMlaTok; ++t) {

@@ -367,10 +367,10 @@ __global__ void GatherRowsToBf16(const float* x, const int32_t* index, int64_t h
 // load phase (rows gid, gid + 1 x 4 t) hit 32 distinct banks. Rows past the expert's segment are
 // zeros and never read.
 //
-// grid: (ceil(n_out / columns per block), row slices, num_local), from host-known m and num_local
-// only (graph-safe; PlanMma); block y takes the passes y, y + slices, ... of its expert's rows;
-// blocks past an expert's rows exit at once. Needs k % 32 == 0, n_out % 8 == 0 and 16-byte
-// aligned weights and x rows.
+// grid: (ceil(n_out / columns per block), row slices, experts: min(num_local, m), see
+// ActiveExpert), from host-known m and num_local only (graph-safe; PlanMma); block y takes the
+// passes y, y + slices, ... of its expert's rows; blocks past an expert's rows exit at once. Needs
+// k % 32 == 0, n_out % 8 == 0 and 16-byte aligned weights and x rows.
 constexpr int kMmaUnroll = 8;
 // x piece in shared memory per m tile: an SM holds 4 blocks of 1 tile or 2 of 2 tiles.
 constexpr int kMmaTileStageBytes = 36 * 1024;
@@ -429,6 +429,40 @@ __device__ __forceinline__ void MmaCompute(const uint4 (&w)[kMmaUnroll][2],
   }
 }
 
+// The expert of block z: z itself when the grid spans every local expert, else (grid z =
+// min(num_local, rows): decode's few rows use a few experts) the z-th expert with rows,
+// ascending (-1: fewer have rows), so no block is launched for each unused expert (at batch 1,
+// 58 of 64 experts' blocks did nothing but start and exit). Up to 32 kActiveScanRounds experts;
+// every thread of the block must call it.
+constexpr int kActiveScanRounds = 8;
+constexpr int64_t kMaxActiveScanExperts = 32 * kActiveScanRounds;
+__device__ __forceinline__ int64_t ActiveExpert(const int32_t* offsets, int64_t num_local) {
+  if (gridDim.z == num_local) return blockIdx.z;
+  __shared__ int found;
+  if (threadIdx.x < 32) {
+    const int lane = threadIdx.x;
+    bool has[kActiveScanRounds];
+#pragma unroll
+    for (int r = 0; r < kActiveScanRounds; ++r) {  // every load issued before any is used
+      const int64_t e = 32 * r + lane;
+      has[r] = e < num_local && offsets[e + 1] > offsets[e];
+    }
+    int seen = 0, pick = -1;
+    const int z = static_cast<int>(blockIdx.z);
+#pragma unroll
+    for (int r = 0; r < kActiveScanRounds; ++r) {
+      const unsigned mask = __ballot_sync(0xffffffffu, has[r]);
+      const unsigned who =
+          __ballot_sync(0xffffffffu, has[r] && seen + __popc(mask & ((1u << lane) - 1)) == z);
+      if (who != 0) pick = 32 * r + __ffs(who) - 1;
+      seen += __popc(mask);
+    }
+    if (lane == 0) found = pick;
+  }
+  __syncthreads();
+  return found;
+}
+
 // kBf16Out (SwiGLU only): the products are written as bf16 to yb (rounded as RowsToBf16 rounds
 // them: the next GEMM's input) instead of fp32 to y. piece: the K piece staged at a time (a
 // multiple of 32; PlanMma).
@@ -441,13 +475,16 @@ template <bool kSwiglu, bool kBf16Out, int kTiles, int kHalves = 1,
           int kWarps = 4 * kTiles* kHalves>
 __global__ void __launch_bounds__(kWarps * 32, 16 / kWarps)  // 128 registers
     GroupedMma(const __nv_bfloat16* x, int64_t k, int piece, const void* const* w_ptrs,
-               const int32_t* offsets, int64_t n_out, float* y, __nv_bfloat16* yb) {
+               const int32_t* offsets, int64_t num_local, int64_t n_out, float* y,
+               __nv_bfloat16* yb) {
   PdlStart();
   static_assert(kHalves == 1 || kTiles == 1, "halves only with one m tile");
   extern __shared__ uint4 stage4[];
   auto* xs = reinterpret_cast<__nv_bfloat16*>(stage4);  // [kHalves][16 kTiles][MmaStride(piece)]
   constexpr int kPassRows = 16 * kTiles, kColWarps = kWarps / kHalves;
-  const int64_t e = blockIdx.z, r_end = offsets[e + 1];
+  const int64_t e = ActiveExpert(offsets, num_local);
+  if (e < 0) return;  // the whole block
+  const int64_t r_end = offsets[e + 1];
   const int64_t first = offsets[e] + int64_t(blockIdx.y) * kPassRows;
   if (first >= r_end) return;  // the whole block
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gid = lane >> 2, t = lane & 3;
@@ -923,9 +960,11 @@ MmaLaunch PlanMma(int64_t m, int64_t k, int64_t n_out, bool swiglu, int64_t num_
   // passes, so that an expert over its share runs its extra passes side by side, not after
   // (blocks of a slice past an expert's rows exit at once).
   const int64_t avg_passes = (m + pass_rows * num_local - 1) / (pass_rows * num_local);
+  // Experts: at most m have rows (ActiveExpert maps z to the z-th of them).
+  const int64_t experts = num_local <= kMaxActiveScanExperts ? std::min(num_local, m) : num_local;
   p.grid = dim3(static_cast<unsigned>((n_out + cols - 1) / cols),
                 static_cast<unsigned>(p.tiles == 1 ? 1 : 2 * avg_passes),
-                static_cast<unsigned>(num_local));
+                static_cast<unsigned>(experts));
   return p;
 }
 
@@ -945,8 +984,8 @@ void LaunchMma(const __nv_bfloat16* x, int64_t m, int64_t k, const void* const* 
       return true;
     }();
     (void)raised;
-    LaunchPdl(kernel, p.grid, p.warps * 32, p.smem, s, x, k, p.piece, w_ptrs, offsets, n_out, y,
-              yb);
+    LaunchPdl(kernel, p.grid, p.warps * 32, p.smem, s, x, k, p.piece, w_ptrs, offsets, num_local,
+              n_out, y, yb);
   };
   using One = std::integral_constant<int, 1>;
   using Two = std::integral_constant<int, 2>;

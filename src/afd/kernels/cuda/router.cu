@@ -5,6 +5,7 @@
 #include <climits>
 
 #include "afd/common/cuda_check.h"
+#include "afd/kernels/cuda/gemv_f32.cuh"
 #include "afd/kernels/cuda/launch.cuh"
 #include "afd/kernels/cuda/pdl.cuh"
 
@@ -153,65 +154,21 @@ __global__ void __launch_bounds__(kRouterWarps * 32)
              weights);
 }
 
-// The router gate (fp32 x · wᵀ for n <= kMaxGemvRows tokens) and the top-k in one launch. Block b
-// computes logits columns [8b, 8b + 8), one warp each, with GemvF32's arithmetic (16-byte
-// loads, lane-strided over K in batches of kGateLoads, per-lane sums in order, then the warp's
-// sum in a fixed order: the same bits as LaunchGemvF32); the last block to finish (an arrival
+// The router gate (fp32 x · wᵀ for n <= kGateTokens tokens) and the top-k in one launch: the
+// logits by GemvF32Block (the same bits as LaunchGemvF32); the last block to finish (an arrival
 // counter that it re-arms) routes every token, warp t token t.
-constexpr int kGateWarps = 8, kGateLoads = 8;
+constexpr int kGateTokens = kGemvF32Warps;
 
 template <int kRowsMax>
-__global__ void __launch_bounds__(kGateWarps * 32)
-    RouterGateTopk(const float* x, int rows, int64_t k, const float* w, int64_t e64, float* logits,
-                   const float* bias, RouterArgs a, int32_t* ids, float* weights,
+__global__ void __launch_bounds__(kGemvF32Warps * 32)
+    RouterGateTopk(const float* x, int rows, int64_t k, const float* w, int64_t e64, int splits,
+                   float* logits, const float* bias, RouterArgs a, int32_t* ids, float* weights,
                    unsigned int* counter) {
-  __shared__ WarpScratch scratch[kGateWarps];
+  __shared__ WarpScratch scratch[kGemvF32Warps];
+  __shared__ float part[kGemvF32Warps][kRowsMax];
   __shared__ bool last;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int64_t c = int64_t(blockIdx.x) * kGateWarps + warp;
-  const bool active = c < e64;
-  const float* wc = w + (active ? c : 0) * k;
-  float4 wv[kGateLoads];
-  int64_t k0 = int64_t(lane) * 4;
-  const auto load_weights = [&] {
-#pragma unroll
-    for (int u = 0; u < kGateLoads; ++u) {
-      if (k0 + u * 32 * 4 < k) wv[u] = *reinterpret_cast<const float4*>(wc + k0 + u * 32 * 4);
-    }
-  };
-  if (active) load_weights();
-  PdlStart();  // the weights' first loads in flight before the wait; x only after
-  if (active) {
-    float acc[kRowsMax] = {};
-    for (;;) {
-#pragma unroll
-      for (int r = 0; r < kRowsMax; ++r) {
-        if (r >= rows) break;
-        float4 xv[kGateLoads];
-#pragma unroll
-        for (int u = 0; u < kGateLoads; ++u) {
-          const int64_t kk = k0 + u * 32 * 4;
-          if (kk < k) xv[u] = *reinterpret_cast<const float4*>(x + r * k + kk);
-        }
-#pragma unroll
-        for (int u = 0; u < kGateLoads; ++u) {
-          if (k0 + u * 32 * 4 < k) {
-            acc[r] += wv[u].x * xv[u].x + wv[u].y * xv[u].y + wv[u].z * xv[u].z + wv[u].w * xv[u].w;
-          }
-        }
-      }
-      k0 += kGateLoads * 32 * 4;
-      if (k0 >= k) break;
-      load_weights();
-    }
-#pragma unroll
-    for (int r = 0; r < kRowsMax; ++r) {
-      if (r >= rows) break;
-      float v = acc[r];
-      for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-      if (lane == 0) logits[r * e64 + c] = v;
-    }
-  }
+  GemvF32Block<kRowsMax, false>(x, rows, k, w, e64, splits, nullptr, part, logits);
   __threadfence();  // this block's logits visible before its arrival counts
   __syncthreads();
   if (threadIdx.x == 0) last = atomicAdd(counter, 1u) == gridDim.x - 1;
@@ -240,7 +197,7 @@ void LaunchRouterTopk(const float* logits, int64_t n, int64_t num_experts, const
 }
 
 bool RouterGateTopkFits(int64_t n, int64_t k, int64_t num_experts, const RouterArgs& args) {
-  return n >= 1 && n <= kGateWarps && k % 4 == 0 && num_experts <= kMaxRouterExperts &&
+  return n >= 1 && n <= kGateTokens && k % 4 == 0 && num_experts <= kMaxRouterExperts &&
          args.n_group <= kMaxGroups && args.top_k <= kMaxTopk;
 }
 
@@ -249,17 +206,18 @@ void LaunchRouterGateTopk(const float* x, int64_t n, int64_t k, const float* w, 
                           float* weights, unsigned int* counter, cudaStream_t s) {
   AFD_CHECK(RouterGateTopkFits(n, k, num_experts, args),
             "RouterGateTopk on cuda: {} tokens, K = {}, {} experts", n, k, num_experts);
-  const unsigned blocks = static_cast<unsigned>((num_experts + kGateWarps - 1) / kGateWarps);
+  const int splits = GemvF32Splits(num_experts), cols = kGemvF32Warps / splits;
+  const unsigned blocks = static_cast<unsigned>((num_experts + cols - 1) / cols);
   const auto launch = [&](auto kernel) {
-    LaunchPdl(kernel, blocks, kGateWarps * 32, 0, s, x, static_cast<int>(n), k, w, num_experts,
-              logits, bias, args, ids, weights, counter);
+    LaunchPdl(kernel, blocks, kGemvF32Warps * 32, 0, s, x, static_cast<int>(n), k, w, num_experts,
+              splits, logits, bias, args, ids, weights, counter);
   };
   if (n <= 1) {
     launch(RouterGateTopk<1>);
   } else if (n <= 4) {
     launch(RouterGateTopk<4>);
   } else {
-    launch(RouterGateTopk<kGateWarps>);
+    launch(RouterGateTopk<kGateTokens>);
   }
   CheckLaunch("RouterGateTopk");
 }
