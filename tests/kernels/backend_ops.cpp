@@ -1114,6 +1114,10 @@ std::vector<Case> CheckCases() {
       // alternate), here with both projections in 2 pieces and a hot expert of 3 passes.
       {"MoePermute+GroupedExpertMlp+MoeCombine", "~10 rows/expert, one of 40, 1280x1280",
        [](Ctx& c) { return Moe(c, 40, 8, 2, 1280, 1280, 0, 8, 2); }},
+      // The same with enough column blocks (18 x 32 experts) for the GPU's wide blocks (8
+      // warps: 4 column warps per K half; fewer blocks take narrow ones of 2 column warps).
+      {"MoePermute+GroupedExpertMlp+MoeCombine", "~3 rows/expert, 32 experts, 1152x576",
+       [](Ctx& c) { return Moe(c, 24, 32, 4, 1152, 576, 0, 32); }},
       // The same two and a tiled one with the rows gathered first (GatherRows), not on the way.
       {"MoePermute+GroupedExpertMlp+MoeCombine", "~10 rows/expert, 1280x1280, gathered first",
        [](Ctx& c) { return Moe(c, 40, 8, 2, 1280, 1280, 0, 8, 2, false); }},
@@ -1173,6 +1177,11 @@ std::vector<Case> PerfCases() {
   }
   v.push_back(
       {"Linear", "f32 8192x2048->64", [](Ctx& c) { return Linear(c, 8192, 2048, 64, D::kF32); }});
+  // The router gate at decode batch 1-64 (fp32, 64 experts).
+  for (int64_t n : {1, 8, 16, 64}) {
+    v.push_back({"Linear", fmt::format("f32 {}x2048->64", n),
+                 [n](Ctx& c) { return Linear(c, n, 2048, 64, D::kF32); }});
+  }
   v.push_back({"RmsNorm", "256x2048", [](Ctx& c) { return RmsNorm(c, 256, 2048); }});
   for (int64_t seqs : {1, 16, 64}) {
     v.push_back({"MlaAttention", fmt::format("decode {} x ctx 1024, 16 heads", seqs),
@@ -1180,6 +1189,15 @@ std::vector<Case> PerfCases() {
     v.push_back({"MlaAttention",
                  fmt::format("decode {} x ctx 1024, 16 heads, tf32, bf16 cache", seqs),
                  [seqs](Ctx& c) { return MlaDecodePerf(c, seqs, 1024, true, DType::kBF16); }});
+  }
+  // The tiled kernel (bf16 cache) at small batch and short contexts, where the split count
+  // trades a merge for parallel tiles (AFD_MLA_SPLITS forces one).
+  for (int64_t seqs : {1, 4, 16}) {
+    for (int64_t ctx : {129, 256, 512}) {
+      v.push_back(
+          {"MlaAttention", fmt::format("decode {} x ctx {}, 16 heads, tf32, bf16 cache", seqs, ctx),
+           [seqs, ctx](Ctx& c) { return MlaDecodePerf(c, seqs, ctx, true, DType::kBF16); }});
+    }
   }
   // fp32 vs TF32 tensor cores (bf16 models) at large batch: ctx 128 and 1024.
   for (int64_t ctx : {128, 1024}) {

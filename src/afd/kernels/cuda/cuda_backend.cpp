@@ -817,7 +817,8 @@ bool CudaBackend::MmaExpertMlp(const float* x, const int32_t* src_row, int64_t m
   auto* xb = static_cast<uint16_t*>(Scratch(kBf16Input, m * std::max(h, inter) * 2));
   return LaunchGroupedMlpMma(x, src_row, m, h, inter, ExpertTable(experts, 0),
                              ExpertTable(experts, 1), offsets.data_as<const int32_t>(),
-                             experts.num_experts(), xb, act, out.data_as<float>(), state_->stream);
+                             experts.num_experts(), xb, act, out.data_as<float>(), state_->sm_count,
+                             state_->stream);
 }
 
 void CudaBackend::GatheredExpertMlp(const Tensor& x, const Tensor& src_row, const Tensor& grouped,

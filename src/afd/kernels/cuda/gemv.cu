@@ -228,6 +228,8 @@ void ByRowBound(int64_t n, Launch launch) {
 }
 
 bool GemvF32Fits(int64_t n, int64_t k, int64_t m) {
+  static const bool chunks_off = ChoiceOff("AFD_GEMV_F32_CHUNKS");  // cuBLAS above 8 rows
+  if (chunks_off && n > kMaxGemvRows) return false;
   return n >= 1 && k % 4 == 0 &&
          (n <= kMaxGemvRows || (n <= kMaxGemvF32Rows && m <= kMaxGemvF32ChunkedCols));
 }

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cfloat>
 #include <cstdint>
+#include <cstdlib>
 #include <type_traits>
 
 #include "afd/common/cuda_check.h"
@@ -933,6 +934,16 @@ bool MlaTilesFit(int64_t kvr, int64_t dr, bool bf16_cache, bool tf32) {
 
 int64_t MlaSplits(int64_t n, int64_t nh, int64_t max_context, bool tiles, int sm_count) {
   const int64_t blocks = std::max<int64_t>(n * ((nh + kGroup - 1) / kGroup), 1);
+  // AFD_MLA_SPLITS=s: s splits (at most one per tile or chunk, at most 64), to measure the
+  // choice below against others (backend_ops_test --perf --op MlaAttention).
+  static const int64_t forced = [] {
+    const char* v = std::getenv("AFD_MLA_SPLITS");
+    return v != nullptr ? std::max<int64_t>(std::atoll(v), 0) : int64_t{0};
+  }();
+  if (forced > 0) {
+    const int64_t rows = tiles ? kTileRows : kRows;
+    return std::min<int64_t>({forced, (max_context + rows - 1) / rows, kMaxMlaSplits});
+  }
   if (tiles) {
     // One block per SM: the split count s that minimises waves(s) x (tiles per split + 1), the
     // 1 for a block's start (q rows, the first tile's latency); ties to fewer splits.

@@ -942,7 +942,13 @@ struct MmaLaunch {
   size_t smem;
 };
 
-MmaLaunch PlanMma(int64_t m, int64_t k, int64_t n_out, bool swiglu, int64_t num_local) {
+// Narrow blocks (two column warps per K half, 4 warps) when the wide ones would fill fewer
+// than kNarrowBelowWaves block slots per SM (decode at batch 1-4: 6 experts x 32 column blocks
+// of the down projection on 132 SMs are 1.45 blocks per SM, so half the SMs do twice the work).
+constexpr int64_t kNarrowBelowWaves = 4;
+
+MmaLaunch PlanMma(int64_t m, int64_t k, int64_t n_out, bool swiglu, int64_t num_local,
+                  int sm_count) {
   MmaLaunch p{};
   const int64_t avg_rows = (m + num_local - 1) / num_local;
   p.tiles = avg_rows > 16 ? 2 : 1;
@@ -955,13 +961,18 @@ MmaLaunch PlanMma(int64_t m, int64_t k, int64_t n_out, bool swiglu, int64_t num_
   p.halves = p.tiles == 1 && pieces > 1 && !halves_off ? 2 : 1;
   p.smem = static_cast<size_t>(p.halves * pass_rows) * MmaStride(p.piece) * sizeof(__nv_bfloat16);
   p.warps = 4 * p.tiles * p.halves;
+  // Experts: at most m have rows (ActiveExpert maps z to the z-th of them).
+  const int64_t experts = num_local <= kMaxActiveScanExperts ? std::min(num_local, m) : num_local;
+  static const bool narrow_off = ChoiceOff("AFD_MOE_NARROW");
+  if (p.halves == 2 && !narrow_off) {
+    const int64_t wide_cols = p.warps / p.halves * (swiglu ? 8 : 16);
+    if ((n_out + wide_cols - 1) / wide_cols * experts < kNarrowBelowWaves * sm_count) p.warps = 4;
+  }
   const int64_t cols = p.warps / p.halves * (swiglu ? 8 : 16);
   // Row slices: one pass each for up to 16 rows per expert on average; above, twice the average
   // passes, so that an expert over its share runs its extra passes side by side, not after
   // (blocks of a slice past an expert's rows exit at once).
   const int64_t avg_passes = (m + pass_rows * num_local - 1) / (pass_rows * num_local);
-  // Experts: at most m have rows (ActiveExpert maps z to the z-th of them).
-  const int64_t experts = num_local <= kMaxActiveScanExperts ? std::min(num_local, m) : num_local;
   p.grid = dim3(static_cast<unsigned>((n_out + cols - 1) / cols),
                 static_cast<unsigned>(p.tiles == 1 ? 1 : 2 * avg_passes),
                 static_cast<unsigned>(experts));
@@ -972,11 +983,11 @@ MmaLaunch PlanMma(int64_t m, int64_t k, int64_t n_out, bool swiglu, int64_t num_
 template <bool kSwiglu, bool kBf16Out>
 void LaunchMma(const __nv_bfloat16* x, int64_t m, int64_t k, const void* const* w_ptrs,
                const int32_t* offsets, int64_t num_local, int64_t n_out, float* y,
-               __nv_bfloat16* yb, cudaStream_t s) {
-  const MmaLaunch p = PlanMma(m, k, n_out, kSwiglu, num_local);
-  const auto go = [&](auto tiles, auto halves) {
+               __nv_bfloat16* yb, int sm_count, cudaStream_t s) {
+  const MmaLaunch p = PlanMma(m, k, n_out, kSwiglu, num_local, sm_count);
+  const auto go = [&](auto tiles, auto halves, auto warps) {
     constexpr int kTiles = decltype(tiles)::value, kHalves = decltype(halves)::value;
-    const auto kernel = GroupedMma<kSwiglu, kBf16Out, kTiles, kHalves>;
+    const auto kernel = GroupedMma<kSwiglu, kBf16Out, kTiles, kHalves, decltype(warps)::value>;
     // The opt-in above 48 KB, once per instance (this lambda is instantiated per plan shape).
     static const bool raised = [&] {
       AFD_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -989,12 +1000,16 @@ void LaunchMma(const __nv_bfloat16* x, int64_t m, int64_t k, const void* const* 
   };
   using One = std::integral_constant<int, 1>;
   using Two = std::integral_constant<int, 2>;
+  using Four = std::integral_constant<int, 4>;
+  using Eight = std::integral_constant<int, 8>;
   if (p.tiles == 2) {
-    go(Two{}, One{});
+    go(Two{}, One{}, Eight{});
+  } else if (p.halves == 2 && p.warps == 4) {
+    go(One{}, Two{}, Four{});
   } else if (p.halves == 2) {
-    go(One{}, Two{});
+    go(One{}, Two{}, Eight{});
   } else {
-    go(One{}, One{});
+    go(One{}, One{}, Four{});
   }
 }
 
@@ -1021,9 +1036,9 @@ void LaunchGroupedLinear(const float* x, int64_t m, int64_t k, const void* const
     auto* xb = reinterpret_cast<__nv_bfloat16*>(x_bf16);
     LaunchRowsToBf16(x, m * k, xb, s);
     if (swiglu) {
-      LaunchMma<true, false>(xb, m, k, w_ptrs, offsets, num_local, n_out, y, nullptr, s);
+      LaunchMma<true, false>(xb, m, k, w_ptrs, offsets, num_local, n_out, y, nullptr, 0, s);
     } else {
-      LaunchMma<false, false>(xb, m, k, w_ptrs, offsets, num_local, n_out, y, nullptr, s);
+      LaunchMma<false, false>(xb, m, k, w_ptrs, offsets, num_local, n_out, y, nullptr, 0, s);
     }
     CheckLaunch("GroupedExpertMlp (mma)");
     return;
@@ -1113,7 +1128,7 @@ void LaunchTiledLinear(const uint16_t* x_bf16, int64_t n, int64_t k, const void*
 bool LaunchGroupedMlpMma(const float* x, const int32_t* src_row, int64_t m, int64_t h,
                          int64_t inter, const void* const* gate_up, const void* const* down,
                          const int32_t* offsets, int64_t num_local, uint16_t* x_bf16,
-                         uint16_t* act_bf16, float* out, cudaStream_t s) {
+                         uint16_t* act_bf16, float* out, int sm_count, cudaStream_t s) {
   const bool tiled = TiledFits(m, h, inter, num_local) && TiledFits(m, inter, h, num_local);
   if (m == 0 || num_local == 0 ||
       (!tiled && (!MmaFits(m, h, inter, num_local) || !MmaFits(m, inter, h, num_local)))) {
@@ -1132,8 +1147,8 @@ bool LaunchGroupedMlpMma(const float* x, const int32_t* src_row, int64_t m, int6
     CheckLaunch("GroupedExpertMlp (tiled, bf16 intermediate)");
     return true;
   }
-  LaunchMma<true, true>(xb, m, h, gate_up, offsets, num_local, inter, nullptr, ab, s);
-  LaunchMma<false, false>(ab, m, inter, down, offsets, num_local, h, out, nullptr, s);
+  LaunchMma<true, true>(xb, m, h, gate_up, offsets, num_local, inter, nullptr, ab, sm_count, s);
+  LaunchMma<false, false>(ab, m, inter, down, offsets, num_local, h, out, nullptr, sm_count, s);
   CheckLaunch("GroupedExpertMlp (mma, bf16 intermediate)");
   return true;
 }
