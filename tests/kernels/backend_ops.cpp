@@ -941,10 +941,10 @@ std::vector<Case> CheckCases() {
       // A few rows, K % 4 == 0: the GPU's fp32 GEMV (the router gate's path).
       {"Linear", "f32 3x64->65", [](Ctx& c) { return Linear(c, 3, 64, 65, D::kF32); }},
       {"Linear", "f32 1x2048->64", [](Ctx& c) { return Linear(c, 1, 2048, 64, D::kF32); }},
-      // The router gate at decode batch 9-64: the GPU's GEMV in 8-row chunks (one launch).
+      // The router gate at decode batch 9-16: the GPU's GEMV in 8-row chunks (one launch).
       {"Linear", "f32 16x2048->64", [](Ctx& c) { return Linear(c, 16, 2048, 64, D::kF32); }},
-      {"Linear", "f32 61x512->160", [](Ctx& c) { return Linear(c, 61, 512, 160, D::kF32); }},
-      {"Linear", "f32 64x4096->72", [](Ctx& c) { return Linear(c, 64, 4096, 72, D::kF32); }},
+      {"Linear", "f32 13x512->160", [](Ctx& c) { return Linear(c, 13, 512, 160, D::kF32); }},
+      {"Linear", "f32 11x4096->72", [](Ctx& c) { return Linear(c, 11, 4096, 72, D::kF32); }},
       // The GPU's GEMVs (<= 8 rows): x staged in shared memory up to 48 KB, else read per row;
       // K past one batch of loads (2048 bf16 / 1024 f32 per warp) and not a whole batch.
       {"Linear", "bf16 1x2048->300", [](Ctx& c) { return Linear(c, 1, 2048, 300, D::kBF16); }},
@@ -1114,8 +1114,7 @@ std::vector<Case> CheckCases() {
       // alternate), here with both projections in 2 pieces and a hot expert of 3 passes.
       {"MoePermute+GroupedExpertMlp+MoeCombine", "~10 rows/expert, one of 40, 1280x1280",
        [](Ctx& c) { return Moe(c, 40, 8, 2, 1280, 1280, 0, 8, 2); }},
-      // The same with enough column blocks (18 x 32 experts) for the GPU's wide blocks (8
-      // warps: 4 column warps per K half; fewer blocks take narrow ones of 2 column warps).
+      // The same with 32 experts' blocks side by side (18 column blocks each).
       {"MoePermute+GroupedExpertMlp+MoeCombine", "~3 rows/expert, 32 experts, 1152x576",
        [](Ctx& c) { return Moe(c, 24, 32, 4, 1152, 576, 0, 32); }},
       // The same two and a tiled one with the rows gathered first (GatherRows), not on the way.

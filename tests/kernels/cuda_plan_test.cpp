@@ -36,8 +36,13 @@ TEST(MlaSplitsTiles, CoverTheContextWithinLimits) {
 }
 
 TEST(MlaSplitsTiles, FewTokensSpreadLongContextsManyTokensDoNot) {
-  // One token over 1024 positions: one tile a split fills the most SMs.
-  EXPECT_EQ(MlaSplits(1, 16, 1024, true, kSms), 16);
+  // One token over 1024 positions (16 tiles): 8 splits of 2 tiles; 16 splits of one would
+  // spend more on their merge than they save.
+  EXPECT_EQ(MlaSplits(1, 16, 1024, true, kSms), 8);
+  // Short contexts: a merge costs more than walking 3 or 4 tiles in one block; 8 tiles in 4.
+  EXPECT_EQ(MlaSplits(1, 16, 129, true, kSms), 1);
+  EXPECT_EQ(MlaSplits(1, 16, 256, true, kSms), 1);
+  EXPECT_EQ(MlaSplits(1, 16, 512, true, kSms), 4);
   // 16 tokens: 8 splits of 2 tiles (128 blocks, one wave) cost less than 16 of 1 (two waves).
   EXPECT_EQ(MlaSplits(16, 16, 1024, true, kSms), 8);
   // More (token, group) blocks than SMs: one split, each block walks its whole context.

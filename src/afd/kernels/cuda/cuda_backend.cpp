@@ -572,7 +572,8 @@ void CudaBackend::Linear(const Tensor& x, const Tensor& w, const Tensor& y) {
   if (w.dtype() == DType::kF32) {
     // A few rows (decode; the router gate in every model): cuBLAS picks kernels that take ~50 us
     // for a 1x2048x64 product (~20 us at 16 x 2048 x 64); one warp per output column streams the
-    // weights instead (9-64 rows of <= 256 columns: one launch, a block per 8 rows and 8 columns).
+    // weights instead (9-16 rows of <= 256 columns: one launch, a block per 8 rows; at 17-64
+    // rows cuBLAS was faster in the decode graph, at 9-16 slower).
     if (GemvF32Fits(n, k, m) && Aligned16(x.data()) && Aligned16(w.data())) {
       LaunchGemvF32(x.data_as<const float>(), n, k, w.data_as<const float>(), m, y.data_as<float>(),
                     state_->stream);
@@ -817,8 +818,7 @@ bool CudaBackend::MmaExpertMlp(const float* x, const int32_t* src_row, int64_t m
   auto* xb = static_cast<uint16_t*>(Scratch(kBf16Input, m * std::max(h, inter) * 2));
   return LaunchGroupedMlpMma(x, src_row, m, h, inter, ExpertTable(experts, 0),
                              ExpertTable(experts, 1), offsets.data_as<const int32_t>(),
-                             experts.num_experts(), xb, act, out.data_as<float>(), state_->sm_count,
-                             state_->stream);
+                             experts.num_experts(), xb, act, out.data_as<float>(), state_->stream);
 }
 
 void CudaBackend::GatheredExpertMlp(const Tensor& x, const Tensor& src_row, const Tensor& grouped,

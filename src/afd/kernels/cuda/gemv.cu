@@ -129,7 +129,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 // The fp32-weight form (the router gate, and every Linear with --dtype fp32): GemvF32Block
 // (gemv_f32.cuh), x staged in shared memory as it is (kStageX: one column per warp only) or read
 // from L1/L2. blockIdx.y picks a chunk of kRowsMax rows (more than kRowsMax rows in one launch:
-// the router gate at decode batch 9-64); a row's sum is the same whatever its chunk and the
+// the router gate at decode batch 9-16); a row's sum is the same whatever its chunk and the
 // number of rows.
 template <int kRowsMax, bool kStageX>
 __global__ void __launch_bounds__(kGemvF32Warps * 32)

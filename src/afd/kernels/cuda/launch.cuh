@@ -45,8 +45,8 @@ void LaunchSkinnyF32(const float* x, int64_t n, int64_t k, const float* w, int64
                      cudaStream_t s);
 // The GEMV with fp32 x and w (K % 4 == 0; x and w 16-byte aligned): up to kMaxGemvRows rows, or
 // up to kMaxGemvF32Rows (in chunks of kMaxGemvRows, one launch) of at most
-// kMaxGemvF32ChunkedCols columns (the router gate at decode batch 9-64).
-inline constexpr int64_t kMaxGemvF32Rows = 64, kMaxGemvF32ChunkedCols = 256;
+// kMaxGemvF32ChunkedCols columns (the router gate at decode batch 9-16).
+inline constexpr int64_t kMaxGemvF32Rows = 16, kMaxGemvF32ChunkedCols = 256;
 bool GemvF32Fits(int64_t n, int64_t k, int64_t m);
 void LaunchGemvF32(const float* x, int64_t n, int64_t k, const float* w, int64_t m, float* y,
                    cudaStream_t s);
@@ -131,12 +131,11 @@ void LaunchMoePermute(const int32_t* ids, int64_t n, int64_t k, int64_t begin, i
 // false, nothing launched): x rounded to bf16 once into x_bf16 [m, h], the SwiGLU product
 // written as bf16 into act_bf16 [m, inter] by the first GEMM (rounded as the separate
 // conversion would: the same bits), then out [m, h] = act · W_down^T. No fp32 intermediate.
-// src_row: null, or row r of the rows is x[src_row[r]] (gathered while rounded). sm_count: the
-// device's multiprocessors (decode's few blocks are spread over them).
+// src_row: null, or row r of the rows is x[src_row[r]] (gathered while rounded).
 bool LaunchGroupedMlpMma(const float* x, const int32_t* src_row, int64_t m, int64_t h,
                          int64_t inter, const void* const* gate_up, const void* const* down,
                          const int32_t* offsets, int64_t num_local, uint16_t* x_bf16,
-                         uint16_t* act_bf16, float* out, int sm_count, cudaStream_t s);
+                         uint16_t* act_bf16, float* out, cudaStream_t s);
 // Dense y[n, m] = x · w^T on the tiled bf16 kernel (GroupedTiled with one weight matrix): x_bf16
 // [n, k] (x already rounded), w bf16 [m, k], y fp32. For prefill-sized n, where cuBLAS's choice
 // for N off its 128 grid runs at a few % of the tensor cores (kv_a's N = 576).

@@ -945,15 +945,18 @@ int64_t MlaSplits(int64_t n, int64_t nh, int64_t max_context, bool tiles, int sm
     return std::min<int64_t>({forced, (max_context + rows - 1) / rows, kMaxMlaSplits});
   }
   if (tiles) {
-    // One block per SM: the split count s that minimises waves(s) x (tiles per split + 1), the
-    // 1 for a block's start (q rows, the first tile's latency); ties to fewer splits.
+    // One block per SM: the split count s that minimises waves(s) x (tiles per split + 1) (the
+    // 1 for a block's start: q rows, the first tile's latency) + the merge of s > 1 splits,
+    // 2 + s / 4 tiles' time (the MlaAttention op on the H200, one token, W_k and W_v included:
+    // 3 tiles take 30 us in one split, 34 in three; 8 tiles 47 / 37 / 38 us in 1 / 4 / 8 splits; 16
+    // tiles 41 us in 8, 46 in 16); ties to fewer splits. In quarter tiles:
     const int64_t tiles_total = (max_context + kTileRows - 1) / kTileRows;
     const int64_t sms = std::max(sm_count, 1);
     int64_t best = 1, best_cost = INT64_MAX;
     for (int64_t s = 1; s <= std::min<int64_t>(tiles_total, kMaxMlaSplits); ++s) {
       const int64_t span = (tiles_total + s - 1) / s, used = (tiles_total + span - 1) / span;
       if (used != s) continue;  // the same spans as a smaller count
-      const int64_t cost = (blocks * s + sms - 1) / sms * (span + 1);
+      const int64_t cost = 4 * ((blocks * s + sms - 1) / sms) * (span + 1) + (s > 1 ? 8 + s : 0);
       if (cost < best_cost) best = s, best_cost = cost;
     }
     return best;

@@ -942,13 +942,7 @@ struct MmaLaunch {
   size_t smem;
 };
 
-// Narrow blocks (two column warps per K half, 4 warps) when the wide ones would fill fewer
-// than kNarrowBelowWaves block slots per SM (decode at batch 1-4: 6 experts x 32 column blocks
-// of the down projection on 132 SMs are 1.45 blocks per SM, so half the SMs do twice the work).
-constexpr int64_t kNarrowBelowWaves = 4;
-
-MmaLaunch PlanMma(int64_t m, int64_t k, int64_t n_out, bool swiglu, int64_t num_local,
-                  int sm_count) {
+MmaLaunch PlanMma(int64_t m, int64_t k, int64_t n_out, bool swiglu, int64_t num_local) {
   MmaLaunch p{};
   const int64_t avg_rows = (m + num_local - 1) / num_local;
   p.tiles = avg_rows > 16 ? 2 : 1;
@@ -963,11 +957,6 @@ MmaLaunch PlanMma(int64_t m, int64_t k, int64_t n_out, bool swiglu, int64_t num_
   p.warps = 4 * p.tiles * p.halves;
   // Experts: at most m have rows (ActiveExpert maps z to the z-th of them).
   const int64_t experts = num_local <= kMaxActiveScanExperts ? std::min(num_local, m) : num_local;
-  static const bool narrow_off = ChoiceOff("AFD_MOE_NARROW");
-  if (p.halves == 2 && !narrow_off) {
-    const int64_t wide_cols = p.warps / p.halves * (swiglu ? 8 : 16);
-    if ((n_out + wide_cols - 1) / wide_cols * experts < kNarrowBelowWaves * sm_count) p.warps = 4;
-  }
   const int64_t cols = p.warps / p.halves * (swiglu ? 8 : 16);
   // Row slices: one pass each for up to 16 rows per expert on average; above, twice the average
   // passes, so that an expert over its share runs its extra passes side by side, not after
@@ -983,11 +972,11 @@ MmaLaunch PlanMma(int64_t m, int64_t k, int64_t n_out, bool swiglu, int64_t num_
 template <bool kSwiglu, bool kBf16Out>
 void LaunchMma(const __nv_bfloat16* x, int64_t m, int64_t k, const void* const* w_ptrs,
                const int32_t* offsets, int64_t num_local, int64_t n_out, float* y,
-               __nv_bfloat16* yb, int sm_count, cudaStream_t s) {
-  const MmaLaunch p = PlanMma(m, k, n_out, kSwiglu, num_local, sm_count);
-  const auto go = [&](auto tiles, auto halves, auto warps) {
+               __nv_bfloat16* yb, cudaStream_t s) {
+  const MmaLaunch p = PlanMma(m, k, n_out, kSwiglu, num_local);
+  const auto go = [&](auto tiles, auto halves) {
     constexpr int kTiles = decltype(tiles)::value, kHalves = decltype(halves)::value;
-    const auto kernel = GroupedMma<kSwiglu, kBf16Out, kTiles, kHalves, decltype(warps)::value>;
+    const auto kernel = GroupedMma<kSwiglu, kBf16Out, kTiles, kHalves>;
     // The opt-in above 48 KB, once per instance (this lambda is instantiated per plan shape).
     static const bool raised = [&] {
       AFD_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -1000,16 +989,12 @@ void LaunchMma(const __nv_bfloat16* x, int64_t m, int64_t k, const void* const* 
   };
   using One = std::integral_constant<int, 1>;
   using Two = std::integral_constant<int, 2>;
-  using Four = std::integral_constant<int, 4>;
-  using Eight = std::integral_constant<int, 8>;
   if (p.tiles == 2) {
-    go(Two{}, One{}, Eight{});
-  } else if (p.halves == 2 && p.warps == 4) {
-    go(One{}, Two{}, Four{});
+    go(Two{}, One{});
   } else if (p.halves == 2) {
-    go(One{}, Two{}, Eight{});
+    go(One{}, Two{});
   } else {
-    go(One{}, One{}, Four{});
+    go(One{}, One{});
   }
 }
 
@@ -1036,9 +1021,9 @@ void LaunchGroupedLinear(const float* x, int64_t m, int64_t k, const void* const
     auto* xb = reinterpret_cast<__nv_bfloat16*>(x_bf16);
     LaunchRowsToBf16(x, m * k, xb, s);
     if (swiglu) {
-      LaunchMma<true, false>(xb, m, k, w_ptrs, offsets, num_local, n_out, y, nullptr, 0, s);
+      LaunchMma<true, false>(xb, m, k, w_ptrs, offsets, num_local, n_out, y, nullptr, s);
     } else {
-      LaunchMma<false, false>(xb, m, k, w_ptrs, offsets, num_local, n_out, y, nullptr, 0, s);
+      LaunchMma<false, false>(xb, m, k, w_ptrs, offsets, num_local, n_out, y, nullptr, s);
     }
     CheckLaunch("GroupedExpertMlp (mma)");
     return;
@@ -1128,7 +1113,7 @@ void LaunchTiledLinear(const uint16_t* x_bf16, int64_t n, int64_t k, const void*
 bool LaunchGroupedMlpMma(const float* x, const int32_t* src_row, int64_t m, int64_t h,
                          int64_t inter, const void* const* gate_up, const void* const* down,
                          const int32_t* offsets, int64_t num_local, uint16_t* x_bf16,
-                         uint16_t* act_bf16, float* out, int sm_count, cudaStream_t s) {
+                         uint16_t* act_bf16, float* out, cudaStream_t s) {
   const bool tiled = TiledFits(m, h, inter, num_local) && TiledFits(m, inter, h, num_local);
   if (m == 0 || num_local == 0 ||
       (!tiled && (!MmaFits(m, h, inter, num_local) || !MmaFits(m, inter, h, num_local)))) {
@@ -1147,8 +1132,8 @@ bool LaunchGroupedMlpMma(const float* x, const int32_t* src_row, int64_t m, int6
     CheckLaunch("GroupedExpertMlp (tiled, bf16 intermediate)");
     return true;
   }
-  LaunchMma<true, true>(xb, m, h, gate_up, offsets, num_local, inter, nullptr, ab, sm_count, s);
-  LaunchMma<false, false>(ab, m, inter, down, offsets, num_local, h, out, nullptr, sm_count, s);
+  LaunchMma<true, true>(xb, m, h, gate_up, offsets, num_local, inter, nullptr, ab, s);
+  LaunchMma<false, false>(ab, m, inter, down, offsets, num_local, h, out, nullptr, s);
   CheckLaunch("GroupedExpertMlp (mma, bf16 intermediate)");
   return true;
 }
