@@ -490,13 +490,12 @@ constexpr int64_t kTilePairMinTokens = 1024;
 // that block re-arms it) merges every split's partial into o_lat in split order, with
 // AttentionCombine's arithmetic (the same bits), so the result does not depend on which block
 // came last. The merge reads the partials from L2 in batches of kMergeBatch loads per
-// thread for kMergeSplits splits at once (a load at a time would be one L2 round trip per
-// output: ~16 us a block);
+// thread per split (a load at a time would be one L2 round trip per output: ~16 us a block);
 // 8-byte loads, as the partial rows are 8-byte aligned (kvr + 2 floats each).
 // scratch: kMaxMlaSplits x kGroup floats of shared memory (the factors e^{m_s - M}), then the
 // kGroup totals.
 constexpr int kMaxMlaSplits = 64;
-constexpr int kMergeBatch = 8, kMergeSplits = 4;
+constexpr int kMergeBatch = 8;
 __device__ void MergeIfLast(const float* partial, int64_t tok, int64_t nh, int64_t g0, int g_count,
                             int splits, int* counter, float* o_lat, float* scratch) {
   constexpr int64_t kvr = kTileLatent;
@@ -533,33 +532,22 @@ __device__ void MergeIfLast(const float* partial, int64_t tok, int64_t nh, int64
     float2 acc[kMergeBatch];
 #pragma unroll
     for (int b = 0; b < kMergeBatch; ++b) acc[b] = make_float2(0.0f, 0.0f);
-    for (int s0 = 0; s0 < splits; s0 += kMergeSplits) {
-      // kMergeSplits splits' loads in flight at once (the short contexts of small batches have
-      // 2-4 splits: one L2 round trip per batch, not one per split), summed in split order.
-      float2 v[kMergeSplits][kMergeBatch];
+    for (int s = 0; s < splits; ++s) {
+      float2 v[kMergeBatch];
 #pragma unroll
-      for (int i = 0; i < kMergeSplits; ++i) {
-        if (s0 + i >= splits) break;
-#pragma unroll
-        for (int b = 0; b < kMergeBatch; ++b) {
-          const int e = base + b * blockDim.x;
-          if (e < vecs) {
-            v[i][b] =
-                __ldcg(reinterpret_cast<const float2*>(part(e / kVecs, s0 + i) + 2) + e % kVecs);
-          }
+      for (int b = 0; b < kMergeBatch; ++b) {
+        const int e = base + b * blockDim.x;
+        if (e < vecs) {
+          v[b] = __ldcg(reinterpret_cast<const float2*>(part(e / kVecs, s) + 2) + e % kVecs);
         }
       }
 #pragma unroll
-      for (int i = 0; i < kMergeSplits; ++i) {
-        if (s0 + i >= splits) break;
-#pragma unroll
-        for (int b = 0; b < kMergeBatch; ++b) {
-          const int e = base + b * blockDim.x;
-          if (e >= vecs) break;
-          const float f = factor[(s0 + i) * kGroup + e / kVecs];
-          acc[b].x += v[i][b].x * f;
-          acc[b].y += v[i][b].y * f;
-        }
+      for (int b = 0; b < kMergeBatch; ++b) {
+        const int e = base + b * blockDim.x;
+        if (e >= vecs) break;
+        const float f = factor[s * kGroup + e / kVecs];
+        acc[b].x += v[b].x * f;
+        acc[b].y += v[b].y * f;
       }
     }
 #pragma unroll
