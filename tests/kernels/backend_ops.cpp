@@ -621,6 +621,46 @@ Result RouterGate(Ctx& c, int64_t n, int64_t e, RouterScoring scoring, bool grou
   return Result(err, 1e-6);
 }
 
+// The router and the grouping in one op (RouteAndPermute: the CUDA backend's router groups the
+// slots in its last block for up to 8 tokens) against RouterGateTopk then MoePermute on the
+// same backend: every output identical, over local experts [begin, begin + local).
+Result RouteAndPermute(Ctx& c, int64_t n, int64_t e, int64_t k, RouterScoring scoring,
+                       bool group_limited, int64_t begin, int64_t local) {
+  const int64_t h = 2048;
+  RouterSpec spec{scoring, group_limited, k, 8, 3, scoring == RouterScoring::kSigmoid, 2.5f};
+  const Tensor x = c.Up(c.Randn(n * h), DType::kF32, {n, h});
+  const Tensor gate = c.Up(c.Randn(e * h, 0.05f), DType::kF32, {e, h});
+  const Tensor bias =
+      scoring == RouterScoring::kSigmoid ? c.Up(c.Randn(e, 0.1f), DType::kF32, {e}) : Tensor();
+  struct Out {
+    Tensor logits, ids, w, offsets, src, ros;
+  };
+  const auto alloc = [&] {
+    return Out{c.Alloc(DType::kF32, {n, e}),  c.Alloc(DType::kI32, {n, k}),
+               c.Alloc(DType::kF32, {n, k}),  c.Alloc(DType::kI32, {local + 1}),
+               c.Alloc(DType::kI32, {n * k}), c.Alloc(DType::kI32, {n, k})};
+  };
+  const Out a = alloc(), b = alloc();
+  for (const Out* o : {&a, &b}) {  // both must zero src_row past the grouped rows
+    c.b.CopyToDevice(o->src, std::vector<int32_t>(n * k, 7).data());
+  }
+  for (int rep = 0; rep < 3; ++rep) {  // the fused kernel's arrival counter re-arms itself
+    c.b.RouteAndPermute(x, gate, bias, spec, a.logits, a.ids, a.w, begin, local, a.offsets, a.src,
+                        a.ros);
+  }
+  c.b.RouterGateTopk(x, gate, bias, spec, b.logits, b.ids, b.w);
+  c.b.MoePermute(b.ids, begin, local, b.offsets, b.src, b.ros);
+  if (c.Down<int32_t>(a.ids) != c.Down<int32_t>(b.ids)) return Result::Fail("ids differ");
+  if (c.Down<int32_t>(a.offsets) != c.Down<int32_t>(b.offsets)) return Result::Fail("offsets");
+  if (c.Down<int32_t>(a.src) != c.Down<int32_t>(b.src)) return Result::Fail("src_row differs");
+  if (c.Down<int32_t>(a.ros) != c.Down<int32_t>(b.ros)) return Result::Fail("row_of_slot");
+  const auto off = c.Down<int32_t>(a.offsets);
+  if (off[0] != 0 || off[local] > n * k) return Result::Fail("offsets out of range");
+  const double err = std::max(RelErr(c.Down<float>(a.w), ToDouble(c.Down<float>(b.w))),
+                              RelErr(c.Down<float>(a.logits), ToDouble(c.Down<float>(b.logits))));
+  return Result(err, 0.0);
+}
+
 // Permute -> grouped experts -> combine, against per-token SwiGLU experts in double. hot >= 0:
 // every token routes to expert `hot` (one expert with n rows, the others sharing the rest).
 // gathered: Backend::GatheredExpertMlp (the rows read through MoePermute's src_row), else
@@ -1069,6 +1109,16 @@ std::vector<Case> CheckCases() {
        [](Ctx& c) { return RouterGate(c, 5, 160, RouterScoring::kSoftmax, true); }},
       {"RouterGateTopk", "8 tokens, 256 experts, sigmoid noaux_tc",
        [](Ctx& c) { return RouterGate(c, 8, 256, RouterScoring::kSigmoid, false); }},
+      {"RouteAndPermute", "1 token, top-6 of 64",
+       [](Ctx& c) { return RouteAndPermute(c, 1, 64, 6, RouterScoring::kSoftmax, false, 0, 64); }},
+      {"RouteAndPermute", "5 tokens, 160 experts group-limited, local [40, 120)",
+       [](Ctx& c) { return RouteAndPermute(c, 5, 160, 6, RouterScoring::kSoftmax, true, 40, 80); }},
+      {"RouteAndPermute", "8 tokens, top-8 of 256 (64 slots), sigmoid",
+       [](Ctx& c) {
+         return RouteAndPermute(c, 8, 256, 8, RouterScoring::kSigmoid, false, 0, 256);
+       }},
+      {"RouteAndPermute", "8 tokens, top-9 of 64 (72 slots: unfused)",
+       [](Ctx& c) { return RouteAndPermute(c, 8, 64, 9, RouterScoring::kSoftmax, false, 0, 64); }},
       {"RouterGateTopk", "12 tokens (unfused), 64 experts",
        [](Ctx& c) { return RouterGate(c, 12, 64, RouterScoring::kSoftmax, false); }},
       {"MoePermute+GroupedExpertMlp+MoeCombine", "all 8 experts",

@@ -201,6 +201,17 @@ class Backend : public Allocator {
   virtual void MoePermute(const Tensor& ids, int64_t begin, int64_t num_local,
                           const Tensor& offsets, const Tensor& src_row,
                           const Tensor& row_of_slot) = 0;
+  // RouterGateTopk, then MoePermute of its ids (the in-process MoE layer routes and groups its
+  // own tokens). The composition by default; the CUDA backend does both in one launch for a few
+  // tokens (the router's last block groups the slots).
+  virtual void RouteAndPermute(const Tensor& hidden, const Tensor& gate, const Tensor& bias,
+                               const RouterSpec& spec, const Tensor& logits, const Tensor& ids,
+                               const Tensor& weights, int64_t begin, int64_t num_local,
+                               const Tensor& offsets, const Tensor& src_row,
+                               const Tensor& row_of_slot) {
+    RouterGateTopk(hidden, gate, bias, spec, logits, ids, weights);
+    MoePermute(ids, begin, num_local, offsets, src_row, row_of_slot);
+  }
   // out[r] = expert_e(x[r]) (SwiGLU, unweighted) for the rows [offsets[e], offsets[e+1]) of each
   // local expert e. x, out: [m, H] with m >= offsets[num_local] (rows past it untouched).
   virtual void GroupedExpertMlp(const Tensor& x, const Tensor& offsets,

@@ -102,6 +102,10 @@ class DeepseekModel {
   // weight · expert(hidden), from zero.
   void RoutedExperts(int64_t layer, const Tensor& hidden, const Tensor& ids, const Tensor& weights,
                      const Tensor& out, Workspace& ws) const;
+  // Route then RoutedExperts in one (the router and the grouping of the slots as one backend
+  // op, Backend::RouteAndPermute): the in-process MoE layer. ids, weights: [n, k] outputs.
+  void RouteAndRoutedExperts(int64_t layer, const Tensor& hidden, const Tensor& ids,
+                             const Tensor& weights, const Tensor& out, Workspace& ws) const;
   // out: [n, H] = shared experts(hidden) (the term AddSharedExperts adds). The model must have
   // shared experts (has_shared_experts()).
   void SharedExperts(int64_t layer, const Tensor& hidden, const Tensor& out, Workspace& ws) const;
@@ -115,7 +119,17 @@ class DeepseekModel {
   Tensor Logits(const Tensor& x, const StepInputs& in, Workspace& ws) const;
 
  private:
+  // A MoE layer's slots grouped by local expert (MoePermute's outputs).
+  struct Grouping {
+    Tensor offsets, src_row, row_of_slot;
+  };
   void Mlp(const MlpWeights& w, const Tensor& x, const Tensor& out, Workspace& ws) const;
+  // The router of MoE `layer`, checked to be here.
+  const MoeWeights& RouterOf(int64_t layer) const;
+  Grouping TakeGrouping(int64_t layer, int64_t n, Workspace& ws) const;
+  // out = Σ weight · expert(hidden) over the grouped slots, from zero.
+  void GroupedExperts(int64_t layer, const Tensor& hidden, const Tensor& weights, const Grouping& g,
+                      const Tensor& out, Workspace& ws) const;
 
   ModelConfig config_;
   ModelWeights weights_;

@@ -6,28 +6,56 @@ namespace afd::model {
 
 void DeepseekModel::Route(int64_t layer, const Tensor& hidden, const Tensor& ids,
                           const Tensor& weights, Workspace& ws) const {
-  AFD_CHECK(config_.IsMoeLayer(layer), "layer {} is not a MoE layer", layer);
-  const MoeWeights& w = weights_.layers[layer].moe;
-  AFD_CHECK(!w.gate.empty(), "the router of layer {} is not loaded in this process", layer);
+  const MoeWeights& w = RouterOf(layer);
   const Tensor logits = ws.Take(DType::kF32, {hidden.dim(0), config_.n_routed_experts});
   backend_.RouterGateTopk(hidden, w.gate, w.e_score_correction_bias, router_spec_, logits, ids,
                           weights);
 }
 
+const MoeWeights& DeepseekModel::RouterOf(int64_t layer) const {
+  AFD_CHECK(config_.IsMoeLayer(layer), "layer {} is not a MoE layer", layer);
+  const MoeWeights& w = weights_.layers[layer].moe;
+  AFD_CHECK(!w.gate.empty(), "the router of layer {} is not loaded in this process", layer);
+  return w;
+}
+
+DeepseekModel::Grouping DeepseekModel::TakeGrouping(int64_t layer, int64_t n, Workspace& ws) const {
+  const int64_t local = weights_.layers[layer].moe.experts.num_experts();
+  const int64_t k = config_.num_experts_per_tok;
+  return {ws.Take(DType::kI32, {local + 1}), ws.Take(DType::kI32, {n * k}),
+          ws.Take(DType::kI32, {n, k})};
+}
+
 void DeepseekModel::RoutedExperts(int64_t layer, const Tensor& hidden, const Tensor& ids,
                                   const Tensor& weights, const Tensor& out, Workspace& ws) const {
   const kernels::ExpertWeights& experts = weights_.layers[layer].moe.experts;
+  const Grouping g = TakeGrouping(layer, hidden.dim(0), ws);
+  backend_.MoePermute(ids, experts.expert_begin, experts.num_experts(), g.offsets, g.src_row,
+                      g.row_of_slot);
+  GroupedExperts(layer, hidden, weights, g, out, ws);
+}
+
+void DeepseekModel::RouteAndRoutedExperts(int64_t layer, const Tensor& hidden, const Tensor& ids,
+                                          const Tensor& weights, const Tensor& out,
+                                          Workspace& ws) const {
+  const MoeWeights& w = RouterOf(layer);
+  const Tensor logits = ws.Take(DType::kF32, {hidden.dim(0), config_.n_routed_experts});
+  const Grouping g = TakeGrouping(layer, hidden.dim(0), ws);
+  backend_.RouteAndPermute(hidden, w.gate, w.e_score_correction_bias, router_spec_, logits, ids,
+                           weights, w.experts.expert_begin, w.experts.num_experts(), g.offsets,
+                           g.src_row, g.row_of_slot);
+  GroupedExperts(layer, hidden, weights, g, out, ws);
+}
+
+void DeepseekModel::GroupedExperts(int64_t layer, const Tensor& hidden, const Tensor& weights,
+                                   const Grouping& g, const Tensor& out, Workspace& ws) const {
+  const kernels::ExpertWeights& experts = weights_.layers[layer].moe.experts;
   const int64_t n = hidden.dim(0), k = config_.num_experts_per_tok, h = config_.hidden_size;
-  const int64_t local = experts.num_experts();
-  const Tensor offsets = ws.Take(DType::kI32, {local + 1});
-  const Tensor src_row = ws.Take(DType::kI32, {n * k});
-  const Tensor row_of_slot = ws.Take(DType::kI32, {n, k});
-  backend_.MoePermute(ids, experts.expert_begin, local, offsets, src_row, row_of_slot);
   // Every slot may land here: size the grouped rows for all of them.
   const Tensor grouped = ws.Take(DType::kF32, {n * k, h});
   const Tensor expert_out = ws.Take(DType::kF32, {n * k, h});
-  backend_.GatheredExpertMlp(hidden, src_row, grouped, offsets, experts, expert_out);
-  backend_.MoeCombine(expert_out, row_of_slot, weights, /*accumulate=*/false, out);
+  backend_.GatheredExpertMlp(hidden, g.src_row, grouped, g.offsets, experts, expert_out);
+  backend_.MoeCombine(expert_out, g.row_of_slot, weights, /*accumulate=*/false, out);
 }
 
 void DeepseekModel::SharedExperts(int64_t layer, const Tensor& hidden, const Tensor& out,
@@ -62,8 +90,7 @@ void LocalMoeBackend::Forward(int64_t layer, const Tensor& hidden, const Tensor&
   }
   const Tensor ids = ws.Take(DType::kI32, {n, k});
   const Tensor weights = ws.Take(DType::kF32, {n, k});
-  model_.Route(layer, hidden, ids, weights, ws);
-  model_.RoutedExperts(layer, hidden, ids, weights, out, ws);
+  model_.RouteAndRoutedExperts(layer, hidden, ids, weights, out, ws);
   if (shared) {
     model_.backend().JoinBeside();
     model_.backend().Add(out, shared_out);

@@ -752,10 +752,37 @@ void CudaBackend::RouterGateTopk(const Tensor& hidden, const Tensor& gate, const
   }
   const OpScope scope(*this, "RouterGateTopk", {n, e});
   auto* counter = static_cast<unsigned int*>(ZeroedScratch(kRouterCounter, sizeof(unsigned int)));
-  LaunchRouterGateTopk(hidden.data_as<const float>(), n, k, gate.data_as<const float>(), e,
-                       logits.data_as<float>(),
-                       bias.empty() ? nullptr : bias.data_as<const float>(), a,
-                       ids.data_as<int32_t>(), weights.data_as<float>(), counter, state_->stream);
+  LaunchRouterGateTopk(
+      hidden.data_as<const float>(), n, k, gate.data_as<const float>(), e, logits.data_as<float>(),
+      bias.empty() ? nullptr : bias.data_as<const float>(), a, ids.data_as<int32_t>(),
+      weights.data_as<float>(), PermuteArgs{}, counter, state_->stream);
+}
+
+void CudaBackend::RouteAndPermute(const Tensor& hidden, const Tensor& gate, const Tensor& bias,
+                                  const RouterSpec& spec, const Tensor& logits, const Tensor& ids,
+                                  const Tensor& weights, int64_t begin, int64_t num_local,
+                                  const Tensor& offsets, const Tensor& src_row,
+                                  const Tensor& row_of_slot) {
+  const auto [n, k, e] = CheckLinear(device(), hidden, gate, logits);
+  CheckRouterTopk(device(), logits, bias, spec, ids, weights);
+  CheckMoePermute(device(), ids, num_local, offsets, src_row, row_of_slot);
+  const RouterArgs a = ToRouterArgs(spec);
+  static const bool off = ChoiceOff("AFD_ROUTER_PERMUTE");  // RouterGateTopk, then MoePermute
+  if (off || gate.dtype() != DType::kF32 || !RouterGateTopkFits(n, k, e, a) ||
+      !RouterPermuteFits(n, a, num_local) || !Aligned16(hidden.data()) || !Aligned16(gate.data()) ||
+      ChoiceOff("AFD_ROUTER_FUSED")) {
+    Backend::RouteAndPermute(hidden, gate, bias, spec, logits, ids, weights, begin, num_local,
+                             offsets, src_row, row_of_slot);
+    return;
+  }
+  const OpScope scope(*this, "RouteAndPermute", {n, e});
+  auto* counter = static_cast<unsigned int*>(ZeroedScratch(kRouterCounter, sizeof(unsigned int)));
+  const PermuteArgs p{begin, static_cast<int>(num_local), offsets.data_as<int32_t>(),
+                      src_row.data_as<int32_t>(), row_of_slot.data_as<int32_t>()};
+  LaunchRouterGateTopk(
+      hidden.data_as<const float>(), n, k, gate.data_as<const float>(), e, logits.data_as<float>(),
+      bias.empty() ? nullptr : bias.data_as<const float>(), a, ids.data_as<int32_t>(),
+      weights.data_as<float>(), p, counter, state_->stream);
 }
 
 void CudaBackend::MoePermute(const Tensor& ids, int64_t begin, int64_t num_local,

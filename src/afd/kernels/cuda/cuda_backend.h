@@ -65,6 +65,11 @@ class CudaBackend : public Backend {
   void RouterGateTopk(const Tensor& hidden, const Tensor& gate, const Tensor& bias,
                       const RouterSpec& spec, const Tensor& logits, const Tensor& ids,
                       const Tensor& weights) override;
+  void RouteAndPermute(const Tensor& hidden, const Tensor& gate, const Tensor& bias,
+                       const RouterSpec& spec, const Tensor& logits, const Tensor& ids,
+                       const Tensor& weights, int64_t begin, int64_t num_local,
+                       const Tensor& offsets, const Tensor& src_row,
+                       const Tensor& row_of_slot) override;
   void MoePermute(const Tensor& ids, int64_t begin, int64_t num_local, const Tensor& offsets,
                   const Tensor& src_row, const Tensor& row_of_slot) override;
   void GroupedExpertMlp(const Tensor& x, const Tensor& offsets, const ExpertWeights& experts,

@@ -117,11 +117,21 @@ void LaunchRouterTopk(const float* logits, int64_t n, int64_t num_experts, const
                       const RouterArgs& args, int32_t* ids, float* weights, cudaStream_t s);
 // The router gate (fp32 GEMV, LaunchGemvF32's arithmetic) and the top-k in one launch, for up
 // to 8 tokens: logits [n, num_experts] written on the way; counter: one zeroed unsigned int the
-// kernel leaves zeroed.
+// kernel leaves zeroed. permute.offsets non-null (RouterPermuteFits): the routed slots are also
+// grouped over local experts [begin, begin + local) exactly as LaunchMoePermute groups them.
+struct PermuteArgs {
+  int64_t begin = 0;
+  int local = 0;
+  int32_t* offsets = nullptr;      // [local + 1]
+  int32_t* src_row = nullptr;      // [n·k]
+  int32_t* row_of_slot = nullptr;  // [n, k]
+};
 bool RouterGateTopkFits(int64_t n, int64_t k, int64_t num_experts, const RouterArgs& args);
+bool RouterPermuteFits(int64_t n, const RouterArgs& args, int64_t num_local);
 void LaunchRouterGateTopk(const float* x, int64_t n, int64_t k, const float* w, int64_t num_experts,
                           float* logits, const float* bias, const RouterArgs& args, int32_t* ids,
-                          float* weights, unsigned int* counter, cudaStream_t s);
+                          float* weights, const PermuteArgs& permute, unsigned int* counter,
+                          cudaStream_t s);
 
 // moe.cu
 void LaunchMoePermute(const int32_t* ids, int64_t n, int64_t k, int64_t begin, int64_t num_local,

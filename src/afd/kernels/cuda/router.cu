@@ -156,14 +156,63 @@ __global__ void __launch_bounds__(kRouterWarps * 32)
 
 // The router gate (fp32 x · wᵀ for n <= kGateTokens tokens) and the top-k in one launch: the
 // logits by GemvF32Block (the same bits as LaunchGemvF32); the last block to finish (an arrival
-// counter that it re-arms) routes every token, warp t token t.
+// counter that it re-arms) routes every token, warp t token t, and, given a PermuteArgs with
+// offsets, warp 0 then groups the slots as MoePermute does (WarpPermute).
 constexpr int kGateTokens = kGemvF32Warps;
+
+// MoePermute of n·k <= kWarpPermuteSlots slots over <= kWarpPermuteExperts local experts by one
+// warp: slot s (expert e_s, local when begin <= id < begin + local) goes to grouped row
+// #{s' : local, (e_s', s') < (e_s, s)} — by expert, then slot order, as Permute places them;
+// offsets[x] = #{local slots with e < x}. Lane l holds slots l and l + 32; every count is a
+// loop over all slots (shuffled from their lanes). ids are read plainly: this block's warps
+// wrote them before the barrier that precedes the call.
+constexpr int kWarpPermuteSlots = 64, kWarpPermuteExperts = 256;
+
+__device__ void WarpPermute(const int32_t* ids, int slots, int k, const PermuteArgs& p, int lane) {
+  int e[2];
+  bool mine[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int s = lane + 32 * i;
+    e[i] = s < slots ? ids[s] - static_cast<int>(p.begin) : -1;
+    mine[i] = s < slots && e[i] >= 0 && e[i] < p.local;
+  }
+  // Before (e, s): a lane's two slots, then the experts x it owns (lane, lane + 32, ... <= local).
+  int before[2] = {0, 0};
+  constexpr int kOwned = kWarpPermuteExperts / 32 + 1;
+  int below[kOwned] = {};
+  for (int s2 = 0; s2 < slots; ++s2) {
+    const int e2 = __shfl_sync(0xffffffffu, s2 < 32 ? e[0] : e[1], s2 & 31);
+    const bool m2 = __shfl_sync(0xffffffffu, s2 < 32 ? mine[0] : mine[1], s2 & 31);
+    if (!m2) continue;  // the same in every lane
+#pragma unroll
+    for (int i = 0; i < 2; ++i) before[i] += e2 < e[i] || (e2 == e[i] && s2 < lane + 32 * i);
+#pragma unroll
+    for (int j = 0; j < kOwned; ++j) below[j] += e2 < lane + 32 * j;
+  }
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    if (lane + 32 * i < slots) p.src_row[lane + 32 * i] = 0;
+  }
+#pragma unroll
+  for (int j = 0; j < kOwned; ++j) {
+    if (lane + 32 * j <= p.local) p.offsets[lane + 32 * j] = below[j];
+  }
+  __syncwarp();  // the zeros before the placements (another lane may place where one went)
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int s = lane + 32 * i;
+    if (s >= slots) continue;
+    p.row_of_slot[s] = mine[i] ? before[i] : -1;
+    if (mine[i]) p.src_row[before[i]] = s / k;
+  }
+}
 
 template <int kRowsMax>
 __global__ void __launch_bounds__(kGemvF32Warps * 32)
     RouterGateTopk(const float* x, int rows, int64_t k, const float* w, int64_t e64, int splits,
                    float* logits, const float* bias, RouterArgs a, int32_t* ids, float* weights,
-                   unsigned int* counter) {
+                   PermuteArgs p, unsigned int* counter) {
   __shared__ WarpScratch scratch[kGemvF32Warps];
   __shared__ float part[kGemvF32Warps][kRowsMax];
   __shared__ bool last;
@@ -180,6 +229,10 @@ __global__ void __launch_bounds__(kGemvF32Warps * 32)
                weights);
   }
   if (threadIdx.x == 0) *counter = 0;  // re-armed for the next launch (graph replays too)
+  if (p.offsets == nullptr) return;
+  __syncthreads();  // every token's ids written
+  if (warp == 0)
+    WarpPermute(ids, rows * static_cast<int>(a.top_k), static_cast<int>(a.top_k), p, lane);
 }
 
 }  // namespace
@@ -201,16 +254,24 @@ bool RouterGateTopkFits(int64_t n, int64_t k, int64_t num_experts, const RouterA
          args.n_group <= kMaxGroups && args.top_k <= kMaxTopk;
 }
 
+bool RouterPermuteFits(int64_t n, const RouterArgs& args, int64_t num_local) {
+  return n * args.top_k <= kWarpPermuteSlots && num_local <= kWarpPermuteExperts;
+}
+
 void LaunchRouterGateTopk(const float* x, int64_t n, int64_t k, const float* w, int64_t num_experts,
                           float* logits, const float* bias, const RouterArgs& args, int32_t* ids,
-                          float* weights, unsigned int* counter, cudaStream_t s) {
+                          float* weights, const PermuteArgs& permute, unsigned int* counter,
+                          cudaStream_t s) {
   AFD_CHECK(RouterGateTopkFits(n, k, num_experts, args),
             "RouterGateTopk on cuda: {} tokens, K = {}, {} experts", n, k, num_experts);
+  AFD_CHECK(permute.offsets == nullptr || RouterPermuteFits(n, args, permute.local),
+            "RouterGateTopk on cuda: grouping {} x {} slots over {} experts", n, args.top_k,
+            permute.local);
   const int splits = GemvF32Splits(num_experts), cols = kGemvF32Warps / splits;
   const unsigned blocks = static_cast<unsigned>((num_experts + cols - 1) / cols);
   const auto launch = [&](auto kernel) {
     LaunchPdl(kernel, blocks, kGemvF32Warps * 32, 0, s, x, static_cast<int>(n), k, w, num_experts,
-              splits, logits, bias, args, ids, weights, counter);
+              splits, logits, bias, args, ids, weights, permute, counter);
   };
   if (n <= 1) {
     launch(RouterGateTopk<1>);
