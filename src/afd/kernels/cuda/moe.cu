@@ -432,7 +432,7 @@ __device__ __forceinline__ void MmaCompute(const uint4 (&w)[kMmaUnroll][2],
 // The expert of block z: z itself when the grid spans every local expert, else (grid z =
 // min(num_local, rows): decode's few rows use a few experts) the z-th expert with rows,
 // ascending (-1: fewer have rows), so no block is launched for each unused expert (at batch 1,
-// 58 of 64 experts' blocks did nothing but start and exit). Up to 32 kActiveScanRounds experts;
+// 58 of 64 experts' blocks did nothing but start and exit). Scans up to kMaxActiveScanExperts;
 // every thread of the block must call it.
 constexpr int kActiveScanRounds = 8;
 constexpr int64_t kMaxActiveScanExperts = 32 * kActiveScanRounds;
