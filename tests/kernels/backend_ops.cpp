@@ -661,6 +661,23 @@ Result RouteAndPermute(Ctx& c, int64_t n, int64_t e, int64_t k, RouterScoring sc
   return Result(err, 0.0);
 }
 
+// MoeCombineAdd (the CUDA backend adds the shared experts' rows in the combine's pass) against
+// MoeCombine then Add on the same backend: the same bits; slots of foreign experts (-1) skipped.
+Result CombineAdd(Ctx& c, int64_t n, int64_t k, int64_t h) {
+  const int64_t m = n * k;
+  std::vector<int32_t> ros(n * k);
+  for (int64_t s = 0; s < n * k; ++s) ros[s] = s % 5 == 3 ? -1 : static_cast<int32_t>((s * 7) % m);
+  const Tensor y = c.Up(c.Randn(m * h), DType::kF32, {m, h});
+  const Tensor tros = c.Up(ros, DType::kI32, {n, k});
+  const Tensor w = c.Up(c.Randn(n * k), DType::kF32, {n, k});
+  const Tensor shared = c.Up(c.Randn(n * h), DType::kF32, {n, h});
+  const Tensor a = c.Alloc(DType::kF32, {n, h}), b = c.Alloc(DType::kF32, {n, h});
+  c.b.MoeCombineAdd(y, tros, w, shared, a);
+  c.b.MoeCombine(y, tros, w, /*accumulate=*/false, b);
+  c.b.Add(b, shared);
+  return Result(RelErr(c.Down<float>(a), ToDouble(c.Down<float>(b))), 0.0);
+}
+
 // Permute -> grouped experts -> combine, against per-token SwiGLU experts in double. hot >= 0:
 // every token routes to expert `hot` (one expert with n rows, the others sharing the rest).
 // gathered: Backend::GatheredExpertMlp (the rows read through MoePermute's src_row), else
@@ -1109,6 +1126,10 @@ std::vector<Case> CheckCases() {
        [](Ctx& c) { return RouterGate(c, 5, 160, RouterScoring::kSoftmax, true); }},
       {"RouterGateTopk", "8 tokens, 256 experts, sigmoid noaux_tc",
        [](Ctx& c) { return RouterGate(c, 8, 256, RouterScoring::kSigmoid, false); }},
+      {"MoeCombineAdd", "3 tokens, top-6, 2048 wide",
+       [](Ctx& c) { return CombineAdd(c, 3, 6, 2048); }},
+      {"MoeCombineAdd", "5 tokens, top-2, 50 wide (not 4-aligned rows)",
+       [](Ctx& c) { return CombineAdd(c, 5, 2, 50); }},
       {"RouteAndPermute", "1 token, top-6 of 64",
        [](Ctx& c) { return RouteAndPermute(c, 1, 64, 6, RouterScoring::kSoftmax, false, 0, 64); }},
       {"RouteAndPermute", "5 tokens, 160 experts group-limited, local [40, 120)",

@@ -229,6 +229,14 @@ class Backend : public Allocator {
   // from 0 (accumulate: from out[t]). y: [m, H], out: [n, H].
   virtual void MoeCombine(const Tensor& y, const Tensor& row_of_slot, const Tensor& weights,
                           bool accumulate, const Tensor& out) = 0;
+  // MoeCombine from 0, then out += addend ([n, H]; the in-process MoE layer's shared experts):
+  // the composition by default; the CUDA backend adds addend in the combine's pass (the same
+  // bits: one fp32 add after each row's weighted sum).
+  virtual void MoeCombineAdd(const Tensor& y, const Tensor& row_of_slot, const Tensor& weights,
+                             const Tensor& addend, const Tensor& out) {
+    MoeCombine(y, row_of_slot, weights, /*accumulate=*/false, out);
+    Add(out, addend);
+  }
 
   // ---- Outputs ------------------------------------------------------------------------
   // out[t] = log_softmax(logits[t])[ids[t]], logits: [n, V], ids: [n] i32, out: [n] f32.

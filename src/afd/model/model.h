@@ -104,8 +104,12 @@ class DeepseekModel {
                      const Tensor& out, Workspace& ws) const;
   // Route then RoutedExperts in one (the router and the grouping of the slots as one backend
   // op, Backend::RouteAndPermute): the in-process MoE layer. ids, weights: [n, k] outputs.
+  // shared_out: null, or the shared experts' output being computed beside this call
+  // (Backend::Beside): joined before the combine and added to each token's weighted sum
+  // (out = routed + shared, Backend::MoeCombineAdd).
   void RouteAndRoutedExperts(int64_t layer, const Tensor& hidden, const Tensor& ids,
-                             const Tensor& weights, const Tensor& out, Workspace& ws) const;
+                             const Tensor& weights, const Tensor* shared_out, const Tensor& out,
+                             Workspace& ws) const;
   // out: [n, H] = shared experts(hidden) (the term AddSharedExperts adds). The model must have
   // shared experts (has_shared_experts()).
   void SharedExperts(int64_t layer, const Tensor& hidden, const Tensor& out, Workspace& ws) const;
@@ -127,9 +131,10 @@ class DeepseekModel {
   // The router of MoE `layer`, checked to be here.
   const MoeWeights& RouterOf(int64_t layer) const;
   Grouping TakeGrouping(int64_t layer, int64_t n, Workspace& ws) const;
-  // out = Σ weight · expert(hidden) over the grouped slots, from zero.
+  // out = Σ weight · expert(hidden) over the grouped slots, from zero (+ *shared_out after
+  // JoinBeside, as RouteAndRoutedExperts says).
   void GroupedExperts(int64_t layer, const Tensor& hidden, const Tensor& weights, const Grouping& g,
-                      const Tensor& out, Workspace& ws) const;
+                      const Tensor* shared_out, const Tensor& out, Workspace& ws) const;
 
   ModelConfig config_;
   ModelWeights weights_;

@@ -32,30 +32,36 @@ void DeepseekModel::RoutedExperts(int64_t layer, const Tensor& hidden, const Ten
   const Grouping g = TakeGrouping(layer, hidden.dim(0), ws);
   backend_.MoePermute(ids, experts.expert_begin, experts.num_experts(), g.offsets, g.src_row,
                       g.row_of_slot);
-  GroupedExperts(layer, hidden, weights, g, out, ws);
+  GroupedExperts(layer, hidden, weights, g, nullptr, out, ws);
 }
 
 void DeepseekModel::RouteAndRoutedExperts(int64_t layer, const Tensor& hidden, const Tensor& ids,
-                                          const Tensor& weights, const Tensor& out,
-                                          Workspace& ws) const {
+                                          const Tensor& weights, const Tensor* shared_out,
+                                          const Tensor& out, Workspace& ws) const {
   const MoeWeights& w = RouterOf(layer);
   const Tensor logits = ws.Take(DType::kF32, {hidden.dim(0), config_.n_routed_experts});
   const Grouping g = TakeGrouping(layer, hidden.dim(0), ws);
   backend_.RouteAndPermute(hidden, w.gate, w.e_score_correction_bias, router_spec_, logits, ids,
                            weights, w.experts.expert_begin, w.experts.num_experts(), g.offsets,
                            g.src_row, g.row_of_slot);
-  GroupedExperts(layer, hidden, weights, g, out, ws);
+  GroupedExperts(layer, hidden, weights, g, shared_out, out, ws);
 }
 
 void DeepseekModel::GroupedExperts(int64_t layer, const Tensor& hidden, const Tensor& weights,
-                                   const Grouping& g, const Tensor& out, Workspace& ws) const {
+                                   const Grouping& g, const Tensor* shared_out, const Tensor& out,
+                                   Workspace& ws) const {
   const kernels::ExpertWeights& experts = weights_.layers[layer].moe.experts;
   const int64_t n = hidden.dim(0), k = config_.num_experts_per_tok, h = config_.hidden_size;
   // Every slot may land here: size the grouped rows for all of them.
   const Tensor grouped = ws.Take(DType::kF32, {n * k, h});
   const Tensor expert_out = ws.Take(DType::kF32, {n * k, h});
   backend_.GatheredExpertMlp(hidden, g.src_row, grouped, g.offsets, experts, expert_out);
-  backend_.MoeCombine(expert_out, g.row_of_slot, weights, /*accumulate=*/false, out);
+  if (shared_out == nullptr) {
+    backend_.MoeCombine(expert_out, g.row_of_slot, weights, /*accumulate=*/false, out);
+    return;
+  }
+  backend_.JoinBeside();  // the shared experts' output is written
+  backend_.MoeCombineAdd(expert_out, g.row_of_slot, weights, *shared_out, out);
 }
 
 void DeepseekModel::SharedExperts(int64_t layer, const Tensor& hidden, const Tensor& out,
@@ -81,8 +87,8 @@ void LocalMoeBackend::Forward(int64_t layer, const Tensor& hidden, const Tensor&
   const int64_t n = hidden.dim(0), k = c.num_experts_per_tok;
   AFD_CHECK(model_.weights().layers[layer].moe.experts.num_experts() == c.n_routed_experts,
             "in-process MoE needs every routed expert loaded");
-  // The shared experts beside the routed ones (both only read `hidden`), added after them:
-  // out = routed + shared, as AddSharedExperts adds them.
+  // The shared experts beside the routed ones (both only read `hidden`), added after them by the
+  // combine: out = routed + shared, as AddSharedExperts adds them.
   const bool shared = !model_.weights().layers[layer].moe.shared.empty() && n > 0;
   const Tensor shared_out = shared ? ws.Take(DType::kF32, {n, c.hidden_size}) : Tensor();
   if (shared) {
@@ -90,11 +96,8 @@ void LocalMoeBackend::Forward(int64_t layer, const Tensor& hidden, const Tensor&
   }
   const Tensor ids = ws.Take(DType::kI32, {n, k});
   const Tensor weights = ws.Take(DType::kF32, {n, k});
-  model_.RouteAndRoutedExperts(layer, hidden, ids, weights, out, ws);
-  if (shared) {
-    model_.backend().JoinBeside();
-    model_.backend().Add(out, shared_out);
-  }
+  model_.RouteAndRoutedExperts(layer, hidden, ids, weights, shared ? &shared_out : nullptr, out,
+                               ws);
 }
 
 }  // namespace afd::model

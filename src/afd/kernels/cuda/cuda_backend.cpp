@@ -871,8 +871,18 @@ void CudaBackend::MoeCombine(const Tensor& y, const Tensor& row_of_slot, const T
   const auto [n, k, h] = CheckMoeCombine(device(), y, row_of_slot, weights, out);
   const OpScope scope(*this, "MoeCombine", {n, h});
   LaunchMoeCombine(y.data_as<const float>(), h, row_of_slot.data_as<const int32_t>(),
-                   weights.data_as<const float>(), n, k, accumulate, out.data_as<float>(),
+                   weights.data_as<const float>(), n, k, accumulate, nullptr, out.data_as<float>(),
                    state_->stream);
+}
+
+void CudaBackend::MoeCombineAdd(const Tensor& y, const Tensor& row_of_slot, const Tensor& weights,
+                                const Tensor& addend, const Tensor& out) {
+  const auto [n, k, h] = CheckMoeCombine(device(), y, row_of_slot, weights, out);
+  CheckAdd(device(), out, addend);
+  const OpScope scope(*this, "MoeCombine", {n, h});
+  LaunchMoeCombine(y.data_as<const float>(), h, row_of_slot.data_as<const int32_t>(),
+                   weights.data_as<const float>(), n, k, /*accumulate=*/false,
+                   addend.data_as<const float>(), out.data_as<float>(), state_->stream);
 }
 
 void CudaBackend::LogSoftmaxAt(const Tensor& logits, const Tensor& ids, const Tensor& out) {

@@ -77,6 +77,8 @@ class CudaBackend : public Backend {
   void GatheredExpertMlp(const Tensor& x, const Tensor& src_row, const Tensor& grouped,
                          const Tensor& offsets, const ExpertWeights& experts,
                          const Tensor& out) override;
+  void MoeCombineAdd(const Tensor& y, const Tensor& row_of_slot, const Tensor& weights,
+                     const Tensor& addend, const Tensor& out) override;
   void MoeCombine(const Tensor& y, const Tensor& row_of_slot, const Tensor& weights,
                   bool accumulate, const Tensor& out) override;
   void LogSoftmaxAt(const Tensor& logits, const Tensor& ids, const Tensor& out) override;

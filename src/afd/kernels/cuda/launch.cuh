@@ -160,8 +160,10 @@ void LaunchTiledLinear(const uint16_t* x_bf16, int64_t n, int64_t k, const void*
 void LaunchGroupedLinear(const float* x, int64_t m, int64_t k, const void* const* w_ptrs, bool bf16,
                          const int32_t* offsets, int64_t num_local, int64_t n_out, bool swiglu,
                          float* y, uint16_t* x_bf16, cudaStream_t s);
+// addend: null, or [n, h] added to each output row after its weighted sum.
 void LaunchMoeCombine(const float* y, int64_t h, const int32_t* row_of_slot, const float* weights,
-                      int64_t n, int64_t k, bool accumulate, float* out, cudaStream_t s);
+                      int64_t n, int64_t k, bool accumulate, const float* addend, float* out,
+                      cudaStream_t s);
 
 // sample.cu
 // LogSoftmaxAt and ArgMax reduce each row in chunks, then merge the chunks: scratch holds

@@ -867,13 +867,14 @@ __global__ void GroupedWmma(const float* x, int64_t k, const void* const* w_ptrs
   }
 }
 
-// out[t] (+)= sum_j y[row_of_slot[t, j]] * w[t, j], j in order. Block (token, column slice),
+// out[t] (+)= sum_j y[row_of_slot[t, j]] * w[t, j], j in order, then + addend[t] when given (the
+// shared experts' output: the same bits as a separate Add after). Block (token, column slice),
 // one thread per kVec columns: the k row loads of a thread are independent, so they are in
 // flight together (one thread walking the k slots of 8 columns in series took 22 us per layer
 // at batch 1, the latency of ~50 dependent loads).
 template <int kVec>
 __global__ void Combine(const float* y, int64_t h, const int32_t* ros, const float* w, int64_t k,
-                        bool accumulate, float* out) {
+                        bool accumulate, const float* addend, float* out) {
   PdlStart();
   using V = std::conditional_t<kVec == 4, float4, float>;
   const int64_t t = blockIdx.x;
@@ -897,6 +898,13 @@ __global__ void Combine(const float* y, int64_t h, const int32_t* ros, const flo
     memcpy(yv, &v, sizeof(V));
 #pragma unroll
     for (int e = 0; e < kVec; ++e) o[e] += yv[e] * wj;
+  }
+  if (addend != nullptr) {
+    const V a = *reinterpret_cast<const V*>(addend + t * h + i);
+    float av[kVec];
+    memcpy(av, &a, sizeof(V));
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) o[e] += av[e];
   }
   V v;
   memcpy(&v, o, sizeof(V));
@@ -1139,7 +1147,8 @@ bool LaunchGroupedMlpMma(const float* x, const int32_t* src_row, int64_t m, int6
 }
 
 void LaunchMoeCombine(const float* y, int64_t h, const int32_t* row_of_slot, const float* weights,
-                      int64_t n, int64_t k, bool accumulate, float* out, cudaStream_t s) {
+                      int64_t n, int64_t k, bool accumulate, const float* addend, float* out,
+                      cudaStream_t s) {
   if (n == 0 || h == 0) return;
   constexpr int kThreadsPerBlock = 128;
   const auto launch = [&](auto vec) {
@@ -1148,10 +1157,11 @@ void LaunchMoeCombine(const float* y, int64_t h, const int32_t* row_of_slot, con
     const dim3 grid(static_cast<unsigned>(n),
                     static_cast<unsigned>((h + per_block - 1) / per_block));
     LaunchPdl(Combine<kVec>, grid, kThreadsPerBlock, 0, s, y, h, row_of_slot, weights, k,
-              accumulate, out);
+              accumulate, addend, out);
   };
   const bool vec4 = h % 4 == 0 && reinterpret_cast<uintptr_t>(y) % 16 == 0 &&
-                    reinterpret_cast<uintptr_t>(out) % 16 == 0;
+                    reinterpret_cast<uintptr_t>(out) % 16 == 0 &&
+                    reinterpret_cast<uintptr_t>(addend) % 16 == 0;
   if (vec4) {
     launch(std::integral_constant<int, 4>{});
   } else {
