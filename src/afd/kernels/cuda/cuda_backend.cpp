@@ -745,8 +745,9 @@ void CudaBackend::RouterGateTopk(const Tensor& hidden, const Tensor& gate, const
   const auto [n, k, e] = CheckLinear(device(), hidden, gate, logits);
   CheckRouterTopk(device(), logits, bias, spec, ids, weights);
   const RouterArgs a = ToRouterArgs(spec);
-  if (gate.dtype() != DType::kF32 || !RouterGateTopkFits(n, k, e, a) || !Aligned16(hidden.data()) ||
-      !Aligned16(gate.data()) || ChoiceOff("AFD_ROUTER_FUSED")) {
+  static const bool fused_off = ChoiceOff("AFD_ROUTER_FUSED");  // Linear, then RouterTopk
+  if (fused_off || gate.dtype() != DType::kF32 || !RouterGateTopkFits(n, k, e, a) ||
+      !Aligned16(hidden.data()) || !Aligned16(gate.data())) {
     Backend::RouterGateTopk(hidden, gate, bias, spec, logits, ids, weights);
     return;
   }
