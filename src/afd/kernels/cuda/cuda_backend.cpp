@@ -769,9 +769,9 @@ void CudaBackend::RouteAndPermute(const Tensor& hidden, const Tensor& gate, cons
   CheckMoePermute(device(), ids, num_local, offsets, src_row, row_of_slot);
   const RouterArgs a = ToRouterArgs(spec);
   static const bool off = ChoiceOff("AFD_ROUTER_PERMUTE");  // RouterGateTopk, then MoePermute
-  if (off || gate.dtype() != DType::kF32 || !RouterGateTopkFits(n, k, e, a) ||
-      !RouterPermuteFits(n, a, num_local) || !Aligned16(hidden.data()) || !Aligned16(gate.data()) ||
-      ChoiceOff("AFD_ROUTER_FUSED")) {
+  static const bool fused_off = ChoiceOff("AFD_ROUTER_FUSED");
+  if (off || fused_off || gate.dtype() != DType::kF32 || !RouterGateTopkFits(n, k, e, a) ||
+      !RouterPermuteFits(n, a, num_local) || !Aligned16(hidden.data()) || !Aligned16(gate.data())) {
     Backend::RouteAndPermute(hidden, gate, bias, spec, logits, ids, weights, begin, num_local,
                              offsets, src_row, row_of_slot);
     return;
