@@ -1,4 +1,5 @@
-// Host-side plans of the CUDA backend's kernels (no GPU needed): the MLA decode split counts.
+// Host-side plans of the CUDA backend's kernels (no GPU needed): the MLA decode split counts,
+// which shapes the fp32 GEMV and the fused router take.
 #include <gtest/gtest.h>
 
 #ifdef AFD_WITH_CUDA
@@ -54,6 +55,30 @@ TEST(MlaSplitsChunks, AtMostTheChunksAndSixtyFour) {
   EXPECT_EQ(MlaSplits(1, 16, 16, false, kSms), 1);  // one 16-row chunk
   EXPECT_EQ(MlaSplits(1, 16, 100000, false, kSms), 64);
   EXPECT_EQ(MlaSplits(512, 16, 1024, false, kSms), 1);
+}
+
+// The fp32 GEMV's reach: any column count up to 8 rows; 9-16 rows in chunks only for the router
+// gate's few columns (<= 256); K a multiple of 4 (16-byte loads). Above: cuBLAS / the skinny
+// kernel.
+TEST(GemvF32, TakesFewRowsAndTheRouterGateUpToSixteen) {
+  EXPECT_TRUE(GemvF32Fits(1, 2048, 64));
+  EXPECT_TRUE(GemvF32Fits(8, 2048, 3072));
+  EXPECT_TRUE(GemvF32Fits(16, 2048, 64));
+  EXPECT_TRUE(GemvF32Fits(9, 4096, 256));
+  EXPECT_FALSE(GemvF32Fits(9, 2048, 257));
+  EXPECT_FALSE(GemvF32Fits(17, 2048, 64));
+  EXPECT_FALSE(GemvF32Fits(4, 2046, 64));
+  EXPECT_FALSE(GemvF32Fits(0, 2048, 64));
+}
+
+// The fused router: up to 8 tokens, K % 4, the router kernel's expert, group and top-k limits.
+TEST(RouterGateTopk, FusedForAFewTokens) {
+  const RouterArgs v2{false, false, 6, 1, 1, false, 1.0f}, v3{true, true, 8, 8, 4, true, 2.5f};
+  EXPECT_TRUE(RouterGateTopkFits(1, 2048, 64, v2));
+  EXPECT_TRUE(RouterGateTopkFits(8, 7168, 256, v3));
+  EXPECT_FALSE(RouterGateTopkFits(9, 2048, 64, v2));
+  EXPECT_FALSE(RouterGateTopkFits(1, 2050, 64, v2));
+  EXPECT_FALSE(RouterGateTopkFits(1, 2048, kMaxRouterExperts + 1, v2));
 }
 
 }  // namespace
