@@ -28,11 +28,14 @@ bench() {  # name connector device attn-cuda-device ffn-cuda-device [extra flags
   timeout 120 "$BIN/afd" connector-test --additional-config "$CFG" --role-rank 0 "${FLAGS[@]}" "${FF[@]}" >/tmp/ffn_$name.json 2>&1 &
   timeout 120 "$BIN/afd" connector-test --additional-config "${CFG/ffn/attention}" --role-rank 0 "${FLAGS[@]}" "${AF[@]}" >/tmp/attn_$name.json 2>/tmp/attn_$name.err || { tail -5 /tmp/attn_$name.err; tail -5 /tmp/ffn_$name.json; }
   wait
-  echo "== $name (median / p10 / p90 us per round trip)"
+  echo "== $name (median / p10 / p90 us per round trip; device flags: also the stream's own)"
   python3 -c 'import json,sys
 d = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
 for b in d["bench"]:
-    print("%4d rows: %8.1f %8.1f %8.1f" % (b["rows"], b["median_us"], b["p10_us"], b["p90_us"]))' /tmp/attn_$name.json
+    s = ""
+    if "stream_median_us" in b:
+        s = "   stream %8.1f %8.1f %8.1f" % (b["stream_median_us"], b["stream_p10_us"], b["stream_p90_us"])
+    print("%4d rows: %8.1f %8.1f %8.1f%s" % (b["rows"], b["median_us"], b["p10_us"], b["p90_us"], s))' /tmp/attn_$name.json
 }
 bench async_ipc_two_gpus_device_flags AsyncAFDConnector cuda 0 1
 bench async_ipc_two_gpus_host_flags AsyncAFDConnector cuda 0 1 --host-flags

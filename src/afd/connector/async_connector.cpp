@@ -232,13 +232,14 @@ uint64_t AsyncConnector::Send(int peer, const SlotPayload& p) {
             "async connector: stage {} needs ring_depth > {} (it is {})", p.stage, p.stage,
             layout_.ring_depth);
   const SlotCapacity& cap = layout_.cap;
-  const std::string me = world_.Describe(world_.world_rank());
+  // Worded only for an error: a send formats nothing.
+  const auto me = [&] { return world_.Describe(world_.world_rank()); };
   const auto fits = [&](int64_t n, int64_t limit, const char* what) {
     AFD_CHECK(n <= limit,
               "async connector: {} {} for layer {} from {} to {} exceed the slot's capacity of "
               "{} (raise connector_extra_config.routed_cap_multiplier or "
               "max_num_batched_tokens)",
-              n, what, p.layer, me, PeerName(peer), limit);
+              n, what, p.layer, me(), PeerName(peer), limit);
   };
   fits(static_cast<int64_t>(p.route.size()), cap.routed_cap, "routed rows");
   fits(static_cast<int64_t>(p.shared_index.size()), cap.shared_cap, "shared rows");
@@ -249,12 +250,13 @@ uint64_t AsyncConnector::Send(int peer, const SlotPayload& p) {
   AFD_CHECK(device_wait_[static_cast<size_t>(peer) * layout_.ring_depth + ring] == 0,
             "async connector: {} sends on ring {} to {} before it received the reply awaited "
             "there",
-            me, ring, PeerName(peer));
+            me(), ring, PeerName(peer));
   uint64_t& seq = send_seq_[static_cast<size_t>(peer) * layout_.ring_depth + ring];
   ++seq;
   const int w = OppositeWorldRank(peer);
   const size_t slot = layout_.slot_offset(region, ring);
-  std::vector<char> header(sizeof(SlotHeader) + 4 * p.expert_counts.size());
+  std::vector<char>& header = header_;  // reused: no allocation per send
+  header.resize(sizeof(SlotHeader) + 4 * p.expert_counts.size());
   SlotHeader h{};
   h.magic = kSlotMagic;
   h.version = kSlotVersion;

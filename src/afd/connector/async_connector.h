@@ -177,6 +177,7 @@ class AsyncConnector {
   std::vector<uint64_t> device_wait_;  // [region * ring_depth + ring]: seq a stream waits for
                                        // that the host has not received yet, 0 when none
   std::vector<uint64_t> send_seq_;     // [peer * ring_depth + ring]
+  std::vector<char> header_;           // Send's header bytes
   std::vector<uint64_t> seen_;         // [region * ring_depth + ring], the flags already consumed
   std::vector<bool> finished_;         // [peer]
   int poll_start_ = 0;

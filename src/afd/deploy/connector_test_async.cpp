@@ -305,52 +305,82 @@ void RunBench(const ConnectorTestArgs& args, comm::AfdWorld& world, AsyncConnect
     io.Synchronize(world.config().afd_process_group_timeout_s);
     std::vector<int32_t> route(n);
     for (int64_t t = 0; t < n; ++t) route[t] = static_cast<int32_t>(t);
-    std::vector<double> us;
-    for (int it = 0; it < args.iters + 2; ++it) {
-      const auto start = std::chrono::steady_clock::now();
-      std::vector<uint64_t> seqs(F, 0);
-      for (int f = 0; f < F; ++f) {
-        const int64_t b = SplitOffset(n, F, f), m = SplitSize(n, F, f);
-        if (m == 0) continue;
-        std::vector<int32_t> counts(conn.num_local_experts(f), 0);
-        counts[0] = static_cast<int32_t>(m);
-        SlotPayload s;
-        s.num_tokens = static_cast<int>(n);
-        s.expert_counts = counts;
-        s.route = std::span<const int32_t>(route.data() + b, m);
-        s.routed_rows = dev_in + b * row;
-        seqs[f] = conn.Send(f, s);
-      }
-      // Device flags: the stream waits for each reply (as the attention runner's combine
-      // does), the host checks the replies, and the round trip ends when the stream is past them.
-      for (int f = 0; f < F && conn.device_flags(); ++f) {
-        if (seqs[f] != 0) conn.EnqueueWait(f, 0);
-      }
-      for (int f = 0; f < F; ++f) {
-        if (seqs[f] == 0) continue;
-        const ReceivedSlot r = conn.Receive(f, 0, "a bench reply");
-        AFD_CHECK(r.header.echo_seq == seqs[f], "bench: FFN rank {} answered seq {}, expected {}",
-                  f, r.header.echo_seq, seqs[f]);
-        if (it == args.iters + 1) {
-          std::vector<char> echoed;
-          io.Download(echoed, r.routed_rows, r.header.routed_rows * row);
-          io.Synchronize(world.config().afd_process_group_timeout_s);
-          std::memcpy(out.data() + SplitOffset(n, F, f) * row, echoed.data(), echoed.size());
+    // Pass 0: the host's round trip (from its first send to seeing the replies; with device
+    // flags, to the stream being past its waits). Pass 1, device flags with device rows: the
+    // stream's own round trip, from the rows' copy starting on the GPU to the stream passing
+    // the waits, everything enqueued while the stream is held (what a decode step's stream
+    // stalls per layer when its host runs ahead).
+    const int passes = conn.device_flags() && conn.device_rows() ? 2 : 1;
+    std::vector<double> us, stream_us;
+    for (int pass = 0; pass < passes; ++pass) {
+      const bool held = pass == 1;
+      for (int it = 0; it < args.iters + 2; ++it) {
+        const auto start = std::chrono::steady_clock::now();
+        if (held) {
+          io.Hold();
+          io.Mark(0);
+        }
+        std::vector<uint64_t> seqs(F, 0);
+        for (int f = 0; f < F; ++f) {
+          const int64_t b = SplitOffset(n, F, f), m = SplitSize(n, F, f);
+          if (m == 0) continue;
+          std::vector<int32_t> counts(conn.num_local_experts(f), 0);
+          counts[0] = static_cast<int32_t>(m);
+          SlotPayload s;
+          s.num_tokens = static_cast<int>(n);
+          s.expert_counts = counts;
+          s.route = std::span<const int32_t>(route.data() + b, m);
+          s.routed_rows = dev_in + b * row;
+          seqs[f] = conn.Send(f, s);
+        }
+        // Device flags: the stream waits for each reply (as the attention runner's combine
+        // does), the host checks the replies, and the round trip ends when the stream is past
+        // them.
+        for (int f = 0; f < F && conn.device_flags(); ++f) {
+          if (seqs[f] != 0) conn.EnqueueWait(f, 0);
+        }
+        if (held) {
+          io.Mark(1);
+          io.Release();
+        }
+        for (int f = 0; f < F; ++f) {
+          if (seqs[f] == 0) continue;
+          const ReceivedSlot r = conn.Receive(f, 0, "a bench reply");
+          AFD_CHECK(r.header.echo_seq == seqs[f], "bench: FFN rank {} answered seq {}, expected {}",
+                    f, r.header.echo_seq, seqs[f]);
+          if (it == args.iters + 1 && pass == 0) {
+            std::vector<char> echoed;
+            io.Download(echoed, r.routed_rows, r.header.routed_rows * row);
+            io.Synchronize(world.config().afd_process_group_timeout_s);
+            std::memcpy(out.data() + SplitOffset(n, F, f) * row, echoed.data(), echoed.size());
+          }
+        }
+        if (conn.device_flags()) io.Synchronize(world.config().afd_process_group_timeout_s);
+        const double t =
+            std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start)
+                .count();
+        if (it < 2) continue;  // two warm-up iterations
+        if (held) {
+          stream_us.push_back(io.MarkedMicros());
+        } else {
+          us.push_back(t);
         }
       }
-      if (conn.device_flags()) io.Synchronize(world.config().afd_process_group_timeout_s);
-      const double t =
-          std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start)
-              .count();
-      if (it >= 2) us.push_back(t);  // two warm-up iterations
     }
     AFD_CHECK(in == out, "bench: the echoed rows differ from the rows sent");
     std::sort(us.begin(), us.end());
-    results.push_back({{"rows", n},
-                       {"bytes_each_way", n * row},
-                       {"median_us", us[us.size() / 2]},
-                       {"p10_us", us[us.size() / 10]},
-                       {"p90_us", us[us.size() * 9 / 10]}});
+    nlohmann::json r = {{"rows", n},
+                        {"bytes_each_way", n * row},
+                        {"median_us", us[us.size() / 2]},
+                        {"p10_us", us[us.size() / 10]},
+                        {"p90_us", us[us.size() * 9 / 10]}};
+    if (!stream_us.empty()) {
+      std::sort(stream_us.begin(), stream_us.end());
+      r["stream_median_us"] = stream_us[stream_us.size() / 2];
+      r["stream_p10_us"] = stream_us[stream_us.size() / 10];
+      r["stream_p90_us"] = stream_us[stream_us.size() * 9 / 10];
+    }
+    results.push_back(std::move(r));
   }
   conn.AnnounceShutdown();
   report["bench"] = results;

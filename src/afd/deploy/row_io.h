@@ -18,6 +18,15 @@ class RowIo {
   virtual void Download(std::vector<char>& dst, const void* src, size_t bytes) = 0;
   // Waits for every transfer issued so far (bounded by timeout_s for device work).
   virtual void Synchronize(double timeout_s) = 0;
+  // Stream-side timing (device rows): Mark(0) and Mark(1) record events on the stream;
+  // MarkedMicros, after a Synchronize, the microseconds between them (negative on the host).
+  virtual void Mark(int) {}
+  virtual double MarkedMicros() { return -1; }
+  // Device rows: work enqueued after Hold starts on the GPU only at Release (as when a decode
+  // step's host runs ahead of its stream), so that marks time the GPU's side alone. No-ops on
+  // the host.
+  virtual void Hold() {}
+  virtual void Release() {}
   // The known FFN function y = 3x + 1 on the raw bits of `count` elements of `width` bytes.
   virtual void ApplyFfnFunction(void* data, size_t count, size_t width) = 0;
 };

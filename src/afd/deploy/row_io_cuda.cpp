@@ -8,6 +8,7 @@
 
 #include "afd/comm_nccl/nccl_communicator.h"
 #include "afd/comm_nccl/selftest_kernels.h"
+#include "afd/connector/cuda/flag_kernels.h"
 
 namespace afd::deploy {
 
@@ -22,6 +23,40 @@ class DeviceRowIo : public RowIo {
     for (auto& b : buffers_) {
       if (b.ptr) cudaFree(b.ptr);
     }
+    for (cudaEvent_t e : events_) {
+      if (e) cudaEventDestroy(e);
+    }
+    if (gate_) {
+      Release();  // a stream still held drains
+      cudaStreamSynchronize(stream_);
+      cudaFreeHost(const_cast<uint64_t*>(gate_));
+    }
+  }
+  void Hold() override {
+    if (!gate_) {
+      void* p = nullptr;
+      AFD_CUDA_CHECK(cudaHostAlloc(&p, 64, cudaHostAllocMapped));
+      gate_ = static_cast<volatile uint64_t*>(p);
+      *gate_ = 0;
+      AFD_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&device_gate_), p, 0));
+    }
+    ++gate_seq_;
+    AFD_CHECK(connector::LaunchAwaitFlag(stream_, device_gate_, gate_seq_),
+              "connector-test rows: the stream hold failed to launch: {}",
+              cudaGetErrorString(cudaGetLastError()));
+  }
+  void Release() override {
+    if (gate_) *gate_ = gate_seq_;
+  }
+  void Mark(int which) override {
+    cudaEvent_t& e = events_[which & 1];
+    if (!e) AFD_CUDA_CHECK(cudaEventCreate(&e));
+    AFD_CUDA_CHECK(cudaEventRecord(e, stream_));
+  }
+  double MarkedMicros() override {
+    float ms = 0;
+    AFD_CUDA_CHECK(cudaEventElapsedTime(&ms, events_[0], events_[1]));
+    return 1e3 * ms;
   }
   void* Buffer(size_t bytes, int slot) override {
     Buf& b = buffers_[slot & 1];
@@ -62,6 +97,10 @@ class DeviceRowIo : public RowIo {
   };
   cudaStream_t stream_;
   Buf buffers_[2];
+  cudaEvent_t events_[2] = {nullptr, nullptr};
+  volatile uint64_t* gate_ = nullptr;  // Hold's flag (mapped host memory)
+  uint64_t* device_gate_ = nullptr;    // its device address
+  uint64_t gate_seq_ = 0;
 };
 
 }  // namespace
