@@ -68,6 +68,30 @@ TEST(AsyncProcesses, Bf16RowsRoundTrip) {
   }
 }
 
+// --bench: n rows a round trip, split over the FFN ranks and echoed; every row count reported,
+// the echo checked (a wrong row fails the run). Host rows: no stream-side timing.
+TEST(AsyncProcesses, BenchReportsEveryRowCount) {
+  auto procs = StartDeployment(
+      1, 2, 30, "async_bench",
+      [](const std::string&, int) {
+        return std::vector<std::string>{"--bench", "--bench-rows", "1,7", "--iters",
+                                        "3",       "--hidden",     "16"};
+      },
+      "", kAsync);
+  for (auto& p : procs) {
+    const std::optional<int> status = p.process->Wait(Deadline::In(60));
+    const std::string log = ReadFile(p.log);
+    ASSERT_EQ(status, 0) << p.label << " failed:\n" << log;
+    if (p.label != "attention 0") continue;
+    const nlohmann::json report = nlohmann::json::parse(log);
+    ASSERT_EQ(report["bench"].size(), 2u) << log;
+    EXPECT_EQ(report["bench"][1]["rows"], 7) << log;
+    EXPECT_EQ(report["bench"][1]["bytes_each_way"], 7 * 16 * 4) << log;
+    EXPECT_GT(report["bench"][1]["median_us"].get<double>(), 0.0) << log;
+    EXPECT_FALSE(report["bench"][1].contains("stream_median_us")) << log;
+  }
+}
+
 // No connection closes when a window peer dies: the survivors notice the process is gone and
 // name it, long before the timeout.
 TEST(AsyncProcesses, KilledPeerIsNamedByTheOthers) {
