@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -67,6 +68,26 @@ std::vector<RankProcess> StartDeployment(int A, int F, int timeout_s, const std:
     }
   }
   return procs;
+}
+
+// Waits for every rank of an `afd connector-test --bench --bench-rows 1,7 --hidden 16` run
+// (fp32 rows) to succeed; returns attention rank 0's bench report, checked to hold both row
+// counts with a time.
+inline nlohmann::json BenchReportOf(std::vector<RankProcess>& procs) {
+  nlohmann::json bench;
+  for (auto& p : procs) {
+    const std::optional<int> status = p.process->Wait(Deadline::In(60));
+    const std::string log = ReadFile(p.log);
+    EXPECT_EQ(status, 0) << p.label << " failed:\n" << log;
+    if (p.label != "attention 0" || status != 0) continue;
+    bench = nlohmann::json::parse(log)["bench"];
+    EXPECT_EQ(bench.size(), 2u) << log;
+    if (bench.size() != 2u) continue;
+    EXPECT_EQ(bench[1]["rows"], 7) << log;
+    EXPECT_EQ(bench[1]["bytes_each_way"], 7 * 16 * 4) << log;
+    EXPECT_GT(bench[1]["median_us"].get<double>(), 0.0) << log;
+  }
+  return bench;
 }
 
 }  // namespace afd::testing_util
