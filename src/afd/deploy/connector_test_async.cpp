@@ -316,6 +316,14 @@ void RunBench(const ConnectorTestArgs& args, comm::AfdWorld& world, AsyncConnect
       const bool held = pass == 1;
       for (int it = 0; it < args.iters + 2; ++it) {
         const auto start = std::chrono::steady_clock::now();
+        // Released below, or on the way out of an error (the connector's destructor then
+        // drains this stream).
+        struct Hold {
+          RowIo* io;
+          ~Hold() {
+            if (io) io->Release();
+          }
+        } hold{held ? &io : nullptr};
         if (held) {
           io.Hold();
           io.Mark(0);
@@ -342,6 +350,7 @@ void RunBench(const ConnectorTestArgs& args, comm::AfdWorld& world, AsyncConnect
         if (held) {
           io.Mark(1);
           io.Release();
+          hold.io = nullptr;
         }
         for (int f = 0; f < F; ++f) {
           if (seqs[f] == 0) continue;
