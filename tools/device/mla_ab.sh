@@ -3,6 +3,8 @@
 # backend_ops_test, MlaAttention (tiled, bf16 cache) perf of both, `afd bench decode` of both
 # (context 128 at batch 1 / 64 / 256, context 1024 at 64 / 256), then NEW's bf16 fidelity on two
 # goldens (graph == eager, ids vs the fp32 CPU run, v3_trained vs transformers bf16).
+# LONG_BATCH: the batches at context 1024 (default 64,256); CASES: the goldens (default
+# "v3_trained v2_greedy_yarn").
 # Usage (repo root there; shared libraries in OLD_DIR): tools/device/mla_ab.sh NEW_DIR OLD_DIR
 set -u
 HERE=$(dirname "$(readlink -f "$0")")
@@ -23,11 +25,11 @@ for b in OLD NEW; do
   timeout 150 "${!b}/afd" bench decode --model preset:deepseek-v2-lite --device cuda \
     --batch 1,64,256 --context 128 --steps 16 2>&1 | grep -E "^ +[0-9]+ +[0-9.]+ " | cut -c1-60
   timeout 150 "${!b}/afd" bench decode --model preset:deepseek-v2-lite --device cuda \
-    --batch 64,256 --context 1024 --steps 8 2>&1 | grep -E "^ +[0-9]+ +[0-9.]+ " | cut -c1-60
+    --batch "${LONG_BATCH:-64,256}" --context 1024 --steps 8 2>&1 | grep -E "^ +[0-9]+ +[0-9.]+ " | cut -c1-60
 done
 echo "== bf16 fidelity (new)"
 W=$(mktemp -d)
-for c in v3_trained v2_greedy_yarn; do
+for c in ${CASES:-v3_trained v2_greedy_yarn}; do
   M=tests/data/golden/$c
   P=(--prompt-ids 1,2,3,4,5,6,7,8 --prompt-ids 90,80,70 --prompt-ids 5 --max-tokens 20 --ignore-eos --json)
   "$NEW/afd" run --model "$M" "${P[@]}" >"$W/cpu.json"
