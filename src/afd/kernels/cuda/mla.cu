@@ -710,42 +710,23 @@ __global__ void __launch_bounds__(kTileWarps * 32, 1)
       const __nv_bfloat16* tile = rows + buf * kTileRows * kTileStride;
       // Scores of rows 8 warp + (2 tq, 2 tq + 1), token i's heads gid (s[i][0], s[i][1]) and
       // gid + 8 (s[i][2], s[i][3]).
-      // Four independent accumulators (by k-step parity and mma), added at the end: a chain of
-      // 9 dependent mmas per accumulator instead of 36 (the score step is latency-bound).
       float s[kTok][4];
+#pragma unroll
+      for (int i = 0; i < kTok; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
       {
-        float acc[kTok][4][4];
-#pragma unroll
-        for (int i = 0; i < kTok; ++i) {
-#pragma unroll
-          for (int a = 0; a < 4; ++a)
-            acc[i][a][0] = acc[i][a][1] = acc[i][a][2] = acc[i][a][3] = 0.0f;
-        }
         const __nv_bfloat16* qa = qs + a_row * kTileStride + a_col;
         const __nv_bfloat16* kb = tile + (8 * warp + b_row) * kTileStride + b_col;
-        static_assert(kTileWidth / 32 % 2 == 0);
-#pragma unroll 3
-        for (int kk2 = 0; kk2 < kTileWidth / 32; kk2 += 2) {
+#pragma unroll 6
+        for (int kk = 0; kk < kTileWidth / 32; ++kk) {
+          uint32_t b[4];
+          Ldsm4(b, kb + 32 * kk);
 #pragma unroll
-          for (int par = 0; par < 2; ++par) {
-            const int kk = kk2 + par;
-            uint32_t b[4];
-            Ldsm4(b, kb + 32 * kk);
-#pragma unroll
-            for (int i = 0; i < kTok; ++i) {
-              uint32_t a0[4], a1[4];
-              Ldsm4(a0, qa + kGroup * i * kTileStride + 32 * kk);
-              Ldsm4(a1, qa + kGroup * i * kTileStride + 32 * kk + 16);
-              MmaBf16(acc[i][2 * par], a0[0], a0[1], a0[2], a0[3], b[0], b[1]);
-              MmaBf16(acc[i][2 * par + 1], a1[0], a1[1], a1[2], a1[3], b[2], b[3]);
-            }
-          }
-        }
-#pragma unroll
-        for (int i = 0; i < kTok; ++i) {
-#pragma unroll
-          for (int c = 0; c < 4; ++c) {
-            s[i][c] = (acc[i][0][c] + acc[i][1][c]) + (acc[i][2][c] + acc[i][3][c]);
+          for (int i = 0; i < kTok; ++i) {
+            uint32_t a0[4], a1[4];
+            Ldsm4(a0, qa + kGroup * i * kTileStride + 32 * kk);
+            Ldsm4(a1, qa + kGroup * i * kTileStride + 32 * kk + 16);
+            MmaBf16(s[i], a0[0], a0[1], a0[2], a0[3], b[0], b[1]);
+            MmaBf16(s[i], a1[0], a1[1], a1[2], a1[3], b[2], b[3]);
           }
         }
       }
