@@ -2,6 +2,7 @@
 # One device call: Nsight Compute's detail sections (speed of light, occupancy, warp stall
 # reasons, launch) for one launch of one kernel inside the eager decode steps of `afd bench
 # decode --profile` (the CUDA backend opens the profiler range around those steps only).
+# CONTEXT: the decode context (default 128; e.g. CONTEXT=1024 for AttentionTiles at long context).
 # Usage (repo root there): tools/device/kernel_detail.sh BIN_DIR KERNEL_REGEX BATCH
 set -u
 BIN=$(readlink -f "$1")
@@ -12,5 +13,5 @@ timeout 200 "$NCU" --clock-control none --profile-from-start off --kernel-name "
   --launch-skip 5 --launch-count 1 --section SpeedOfLight --section Occupancy \
   --section LaunchStats --section WarpStateStats --section MemoryWorkloadAnalysis \
   "$BIN/afd" bench decode --model "${MODEL:-preset:deepseek-v2-lite}" --device cuda --batch "$3" \
-  --context 128 --steps 2 --profile 2>&1 | grep -vE '^\s*$|loading weights|^==PROF==|^batch|^ +[0-9]+ +[0-9.]+ ' |
+  --context "${CONTEXT:-128}" --steps 2 --profile 2>&1 | grep -vE '^\s*$|loading weights|^==PROF==|^batch|^ +[0-9]+ +[0-9.]+ ' |
   grep -E 'Duration|Throughput|Registers|Shared Memory|Occupancy|Stall|Warp Cycles|Block Limit|Active Warps|Waves|L1|L2|DRAM|Issued|Eligible|Grid|Block Size|^\s+[A-Za-z]' | head -${LINES_MAX:-60}
