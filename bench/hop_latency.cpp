@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <functional>
 #include <string>
 #include <thread>
@@ -86,9 +87,24 @@ int main(int argc, char** argv) {
   using namespace afd::connector;
   int iters = 300;
   std::vector<size_t> sizes = {4096, 65536, 524288, 2097152};
-  for (int i = 1; i + 1 < argc; i += 2) {
-    if (std::strcmp(argv[i], "--iters") == 0) iters = std::atoi(argv[i + 1]);
-    if (std::strcmp(argv[i], "--bytes") == 0) sizes = ParseSizes(argv[i + 1]);
+  for (int i = 1; i < argc; i += 2) {
+    const bool known = std::strcmp(argv[i], "--iters") == 0 || std::strcmp(argv[i], "--bytes") == 0;
+    if (!known || i + 1 >= argc) {
+      std::fprintf(stderr, "hop_latency_bench: %s: expected --iters N or --bytes A,B,...\n",
+                   argv[i]);
+      return 2;
+    }
+    try {
+      if (std::strcmp(argv[i], "--iters") == 0) iters = std::stoi(argv[i + 1]);
+      if (std::strcmp(argv[i], "--bytes") == 0) sizes = ParseSizes(argv[i + 1]);
+    } catch (const std::exception&) {
+      std::fprintf(stderr, "hop_latency_bench: %s %s: not a number\n", argv[i], argv[i + 1]);
+      return 2;
+    }
+  }
+  if (iters < 10 || sizes.empty()) {
+    std::fprintf(stderr, "hop_latency_bench: --iters must be at least 10 (is %d)\n", iters);
+    return 2;
   }
   Check(cudaSetDevice(0), "cudaSetDevice");
   std::string why;
@@ -117,7 +133,10 @@ int main(int argc, char** argv) {
   std::printf("hop latency on cuda:0, %d iterations each\n", iters);
   Time("kernel+sync", 0, iters, [&](uint64_t i) {
     const auto start = Clock::now();
-    LaunchStoreFlag(stream, device_flag, i);
+    if (!LaunchStoreFlag(stream, device_flag, i)) {
+      std::fprintf(stderr, "hop_latency_bench: the flag kernel failed to launch\n");
+      std::exit(1);
+    }
     Check(cudaStreamSynchronize(stream), "sync");
     return start;
   });
