@@ -385,7 +385,9 @@ TEST(ServerApiStream, ClientDisconnectAbortsTheSequence) {
   httplib::Request req;
   req.method = "POST";
   req.path = "/v1/completions";
-  req.body = json{{"prompt", {1, 2}}, {"max_tokens", 200}, {"stream", true}}.dump();
+  // ignore_eos: the default temperature samples with a random seed, which may draw EOS early.
+  req.body =
+      json{{"prompt", {1, 2}}, {"max_tokens", 200}, {"stream", true}, {"ignore_eos", true}}.dump();
   req.set_header("Content-Type", "application/json");
   req.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) {
     return ++chunks < 3;  // hang up after a few chunks
@@ -412,7 +414,10 @@ TEST(ServerApiCompletions, NonStreamingClientDisconnectAbortsTheSequence) {
     auto client = h.Client();
     client->set_read_timeout(0, 300000);  // gives up (and closes) long before 200 tokens
     const auto res =
-        client->Post("/v1/completions", json{{"prompt", {1, 2}}, {"max_tokens", 200}}.dump(),
+        // ignore_eos: the default temperature samples with a random seed, which may draw EOS
+        // early (the request then ends before the client gives up).
+        client->Post("/v1/completions",
+                     json{{"prompt", {1, 2}}, {"max_tokens", 200}, {"ignore_eos", true}}.dump(),
                      "application/json");
     EXPECT_FALSE(res) << res->status << " " << res->body;
   }
