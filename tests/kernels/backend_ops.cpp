@@ -1100,6 +1100,9 @@ std::vector<Case> CheckCases() {
        [](Ctx& c) { return MlaAttention(c, 0, 16, 136, 130, WideBf16Mla(16, 64), true); }},
       {"MlaAttention", "bf16 cache, tf32: heads [2, 20) of 20, 512 + 64, 3 x 333, block 16",
        [](Ctx& c) { return MlaAttention(c, 2, 20, 3, 333, WideBf16Mla(20, 16), true); }},
+      // More blocks than SMs (an H200 has 132): one tile buffer, two blocks per SM.
+      {"MlaAttention", "bf16 cache, tf32: 16 heads, 512 + 64, 300 x 130, block 16",
+       [](Ctx& c) { return MlaAttention(c, 0, 16, 300, 130, WideBf16Mla(16, 16), true); }},
       // 128-row blocks: the context bound (2 blocks) is past the positions, so some splits
       // are empty and the last block to finish merges them.
       {"MlaAttention", "bf16 cache, tf32: 16 heads, 512 + 64, 2 x 130, block 128",

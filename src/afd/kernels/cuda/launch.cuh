@@ -102,7 +102,7 @@ void LaunchMlaAttention(const float* q, int64_t n, int64_t heads, const float* q
                         int64_t dn, int64_t dr, const PagedArgs& t, const void* cache,
                         bool bf16_cache, int64_t h0, int64_t h1, float scale, int64_t max_context,
                         int64_t splits, bool tf32, float* partial, int* counters, float* o_lat,
-                        cudaStream_t s);
+                        int sm_count, cudaStream_t s);
 
 // router.cu: one warp per token; num_experts <= kMaxRouterExperts.
 inline constexpr int kMaxRouterExperts = 512;

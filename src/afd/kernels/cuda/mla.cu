@@ -452,9 +452,12 @@ __global__ void __launch_bounds__(kAttnThreads, 2)
 
 // Absorbed MLA decode on bf16 tensor cores, DeepSeek's shape only (latent 512 + rope 64, a bf16
 // cache; bf16 models, Backend::AllowTf32): the FlashMLA recipe on mma.sync. Block (token, head
-// group of 16, split) walks its positions in tiles of kTileRows cache rows, double-buffered in
-// shared memory by cp.async (the next tile's 72 KB in flight while this one is used; rows past
-// the end are zero-filled), 8 warps, one block per SM:
+// group of 16, split) walks its positions in tiles of kTileRows cache rows, loaded into shared
+// memory by cp.async (rows past the end are zero-filled), 8 warps. kBufs == 2: double-buffered
+// (the next tile's 72 KB in flight while this one is used), one block per SM (171 KB); kBufs ==
+// 1, for grids of more blocks than SMs: the next tile loads once this one is used, two blocks per
+// SM (95 KB each, <= 128 registers), one block computing while the other's tile lands (at 256
+// tokens x context 1024 on the H200: 0.136 vs 0.149 ms, the op with W_k and W_v):
 //   S [16 heads x 64 rows] = Q · tileᵀ: warp w the 8 rows 8w.., all 576 dims (36 k-steps of
 //     m16n8k16, Q and the rows read by ldmatrix);
 //   online softmax in base 2: each head's tile max across the warps through shared memory (the
@@ -475,9 +478,10 @@ constexpr int kTileWarps = 8;
 constexpr int kTileChunks = kTileWidth / 8;  // 16-byte pieces of a row
 // A row's pieces are copied by 4 threads: thread tid copies row tid / 4, pieces tid % 4 + 4i.
 static_assert(kTileWarps * 32 == 4 * kTileRows && kTileChunks % 4 == 0);
-// Shared memory of AttentionTiles<kTok> (kTok query tokens per block).
-constexpr size_t TileSmemBytes(int tokens) {
-  return (size_t(tokens * kGroup + 2 * kTileRows) * kTileStride + tokens * kGroup * kTilePStride) *
+// Shared memory of AttentionTiles<kTok, kBufs> (kTok query tokens per block, kBufs tile buffers).
+constexpr size_t TileSmemBytes(int tokens, int bufs) {
+  return (size_t(tokens * kGroup + bufs * kTileRows) * kTileStride +
+          tokens * kGroup * kTilePStride) *
              2 +
          2 * kTileWarps * tokens * kGroup * sizeof(float);
 }
@@ -562,18 +566,18 @@ __device__ void MergeIfLast(const float* partial, int64_t tok, int64_t nh, int64
   }
 }
 
-template <int kTok>
-__global__ void __launch_bounds__(kTileWarps * 32, 1)
+template <int kTok, int kBufs>
+__global__ void __launch_bounds__(kTileWarps * 32, 3 - kBufs)
     AttentionTiles(const float* q, int64_t n, int64_t heads, const float* q_lat, int64_t dn,
                    PagedArgs t, const __nv_bfloat16* cache, int64_t h0, int64_t nh,
                    float scale_log2, int64_t span, float* partial, int* counters, float* o_lat) {
   PdlStart();
-  static_assert(kTok == 1 || kTok == 2);
+  static_assert((kTok == 1 || kTok == 2) && (kBufs == 1 || kBufs == 2));
   constexpr int kM = kTok * kGroup;  // Q rows: token i's head hh at row 16 i + hh
   extern __shared__ float4 smem4[];
   auto* qs = reinterpret_cast<__nv_bfloat16*>(smem4);             // [kM][kTileStride]
-  __nv_bfloat16* rows = qs + kM * kTileStride;                    // [2][kTileRows][kTileStride]
-  __nv_bfloat16* ps = rows + 2 * kTileRows * kTileStride;         // [kM][kTilePStride]
+  __nv_bfloat16* rows = qs + kM * kTileStride;                    // [kBufs][kTileRows][kTileStride]
+  __nv_bfloat16* ps = rows + kBufs * kTileRows * kTileStride;     // [kM][kTilePStride]
   float* red = reinterpret_cast<float*>(ps + kM * kTilePStride);  // [kTileWarps][kM]
   float* lred = red + kTileWarps * kM;                            // [kTileWarps][kM]
   constexpr int64_t kvr = kTileLatent, dr = kTileRope;
@@ -700,10 +704,10 @@ __global__ void __launch_bounds__(kTileWarps * 32, 1)
       for (int c = 0; c < 8; ++c) o[i][c][0] = o[i][c][1] = o[i][c][2] = o[i][c][3] = 0.0f;
     }
     int buf = 0;
-    for (int64_t j0 = j_begin; j0 < j_end; j0 += kTileRows, buf ^= 1) {
+    for (int64_t j0 = j_begin; j0 < j_end; j0 += kTileRows, buf ^= kBufs - 1) {
       CopyAsyncWait<0>();
       __syncthreads();  // the tile is in; the other buffer, red and ps are free
-      if (j0 + kTileRows < j_end) {
+      if (kBufs == 2 && j0 + kTileRows < j_end) {
         load_tile(next_slot, buf ^ 1);
         next_slot = slot_of(j0 + 2 * kTileRows);
       }
@@ -795,6 +799,11 @@ __global__ void __launch_bounds__(kTileWarps * 32, 1)
             MmaBf16(o[i][2 * np + 1], a[i][0], a[i][1], a[i][2], a[i][3], b[2], b[3]);
           }
         }
+      }
+      if (kBufs == 1 && j0 + kTileRows < j_end) {
+        __syncthreads();  // every warp is past the tile
+        load_tile(next_slot, 0);
+        next_slot = slot_of(j0 + 2 * kTileRows);
       }
     }
     // l over the block: the 4 lanes of a row, then the warps in order.
@@ -1170,7 +1179,7 @@ void LaunchMlaAttention(const float* q, int64_t n, int64_t heads, const float* q
                         int64_t dn, int64_t dr, const PagedArgs& t, const void* cache,
                         bool bf16_cache, int64_t h0, int64_t h1, float scale, int64_t max_context,
                         int64_t splits, bool tf32, float* partial, int* counters, float* o_lat,
-                        cudaStream_t s) {
+                        int sm_count, cudaStream_t s) {
   if (n == 0) return;
   AFD_CHECK(kvr <= kMaxLatent && kvr % 4 == 0 && dr % 4 == 0 && dn % 4 == 0 &&
                 kvr + dr <= kMaxWidth && reinterpret_cast<uintptr_t>(q) % 16 == 0 &&
@@ -1184,27 +1193,39 @@ void LaunchMlaAttention(const float* q, int64_t n, int64_t heads, const float* q
     const int64_t tiles = (max_context + kTileRows - 1) / kTileRows;
     const int64_t span = (tiles + splits - 1) / splits * kTileRows;
     constexpr float kLog2e = 1.4426950408889634f;
-    const auto go = [&](auto tokens) {
-      constexpr int kTok = decltype(tokens)::value;
-      const auto kernel = AttentionTiles<kTok>;
+    const auto go = [&](auto tokens, auto bufs) {
+      constexpr int kTok = decltype(tokens)::value, kBufs = decltype(bufs)::value;
+      const auto kernel = AttentionTiles<kTok, kBufs>;
       static const bool raised = [&] {
         AFD_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            static_cast<int>(TileSmemBytes(kTok))));
+                                            static_cast<int>(TileSmemBytes(kTok, kBufs))));
         return true;
       }();
       (void)raised;
       const dim3 grid(static_cast<unsigned>((n + kTok - 1) / kTok),
                       static_cast<unsigned>((nh + kGroup - 1) / kGroup),
                       static_cast<unsigned>(splits));
-      LaunchPdl(kernel, grid, kTileWarps * 32, TileSmemBytes(kTok), s, q, n, heads, q_lat, dn, t,
-                static_cast<const __nv_bfloat16*>(cache), h0, nh, scale * kLog2e, span, partial,
-                counters, o_lat);
+      LaunchPdl(kernel, grid, kTileWarps * 32, TileSmemBytes(kTok, kBufs), s, q, n, heads, q_lat,
+                dn, t, static_cast<const __nv_bfloat16*>(cache), h0, nh, scale * kLog2e, span,
+                partial, counters, o_lat);
     };
     static const bool pairs_off = ChoiceOff("AFD_MLA_PAIRS");  // one query token per block
+    // One tile buffer and two blocks per SM once the grid is more than one block per SM: a
+    // block's next tile then loads while the other block computes (AFD_MLA_BUFS=1|2 forces a
+    // form).
+    static const int64_t forced_bufs = [] {
+      const char* v = std::getenv("AFD_MLA_BUFS");
+      return v != nullptr ? std::atoll(v) : int64_t{0};
+    }();
+    const int64_t blocks = n * ((nh + kGroup - 1) / kGroup) * splits;
+    const bool one_buf =
+        forced_bufs > 0 ? forced_bufs == 1 : blocks > int64_t(std::max(sm_count, 1));
     if (splits == 1 && n >= kTilePairMinTokens && !pairs_off) {
-      go(std::integral_constant<int, 2>{});
+      go(std::integral_constant<int, 2>{}, std::integral_constant<int, 2>{});
+    } else if (one_buf) {
+      go(std::integral_constant<int, 1>{}, std::integral_constant<int, 1>{});
     } else {
-      go(std::integral_constant<int, 1>{});
+      go(std::integral_constant<int, 1>{}, std::integral_constant<int, 2>{});
     }
     CheckLaunch("MlaAttention (tiles)");
     return;  // the kernel writes o_lat itself (one split) or merges the splits (the last block)
