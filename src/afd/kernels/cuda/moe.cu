@@ -335,7 +335,9 @@ __global__ void GatherRowsToBf16(const float* x, const int32_t* index, int64_t h
 // fp32 accumulate). x is the bf16 copy of the rows (RowsToBf16), so the results round exactly as
 // the other bf16 paths do.
 //
-// Block: kWarps warps (4 per m tile: 2 tiles share x among 8) over one expert's pass of up to
+// Block: kWarps warps (4 per m tile, 8 per m tile for two tiles: 16 warps share x, one block per
+// SM; at batch 256 the gate/up and down GEMMs 0.346 vs 0.359 ms with 8 warps, decode 12.65 vs
+// 12.89 ms/step: x staged half as often, in one piece) over one expert's pass of up to
 // 16·kTiles rows. The pass's x rows are staged once per block in shared memory (cp.async, in K
 // pieces of at most kMmaTileStageBytes per m tile), so x costs the L2 a fraction of the
 // weights' traffic (every warp re-reading x through L1 made L2 the limit at batch 256: 90% busy
@@ -946,6 +948,7 @@ void LaunchRowsToBf16(const float* x, int64_t n, __nv_bfloat16* xb, cudaStream_t
 // tiles x row slices x experts) and the shared memory bytes.
 struct MmaLaunch {
   int tiles, halves, warps, piece;
+  bool wide;  // 16 warps a block (two m tiles): one block per SM, twice the x stage per tile
   dim3 grid;
   size_t smem;
 };
@@ -954,15 +957,19 @@ MmaLaunch PlanMma(int64_t m, int64_t k, int64_t n_out, bool swiglu, int64_t num_
   MmaLaunch p{};
   const int64_t avg_rows = (m + num_local - 1) / num_local;
   p.tiles = avg_rows > 16 ? 2 : 1;
+  // Two m tiles: 16 warps a block, one block per SM (twice the columns per block, so x is
+  // staged half as often; K in one piece up to 2272).
+  static const bool wide_off = ChoiceOff("AFD_MOE_WIDE");  // 8 warps, two blocks per SM
+  p.wide = p.tiles == 2 && !wide_off;
   const int64_t pass_rows = 16 * p.tiles;
-  const int64_t max_piece = (kMmaTileStageBytes / 32 - 32) / 32 * 32;
+  const int64_t max_piece = ((p.wide ? 2 : 1) * kMmaTileStageBytes / 32 - 32) / 32 * 32;
   const int64_t pieces = (k + max_piece - 1) / max_piece;
   p.piece = static_cast<int>((k / 32 + pieces - 1) / pieces * 32);
   // One m tile over more than one piece: two halves of warps over K (GroupedMma, kHalves).
   static const bool halves_off = ChoiceOff("AFD_MOE_HALVES");  // one chain over K
   p.halves = p.tiles == 1 && pieces > 1 && !halves_off ? 2 : 1;
   p.smem = static_cast<size_t>(p.halves * pass_rows) * MmaStride(p.piece) * sizeof(__nv_bfloat16);
-  p.warps = 4 * p.tiles * p.halves;
+  p.warps = (p.wide ? 8 : 4) * p.tiles * p.halves;
   // Experts: at most m have rows (ActiveExpert maps z to the z-th of them).
   const int64_t experts = num_local <= kMaxActiveScanExperts ? std::min(num_local, m) : num_local;
   const int64_t cols = p.warps / p.halves * (swiglu ? 8 : 16);
@@ -982,13 +989,15 @@ void LaunchMma(const __nv_bfloat16* x, int64_t m, int64_t k, const void* const* 
                const int32_t* offsets, int64_t num_local, int64_t n_out, float* y,
                __nv_bfloat16* yb, cudaStream_t s) {
   const MmaLaunch p = PlanMma(m, k, n_out, kSwiglu, num_local);
-  const auto go = [&](auto tiles, auto halves) {
+  const auto go = [&](auto tiles, auto halves, auto wide) {
     constexpr int kTiles = decltype(tiles)::value, kHalves = decltype(halves)::value;
-    const auto kernel = GroupedMma<kSwiglu, kBf16Out, kTiles, kHalves>;
+    constexpr int kWide = decltype(wide)::value;  // 1 + (16 warps, twice the stage per tile)
+    const auto kernel =
+        GroupedMma<kSwiglu, kBf16Out, kTiles, kHalves, 4 * kTiles * kHalves * kWide>;
     // The opt-in above 48 KB, once per instance (this lambda is instantiated per plan shape).
     static const bool raised = [&] {
       AFD_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          kHalves * kTiles * kMmaTileStageBytes));
+                                          kWide * kHalves * kTiles * kMmaTileStageBytes));
       return true;
     }();
     (void)raised;
@@ -997,12 +1006,14 @@ void LaunchMma(const __nv_bfloat16* x, int64_t m, int64_t k, const void* const* 
   };
   using One = std::integral_constant<int, 1>;
   using Two = std::integral_constant<int, 2>;
-  if (p.tiles == 2) {
-    go(Two{}, One{});
+  if (p.tiles == 2 && p.wide) {
+    go(Two{}, One{}, Two{});
+  } else if (p.tiles == 2) {
+    go(Two{}, One{}, One{});
   } else if (p.halves == 2) {
-    go(One{}, Two{});
+    go(One{}, Two{}, One{});
   } else {
-    go(One{}, One{});
+    go(One{}, One{}, One{});
   }
 }
 
