@@ -1013,6 +1013,8 @@ std::vector<Case> CheckCases() {
       {"Linear", "bf16 12x1024->72", [](Ctx& c) { return Linear(c, 12, 1024, 72, D::kBF16); }},
       {"Linear", "bf16 32x2048->200", [](Ctx& c) { return Linear(c, 32, 2048, 200, D::kBF16); }},
       {"Linear", "bf16 20x96->48", [](Ctx& c) { return Linear(c, 20, 96, 48, D::kBF16); }},
+      // x rounded to bf16 before cuBLAS, n x k not a multiple of 4.
+      {"Linear", "bf16 33x75->40", [](Ctx& c) { return Linear(c, 33, 75, 40, D::kBF16); }},
       {"Linear", "bf16 16x2816->2048, twice",
        [](Ctx& c) { return Linear(c, 16, 2816, 2048, D::kBF16, true); }},
       // 512+ rows of bf16 (prefill): the GPU's tiled kernel (128 x 128 tiles, K in steps of 64),
@@ -1034,7 +1036,9 @@ std::vector<Case> CheckCases() {
       {"AddRmsNorm", "5x96", [](Ctx& c) { return AddRmsNorm(c, 5, 96); }},
       {"AddRmsNorm", "3x50", [](Ctx& c) { return AddRmsNorm(c, 3, 50); }},
       {"AddRmsNorm", "2x4100", [](Ctx& c) { return AddRmsNorm(c, 2, 4100); }},
+      // An even and an odd intermediate width.
       {"SiluMul+Add", "3x40", [](Ctx& c) { return AddSilu(c, 3, 40); }},
+      {"SiluMul+Add", "5x37", [](Ctx& c) { return AddSilu(c, 5, 37); }},
       {"Rope", "interleaved", [](Ctx& c) { return Rope(c, true); }},
       {"Rope", "half split", [](Ctx& c) { return Rope(c, false); }},
       {"GatherRows", "5 of 7x33", Gather},
