@@ -942,7 +942,8 @@ int64_t MlaSplits(int64_t n, int64_t nh, int64_t max_context, bool tiles, int sm
     return std::min<int64_t>({forced, (max_context + rows - 1) / rows, kMaxMlaSplits});
   }
   if (tiles) {
-    // One block per SM: the split count s that minimises waves(s) x (tiles per split + 1) (the
+    // One block per SM (the double-buffered form, which runs while the grid is at most one block
+    // per SM): the split count s that minimises waves(s) x (tiles per split + 1) (the
     // 1 for a block's start: q rows, the first tile's latency) + the merge of s > 1 splits,
     // 2 + s / 4 tiles' time (the MlaAttention op on the H200, one token, W_k and W_v included:
     // 3 tiles take 30 us in one split, 34 in three; 8 tiles 47 / 37 / 38 us in 1 / 4 / 8 splits; 16
