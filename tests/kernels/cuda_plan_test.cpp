@@ -6,6 +6,10 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "afd/kernels/cuda/launch.cuh"
 
@@ -79,6 +83,29 @@ TEST(RouterGateTopk, FusedForAFewTokens) {
   EXPECT_FALSE(RouterGateTopkFits(9, 2048, 64, v2));
   EXPECT_FALSE(RouterGateTopkFits(1, 2050, 64, v2));
   EXPECT_FALSE(RouterGateTopkFits(1, 2048, kMaxRouterExperts + 1, v2));
+}
+
+// A forced form from the environment: unset or empty is 0 (the launcher's own choice), 1..max
+// taken, anything else refused with the variable's name.
+TEST(ChoiceCount, TakesOneToMaxAndRefusesTheRest) {
+  constexpr const char* kName = "AFD_TEST_CHOICE_COUNT";
+  unsetenv(kName);
+  EXPECT_EQ(ChoiceCount(kName, 2), 0);
+  for (const auto& [v, want] :
+       std::vector<std::pair<const char*, int64_t>>{{"", 0}, {"1", 1}, {"2", 2}}) {
+    setenv(kName, v, 1);
+    EXPECT_EQ(ChoiceCount(kName, 2), want) << v;
+  }
+  for (const char* bad : {"0", "3", "-1", "2x", "two"}) {
+    setenv(kName, bad, 1);
+    try {
+      ChoiceCount(kName, 2);
+      ADD_FAILURE() << bad << " was taken";
+    } catch (const std::exception& e) {
+      EXPECT_NE(std::string(e.what()).find(kName), std::string::npos) << e.what();
+    }
+  }
+  unsetenv(kName);
 }
 
 }  // namespace

@@ -228,6 +228,16 @@ bool ChoiceOff(const char* name) {
   return v != nullptr && std::string(v) == "0";
 }
 
+int64_t ChoiceCount(const char* name, int64_t max) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return 0;
+  char* end = nullptr;
+  const long long c = std::strtoll(v, &end, 10);
+  AFD_CHECK(*end == '\0' && c >= 1 && c <= max, "{}={}: expected a whole number from 1 to {}", name,
+            v, max);
+  return c;
+}
+
 Stream CudaBackend::stream() const { return {state_->main}; }
 
 void CudaBackend::Beside(FunctionRef<void()> fn, int64_t rows) {

@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <cfloat>
 #include <cstdint>
-#include <cstdlib>
 #include <type_traits>
 
 #include "afd/common/cuda_check.h"
@@ -933,10 +932,7 @@ int64_t MlaSplits(int64_t n, int64_t nh, int64_t max_context, bool tiles, int sm
   const int64_t blocks = std::max<int64_t>(n * ((nh + kGroup - 1) / kGroup), 1);
   // AFD_MLA_SPLITS=s: s splits (at most one per tile or chunk, at most 64), to measure the
   // choice below against others (backend_ops_test --perf --op MlaAttention).
-  static const int64_t forced = [] {
-    const char* v = std::getenv("AFD_MLA_SPLITS");
-    return v != nullptr ? std::max<int64_t>(std::atoll(v), 0) : int64_t{0};
-  }();
+  static const int64_t forced = ChoiceCount("AFD_MLA_SPLITS", kMaxMlaSplits);
   if (forced > 0) {
     const int64_t rows = tiles ? kTileRows : kRows;
     return std::min<int64_t>({forced, (max_context + rows - 1) / rows, kMaxMlaSplits});
@@ -1214,10 +1210,7 @@ void LaunchMlaAttention(const float* q, int64_t n, int64_t heads, const float* q
     // One tile buffer and two blocks per SM once the grid is more than one block per SM: a
     // block's next tile then loads while the other block computes (AFD_MLA_BUFS=1|2 forces a
     // form).
-    static const int64_t forced_bufs = [] {
-      const char* v = std::getenv("AFD_MLA_BUFS");
-      return v != nullptr ? std::atoll(v) : int64_t{0};
-    }();
+    static const int64_t forced_bufs = ChoiceCount("AFD_MLA_BUFS", 2);
     const int64_t blocks = n * ((nh + kGroup - 1) / kGroup) * splits;
     const bool one_buf =
         forced_bufs > 0 ? forced_bufs == 1 : blocks > int64_t(std::max(sm_count, 1));
