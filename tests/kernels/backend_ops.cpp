@@ -303,6 +303,13 @@ MlaSetup WideBf16Mla(int64_t heads, int64_t block) {
   return s;
 }
 
+// DeepSeek's full head dims (nope 128, rope 64, value 128), latent 512, bf16 cache.
+MlaSetup DeepseekHeadsMla(int64_t heads, int64_t block) {
+  MlaSetup s = WideBf16Mla(heads, block);
+  s.dn = 128, s.dv = 128;
+  return s;
+}
+
 // `s` gives the shapes (its defaults are small ones).
 MlaSetup MakeMla(Ctx& c, int64_t seqs, int64_t len, Result* write_check, MlaSetup s = {}) {
   const int64_t width = s.kvr + s.dr, blocks_per_seq = (len + s.block - 1) / s.block;
@@ -456,19 +463,36 @@ Result MlaAttention(Ctx& c, int64_t h0, int64_t h1, int64_t seqs = 3, int64_t le
   return Result(RelErr(c.Down<float>(out), want), MlaTolerance(s, tf32));
 }
 
-// Prefill attention: every position of `seqs` sequences of `len` queries at once (causal: the
-// token at position p attends 0 .. p), heads [0, heads), against the expanded form as above
-// (each head's k_j, v_j computed once per cached row).
-Result MlaPrefill(Ctx& c, int64_t seqs, int64_t len, MlaSetup shapes, bool tf32) {
+// Prefill attention: positions [first, len) of `seqs` sequences of `len` queried at once
+// (causal: the token at position p attends 0 .. p; positions before `first` are a cached
+// prefix, as in a chunked prefill), heads [0, heads), against the expanded form as above (each
+// head's k_j, v_j computed once per cached row).
+Result MlaPrefill(Ctx& c, int64_t seqs, int64_t len, MlaSetup shapes, bool tf32,
+                  int64_t first = 0) {
   MlaSetup s = MakeMla(c, seqs, len, nullptr, std::move(shapes));
-  const int64_t width = s.kvr + s.dr, qk = s.dn + s.dr, nh = s.heads, n = seqs * len;
+  const int64_t width = s.kvr + s.dr, qk = s.dn + s.dr, nh = s.heads, fresh = len - first;
+  const int64_t n = seqs * fresh;
+  AttentionTokens tokens = s.all;
+  if (first > 0) {
+    const std::vector<int64_t> pos = c.Down<int64_t>(s.all.positions);
+    const std::vector<int64_t> slots = c.Down<int64_t>(s.all.slot_mapping);
+    const std::vector<int32_t> seq = c.Down<int32_t>(s.all.seq_index);
+    std::vector<int64_t> qpos, qslots;
+    std::vector<int32_t> qseq;
+    for (size_t i = 0; i < pos.size(); ++i) {
+      if (pos[i] < first) continue;
+      qpos.push_back(pos[i]), qslots.push_back(slots[i]), qseq.push_back(seq[i]);
+    }
+    tokens = {c.Up(qpos, DType::kI64, {n}), c.Up(qseq, DType::kI32, {n}),
+              c.Up(qslots, DType::kI64, {n}), s.all.block_tables, s.block};
+  }
   std::vector<float> q = c.Randn(n * nh * qk);
   const Tensor out = c.Alloc(DType::kF32, {n, nh * s.dv});
   const float scale = 1.0f / std::sqrt(float(qk));
   c.b.AllowTf32(tf32);
   try {
-    c.b.MlaAttention(c.Up(q, DType::kF32, {n, nh, qk}), s.kv_b_t, s.all, s.cache, 0, nh, s.dn, s.dv,
-                     scale, out);
+    c.b.MlaAttention(c.Up(q, DType::kF32, {n, nh, qk}), s.kv_b_t, tokens, s.cache, 0, nh, s.dn,
+                     s.dv, scale, out);
   } catch (...) {
     c.b.AllowTf32(false);
     throw;
@@ -493,8 +517,8 @@ Result MlaPrefill(Ctx& c, int64_t seqs, int64_t len, MlaSetup shapes, bool tf32)
           v[j * s.dv + e] = acc;
         }
       }
-      for (int64_t p = 0; p < len; ++p) {
-        const int64_t t = sq * len + p;
+      for (int64_t p = first; p < len; ++p) {
+        const int64_t t = sq * fresh + p - first;
         const float* qh = &q[(t * nh + h) * qk];
         double mx = -1e300;
         for (int64_t j = 0; j <= p; ++j) {
@@ -548,6 +572,45 @@ Result MlaDecodePerf(Ctx& c, int64_t seqs, int64_t ctx, bool tf32 = false,
   r.seconds = c.Time([&] { c.b.MlaAttention(tq, tkv, t, cache, 0, heads, dn, dv, 0.1f, out); });
   c.b.AllowTf32(false);
   return r;
+}
+
+// Prefill attention perf: every position of `seqs` sequences of `len` tokens, 16 heads, 512 +
+// 64 latent, 128 + 64 / 128 head dims, bf16 cache (random rows), TF32 allowed (a bf16 model).
+// FLOPs of the expanded form: k_nope, v per context row and head, then the causal products.
+Result MlaPrefillPerf(Ctx& c, int64_t seqs, int64_t len) {
+  const int64_t heads = 16, dn = 128, dr = 64, dv = 128, kvr = 512, block = 64, width = kvr + dr;
+  const int64_t blocks = (len + block - 1) / block, n = seqs * len;
+  const Tensor cache = c.Alloc(DType::kBF16, {seqs * blocks * block, width});
+  std::vector<uint16_t> rows(cache.numel());
+  const std::vector<float> r = c.Randn(cache.numel());
+  for (size_t i = 0; i < rows.size(); ++i) rows[i] = F32ToBf16(r[i]);
+  c.b.CopyToDevice(cache, rows.data());
+  std::vector<int32_t> tables(seqs * blocks);
+  std::iota(tables.begin(), tables.end(), 0);
+  std::vector<int64_t> pos(n), slots(n);
+  std::vector<int32_t> seq(n);
+  for (int64_t i = 0; i < n; ++i) {
+    pos[i] = i % len, seq[i] = static_cast<int32_t>(i / len);
+    slots[i] = (i / len) * blocks * block + i % len;
+  }
+  AttentionTokens t{c.Up(pos, DType::kI64, {n}),
+                    c.Up(seq, DType::kI32, {n}),
+                    c.Up(slots, DType::kI64, {n}),
+                    c.Up(tables, DType::kI32, {seqs, blocks}),
+                    block,
+                    len};
+  std::vector<float> q = c.Randn(n * heads * (dn + dr)), kv_b = c.Randn(heads * (dn + dv) * kvr);
+  const Tensor tq = c.Up(q, DType::kF32, {n, heads, dn + dr});
+  const Tensor tkv = c.Up(kv_b, DType::kF32, {heads * (dn + dv), kvr});
+  const Tensor out = c.Alloc(DType::kF32, {n, heads * dv});
+  Result res;
+  res.bytes = double(cache.nbytes()) + tq.nbytes() + out.nbytes();
+  res.flops = 2.0 * seqs * heads *
+              (double(len) * (len + 1) / 2 * (dn + dr + dv) + double(len) * kvr * (dn + dv));
+  c.b.AllowTf32(true);
+  res.seconds = c.Time([&] { c.b.MlaAttention(tq, tkv, t, cache, 0, heads, dn, dv, 0.1f, out); });
+  c.b.AllowTf32(false);
+  return res;
 }
 
 Result Router(Ctx& c, RouterScoring scoring, bool group_limited) {
@@ -1119,6 +1182,13 @@ std::vector<Case> CheckCases() {
        [](Ctx& c) { return MlaPrefill(c, 3, 345, WideBf16Mla(16, 64), true); }},
       {"MlaAttention", "prefill, bf16 cache, tf32: 20 heads, 512 + 64, 2 x 90, block 16",
        [](Ctx& c) { return MlaPrefill(c, 2, 90, WideBf16Mla(20, 16), true); }},
+      // The expanded form (GPU: 256+ tokens, most of them new): DeepSeek's head dims (128 + 64
+      // / 128), sequences not a multiple of the 64-token windows (a window spans two or three
+      // sequences), a cached prefix before the queried positions, block sizes 16 and 64.
+      {"MlaAttention", "prefill, expanded: 2 heads, 128 + 64 / 128, 3 x 150, block 16",
+       [](Ctx& c) { return MlaPrefill(c, 3, 150, DeepseekHeadsMla(2, 16), true); }},
+      {"MlaAttention", "prefill, expanded: 3 heads, 4 x 333 with 100 cached, block 64",
+       [](Ctx& c) { return MlaPrefill(c, 4, 333, DeepseekHeadsMla(3, 64), true, 100); }},
       {"MlaAttention", "bf16 cache: 20 heads, 512 + 64, 2 x 150",
        [](Ctx& c) { return MlaAttention(c, 0, 20, 2, 150, WideBf16Mla(20, 64)); }},
       {"RouterTopk", "softmax greedy",
@@ -1276,6 +1346,12 @@ std::vector<Case> PerfCases() {
           {"MlaAttention", fmt::format("decode {} x ctx {}, 16 heads, tf32, bf16 cache", seqs, ctx),
            [seqs, ctx](Ctx& c) { return MlaDecodePerf(c, seqs, ctx, true, DType::kBF16); }});
     }
+  }
+  // A prefill's attention (issue 11's 8 x 1024; the decode bench's 256 x 128).
+  for (const auto& [seqs, len] : std::vector<std::pair<int64_t, int64_t>>{{8, 1024}, {256, 128}}) {
+    v.push_back({"MlaAttention",
+                 fmt::format("prefill {} x {}, 16 heads, tf32, bf16 cache", seqs, len),
+                 [seqs, len](Ctx& c) { return MlaPrefillPerf(c, seqs, len); }});
   }
   // fp32 vs TF32 tensor cores (bf16 models) at large batch: ctx 128 and 1024.
   for (int64_t ctx : {128, 1024}) {

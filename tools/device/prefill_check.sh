@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # One device call after a change to the prefill path (issue 11's 8 x 1024 prefill target):
-# backend_ops_test on cuda, its perf cases for the prefill-sized ops (Linear, MoE), v3_trained's
-# bf16 score against transformers (1024 positions: prompts long enough for the prefill kernels),
+# backend_ops_test on cuda, its perf cases for the prefill-sized ops (Linear, MoE, MlaAttention),
+# v3_trained's bf16 score against transformers (1024
+# positions: prompts long enough for the prefill kernels),
 # `afd bench decode --batch 8 --context 1024 --profile` (per-op time of the prefill step), and
 # the decode bench at context 128 and (LONG_CONTEXT=1) 256 x 1024 so a decode regression shows.
-# AB_ENV="NAME=0 ...": the 8 x 1024 prefill again with those switches (a kernel choice off).
+# AB_ENV="NAME=0 ...": the MLA prefill op and the 8 x 1024 prefill again with those switches
+# (a kernel choice off).
 # Usage (repo root there): tools/device/prefill_check.sh BIN_DIR
 set -u
 BIN=$(readlink -f "$1")
@@ -17,6 +19,11 @@ echo "== backend_ops_test --backend cuda"
 for op in Linear "MoE (permute+experts+combine)"; do
   "$BIN/backend_ops_test" --backend cuda --perf --op "$op" 2>&1 | grep -E "8192|4096" | cut -c22-
 done
+"$BIN/backend_ops_test" --backend cuda --perf --op MlaAttention 2>&1 | grep prefill | cut -c22-
+if [ -n "${AB_ENV:-}" ]; then
+  echo "== MlaAttention prefill with $AB_ENV"
+  env $AB_ENV "$BIN/backend_ops_test" --backend cuda --perf --op MlaAttention 2>&1 | grep prefill | cut -c22-
+fi
 echo "== v3_trained bf16 vs transformers bf16"
 $PY "$HERE/score_bf16.py" "$BIN/afd" tests/data/golden/v3_trained \
   tests/data/golden/v3_trained/bf16_reference.json "$WORK" --device cuda --dtype bf16 || status=1

@@ -124,6 +124,9 @@ enum ScratchSlot {
   kMlaCounters,    // zeroed when allocated
   kRouterCounter,  // likewise
   kMlaLatent,
+  kMlaPrefillCtx,  // MlaPrefill: gathered cache rows, kv_b as bf16, decompressed k_nope | v
+  kMlaPrefillKvb,
+  kMlaPrefillKv,
   kSampleReduce,
   kNumSlots
 };
@@ -681,6 +684,31 @@ void CudaBackend::MlaAttention(const Tensor& q, const Tensor& kv_b, const Attent
       tokens.max_context > 0 ? tokens.max_context : tokens.block_tables.dim(1) * tokens.block_size;
   const int64_t nh = head_end - head_begin;
   const bool tiles = MlaTilesFit(kvr, dr, cache.dtype() == DType::kBF16, tf32_);
+  const int64_t seqs = tokens.block_tables.dim(0);
+  if (tiles && !state_->capturing && MlaPrefillFits(n, seqs, max_context, dn, dr, dv, kvr, nh) &&
+      Aligned16(cache.data())) {
+    // Mostly new tokens: the expanded form (mla_prefill.cu), 3.4x fewer FLOPs than the absorbed.
+    const int64_t width = kvr + dr, rows = seqs * max_context, ldkv = nh * (dn + dv);
+    void* ctx = Scratch(kMlaPrefillCtx, rows * width * 2);
+    auto* kvb = static_cast<uint16_t*>(Scratch(kMlaPrefillKvb, ldkv * kvr * 2));
+    void* kv = Scratch(kMlaPrefillKv, rows * ldkv * 2);
+    LaunchMlaGatherContext(tokens.block_tables.data_as<const int32_t>(), seqs,
+                           tokens.block_tables.dim(1), tokens.block_size,
+                           cache.dim(0) / tokens.block_size, max_context, cache.data(), width, ctx,
+                           state_->stream);
+    LaunchToBf16(kv_b.data_as<const float>() + head_begin * (dn + dv) * kvr, ldkv * kvr, kvb,
+                 state_->stream);
+    // kv [rows, ldkv] = ctx[:, :kvr] · kv_bᵀ (column-major: kvᵀ = kv_b_colᵀ · ctx_col).
+    const float one = 1.0f, zero = 0.0f;
+    AFD_CUBLAS_CHECK(cublasGemmEx(state_->cublas, CUBLAS_OP_T, CUBLAS_OP_N, ldkv, rows, kvr, &one,
+                                  kvb, CUDA_R_16BF, kvr, ctx, CUDA_R_16BF, width, &zero, kv,
+                                  CUDA_R_16BF, ldkv, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    LaunchMlaPrefill(q.data_as<const float>(), n, heads, head_begin, nh,
+                     tokens.positions.data_as<const int64_t>(),
+                     tokens.seq_index.data_as<const int32_t>(), kv, ctx, width, kvr, max_context,
+                     scale, out.data_as<float>(), state_->stream);
+    return;
+  }
   const int64_t splits = MlaSplits(n, nh, max_context, tiles, state_->sm_count);
   // The tiled kernel with one split writes o_lat directly: no partials (at prefill they would
   // take n x heads x (kvr + 2) floats).

@@ -107,6 +107,27 @@ void LaunchMlaAttention(const float* q, int64_t n, int64_t heads, const float* q
                         int64_t splits, bool tf32, float* partial, int* counters, float* o_lat,
                         int sm_count, cudaStream_t s);
 
+// mla_prefill.cu: MLA for a step of mostly new tokens in the expanded form (k_nope, v
+// decompressed once per context row and head; flash attention over 128 + 64 / 128 dims), for a
+// bf16 model with a bf16 cache. MlaPrefillFits: the shapes (dn 128, dr 64, dv 128), at least
+// kMlaPrefillMinTokens tokens, seqs x max_context context rows at most 4 per token and their
+// decompressed form under 2 GiB; AFD_MLA_PREFILL=0 keeps the absorbed form.
+inline constexpr int64_t kMlaPrefillMinTokens = 256;
+bool MlaPrefillFits(int64_t n, int64_t seqs, int64_t max_context, int64_t dn, int64_t dr,
+                    int64_t dv, int64_t kvr, int64_t nh);
+// out: [seqs x max_context, width] bf16, row s·max_context + j = the cache row of position j of
+// block-table row s (zeros where the table has no block, or one outside [0, num_blocks)).
+void LaunchMlaGatherContext(const int32_t* block_tables, int64_t seqs, int64_t max_blocks,
+                            int64_t block_size, int64_t num_blocks, int64_t max_context,
+                            const void* cache, int64_t width, void* out, cudaStream_t s);
+// out [n, nh·128] f32 of heads [h0, h0 + nh): q [n, heads, 192] f32 (rope applied), kv
+// [rows, nh·256] bf16 (per head: k_nope 128 | v 128), ctx the gathered rows (k_pe at column
+// kvr), both with row seq_index[t]·max_context + j for position j.
+void LaunchMlaPrefill(const float* q, int64_t n, int64_t heads, int64_t h0, int64_t nh,
+                      const int64_t* positions, const int32_t* seq_index, const void* kv,
+                      const void* ctx, int64_t width, int64_t kvr, int64_t max_context, float scale,
+                      float* out, cudaStream_t s);
+
 // router.cu: one warp per token; num_experts <= kMaxRouterExperts.
 inline constexpr int kMaxRouterExperts = 512;
 struct RouterArgs {
