@@ -1379,7 +1379,7 @@ std::vector<Case> PerfCases() {
 int Main(int argc, char** argv) {
   bool perf = false;
   int iters = 20;
-  std::string only_op, only_backend;
+  std::string only_op, only_case, only_backend;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--perf") {
@@ -1388,12 +1388,14 @@ int Main(int argc, char** argv) {
       iters = std::max(1, std::atoi(argv[++i]));
     } else if (a == "--op" && i + 1 < argc) {
       only_op = argv[++i];
+    } else if (a == "--case" && i + 1 < argc) {
+      only_case = argv[++i];
     } else if (a == "--backend" && i + 1 < argc) {
       only_backend = argv[++i];
     } else {
-      std::fprintf(
-          stderr,
-          "usage: backend_ops_test [--perf [--iters N]] [--op NAME] [--backend cpu|cuda]\n");
+      std::fprintf(stderr,
+                   "usage: backend_ops_test [--perf [--iters N]] [--op NAME] [--case TEXT] "
+                   "[--backend cpu|cuda]\n(--op, --case: the cases whose op / shape contain it)\n");
       return 2;
     }
   }
@@ -1416,6 +1418,7 @@ int Main(int argc, char** argv) {
     ctx.iters = iters;
     for (const Case& c : perf ? PerfCases() : CheckCases()) {
       if (!only_op.empty() && c.op.find(only_op) == std::string::npos) continue;
+      if (!only_case.empty() && c.shape.find(only_case) == std::string::npos) continue;
       Result r;
       try {
         r = c.run(ctx);

@@ -10,11 +10,12 @@
 //      the block table has no block).
 //   2. the fp32 kv_b rows of the heads -> bf16 (a bf16 checkpoint's values, exactly), then
 //      kv[r, h·(dn + dv) + ...] = ctx[r, :kvr] · kv_b_hᵀ on cuBLAS (bf16 out, fp32 accumulate).
-//   3. FlashMlaPrefill: per block, a window of 64 consecutive tokens of the step and one head;
+//   3. FlashMlaPrefill: per block, a window of 128 consecutive tokens of the step and one head;
 //      tokens of one sequence in the window (a run) attend that sequence's rows 0 .. their
-//      position, in 64-row tiles through a double-buffered cp.async pipeline; q rounded to bf16
-//      (as the model's own q is), scores and P·V on bf16 tensor cores (mma.sync m16n8k16, fp32
-//      accumulate), online softmax in fp32. 4 warps of 16 query rows, two blocks per SM.
+//      position, in 64-row tiles through a 3-stage cp.async pipeline (each tile serves the
+//      window's 128 query rows); q rounded to bf16 (as the model's own q is), scores and P·V on
+//      bf16 tensor cores (mma.sync m16n8k16, fp32 accumulate), online softmax in fp32. 8 warps
+//      of 16 query rows, one block per SM.
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -32,12 +33,15 @@ namespace afd::kernels::cuda {
 namespace {
 
 constexpr int kPfDn = 128, kPfDr = 64, kPfDv = 128, kPfQk = kPfDn + kPfDr;
-constexpr int kPfRows = 64;             // query tokens per block, and context rows per tile
-constexpr int kPfWarps = 4;             // 16 query rows each
-constexpr int kPfQkStride = kPfQk + 8;  // bf16; 400 bytes ≡ 16 (mod 128): conflict-free ldmatrix
-constexpr int kPfVStride = kPfDv + 8;   // 272 bytes ≡ 16 (mod 128)
+constexpr int kPfWarps = 8;              // 16 query rows each
+constexpr int kPfQRows = 16 * kPfWarps;  // query tokens per block
+constexpr int kPfRows = 64;              // context rows per tile
+constexpr int kPfStages = 3;             // tiles in shared memory (two in flight)
+constexpr int kPfQkStride = kPfQk + 8;   // bf16; 400 bytes ≡ 16 (mod 128): conflict-free ldmatrix
+constexpr int kPfVStride = kPfDv + 8;    // 272 bytes ≡ 16 (mod 128)
 constexpr size_t kPfSmemBytes =
-    sizeof(__nv_bfloat16) * (kPfRows * kPfQkStride * 3 + 2 * kPfRows * kPfVStride);
+    sizeof(__nv_bfloat16) *
+    (kPfQRows * kPfQkStride + kPfStages * kPfRows * (kPfQkStride + kPfVStride));
 constexpr int kGatherRows = 16;  // context rows per block of MlaGatherContext
 
 __global__ void MlaGatherContext(const int32_t* block_tables, int64_t max_blocks,
@@ -64,42 +68,51 @@ __device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
-// grid: (windows of kPfRows tokens, heads nh). kv: [rows, nh·(dn + dv)] bf16 (k_nope | v per
+// grid: (windows of kPfQRows tokens, heads nh). kv: [rows, nh·(dn + dv)] bf16 (k_nope | v per
 // head), ctx: [rows, width] bf16 (the gathered cache rows: k_pe at column kvr), row
 // seq·max_context + j. out: [n, nh·dv] f32.
-__global__ void __launch_bounds__(kPfWarps * 32, 2)
+__global__ void __launch_bounds__(kPfWarps * 32, 1)
     FlashMlaPrefill(const float* q, int64_t n, int64_t heads, int64_t h0, const int64_t* positions,
                     const int32_t* seq_index, const __nv_bfloat16* kv, int64_t nh,
                     const __nv_bfloat16* ctx, int64_t width, int64_t kvr, int64_t max_context,
                     float scale_log2, float* out) {
   extern __shared__ __align__(16) unsigned char pf_smem[];
-  auto* qs = reinterpret_cast<__nv_bfloat16*>(pf_smem);  // [kPfRows][kPfQkStride]
-  __nv_bfloat16* ks = qs + kPfRows * kPfQkStride;        // [2][kPfRows][kPfQkStride]
-  __nv_bfloat16* vs = ks + 2 * kPfRows * kPfQkStride;    // [2][kPfRows][kPfVStride]
-  __shared__ int row_seq[kPfRows];
-  __shared__ int64_t row_pos[kPfRows];
+  auto* qs = reinterpret_cast<__nv_bfloat16*>(pf_smem);        // [kPfQRows][kPfQkStride]
+  __nv_bfloat16* ks = qs + kPfQRows * kPfQkStride;             // [stages][kPfRows][kPfQkStride]
+  __nv_bfloat16* vs = ks + kPfStages * kPfRows * kPfQkStride;  // [stages][kPfRows][kPfVStride]
+  __shared__ int row_seq[kPfQRows];
+  __shared__ int64_t row_pos[kPfQRows];
   __shared__ int64_t run_max;
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gid = lane >> 2, t4 = lane & 3;
   // Windows with the latest tokens (the longest causal spans) first.
-  const int64_t t0 = (int64_t(gridDim.x) - 1 - blockIdx.x) * kPfRows;
+  const int64_t t0 = (int64_t(gridDim.x) - 1 - blockIdx.x) * kPfQRows;
   const int64_t hh = blockIdx.y;
   const int64_t ldkv = nh * (kPfDn + kPfDv);
   PdlStart();
-  if (threadIdx.x < kPfRows) {
+  if (threadIdx.x < kPfQRows) {
     const int64_t t = t0 + threadIdx.x;
     row_seq[threadIdx.x] = t < n ? seq_index[t] : -1;
     row_pos[threadIdx.x] = t < n ? positions[t] : -1;
   }
-  // q rows of this head, rounded to bf16 (zeros past n).
-  for (int i = threadIdx.x; i < kPfRows * kPfQk / 4; i += blockDim.x) {
-    const int r = i / (kPfQk / 4), c = i % (kPfQk / 4);
+  // q rows of this head, rounded to bf16 (zeros past n): every thread's loads issued before
+  // any is used (one round trip, not kQLoads).
+  constexpr int kQLoads = kPfQRows * kPfQk / 4 / (kPfWarps * 32);
+  static_assert(kQLoads * kPfWarps * 32 == kPfQRows * kPfQk / 4, "q loads per thread");
+  float4 qv[kQLoads];
+#pragma unroll
+  for (int u = 0; u < kQLoads; ++u) {
+    const int i = threadIdx.x + u * kPfWarps * 32, r = i / (kPfQk / 4), c = i % (kPfQk / 4);
     const int64_t t = t0 + r;
-    float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (t < n) v = reinterpret_cast<const float4*>(q + (t * heads + h0 + hh) * kPfQk)[c];
+    qv[u] = t < n ? reinterpret_cast<const float4*>(q + (t * heads + h0 + hh) * kPfQk)[c]
+                  : make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+#pragma unroll
+  for (int u = 0; u < kQLoads; ++u) {
+    const int i = threadIdx.x + u * kPfWarps * 32, r = i / (kPfQk / 4), c = i % (kPfQk / 4);
     auto* dst = reinterpret_cast<uint32_t*>(qs + r * kPfQkStride + 4 * c);
-    dst[0] = PackBf16(v.x, v.y);
-    dst[1] = PackBf16(v.z, v.w);
+    dst[0] = PackBf16(qv[u].x, qv[u].y);
+    dst[1] = PackBf16(qv[u].z, qv[u].w);
   }
   __syncthreads();
   // This warp's A fragments of q (rows 16 warp .. +16, 12 k16 steps), kept in registers.
@@ -109,7 +122,7 @@ __global__ void __launch_bounds__(kPfWarps * 32, 2)
     Ldsm4(qf[kk], qs + (16 * warp + (lane & 7) + ((lane >> 3) & 1) * 8) * kPfQkStride + 16 * kk +
                       (lane >> 4) * 8);
   }
-  const int rows = static_cast<int>(n - t0 < kPfRows ? n - t0 : kPfRows);
+  const int rows = static_cast<int>(n - t0 < kPfQRows ? n - t0 : kPfQRows);
   const int ra = 16 * warp + gid, rb = ra + 8;  // this lane's two query rows
   int r0 = 0;
   while (r0 < rows) {
@@ -149,44 +162,51 @@ __global__ void __launch_bounds__(kPfWarps * 32, 2)
                          kv + row * ldkv + hh * (kPfDn + kPfDv) + kPfDn + 8 * cc, valid);
         }
       }
-      CopyAsyncCommit();
     };
     float o[kPfDv / 8][4] = {};
     float m_a = -INFINITY, m_b = -INFINITY, l_a = 0.f, l_b = 0.f;
-    load_tile(0, 0);
+    // One group of copies per tile (empty past the last), so tile i's group is complete once
+    // at most kPfStages - 1 are pending.
+#pragma unroll
+    for (int i = 0; i < kPfStages - 1; ++i) {
+      if (i < tiles) load_tile(i, i);
+      CopyAsyncCommit();
+    }
     for (int tile = 0; tile < tiles; ++tile) {
-      if (tile + 1 < tiles) {
-        load_tile(tile + 1, (tile + 1) & 1);
-        CopyAsyncWait<1>();
-      } else {
-        CopyAsyncWait<0>();
+      if (tile + kPfStages - 1 < tiles) {
+        load_tile(tile + kPfStages - 1, (tile + kPfStages - 1) % kPfStages);
       }
+      CopyAsyncCommit();
+      CopyAsyncWait<kPfStages - 1>();
       __syncthreads();
-      const __nv_bfloat16* kb = ks + (tile & 1) * kPfRows * kPfQkStride;
-      const __nv_bfloat16* vb = vs + (tile & 1) * kPfRows * kPfVStride;
+      const __nv_bfloat16* kb = ks + (tile % kPfStages) * kPfRows * kPfQkStride;
+      const __nv_bfloat16* vb = vs + (tile % kPfStages) * kPfRows * kPfVStride;
       // Scores of this warp's 16 rows x the tile's 64 rows.
+      const __nv_bfloat16* krow =
+          kb + ((lane & 7) + (lane >> 4) * 8) * kPfQkStride + ((lane >> 3) & 1) * 8;
       float sc[kPfRows / 8][4] = {};
 #pragma unroll
       for (int kk = 0; kk < kPfQk / 16; ++kk) {
 #pragma unroll
         for (int np = 0; np < kPfRows / 16; ++np) {
           uint32_t b[4];
-          Ldsm4(b, kb + (16 * np + (lane & 7) + (lane >> 4) * 8) * kPfQkStride + 16 * kk +
-                       ((lane >> 3) & 1) * 8);
+          Ldsm4(b, krow + 16 * np * kPfQkStride + 16 * kk);
           MmaBf16(sc[2 * np], qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3], b[0], b[1]);
           MmaBf16(sc[2 * np + 1], qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3], b[2], b[3]);
         }
       }
-      // Online softmax (base 2), rows ra (c0, c1) and rb (c2, c3); masked entries -inf.
+      // Each row's last unmasked column of the tile, clamped to [-1, kPfRows] (32-bit compares).
       const int64_t j0 = int64_t(tile) * kPfRows;
+      const int lim_a = static_cast<int>(pa - j0 < -1 ? -1 : pa - j0 > kPfRows ? kPfRows : pa - j0);
+      const int lim_b = static_cast<int>(pb - j0 < -1 ? -1 : pb - j0 > kPfRows ? kPfRows : pb - j0);
       float mx_a = m_a, mx_b = m_b;
 #pragma unroll
       for (int j = 0; j < kPfRows / 8; ++j) {
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          const int64_t col = j0 + 8 * j + 2 * t4 + e;
-          sc[j][e] = col <= pa ? sc[j][e] * scale_log2 : -INFINITY;
-          sc[j][2 + e] = col <= pb ? sc[j][2 + e] * scale_log2 : -INFINITY;
+          const int col = 8 * j + 2 * t4 + e;
+          sc[j][e] = col <= lim_a ? sc[j][e] * scale_log2 : -INFINITY;
+          sc[j][2 + e] = col <= lim_b ? sc[j][2 + e] * scale_log2 : -INFINITY;
           mx_a = fmaxf(mx_a, sc[j][e]);
           mx_b = fmaxf(mx_b, sc[j][2 + e]);
         }
@@ -229,7 +249,7 @@ __global__ void __launch_bounds__(kPfWarps * 32, 2)
           MmaBf16(o[2 * dp + 1], a0, a1, a2, a3, b[2], b[3]);
         }
       }
-      __syncthreads();  // the buffer is refilled two tiles on
+      __syncthreads();  // the buffer is refilled kPfStages - 1 tiles on
     }
     l_a += __shfl_xor_sync(0xffffffffu, l_a, 1);
     l_a += __shfl_xor_sync(0xffffffffu, l_a, 2);
@@ -285,6 +305,8 @@ void LaunchMlaPrefill(const float* q, int64_t n, int64_t heads, int64_t h0, int6
   if (n == 0) return;
   AFD_CHECK(reinterpret_cast<uintptr_t>(q) % 16 == 0 && reinterpret_cast<uintptr_t>(out) % 8 == 0,
             "MlaPrefill: q must be 16-byte and out 8-byte aligned");
+  constexpr float kLog2e = 1.4426950408889634f;
+  const dim3 grid(static_cast<unsigned>((n + kPfQRows - 1) / kPfQRows), static_cast<unsigned>(nh));
   static const bool raised = [] {
     AFD_CUDA_CHECK(cudaFuncSetAttribute(FlashMlaPrefill,
                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -292,8 +314,6 @@ void LaunchMlaPrefill(const float* q, int64_t n, int64_t heads, int64_t h0, int6
     return true;
   }();
   (void)raised;
-  constexpr float kLog2e = 1.4426950408889634f;
-  const dim3 grid(static_cast<unsigned>((n + kPfRows - 1) / kPfRows), static_cast<unsigned>(nh));
   LaunchPdl(FlashMlaPrefill, grid, kPfWarps * 32, kPfSmemBytes, s, q, n, heads, h0, positions,
             seq_index, static_cast<const __nv_bfloat16*>(kv), nh,
             static_cast<const __nv_bfloat16*>(ctx), width, kvr, max_context, scale * kLog2e, out);
