@@ -813,6 +813,15 @@ Result Moe(Ctx& c, int64_t n, int64_t num_experts, int64_t k, int64_t h, int64_t
       return Result::Fail("bad permutation");
     }
   }
+  // Tokens ascending within each expert; rows past the last expert's are 0.
+  for (int64_t e = 0; e < local; ++e) {
+    for (int32_t r = off[e] + 1; r < off[e + 1]; ++r) {
+      if (srcv[r] <= srcv[r - 1]) return Result::Fail("tokens not ascending within an expert");
+    }
+  }
+  for (int64_t r = off[local]; r < n * k; ++r) {
+    if (srcv[r] != 0) return Result::Fail("src_row past the grouped rows not 0");
+  }
   // The GPU's bf16 paths round their GEMM inputs to bf16: the mma.sync paths (up to 256 rows
   // per expert on average, K a multiple of 32, N of 8; above, the tiled one), the WMMA path (16+
   // rows per expert, K and N multiples of 16) and the bf16 GEMV (up to 32 rows per expert, K a
@@ -1285,6 +1294,10 @@ std::vector<Case> CheckCases() {
        [](Ctx& c) { return Moe(c, 600, 8, 4, 64, 96, 0, 8); }},
       {"MoePermute+GroupedExpertMlp+MoeCombine", "~300 rows/expert, one of 900, 200x72",
        [](Ctx& c) { return Moe(c, 900, 12, 4, 200, 72, 2, 8, 6); }},
+      // 8+ tiles of 1024 slots: the GPU groups them over blocks (two launches), the same
+      // grouping: a local range with foreign slots, and all 64 experts.
+      {"MoePermute+GroupedExpertMlp+MoeCombine", "12600 slots, [10, 50) of 64, 64x64",
+       [](Ctx& c) { return Moe(c, 2100, 64, 6, 64, 64, 10, 40); }},
       {"MoePermute+GroupedExpertMlp+MoeCombine", "~280 rows/expert, 40 experts",
        [](Ctx& c) { return Moe(c, 1400, 40, 8, 64, 64, 0, 40); }},
       {"MoePermute+GroupedExpertMlp+MoeCombine", "~300 rows/expert, gathered first",

@@ -127,6 +127,7 @@ enum ScratchSlot {
   kMlaPrefillCtx,  // MlaPrefill: gathered cache rows, kv_b as bf16, decompressed k_nope | v
   kMlaPrefillKvb,
   kMlaPrefillKv,
+  kPermuteCounts,  // MoePermute over many slots: per-block expert counts
   kSampleReduce,
   kNumSlots
 };
@@ -831,8 +832,14 @@ void CudaBackend::MoePermute(const Tensor& ids, int64_t begin, int64_t num_local
                              const Tensor& row_of_slot) {
   const auto [n, k] = CheckMoePermute(device(), ids, num_local, offsets, src_row, row_of_slot);
   const OpScope scope(*this, "MoePermute");
+  const int64_t scratch_ints = MoePermuteScratchInts(n, k, num_local);
+  auto* scratch =
+      scratch_ints > 0
+          ? static_cast<int32_t*>(Scratch(kPermuteCounts, scratch_ints * sizeof(int32_t)))
+          : nullptr;
   LaunchMoePermute(ids.data_as<const int32_t>(), n, k, begin, num_local, offsets.data_as<int32_t>(),
-                   src_row.data_as<int32_t>(), row_of_slot.data_as<int32_t>(), state_->stream);
+                   src_row.data_as<int32_t>(), row_of_slot.data_as<int32_t>(), scratch,
+                   state_->stream);
 }
 
 const void* const* CudaBackend::ExpertTable(const ExpertWeights& experts, int kind) {

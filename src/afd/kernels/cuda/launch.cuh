@@ -158,8 +158,12 @@ void LaunchRouterGateTopk(const float* x, int64_t n, int64_t k, const float* w, 
                           cudaStream_t s);
 
 // moe.cu
+// MoePermute's scratch (ints) for n x k slots: 0 when one block groups them (decode sizes), else
+// per-block counts (AFD_PERMUTE_BLOCKS=0: one block always). scratch: at least that many ints.
+int64_t MoePermuteScratchInts(int64_t n, int64_t k, int64_t num_local);
 void LaunchMoePermute(const int32_t* ids, int64_t n, int64_t k, int64_t begin, int64_t num_local,
-                      int32_t* offsets, int32_t* src_row, int32_t* row_of_slot, cudaStream_t s);
+                      int32_t* offsets, int32_t* src_row, int32_t* row_of_slot, int32_t* scratch,
+                      cudaStream_t s);
 // Both projections of a bf16 expert MLP on tensor cores (mma.sync: GroupedMma up to
 // kMmaMaxAvgRows rows per expert on average, GroupedTiled above), when both shapes fit (else
 // false, nothing launched): x rounded to bf16 once into x_bf16 [m, h], the SwiGLU product

@@ -199,7 +199,9 @@ __global__ void __launch_bounds__(kPfWarps * 32, 1)
       const int64_t j0 = int64_t(tile) * kPfRows;
       const int lim_a = static_cast<int>(pa - j0 < -1 ? -1 : pa - j0 > kPfRows ? kPfRows : pa - j0);
       const int lim_b = static_cast<int>(pb - j0 < -1 ? -1 : pb - j0 > kPfRows ? kPfRows : pb - j0);
-      float mx_a = m_a, mx_b = m_b;
+      // Row maxima and sums as trees over the lane's 16 values (a serial chain of 16 dependent
+      // fmax / add per row was the kernel's top stall).
+      float ta[kPfRows / 8], tb[kPfRows / 8];
 #pragma unroll
       for (int j = 0; j < kPfRows / 8; ++j) {
 #pragma unroll
@@ -207,10 +209,17 @@ __global__ void __launch_bounds__(kPfWarps * 32, 1)
           const int col = 8 * j + 2 * t4 + e;
           sc[j][e] = col <= lim_a ? sc[j][e] * scale_log2 : -INFINITY;
           sc[j][2 + e] = col <= lim_b ? sc[j][2 + e] * scale_log2 : -INFINITY;
-          mx_a = fmaxf(mx_a, sc[j][e]);
-          mx_b = fmaxf(mx_b, sc[j][2 + e]);
         }
+        ta[j] = fmaxf(sc[j][0], sc[j][1]);
+        tb[j] = fmaxf(sc[j][2], sc[j][3]);
       }
+#pragma unroll
+      for (int w = kPfRows / 16; w >= 1; w /= 2) {
+#pragma unroll
+        for (int j = 0; j < w; ++j)
+          ta[j] = fmaxf(ta[j], ta[j + w]), tb[j] = fmaxf(tb[j], tb[j + w]);
+      }
+      float mx_a = fmaxf(m_a, ta[0]), mx_b = fmaxf(m_b, tb[0]);
       mx_a = fmaxf(mx_a, __shfl_xor_sync(0xffffffffu, mx_a, 1));
       mx_a = fmaxf(mx_a, __shfl_xor_sync(0xffffffffu, mx_a, 2));
       mx_b = fmaxf(mx_b, __shfl_xor_sync(0xffffffffu, mx_b, 1));
@@ -219,14 +228,19 @@ __global__ void __launch_bounds__(kPfWarps * 32, 1)
       const float use_a = mx_a == -INFINITY ? 0.f : mx_a, use_b = mx_b == -INFINITY ? 0.f : mx_b;
       const float alpha_a = exp2f(m_a - use_a), alpha_b = exp2f(m_b - use_b);
       m_a = mx_a, m_b = mx_b;
-      float sum_a = 0.f, sum_b = 0.f;
 #pragma unroll
       for (int j = 0; j < kPfRows / 8; ++j) {
         sc[j][0] = exp2f(sc[j][0] - use_a), sc[j][1] = exp2f(sc[j][1] - use_a);
         sc[j][2] = exp2f(sc[j][2] - use_b), sc[j][3] = exp2f(sc[j][3] - use_b);
-        sum_a += sc[j][0] + sc[j][1];
-        sum_b += sc[j][2] + sc[j][3];
+        ta[j] = sc[j][0] + sc[j][1];
+        tb[j] = sc[j][2] + sc[j][3];
       }
+#pragma unroll
+      for (int w = kPfRows / 16; w >= 1; w /= 2) {
+#pragma unroll
+        for (int j = 0; j < w; ++j) ta[j] += ta[j + w], tb[j] += tb[j + w];
+      }
+      const float sum_a = ta[0], sum_b = tb[0];
       l_a = l_a * alpha_a + sum_a;
       l_b = l_b * alpha_b + sum_b;
 #pragma unroll
