@@ -1,5 +1,6 @@
 // Host-side plans of the CUDA backend's kernels (no GPU needed): the MLA decode split counts,
-// which shapes the fp32 GEMV and the fused router take.
+// which shapes the fp32 GEMV, the fused router, the expanded MLA prefill and the permute over
+// blocks take.
 #include <gtest/gtest.h>
 
 #ifdef AFD_WITH_CUDA
@@ -83,6 +84,32 @@ TEST(RouterGateTopk, FusedForAFewTokens) {
   EXPECT_FALSE(RouterGateTopkFits(9, 2048, 64, v2));
   EXPECT_FALSE(RouterGateTopkFits(1, 2050, 64, v2));
   EXPECT_FALSE(RouterGateTopkFits(1, 2048, kMaxRouterExperts + 1, v2));
+}
+
+// The expanded MLA prefill: DeepSeek's head dims only, a step of 256+ tokens whose context rows
+// (sequences x max_context) are at most 4 per token, decompressed rows under 2 GiB.
+TEST(MlaPrefillFits, MostlyNewTokensOfDeepseekHeads) {
+  EXPECT_TRUE(MlaPrefillFits(8192, 8, 1024, 128, 64, 128, 512, 16));    // 8 x 1024 prompts
+  EXPECT_TRUE(MlaPrefillFits(32768, 256, 128, 128, 64, 128, 512, 16));  // 256 x 128
+  EXPECT_TRUE(MlaPrefillFits(300, 3, 400, 128, 64, 128, 512, 16));      // a cached prefix
+  EXPECT_FALSE(MlaPrefillFits(255, 1, 255, 128, 64, 128, 512, 16));     // too few tokens
+  EXPECT_FALSE(MlaPrefillFits(256, 256, 1025, 128, 64, 128, 512, 16));  // decode: one a sequence
+  EXPECT_FALSE(MlaPrefillFits(8192, 8, 1024, 64, 64, 128, 512, 16));    // other head dims
+  EXPECT_FALSE(MlaPrefillFits(8192, 8, 1024, 128, 32, 128, 512, 16));
+  EXPECT_FALSE(MlaPrefillFits(8192, 8, 1024, 128, 64, 64, 512, 16));
+  EXPECT_FALSE(MlaPrefillFits(8192, 8, 1024, 128, 64, 128, 500, 16));  // kvr not 8-aligned
+  // 262144 rows x (16 x 256 + 576) bf16 is over 2 GiB: the absorbed form.
+  EXPECT_FALSE(MlaPrefillFits(262144, 256, 1024, 128, 64, 128, 512, 16));
+}
+
+// MoePermute's counts scratch: none (one block) at decode sizes and past 128 local experts,
+// blocks x experts ints from 8 tiles of 1024 slots on.
+TEST(MoePermuteScratch, BlocksOnlyForManySlots) {
+  EXPECT_EQ(MoePermuteScratchInts(256, 6, 64), 0);        // decode batch 256: 1536 slots
+  EXPECT_EQ(MoePermuteScratchInts(1194, 6, 64), 0);       // 7164 slots: 7 tiles
+  EXPECT_EQ(MoePermuteScratchInts(1195, 6, 64), 8 * 64);  // 7170 slots: 8 tiles
+  EXPECT_EQ(MoePermuteScratchInts(8192, 6, 64), 48 * 64);
+  EXPECT_EQ(MoePermuteScratchInts(8192, 8, 160), 0);  // over 128 local experts
 }
 
 // A forced form from the environment: unset or empty is 0 (the launcher's own choice), 1..max

@@ -26,8 +26,8 @@ namespace {
 // memory in tiles.
 constexpr int kPermuteThreads = 1024, kPermuteTile = 4096, kMaxLocalExperts = 4096;
 constexpr int kFastPermuteExperts = 128;  // per-warp counts in shared memory: 16 KB
-// From this many tiles of slots on (8192 slots: prefill; decode stays at one block and one
-// launch), blocks of one tile each (PermuteCount + PermutePlace below).
+// From this many tiles of kPermuteThreads slots on (over 7168 slots: prefill; decode stays at
+// one block and one launch), blocks of one tile each (PermuteCount + PermutePlace below).
 constexpr int64_t kPermuteMultiMinChunks = 8;
 
 __global__ void Permute(const int32_t* ids, int64_t n, int64_t k, int64_t begin, int64_t local,
