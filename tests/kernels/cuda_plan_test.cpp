@@ -86,14 +86,16 @@ TEST(RouterGateTopk, FusedForAFewTokens) {
   EXPECT_FALSE(RouterGateTopkFits(1, 2048, kMaxRouterExperts + 1, v2));
 }
 
-// The expanded MLA prefill: DeepSeek's head dims only, a step of 256+ tokens whose context rows
-// (sequences x max_context) are at most 4 per token, decompressed rows under 2 GiB.
+// The expanded MLA prefill: DeepSeek's head dims only, a step of 256+ tokens, two or more a
+// sequence, whose context rows (sequences x max_context) are at most 4 per token, decompressed
+// rows under 2 GiB.
 TEST(MlaPrefillFits, MostlyNewTokensOfDeepseekHeads) {
   EXPECT_TRUE(MlaPrefillFits(8192, 8, 1024, 128, 64, 128, 512, 16));    // 8 x 1024 prompts
   EXPECT_TRUE(MlaPrefillFits(32768, 256, 128, 128, 64, 128, 512, 16));  // 256 x 128
   EXPECT_TRUE(MlaPrefillFits(300, 3, 400, 128, 64, 128, 512, 16));      // a cached prefix
   EXPECT_FALSE(MlaPrefillFits(255, 1, 255, 128, 64, 128, 512, 16));     // too few tokens
   EXPECT_FALSE(MlaPrefillFits(256, 256, 1025, 128, 64, 128, 512, 16));  // decode: one a sequence
+  EXPECT_FALSE(MlaPrefillFits(512, 512, 2, 128, 64, 128, 512, 16));     // even at short contexts
   EXPECT_FALSE(MlaPrefillFits(8192, 8, 1024, 64, 64, 128, 512, 16));    // other head dims
   EXPECT_FALSE(MlaPrefillFits(8192, 8, 1024, 128, 32, 128, 512, 16));
   EXPECT_FALSE(MlaPrefillFits(8192, 8, 1024, 128, 64, 64, 512, 16));

@@ -110,8 +110,8 @@ void LaunchMlaAttention(const float* q, int64_t n, int64_t heads, const float* q
 // mla_prefill.cu: MLA for a step of mostly new tokens in the expanded form (k_nope, v
 // decompressed once per context row and head; flash attention over 128 + 64 / 128 dims), for a
 // bf16 model with a bf16 cache. MlaPrefillFits: the shapes (dn 128, dr 64, dv 128), at least
-// kMlaPrefillMinTokens tokens, seqs x max_context context rows at most 4 per token and their
-// decompressed form under 2 GiB; AFD_MLA_PREFILL=0 keeps the absorbed form.
+// kMlaPrefillMinTokens tokens and two a sequence, seqs x max_context context rows at most 4 per
+// token and their decompressed form under 2 GiB; AFD_MLA_PREFILL=0 keeps the absorbed form.
 inline constexpr int64_t kMlaPrefillMinTokens = 256;
 bool MlaPrefillFits(int64_t n, int64_t seqs, int64_t max_context, int64_t dn, int64_t dr,
                     int64_t dv, int64_t kvr, int64_t nh);

@@ -293,10 +293,11 @@ bool MlaPrefillFits(int64_t n, int64_t seqs, int64_t max_context, int64_t dn, in
                     int64_t dv, int64_t kvr, int64_t nh) {
   static const bool disabled = ChoiceOff("AFD_MLA_PREFILL");
   if (disabled || dn != kPfDn || dr != kPfDr || dv != kPfDv || kvr % 8 != 0) return false;
-  // Mostly new tokens: the context rows decompressed (seqs x max_context, all of them whatever
-  // the positions) at most 4 per query token, and the decompressed rows under 2 GiB.
+  // Mostly new tokens: at least two a sequence (a decode step, one a sequence, never takes it,
+  // captured or eager alike), the context rows decompressed (seqs x max_context, all of them
+  // whatever the positions) at most 4 per query token, and the decompressed rows under 2 GiB.
   const int64_t rows = seqs * max_context;
-  return n >= kMlaPrefillMinTokens && rows <= 4 * n &&
+  return n >= kMlaPrefillMinTokens && n >= 2 * seqs && rows <= 4 * n &&
          rows * (nh * (dn + dv) + kvr + dr) * 2 <= (int64_t{2} << 30);
 }
 
