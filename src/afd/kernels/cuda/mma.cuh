@@ -85,4 +85,63 @@ __device__ __forceinline__ void CopyAsyncWaitAll() {
   CopyAsyncWait<0>();
 }
 
+// ---- wgmma (sm_90a only: guard uses with AFD_HAS_WGMMA) ------------------------------------
+// Warpgroup MMA with both operands in shared memory, K-major bf16 tiles in the 128-byte swizzle
+// (rows of 128 bytes in 8-row atoms of 1024 bytes, 16-byte chunk c of row r at c ^ (r % 8); the
+// atoms 1024-byte aligned). The accumulator of m64nNk16 (per warp w of the warpgroup, lane =
+// 4 gid + t): d[4j], d[4j + 1] at row 16w + gid, columns 8j + 2t + {0, 1}; d[4j + 2], d[4j + 3]
+// at row 16w + gid + 8.
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define AFD_HAS_WGMMA 1
+#endif
+
+// The matrix descriptor of such a tile at `smem`: start address / 16 (bits 0-13), leading byte
+// offset / 16 (16-29; unused by this layout, 1), stride byte offset / 16 between 8-row atoms
+// (32-45: 1024 bytes), swizzle mode 128 B (bits 62-63 = 1). Step along K inside the 128-byte
+// rows by adding bytes / 16 to it (a k16 step of bf16: +2).
+__device__ __forceinline__ uint64_t Sw128Desc(const void* smem) {
+  const uint64_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  return ((addr & 0x3FFFF) >> 4) | (uint64_t{1} << 16) | (uint64_t{1024 >> 4} << 32) |
+         (uint64_t{1} << 62);
+}
+
+#ifdef AFD_HAS_WGMMA
+__device__ __forceinline__ void WgmmaFence() {
+  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void WgmmaCommit() {
+  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+}
+template <int kPending>
+__device__ __forceinline__ void WgmmaWait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(kPending) : "memory");
+}
+// Shared-memory writes of this thread's generic proxy (cp.async included) made visible to the
+// async proxy that wgmma reads through; then a barrier for the other threads' writes.
+__device__ __forceinline__ void FenceProxyAsyncShared() {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+// d (64 x 128, fp32) += A (64 x 16) · B (16 x 128)ᵀ-as-stored (both K-major, by descriptor).
+__device__ __forceinline__ void Wgmma64x128Bf16(float (&d)[64], uint64_t a, uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
+      "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, "
+      "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, "
+      "%56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
+        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
+        "+f"(d[63])
+      : "l"(a), "l"(b), "r"(1));
+}
+#endif
+
 }  // namespace afd::kernels::cuda

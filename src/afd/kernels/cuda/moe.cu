@@ -732,13 +732,22 @@ __device__ __forceinline__ int TileSwizzle(int row, int chunk) {
   return row * (kTileK / 8) + (chunk ^ (row & 7));  // in 16-byte units
 }
 
-template <bool kSwiglu, bool kBf16Out>
+// kWg (sm_90a): the same tiles and pipeline, the products on wgmma instead: the two
+// warpgroups of the block each take 64 rows x the 128 weight rows (m64n128k16, both operands
+// read from the swizzled stages by descriptor, which is the layout TileSwizzle writes); the
+// stages start 1024-byte aligned (the dynamic shared memory has 1 KB more for that).
+template <bool kSwiglu, bool kBf16Out, bool kWg = false>
 __global__ void __launch_bounds__(kTileThreads, 2)
     GroupedTiled(const __nv_bfloat16* x, int64_t k, const void* const* w_ptrs,
                  const int32_t* offsets, int64_t num_local, int64_t n_out, float* y,
                  __nv_bfloat16* yb) {
   PdlStart();
-  extern __shared__ uint4 tile_smem[];
+  extern __shared__ __align__(1024) uint4 tile_smem_raw[];
+  uint4* tile_smem = tile_smem_raw;
+  if constexpr (kWg) {
+    const auto a = static_cast<uint32_t>(__cvta_generic_to_shared(tile_smem_raw));
+    tile_smem += ((1024 - (a & 1023)) & 1023) / 16;
+  }
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gid = lane >> 2, t = lane & 3;
   // Which expert and which of its m tiles: slot blockIdx.y in expert order.
   int64_t slot = blockIdx.y, e = -1, row0 = 0, row_end = 0;
@@ -808,53 +817,43 @@ __global__ void __launch_bounds__(kTileThreads, 2)
     if (s < k_tiles) load(s);
     CopyAsyncCommit();
   }
-  const int wm = warp >> 2, wn = warp & 3;  // warp tile: rows 64 wm.., weight rows 32 wn..
-  float acc[4][4][4] = {};
-  // ldmatrix row addresses: A x4 = (rows 0-7, k 0-7), (rows 8-15, k 0-7), (rows 0-7, k 8-15),
-  // (rows 8-15, k 8-15) of an m16 tile; B x4 = (n 0-7, k 0-7), (n 0-7, k 8-15), (n 8-15, k 0-7),
-  // (n 8-15, k 8-15) of two n8 tiles.
-  const int a_row = wm * 64 + (lane & 7) + ((lane >> 3) & 1) * 8, a_chunk = lane >> 4;
-  const int b_row = wn * 32 + (lane & 7) + (lane >> 4) * 8, b_chunk = (lane >> 3) & 1;
-  for (int64_t kt = 0; kt < k_tiles; ++kt) {
-    CopyAsyncWait<kTileStages - 2>();
-    __syncthreads();  // stage kt landed for every thread; stage kt - 1 is free
-    if (kt + kTileStages - 1 < k_tiles) load(kt + kTileStages - 1);
-    CopyAsyncCommit();
-    const uint4* st = tile_smem + (kt % kTileStages) * (kTileStageBytes / 16);
-    const uint4* bs = st + kTileM * (kTileK / 8);
+  if constexpr (kWg) {
+#ifdef AFD_HAS_WGMMA
+    const int wg = warp >> 2, w4 = warp & 3;  // warpgroup: rows 64 wg ..; its warp: 16 rows
+    float acc[64];
 #pragma unroll
-    for (int ks = 0; ks < kTileK / 16; ++ks) {
-      uint32_t a[4][4], b[2][4];
+    for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
+    for (int64_t kt = 0; kt < k_tiles; ++kt) {
+      CopyAsyncWait<kTileStages - 2>();
+      FenceProxyAsyncShared();
+      __syncthreads();  // stage kt landed for every thread; every warpgroup is done with kt - 1
+      if (kt + kTileStages - 1 < k_tiles) load(kt + kTileStages - 1);
+      CopyAsyncCommit();
+      const uint4* st = tile_smem + (kt % kTileStages) * (kTileStageBytes / 16);
+      const uint64_t a_desc = Sw128Desc(st + wg * 64 * (kTileK / 8));
+      const uint64_t b_desc = Sw128Desc(st + kTileM * (kTileK / 8));
+      WgmmaFence();
 #pragma unroll
-      for (int i = 0; i < 4; ++i) Ldsm4(a[i], st + TileSwizzle(a_row + 16 * i, 2 * ks + a_chunk));
-#pragma unroll
-      for (int j = 0; j < 2; ++j) Ldsm4(b[j], bs + TileSwizzle(b_row + 16 * j, 2 * ks + b_chunk));
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          MmaBf16(acc[i][j], a[i][0], a[i][1], a[i][2], a[i][3], b[j / 2][2 * (j % 2)],
-                  b[j / 2][2 * (j % 2) + 1]);
-        }
+      for (int ks = 0; ks < kTileK / 16; ++ks) {
+        Wgmma64x128Bf16(acc, a_desc + 2 * ks, b_desc + 2 * ks);
       }
+      WgmmaCommit();
+      WgmmaWait<0>();
     }
-  }
-  CopyAsyncWait<0>();
-  // Epilogue: C fragment c0, c1 at (gid, 2t + {0, 1}), c2, c3 at (gid + 8, 2t + {0, 1}).
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
+    CopyAsyncWait<0>();
+    // Epilogue: acc[4j + {0, 1}] at (16 w4 + gid, 8j + 2t + {0, 1}), acc[4j + {2, 3}] 8 rows on.
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int r = wm * 64 + 16 * i + 8 * h + gid;
+      const int r = wg * 64 + 16 * w4 + 8 * h + gid;
       if (r >= rows) continue;
       const int64_t row = row0 + r;
       if constexpr (kSwiglu) {
 #pragma unroll
-        for (int p = 0; p < 2; ++p) {
-          const int64_t col = n0 + (2 * wn + p) * 8 + 2 * t;
+        for (int p = 0; p < kTileN / 16; ++p) {
+          const int64_t col = n0 + 8 * p + 2 * t;
           if (col >= n_out) continue;
-          const float g0 = acc[i][2 * p][2 * h], g1 = acc[i][2 * p][2 * h + 1];
-          const float u0 = acc[i][2 * p + 1][2 * h], u1 = acc[i][2 * p + 1][2 * h + 1];
+          const float g0 = acc[8 * p + 2 * h], g1 = acc[8 * p + 2 * h + 1];
+          const float u0 = acc[8 * p + 4 + 2 * h], u1 = acc[8 * p + 4 + 2 * h + 1];
           const float2 v = make_float2(g0 / (1.0f + expf(-g0)) * u0, g1 / (1.0f + expf(-g1)) * u1);
           if constexpr (kBf16Out) {
             *reinterpret_cast<__nv_bfloat162*>(yb + row * n_out + col) =
@@ -865,15 +864,101 @@ __global__ void __launch_bounds__(kTileThreads, 2)
         }
       } else {
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const int64_t col = n0 + wn * 32 + 8 * j + 2 * t;
+        for (int j = 0; j < kTileN / 8; ++j) {
+          const int64_t col = n0 + 8 * j + 2 * t;
           if (col >= n_out) continue;
           *reinterpret_cast<float2*>(y + row * n_out + col) =
-              make_float2(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
+              make_float2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+        }
+      }
+    }
+#else
+    __trap();  // launched only on sm_90 (LaunchTiled), whose code is sm_90a's
+#endif
+    return;
+  } else {
+    const int wm = warp >> 2, wn = warp & 3;  // warp tile: rows 64 wm.., weight rows 32 wn..
+    float acc[4][4][4] = {};
+    // ldmatrix row addresses: A x4 = (rows 0-7, k 0-7), (rows 8-15, k 0-7), (rows 0-7, k 8-15),
+    // (rows 8-15, k 8-15) of an m16 tile; B x4 = (n 0-7, k 0-7), (n 0-7, k 8-15), (n 8-15, k 0-7),
+    // (n 8-15, k 8-15) of two n8 tiles.
+    const int a_row = wm * 64 + (lane & 7) + ((lane >> 3) & 1) * 8, a_chunk = lane >> 4;
+    const int b_row = wn * 32 + (lane & 7) + (lane >> 4) * 8, b_chunk = (lane >> 3) & 1;
+    for (int64_t kt = 0; kt < k_tiles; ++kt) {
+      CopyAsyncWait<kTileStages - 2>();
+      __syncthreads();  // stage kt landed for every thread; stage kt - 1 is free
+      if (kt + kTileStages - 1 < k_tiles) load(kt + kTileStages - 1);
+      CopyAsyncCommit();
+      const uint4* st = tile_smem + (kt % kTileStages) * (kTileStageBytes / 16);
+      const uint4* bs = st + kTileM * (kTileK / 8);
+#pragma unroll
+      for (int ks = 0; ks < kTileK / 16; ++ks) {
+        uint32_t a[4][4], b[2][4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) Ldsm4(a[i], st + TileSwizzle(a_row + 16 * i, 2 * ks + a_chunk));
+#pragma unroll
+        for (int j = 0; j < 2; ++j) Ldsm4(b[j], bs + TileSwizzle(b_row + 16 * j, 2 * ks + b_chunk));
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            MmaBf16(acc[i][j], a[i][0], a[i][1], a[i][2], a[i][3], b[j / 2][2 * (j % 2)],
+                    b[j / 2][2 * (j % 2) + 1]);
+          }
+        }
+      }
+    }
+    CopyAsyncWait<0>();
+    // Epilogue: C fragment c0, c1 at (gid, 2t + {0, 1}), c2, c3 at (gid + 8, 2t + {0, 1}).
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = wm * 64 + 16 * i + 8 * h + gid;
+        if (r >= rows) continue;
+        const int64_t row = row0 + r;
+        if constexpr (kSwiglu) {
+#pragma unroll
+          for (int p = 0; p < 2; ++p) {
+            const int64_t col = n0 + (2 * wn + p) * 8 + 2 * t;
+            if (col >= n_out) continue;
+            const float g0 = acc[i][2 * p][2 * h], g1 = acc[i][2 * p][2 * h + 1];
+            const float u0 = acc[i][2 * p + 1][2 * h], u1 = acc[i][2 * p + 1][2 * h + 1];
+            const float2 v =
+                make_float2(g0 / (1.0f + expf(-g0)) * u0, g1 / (1.0f + expf(-g1)) * u1);
+            if constexpr (kBf16Out) {
+              *reinterpret_cast<__nv_bfloat162*>(yb + row * n_out + col) =
+                  __floats2bfloat162_rn(v.x, v.y);
+            } else {
+              *reinterpret_cast<float2*>(y + row * n_out + col) = v;
+            }
+          }
+        } else {
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            const int64_t col = n0 + wn * 32 + 8 * j + 2 * t;
+            if (col >= n_out) continue;
+            *reinterpret_cast<float2*>(y + row * n_out + col) =
+                make_float2(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
+          }
         }
       }
     }
   }
+}
+
+// Whether GroupedTiled runs on wgmma: a compute capability 9.0 device (its code is sm_90a's),
+// unless AFD_MOE_WGMMA=0 (mma.sync, to compare).
+bool TiledWgmma() {
+  static const bool on = [] {
+    if (ChoiceOff("AFD_MOE_WGMMA")) return false;
+    int device = 0, major = 0, minor = 0;
+    AFD_CUDA_CHECK(cudaGetDevice(&device));
+    AFD_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    AFD_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+    return major == 9 && minor == 0;
+  }();
+  return on;
 }
 
 // GroupedTiled over m rows in num_local experts (grid sized from host-known m and num_local).
@@ -881,20 +966,29 @@ template <bool kSwiglu, bool kBf16Out>
 void LaunchTiled(const __nv_bfloat16* x, int64_t m, int64_t k, const void* const* w_ptrs,
                  const int32_t* offsets, int64_t num_local, int64_t n_out, float* y,
                  __nv_bfloat16* yb, cudaStream_t s) {
-  const auto kernel = GroupedTiled<kSwiglu, kBf16Out>;
-  constexpr size_t kSmem = size_t{kTileStages} * kTileStageBytes;
-  static const bool raised = [&] {
-    AFD_CUDA_CHECK(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-    return true;
-  }();
-  (void)raised;
   const int64_t cols = kSwiglu ? kTileN / 2 : kTileN;
   const dim3 grid(
       static_cast<unsigned>((n_out + cols - 1) / cols),
       static_cast<unsigned>((m + kTileM - 1) / kTileM + (offsets != nullptr ? num_local : 0)));
-  LaunchPdl(kernel, grid, kTileThreads, kSmem, s, x, k, w_ptrs, offsets,
-            offsets != nullptr ? num_local : m, n_out, y, yb);
+  const auto go = [&](auto wg) {
+    constexpr bool kWg = decltype(wg)::value;
+    const auto kernel = GroupedTiled<kSwiglu, kBf16Out, kWg>;
+    // wgmma: 1 KB more, so that the stages can start 1024-byte aligned.
+    constexpr size_t kSmem = size_t{kTileStages} * kTileStageBytes + (kWg ? 1024 : 0);
+    static const bool raised = [&] {
+      AFD_CUDA_CHECK(
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+      return true;
+    }();
+    (void)raised;
+    LaunchPdl(kernel, grid, kTileThreads, kSmem, s, x, k, w_ptrs, offsets,
+              offsets != nullptr ? num_local : m, n_out, y, yb);
+  };
+  if (TiledWgmma()) {
+    go(std::true_type{});
+  } else {
+    go(std::false_type{});
+  }
 }
 
 // Tensor-core path for bf16 experts with many rows per expert (large decode batches, prefill):
