@@ -16,8 +16,10 @@ for op in MlaAttention MoePermute; do
   "$NEW/backend_ops_test" --backend cuda --op $op 2>&1 | grep -v " OK " | tail -4
 done
 if [ -n "${OLD_ENV:-}" ]; then
-  echo "== NEW with $OLD_ENV: backend_ops_test --backend cuda --op MlaAttention"
-  env $OLD_ENV "$NEW/backend_ops_test" --backend cuda --op MlaAttention 2>&1 | grep -v " OK " | tail -4
+  for op in MlaAttention MoePermute Linear; do
+    echo "== NEW with $OLD_ENV: backend_ops_test --backend cuda --op $op"
+    env $OLD_ENV "$NEW/backend_ops_test" --backend cuda --op $op 2>&1 | grep -v " OK " | tail -4
+  done
 fi
 for round in $(seq "${ROUNDS:-2}"); do
   for b in NEW OLD; do
