@@ -732,6 +732,19 @@ __device__ __forceinline__ int TileSwizzle(int row, int chunk) {
   return row * (kTileK / 8) + (chunk ^ (row & 7));  // in 16-byte units
 }
 
+// A tiled epilogue's SwiGLU pair: silu(g) · u for two adjacent output columns at element `at`,
+// as bf16 into yb (kBf16Out) or fp32 into y.
+template <bool kBf16Out>
+__device__ __forceinline__ void StoreSwiglu(float g0, float g1, float u0, float u1, int64_t at,
+                                            float* y, __nv_bfloat16* yb) {
+  const float2 v = make_float2(g0 / (1.0f + expf(-g0)) * u0, g1 / (1.0f + expf(-g1)) * u1);
+  if constexpr (kBf16Out) {
+    *reinterpret_cast<__nv_bfloat162*>(yb + at) = __floats2bfloat162_rn(v.x, v.y);
+  } else {
+    *reinterpret_cast<float2*>(y + at) = v;
+  }
+}
+
 // kWg (sm_90a): the same tiles and pipeline, the products on wgmma instead: the two
 // warpgroups of the block each take 64 rows x the 128 weight rows (m64n128k16, both operands
 // read from the swizzled stages by descriptor, which is the layout TileSwizzle writes); the
@@ -852,15 +865,8 @@ __global__ void __launch_bounds__(kTileThreads, 2)
         for (int p = 0; p < kTileN / 16; ++p) {
           const int64_t col = n0 + 8 * p + 2 * t;
           if (col >= n_out) continue;
-          const float g0 = acc[8 * p + 2 * h], g1 = acc[8 * p + 2 * h + 1];
-          const float u0 = acc[8 * p + 4 + 2 * h], u1 = acc[8 * p + 4 + 2 * h + 1];
-          const float2 v = make_float2(g0 / (1.0f + expf(-g0)) * u0, g1 / (1.0f + expf(-g1)) * u1);
-          if constexpr (kBf16Out) {
-            *reinterpret_cast<__nv_bfloat162*>(yb + row * n_out + col) =
-                __floats2bfloat162_rn(v.x, v.y);
-          } else {
-            *reinterpret_cast<float2*>(y + row * n_out + col) = v;
-          }
+          StoreSwiglu<kBf16Out>(acc[8 * p + 2 * h], acc[8 * p + 2 * h + 1], acc[8 * p + 4 + 2 * h],
+                                acc[8 * p + 4 + 2 * h + 1], row * n_out + col, y, yb);
         }
       } else {
 #pragma unroll
@@ -922,16 +928,9 @@ __global__ void __launch_bounds__(kTileThreads, 2)
           for (int p = 0; p < 2; ++p) {
             const int64_t col = n0 + (2 * wn + p) * 8 + 2 * t;
             if (col >= n_out) continue;
-            const float g0 = acc[i][2 * p][2 * h], g1 = acc[i][2 * p][2 * h + 1];
-            const float u0 = acc[i][2 * p + 1][2 * h], u1 = acc[i][2 * p + 1][2 * h + 1];
-            const float2 v =
-                make_float2(g0 / (1.0f + expf(-g0)) * u0, g1 / (1.0f + expf(-g1)) * u1);
-            if constexpr (kBf16Out) {
-              *reinterpret_cast<__nv_bfloat162*>(yb + row * n_out + col) =
-                  __floats2bfloat162_rn(v.x, v.y);
-            } else {
-              *reinterpret_cast<float2*>(y + row * n_out + col) = v;
-            }
+            StoreSwiglu<kBf16Out>(acc[i][2 * p][2 * h], acc[i][2 * p][2 * h + 1],
+                                  acc[i][2 * p + 1][2 * h], acc[i][2 * p + 1][2 * h + 1],
+                                  row * n_out + col, y, yb);
           }
         } else {
 #pragma unroll
