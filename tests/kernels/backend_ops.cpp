@@ -542,6 +542,18 @@ Result MlaPrefill(Ctx& c, int64_t seqs, int64_t len, MlaSetup shapes, bool tf32,
   return Result(RelErr(c.Down<float>(out), want), MlaTolerance(s, tf32));
 }
 
+// An MLA perf case's operands: random q [n, heads, dn + dr] and kv_b [heads (dn + dv), kvr]
+// (fp32), and the output [n, heads dv].
+struct MlaPerfOperands {
+  Tensor q, kv_b, out;
+};
+MlaPerfOperands MlaPerfTensors(Ctx& c, int64_t n, int64_t heads, int64_t dn, int64_t dr, int64_t dv,
+                               int64_t kvr) {
+  return {c.Up(c.Randn(n * heads * (dn + dr)), DType::kF32, {n, heads, dn + dr}),
+          c.Up(c.Randn(heads * (dn + dv) * kvr), DType::kF32, {heads * (dn + dv), kvr}),
+          c.Alloc(DType::kF32, {n, heads * dv})};
+}
+
 // Decode attention perf: `seqs` tokens over `ctx` cached positions each, 16 heads, 512 + 64.
 Result MlaDecodePerf(Ctx& c, int64_t seqs, int64_t ctx, bool tf32 = false,
                      DType cache_dtype = DType::kF32) {
@@ -561,10 +573,7 @@ Result MlaDecodePerf(Ctx& c, int64_t seqs, int64_t ctx, bool tf32 = false,
   AttentionTokens t{c.Up(pos, DType::kI64, {seqs}), c.Up(seq, DType::kI32, {seqs}),
                     c.Up(slots, DType::kI64, {seqs}), c.Up(tables, DType::kI32, {seqs, blocks}),
                     block};
-  std::vector<float> q = c.Randn(seqs * heads * (dn + dr)), kv_b = c.Randn(heads * (dn + dv) * kvr);
-  const Tensor tq = c.Up(q, DType::kF32, {seqs, heads, dn + dr});
-  const Tensor tkv = c.Up(kv_b, DType::kF32, {heads * (dn + dv), kvr});
-  const Tensor out = c.Alloc(DType::kF32, {seqs, heads * dv});
+  const auto [tq, tkv, out] = MlaPerfTensors(c, seqs, heads, dn, dr, dv, kvr);
   Result r;
   r.bytes = double(seqs) * ctx * width * DTypeSize(cache_dtype) + tkv.nbytes();
   r.flops = 2.0 * seqs * heads * (ctx * (kvr + dr) + ctx * kvr + (dn + dv) * kvr);
@@ -599,10 +608,7 @@ Result MlaPrefillPerf(Ctx& c, int64_t seqs, int64_t len) {
                     c.Up(tables, DType::kI32, {seqs, blocks}),
                     block,
                     len};
-  std::vector<float> q = c.Randn(n * heads * (dn + dr)), kv_b = c.Randn(heads * (dn + dv) * kvr);
-  const Tensor tq = c.Up(q, DType::kF32, {n, heads, dn + dr});
-  const Tensor tkv = c.Up(kv_b, DType::kF32, {heads * (dn + dv), kvr});
-  const Tensor out = c.Alloc(DType::kF32, {n, heads * dv});
+  const auto [tq, tkv, out] = MlaPerfTensors(c, n, heads, dn, dr, dv, kvr);
   Result res;
   res.bytes = double(cache.nbytes()) + tq.nbytes() + out.nbytes();
   res.flops = 2.0 * seqs * heads *

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # One device call after a change to the prefill path (issue 11's 8 x 1024 prefill target):
 # backend_ops_test on cuda, its perf cases for the prefill-sized ops (Linear, MoE, MlaAttention),
-# v3_trained's bf16 score against transformers (1024
-# positions: prompts long enough for the prefill kernels),
-# `afd bench decode --batch 8 --context 1024 --profile` (per-op time of the prefill step), and
-# the decode bench at context 128 and (LONG_CONTEXT=1) 256 x 1024 so a decode regression shows.
+# v3_trained's bf16 score against transformers (1024 positions: prompts long enough for the
+# prefill kernels), `afd bench decode --batch 8 --context 1024 --profile` (per-op time of the
+# prefill step), and the decode bench at context 128 and (LONG_CONTEXT=1) 256 x 1024 so a
+# decode regression shows.
 # AB_ENV="NAME=0 ...": the MLA prefill op and the 8 x 1024 prefill again with those switches
 # (a kernel choice off).
 # Usage (repo root there): tools/device/prefill_check.sh BIN_DIR
