@@ -93,6 +93,9 @@ bool ChoiceOff(const char* name);
 // A form forced by the environment: NAME=c, a whole number from 1 to max (AFD_MLA_SPLITS,
 // AFD_MLA_BUFS); 0 when NAME is unset or empty. Anything else is an error naming NAME.
 int64_t ChoiceCount(const char* name, int64_t max);
+// Whether the tiled grouped experts run on wgmma (moe.cu): decided at the first call, which
+// launches a probe and copies its answer (CudaBackend's constructor makes it, outside capture).
+bool TiledWgmma();
 // The tiled bf16 kernel runs for kvr 512 + dr 64, a bf16 cache and tf32 (bf16 models): q and P
 // then rounded to bf16 like the model's own tensors (AFD_MLA_TILES=0 turns it off, to compare).
 bool MlaTilesFit(int64_t kvr, int64_t dr, bool bf16_cache, bool tf32);
