@@ -202,7 +202,7 @@ CudaBackend::CudaBackend(int device) : device_(device), state_(std::make_unique<
   AFD_CUBLAS_CHECK(
       cublasSetWorkspace(state_->cublas, state_->cublas_workspace[0].get(), kCublasWorkspaceBytes));
   AFD_CUDA_CHECK(cudaMallocHost(&state_->staging, kStagingBytes));
-  (void)TiledWgmma();  // its probe now, never while a stream captures
+  (void)ProbeRunningCode();  // now, never while a stream captures
 }
 
 CudaBackend::~CudaBackend() {

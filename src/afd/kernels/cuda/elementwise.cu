@@ -160,6 +160,38 @@ thread_local bool pdl_for_thread = false;
 
 void SetPdlForThread(bool on) { pdl_for_thread = on; }
 
+namespace {
+
+// Writes __CUDA_ARCH__ of the code the device runs (0 on the host pass), + 1 where that code has
+// sm_90a's features.
+__global__ void CodeProbe(int* out) {
+#if defined(__CUDA_ARCH__)
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  *out = __CUDA_ARCH__ + 1;
+#else
+  *out = __CUDA_ARCH__;
+#endif
+#endif
+}
+
+}  // namespace
+
+RunningCode ProbeRunningCode() {
+  static const RunningCode code = [] {
+    int* flag = nullptr;
+    int v = 0;
+    AFD_CUDA_CHECK(cudaMalloc(&flag, sizeof(int)));
+    CodeProbe<<<1, 1>>>(flag);
+    const cudaError_t launched = cudaGetLastError();
+    const cudaError_t copied = cudaMemcpy(&v, flag, sizeof(int), cudaMemcpyDeviceToHost);
+    AFD_CUDA_CHECK(cudaFree(flag));
+    AFD_CUDA_CHECK(launched);
+    AFD_CUDA_CHECK(copied);
+    return RunningCode{v / 10 * 10, v % 10 == 1};
+  }();
+  return code;
+}
+
 bool PdlEnabled() {
   static const bool off = ChoiceOff("AFD_PDL");
   if (off || !pdl_for_thread) return false;

@@ -16,6 +16,15 @@ namespace afd::kernels::cuda {
 // on this thread; off until then).
 bool PdlEnabled();
 void SetPdlForThread(bool on);
+// What the code the device runs was built for: __CUDA_ARCH__ (900 for sm_90 / sm_90a code, 800
+// for compute_80 PTX whatever the device) and whether it has sm_90a's features (wgmma). A probe
+// kernel launched and read back once, at the first call (CudaBackend's constructor makes it,
+// outside any capture; the process's first device is the one probed).
+struct RunningCode {
+  int arch = 0;
+  bool sm90a = false;
+};
+RunningCode ProbeRunningCode();
 void LaunchFill(float* x, int64_t n, float value, cudaStream_t s);
 void LaunchAdd(float* y, const float* x, int64_t n, cudaStream_t s);
 void LaunchSiluMul(const float* gate_up, int64_t n, int64_t inter, float* out, cudaStream_t s);
@@ -93,9 +102,6 @@ bool ChoiceOff(const char* name);
 // A form forced by the environment: NAME=c, a whole number from 1 to max (AFD_MLA_SPLITS,
 // AFD_MLA_BUFS); 0 when NAME is unset or empty. Anything else is an error naming NAME.
 int64_t ChoiceCount(const char* name, int64_t max);
-// Whether the tiled grouped experts run on wgmma (moe.cu): decided at the first call, which
-// launches a probe and copies its answer (CudaBackend's constructor makes it, outside capture).
-bool TiledWgmma();
 // The tiled bf16 kernel runs for kvr 512 + dr 64, a bf16 cache and tf32 (bf16 models): q and P
 // then rounded to bf16 like the model's own tensors (AFD_MLA_TILES=0 turns it off, to compare).
 bool MlaTilesFit(int64_t kvr, int64_t dr, bool bf16_cache, bool tf32);

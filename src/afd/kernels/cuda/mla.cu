@@ -565,7 +565,7 @@ __device__ void MergeIfLast(const float* partial, int64_t tok, int64_t nh, int64
   }
 }
 
-template <int kTok, int kBufs>
+template <int kTok, int kBufs, bool kBulk>
 __global__ void __launch_bounds__(kTileWarps * 32, 3 - kBufs)
     AttentionTiles(const float* q, int64_t n, int64_t heads, const float* q_lat, int64_t dn,
                    PagedArgs t, const __nv_bfloat16* cache, int64_t h0, int64_t nh,
@@ -597,6 +597,20 @@ __global__ void __launch_bounds__(kTileWarps * 32, 3 - kBufs)
   const int runs = together ? 1 : (seq[kTok - 1] >= 0 ? 2 : 1);
   const int64_t j_begin = split * span;
   int* counter = counters + tok0 * gridDim.y + blockIdx.y;  // kTok == 1 (splits > 1)
+  // kBulk: a tile buffer's rows land by bulk copies counted on its mbarrier (bit b of `phase`:
+  // the parity of buffer b's next phase).
+#ifdef AFD_HAS_BULK
+  __shared__ alignas(8) uint64_t bars[2];
+  uint32_t phase = 0;
+  if constexpr (kBulk) {
+    if (tid == 0) {
+      MbarInit(&bars[0], 1);
+      MbarInit(&bars[1], 1);
+      MbarInitFence();
+    }
+    __syncthreads();
+  }
+#endif
   if constexpr (kTok == 1) {
     if (j_begin >= min(len[0], j_begin + span)) {  // an empty split (splits > 1)
       for (int h = 0; h < g_count; ++h) {
@@ -649,15 +663,44 @@ __global__ void __launch_bounds__(kTileWarps * 32, 3 - kBufs)
   const int v_row = (lane & 7) + 8 * ((lane >> 3) & 1), v_col = 8 * (lane >> 4);
   // This thread's copy row of a tile.
   const int my_row = tid >> 2, my_piece = tid & 3;
-  const auto load_tile = [&](int64_t slot, int buf) {
+  // The tile's rows into buffer buf (valid: its rows before the run's end; this thread's row
+  // at `slot`, -1 past the end: zeros). kBulk: one bulk copy a row (1152 bytes, by the row's
+  // first thread), thread 0 expecting the valid rows' bytes on the buffer's mbarrier; else 16-byte
+  // cp.async pieces, 4 threads a row.
+  const auto load_tile = [&](int64_t slot, int buf, int64_t valid) {
     const __nv_bfloat16* src = cache + (slot < 0 ? 0 : slot) * kTileWidth;
     __nv_bfloat16* dst = rows + (buf * kTileRows + my_row) * kTileStride;
+    if constexpr (kBulk) {
+#ifdef AFD_HAS_BULK
+      constexpr uint32_t kRowBytes = kTileWidth * sizeof(__nv_bfloat16);
+      if (tid == 0) {
+        MbarArriveExpect(
+            &bars[buf],
+            static_cast<uint32_t>(min(valid, static_cast<int64_t>(kTileRows))) * kRowBytes);
+      }
+      if (slot >= 0) {
+        if (my_piece == 0) {
+          FenceProxyAsyncShared();  // the block's reads of the buffer's last tile come first
+          BulkCopyToShared(dst, src, kRowBytes, &bars[buf]);
+        }
+      } else {
 #pragma unroll
-    for (int i = 0; i < kTileChunks / 4; ++i) {
-      const int piece = my_piece + 4 * i;
-      CopyAsync16Or0(dst + 8 * piece, src + 8 * piece, slot >= 0);
+        for (int i = 0; i < kTileChunks / 4; ++i) {
+          reinterpret_cast<uint4*>(dst)[my_piece + 4 * i] = make_uint4(0, 0, 0, 0);
+        }
+        FenceProxyAsyncShared();  // before a later bulk copy into the same row
+      }
+#else
+      __trap();  // launched only where the device's code is sm_90+ (LaunchMlaAttention)
+#endif
+    } else {
+#pragma unroll
+      for (int i = 0; i < kTileChunks / 4; ++i) {
+        const int piece = my_piece + 4 * i;
+        CopyAsync16Or0(dst + 8 * piece, src + 8 * piece, slot >= 0);
+      }
+      CopyAsyncCommit();
     }
-    CopyAsyncCommit();
   };
   for (int run = 0; run < runs; ++run) {
     // The run's tokens (active[i]) and each one's last position + 1 within the split (lim).
@@ -680,7 +723,7 @@ __global__ void __launch_bounds__(kTileWarps * 32, 3 - kBufs)
     if (run == 0) {
       float4 qv[kQLoads];
       load_q(0, qv);
-      load_tile(slot_of(j_begin), 0);
+      load_tile(slot_of(j_begin), 0, j_end - j_begin);
       store_q(0, qv);
 #pragma unroll
       for (int i = 1; i < kTok; ++i) {
@@ -689,7 +732,7 @@ __global__ void __launch_bounds__(kTileWarps * 32, 3 - kBufs)
       }
     } else {
       __syncthreads();  // the last run's tiles, P and sums are consumed
-      load_tile(slot_of(j_begin), 0);
+      load_tile(slot_of(j_begin), 0, j_end - j_begin);
     }
     int64_t next_slot = slot_of(j_begin + kTileRows);
     // Running max (log2 units) and this thread's partial sums, per token: heads gid, gid + 8.
@@ -704,10 +747,17 @@ __global__ void __launch_bounds__(kTileWarps * 32, 3 - kBufs)
     }
     int buf = 0;
     for (int64_t j0 = j_begin; j0 < j_end; j0 += kTileRows, buf ^= kBufs - 1) {
-      CopyAsyncWait<0>();
+      if constexpr (kBulk) {
+#ifdef AFD_HAS_BULK
+        MbarWait(&bars[buf], phase >> buf & 1u);
+        phase ^= 1u << buf;
+#endif
+      } else {
+        CopyAsyncWait<0>();
+      }
       __syncthreads();  // the tile is in; the other buffer, red and ps are free
       if (kBufs == 2 && j0 + kTileRows < j_end) {
-        load_tile(next_slot, buf ^ 1);
+        load_tile(next_slot, buf ^ 1, j_end - j0 - kTileRows);
         next_slot = slot_of(j0 + 2 * kTileRows);
       }
       const __nv_bfloat16* tile = rows + buf * kTileRows * kTileStride;
@@ -801,7 +851,7 @@ __global__ void __launch_bounds__(kTileWarps * 32, 3 - kBufs)
       }
       if (kBufs == 1 && j0 + kTileRows < j_end) {
         __syncthreads();  // every warp is past the tile
-        load_tile(next_slot, 0);
+        load_tile(next_slot, 0, j_end - j0 - kTileRows);
         next_slot = slot_of(j0 + 2 * kTileRows);
       }
     }
@@ -1190,12 +1240,20 @@ void LaunchMlaAttention(const float* q, int64_t n, int64_t heads, const float* q
     const int64_t tiles = (max_context + kTileRows - 1) / kTileRows;
     const int64_t span = (tiles + splits - 1) / splits * kTileRows;
     constexpr float kLog2e = 1.4426950408889634f;
+    // Tile rows by bulk copies (the TMA engine) where the device runs sm_90+ code, unless
+    // AFD_MLA_BULK=0 (16-byte cp.async pieces).
+    static const bool bulk_off = ChoiceOff("AFD_MLA_BULK");
+    const bool bulk = !bulk_off && ProbeRunningCode().arch >= 900;
     const auto go = [&](auto tokens, auto bufs) {
       constexpr int kTok = decltype(tokens)::value, kBufs = decltype(bufs)::value;
-      const auto kernel = AttentionTiles<kTok, kBufs>;
+      const auto kernel =
+          bulk ? AttentionTiles<kTok, kBufs, true> : AttentionTiles<kTok, kBufs, false>;
       static const bool raised = [&] {
-        AFD_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            static_cast<int>(TileSmemBytes(kTok, kBufs))));
+        for (const auto k :
+             {AttentionTiles<kTok, kBufs, true>, AttentionTiles<kTok, kBufs, false>}) {
+          AFD_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                              static_cast<int>(TileSmemBytes(kTok, kBufs))));
+        }
         return true;
       }();
       (void)raised;

@@ -85,6 +85,58 @@ __device__ __forceinline__ void CopyAsyncWaitAll() {
   CopyAsyncWait<0>();
 }
 
+// ---- mbarriers and bulk copies (the TMA engine; sm_90+: guard uses with AFD_HAS_BULK) --------
+// A bulk copy moves one contiguous run of bytes (a multiple of 16, both ends 16-byte aligned)
+// global -> shared and counts its bytes against an mbarrier's expected transaction bytes; the
+// barrier's phase completes once its arrivals are in and every expected byte has landed (the
+// bytes may land before they are expected: the count goes negative meanwhile).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define AFD_HAS_BULK 1
+__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void MbarInit(uint64_t* bar, uint32_t arrivals) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(SmemAddr(bar)), "r"(arrivals)
+               : "memory");
+}
+// After the inits, before the barrier that publishes them to the block (and the async proxy).
+__device__ __forceinline__ void MbarInitFence() {
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+// One arrival that also expects `bytes` more transaction bytes this phase.
+__device__ __forceinline__ void MbarArriveExpect(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(SmemAddr(bar)),
+               "r"(bytes)
+               : "memory");
+}
+// Waits until the barrier's phase of this parity (0 for its first phase, then 1, 0, ...) is
+// complete; the bytes that phase counted are then visible to the waiting thread.
+__device__ __forceinline__ void MbarWait(uint64_t* bar, uint32_t parity) {
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n}"
+        : "=r"(done)
+        : "r"(SmemAddr(bar)), "r"(parity)
+        : "memory");
+  } while (done == 0);
+}
+__device__ __forceinline__ void BulkCopyToShared(void* smem, const void* gmem, uint32_t bytes,
+                                                 uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::
+          "r"(SmemAddr(smem)),
+      "l"(gmem), "r"(bytes), "r"(SmemAddr(bar))
+      : "memory");
+}
+// This thread's earlier generic-proxy shared memory accesses ordered before its later
+// async-proxy ones (a bulk copy into a buffer the block just read, or wgmma operands it wrote).
+__device__ __forceinline__ void FenceProxyAsyncShared() {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+#endif
+
 // ---- wgmma (sm_90a only: guard uses with AFD_HAS_WGMMA) ------------------------------------
 // Warpgroup MMA with both operands in shared memory, K-major bf16 tiles in the 128-byte swizzle
 // (rows of 128 bytes in 8-row atoms of 1024 bytes, 16-byte chunk c of row r at c ^ (r % 8); the
@@ -115,11 +167,6 @@ __device__ __forceinline__ void WgmmaCommit() {
 template <int kPending>
 __device__ __forceinline__ void WgmmaWait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(kPending) : "memory");
-}
-// Shared-memory writes of this thread's generic proxy (cp.async included) made visible to the
-// async proxy that wgmma reads through; then a barrier for the other threads' writes.
-__device__ __forceinline__ void FenceProxyAsyncShared() {
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
 // d (64 x 128, fp32) += A (64 x 16) · B (16 x 128)ᵀ-as-stored (both K-major, by descriptor).
 __device__ __forceinline__ void Wgmma64x128Bf16(float (&d)[64], uint64_t a, uint64_t b) {

@@ -946,40 +946,14 @@ __global__ void __launch_bounds__(kTileThreads, 2)
   }
 }
 
-// 1 where the code the device runs was built with wgmma (sm_90a), else 0.
-__global__ void WgmmaBuilt(int* out) {
-#ifdef AFD_HAS_WGMMA
-  *out = 1;
-#else
-  *out = 0;
-#endif
-}
-
-}  // namespace
-
-// Whether GroupedTiled runs on wgmma: where the device's code has it (a build for sm_90a run on a
-// compute capability 9.0 device; a build without sm_90a gets the mma.sync form) unless
-// AFD_MOE_WGMMA=0. Sixteenth session, one H200: MoE op at 8192 tokens 2.22 vs 3.14 ms, 8 x 1024
-// prefill 341.8 vs 283.3 TFLOP/s (docs/perf.md). Decided once, by a probe launch and copy:
-// CudaBackend's constructor asks first, so that no stream is capturing then.
+// Whether GroupedTiled runs on wgmma: where the device runs sm_90a code (ProbeRunningCode; a
+// build without it, or another GPU, gets the mma.sync form) unless AFD_MOE_WGMMA=0. Sixteenth
+// session, one H200: MoE op at 8192 tokens 2.22 vs 3.14 ms, 8 x 1024 prefill 341.8 vs 283.3
+// TFLOP/s (docs/perf.md).
 bool TiledWgmma() {
-  static const bool on = [] {
-    if (ChoiceOff("AFD_MOE_WGMMA")) return false;
-    int* flag = nullptr;
-    int built = 0;
-    AFD_CUDA_CHECK(cudaMalloc(&flag, sizeof(int)));
-    WgmmaBuilt<<<1, 1>>>(flag);
-    const cudaError_t launched = cudaGetLastError();
-    const cudaError_t copied = cudaMemcpy(&built, flag, sizeof(int), cudaMemcpyDeviceToHost);
-    AFD_CUDA_CHECK(cudaFree(flag));
-    AFD_CUDA_CHECK(launched);
-    AFD_CUDA_CHECK(copied);
-    return built == 1;
-  }();
-  return on;
+  static const bool off = ChoiceOff("AFD_MOE_WGMMA");
+  return !off && ProbeRunningCode().sm90a;
 }
-
-namespace {
 
 // GroupedTiled over m rows in num_local experts (grid sized from host-known m and num_local).
 template <bool kSwiglu, bool kBf16Out>
