@@ -601,7 +601,7 @@ __global__ void __launch_bounds__(kTileWarps * 32, 3 - kBufs)
   // the parity of buffer b's next phase).
 #ifdef AFD_HAS_BULK
   __shared__ alignas(8) uint64_t bars[2];
-  uint32_t phase = 0;
+  uint32_t phase = 0, filled = 0;  // filled: bit b once buffer b held a whole tile
   if constexpr (kBulk) {
     if (tid == 0) {
       MbarInit(&bars[0], 1);
@@ -664,7 +664,7 @@ __global__ void __launch_bounds__(kTileWarps * 32, 3 - kBufs)
   // This thread's copy row of a tile.
   const int my_row = tid >> 2, my_piece = tid & 3;
   // The tile's rows into buffer buf (valid: its rows before the run's end; this thread's row
-  // at `slot`, -1 past the end: zeros). kBulk: one bulk copy a row (1152 bytes, by the row's
+  // at `slot`, -1 past the end: not loaded). kBulk: one bulk copy a row (1152 bytes, by the row's
   // first thread), thread 0 expecting the valid rows' bytes on the buffer's mbarrier; else 16-byte
   // cp.async pieces, 4 threads a row.
   const auto load_tile = [&](int64_t slot, int buf, int64_t valid) {
@@ -683,13 +683,16 @@ __global__ void __launch_bounds__(kTileWarps * 32, 3 - kBufs)
           FenceProxyAsyncShared();  // the block's reads of the buffer's last tile come first
           BulkCopyToShared(dst, src, kRowBytes, &bars[buf]);
         }
-      } else {
+      } else if ((filled >> buf & 1u) == 0) {
+        // Rows past the end only need finite values (their scores are masked, so P is 0 there):
+        // a buffer that once held a whole tile keeps cache rows; zeros before that.
 #pragma unroll
         for (int i = 0; i < kTileChunks / 4; ++i) {
           reinterpret_cast<uint4*>(dst)[my_piece + 4 * i] = make_uint4(0, 0, 0, 0);
         }
         FenceProxyAsyncShared();  // before a later bulk copy into the same row
       }
+      if (valid >= kTileRows) filled |= 1u << buf;
 #else
       __trap();  // launched only where the device's code is sm_90+ (LaunchMlaAttention)
 #endif
