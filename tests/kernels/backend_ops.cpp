@@ -1182,6 +1182,10 @@ std::vector<Case> CheckCases() {
        [](Ctx& c) { return MlaAttention(c, 0, 16, 136, 130, WideBf16Mla(16, 64), true); }},
       {"MlaAttention", "bf16 cache, tf32: heads [2, 20) of 20, 512 + 64, 3 x 333, block 16",
        [](Ctx& c) { return MlaAttention(c, 2, 20, 3, 333, WideBf16Mla(20, 16), true); }},
+      // Two tile buffers, the second's first tile partial (rows past the end never loaded into
+      // it before: zeros, where a buffer that held a whole tile keeps finite cache rows).
+      {"MlaAttention", "bf16 cache, tf32: 16 heads, 512 + 64, 5 x 100",
+       [](Ctx& c) { return MlaAttention(c, 0, 16, 5, 100, WideBf16Mla(16, 64), true); }},
       // More blocks than SMs (an H200 has 132): one tile buffer, two blocks per SM.
       {"MlaAttention", "bf16 cache, tf32: 16 heads, 512 + 64, 300 x 130, block 16",
        [](Ctx& c) { return MlaAttention(c, 0, 16, 300, 130, WideBf16Mla(16, 16), true); }},
