@@ -672,6 +672,8 @@ __global__ void __launch_bounds__(kTileWarps * 32, 3 - kBufs)
     __nv_bfloat16* dst = rows + (buf * kTileRows + my_row) * kTileStride;
     if constexpr (kBulk) {
 #ifdef AFD_HAS_BULK
+      // Nothing to load: no arrival either, so that the buffer's phases stay one per tile used.
+      if (valid <= 0) return;
       constexpr uint32_t kRowBytes = kTileWidth * sizeof(__nv_bfloat16);
       if (tid == 0) {
         MbarArriveExpect(
