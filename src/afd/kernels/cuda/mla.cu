@@ -566,6 +566,80 @@ __device__ void MergeIfLast(const float* partial, int64_t tok, int64_t nh, int64
   }
 }
 
+// The partial of an empty split (splits > 1: m = -FLT_MAX, l = 0, o = 0), then the merge if this
+// block is the last of its (token, head group).
+__device__ void EmptySplitOutput(int64_t tok, int64_t nh, int64_t g0, int g_count, int64_t splits,
+                                 int64_t split, float* partial, int* counter, float* o_lat,
+                                 float* scratch) {
+  constexpr int64_t kvr = kTileLatent;
+  for (int h = 0; h < g_count; ++h) {
+    float* part = partial + ((tok * nh + g0 + h) * splits + split) * (kvr + 2);
+    if (threadIdx.x == 0) {
+      part[0] = -FLT_MAX;
+      part[1] = 0.0f;
+    }
+    for (int64_t l = threadIdx.x; l < kvr; l += blockDim.x) part[2 + l] = 0.0f;
+  }
+  MergeIfLast(partial, tok, nh, g0, g_count, static_cast<int>(splits), counter, o_lat, scratch);
+}
+
+// A token's result after its tiles, warp w holding o_lat columns 64 w .. 64 w + 63 of heads gid
+// (o[c][0..1]) and gid + 8 (o[c][2..3]); m: the running maxima (log2 units), total: the sums
+// over the block. One split: o / total into o_lat. Several: the split's partial (m in
+// natural-log units, l, o) and the merge if this block is the last (every thread calls it then;
+// kSplits false: one split always, the merge not compiled in).
+template <bool kSplits>
+__device__ __forceinline__ void TileOutput(const float (&o)[8][4], float m_lo, float m_hi,
+                                           float total_lo, float total_hi, int64_t tok, int64_t nh,
+                                           int64_t g0, int g_count, int64_t splits, int64_t split,
+                                           float* partial, int* counter, float* o_lat,
+                                           float* scratch) {
+  constexpr int64_t kvr = kTileLatent;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gid = lane >> 2, tq = lane & 3;
+  if (!kSplits || splits == 1) {
+#pragma unroll
+    for (int c = 0; c < 8; ++c) {
+      const int col = 64 * warp + 8 * c + 2 * tq;
+      if (gid < g_count) {
+        *reinterpret_cast<float2*>(o_lat + (tok * nh + g0 + gid) * kvr + col) =
+            make_float2(o[c][0] / total_lo, o[c][1] / total_lo);
+      }
+      if (gid + 8 < g_count) {
+        *reinterpret_cast<float2*>(o_lat + (tok * nh + g0 + gid + 8) * kvr + col) =
+            make_float2(o[c][2] / total_hi, o[c][3] / total_hi);
+      }
+    }
+    return;
+  }
+  if constexpr (!kSplits) return;
+  constexpr float kLn2 = 0.693147180559945309f;
+  const auto part = [&](int h) {
+    return partial + ((tok * nh + g0 + h) * splits + split) * (kvr + 2);
+  };
+  if (tq == 0 && warp == 0) {
+    if (gid < g_count) {
+      part(gid)[0] = m_lo * kLn2;
+      part(gid)[1] = total_lo;
+    }
+    if (gid + 8 < g_count) {
+      part(gid + 8)[0] = m_hi * kLn2;
+      part(gid + 8)[1] = total_hi;
+    }
+  }
+#pragma unroll
+  for (int c = 0; c < 8; ++c) {
+    const int col = 64 * warp + 8 * c + 2 * tq;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int hh = gid + 8 * half;
+      if (hh >= g_count) continue;
+      *reinterpret_cast<float2*>(part(hh) + 2 + col) =
+          make_float2(o[c][2 * half], o[c][2 * half + 1]);
+    }
+  }
+  MergeIfLast(partial, tok, nh, g0, g_count, static_cast<int>(splits), counter, o_lat, scratch);
+}
+
 template <int kTok, int kBufs, bool kBulk>
 __global__ void __launch_bounds__(kTileWarps * 32, 3 - kBufs)
     AttentionTiles(const float* q, int64_t n, int64_t heads, const float* q_lat, int64_t dn,
@@ -614,16 +688,8 @@ __global__ void __launch_bounds__(kTileWarps * 32, 3 - kBufs)
 #endif
   if constexpr (kTok == 1) {
     if (j_begin >= min(len[0], j_begin + span)) {  // an empty split (splits > 1)
-      for (int h = 0; h < g_count; ++h) {
-        float* part = partial + ((tok0 * nh + g0 + h) * splits + split) * (kvr + 2);
-        if (tid == 0) {
-          part[0] = -FLT_MAX;
-          part[1] = 0.0f;
-        }
-        for (int64_t l = tid; l < kvr; l += blockDim.x) part[2 + l] = 0.0f;
-      }
-      MergeIfLast(partial, tok0, nh, g0, g_count, static_cast<int>(splits), counter, o_lat,
-                  reinterpret_cast<float*>(rows));
+      EmptySplitOutput(tok0, nh, g0, g_count, splits, split, partial, counter, o_lat,
+                       reinterpret_cast<float*>(rows));
       return;
     }
   }
@@ -875,59 +941,18 @@ __global__ void __launch_bounds__(kTileWarps * 32, 3 - kBufs)
       }
     }
     __syncthreads();
-    if (splits == 1) {  // o_lat = o / l at once (what AttentionCombine makes of one split)
+    // One split: o_lat = o / l at once (what AttentionCombine makes of one split); several
+    // (one token a block): the partial, then maybe the merge.
 #pragma unroll
-      for (int i = 0; i < kTok; ++i) {
-        if (!active[i]) continue;
-        const int64_t tok = tok0 + i;
-        float total_lo = 0.0f, total_hi = 0.0f;
-        for (int w = 0; w < kTileWarps; ++w) {
-          total_lo += lred[w * kM + kGroup * i + gid];
-          total_hi += lred[w * kM + kGroup * i + gid + 8];
-        }
-#pragma unroll
-        for (int c = 0; c < 8; ++c) {
-          const int col = 64 * warp + 8 * c + 2 * tq;
-          if (gid < g_count) {
-            *reinterpret_cast<float2*>(o_lat + (tok * nh + g0 + gid) * kvr + col) =
-                make_float2(o[i][c][0] / total_lo, o[i][c][1] / total_lo);
-          }
-          if (gid + 8 < g_count) {
-            *reinterpret_cast<float2*>(o_lat + (tok * nh + g0 + gid + 8) * kvr + col) =
-                make_float2(o[i][c][2] / total_hi, o[i][c][3] / total_hi);
-          }
-        }
+    for (int i = 0; i < kTok; ++i) {
+      if (!active[i]) continue;
+      float total_lo = 0.0f, total_hi = 0.0f;
+      for (int w = 0; w < kTileWarps; ++w) {
+        total_lo += lred[w * kM + kGroup * i + gid];
+        total_hi += lred[w * kM + kGroup * i + gid + 8];
       }
-      continue;
-    }
-    if constexpr (kTok == 1) {  // several splits: this one's partial, then maybe the merge
-      constexpr float kLn2 = 0.693147180559945309f;
-      if (tid < g_count) {
-        float total = 0.0f;
-        for (int w = 0; w < kTileWarps; ++w) total += lred[w * kM + tid];
-        partial[((tok0 * nh + g0 + tid) * splits + split) * (kvr + 2) + 1] = total;
-      }
-      if (tq == 0 && warp == 0) {
-        if (gid < g_count) {
-          partial[((tok0 * nh + g0 + gid) * splits + split) * (kvr + 2)] = m_lo[0] * kLn2;
-        }
-        if (gid + 8 < g_count) {
-          partial[((tok0 * nh + g0 + gid + 8) * splits + split) * (kvr + 2)] = m_hi[0] * kLn2;
-        }
-      }
-#pragma unroll
-      for (int c = 0; c < 8; ++c) {
-        const int col = 64 * warp + 8 * c + 2 * tq;
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int hh = gid + 8 * half;
-          if (hh >= g_count) continue;
-          float* part = partial + ((tok0 * nh + g0 + hh) * splits + split) * (kvr + 2) + 2 + col;
-          *reinterpret_cast<float2*>(part) = make_float2(o[0][c][2 * half], o[0][c][2 * half + 1]);
-        }
-      }
-      MergeIfLast(partial, tok0, nh, g0, g_count, static_cast<int>(splits), counter, o_lat,
-                  reinterpret_cast<float*>(rows));
+      TileOutput<kTok == 1>(o[i], m_lo[i], m_hi[i], total_lo, total_hi, tok0 + i, nh, g0, g_count,
+                            splits, split, partial, counter, o_lat, reinterpret_cast<float*>(rows));
     }
   }
 }
@@ -986,16 +1011,8 @@ __global__ void __launch_bounds__(kTileWarps * 32, kBufs == 1 ? 2 : 1)
   }
   __syncthreads();
   if (j_begin >= j_end) {  // an empty split (splits > 1)
-    for (int h = 0; h < g_count; ++h) {
-      float* part = partial + ((tok0 * nh + g0 + h) * splits + split) * (kvr + 2);
-      if (tid == 0) {
-        part[0] = -FLT_MAX;
-        part[1] = 0.0f;
-      }
-      for (int64_t l = tid; l < kvr; l += blockDim.x) part[2 + l] = 0.0f;
-    }
-    MergeIfLast(partial, tok0, nh, g0, g_count, static_cast<int>(splits), counter, o_lat,
-                reinterpret_cast<float*>(tiles));
+    EmptySplitOutput(tok0, nh, g0, g_count, splits, split, partial, counter, o_lat,
+                     reinterpret_cast<float*>(tiles));
     return;
   }
   const int32_t* table = t.block_tables + seq * t.max_blocks;
@@ -1175,44 +1192,8 @@ __global__ void __launch_bounds__(kTileWarps * 32, kBufs == 1 ? 2 : 1)
     for (int w = 0; w < 4; ++w) total += lred[w * kGroup + h];
     return total;
   };
-  if (splits == 1) {  // o_lat = o / l at once
-    const float total_lo = total_of(gid), total_hi = total_of(gid + 8);
-#pragma unroll
-    for (int c = 0; c < 8; ++c) {
-      const int col = 64 * warp + 8 * c + 2 * tq;
-      if (gid < g_count) {
-        *reinterpret_cast<float2*>(o_lat + (tok0 * nh + g0 + gid) * kvr + col) =
-            make_float2(o[c][0] / total_lo, o[c][1] / total_lo);
-      }
-      if (gid + 8 < g_count) {
-        *reinterpret_cast<float2*>(o_lat + (tok0 * nh + g0 + gid + 8) * kvr + col) =
-            make_float2(o[c][2] / total_hi, o[c][3] / total_hi);
-      }
-    }
-    return;
-  }
-  constexpr float kLn2 = 0.693147180559945309f;
-  if (tid < g_count)
-    partial[((tok0 * nh + g0 + tid) * splits + split) * (kvr + 2) + 1] = total_of(tid);
-  if (tq == 0 && warp == 0) {
-    if (gid < g_count) partial[((tok0 * nh + g0 + gid) * splits + split) * (kvr + 2)] = m_lo * kLn2;
-    if (gid + 8 < g_count) {
-      partial[((tok0 * nh + g0 + gid + 8) * splits + split) * (kvr + 2)] = m_hi * kLn2;
-    }
-  }
-#pragma unroll
-  for (int c = 0; c < 8; ++c) {
-    const int col = 64 * warp + 8 * c + 2 * tq;
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int hh = gid + 8 * half;
-      if (hh >= g_count) continue;
-      float* part = partial + ((tok0 * nh + g0 + hh) * splits + split) * (kvr + 2) + 2 + col;
-      *reinterpret_cast<float2*>(part) = make_float2(o[c][2 * half], o[c][2 * half + 1]);
-    }
-  }
-  MergeIfLast(partial, tok0, nh, g0, g_count, static_cast<int>(splits), counter, o_lat,
-              reinterpret_cast<float*>(tiles));
+  TileOutput<true>(o, m_lo, m_hi, total_of(gid), total_of(gid + 8), tok0, nh, g0, g_count, splits,
+                   split, partial, counter, o_lat, reinterpret_cast<float*>(tiles));
 #else
   __trap();      // launched only where the device runs sm_90a code (LaunchMlaAttention)
 #endif
