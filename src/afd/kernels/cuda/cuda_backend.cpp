@@ -732,9 +732,9 @@ void CudaBackend::MlaAttention(const Tensor& q, const Tensor& kv_b, const Attent
     LaunchMlaQLat(q.data_as<const float>(), n, heads, dn, dr, dv, kv_b.data_as<const float>(),
                   head_begin, head_end, kvr, q_lat, state_->stream);
     LaunchMlaAttention(q.data_as<const float>(), n, heads, q_lat, kvr, dn, dr, Paged(tokens),
-                       cache.data(), cache.dtype() == DType::kBF16, head_begin, head_end, scale,
-                       max_context, splits, tf32_, partial, counters, o_lat, state_->sm_count,
-                       state_->stream);
+                       cache.data(), cache.dim(0), cache.dtype() == DType::kBF16, head_begin,
+                       head_end, scale, max_context, splits, tf32_, partial, counters, o_lat,
+                       state_->sm_count, state_->stream);
     LaunchMlaOut(o_lat, n, dn, dv, kv_b.data_as<const float>(), head_begin, head_end, kvr,
                  out.data_as<float>(), state_->stream);
     return;
@@ -747,9 +747,9 @@ void CudaBackend::MlaAttention(const Tensor& q, const Tensor& kv_b, const Attent
       heads * (dn + dr), dn + dr, &zero, q_lat, CUDA_R_32F, nh * kvr, kvr, nh, compute,
       CUBLAS_GEMM_DEFAULT));
   LaunchMlaAttention(q.data_as<const float>(), n, heads, q_lat, kvr, dn, dr, Paged(tokens),
-                     cache.data(), cache.dtype() == DType::kBF16, head_begin, head_end, scale,
-                     max_context, splits, tf32_, partial, counters, o_lat, state_->sm_count,
-                     state_->stream);
+                     cache.data(), cache.dim(0), cache.dtype() == DType::kBF16, head_begin,
+                     head_end, scale, max_context, splits, tf32_, partial, counters, o_lat,
+                     state_->sm_count, state_->stream);
   // out_h [n, dv] = o_lat_h [n, kvr] · W_v[h]ᵀ (W_v[h]: [dv, kvr]).
   AFD_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
       state_->cublas, CUBLAS_OP_T, CUBLAS_OP_N, dv, n, kvr, &one, w_v, CUDA_R_32F, kvr,

@@ -110,11 +110,12 @@ int64_t MlaSplits(int64_t n, int64_t nh, int64_t max_context, bool tiles, int sm
 int64_t MlaPartialFloats(int64_t n, int64_t nh, int64_t splits, int64_t kvr);
 // counters: MlaCounters(...) ints, zero before the first launch (the kernels leave them zero).
 int64_t MlaCounters(int64_t n, int64_t nh);
+// cache_rows: the layer cache's rows (slots).
 void LaunchMlaAttention(const float* q, int64_t n, int64_t heads, const float* q_lat, int64_t kvr,
                         int64_t dn, int64_t dr, const PagedArgs& t, const void* cache,
-                        bool bf16_cache, int64_t h0, int64_t h1, float scale, int64_t max_context,
-                        int64_t splits, bool tf32, float* partial, int* counters, float* o_lat,
-                        int sm_count, cudaStream_t s);
+                        int64_t cache_rows, bool bf16_cache, int64_t h0, int64_t h1, float scale,
+                        int64_t max_context, int64_t splits, bool tf32, float* partial,
+                        int* counters, float* o_lat, int sm_count, cudaStream_t s);
 
 // mla_prefill.cu: MLA for a step of mostly new tokens in the expanded form (k_nope, v
 // decompressed once per context row and head; flash attention over 128 + 64 / 128 dims), for a

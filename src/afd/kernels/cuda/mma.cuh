@@ -130,6 +130,16 @@ __device__ __forceinline__ void BulkCopyToShared(void* smem, const void* gmem, u
       "l"(gmem), "r"(bytes), "r"(SmemAddr(bar))
       : "memory");
 }
+// A box of a 2D tensor map (c0: the inner coordinate, c1: the outer) into shared memory, its
+// bytes counted on bar; tmap: the address of a __grid_constant__ kernel parameter.
+__device__ __forceinline__ void TmaLoad2d(void* smem, const void* tmap, int c0, int c1,
+                                          uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, "
+      "%3}], [%4];" ::"r"(SmemAddr(smem)),
+      "l"(tmap), "r"(c0), "r"(c1), "r"(SmemAddr(bar))
+      : "memory");
+}
 // This thread's earlier generic-proxy shared memory accesses ordered before its later
 // async-proxy ones (a bulk copy into a buffer the block just read, or wgmma operands it wrote).
 __device__ __forceinline__ void FenceProxyAsyncShared() {
@@ -167,6 +177,18 @@ __device__ __forceinline__ void WgmmaCommit() {
 template <int kPending>
 __device__ __forceinline__ void WgmmaWait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(kPending) : "memory");
+}
+// d (64 x 16, fp32) = A (64 x 16) · B (16 x 16)ᵀ-as-stored (+ d when accumulate != 0; both
+// K-major, by descriptor).
+__device__ __forceinline__ void Wgmma64x16Bf16(float (&d)[8], uint64_t a, uint64_t b,
+                                               int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7])
+      : "l"(a), "l"(b), "r"(accumulate));
 }
 // d (64 x 128, fp32) += A (64 x 16) · B (16 x 128)ᵀ-as-stored (both K-major, by descriptor).
 __device__ __forceinline__ void Wgmma64x128Bf16(float (&d)[64], uint64_t a, uint64_t b) {
