@@ -17,7 +17,7 @@ SCORE_CASES=${SCORE_CASES:-v3_trained} SKIP_PERF=1 SKIP_PEER=${SKIP_PEER:-} LONG
   timeout "${CHECK_TIMEOUT:-450}" bash "$HERE/gpu_check.sh" "$BIN" /tmp/decode_chk >"$OUT/check.log" 2>&1
 echo "== gpu_check (rc $?)"
 grep -v '^\[' "$OUT/check.log" | grep -vE 'Loading weights|^\s*$' |
-  grep -E 'passed|failed|FAIL|greedy ids identical|top-1|batch|^ +[0-9]+ |exit status|ms/step|torch|peer|graph_ms' |
+  grep -E '^== AFD_|passed|failed|FAIL|greedy ids identical|top-1|batch|^ +[0-9]+ |exit status|ms/step|torch|peer|graph_ms' |
   cut -c1-220 | tail -40
 if [ -n "${AB_ENV:-}${AB_ARGS:-}" ]; then
   echo "== afd bench decode with ${AB_ENV:-} ${AB_ARGS:-}"

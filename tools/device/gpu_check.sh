@@ -28,6 +28,14 @@ status=0
 echo "== backend_ops_test (cpu + cuda)"
 "$BIN/backend_ops_test" 2>&1 | tee "$OUT/backend_ops.txt" | grep -v " OK " || true
 tail -1 "$OUT/backend_ops.txt" | grep -q " 0 failed" || status=1
+# Kernel forms chosen by shape: each forced on over the whole op suite (MLA decode: the wgmma
+# tiles everywhere they can run, then never).
+for form in AFD_MLA_WG=1 AFD_MLA_WG=0; do
+  echo "== $form: backend_ops_test --backend cuda --op MlaAttention"
+  env $form "$BIN/backend_ops_test" --backend cuda --op MlaAttention 2>&1 | grep -v " OK " |
+    tee -a "$OUT/backend_ops_forms.txt" | tail -4
+  tail -1 "$OUT/backend_ops_forms.txt" | grep -q " 0 failed" || status=1
+done
 
 echo "== fp32 on cuda vs the cpu reference, golden checkpoints"
 for c in v2_greedy_yarn v2_group_limited v3_noaux_tc v3_sharded v3_trained; do

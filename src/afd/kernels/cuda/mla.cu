@@ -1574,9 +1574,16 @@ void LaunchMlaAttention(const float* q, int64_t n, int64_t heads, const float* q
     const int64_t blocks = n * ((nh + kGroup - 1) / kGroup) * splits;
     const bool one_buf =
         forced_bufs > 0 ? forced_bufs == 1 : blocks > int64_t(std::max(sm_count, 1));
-    // AttentionWg (opt-in, AFD_MLA_WG=1, until measured): sm_90a code, tiles of whole runs of
-    // cache slots (block size a multiple of 64), one token a block.
-    static const bool wg_on = ChoiceCount("AFD_MLA_WG", 1) == 1;
+    // AttentionWg (sm_90a code; tiles of whole runs of cache slots: block size a multiple of 64;
+    // one token a block) where each block walks at least kWgMinTiles tiles; AFD_MLA_WG=1 wherever
+    // it can run, AFD_MLA_WG=0 never. Seventeenth session, one H200 (docs/perf.md): at 9 and 17
+    // tiles a block faster (MlaAttention op 64 x 1024 0.067 vs 0.070 ms, 256 x 1024 0.122 vs
+    // 0.127; decode at context 1024 batch 64 11.24 vs 11.60 ms), at 2-3 tiles slower (decode at
+    // context 128 batch 1 / 16 / 64: 2.580 / 8.001 / 10.128 vs 2.524 / 7.967 / 10.092 ms).
+    constexpr int64_t kWgMinTiles = 8;
+    static const bool wg_off = ChoiceOff("AFD_MLA_WG");
+    static const bool wg_always = !wg_off && ChoiceCount("AFD_MLA_WG", 1) == 1;
+    const bool wg_on = !wg_off && (wg_always || span / kTileRows >= kWgMinTiles);
     const bool pairs = splits == 1 && n >= kTilePairMinTokens && !pairs_off;
     if (!pairs && wg_on && ProbeRunningCode().sm90a && t.block_size % kTileRows == 0) {
       const CUtensorMap map = CacheTensorMap(cache, cache_rows);
