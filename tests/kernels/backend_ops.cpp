@@ -1089,6 +1089,8 @@ std::vector<Case> CheckCases() {
       // 16), K = 96; twice into one output (state a kernel keeps between launches, such as
       // split-K workspace, must not leak into the next product).
       {"Linear", "bf16 12x1024->72", [](Ctx& c) { return Linear(c, 12, 1024, 72, D::kBF16); }},
+      {"Linear", "bf16 16x2048->3072", [](Ctx& c) { return Linear(c, 16, 2048, 3072, D::kBF16); }},
+      {"Linear", "bf16 9x2048->21", [](Ctx& c) { return Linear(c, 9, 2048, 21, D::kBF16); }},
       {"Linear", "bf16 32x2048->200", [](Ctx& c) { return Linear(c, 32, 2048, 200, D::kBF16); }},
       {"Linear", "bf16 20x96->48", [](Ctx& c) { return Linear(c, 20, 96, 48, D::kBF16); }},
       // x rounded to bf16 before cuBLAS, n x k not a multiple of 4.
