@@ -495,9 +495,10 @@ TEST(AfdRunTopologyFailures, KillingADataParallelExpertParallelRankEndsTheRunNam
 }
 
 // A data-parallel + expert-parallel rank that fails on its own (its prompt does not fit the KV
-// cache; the other rank has no prompt) is named as the cause, first. (The rank that lost it
-// usually adds "the deployment was aborted: <cause>" from the store, which the failed rank 0
-// keeps serving for up to 2 s; not asserted: it is a race with the launcher's grace period.)
+// cache; the other rank has no prompt) is named as the cause, first: it publishes why before its
+// group closes, so the rank that loses it finds that cause. (That rank adds "the deployment was
+// aborted: <cause>" from the store, which the failed rank 0 keeps serving for up to 2 s; not
+// asserted: on a loaded host the 2 s can pass first.)
 TEST(AfdRunTopologyFailures, AFailingDataParallelRankIsNamedAsTheCause) {
   std::string prompt = "2";
   for (int i = 3; i < 200; ++i) prompt += "," + std::to_string(i);

@@ -66,6 +66,9 @@ void RunDpEpWorker(const DpEpWorkerOptions& o) {
     server = std::make_unique<comm::TcpStoreServer>(so);
   }
   comm::TcpStoreClient store(host, o.port, o.timeout_s, secret);
+  // The CPU group outlives the try: a rank that fails on its own publishes why before its peers
+  // can see it leave, so a peer that then loses it finds the cause (not a race with it).
+  std::unique_ptr<comm::Communicator> group;
   try {
     // This rank's weights: everything but the other ranks' routed experts.
     model::OpenOptions open = o.open;
@@ -86,7 +89,7 @@ void RunDpEpWorker(const DpEpWorkerOptions& o) {
     spec.timeout_s = o.timeout_s;
     spec.join_secret = secret;
     comm::PrefixStore group_store(store, "dp_ep");
-    std::unique_ptr<comm::Communicator> group = comm::TcpCommunicator::Create(group_store, spec);
+    group = comm::TcpCommunicator::Create(group_store, spec);
     // On a GPU the MoE rows move between device buffers: an NCCL group on the model's stream.
     std::unique_ptr<comm::Communicator> rows;
     if (o.cuda_device >= 0) {
@@ -141,10 +144,10 @@ void RunDpEpWorker(const DpEpWorkerOptions& o) {
       WriteFileOrThrow(o.stats_file, stats.dump() + "\n");
     }
   } catch (const Error& e) {
-    // (The groups, scoped to the try, are closed by now: the peers see this rank leave.)
-    // A rank that lost a peer usually lost it because that peer failed and said why: report the
-    // root cause with our own error (the launcher then names the rank that failed first).
+    // A rank that lost a peer lost it because that peer failed, and the peer said why before
+    // leaving: report the root cause with our own error (the launcher names the failed rank).
     if (std::optional<std::string> cause = AbortMessage(store)) {
+      group.reset();
       try {
         store.Add(kAbortSeenKey, 1);
       } catch (const Error&) {
@@ -153,6 +156,7 @@ void RunDpEpWorker(const DpEpWorkerOptions& o) {
     }
     try {
       store.Set(kAbortKey, fmt::format("attention+experts rank {} failed: {}", o.rank, e.what()));
+      group.reset();  // only now do the peers see this rank leave
       // Rank 0 serves the store: it stays until the others have read why (or 2 s, within the
       // launcher's grace period), else they would find the store gone with it.
       const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
