@@ -220,6 +220,31 @@ TEST(AfdConfig, GpuAsyncBadOptions) {
                 {"afd.compute_gate_on_attention", "must be true"});
 }
 
+// --enable-dbo puts two micro-batches in flight: the asynchronous connectors' derived ring depth
+// becomes 2; a ring_depth the user gave stays (the runner names a 1), P2P connectors are untouched.
+TEST(AfdConfig, DboDerivesTwoRingSlotsUnlessGiven) {
+  AfdConfig c = ParseAfdConfig(R"({"connector": "AsyncAFDConnector"})");
+  ApplyDbo(false, c);
+  EXPECT_EQ(c.async_options.ring_depth, 1);
+  ApplyDbo(true, c);
+  EXPECT_EQ(c.async_options.ring_depth, 2);
+  AfdConfig ub = ParseAfdConfig(
+      R"({"connector": "AsyncAFDConnector", "connector_extra_config":
+          {"async_moe_ubatching": true, "async_moe_num_ubatches": 3}})");
+  ApplyDbo(true, ub);
+  EXPECT_EQ(ub.async_options.ring_depth, 3);
+  for (const int given : {1, 4}) {
+    AfdConfig g = ParseAfdConfig(fmt::format(
+        R"({{"connector": "AsyncAFDConnector", "connector_extra_config": {{"ring_depth": {}}}}})",
+        given));
+    ApplyDbo(true, g);
+    EXPECT_EQ(g.async_options.ring_depth, given);
+  }
+  AfdConfig p2p = ParseAfdConfig(R"({"connector": "P2pNcclAFDConnector"})");
+  ApplyDbo(true, p2p);
+  EXPECT_EQ(AfdConfigToJson(p2p), AfdConfigToJson(ParseAfdConfig(R"({})")));
+}
+
 // AsyncAFDConnector (windows chosen by the device) has the same schema and rules as the seed's
 // GpuAsyncAFDConnector.
 TEST(AfdConfig, AsyncConnectorSharesTheSchema) {

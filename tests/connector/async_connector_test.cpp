@@ -6,9 +6,11 @@
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 
+#include <atomic>
 #include <cstring>
 #include <functional>
 #include <future>
+#include <optional>
 #include <thread>
 
 #include "afd/comm/afd_world.h"
@@ -22,9 +24,11 @@ namespace {
 using RankFn = std::function<void(comm::AfdWorld&)>;
 
 // Runs attention(world) on A threads and ffn(world) on F threads of one deployment; returns
-// each rank's error ("" when it finished), FFN ranks first.
+// each rank's error ("" when it finished), FFN ranks first. `extra` continues every rank's
+// connector_extra_config; `ffn_extra`, when given, the FFN ranks' instead.
 std::vector<std::string> RunRanks(int A, int F, const std::string& extra, const RankFn& attention,
-                                  const RankFn& ffn) {
+                                  const RankFn& ffn,
+                                  const std::optional<std::string>& ffn_extra = std::nullopt) {
   setenv("AFD_JOIN_SECRET", "async-connector-test-secret-0123456789", 0);
   const int port = comm::PickRendezvousPort();
   std::vector<std::string> errors(A + F);
@@ -36,7 +40,7 @@ std::vector<std::string> RunRanks(int A, int F, const std::string& extra, const 
           R"({{"role": "{}", "connector": "AsyncAFDConnector", "port": {},
               "num_attention_ranks": {}, "num_ffn_ranks": {}, "afd_process_group_timeout_s": 5,
               "connector_extra_config": {{"recv_poll_timeout_ms": 20 {}}}}})",
-          is_ffn ? "ffn" : "attention", port, A, F, extra);
+          is_ffn ? "ffn" : "attention", port, A, F, is_ffn && ffn_extra ? *ffn_extra : extra);
       std::unique_ptr<comm::AfdWorld> world;
       try {
         comm::JoinRequest req;
@@ -236,6 +240,20 @@ TEST(AsyncConnector, RingDepthTwoKeepsTwoStagesInFlight) {
         EXPECT_EQ(served, 2);
       });
   for (const auto& e : errors) EXPECT_EQ(e, "");
+}
+
+// Ranks whose rings differ (an attention rank started with --enable-dbo, its FFN rank without)
+// cannot pair their windows: both fail at the join, naming the field, before any window exists.
+TEST(AsyncConnector, RanksThatDisagreeOnTheRingFailAtTheJoinNamingTheField) {
+  std::atomic<bool> connected{false};
+  const RankFn connect = [&](comm::AfdWorld&) { connected = true; };
+  const auto errors = RunRanks(1, 1, ", \"ring_depth\": 2", connect, connect, "");
+  EXPECT_FALSE(connected);
+  for (const auto& e : errors) {
+    EXPECT_NE(e.find("configuration mismatch in field 'connector_extra_config.ring_depth'"),
+              std::string::npos)
+        << e;
+  }
 }
 
 // An abort anywhere ends a rank waiting for a reply, with the cause.

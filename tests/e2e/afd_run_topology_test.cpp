@@ -280,7 +280,8 @@ std::vector<Case> Cases() {
                    {"--topology", "3A2F", "--max-num-batched-tokens", "5", "--additional-config",
                     R"({"afd": {"connector": "AsyncAFDConnector", "connector_extra_config":
                         {"routed_cap_multiplier": 2.0}}})"}});
-  // Micro-batches in flight together (ring depth 2): by the seed's option and by --enable-dbo.
+  // Micro-batches in flight together (ring depth 2): by the seed's option and by --enable-dbo
+  // (which derives the depth; the 2A2F case above gives it).
   cases.push_back({"2A3F_async_dbo_ubatching",
                    kTiny,
                    {"--topology", "2A3F", "--additional-config",
@@ -290,8 +291,7 @@ std::vector<Case> Cases() {
                    kTiny,
                    {"--topology", "1A2F", "--enable-dbo", "--dbo-decode-token-threshold", "1",
                     "--dbo-prefill-token-threshold", "1", "--additional-config",
-                    R"({"afd": {"connector": "AsyncAFDConnector", "connector_extra_config":
-                        {"ring_depth": 2}}})"}});
+                    R"({"afd": {"connector": "AsyncAFDConnector"}})"}});
   for (const auto& [golden, topo] :
        std::vector<std::pair<std::string, std::string>>{{"v2_greedy_yarn", "2A2F"},
                                                         {"v2_group_limited", "3A2F"},

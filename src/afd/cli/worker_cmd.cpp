@@ -162,6 +162,7 @@ deploy::WorkerOptions ToWorkerOptions(const RoleArgs& a) {
     o.kv = ToKvSizing(a.gen);
   }
   o.dbo = a.gen.dbo;
+  ApplyDbo(o.dbo.enabled, o.config);
   o.output_file = a.output_file;
   o.stats_file = a.stats_file;
   return o;

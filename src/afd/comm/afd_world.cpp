@@ -116,6 +116,19 @@ std::vector<std::pair<std::string, std::string>> JoinFingerprint(const JoinReque
       {"hidden_size", std::to_string(r.hidden_size)},
       {"dtype", std::string(DTypeName(r.dtype))},
   };
+  if (c.is_async()) {
+    // The window's layout and the ring's protocol follow from these: every rank must agree.
+    const AsyncOptions& o = c.async_options;
+    const std::string p = "connector_extra_config.";
+    fields.insert(fields.end(),
+                  {{p + "attn_ranks_per_dp", std::to_string(o.attn_ranks_per_dp)},
+                   {p + "ring_depth", std::to_string(o.ring_depth)},
+                   {p + "routed_cap_multiplier", fmt::format("{}", o.routed_cap_multiplier)},
+                   {p + "async_moe_ubatching", o.async_moe_ubatching ? "true" : "false"},
+                   {p + "async_moe_num_ubatches", std::to_string(o.async_moe_num_ubatches)},
+                   {p + "device_flags", o.device_flags ? "true" : "false"},
+                   {p + "window", o.window}});
+  }
   fields.insert(fields.end(), r.extra_fields.begin(), r.extra_fields.end());
   return fields;
 }

@@ -171,6 +171,12 @@ void ValidateAfdConfig(const AfdConfig& c) {
   ValidateConnectorRules(c);
 }
 
+void ApplyDbo(bool dbo_enabled, AfdConfig& config) {
+  AsyncOptions& o = config.async_options;
+  if (!dbo_enabled || !config.is_async() || o.ring_depth_given) return;
+  o.ring_depth = std::max(o.ring_depth, 2);
+}
+
 std::string AfdConfigToJson(const AfdConfig& c, int indent) {
   nlohmann::ordered_json out = nlohmann::ordered_json::object();
   out["role"] = std::string(RoleName(c.role));

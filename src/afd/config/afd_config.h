@@ -38,6 +38,7 @@ inline constexpr std::string_view kP2pHostConnector = "P2pHostAFDConnector";
 struct AsyncOptions {
   int attn_ranks_per_dp = 1;           // 1..num_attention_ranks, must divide it
   int ring_depth = 1;                  // 1..64; default = number of stages; >= number of stages
+  bool ring_depth_given = false;       // set in connector_extra_config (else derived)
   double routed_cap_multiplier = 2.0;  // finite, 1.0..1024.0
   int recv_poll_timeout_ms = 1000;     // 1..3600000
   bool async_moe_ubatching = false;
@@ -84,6 +85,12 @@ bool HasAfdSection(std::string_view json_text);
 // The normalized config: canonical names, every default filled in, as a JSON object text.
 // connector_extra_config holds the connector's options ({} for the P2P connectors).
 std::string AfdConfigToJson(const AfdConfig& config, int indent = 2);
+
+// --enable-dbo runs a step as two micro-batches, each in its own ring slot per peer: the
+// asynchronous connectors' ring_depth, unless connector_extra_config gave it, becomes at least 2
+// (the number of stages in flight; every rank of a deployment gets --enable-dbo alike, and the
+// join compares ring_depth). No effect on the P2P connectors or without DBO.
+void ApplyDbo(bool dbo_enabled, AfdConfig& config);
 
 // Cross-field rules (connector vs. async_dp, extra config, gate placement). ParseAfdConfig calls
 // it; exposed for configs built in code. Throws afd::Error.

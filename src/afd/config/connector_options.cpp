@@ -68,6 +68,7 @@ void ParseAsyncOptions(const json& extra, const std::string& connector, AsyncOpt
   o.ring_depth = o.num_stages();
   if (extra.contains("ring_depth")) {
     o.ring_depth = static_cast<int>(jf::GetInt(extra["ring_depth"], path("ring_depth"), 1, 64));
+    o.ring_depth_given = true;
     AFD_CHECK(o.ring_depth >= o.num_stages(),
               "{}: value {} is smaller than the number of MoE stages ({}); each stage needs its "
               "own ring slot",

@@ -41,9 +41,9 @@ AsyncAttentionRunner::AsyncAttentionRunner(const model::DeepseekModel& model, co
     tp_group_ = std::make_unique<TpGroup>(*tp_comm_, heads, model.config().v_head_dim);
   }
   AFD_CHECK(!dbo.enabled || o.ring_depth >= 2,
-            "--enable-dbo with {} needs two ring slots per peer: set "
-            "connector_extra_config.ring_depth to 2 (or async_moe_ubatching)",
-            world.config().connector);
+            "--enable-dbo with {} needs two ring slots per peer: "
+            "connector_extra_config.ring_depth is {} (leave it out, or set 2)",
+            world.config().connector, o.ring_depth);
   AFD_CHECK(model.config().num_experts_per_tok >= 1 && model.config().n_routed_experts >= 1,
             "{}: the model has no routed experts", world.config().connector);
 }
