@@ -224,25 +224,39 @@ TEST(AfdConfig, GpuAsyncBadOptions) {
 // becomes 2; a ring_depth the user gave stays (the runner names a 1), P2P connectors are untouched.
 TEST(AfdConfig, DboDerivesTwoRingSlotsUnlessGiven) {
   AfdConfig c = ParseAfdConfig(R"({"connector": "AsyncAFDConnector"})");
-  ApplyDbo(false, c);
+  DeriveConnectorOptions(false, 0, c);
   EXPECT_EQ(c.async_options.ring_depth, 1);
-  ApplyDbo(true, c);
+  DeriveConnectorOptions(true, 0, c);
   EXPECT_EQ(c.async_options.ring_depth, 2);
   AfdConfig ub = ParseAfdConfig(
       R"({"connector": "AsyncAFDConnector", "connector_extra_config":
           {"async_moe_ubatching": true, "async_moe_num_ubatches": 3}})");
-  ApplyDbo(true, ub);
+  DeriveConnectorOptions(true, 0, ub);
   EXPECT_EQ(ub.async_options.ring_depth, 3);
   for (const int given : {1, 4}) {
     AfdConfig g = ParseAfdConfig(fmt::format(
         R"({{"connector": "AsyncAFDConnector", "connector_extra_config": {{"ring_depth": {}}}}})",
         given));
-    ApplyDbo(true, g);
+    DeriveConnectorOptions(true, 0, g);
     EXPECT_EQ(g.async_options.ring_depth, given);
   }
   AfdConfig p2p = ParseAfdConfig(R"({"connector": "P2pNcclAFDConnector"})");
-  ApplyDbo(true, p2p);
+  DeriveConnectorOptions(true, 2, p2p);
   EXPECT_EQ(AfdConfigToJson(p2p), AfdConfigToJson(ParseAfdConfig(R"({})")));
+}
+
+// An attention rank's tensor-parallel size is its replica's sender count, unless given.
+TEST(AfdConfig, AttentionTpDerivesTheRanksPerReplicaUnlessGiven) {
+  AfdConfig c = ParseAfdConfig(R"({"connector": "AsyncAFDConnector", "num_attention_ranks": 4})");
+  DeriveConnectorOptions(false, 0, c);
+  EXPECT_EQ(c.async_options.attn_ranks_per_dp, 1);
+  DeriveConnectorOptions(false, 2, c);
+  EXPECT_EQ(c.async_options.attn_ranks_per_dp, 2);
+  AfdConfig g = ParseAfdConfig(
+      R"({"connector": "AsyncAFDConnector", "num_attention_ranks": 4,
+          "connector_extra_config": {"attn_ranks_per_dp": 4}})");
+  DeriveConnectorOptions(false, 2, g);
+  EXPECT_EQ(g.async_options.attn_ranks_per_dp, 4);  // the runner then names the difference
 }
 
 // AsyncAFDConnector (windows chosen by the device) has the same schema and rules as the seed's

@@ -230,10 +230,11 @@ std::vector<Case> Cases() {
       {"2A2F_dp1tp2_async",
        kTiny,
        {"--topology", "2A2F", "--attention-tp", "2", "--additional-config", async_tp(2, "")}});
+  // (attn_ranks_per_dp left out: the attention TP size is its default.)
   cases.push_back({"6A4F_dp2tp3_async",
                    kTiny,
                    {"--topology", "6A4F", "--attention-dp", "2", "--attention-tp", "3",
-                    "--additional-config", async_tp(3, "")}});
+                    "--additional-config", R"({"afd": {"connector": "AsyncAFDConnector"}})"}});
   cases.push_back({"2A3F_dp1tp2_async_ubatching",
                    kTiny,
                    {"--topology", "2A3F", "--attention-tp", "2", "--additional-config",
@@ -528,11 +529,12 @@ TEST(AfdRunTopologyFailures, BadTopologyIsRejectedBeforeStarting) {
              "bad_tp");
   EXPECT_NE(o.status, 0);
   EXPECT_NE(o.err.find("attention ranks must equal DP x PCP x TP"), std::string::npos) << o.err;
-  // The async connector's ranks per replica must be the attention TP size.
-  o = RunAfd(
-      {"run", "--model", "preset:tiny", "--prompt-ids", "1", "--topology", "2A1F", "--attention-tp",
-       "2", "--additional-config", R"({"afd": {"connector": "AsyncAFDConnector"}})"},
-      "bad_ranks_per_dp");
+  // The async connector's ranks per replica, when given, must be the attention TP size.
+  o = RunAfd({"run", "--model", "preset:tiny", "--prompt-ids", "1", "--topology", "2A1F",
+              "--attention-tp", "2", "--additional-config",
+              R"({"afd": {"connector": "AsyncAFDConnector",
+                          "connector_extra_config": {"attn_ranks_per_dp": 1}}})"},
+             "bad_ranks_per_dp");
   EXPECT_NE(o.status, 0);
   EXPECT_NE(o.err.find("attn_ranks_per_dp is 1, but the attention role runs 2 rank(s) per "
                        "data-parallel replica"),

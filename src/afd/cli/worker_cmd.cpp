@@ -162,7 +162,7 @@ deploy::WorkerOptions ToWorkerOptions(const RoleArgs& a) {
     o.kv = ToKvSizing(a.gen);
   }
   o.dbo = a.gen.dbo;
-  ApplyDbo(o.dbo.enabled, o.config);
+  DeriveConnectorOptions(o.dbo.enabled, o.config.role == Role::kAttention ? o.tp : 0, o.config);
   o.output_file = a.output_file;
   o.stats_file = a.stats_file;
   return o;

@@ -118,11 +118,11 @@ std::vector<std::pair<std::string, std::string>> JoinFingerprint(const JoinReque
   };
   if (c.is_async()) {
     // The window's layout and the ring's protocol follow from these: every rank must agree.
+    // (attn_ranks_per_dp concerns the attention ranks alone, which check it against their TP.)
     const AsyncOptions& o = c.async_options;
     const std::string p = "connector_extra_config.";
     fields.insert(fields.end(),
-                  {{p + "attn_ranks_per_dp", std::to_string(o.attn_ranks_per_dp)},
-                   {p + "ring_depth", std::to_string(o.ring_depth)},
+                  {{p + "ring_depth", std::to_string(o.ring_depth)},
                    {p + "routed_cap_multiplier", fmt::format("{}", o.routed_cap_multiplier)},
                    {p + "async_moe_ubatching", o.async_moe_ubatching ? "true" : "false"},
                    {p + "async_moe_num_ubatches", std::to_string(o.async_moe_num_ubatches)},

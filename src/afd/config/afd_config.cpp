@@ -171,10 +171,11 @@ void ValidateAfdConfig(const AfdConfig& c) {
   ValidateConnectorRules(c);
 }
 
-void ApplyDbo(bool dbo_enabled, AfdConfig& config) {
+void DeriveConnectorOptions(bool dbo_enabled, int attention_tp, AfdConfig& config) {
+  if (!config.is_async()) return;
   AsyncOptions& o = config.async_options;
-  if (!dbo_enabled || !config.is_async() || o.ring_depth_given) return;
-  o.ring_depth = std::max(o.ring_depth, 2);
+  if (dbo_enabled && !o.ring_depth_given) o.ring_depth = std::max(o.ring_depth, 2);
+  if (attention_tp > 0 && !o.attn_ranks_per_dp_given) o.attn_ranks_per_dp = attention_tp;
 }
 
 std::string AfdConfigToJson(const AfdConfig& c, int indent) {

@@ -36,11 +36,12 @@ inline constexpr std::string_view kP2pHostConnector = "P2pHostAFDConnector";
 
 // connector_extra_config of the asynchronous connectors (seed 003). Defaults apply when absent.
 struct AsyncOptions {
-  int attn_ranks_per_dp = 1;           // 1..num_attention_ranks, must divide it
-  int ring_depth = 1;                  // 1..64; default = number of stages; >= number of stages
-  bool ring_depth_given = false;       // set in connector_extra_config (else derived)
-  double routed_cap_multiplier = 2.0;  // finite, 1.0..1024.0
-  int recv_poll_timeout_ms = 1000;     // 1..3600000
+  int attn_ranks_per_dp = 1;             // 1..num_attention_ranks, must divide it
+  bool attn_ranks_per_dp_given = false;  // set in connector_extra_config (else derived)
+  int ring_depth = 1;                    // 1..64; default = number of stages; >= number of stages
+  bool ring_depth_given = false;         // set in connector_extra_config (else derived)
+  double routed_cap_multiplier = 2.0;    // finite, 1.0..1024.0
+  int recv_poll_timeout_ms = 1000;       // 1..3600000
   bool async_moe_ubatching = false;
   int async_moe_num_ubatches = 2;           // 2..8
   std::string async_moe_split = "request";  // "request" | "token"
@@ -86,11 +87,14 @@ bool HasAfdSection(std::string_view json_text);
 // connector_extra_config holds the connector's options ({} for the P2P connectors).
 std::string AfdConfigToJson(const AfdConfig& config, int indent = 2);
 
-// --enable-dbo runs a step as two micro-batches, each in its own ring slot per peer: the
-// asynchronous connectors' ring_depth, unless connector_extra_config gave it, becomes at least 2
-// (the number of stages in flight; every rank of a deployment gets --enable-dbo alike, and the
-// join compares ring_depth). No effect on the P2P connectors or without DBO.
-void ApplyDbo(bool dbo_enabled, AfdConfig& config);
+// The asynchronous connectors' options that follow from a rank's flags, where
+// connector_extra_config left them out (no effect on the P2P connectors):
+//  * ring_depth at least 2 with --enable-dbo, which runs a step as two micro-batches, each in its
+//    own ring slot per peer (every rank of a deployment gets --enable-dbo alike; the join
+//    compares ring_depth);
+//  * attn_ranks_per_dp = `attention_tp`, the attention role's tensor-parallel size, on attention
+//    ranks (0: unknown here, e.g. on an FFN rank, which does not use it).
+void DeriveConnectorOptions(bool dbo_enabled, int attention_tp, AfdConfig& config);
 
 // Cross-field rules (connector vs. async_dp, extra config, gate placement). ParseAfdConfig calls
 // it; exposed for configs built in code. Throws afd::Error.

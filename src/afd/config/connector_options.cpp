@@ -31,6 +31,7 @@ void ParseAsyncOptions(const json& extra, const std::string& connector, AsyncOpt
   if (extra.contains("attn_ranks_per_dp")) {
     o.attn_ranks_per_dp = static_cast<int>(
         jf::GetInt(extra["attn_ranks_per_dp"], path("attn_ranks_per_dp"), 1, kMaxRanksPerRole));
+    o.attn_ranks_per_dp_given = true;
   }
   if (extra.contains("routed_cap_multiplier")) {
     o.routed_cap_multiplier =

@@ -25,7 +25,8 @@ AsyncAttentionRunner::AsyncAttentionRunner(const model::DeepseekModel& model, co
             tp, t.num_attention(), heads);
   AFD_CHECK(o.attn_ranks_per_dp == tp,
             "afd.connector_extra_config.attn_ranks_per_dp is {}, but the attention role runs {} "
-            "rank(s) per data-parallel replica (its tensor-parallel size): set them equal",
+            "rank(s) per data-parallel replica (its tensor-parallel size): leave it out, or set "
+            "them equal",
             o.attn_ranks_per_dp, tp);
   if (tp > 1) {
     AFD_CHECK(model.backend().device().is_cpu(),
