@@ -7,6 +7,8 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace {
 
@@ -95,6 +97,30 @@ TEST(Cli, CudaDevicesNeedCudaRanks) {
     EXPECT_NE(r.exit_code, 0) << cmd << "\n" << r.out;
     EXPECT_NE(r.out.find("--cuda-devices"), std::string::npos) << cmd << "\n" << r.out;
   }
+}
+
+// Bad `afd run` input is refused before anything starts, naming the flag and the cause.
+TEST(Cli, RunRefusesBadInputNamingTheFlag) {
+  const std::string run = "run --model preset:tiny --prompt-ids 1,2,3 ";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      // prompt + new tokens over --max-model-len (as the serving engine refuses a request)
+      {"--max-tokens 16 --max-model-len 18",
+       "3 tokens + --max-tokens 16 exceed --max-model-len 18"},
+      {"--max-model-len 999999", "--max-model-len 999999 exceeds the model's"},
+      {"--topology 2A1F --attention-tp 3",
+       "--attention-tp 3 does not divide the 2 attention ranks"},
+      {"--topology 2A3F --ffn-tp 2", "--ffn-tp 2 does not divide the 3 ffn ranks"},
+      {"--topology 2A1F --attention-tp 0", "--attention-tp: must be a positive number, got \"0\""},
+      {"--topology 1A1F --additional-config '{bad'", "--additional-config: not valid JSON"},
+  };
+  for (const auto& [flags, message] : cases) {
+    const Result r = RunAfd(run + flags);
+    EXPECT_NE(r.exit_code, 0) << flags << "\n" << r.out;
+    EXPECT_NE(r.out.find(message), std::string::npos) << flags << "\n" << r.out;
+  }
+  // At the limit it runs.
+  const Result ok = RunAfd(run + "--max-tokens 2 --max-model-len 5");
+  EXPECT_EQ(ok.exit_code, 0) << ok.out;
 }
 
 TEST(Cli, VersionAndHelp) {

@@ -10,6 +10,7 @@
 
 #include "afd/cli/commands.h"
 #include "afd/cli/generation_flags.h"
+#include "afd/cli/validators.h"
 #include "afd/common/error.h"
 #include "afd/deploy/deployment_bench.h"
 #include "afd/kernels/backend.h"
@@ -368,9 +369,9 @@ void AddBenchCommand(CLI::App& app, int& exit_code) {
       ->check(CLI::NonNegativeNumber);
   decode->add_option("--batch", a->batch, "Batch sizes, comma-separated (default 1,16,64,256)");
   decode->add_option("--context", a->options.context, "Prompt tokens per sequence (default 128)")
-      ->check(CLI::PositiveNumber);
+      ->check(Positive());
   decode->add_option("--steps", a->options.steps, "Timed decode steps (default 32)")
-      ->check(CLI::PositiveNumber);
+      ->check(Positive());
   decode->add_option("--num-layers", a->num_layers, "Keep only the first N decoder layers");
   decode->add_flag("--json", a->json, "One JSON object");
   decode->add_option("--cuda-graph-sizes", a->cuda_graph_sizes,
@@ -394,7 +395,7 @@ void AddBenchCommand(CLI::App& app, int& exit_code) {
                    "With --enable-expert-parallel: through that many rank processes, attention "
                    "data-parallel and the MoE expert-parallel over them (the monolithic "
                    "baseline of AFD; --cuda-devices: one GPU each)")
-      ->check(CLI::PositiveNumber);
+      ->check(Positive());
   decode->add_flag("--enable-expert-parallel", a->enable_expert_parallel,
                    "The MoE layers expert-parallel over the --data-parallel-size ranks (default 1: "
                    "one rank process)");
@@ -409,7 +410,7 @@ void AddBenchCommand(CLI::App& app, int& exit_code) {
   decode
       ->add_option("--attention-tp", a->deployment.attention_tp,
                    "With --topology: attention ranks per replica")
-      ->check(CLI::PositiveNumber);
+      ->check(Positive());
   decode->callback([a, &exit_code] { Run(*a, exit_code); });
   AddServeCommand(*bench, exit_code);
 }

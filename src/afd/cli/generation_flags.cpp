@@ -4,6 +4,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "afd/cli/validators.h"
 #include "afd/common/error.h"
 
 namespace afd::cli {
@@ -70,10 +71,10 @@ void AddGenerationFlags(CLI::App* cmd, GenerationFlags& f) {
                   "preset models: EOS ids (serve/launch set them from --tokenizer)");
   cmd->add_option("--dbo-decode-token-threshold", f.dbo.decode_token_threshold,
                   "DBO for decode-only steps of at least this many tokens per rank (default 32)")
-      ->check(CLI::PositiveNumber);
+      ->check(Positive());
   cmd->add_option("--dbo-prefill-token-threshold", f.dbo.prefill_token_threshold,
                   "DBO for steps with prefill of at least this many tokens per rank (default 512)")
-      ->check(CLI::PositiveNumber);
+      ->check(Positive());
 }
 
 std::vector<std::string> GenerationFlagsArgv(const GenerationFlags& f) {
@@ -152,15 +153,22 @@ void ApplyDtype(const std::string& dtype_flag, bool cuda, model::OpenOptions& op
 void ValidateGenerationInput(const GenerationFlags& f, const model::ModelConfig& c,
                              const std::vector<std::vector<int32_t>>& prompts) {
   runtime::ValidateSamplingParams(f.sampling);
+  AFD_CHECK(f.max_model_len <= c.max_position_embeddings,
+            "--max-model-len {} exceeds the model's max_position_embeddings {}", f.max_model_len,
+            c.max_position_embeddings);
   for (size_t s = 0; s < prompts.size(); ++s) {
     for (int32_t id : prompts[s]) {
       AFD_CHECK(id >= 0 && id < c.vocab_size,
                 "prompt #{}: token id {} is outside the vocabulary [0, {})", s + 1, id,
                 c.vocab_size);
     }
-    AFD_CHECK(static_cast<int64_t>(prompts[s].size()) + f.max_tokens <= c.max_position_embeddings,
+    const int64_t total = static_cast<int64_t>(prompts[s].size()) + f.max_tokens;
+    AFD_CHECK(total <= c.max_position_embeddings,
               "prompt #{}: {} tokens + --max-tokens {} exceed max_position_embeddings {}", s + 1,
               prompts[s].size(), f.max_tokens, c.max_position_embeddings);
+    AFD_CHECK(f.max_model_len == 0 || total <= f.max_model_len,
+              "prompt #{}: {} tokens + --max-tokens {} exceed --max-model-len {}", s + 1,
+              prompts[s].size(), f.max_tokens, f.max_model_len);
   }
 }
 

@@ -32,7 +32,7 @@ struct GenerationFlags {
   bool prompt_logprobs = false;  // log-probabilities of the prompt tokens (afd run --json)
   int64_t num_kv_blocks = 0;     // --num-gpu-blocks-override; 0: room for every prompt
   // Serving engine (afd serve/launch and their workers):
-  int64_t max_model_len = 0;  // 0: the model's max_position_embeddings
+  int64_t max_model_len = 0;  // prompt + new tokens at most (run: checked up front); 0: the model's
   int chunked_prefill = -1;   // -1: the command's default, 0 off, 1 on
   runtime::AsyncScheduling async_scheduling = runtime::AsyncScheduling::kAuto;  // --[no-]async-
   double gpu_memory_utilization = 0.9;        // KV cache sizing on a GPU

@@ -13,6 +13,7 @@
 
 #include "afd/cli/commands.h"
 #include "afd/cli/generation_flags.h"
+#include "afd/cli/validators.h"
 #include "afd/common/error.h"
 #include "afd/deploy/deployment_run.h"
 #include "afd/deploy/result_json.h"
@@ -238,7 +239,7 @@ void AddRunCommand(CLI::App& app, int& exit_code) {
   run->add_option("--cuda-graph-sizes", args->graphs.sizes,
                   "Decode batch buckets captured as CUDA graphs, comma-separated")
       ->delimiter(',')
-      ->check(CLI::PositiveNumber);
+      ->check(Positive());
   run->add_flag("--enforce-eager", args->graphs.enforce_eager, "No CUDA graphs");
   run->add_option("--topology", args->deployment.topology,
                   "Run on an AFD deployment xAyF of processes on this host (e.g. 3A2F)");
@@ -246,16 +247,16 @@ void AddRunCommand(CLI::App& app, int& exit_code) {
                   "With --enable-expert-parallel: that many rank processes on this host, each "
                   "attention for its share of the prompts plus its share of the routed experts "
                   "(no AFD; --cuda-devices: one GPU each)")
-      ->check(CLI::PositiveNumber);
+      ->check(Positive());
   run->add_flag("--enable-expert-parallel", args->enable_expert_parallel,
                 "The MoE layers expert-parallel over the --data-parallel-size ranks (default 1: "
                 "one rank process)");
   run->add_option("--attention-dp", args->deployment.attention_dp, "Attention DP size")
-      ->check(CLI::PositiveNumber);
+      ->check(Positive());
   run->add_option("--attention-tp", args->deployment.attention_tp, "Attention TP size")
-      ->check(CLI::PositiveNumber);
-  run->add_option("--ffn-dp", args->deployment.ffn_dp, "FFN DP size")->check(CLI::PositiveNumber);
-  run->add_option("--ffn-tp", args->deployment.ffn_tp, "FFN TP size")->check(CLI::PositiveNumber);
+      ->check(Positive());
+  run->add_option("--ffn-dp", args->deployment.ffn_dp, "FFN DP size")->check(Positive());
+  run->add_option("--ffn-tp", args->deployment.ffn_tp, "FFN TP size")->check(Positive());
   run->add_option("--cuda-devices", args->deployment.cuda_devices,
                   "With --topology and --device cuda: the CUDA device of each world rank, FFN "
                   "ranks first, then attention ranks (e.g. 0,1 for 1A1F on two GPUs); default: "

@@ -17,6 +17,7 @@
 
 #include "afd/cli/commands.h"
 #include "afd/cli/generation_flags.h"
+#include "afd/cli/validators.h"
 #include "afd/comm/join_secret.h"
 #include "afd/common/error.h"
 #include "afd/deploy/deployment_run.h"
@@ -75,10 +76,9 @@ void AddRoleFlags(CLI::App* cmd, RoleArgs& a) {
   AddCudaFlags(cmd, a);
   cmd->add_option("--additional-config", a.additional_config,
                   "JSON with the \"afd\" object (role, host, port, rank counts, connector)");
-  cmd->add_option("--data-parallel-size", a.dp, "DP size of this role's server")
-      ->check(CLI::PositiveNumber);
+  cmd->add_option("--data-parallel-size", a.dp, "DP size of this role's server")->check(Positive());
   cmd->add_option("--tensor-parallel-size", a.tp, "TP size of this role's server")
-      ->check(CLI::PositiveNumber);
+      ->check(Positive());
   cmd->add_flag("--enable-expert-parallel", a.expert_parallel,
                 "AFD: accepted for recipe compatibility (the FFN role always shards experts); "
                 "launch without --topology: --data-parallel-size replicas, each attention plus "
@@ -418,7 +418,7 @@ void AddWorkerCommands(CLI::App& app, int& exit_code) {
       ->check(CLI::NonNegativeNumber);
   dp_ep->add_option("--data-parallel-size", ep->size, "Ranks of the deployment")
       ->required()
-      ->check(CLI::PositiveNumber);
+      ->check(Positive());
   dp_ep->add_option("--rendezvous-port", ep->port, "Port of the store on 127.0.0.1 (rank 0's)")
       ->required()
       ->check(CLI::Range(1, 65535));
@@ -478,7 +478,7 @@ void AddWorkerCommands(CLI::App& app, int& exit_code) {
   serve
       ->add_option("--data-parallel-size-local", sargs->dp_local,
                    "DP ranks on this host (default: all)")
-      ->check(CLI::PositiveNumber);
+      ->check(Positive());
   serve->add_option("--data-parallel-start-rank", sargs->dp_start, "First DP rank on this host")
       ->check(CLI::NonNegativeNumber);
   serve->add_option("--output-file", sargs->output_file,
@@ -510,12 +510,12 @@ void AddWorkerCommands(CLI::App& app, int& exit_code) {
       ->add_option("--data-parallel-size", largs->dp,
                    "With --enable-expert-parallel and no --topology: that many replicas, each "
                    "attention plus a share of the routed experts (default 1)")
-      ->check(CLI::PositiveNumber);
+      ->check(Positive());
   launch->add_flag("--enable-expert-parallel", largs->expert_parallel,
                    "Without --topology: data-parallel replicas with the MoE expert-parallel over "
                    "them, no AFD (the monolithic baseline; --cuda-devices: one GPU each)");
   launch->add_option("--attention-tp", largs->tp, "Tensor-parallel size of an attention replica")
-      ->check(CLI::PositiveNumber);
+      ->check(Positive());
   launch->add_option("--additional-config", largs->additional_config,
                      "Extra fields of the \"afd\" object (e.g. compute_gate_on_attention)");
   launch

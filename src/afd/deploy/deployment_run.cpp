@@ -166,8 +166,16 @@ std::vector<RankProcessSpec> DeploymentRankSpecs(const DeploymentSpec& spec, con
   const int A = std::stoi(m[1]), F = std::stoi(m[2]);
   AFD_CHECK(A >= 1 && F >= 1 && A <= 256 && F <= 256,
             "--topology {}: rank counts must be in 1..256 for a single-host run", spec.topology);
-  const int attn_dp = spec.attention_dp > 0 ? spec.attention_dp : A / spec.attention_tp;
-  const int ffn_dp = spec.ffn_dp > 0 ? spec.ffn_dp : F / spec.ffn_tp;
+  // Left out, a role's DP size is its ranks over its TP size, which must then divide them.
+  auto dp_of = [&](Role role, int ranks, int dp, int tp) {
+    if (dp > 0) return dp;
+    AFD_CHECK(tp >= 1 && ranks % tp == 0,
+              "--topology {}: --{}-tp {} does not divide the {} {} ranks", spec.topology,
+              role == Role::kAttention ? "attention" : "ffn", tp, ranks, RoleName(role));
+    return ranks / tp;
+  };
+  const int attn_dp = dp_of(Role::kAttention, A, spec.attention_dp, spec.attention_tp);
+  const int ffn_dp = dp_of(Role::kFfn, F, spec.ffn_dp, spec.ffn_tp);
   CheckRankRule(Role::kAttention, A, ParallelSizes{attn_dp, 1, spec.attention_tp});
   CheckRankRule(Role::kFfn, F, ParallelSizes{ffn_dp, 1, spec.ffn_tp});
 
@@ -181,7 +189,12 @@ std::vector<RankProcessSpec> DeploymentRankSpecs(const DeploymentSpec& spec, con
   deployed.num_attention_ranks = A;
   deployed.num_ffn_ranks = F;
   if (!spec.additional_config.empty()) {
-    json given = json::parse(spec.additional_config);
+    json given;
+    try {
+      given = json::parse(spec.additional_config);
+    } catch (const json::exception& e) {
+      AFD_THROW("--additional-config: not valid JSON: {}", e.what());
+    }
     base = given.contains("afd") ? given["afd"] : given;
     // Checks the fields, with the topology's rank counts and the device's connector where the
     // config leaves them out (the connector's options are validated against them).
