@@ -528,6 +528,12 @@ TEST(AfdRunTopologyFailures, BadTopologyIsRejectedBeforeStarting) {
               "--attention-tp", "2"},
              "bad_tp");
   EXPECT_NE(o.status, 0);
+  EXPECT_NE(o.err.find("--attention-tp 2 does not divide the 3 attention ranks"), std::string::npos)
+      << o.err;
+  o = RunAfd({"run", "--model", "preset:tiny", "--prompt-ids", "1", "--topology", "3A2F",
+              "--attention-dp", "2", "--attention-tp", "2"},
+             "bad_dp_tp");
+  EXPECT_NE(o.status, 0);
   EXPECT_NE(o.err.find("attention ranks must equal DP x PCP x TP"), std::string::npos) << o.err;
   // The async connector's ranks per replica, when given, must be the attention TP size.
   o = RunAfd({"run", "--model", "preset:tiny", "--prompt-ids", "1", "--topology", "2A1F",
