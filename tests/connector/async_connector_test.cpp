@@ -206,7 +206,8 @@ TEST(AsyncConnector, AnOverwrittenSlotIsDetected) {
   EXPECT_NE(errors[0].find("ring_depth 1"), std::string::npos) << errors[0];
 }
 
-// Two stages in flight use two ring slots; each is answered separately.
+// Two stages in flight use two ring slots; each is answered separately. The FFN rank leaves
+// ring_depth out (as an FFN command without --enable-dbo does): the windows take the deeper ring.
 TEST(AsyncConnector, RingDepthTwoKeepsTwoStagesInFlight) {
   const auto errors = RunRanks(
       1, 1, ", \"ring_depth\": 2",
@@ -238,19 +239,20 @@ TEST(AsyncConnector, RingDepthTwoKeepsTwoStagesInFlight) {
           ++served;
         }
         EXPECT_EQ(served, 2);
-      });
+      },
+      /*ffn_extra=*/"");
   for (const auto& e : errors) EXPECT_EQ(e, "");
 }
 
-// Ranks whose rings differ (an attention rank started with --enable-dbo, its FFN rank without)
-// cannot pair their windows: both fail at the join, naming the field, before any window exists.
-TEST(AsyncConnector, RanksThatDisagreeOnTheRingFailAtTheJoinNamingTheField) {
+// Ranks whose windows would not pair up (flags stored by the streams on one side, by the host
+// on the other) fail at the join, naming the field, before any window exists.
+TEST(AsyncConnector, RanksThatDisagreeOnTheProtocolFailAtTheJoinNamingTheField) {
   std::atomic<bool> connected{false};
   const RankFn connect = [&](comm::AfdWorld&) { connected = true; };
-  const auto errors = RunRanks(1, 1, ", \"ring_depth\": 2", connect, connect, "");
+  const auto errors = RunRanks(1, 1, ", \"device_flags\": false", connect, connect, "");
   EXPECT_FALSE(connected);
   for (const auto& e : errors) {
-    EXPECT_NE(e.find("configuration mismatch in field 'connector_extra_config.ring_depth'"),
+    EXPECT_NE(e.find("configuration mismatch in field 'connector_extra_config.device_flags'"),
               std::string::npos)
         << e;
   }

@@ -118,14 +118,12 @@ std::vector<std::pair<std::string, std::string>> JoinFingerprint(const JoinReque
   };
   if (c.is_async()) {
     // The window's layout and the ring's protocol follow from these: every rank must agree.
-    // (attn_ranks_per_dp concerns the attention ranks alone, which check it against their TP.)
+    // (attn_ranks_per_dp and the micro-batching concern the attention ranks alone; the windows
+    // take the deepest ring any rank asks for: async_connector.cpp.)
     const AsyncOptions& o = c.async_options;
     const std::string p = "connector_extra_config.";
     fields.insert(fields.end(),
-                  {{p + "ring_depth", std::to_string(o.ring_depth)},
-                   {p + "routed_cap_multiplier", fmt::format("{}", o.routed_cap_multiplier)},
-                   {p + "async_moe_ubatching", o.async_moe_ubatching ? "true" : "false"},
-                   {p + "async_moe_num_ubatches", std::to_string(o.async_moe_num_ubatches)},
+                  {{p + "routed_cap_multiplier", fmt::format("{}", o.routed_cap_multiplier)},
                    {p + "device_flags", o.device_flags ? "true" : "false"},
                    {p + "window", o.window}});
   }

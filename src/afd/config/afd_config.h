@@ -90,8 +90,8 @@ std::string AfdConfigToJson(const AfdConfig& config, int indent = 2);
 // The asynchronous connectors' options that follow from a rank's flags, where
 // connector_extra_config left them out (no effect on the P2P connectors):
 //  * ring_depth at least 2 with --enable-dbo, which runs a step as two micro-batches, each in its
-//    own ring slot per peer (every rank of a deployment gets --enable-dbo alike; the join
-//    compares ring_depth);
+//    own ring slot per peer (the windows take the deepest ring any rank asks for, so an FFN
+//    rank started without the flag pairs up);
 //  * attn_ranks_per_dp = `attention_tp`, the attention role's tensor-parallel size, on attention
 //    ranks (0: unknown here, e.g. on an FFN rank, which does not use it).
 void DeriveConnectorOptions(bool dbo_enabled, int attention_tp, AfdConfig& config);

@@ -46,6 +46,29 @@ int64_t AgreeTokenCap(comm::AfdWorld& world, int64_t mine) {
   return cap;
 }
 
+// The ring depth of every window: the deepest any rank asks for (an attention rank's stages in
+// flight: 2 with --enable-dbo, or async_moe_num_ubatches), so ranks started with different
+// flags (an FFN command without --enable-dbo) still lay their windows out alike.
+int AgreeRingDepth(comm::AfdWorld& world, int mine) {
+  comm::PrefixStore store(world.store(), "async_window/ring_depth");
+  const double timeout = world.config().afd_process_group_timeout_s;
+  store.Set(std::to_string(world.world_rank()), std::to_string(mine));
+  int depth = 1;
+  for (int w = 0; w < world.topology().world_size(); ++w) {
+    const std::string v = store.Get(std::to_string(w), timeout);
+    int n = 0;
+    try {
+      n = std::stoi(v);
+    } catch (const std::exception&) {
+      AFD_THROW("async connector: {} published the ring depth \"{}\"", world.Describe(w), v);
+    }
+    AFD_CHECK(n >= 1 && n <= 64, "async connector: {} published the ring depth {}, outside 1..64",
+              world.Describe(w), n);
+    depth = std::max(depth, n);
+  }
+  return depth;
+}
+
 }  // namespace
 
 AsyncConnector::AsyncConnector(comm::AfdWorld& world, const AsyncConnectorOptions& o)
@@ -64,7 +87,8 @@ AsyncConnector::AsyncConnector(comm::AfdWorld& world, const AsyncConnectorOption
                              cap.max_local_experts);
   cap.shared_cap = (cap.token_cap + F - 1) / F;
   cap.row_bytes = o.row.row_bytes();
-  layout_ = SlotLayout::Make(cap, std::max(A, F), c.async_options.ring_depth);
+  layout_ =
+      SlotLayout::Make(cap, std::max(A, F), AgreeRingDepth(world, c.async_options.ring_depth));
 
   std::vector<int> peers;
   for (int p = 0; p < num_peers(); ++p) peers.push_back(OppositeWorldRank(p));

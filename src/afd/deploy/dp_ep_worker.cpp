@@ -146,19 +146,17 @@ void RunDpEpWorker(const DpEpWorkerOptions& o) {
   } catch (const Error& e) {
     // A rank that lost a peer lost it because that peer failed, and the peer said why before
     // leaving: report the root cause with our own error (the launcher names the failed rank).
-    if (std::optional<std::string> cause = AbortMessage(store)) {
-      group.reset();
-      try {
-        store.Add(kAbortSeenKey, 1);
-      } catch (const Error&) {
-      }
-      AFD_THROW("{} (the deployment was aborted: {})", e.what(), *cause);
-    }
+    // A rank that failed on its own says why before its peers can see it leave.
+    const std::optional<std::string> cause = AbortMessage(store);
     try {
-      store.Set(kAbortKey, fmt::format("attention+experts rank {} failed: {}", o.rank, e.what()));
+      if (!cause) {
+        store.Set(kAbortKey, fmt::format("attention+experts rank {} failed: {}", o.rank, e.what()));
+      }
       group.reset();  // only now do the peers see this rank leave
-      // Rank 0 serves the store: it stays until the others have read why (or 2 s, within the
-      // launcher's grace period), else they would find the store gone with it.
+      if (cause) store.Add(kAbortSeenKey, 1);
+      // Rank 0 serves the store: it stays until every other rank that lost a peer has read why
+      // (or 2 s, within the launcher's grace period), else they would find the store gone with
+      // it, whichever rank failed.
       const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
       while (server && store.Add(kAbortSeenKey, 0) < o.size - 1 &&
              std::chrono::steady_clock::now() < until) {
@@ -166,6 +164,7 @@ void RunDpEpWorker(const DpEpWorkerOptions& o) {
       }
     } catch (const Error&) {  // the store is gone with rank 0: nothing to tell the others
     }
+    if (cause) AFD_THROW("{} (the deployment was aborted: {})", e.what(), *cause);
     throw;
   }
 }
