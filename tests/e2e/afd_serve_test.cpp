@@ -18,14 +18,16 @@ using nlohmann::json;
 
 using testing_util::ReadFile;
 
-TEST(AfdServe, RecipeShapedRoleCommandsMatchTheMonolithicRun) {
-  const std::string dir = ::testing::TempDir() + "/afd_serve_test";
+// `ffn_dbo`: whether the FFN command also gets --enable-dbo and its thresholds.
+void RunRecipeAgainstMonolithic(const std::string& connector, bool ffn_dbo,
+                                const std::string& tag_prefix) {
+  const std::string dir = ::testing::TempDir() + "/afd_serve_test_" + tag_prefix;
   std::system(("rm -rf " + dir + " && mkdir -p " + dir).c_str());
   const std::vector<std::vector<int>> prompts = {{1, 2, 3}, {4, 5, 6, 7, 8}, {9}, {10, 11}};
   std::ofstream(dir + "/prompts.json") << json(prompts).dump();
   const int port = comm::PickRendezvousPort();
-  auto cfg = [port](const std::string& role) {
-    return "{\"afd\": {\"role\": \"" + role + "\", \"connector\": \"P2pHostAFDConnector\", " +
+  auto cfg = [&](const std::string& role) {
+    return "{\"afd\": {\"role\": \"" + role + "\", \"connector\": \"" + connector + "\", " +
            "\"host\": \"127.0.0.1\", \"port\": " + std::to_string(port) +
            ", \"num_attention_ranks\": 3, \"num_ffn_ranks\": 2, "
            "\"afd_process_group_timeout_s\": 30}}";
@@ -54,7 +56,14 @@ TEST(AfdServe, RecipeShapedRoleCommandsMatchTheMonolithicRun) {
                    const std::string& tag) {
     std::vector<std::string> argv = {AFD_BINARY, "serve",     "--additional-config",
                                      cfg(role),  "--log-dir", dir + "/" + tag};
-    argv.insert(argv.end(), common.begin(), common.end());
+    for (size_t i = 0; i < common.size(); ++i) {
+      const bool dbo_flag = common[i].rfind("--dbo-", 0) == 0 || common[i] == "--enable-dbo";
+      if (role == "ffn" && !ffn_dbo && dbo_flag) {
+        if (common[i] != "--enable-dbo") ++i;  // and its value
+        continue;
+      }
+      argv.push_back(common[i]);
+    }
     argv.insert(argv.end(), extra.begin(), extra.end());
     return std::make_unique<Subprocess>(argv, dir + "/" + tag + ".log");
   };
@@ -105,6 +114,16 @@ TEST(AfdServe, RecipeShapedRoleCommandsMatchTheMonolithicRun) {
       EXPECT_NEAR(got[i]["logprobs"][j].get<double>(), m["logprobs"][j].get<double>(), 1e-5);
     }
   }
+}
+
+TEST(AfdServe, RecipeShapedRoleCommandsMatchTheMonolithicRun) {
+  RunRecipeAgainstMonolithic("P2pHostAFDConnector", /*ffn_dbo=*/true, "p2p");
+}
+
+// The asynchronous connector's windows with DBO given to the attention commands only: the
+// windows take the attention ranks' ring of two (DBO's micro-batches), the same results.
+TEST(AfdServe, AsyncRoleCommandsWithDboOnTheAttentionSideOnly) {
+  RunRecipeAgainstMonolithic("AsyncAFDConnector", /*ffn_dbo=*/false, "async");
 }
 
 TEST(AfdServe, ReplicasWithoutPromptsOnlyTakeEmptySteps) {
