@@ -121,6 +121,13 @@ TEST(Cli, RunRefusesBadInputNamingTheFlag) {
   // At the limit it runs.
   const Result ok = RunAfd(run + "--max-tokens 2 --max-model-len 5");
   EXPECT_EQ(ok.exit_code, 0) << ok.out;
+  // afd launch refuses a limit past the model's before any rank starts.
+  const Result launch =
+      RunAfd("launch --model preset:tiny --topology 1A1F --port 1 --max-model-len 99999");
+  EXPECT_NE(launch.exit_code, 0) << launch.out;
+  EXPECT_NE(launch.out.find("--max-model-len 99999 exceeds the model's"), std::string::npos)
+      << launch.out;
+  EXPECT_EQ(launch.out.find("processes"), std::string::npos) << launch.out;
 }
 
 TEST(Cli, VersionAndHelp) {

@@ -323,6 +323,9 @@ int LaunchCommand(RoleArgs& a) {
     const model::ModelConfig c = model::PeekModelConfig(a.gen.model, ToOpenOptions(a.gen));
     AFD_CHECK(a.tp <= c.num_attention_heads, "--attention-tp {} exceeds the model's {} heads", a.tp,
               c.num_attention_heads);
+    AFD_CHECK(a.gen.max_model_len <= c.max_position_embeddings,
+              "--max-model-len {} exceeds the model's max_position_embeddings {}",
+              a.gen.max_model_len, c.max_position_embeddings);
     spec.topology = a.topology;
     AFD_CHECK(!a.topology.empty() || a.expert_parallel,
               "--topology xAyF is required (or --data-parallel-size N --enable-expert-parallel: "
