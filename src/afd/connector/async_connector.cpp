@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "afd/common/error.h"
 #include "afd/connector/shm_window.h"
@@ -17,10 +20,30 @@ namespace afd::connector {
 
 namespace {
 
+// The largest of the values the ranks `from` (store key, rank's name) published under
+// `prefix`: each must parse and lie in lo..`hi` (`hi_text` in errors), else the rank is named.
+int64_t LargestPublished(comm::PrefixStore& store, double timeout, const std::string& what,
+                         const std::vector<std::pair<std::string, std::string>>& from, int64_t lo,
+                         int64_t hi, const std::string& hi_text) {
+  int64_t largest = lo;
+  for (const auto& [key, name] : from) {
+    const std::string v = store.Get(key, timeout);
+    int64_t n = 0;
+    try {
+      n = std::stoll(v);
+    } catch (const std::exception&) {
+      AFD_THROW("async connector: {} published the {} \"{}\"", name, what, v);
+    }
+    AFD_CHECK(n >= lo && n <= hi, "async connector: {} published the {} {}, outside {}..{}", name,
+              what, n, lo, hi_text);
+    largest = std::max(largest, n);
+  }
+  return largest;
+}
+
 // The largest token capacity of the attention ranks: each publishes its own.
 int64_t AgreeTokenCap(comm::AfdWorld& world, int64_t mine) {
   comm::PrefixStore store(world.store(), "async_window/token_cap");
-  const double timeout = world.config().afd_process_group_timeout_s;
   if (world.self().role == Role::kAttention) {
     AFD_CHECK(mine >= 1,
               "async connector: attention rank {} has no token capacity (set "
@@ -28,22 +51,12 @@ int64_t AgreeTokenCap(comm::AfdWorld& world, int64_t mine) {
               world.self().rank);
     store.Set(std::to_string(world.self().rank), std::to_string(mine));
   }
-  int64_t cap = 0;
+  std::vector<std::pair<std::string, std::string>> from;
   for (int a = 0; a < world.topology().num_attention(); ++a) {
-    const std::string v = store.Get(std::to_string(a), timeout);
-    int64_t n = 0;
-    try {
-      n = std::stoll(v);
-    } catch (const std::exception&) {
-      AFD_THROW("async connector: attention rank {} published the token capacity \"{}\"", a, v);
-    }
-    AFD_CHECK(n >= 1 && n <= (int64_t{1} << 24),
-              "async connector: attention rank {} published the token capacity {}, outside "
-              "1..2^24",
-              a, n);
-    cap = std::max(cap, n);
+    from.emplace_back(std::to_string(a), fmt::format("attention rank {}", a));
   }
-  return cap;
+  return LargestPublished(store, world.config().afd_process_group_timeout_s, "token capacity", from,
+                          1, int64_t{1} << 24, "2^24");
 }
 
 // The ring depth of every window: the deepest any rank asks for (an attention rank's stages in
@@ -51,22 +64,13 @@ int64_t AgreeTokenCap(comm::AfdWorld& world, int64_t mine) {
 // flags (an FFN command without --enable-dbo) still lay their windows out alike.
 int AgreeRingDepth(comm::AfdWorld& world, int mine) {
   comm::PrefixStore store(world.store(), "async_window/ring_depth");
-  const double timeout = world.config().afd_process_group_timeout_s;
   store.Set(std::to_string(world.world_rank()), std::to_string(mine));
-  int depth = 1;
+  std::vector<std::pair<std::string, std::string>> from;
   for (int w = 0; w < world.topology().world_size(); ++w) {
-    const std::string v = store.Get(std::to_string(w), timeout);
-    int n = 0;
-    try {
-      n = std::stoi(v);
-    } catch (const std::exception&) {
-      AFD_THROW("async connector: {} published the ring depth \"{}\"", world.Describe(w), v);
-    }
-    AFD_CHECK(n >= 1 && n <= 64, "async connector: {} published the ring depth {}, outside 1..64",
-              world.Describe(w), n);
-    depth = std::max(depth, n);
+    from.emplace_back(std::to_string(w), world.Describe(w));
   }
-  return depth;
+  return static_cast<int>(LargestPublished(store, world.config().afd_process_group_timeout_s,
+                                           "ring depth", from, 1, 64, "64"));
 }
 
 }  // namespace
