@@ -71,7 +71,8 @@ std::string ConfigJson(const ModelConfig& c) {
     "intermediate_size": {}, "moe_intermediate_size": {}, "num_hidden_layers": {},
     "num_attention_heads": {}, "q_lora_rank": {}, "kv_lora_rank": {}, "qk_nope_head_dim": {},
     "qk_rope_head_dim": {}, "v_head_dim": {}, "n_routed_experts": {}, "n_shared_experts": {},
-    "num_experts_per_tok": {}, "first_k_dense_replace": {}, "n_group": {}, "topk_group": {},
+    "num_experts_per_tok": {}, "first_k_dense_replace": {}, "moe_layer_freq": {}, "n_group": {},
+    "topk_group": {},
     "topk_method": "group_limited_greedy", "max_position_embeddings": {},
     "rope_scaling": {{"type": "yarn", "factor": {}, "original_max_position_embeddings": {},
                      "mscale": 0.707, "mscale_all_dim": 0.707, "beta_fast": 32, "beta_slow": 1}},
@@ -79,9 +80,9 @@ std::string ConfigJson(const ModelConfig& c) {
                      c.vocab_size, c.hidden_size, c.intermediate_size, c.moe_intermediate_size,
                      c.num_hidden_layers, c.num_attention_heads, c.q_lora_rank, c.kv_lora_rank,
                      c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim, c.n_routed_experts,
-                     c.n_shared_experts, c.num_experts_per_tok, c.first_k_dense_replace, c.n_group,
-                     c.topk_group, c.max_position_embeddings, c.rope.factor,
-                     c.rope.original_max_position_embeddings);
+                     c.n_shared_experts, c.num_experts_per_tok, c.first_k_dense_replace,
+                     c.moe_layer_freq, c.n_group, c.topk_group, c.max_position_embeddings,
+                     c.rope.factor, c.rope.original_max_position_embeddings);
 }
 
 std::vector<float> Logits(const DeepseekModel& model, const std::vector<int32_t>& ids) {
@@ -140,6 +141,46 @@ TEST_P(CheckpointLoadTest, RoundTripIsExact) {
 }
 
 INSTANTIATE_TEST_SUITE_P(DTypes, CheckpointLoadTest, ::testing::Values("F32", "BF16", "F16"));
+
+// moe_layer_freq 2 in config.json: files with dense MLPs between the MoE layers (DeepSeek's own
+// code, vLLM) load so; files with experts on every layer (transformers ignores the field) load as
+// written; files with neither at such a layer are refused naming the layer and both tensors.
+TEST(MoeLayerFreq, TheFilesDecideBetweenTheTwoReadings) {
+  const fs::path dir = fs::temp_directory_path() / ("afd_freq_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const auto backend = kernels::MakeBackend(Device::Cpu());
+  const std::vector<int32_t> ids = {3, 17, 900, 4, 4, 250};
+  ModelConfig every = PresetConfig("tiny");  // 4 layers, first_k_dense_replace 1
+  ModelConfig between = every;
+  between.moe_layer_freq = 2;  // layers 1 and 3 dense
+  for (const ModelConfig* written : {&between, &every}) {
+    RecordingSource source("F32");
+    DeepseekModel direct(*written, BuildWeights(*written, WeightOptions{}, source), *backend);
+    WriteSafetensors((dir / "model.safetensors").string(), source.tensors);
+    std::ofstream(dir / "config.json") << ConfigJson(between);  // the field says 2 either way
+    const auto loaded = OpenModel(dir.string(), OpenOptions{}, *backend);
+    EXPECT_EQ(loaded->config().moe_layer_freq, written->moe_layer_freq);
+    EXPECT_EQ(PeekModelConfig(dir.string()).moe_layer_freq, written->moe_layer_freq);
+    EXPECT_EQ(Logits(*loaded, ids), Logits(direct, ids));
+    if (written != &between) continue;
+    std::vector<TensorToWrite> without;
+    for (const TensorToWrite& t : source.tensors) {
+      if (t.name.rfind("model.layers.1.mlp.", 0) != 0) without.push_back(t);
+    }
+    WriteSafetensors((dir / "model.safetensors").string(), without);
+    try {
+      OpenModel(dir.string(), OpenOptions{}, *backend);
+      ADD_FAILURE() << "no error for a layer with no MLP";
+    } catch (const Error& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find("layer 1 has neither"), std::string::npos) << m;
+      EXPECT_NE(m.find("model.layers.1.mlp.gate_proj.weight"), std::string::npos) << m;
+      EXPECT_NE(m.find("model.layers.1.mlp.gate.weight"), std::string::npos) << m;
+    }
+  }
+  fs::remove_all(dir);
+}
 
 // --kv-cache-dtype: auto is bf16 only for a bf16 model on a GPU (the CPU reference stays exact);
 // fp32 and bf16 are taken as given; anything else is refused naming the flag.

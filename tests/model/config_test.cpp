@@ -2,6 +2,10 @@
 // softmax-scale values it implies, checked against the values in tests/data/golden/README.md.
 #include <gtest/gtest.h>
 
+#include <string>
+#include <utility>
+#include <vector>
+
 #include "afd/common/error.h"
 #include "afd/model/loader.h"
 #include "afd/model/model_config.h"
@@ -97,6 +101,46 @@ TEST(ModelConfig, ErrorsNameTheProblem) {
   EXPECT_NE(message(text).find("num_experts_per_tok"), std::string::npos);
 }
 
+// moe_layer_freq: MoE from first_k_dense_replace on where layer % freq == 0 (DeepSeek's code,
+// vLLM); null or absent is 1; dense layers between need an intermediate_size.
+TEST(ModelConfig, MoeLayerFreqMakesTheLayersBetweenDense) {
+  auto with = [](std::vector<std::pair<std::string, std::string>> edits) {
+    std::string text = kV2LiteJson;
+    for (const auto& [from, to] : edits) {
+      const size_t at = text.find(from);
+      EXPECT_NE(at, std::string::npos) << from;
+      if (at != std::string::npos) text.replace(at, from.size(), to);
+    }
+    return text;
+  };
+  const ModelConfig c =
+      ParseModelConfig(with({{"\"moe_layer_freq\": 1", "\"moe_layer_freq\": 3"}}), "cfg.json");
+  EXPECT_EQ(c.moe_layer_freq, 3);
+  std::vector<int64_t> moe;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    if (c.IsMoeLayer(l)) moe.push_back(l);
+  }
+  EXPECT_EQ(moe, (std::vector<int64_t>{3, 6, 9, 12, 15, 18, 21, 24}));
+  EXPECT_EQ(
+      ParseModelConfig(with({{"\"moe_layer_freq\": 1", "\"moe_layer_freq\": null"}}), "cfg.json")
+          .moe_layer_freq,
+      1);
+  EXPECT_EQ(ParseModelConfig(with({{"\"moe_layer_freq\": 1,", ""}}), "cfg.json").moe_layer_freq, 1);
+  // No dense layer before the MoE ones, but dense ones between: intermediate_size is needed.
+  const std::vector<std::pair<std::string, std::string>> no_dense = {
+      {"\"first_k_dense_replace\": 1", "\"first_k_dense_replace\": 0"},
+      {"\"intermediate_size\": 10944", "\"intermediate_size\": 0"}};
+  EXPECT_NO_THROW(ParseModelConfig(with(no_dense), "cfg.json"));
+  auto between = no_dense;
+  between.push_back({"\"moe_layer_freq\": 1", "\"moe_layer_freq\": 2"});
+  try {
+    ParseModelConfig(with(between), "cfg.json");
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("intermediate_size"), std::string::npos) << e.what();
+  }
+}
+
 TEST(ModelConfig, MemoryCheckCountsOnlyWhatARoleLoads) {
   const ModelConfig c = PresetConfig("deepseek-v2-lite");
   WeightOptions all;
@@ -156,6 +200,9 @@ TEST(ModelConfig, UntrustedValuesAreRejectedNamingTheField) {
       {"\"rope_theta\": 10000", "\"rope_theta\": -5", "rope_theta must be a finite number > 0"},
       {"\"norm_topk_prob\": false", "\"norm_topk_prob\": 0",
        "\"norm_topk_prob\" must be a boolean"},
+      {"\"moe_layer_freq\": 1", "\"moe_layer_freq\": 0", "\"moe_layer_freq\" must be in 1..4096"},
+      {"\"moe_layer_freq\": 1", "\"moe_layer_freq\": 1.5",
+       "cfg.json: \"moe_layer_freq\": must be an integer"},
       // A key twice: which value wins is not the file's author's guess to make.
       {"\"hidden_size\": 2048", "\"hidden_size\": 2048, \"hidden_size\": 4096",
        "key \"hidden_size\" appears more than once"},

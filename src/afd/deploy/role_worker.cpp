@@ -97,6 +97,7 @@ void RunWorker(const WorkerOptions& o) {
        mc.model_type == model::ModelType::kDeepseekV3 ? "deepseek_v3" : "deepseek_v2"},
       {"num_hidden_layers", std::to_string(mc.num_hidden_layers)},
       {"first_k_dense_replace", std::to_string(mc.first_k_dense_replace)},
+      {"moe_layer_freq", std::to_string(mc.moe_layer_freq)},
       {"n_routed_experts", std::to_string(mc.n_routed_experts)},
       {"num_experts_per_tok", std::to_string(mc.num_experts_per_tok)},
       {"vocab_size", std::to_string(mc.vocab_size)}};

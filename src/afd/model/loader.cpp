@@ -150,11 +150,33 @@ void ApplyOpenOptions(const std::string& spec, const OpenOptions& options, bool 
 
 }  // namespace
 
+void ResolveMoeLayerFreq(ModelConfig& config, const Checkpoint& ckpt) {
+  if (config.moe_layer_freq == 1) return;
+  // The first layer the field makes dense that first_k_dense_replace alone would not.
+  int64_t l = config.first_k_dense_replace;
+  while (l < config.num_hidden_layers && config.IsMoeLayer(l)) ++l;
+  if (l == config.num_hidden_layers) return;  // no such layer: both readings agree
+  const std::string p = fmt::format("model.layers.{}.mlp.", l);
+  if (ckpt.Find(p + "gate_proj.weight") != nullptr) return;  // dense there, as the field says
+  AFD_CHECK(ckpt.Find(p + "gate.weight") != nullptr,
+            "{}: layer {} has neither a dense MLP ({}gate_proj.weight, which moe_layer_freq {} "
+            "asks for) nor a MoE router ({}gate.weight)",
+            ckpt.dir(), l, p, config.moe_layer_freq, p);
+  // Written by transformers, which ignores the field: every layer from first_k_dense_replace on
+  // holds experts.
+  config.moe_layer_freq = 1;
+}
+
 ModelConfig PeekModelConfig(const std::string& spec, const OpenOptions& options) {
   const std::string preset = "preset:";
   const bool is_preset = spec.rfind(preset, 0) == 0;
-  ModelConfig config =
-      is_preset ? PresetConfig(spec.substr(preset.size())) : LoadModelConfig(spec + "/config.json");
+  ModelConfig config;
+  if (is_preset) {
+    config = PresetConfig(spec.substr(preset.size()));
+  } else {
+    config = LoadModelConfig(spec + "/config.json");
+    if (config.moe_layer_freq != 1) ResolveMoeLayerFreq(config, Checkpoint::Open(spec));
+  }
   ApplyOpenOptions(spec, options, is_preset, config);
   return config;
 }
@@ -205,6 +227,7 @@ std::unique_ptr<DeepseekModel> OpenModel(const std::string& spec, const OpenOpti
   } else {
     ckpt = std::make_unique<Checkpoint>(Checkpoint::Open(spec));
     config = LoadModelConfig(ckpt->config_path());
+    ResolveMoeLayerFreq(config, *ckpt);
   }
   ApplyOpenOptions(spec, options, preset, config);
   WeightOptions weights = options.weights;

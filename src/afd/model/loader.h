@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "afd/model/checkpoint.h"
 #include "afd/model/model.h"
 
 namespace afd::model {
@@ -37,6 +38,12 @@ inline constexpr int64_t kAutoBf16Bytes = int64_t{8} << 30;
 // The config of `spec` (preset:NAME or a checkpoint directory) without loading weights, as
 // OpenModel with `options` would use it (layers kept, preset vocabulary and EOS).
 ModelConfig PeekModelConfig(const std::string& spec, const OpenOptions& options = {});
+
+// moe_layer_freq > 1 read from the files of `ckpt` (config.json says one thing, two writers
+// another): a dense MLP where the field makes a layer dense keeps it (DeepSeek's code, vLLM);
+// MoE weights there set it to 1 (transformers ignores the field); neither is an error naming
+// the layer and both tensors.
+void ResolveMoeLayerFreq(ModelConfig& config, const Checkpoint& ckpt);
 
 // Names accepted after "preset:".
 std::vector<std::string> PresetNames();

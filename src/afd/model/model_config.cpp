@@ -119,6 +119,7 @@ ModelConfig ParseModelConfig(const std::string& json_text, const std::string& so
   c.n_shared_experts = Get<int64_t>(j, "n_shared_experts", 0, source);
   c.num_experts_per_tok = Get<int64_t>(j, "num_experts_per_tok", 0, source);
   c.first_k_dense_replace = Get<int64_t>(j, "first_k_dense_replace", v3 ? 3 : 0, source);
+  c.moe_layer_freq = Get<int64_t>(j, "moe_layer_freq", 1, source);
   c.n_group = Get<int64_t>(j, "n_group", v3 ? 8 : 1, source);
   c.topk_group = Get<int64_t>(j, "topk_group", v3 ? 4 : 1, source);
   c.routed_scaling_factor = Get<double>(j, "routed_scaling_factor", v3 ? 2.5 : 1.0, source);
@@ -204,8 +205,13 @@ void ModelConfig::Validate(const std::string& source) const {
   AFD_CHECK(first_k_dense_replace <= kMaxLayers, "{}: first_k_dense_replace must be at most {}",
             source, kMaxLayers);
   AFD_CHECK(first_k_dense_replace >= 0, "{}: first_k_dense_replace must be >= 0", source);
-  if (first_k_dense_replace > 0) positive(intermediate_size, "intermediate_size");
-  if (first_k_dense_replace < num_hidden_layers) {  // some MoE layers
+  AFD_CHECK(moe_layer_freq >= 1 && moe_layer_freq <= kMaxLayers,
+            "{}: \"moe_layer_freq\" must be in 1..{}, got {}", source, kMaxLayers, moe_layer_freq);
+  bool dense_layers = false, moe_layers = false;
+  for (int64_t l = 0; l < num_hidden_layers; ++l)
+    (IsMoeLayer(l) ? moe_layers : dense_layers) = true;
+  if (dense_layers) positive(intermediate_size, "intermediate_size");
+  if (moe_layers) {
     positive(n_routed_experts, "n_routed_experts");
     positive(moe_intermediate_size, "moe_intermediate_size");
     AFD_CHECK(num_experts_per_tok > 0 && num_experts_per_tok <= n_routed_experts,

@@ -56,6 +56,10 @@ struct ModelConfig {
   int64_t n_shared_experts = 0;
   int64_t num_experts_per_tok = 0;
   int64_t first_k_dense_replace = 0;
+  // Layers from first_k_dense_replace on are MoE where layer % moe_layer_freq == 0, dense
+  // between (DeepSeek's own code, vLLM, SGLang). transformers ignores the field (every such
+  // layer MoE): ResolveMoeLayerFreq sets it to 1 for checkpoints written that way.
+  int64_t moe_layer_freq = 1;
   int64_t n_group = 1;
   int64_t topk_group = 1;
   TopkMethod topk_method = TopkMethod::kGreedy;
@@ -71,7 +75,9 @@ struct ModelConfig {
   std::vector<int64_t> eos_token_ids;
 
   int64_t qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }
-  bool IsMoeLayer(int64_t layer) const { return layer >= first_k_dense_replace; }
+  bool IsMoeLayer(int64_t layer) const {
+    return layer >= first_k_dense_replace && layer % moe_layer_freq == 0;
+  }
   // Throws afd::Error naming `source` and the field when a value is out of range.
   void Validate(const std::string& source) const;
 };
