@@ -293,4 +293,21 @@ TEST(Cli, BenchDecodeOnATopology) {
   EXPECT_NE(shape.out.find("expected xAyF"), std::string::npos) << shape.out;
 }
 
+// --kernel-trace follows CUDA graph replays: the CPU backend (no kernels) and eager steps are
+// refused with the reason.
+TEST(Cli, KernelTraceNeedsGraphReplays) {
+  const Result cpu = RunAfd("bench decode --model preset:tiny --batch 1 --steps 1 --kernel-trace");
+  EXPECT_NE(cpu.exit_code, 0) << cpu.out;
+  EXPECT_NE(cpu.out.find("cpu: no kernel trace on this backend"), std::string::npos) << cpu.out;
+  const Result eager =
+      RunAfd("bench decode --model preset:tiny --batch 1 --steps 1 --kernel-trace --enforce-eager");
+  EXPECT_NE(eager.exit_code, 0) << eager.out;
+  EXPECT_NE(eager.out.find("not with --profile or --enforce-eager"), std::string::npos)
+      << eager.out;
+  const Result topology =
+      RunAfd("bench decode --model preset:tiny --batch 1 --topology 1A1F --kernel-trace");
+  EXPECT_EQ(topology.exit_code, 2) << topology.out;
+  EXPECT_NE(topology.out.find("one-process options"), std::string::npos) << topology.out;
+}
+
 }  // namespace

@@ -165,9 +165,10 @@ void Run(BenchArgs a, int& exit_code) {
     std::vector<int64_t> batches;
     try {
       batches = ParseList(a.batch, "--batch");
-      AFD_CHECK(!a.options.profile && a.cuda_graph_sizes.empty() && !a.options.graphs.enforce_eager,
-                "--profile, --cuda-graph-sizes and --enforce-eager are one-process options; "
-                "leave them out with --topology or --data-parallel-size");
+      AFD_CHECK(!a.options.profile && !a.options.kernel_trace && a.cuda_graph_sizes.empty() &&
+                    !a.options.graphs.enforce_eager,
+                "--profile, --kernel-trace, --cuda-graph-sizes and --enforce-eager are "
+                "one-process options; leave them out with --topology or --data-parallel-size");
     } catch (const Error& e) {
       std::cerr << "afd bench decode: " << e.what() << "\n";
       exit_code = 2;
@@ -251,6 +252,17 @@ void Run(BenchArgs a, int& exit_code) {
                                 row.batch, row.prefill_steps));
       print_profile(row.profile,
                     fmt::format("profile, batch {}: device ms per decode step by op", row.batch));
+      const runtime::KernelTraceSummary& k = row.kernel_trace;
+      if (k.steps == 0) continue;
+      std::cout << fmt::format(
+          "kernel trace, batch {}: per decode step ({} graph replays): span {:.3f} ms, idle "
+          "{:.3f}, overlapped {:.3f}; ms, alone (no other kernel running), calls, kernel\n",
+          row.batch, k.steps, k.span_ms, k.idle_ms, k.overlap_ms);
+      for (size_t i = 0; i < k.kernels.size() && i < 24; ++i) {
+        const auto& t = k.kernels[i];
+        std::cout << fmt::format("  {:8.3f} ms  {:8.3f} alone  {:6.1f}  {}\n", t.ms, t.exclusive_ms,
+                                 t.calls, t.name);
+      }
     }
   }
   exit_code = 0;
@@ -387,6 +399,9 @@ void AddBenchCommand(CLI::App& app, int& exit_code) {
       "Read each step's ids back before scheduling the next");
   decode->add_flag("--profile", a->options.profile,
                    "Per-op device time of the decode steps (runs eagerly)");
+  decode->add_flag("--kernel-trace", a->options.kernel_trace,
+                   "Each kernel's time in the timed steps' CUDA graph replays and the part no "
+                   "other kernel overlapped (CUDA: CUPTI, libcupti.so.13 on the library path)");
   decode->add_option("--topology", a->deployment.topology,
                      "xAyF: through an AFD deployment of rank processes on this host (e.g. "
                      "1A1F with the async connector on one GPU)");

@@ -18,6 +18,14 @@ std::unique_ptr<OpGraph> Backend::EndCapture() {
   AFD_THROW("{}: no graph capture on this backend", name());
 }
 
+void Backend::SetKernelTrace(bool on) {
+  AFD_CHECK(!on, "{}: no kernel trace on this backend (it runs no device kernels)", name());
+}
+
+std::vector<KernelSpan> Backend::TakeKernelTrace() {
+  AFD_THROW("{}: no kernel trace on this backend (it runs no device kernels)", name());
+}
+
 void Backend::BeginTimedSpan() { span_begin_ = std::chrono::steady_clock::now(); }
 
 void Backend::EndTimedSpan() {

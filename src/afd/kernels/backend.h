@@ -95,6 +95,15 @@ struct OpTime {
   double ms = 0.0;
 };
 
+// One kernel's run on the device, from a kernel trace (Backend::SetKernelTrace).
+struct KernelSpan {
+  std::string name;  // demangled, without namespaces and parameter lists
+  uint32_t stream = 0;
+  uint32_t graph = 0;   // the CUDA graph it ran in (0: launched on its own)
+  uint32_t launch = 0;  // its launch's correlation id: the same for every kernel of a replay
+  uint64_t start_ns = 0, end_ns = 0;
+};
+
 class Backend : public Allocator {
  public:
   ~Backend() override = default;
@@ -291,6 +300,13 @@ class Backend : public Allocator {
   // stream, EndTimedSpan marks it again; TakeTimedSeconds waits for the device and returns the
   // device time of every span since the last call, summed. A backend that runs each op as it is
   // called (the CPU) reads the host clock, which is then the same thing.
+  // Kernel trace: while on, every kernel the device runs is recorded with its start and end
+  // (CUDA: CUPTI's activity records, so kernels replayed from a CUDA graph too, with their
+  // overlap under programmatic launches). SetKernelTrace(false) or TakeKernelTrace stops it;
+  // TakeKernelTrace waits for the device and returns the spans since it was turned on, by start.
+  // Throws afd::Error naming the cause where a backend cannot trace (the CPU: no kernels).
+  virtual void SetKernelTrace(bool on);
+  virtual std::vector<KernelSpan> TakeKernelTrace();
   virtual void BeginTimedSpan();
   virtual void EndTimedSpan();
   virtual double TakeTimedSeconds();

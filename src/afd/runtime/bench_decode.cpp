@@ -168,6 +168,9 @@ BenchDecodeResult BenchDecode(const model::DeepseekModel& model, const BenchDeco
             "while later prompts prefill, + 2: the prefill's token and the step after the "
             "timed ones) exceed max_position_embeddings {}",
             o.context, o.steps, kWarmupSteps, most_waves - 1, c.max_position_embeddings);
+  AFD_CHECK(!o.kernel_trace || (!o.profile && !o.graphs.enforce_eager),
+            "bench decode: a kernel trace follows the CUDA graph replays of the timed steps: "
+            "not with --profile or --enforce-eager (eager steps)");
   BenchDecodeResult result;
   result.device = model.backend().name();
   result.copy_gb_per_s = MeasureCopyBandwidth(model.backend());
@@ -209,6 +212,10 @@ BenchDecodeResult BenchDecode(const model::DeepseekModel& model, const BenchDeco
       runner.prefill_profile.clear();
       runner.prefill_steps = 0;
     }
+    // The trace starts before the batch's graph is captured (CUPTI sees its kernels from
+    // then on); the summary takes the timed steps' replays out of it.
+    const int64_t graph_steps_traced = graph_runner.graph_steps();
+    if (o.kernel_trace) model.backend().SetKernelTrace(true);
     Engine engine(model, runner, eo);
     for (int64_t s = 0; s < b; ++s) {
       RequestParams p;
@@ -258,6 +265,15 @@ BenchDecodeResult BenchDecode(const model::DeepseekModel& model, const BenchDeco
     // Graph replays of the timed steps' launches (with a step in flight, one later each).
     row.graph_steps = graph_runner.graph_steps() - graph_steps_warm;
     row.ahead_steps = st.ahead_steps - warm.ahead_steps;
+    if (o.kernel_trace) {
+      const std::vector<kernels::KernelSpan> spans = model.backend().TakeKernelTrace();
+      AFD_CHECK(row.graph_steps > 0,
+                "bench decode --kernel-trace: batch {}'s timed steps ran eagerly (no CUDA graph "
+                "for that size: see --cuda-graph-sizes)",
+                b);
+      row.kernel_trace =
+          SummarizeKernelTrace(spans, graph_steps_warm - graph_steps_traced, row.graph_steps);
+    }
     if (o.profile) {
       model.backend().SetProfiling(false);
       row.profile = PerStep(model.backend().TakeProfile(), steps);

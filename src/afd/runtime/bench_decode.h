@@ -17,6 +17,7 @@
 #include "afd/model/model.h"
 #include "afd/runtime/cuda_graph_runner.h"
 #include "afd/runtime/engine.h"
+#include "afd/runtime/kernel_trace_summary.h"
 
 namespace afd::runtime {
 
@@ -29,6 +30,10 @@ struct BenchDecodeOptions {
   // Per-op device time of the decode steps (eager: graphs are turned off while profiling) and,
   // apart, of the prefill (and mixed) steps.
   bool profile = false;
+  // A kernel trace of the timed steps' CUDA graph replays (Backend::SetKernelTrace; CUDA only,
+  // not with profile or eager steps): each kernel's time in the graph as it runs, and the part
+  // no other kernel overlapped. The trace's own cost (CUPTI timestamps) is in that run's times.
+  bool kernel_trace = false;
   // Prompt tokens prefilled per step at most (whole prompts, so at least one): a batch whose
   // prompts hold more is prefilled in waves, as a server would (batch 256 x context 1024 in one
   // step needs a ~40 GiB workspace). The sequences of earlier waves decode during the later
@@ -63,6 +68,7 @@ struct BenchDecodeRow {
   std::vector<kernels::OpTime> profile;          // per decode step (ms and calls divided by steps)
   std::vector<kernels::OpTime> prefill_profile;  // per prefill or mixed step
   int64_t prefill_steps = 0;
+  KernelTraceSummary kernel_trace;  // options.kernel_trace: the timed steps' graph replays
 };
 
 struct BenchDecodeResult {

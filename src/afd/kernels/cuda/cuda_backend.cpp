@@ -16,6 +16,7 @@
 
 #include "afd/common/cuda_check.h"
 #include "afd/common/error.h"
+#include "afd/kernels/cuda/kernel_trace.h"
 #include "afd/kernels/cuda/launch.cuh"
 #include "afd/kernels/op_checks.h"
 
@@ -540,6 +541,22 @@ std::vector<OpTime> CudaBackend::TakeProfile() {
   for (auto& [op, t] : by_op) out.push_back(t);
   std::sort(out.begin(), out.end(), [](const OpTime& a, const OpTime& b) { return a.ms > b.ms; });
   return out;
+}
+
+void CudaBackend::SetKernelTrace(bool on) {
+  if (on == KernelTraceOn()) return;
+  if (on) {
+    StartKernelTrace();
+  } else {
+    Synchronize();
+    StopKernelTrace();
+  }
+}
+
+std::vector<KernelSpan> CudaBackend::TakeKernelTrace() {
+  AFD_CHECK(KernelTraceOn(), "{}: TakeKernelTrace without SetKernelTrace(true)", name_);
+  Synchronize();
+  return StopKernelTrace();
 }
 
 void CudaBackend::BeginTimedSpan() {

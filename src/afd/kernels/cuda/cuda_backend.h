@@ -92,6 +92,8 @@ class CudaBackend : public Backend {
   void AllowTf32(bool on) override { tf32_ = on; }
   void SetProfiling(bool on, bool profiler_range = true) override;
   std::vector<OpTime> TakeProfile() override;
+  void SetKernelTrace(bool on) override;
+  std::vector<KernelSpan> TakeKernelTrace() override;
   void BeginTimedSpan() override;
   void EndTimedSpan() override;
   double TakeTimedSeconds() override;

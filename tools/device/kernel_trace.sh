@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# One device call: `afd bench decode --kernel-trace` (CUPTI's kernel records of the timed steps'
+# CUDA graph replays: each kernel's time in the graph as it runs and the part no other kernel
+# overlapped, the step's idle and overlapped time), then the same rows without the trace (its
+# cost). Carry libcupti.so.13 in BIN (the CUDA toolkit's lib/) unless the machine has one.
+# BATCH (default 1,16,64,256), CONTEXT (default 128), STEPS (default 16).
+# Usage (repo root there): tools/device/kernel_trace.sh BIN_DIR
+set -u
+BIN=$(readlink -f "$1")
+HERE=$(dirname "$(readlink -f "$0")")
+. "$HERE/env.sh"
+if [ ! -e "$BIN/libcupti.so.13" ]; then
+  CUPTI=$(find / -name 'libcupti.so.13*' -not -path '*/proc/*' 2>/dev/null | head -1)
+  [ -n "$CUPTI" ] && export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$(dirname "$CUPTI")"
+fi
+ARGS=(--model preset:deepseek-v2-lite --device cuda --batch "${BATCH:-1,16,64,256}"
+  --context "${CONTEXT:-128}" --steps "${STEPS:-16}")
+echo "== afd bench decode --kernel-trace"
+timeout 300 "$BIN/afd" bench decode "${ARGS[@]}" --kernel-trace 2>&1 | grep -v "loading weights"
+echo "== the same without the trace"
+timeout 200 "$BIN/afd" bench decode "${ARGS[@]}" 2>&1 | grep -E '^ +[0-9]+ '
