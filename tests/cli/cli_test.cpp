@@ -128,6 +128,13 @@ TEST(Cli, RunRefusesBadInputNamingTheFlag) {
   EXPECT_NE(launch.out.find("--max-model-len 99999 exceeds the model's"), std::string::npos)
       << launch.out;
   EXPECT_EQ(launch.out.find("processes"), std::string::npos) << launch.out;
+  // So does afd serve, before the weights load (no "KV cache" line).
+  const Result serve = RunAfd("serve --model preset:tiny --port 1 --max-model-len 99999");
+  EXPECT_EQ(serve.exit_code, 2) << serve.out;
+  EXPECT_NE(serve.out.find("afd serve: --max-model-len 99999 exceeds the model's"),
+            std::string::npos)
+      << serve.out;
+  EXPECT_EQ(serve.out.find("KV cache"), std::string::npos) << serve.out;
 }
 
 TEST(Cli, VersionAndHelp) {

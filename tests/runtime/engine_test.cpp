@@ -293,6 +293,7 @@ TEST_F(EngineTest, BadRequestsEndWithAnErrorNamingTheCause) {
   for (const auto& [id, text] : want) {
     ASSERT_EQ(got.at(id).size(), 1u) << id;
     EXPECT_EQ(got.at(id)[0].finish_reason, FinishReason::kError) << id;
+    EXPECT_TRUE(got.at(id)[0].rejected) << id;  // the request's own input: the API's 400
     EXPECT_NE(got.at(id)[0].error.find(text), std::string::npos) << got.at(id)[0].error;
   }
   EXPECT_EQ(Tokens(got.at(6)).size(), 3u);

@@ -169,5 +169,34 @@ TEST_F(ServerApiTokenizer, TokenizeAndDetokenize) {
   EXPECT_EQ(h_->Post("/detokenize", json{{"tokens", {129280}}}).status, 400);
 }
 
+// A tokenizer whose ids run past the model's vocabulary (a mismatched --tokenizer): the text's
+// ids are refused by the engine, and the client gets a 400 naming the id, not a 500.
+TEST_F(ServerApiTokenizer, IdsPastTheModelsVocabularyAreABadRequest) {
+  EngineModelInfo info;
+  info.vocab_size = 700;
+  info.max_model_len = 4096;
+  info.eos_token_ids = {1};
+  ApiHarness small(info, ApiServerOptions{}, tokenizer_.get(), chat_template_.get());
+  const json chat = {{"messages", {{{"role", "user"}, {"content", "hello"}}}}, {"max_tokens", 4}};
+  const HttpResult r = small.Post("/v1/chat/completions", chat);
+  EXPECT_EQ(r.status, 400) << r.raw;
+  EXPECT_EQ(r.body["error"]["type"], "BadRequestError") << r.raw;
+  EXPECT_NE(r.body["error"]["message"].get<std::string>().find("outside the vocabulary [0, 700)"),
+            std::string::npos)
+      << r.raw;
+  json streamed = chat;
+  streamed["stream"] = true;
+  const HttpResult s = small.Post("/v1/chat/completions", streamed);
+  bool saw = false;
+  for (const auto& d : SseData(s.raw)) {
+    if (d == "[DONE]") break;
+    const json chunk = json::parse(d);
+    if (!chunk.contains("error")) continue;
+    saw = true;
+    EXPECT_EQ(chunk["error"]["code"], 400) << d;
+  }
+  EXPECT_TRUE(saw) << s.raw;
+}
+
 }  // namespace
 }  // namespace afd::server::test

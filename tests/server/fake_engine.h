@@ -7,6 +7,8 @@
 // Thread safety: every method may be called from any thread.
 #pragma once
 
+#include <fmt/format.h>
+
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -58,6 +60,15 @@ class FakeEngine : public EngineClient {
 
   const EngineModelInfo& model_info() const override { return info_; }
   void Submit(uint64_t id, runtime::RequestParams params, OutputCallback cb) override {
+    // A token id outside the vocabulary is refused as the real engine refuses it (Engine::Check).
+    for (int32_t t : params.prompt) {
+      if (t < 0 || t >= info_.vocab_size) {
+        cb(runtime::RequestOutput::Rejected(
+            id, fmt::format("prompt token id {} is outside the vocabulary [0, {})", t,
+                            info_.vocab_size)));
+        return;
+      }
+    }
     std::lock_guard<std::mutex> lock(mu_);
     submitted_.push_back(params);
     waiting_.push_back(Seq{id, std::move(params), std::move(cb)});

@@ -57,11 +57,15 @@ TEST(EngineWire, EveryMessageRoundTrips) {
   o.finished = true;
   o.finish_reason = runtime::FinishReason::kStop;
   o.stop_token_id = 11;
-  step.outputs = {o};
+  step.outputs = {o, runtime::RequestOutput::Rejected(8, "prompt token id 9 is outside")};
   step.stats = {1, 2, 3, 4, 5, 6};
   step.round_trips = {{0, 1, 2}, 0.5, 3};
   const EngineMessage t = deploy::DecodeEngineMessage(deploy::EncodeEngineMessage(step), "t");
-  ASSERT_EQ(t.outputs.size(), 1u);
+  ASSERT_EQ(t.outputs.size(), 2u);
+  EXPECT_FALSE(t.outputs[0].rejected);
+  EXPECT_TRUE(t.outputs[1].rejected);  // refused for its input: the frontend answers 400
+  EXPECT_EQ(t.outputs[1].error, "prompt token id 9 is outside");
+  EXPECT_EQ(t.outputs[1].finish_reason, runtime::FinishReason::kError);
   const runtime::RequestOutput& r = t.outputs[0];
   EXPECT_EQ(r.request_id, 7u);
   EXPECT_EQ(r.token_ids, o.token_ids);

@@ -150,12 +150,16 @@ void ApplyDtype(const std::string& dtype_flag, bool cuda, model::OpenOptions& op
   }
 }
 
-void ValidateGenerationInput(const GenerationFlags& f, const model::ModelConfig& c,
-                             const std::vector<std::vector<int32_t>>& prompts) {
-  runtime::ValidateSamplingParams(f.sampling);
+void CheckMaxModelLen(const GenerationFlags& f, const model::ModelConfig& c) {
   AFD_CHECK(f.max_model_len <= c.max_position_embeddings,
             "--max-model-len {} exceeds the model's max_position_embeddings {}", f.max_model_len,
             c.max_position_embeddings);
+}
+
+void ValidateGenerationInput(const GenerationFlags& f, const model::ModelConfig& c,
+                             const std::vector<std::vector<int32_t>>& prompts) {
+  runtime::ValidateSamplingParams(f.sampling);
+  CheckMaxModelLen(f, c);
   for (size_t s = 0; s < prompts.size(); ++s) {
     for (int32_t id : prompts[s]) {
       AFD_CHECK(id >= 0 && id < c.vocab_size,

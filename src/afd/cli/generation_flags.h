@@ -59,6 +59,9 @@ void AddKvCacheDtypeOption(CLI::App* cmd, std::string& kv_cache_dtype);
 // --dtype of a model on `device` ("cpu"/"cuda"): bf16 (the default on cuda) or fp32 weights.
 void ApplyDtype(const std::string& dtype, bool cuda, model::OpenOptions& open);
 
+// --max-model-len past the model's max_position_embeddings: an error naming the flag (0: the
+// model's own).
+void CheckMaxModelLen(const GenerationFlags& flags, const model::ModelConfig& config);
 // Checks the sampling flags, and each prompt's ids and length (+ max_tokens) against the model.
 // Throws afd::Error naming the flag or prompt (1-based), for an exit 2 before anything starts.
 void ValidateGenerationInput(const GenerationFlags& flags, const model::ModelConfig& config,

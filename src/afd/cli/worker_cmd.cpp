@@ -222,6 +222,8 @@ int ServeInProcess(RoleArgs& a) {
     http = ToHttpOptions(a);
     engine = ToEngineOptions(a.gen);
     model::OpenOptions open = ToOpenOptions(a.gen);
+    // Before the weights load (minutes for a large model), as `afd launch` checks it.
+    CheckMaxModelLen(a.gen, model::PeekModelConfig(a.gen.model, open));
     const bool cuda = a.device == "cuda";
     ApplyDtype(a.dtype, cuda, open);
     backend = kernels::MakeBackend(cuda ? Device::Cuda(a.cuda_device) : Device::Cpu());
@@ -323,9 +325,7 @@ int LaunchCommand(RoleArgs& a) {
     const model::ModelConfig c = model::PeekModelConfig(a.gen.model, ToOpenOptions(a.gen));
     AFD_CHECK(a.tp <= c.num_attention_heads, "--attention-tp {} exceeds the model's {} heads", a.tp,
               c.num_attention_heads);
-    AFD_CHECK(a.gen.max_model_len <= c.max_position_embeddings,
-              "--max-model-len {} exceeds the model's max_position_embeddings {}",
-              a.gen.max_model_len, c.max_position_embeddings);
+    CheckMaxModelLen(a.gen, c);
     spec.topology = a.topology;
     AFD_CHECK(!a.topology.empty() || a.expert_parallel,
               "--topology xAyF is required (or --data-parallel-size N --enable-expert-parallel: "

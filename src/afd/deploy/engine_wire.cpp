@@ -153,6 +153,7 @@ std::string EncodeEngineMessage(const EngineMessage& m) {
         if (!o.logprobs.empty()) e["lps"] = LogprobsJson(o.logprobs);
         if (!o.prompt_logprobs.empty()) e["prompt_lps"] = LogprobsJson(o.prompt_logprobs);
         if (!o.error.empty()) e["error"] = o.error;
+        if (o.rejected) e["rejected"] = true;
         outs.push_back(std::move(e));
       }
       j["outputs"] = std::move(outs);
@@ -216,6 +217,7 @@ EngineMessage DecodeEngineMessage(const std::string& body, const std::string& fr
         if (e.contains("lps")) o.logprobs = LogprobsFrom(e["lps"]);
         if (e.contains("prompt_lps")) o.prompt_logprobs = LogprobsFrom(e["prompt_lps"]);
         if (e.contains("error")) o.error = e["error"].get<std::string>();
+        o.rejected = e.value("rejected", false);
         m.outputs.push_back(std::move(o));
       }
       const auto s = j.at("stats").get<std::vector<int64_t>>();

@@ -123,7 +123,7 @@ void Engine::Add(uint64_t id, RequestParams params) {
   AFD_CHECK(!index_of_.count(id), "request id {} is already live", id);
   const std::string problem = Check(params);
   if (!problem.empty()) {
-    pending_.push_back(RequestOutput::Failed(id, problem));
+    pending_.push_back(RequestOutput::Rejected(id, problem));
     pending_.back().num_prompt_tokens = static_cast<int64_t>(params.prompt.size());
     return;
   }

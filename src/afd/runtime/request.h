@@ -60,6 +60,10 @@ struct RequestOutput {
   FinishReason finish_reason = FinishReason::kNone;
   int32_t stop_token_id = -1;  // the EOS or stop token that finished it (kStop), else -1
   std::string error;           // kError: why
+  // kError for the request's own input (Engine::Check: an empty prompt, a token id outside the
+  // vocabulary, more tokens than the model or the cache holds...): nothing ran, and the API
+  // answers 400, not 500.
+  bool rejected = false;
 
   // The final output of a request that failed: reason kError, `why`.
   static RequestOutput Failed(uint64_t id, std::string why) {
@@ -68,6 +72,12 @@ struct RequestOutput {
     o.finished = true;
     o.finish_reason = FinishReason::kError;
     o.error = std::move(why);
+    return o;
+  }
+  // The final output of a request refused for its input: Failed, and rejected.
+  static RequestOutput Rejected(uint64_t id, std::string why) {
+    RequestOutput o = Failed(id, std::move(why));
+    o.rejected = true;
     return o;
   }
 };

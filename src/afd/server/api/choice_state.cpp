@@ -35,6 +35,7 @@ std::optional<ChoiceDelta> ChoiceState::Apply(const runtime::RequestOutput& outp
   }
   if (output.finish_reason == runtime::FinishReason::kError) {
     Fail(output.error);
+    rejected_ = output.rejected;
     return std::nullopt;
   }
   if (output.finish_reason == runtime::FinishReason::kAbort) {

@@ -46,6 +46,8 @@ class ChoiceState {
     return needs_abort_;
   }  // a stop string matched before the engine ended
   const std::string& error() const { return error_; }  // non-empty: failed
+  // Failed because the engine refused the request's input (RequestOutput::rejected).
+  bool rejected() const { return rejected_; }
   const std::string& finish_reason() const { return finish_reason_; }
   const nlohmann::ordered_json& stop_reason() const { return stop_reason_; }
   const std::string& text() const { return text_; }
@@ -62,6 +64,7 @@ class ChoiceState {
   bool done_ = false;
   bool needs_abort_ = false;
   std::string error_;
+  bool rejected_ = false;
   std::string finish_reason_;
   nlohmann::ordered_json stop_reason_;  // null, a stop string or a stop token id
   std::string text_;

@@ -31,6 +31,7 @@ void SendError(httplib::Response& res, const ApiError& error) {
 }
 
 ApiError RunError(const ServerContext& ctx, const RequestRun& run) {
+  if (run.rejected()) return ApiError(400, run.error());
   return ApiError(ctx.shutting_down ? 503 : 500, run.error());
 }
 

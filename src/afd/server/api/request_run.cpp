@@ -111,6 +111,13 @@ std::string RequestRun::error() const {
   return "";
 }
 
+bool RequestRun::rejected() const {
+  for (const auto& c : choices_) {
+    if (!c.error().empty()) return c.rejected();
+  }
+  return false;
+}
+
 void RequestRun::Abort() {
   for (size_t i = 0; i < choices_.size(); ++i) {
     if (!choices_[i].done()) choices_[i].Fail("the client disconnected");

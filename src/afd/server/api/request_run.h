@@ -45,6 +45,8 @@ class RequestRun {
   bool done() const;
   // The first failed choice's error, or "".
   std::string error() const;
+  // That choice was refused for the request's own input (a 400, not a 500).
+  bool rejected() const;
   // Ends every unfinished choice: the client is gone ("abort" in the metrics).
   void Abort();
 
