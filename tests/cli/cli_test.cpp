@@ -315,6 +315,12 @@ TEST(Cli, KernelTraceNeedsGraphReplays) {
       RunAfd("bench decode --model preset:tiny --batch 1 --topology 1A1F --kernel-trace");
   EXPECT_EQ(topology.exit_code, 2) << topology.out;
   EXPECT_NE(topology.out.find("one-process options"), std::string::npos) << topology.out;
+  const Result csv = RunAfd(
+      "bench decode --model preset:tiny --batch 1 --steps 1 --kernel-trace-csv /nonexistent/k.csv");
+  EXPECT_EQ(csv.exit_code, 2) << csv.out;
+  EXPECT_NE(csv.out.find("--kernel-trace-csv /nonexistent/k.csv: cannot open it for writing"),
+            std::string::npos)
+      << csv.out;
 }
 
 }  // namespace

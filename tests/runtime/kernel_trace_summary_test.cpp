@@ -57,6 +57,11 @@ TEST(KernelTraceSummary, EveryInstantOfAStepIsIdleOneKernelsOrOverlapped) {
   EXPECT_NEAR(Row(s, "Mla").exclusive_ms, 0.125, 1e-12);
   EXPECT_NEAR(Row(s, "Sample").calls, 0.5, 1e-12);
   EXPECT_NEAR(Row(s, "Sample").exclusive_ms, 0.015, 1e-12);
+  // The window's kernels, by start: the two replays and the one launched inside them.
+  ASSERT_EQ(s.spans.size(), 5u);
+  EXPECT_EQ(s.spans.front().name, "Gemv");
+  EXPECT_EQ(s.spans[2].name, "Sample");
+  EXPECT_EQ(s.spans.back().start_ns, 500000u);
   EXPECT_EQ(s.kernels.front().name, "Mla");  // longest first
   double accounted = s.idle_ms + s.overlap_ms;
   for (const KernelTraceRow& r : s.kernels) accounted += r.exclusive_ms;

@@ -5,6 +5,7 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
 
@@ -33,6 +34,7 @@ struct BenchArgs {
   int64_t num_layers = 0;
   runtime::BenchDecodeOptions options;
   bool json = false;
+  std::string kernel_trace_csv;  // --kernel-trace-csv: every traced kernel of the timed steps
   deploy::DeploymentSpec deployment;  // --topology: through an AFD deployment of this host
   // --data-parallel-size N --enable-expert-parallel: through N data-parallel + expert-parallel
   // rank processes (deployment.expert_parallel_size = N).
@@ -60,6 +62,30 @@ std::vector<int64_t> ParseList(const std::string& text, const char* flag) {
     pos = comma + 1;
   }
   return v;
+}
+
+// One line per traced kernel of each batch's timed steps, its times in microseconds from the
+// batch's first one: for a timeline or a critical-path reading beyond the printed summary.
+void WriteKernelTraceCsv(const std::string& path, const runtime::BenchDecodeResult& r) {
+  std::ofstream f(path);
+  AFD_CHECK(f.good(), "--kernel-trace-csv {}: cannot open it for writing", path);
+  f << "batch,stream,start_us,end_us,kernel\n";
+  for (const auto& row : r.rows) {
+    const auto& spans = row.kernel_trace.spans;
+    if (spans.empty()) continue;
+    const uint64_t t0 = spans.front().start_ns;
+    for (const kernels::KernelSpan& s : spans) {
+      std::string name = s.name;
+      for (size_t i = name.find('"'); i != std::string::npos; i = name.find('"', i + 2)) {
+        name.insert(i, 1, '"');
+      }
+      f << fmt::format("{},{},{:.3f},{:.3f},\"{}\"\n", row.batch, s.stream,
+                       static_cast<double>(s.start_ns - t0) / 1e3,
+                       static_cast<double>(s.end_ns - t0) / 1e3, name);
+    }
+  }
+  f.close();
+  AFD_CHECK(f.good(), "--kernel-trace-csv {}: writing it failed", path);
 }
 
 // The fields every `afd bench decode --json` object starts with.
@@ -165,9 +191,9 @@ void Run(BenchArgs a, int& exit_code) {
     std::vector<int64_t> batches;
     try {
       batches = ParseList(a.batch, "--batch");
-      AFD_CHECK(!a.options.profile && !a.options.kernel_trace && a.cuda_graph_sizes.empty() &&
-                    !a.options.graphs.enforce_eager,
-                "--profile, --kernel-trace, --cuda-graph-sizes and --enforce-eager are "
+      AFD_CHECK(!a.options.profile && !a.options.kernel_trace && a.kernel_trace_csv.empty() &&
+                    a.cuda_graph_sizes.empty() && !a.options.graphs.enforce_eager,
+                "--profile, --kernel-trace(-csv), --cuda-graph-sizes and --enforce-eager are "
                 "one-process options; leave them out with --topology or --data-parallel-size");
     } catch (const Error& e) {
       std::cerr << "afd bench decode: " << e.what() << "\n";
@@ -183,6 +209,11 @@ void Run(BenchArgs a, int& exit_code) {
     AFD_CHECK(a.deployment.cuda_devices.empty(),
               "--cuda-devices places the ranks of --topology; one process takes --cuda-device");
     a.options.batch_sizes = ParseList(a.batch, "--batch");
+    if (!a.kernel_trace_csv.empty()) {
+      a.options.kernel_trace = true;
+      AFD_CHECK(std::ofstream(a.kernel_trace_csv).good(),
+                "--kernel-trace-csv {}: cannot open it for writing", a.kernel_trace_csv);
+    }
     if (!a.cuda_graph_sizes.empty()) {
       a.options.graphs.sizes = ParseList(a.cuda_graph_sizes, "--cuda-graph-sizes");
     }
@@ -201,6 +232,7 @@ void Run(BenchArgs a, int& exit_code) {
     return;
   }
   const runtime::BenchDecodeResult r = runtime::BenchDecode(*model, a.options);
+  if (!a.kernel_trace_csv.empty()) WriteKernelTraceCsv(a.kernel_trace_csv, r);
   if (a.json) {
     nlohmann::ordered_json j = JsonHead(a, r.device);
     j["copy_gb_per_s"] = r.copy_gb_per_s;
@@ -402,6 +434,9 @@ void AddBenchCommand(CLI::App& app, int& exit_code) {
   decode->add_flag("--kernel-trace", a->options.kernel_trace,
                    "Each kernel's time in the timed steps' CUDA graph replays and the part no "
                    "other kernel overlapped (CUDA: CUPTI, libcupti.so.13 on the library path)");
+  decode->add_option("--kernel-trace-csv", a->kernel_trace_csv,
+                     "With the kernel trace: write every traced kernel of the timed steps to "
+                     "this CSV file (batch, stream, start and end in us, kernel)");
   decode->add_option("--topology", a->deployment.topology,
                      "xAyF: through an AFD deployment of rank processes on this host (e.g. "
                      "1A1F with the async connector on one GPU)");

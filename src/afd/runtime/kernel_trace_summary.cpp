@@ -43,6 +43,7 @@ KernelTraceSummary SummarizeKernelTrace(const std::vector<kernels::KernelSpan>& 
   std::sort(events.begin(), events.end(), [](const auto& a, const auto& b) {
     return a.first != b.first ? a.first < b.first : a.second < b.second;  // ends first
   });
+  KernelTraceSummary out;
   std::map<std::string, KernelTraceRow> rows;
   double idle_ns = 0, overlap_ns = 0;
   std::set<size_t> active;
@@ -72,11 +73,11 @@ KernelTraceSummary SummarizeKernelTrace(const std::vector<kernels::KernelSpan>& 
   }
   for (const kernels::KernelSpan& s : spans) {
     if (s.start_ns < begin || s.start_ns >= end) continue;
+    out.spans.push_back(s);
     KernelTraceRow& r = rows[s.name];
     r.calls += 1;
     r.ms += static_cast<double>(s.end_ns - std::min(s.end_ns, s.start_ns)) / 1e6;
   }
-  KernelTraceSummary out;
   out.steps = count;
   const double n = static_cast<double>(count);
   out.span_ms = static_cast<double>(end - begin) / 1e6 / n;

@@ -26,6 +26,7 @@ struct KernelTraceSummary {
   double idle_ms = 0;     // per step: no kernel running
   double overlap_ms = 0;  // per step: two or more kernels running
   std::vector<KernelTraceRow> kernels;  // longest `ms` first
+  std::vector<kernels::KernelSpan> spans;  // the summarized replays' kernels, by start
 };
 
 // The graph replays among `spans` (kernels of one graph and one launch id; kernels launched on
