@@ -34,7 +34,7 @@ struct BenchArgs {
   int64_t num_layers = 0;
   runtime::BenchDecodeOptions options;
   bool json = false;
-  std::string kernel_trace_csv;  // --kernel-trace-csv: every traced kernel of the timed steps
+  std::string kernel_trace_csv;       // --kernel-trace-csv: every traced kernel of the timed steps
   deploy::DeploymentSpec deployment;  // --topology: through an AFD deployment of this host
   // --data-parallel-size N --enable-expert-parallel: through N data-parallel + expert-parallel
   // rank processes (deployment.expert_parallel_size = N).

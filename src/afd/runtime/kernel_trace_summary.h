@@ -25,7 +25,7 @@ struct KernelTraceSummary {
   double span_ms = 0;     // per step: from its first kernel's start to the next step's
   double idle_ms = 0;     // per step: no kernel running
   double overlap_ms = 0;  // per step: two or more kernels running
-  std::vector<KernelTraceRow> kernels;  // longest `ms` first
+  std::vector<KernelTraceRow> kernels;     // longest `ms` first
   std::vector<kernels::KernelSpan> spans;  // the summarized replays' kernels, by start
 };
 
