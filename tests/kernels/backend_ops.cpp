@@ -671,7 +671,8 @@ Result Router(Ctx& c, RouterScoring scoring, bool group_limited) {
 // within 1e-6 (the same gate arithmetic; only the fusion differs).
 Result RouterGate(Ctx& c, int64_t n, int64_t e, RouterScoring scoring, bool group_limited) {
   const int64_t h = 2048, k = 6;
-  RouterSpec spec{scoring, group_limited, k, 8, 3, scoring == RouterScoring::kSigmoid, 2.5f};
+  const bool sigmoid = scoring == RouterScoring::kSigmoid, grouped = sigmoid || group_limited;
+  RouterSpec spec{scoring, group_limited, k, grouped ? 8 : 1, grouped ? 3 : 1, sigmoid, 2.5f};
   const Tensor x = c.Up(c.Randn(n * h), DType::kF32, {n, h});
   const Tensor gate = c.Up(c.Randn(e * h, 0.05f), DType::kF32, {e, h});
   const Tensor bias =
@@ -1238,8 +1239,20 @@ std::vector<Case> CheckCases() {
        }},
       {"RouteAndPermute", "8 tokens, top-9 of 64 (72 slots: unfused)",
        [](Ctx& c) { return RouteAndPermute(c, 8, 64, 9, RouterScoring::kSoftmax, false, 0, 64); }},
-      {"RouterGateTopk", "12 tokens (unfused), 64 experts",
+      {"RouterGateTopk", "12 tokens (row blocks), 64 experts",
        [](Ctx& c) { return RouterGate(c, 12, 64, RouterScoring::kSoftmax, false); }},
+      {"RouterGateTopk", "64 tokens (row blocks), 64 experts",
+       [](Ctx& c) { return RouterGate(c, 64, 64, RouterScoring::kSoftmax, false); }},
+      {"RouterGateTopk", "257 tokens (row blocks, a partial one), 160 experts group-limited",
+       [](Ctx& c) { return RouterGate(c, 257, 160, RouterScoring::kSoftmax, true); }},
+      {"RouterGateTopk", "130 tokens (row blocks), 60 experts (a partial chunk of 8)",
+       [](Ctx& c) { return RouterGate(c, 130, 60, RouterScoring::kSoftmax, false); }},
+      {"RouterGateTopk", "511 tokens (row blocks), 256 experts, sigmoid noaux_tc",
+       [](Ctx& c) { return RouterGate(c, 511, 256, RouterScoring::kSigmoid, false); }},
+      {"RouterGateTopk", "600 tokens (GEMM, then the router), 64 experts",
+       [](Ctx& c) { return RouterGate(c, 600, 64, RouterScoring::kSoftmax, false); }},
+      {"RouteAndPermute", "64 tokens (row-blocked router, then the grouping), top-6 of 64",
+       [](Ctx& c) { return RouteAndPermute(c, 64, 64, 6, RouterScoring::kSoftmax, false, 0, 64); }},
       {"MoePermute+GroupedExpertMlp+MoeCombine", "all 8 experts",
        [](Ctx& c) { return Moe(c, 7, 8, 3, 32, 24, 0, 8); }},
       {"MoePermute+GroupedExpertMlp+MoeCombine", "experts [3, 6)",

@@ -122,8 +122,9 @@ enum ScratchSlot {
   kSampleParams,
   kMoeAct,
   kMlaPartial,
-  kMlaCounters,    // zeroed when allocated
-  kRouterCounter,  // likewise
+  kMlaCounters,         // zeroed when allocated
+  kRouterCounter,       // likewise
+  kRouterRowsCounters,  // likewise
   kMlaLatent,
   kMlaPrefillCtx,  // MlaPrefill: gathered cache rows, kv_b as bf16, decompressed k_nope | v
   kMlaPrefillKvb,
@@ -805,12 +806,22 @@ void CudaBackend::RouterGateTopk(const Tensor& hidden, const Tensor& gate, const
   CheckRouterTopk(device(), logits, bias, spec, ids, weights);
   const RouterArgs a = ToRouterArgs(spec);
   static const bool fused_off = ChoiceOff("AFD_ROUTER_FUSED");  // Linear, then RouterTopk
-  if (fused_off || gate.dtype() != DType::kF32 || !RouterGateTopkFits(n, k, e, a) ||
-      !Aligned16(hidden.data()) || !Aligned16(gate.data())) {
+  static const bool rows_off = ChoiceOff("AFD_ROUTER_ROWS");    // so past 8 tokens
+  const bool one_gemv = RouterGateTopkFits(n, k, e, a);
+  if (fused_off || gate.dtype() != DType::kF32 || !Aligned16(hidden.data()) ||
+      !Aligned16(gate.data()) || !(one_gemv || (!rows_off && RouterRowsFits(n, k, e, a)))) {
     Backend::RouterGateTopk(hidden, gate, bias, spec, logits, ids, weights);
     return;
   }
   const OpScope scope(*this, "RouterGateTopk", {n, e});
+  if (!one_gemv) {  // more tokens than the one-GEMV form takes
+    auto* counters = static_cast<unsigned int*>(
+        ZeroedScratch(kRouterRowsCounters, RouterRowsCounters(n) * sizeof(unsigned int)));
+    LaunchRouterRows(hidden.data_as<const float>(), n, k, gate.data_as<const float>(), e,
+                     logits.data_as<float>(), bias.empty() ? nullptr : bias.data_as<const float>(),
+                     a, ids.data_as<int32_t>(), weights.data_as<float>(), counters, state_->stream);
+    return;
+  }
   auto* counter = static_cast<unsigned int*>(ZeroedScratch(kRouterCounter, sizeof(unsigned int)));
   LaunchRouterGateTopk(
       hidden.data_as<const float>(), n, k, gate.data_as<const float>(), e, logits.data_as<float>(),

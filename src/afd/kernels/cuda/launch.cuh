@@ -161,6 +161,17 @@ struct PermuteArgs {
   int32_t* row_of_slot = nullptr;  // [n, k]
 };
 bool RouterGateTopkFits(int64_t n, int64_t k, int64_t num_experts, const RouterArgs& args);
+// The router gate and the top-k in one launch for more tokens than that (decode batch 9+, up to
+// kMaxRouterRowsTokens): blocks of 8 tokens x 8 experts, every logit summed in one fixed order
+// whatever the batch (not GemvF32's: a token's logits may differ in the last bits between a
+// batch of <= 8 and one of more). counters: RouterRowsCounters(n) zeroed unsigned ints the
+// kernel leaves zeroed.
+inline constexpr int64_t kMaxRouterRowsTokens = 511;
+bool RouterRowsFits(int64_t n, int64_t k, int64_t num_experts, const RouterArgs& args);
+int64_t RouterRowsCounters(int64_t n);
+void LaunchRouterRows(const float* x, int64_t n, int64_t k, const float* w, int64_t num_experts,
+                      float* logits, const float* bias, const RouterArgs& args, int32_t* ids,
+                      float* weights, unsigned int* counters, cudaStream_t s);
 bool RouterPermuteFits(int64_t n, const RouterArgs& args, int64_t num_local);
 void LaunchRouterGateTopk(const float* x, int64_t n, int64_t k, const float* w, int64_t num_experts,
                           float* logits, const float* bias, const RouterArgs& args, int32_t* ids,

@@ -235,7 +235,115 @@ __global__ void __launch_bounds__(kGemvF32Warps * 32)
     WarpPermute(ids, rows * static_cast<int>(a.top_k), static_cast<int>(a.top_k), p, lane);
 }
 
+// RouterRows, for more tokens than RouterGateTopk takes: block (x, y) sums the logits of tokens
+// 8x .. 8x + 7 against experts 8y .. 8y + 7, its warps splitting K (lane l of warp w takes the
+// float4 chunks 32w + l, + 256, ...; fp32 FMA in k order), a butterfly adding each warp's lanes,
+// then the warps' sums added in warp order: one order per logit, the same in every block and
+// batch. The last block of a token group to finish (an arrival counter it re-arms) routes the
+// group's tokens, warp t token t (RouteToken, the Router kernel's rules). Replaces cuBLAS's
+// SGEMM (~27 us for 64-256 x 2048 -> 64 in the decode graph: a SIMT kernel on a few blocks), its
+// split-K reduce and the Router launch on the MoE block's critical path (kernel trace, twentieth
+// session).
+constexpr int kRowsTokens = 8, kRowsWarps = 8, kRowsExperts = 8;
+constexpr int kRowsSums = kRowsTokens * kRowsExperts;
+
+__global__ void __launch_bounds__(kRowsWarps * 32)
+    RouterRows(const float* x, int64_t n, int64_t k, const float* w, int64_t e64, float* logits,
+               const float* bias, RouterArgs a, int32_t* ids, float* weights,
+               unsigned int* counters) {
+  __shared__ float part[kRowsWarps][kRowsSums];
+  __shared__ WarpScratch scratch[kRowsTokens];
+  __shared__ bool last;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t t0 = int64_t(blockIdx.x) * kRowsTokens, e0 = int64_t(blockIdx.y) * kRowsExperts;
+  const int tokens = static_cast<int>(min(static_cast<int64_t>(kRowsTokens), n - t0));
+  const int64_t k4 = k / 4;
+  const float4* wr[kRowsExperts];  // experts past e64 read the last one; never written
+#pragma unroll
+  for (int j = 0; j < kRowsExperts; ++j) {
+    wr[j] = reinterpret_cast<const float4*>(w + min(e0 + j, e64 - 1) * k);
+  }
+  const int64_t i0 = warp * 32 + lane;
+  float4 w0[kRowsExperts];  // the first chunk's weights in flight before the programmatic wait
+#pragma unroll
+  for (int j = 0; j < kRowsExperts; ++j) {
+    w0[j] = i0 < k4 ? __ldg(wr[j] + i0) : make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+  PdlStart();
+  const float4* xr[kRowsTokens];  // likewise rows past n
+#pragma unroll
+  for (int t = 0; t < kRowsTokens; ++t) {
+    xr[t] = reinterpret_cast<const float4*>(x + (t0 + min(t, tokens - 1)) * k);
+  }
+  float acc[kRowsTokens][kRowsExperts] = {};
+  for (int64_t i = i0; i < k4; i += kRowsWarps * 32) {
+    float4 xv[kRowsTokens];
+#pragma unroll
+    for (int t = 0; t < kRowsTokens; ++t) xv[t] = __ldg(xr[t] + i);
+#pragma unroll
+    for (int j = 0; j < kRowsExperts; ++j) {
+      const float4 wv = i == i0 ? w0[j] : __ldg(wr[j] + i);
+#pragma unroll
+      for (int t = 0; t < kRowsTokens; ++t) {
+        float v = acc[t][j];
+        v = fmaf(xv[t].x, wv.x, v);
+        v = fmaf(xv[t].y, wv.y, v);
+        v = fmaf(xv[t].z, wv.z, v);
+        acc[t][j] = fmaf(xv[t].w, wv.w, v);
+      }
+    }
+  }
+#pragma unroll
+  for (int v = 0; v < kRowsSums; ++v) {
+    float& s = acc[v / kRowsExperts][v % kRowsExperts];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if (lane == v % 32) part[warp][v] = s;
+  }
+  __syncthreads();
+  if (threadIdx.x < kRowsSums) {
+    const int t = threadIdx.x / kRowsExperts, j = threadIdx.x % kRowsExperts;
+    float s = part[0][threadIdx.x];
+#pragma unroll
+    for (int q = 1; q < kRowsWarps; ++q) s += part[q][threadIdx.x];
+    if (t < tokens && e0 + j < e64) logits[(t0 + t) * e64 + e0 + j] = s;
+  }
+  __threadfence();  // this block's logits visible before its arrival counts
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(counters + blockIdx.x, 1u) == gridDim.y - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  if (warp < tokens) {
+    RouteToken(logits + (t0 + warp) * e64, static_cast<int>(e64), bias, a, scratch[warp], lane,
+               t0 + warp, ids, weights);
+  }
+  if (threadIdx.x == 0) counters[blockIdx.x] = 0;  // re-armed (graph replays too)
+}
+
+static_assert(kRowsTokens <= kRowsWarps, "a warp per token to route");
+static_assert(kRowsSums <= kRowsWarps * 32, "a thread per logit of the block");
+
 }  // namespace
+
+bool RouterRowsFits(int64_t n, int64_t k, int64_t num_experts, const RouterArgs& args) {
+  return n >= 1 && n <= kMaxRouterRowsTokens && k % 4 == 0 && num_experts <= kMaxRouterExperts &&
+         args.n_group <= kMaxGroups && args.top_k <= kMaxTopk;
+}
+
+int64_t RouterRowsCounters(int64_t n) { return (n + kRowsTokens - 1) / kRowsTokens; }
+
+void LaunchRouterRows(const float* x, int64_t n, int64_t k, const float* w, int64_t num_experts,
+                      float* logits, const float* bias, const RouterArgs& args, int32_t* ids,
+                      float* weights, unsigned int* counters, cudaStream_t s) {
+  AFD_CHECK(RouterRowsFits(n, k, num_experts, args),
+            "RouterRows on cuda: {} tokens, K = {}, {} experts", n, k, num_experts);
+  const dim3 grid(static_cast<unsigned>(RouterRowsCounters(n)),
+                  static_cast<unsigned>((num_experts + kRowsExperts - 1) / kRowsExperts));
+  LaunchPdl(RouterRows, grid, kRowsWarps * 32, 0, s, x, n, k, w, num_experts, logits, bias, args,
+            ids, weights, counters);
+  CheckLaunch("RouterRows");
+}
 
 void LaunchRouterTopk(const float* logits, int64_t n, int64_t num_experts, const float* bias,
                       const RouterArgs& args, int32_t* ids, float* weights, cudaStream_t s) {
