@@ -84,13 +84,14 @@ TEST(RouterGateTopk, FusedForAFewTokens) {
   EXPECT_FALSE(RouterGateTopkFits(9, 2048, 64, v2));
   EXPECT_FALSE(RouterGateTopkFits(1, 2050, 64, v2));
   EXPECT_FALSE(RouterGateTopkFits(1, 2048, kMaxRouterExperts + 1, v2));
-  // Past 8 tokens, the row-blocked form up to kMaxRouterRowsTokens (prefill chunks of 512+ take
-  // the GEMM, then the router).
-  EXPECT_TRUE(RouterRowsFits(9, 2048, 64, v2));
+  // From 65 tokens, the row-blocked form up to kMaxRouterRowsTokens (9-64 tokens and prefill
+  // chunks of 512+ take the GEMV / GEMM, then the router).
+  EXPECT_FALSE(RouterRowsFits(64, 2048, 64, v2));
+  EXPECT_TRUE(RouterRowsFits(65, 2048, 64, v2));
   EXPECT_TRUE(RouterRowsFits(kMaxRouterRowsTokens, 7168, 256, v3));
   EXPECT_FALSE(RouterRowsFits(kMaxRouterRowsTokens + 1, 2048, 64, v2));
-  EXPECT_FALSE(RouterRowsFits(64, 2050, 64, v2));
-  EXPECT_FALSE(RouterRowsFits(64, 2048, kMaxRouterExperts + 1, v2));
+  EXPECT_FALSE(RouterRowsFits(100, 2050, 64, v2));
+  EXPECT_FALSE(RouterRowsFits(100, 2048, kMaxRouterExperts + 1, v2));
 }
 
 // The expanded MLA prefill: DeepSeek's head dims only, a step of 256+ tokens, two or more a

@@ -806,7 +806,7 @@ void CudaBackend::RouterGateTopk(const Tensor& hidden, const Tensor& gate, const
   CheckRouterTopk(device(), logits, bias, spec, ids, weights);
   const RouterArgs a = ToRouterArgs(spec);
   static const bool fused_off = ChoiceOff("AFD_ROUTER_FUSED");  // Linear, then RouterTopk
-  static const bool rows_off = ChoiceOff("AFD_ROUTER_ROWS");    // so past 8 tokens
+  static const bool rows_off = ChoiceOff("AFD_ROUTER_ROWS");    // so from 65 tokens on
   const bool one_gemv = RouterGateTopkFits(n, k, e, a);
   if (fused_off || gate.dtype() != DType::kF32 || !Aligned16(hidden.data()) ||
       !Aligned16(gate.data()) || !(one_gemv || (!rows_off && RouterRowsFits(n, k, e, a)))) {
@@ -814,7 +814,7 @@ void CudaBackend::RouterGateTopk(const Tensor& hidden, const Tensor& gate, const
     return;
   }
   const OpScope scope(*this, "RouterGateTopk", {n, e});
-  if (!one_gemv) {  // more tokens than the one-GEMV form takes
+  if (!one_gemv) {  // 65-511 tokens
     auto* counters = static_cast<unsigned int*>(
         ZeroedScratch(kRouterRowsCounters, RouterRowsCounters(n) * sizeof(unsigned int)));
     LaunchRouterRows(hidden.data_as<const float>(), n, k, gate.data_as<const float>(), e,

@@ -161,12 +161,16 @@ struct PermuteArgs {
   int32_t* row_of_slot = nullptr;  // [n, k]
 };
 bool RouterGateTopkFits(int64_t n, int64_t k, int64_t num_experts, const RouterArgs& args);
-// The router gate and the top-k in one launch for more tokens than that (decode batch 9+, up to
-// kMaxRouterRowsTokens): blocks of 8 tokens x 8 experts, every logit summed in one fixed order
-// whatever the batch (not GemvF32's: a token's logits may differ in the last bits between a
-// batch of <= 8 and one of more). counters: RouterRowsCounters(n) zeroed unsigned ints the
-// kernel leaves zeroed.
-inline constexpr int64_t kMaxRouterRowsTokens = 511;
+// The router gate and the top-k in one launch for kMinRouterRowsTokens .. kMaxRouterRowsTokens
+// tokens (decode batch 65+, prefill chunks under 512): blocks of 8 tokens x 8 experts, every
+// logit summed in one fixed order whatever the batch (not GemvF32's nor cuBLAS's: a token's
+// logits may differ in the last bits between batches on either side of a bound). counters:
+// RouterRowsCounters(n) zeroed unsigned ints the kernel leaves zeroed. Not below 65 tokens: at
+// decode batch 16-64 the step measured as fast or faster without it (batch 64: 12.26 vs 10.14
+// ms: the MoE block's router and grouping took 21 us instead of 42, but the routed experts'
+// kernels then ran ~35% slower, presumably beside the shared experts' GEMMs still on the side
+// stream; kernel trace, twentieth session); at 128 it saves 0.2 ms.
+inline constexpr int64_t kMinRouterRowsTokens = 65, kMaxRouterRowsTokens = 511;
 bool RouterRowsFits(int64_t n, int64_t k, int64_t num_experts, const RouterArgs& args);
 int64_t RouterRowsCounters(int64_t n);
 void LaunchRouterRows(const float* x, int64_t n, int64_t k, const float* w, int64_t num_experts,

@@ -327,8 +327,8 @@ static_assert(kRowsSums <= kRowsWarps * 32, "a thread per logit of the block");
 }  // namespace
 
 bool RouterRowsFits(int64_t n, int64_t k, int64_t num_experts, const RouterArgs& args) {
-  return n >= 1 && n <= kMaxRouterRowsTokens && k % 4 == 0 && num_experts <= kMaxRouterExperts &&
-         args.n_group <= kMaxGroups && args.top_k <= kMaxTopk;
+  return n >= kMinRouterRowsTokens && n <= kMaxRouterRowsTokens && k % 4 == 0 &&
+         num_experts <= kMaxRouterExperts && args.n_group <= kMaxGroups && args.top_k <= kMaxTopk;
 }
 
 int64_t RouterRowsCounters(int64_t n) { return (n + kRowsTokens - 1) / kRowsTokens; }
