@@ -235,10 +235,10 @@ __global__ void __launch_bounds__(kGemvF32Warps * 32)
     WarpPermute(ids, rows * static_cast<int>(a.top_k), static_cast<int>(a.top_k), p, lane);
 }
 
-// RouterRows, for more tokens than RouterGateTopk takes: block (x, y) sums the logits of tokens
-// 8x .. 8x + 7 against experts 8y .. 8y + 7, its warps splitting K (lane l of warp w takes the
-// float4 chunks 32w + l, + 256, ...; fp32 FMA in k order), a butterfly adding each warp's lanes,
-// then the warps' sums added in warp order: one order per logit, the same in every block and
+// RouterRows, for 65-511 tokens (launch.cuh says why not fewer): block (x, y) sums the logits of
+// tokens 8x .. 8x + 7 against experts 8y .. 8y + 7, its warps splitting K (lane l of warp w takes
+// the float4 chunks 32w + l, + 256, ...; fp32 FMA in k order), a butterfly adding each warp's
+// lanes, then the warps' sums added in warp order: one order per logit, the same in every block and
 // batch. The last block of a token group to finish (an arrival counter it re-arms) routes the
 // group's tokens, warp t token t (RouteToken, the Router kernel's rules). Replaces cuBLAS's
 // SGEMM (~27 us for 64-256 x 2048 -> 64 in the decode graph: a SIMT kernel on a few blocks), its
