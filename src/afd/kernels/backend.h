@@ -296,10 +296,6 @@ class Backend : public Allocator {
   // range an external profiler sees (CUDA: cudaProfilerStart/Stop).
   virtual void SetProfiling(bool /*on*/, bool /*profiler_range*/ = true) {}
   virtual std::vector<OpTime> TakeProfile() { return {}; }
-  // Device time of spans of enqueued work (not while capturing): BeginTimedSpan marks the
-  // stream, EndTimedSpan marks it again; TakeTimedSeconds waits for the device and returns the
-  // device time of every span since the last call, summed. A backend that runs each op as it is
-  // called (the CPU) reads the host clock, which is then the same thing.
   // Kernel trace: while on, every kernel the device runs is recorded with its start and end
   // (CUDA: CUPTI's activity records, so kernels replayed from a CUDA graph too, with their
   // overlap under programmatic launches). SetKernelTrace(false) or TakeKernelTrace stops it;
@@ -307,6 +303,10 @@ class Backend : public Allocator {
   // Throws afd::Error naming the cause where a backend cannot trace (the CPU: no kernels).
   virtual void SetKernelTrace(bool on);
   virtual std::vector<KernelSpan> TakeKernelTrace();
+  // Device time of spans of enqueued work (not while capturing): BeginTimedSpan marks the
+  // stream, EndTimedSpan marks it again; TakeTimedSeconds waits for the device and returns the
+  // device time of every span since the last call, summed. A backend that runs each op as it is
+  // called (the CPU) reads the host clock, which is then the same thing.
   virtual void BeginTimedSpan();
   virtual void EndTimedSpan();
   virtual double TakeTimedSeconds();
