@@ -324,3 +324,56 @@ TEST(Cli, KernelTraceNeedsGraphReplays) {
 }
 
 }  // namespace
+
+namespace {
+
+// Each command must fail with exit 2 and say `want` (before any model loads or port binds).
+void ExpectRefused(const std::string& args, const std::string& want) {
+  const Result r = RunAfd(args);
+  EXPECT_EQ(r.exit_code, 2) << args << "\n" << r.out;
+  EXPECT_NE(r.out.find(want), std::string::npos) << args << "\n" << r.out;
+}
+
+}  // namespace
+
+// A flag is honoured or refused by name; vLLM's flags that afd lacks say so (not CLI11's
+// "arguments were not expected" with the words reversed).
+TEST(Cli, FlagsAServerCannotHonourAreRefusedByName) {
+  const std::string serve = "serve --model preset:tiny --port 0 ";
+  ExpectRefused(serve + "--data-parallel-rpc-port 13345",
+                "afd serve: --data-parallel-rpc-port is not supported by afd (a vLLM flag");
+  ExpectRefused(serve + "--headless", "--headless is not supported by afd");
+  ExpectRefused(serve + "--kv-transfer-config '{}'", "--kv-transfer-config is not supported");
+  ExpectRefused(serve + "--no-such-flag=3",
+                "--no-such-flag is not supported by afd (`afd serve --help`");
+  ExpectRefused("run --model preset:tiny --prompt-ids 1 --bogus",
+                "afd run: --bogus is not supported by afd");
+  // In one process: no roles to overlap, no tensor parallelism, DP only as DP + EP replicas.
+  ExpectRefused(serve + "--enable-dbo", "--enable-dbo: dual-batch overlap pipelines AFD's");
+  ExpectRefused(serve + "--dbo-decode-token-threshold 4", "--dbo-decode-token-threshold:");
+  ExpectRefused(serve + "--tensor-parallel-size 2", "--tensor-parallel-size 2: a model served");
+  ExpectRefused(serve + "--data-parallel-size 2",
+                "--data-parallel-size 2 without --enable-expert-parallel");
+  ExpectRefused(serve + "--data-parallel-start-rank 1", "--data-parallel-start-rank places");
+  ExpectRefused(serve + "--cuda-devices 0,1", "--cuda-devices places several ranks");
+  // Sampling defaults are checked as `afd run` checks them; batch-only flags are refused.
+  ExpectRefused(serve + "--temperature -1", "--temperature / --top-k / --top-p");
+  ExpectRefused(serve + "--top-p 5", "top_p must be in (0, 1]");
+  ExpectRefused(serve + "--top-k -5", "top_k must be >= 0");
+  ExpectRefused(serve + "--max-tokens 0", "--max-tokens 0: a server's default must be at least 1");
+  ExpectRefused(serve + "--prompt-logprobs", "--prompt-logprobs belongs to `afd run`");
+  ExpectRefused("launch --model preset:tiny --topology 1A1F --port 0 --temperature -1",
+                "--temperature / --top-k / --top-p");
+  // The FFN role answers no API.
+  const std::string ffn = Quote(R"({"afd": {"role": "ffn", "num_attention_ranks": 1, )"
+                                R"("num_ffn_ranks": 1, "port": 1}})");
+  for (const char* flag :
+       {"--api-key k", "--served-model-name m", "--max-logprobs 3", "--max-waiting-requests 3"}) {
+    ExpectRefused("serve --model preset:tiny --additional-config " + ffn + " " + flag,
+                  std::string(flag).substr(0, std::string(flag).find(' ')) +
+                      " configures the OpenAI API, which the FFN role does not answer");
+  }
+  // `afd serve MODEL` as `vllm serve MODEL`; one model only.
+  ExpectRefused("serve preset:tiny --model preset:other", "the model is given twice");
+  ExpectRefused("serve --port 0", "--model is required");
+}

@@ -61,11 +61,29 @@ TEST(ServerApiCompletions, TokenIdPrompt) {
   EXPECT_EQ(c["token_ids"], json(FakeEngine::Expected(Greedy({5, 6, 7}), 6, 1000)));
   EXPECT_EQ(r.body["usage"],
             json({{"prompt_tokens", 3}, {"total_tokens", 9}, {"completion_tokens", 6}}));
-  // Without max_tokens: up to the model length (256 - 3).
-  const HttpResult all = h.Post(
+  // Without max_tokens: OpenAI's and vLLM's 16 on /v1/completions...
+  const HttpResult dflt = h.Post(
       "/v1/completions", json{{"prompt", {5, 6, 7}}, {"temperature", 0}, {"ignore_eos", true}});
-  ASSERT_EQ(all.status, 200) << all.raw;
-  EXPECT_EQ(all.body["usage"]["completion_tokens"], 253);
+  ASSERT_EQ(dflt.status, 200) << dflt.raw;
+  EXPECT_EQ(dflt.body["usage"]["completion_tokens"], 16);
+}
+
+// The server's --max-tokens / sampling flags are the defaults of requests that leave them out.
+TEST(ServerApiCompletions, ServerDefaultsApplyToRequestsWithoutTheField) {
+  ApiServerOptions o;
+  o.defaults.max_tokens = 7;
+  o.defaults.ignore_eos = true;
+  o.defaults.temperature = 0.0;
+  ApiHarness h(SmallModel(), o);
+  const HttpResult r =
+      h.Post("/v1/completions", json{{"prompt", {5, 6, 7}}, {"return_token_ids", true}});
+  ASSERT_EQ(r.status, 200) << r.raw;
+  EXPECT_EQ(r.body["usage"]["completion_tokens"], 7);
+  EXPECT_EQ(r.body["choices"][0]["token_ids"],
+            json(FakeEngine::Expected(Greedy({5, 6, 7}), 7, 1000)));
+  const HttpResult own = h.Post("/v1/completions", json{{"prompt", {5, 6, 7}}, {"max_tokens", 3}});
+  ASSERT_EQ(own.status, 200) << own.raw;
+  EXPECT_EQ(own.body["usage"]["completion_tokens"], 3);
 }
 
 TEST(ServerApiCompletions, ListOfPromptsWithNAndSeed) {

@@ -148,6 +148,15 @@ TEST_F(ServerApiTokenizer, ChatThroughTheTemplate) {
   EXPECT_EQ(first["object"], "chat.completion.chunk");
   EXPECT_EQ(first["choices"][0]["delta"]["role"], "assistant");
   EXPECT_EQ(StreamedText(s), c["message"]["content"].get<std::string>());
+  // Without either, chat runs to the model length (vLLM's default), unlike completions' 16.
+  req.erase("max_tokens");
+  req["stream"] = false;
+  req["ignore_eos"] = true;
+  const HttpResult all = h_->Post("/v1/chat/completions", req);
+  ASSERT_EQ(all.status, 200) << all.raw;
+  EXPECT_EQ(all.body["usage"]["completion_tokens"].get<int64_t>() +
+                all.body["usage"]["prompt_tokens"].get<int64_t>(),
+            4096);
 }
 
 TEST_F(ServerApiTokenizer, TokenizeAndDetokenize) {

@@ -9,11 +9,11 @@
 
 namespace afd::cli {
 
-void AddGenerationFlags(CLI::App* cmd, GenerationFlags& f) {
-  cmd->add_option("--model", f.model,
-                  "Checkpoint directory, or preset:tiny / preset:deepseek-v2-lite (random "
-                  "weights)")
-      ->required();
+void AddGenerationFlags(CLI::App* cmd, GenerationFlags& f, bool model_required) {
+  CLI::Option* model = cmd->add_option("--model", f.model,
+                                       "Checkpoint directory, or preset:tiny / "
+                                       "preset:deepseek-v2-lite (random weights)");
+  if (model_required) model->required();
   cmd->add_option("--max-tokens", f.max_tokens, "New tokens per prompt (default 16)")
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--max-num-seqs", f.max_num_seqs,

@@ -47,7 +47,8 @@ struct GenerationFlags {
 // --prompt-logprobs, --num-gpu-blocks-override, --max-model-len, --[no-]enable-chunked-prefill,
 // --[no-]async-scheduling,
 // --gpu-memory-utilization, --cpu-kv-cache-gib, --preset-vocab-size, --preset-eos-token-id.
-void AddGenerationFlags(CLI::App* cmd, GenerationFlags& flags);
+// model_required false: the command checks for a model itself (`afd serve MODEL`).
+void AddGenerationFlags(CLI::App* cmd, GenerationFlags& flags, bool model_required = true);
 
 // The same flags as a command line, for a rank process started by a launcher.
 std::vector<std::string> GenerationFlagsArgv(const GenerationFlags& flags);

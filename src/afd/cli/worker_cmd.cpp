@@ -9,17 +9,23 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <initializer_list>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
+#include <thread>
 
 #include "afd/cli/commands.h"
 #include "afd/cli/generation_flags.h"
 #include "afd/cli/validators.h"
 #include "afd/comm/join_secret.h"
 #include "afd/common/error.h"
+#include "afd/common/stop_signals.h"
 #include "afd/deploy/deployment_run.h"
 #include "afd/deploy/dp_ep_worker.h"
 #include "afd/deploy/kv_sizing.h"
@@ -60,7 +66,61 @@ struct RoleArgs {
   int32_t max_logprobs = 20;
   int64_t max_waiting_requests = 0;
   double shutdown_timeout_s = 30;
+  std::string model_positional;  // serve: `afd serve MODEL`, as `vllm serve MODEL`
+  std::set<std::string> given;   // the flags given on the command line ("--max-tokens", ...)
+  bool Given(const char* flag) const { return given.count(flag) > 0; }
 };
+
+// Records which of `cmd`'s flags the command line gave (RoleArgs::given).
+void RecordGivenFlags(const CLI::App* cmd, RoleArgs& a) {
+  for (const CLI::Option* o : cmd->get_options()) {
+    if (o->count() > 0) a.given.insert(o->get_name());
+  }
+}
+
+// The first of `flags` that was given, or nullptr.
+const char* FirstGiven(const RoleArgs& a, std::initializer_list<const char*> flags) {
+  for (const char* f : flags) {
+    if (a.Given(f)) return f;
+  }
+  return nullptr;
+}
+
+// The flags of the OpenAI API, which only a command that answers it may take.
+constexpr std::initializer_list<const char*> kApiOnlyFlags = {
+    "--api-key", "--served-model-name", "--max-logprobs", "--max-waiting-requests"};
+// Flags of one `afd run`-style batch that a server takes from each request instead.
+constexpr std::initializer_list<const char*> kBatchOnlyFlags = {"--prompt-logprobs"};
+
+// `afd serve MODEL` (vLLM's form) or `--model MODEL`, not both differing, one of them required.
+void ResolveModel(RoleArgs& a) {
+  if (!a.model_positional.empty()) {
+    AFD_CHECK(a.gen.model.empty() || a.gen.model == a.model_positional,
+              "the model is given twice: {} (first argument) and --model {}", a.model_positional,
+              a.gen.model);
+    a.gen.model = a.model_positional;
+  }
+  AFD_CHECK(!a.gen.model.empty(),
+            "--model is required (a checkpoint directory or preset:NAME; `afd serve MODEL` also "
+            "works, as `vllm serve MODEL`)");
+}
+
+// A rank process (`afd worker`, `afd dp-ep-worker`) ends at once on SIGINT / SIGTERM, exit 0:
+// it holds nothing a drain would save (its launcher drains the requests first, and its peers
+// name it when it leaves). A thread waits for the signals, blocked in every other thread; call
+// before any thread starts.
+void ExitOnStopSignal(const std::string& who) {
+  BlockStopSignals();
+  std::thread([who] {
+    while (true) {
+      if (const int sig = WaitStopSignal(3600)) {
+        std::fprintf(stderr, "afd %s: %s: stopping\n", who.c_str(), StopSignalName(sig));
+        std::fflush(stderr);
+        std::_Exit(0);
+      }
+    }
+  }).detach();
+}
 
 // --dtype and --cuda-device: where and how a model runs on a GPU.
 void AddCudaFlags(CLI::App* cmd, RoleArgs& a) {
@@ -70,8 +130,8 @@ void AddCudaFlags(CLI::App* cmd, RoleArgs& a) {
       ->check(CLI::NonNegativeNumber);
 }
 
-void AddRoleFlags(CLI::App* cmd, RoleArgs& a) {
-  AddGenerationFlags(cmd, a.gen);
+void AddRoleFlags(CLI::App* cmd, RoleArgs& a, bool model_required = true) {
+  AddGenerationFlags(cmd, a.gen, model_required);
   cmd->add_option("--device", a.device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
   AddCudaFlags(cmd, a);
   cmd->add_option("--additional-config", a.additional_config,
@@ -191,6 +251,25 @@ server::ServeHttpOptions ToHttpOptions(const RoleArgs& a) {
       a.served_model_names.empty() ? std::vector<std::string>{a.gen.model} : a.served_model_names;
   o.api.max_logprobs = a.max_logprobs;
   o.api.max_waiting_requests = a.max_waiting_requests;
+  // The generation flags given are the defaults of requests that leave those fields out.
+  if (const char* f = FirstGiven(a, kBatchOnlyFlags)) {
+    AFD_THROW("{} belongs to `afd run`: a server's requests ask for it themselves", f);
+  }
+  try {
+    runtime::ValidateSamplingParams(a.gen.sampling);
+  } catch (const Error& e) {
+    AFD_THROW("--temperature / --top-k / --top-p (the defaults of requests): {}", e.what());
+  }
+  if (a.Given("--max-tokens")) {
+    AFD_CHECK(a.gen.max_tokens >= 1, "--max-tokens {}: a server's default must be at least 1",
+              a.gen.max_tokens);
+    o.api.defaults.max_tokens = a.gen.max_tokens;
+  }
+  if (a.Given("--temperature")) o.api.defaults.temperature = a.gen.sampling.temperature;
+  if (a.Given("--top-p")) o.api.defaults.top_p = a.gen.sampling.top_p;
+  if (a.Given("--top-k")) o.api.defaults.top_k = a.gen.sampling.top_k;
+  if (a.Given("--seed")) o.api.defaults.seed = a.gen.sampling.seed;
+  o.api.defaults.ignore_eos = a.gen.ignore_eos;
   o.tokenizer_dir = a.tokenizer;
   o.shutdown_timeout_s = a.shutdown_timeout_s;
   o.api.Validate();
@@ -206,6 +285,34 @@ void SizePresetToTokenizer(GenerationFlags& gen, const server::ServingTokenizer&
       gen.preset_eos_token_ids = {static_cast<int64_t>(*id)};
     }
   }
+}
+
+// Flags a model served in this process cannot honour: an error naming the flag and what does.
+void CheckInProcessFlags(const RoleArgs& a) {
+  if (const char* f = FirstGiven(
+          a, {"--enable-dbo", "--dbo-decode-token-threshold", "--dbo-prefill-token-threshold"})) {
+    AFD_THROW(
+        "{}: dual-batch overlap pipelines AFD's attention and FFN roles; a model served in one "
+        "process has no roles (give --additional-config with a role, or use afd launch "
+        "--topology xAyF)",
+        f);
+  }
+  if (const char* f = FirstGiven(a, {"--data-parallel-start-rank", "--data-parallel-size-local"})) {
+    AFD_THROW("{} places the DP ranks of an AFD role on hosts: give --additional-config", f);
+  }
+  AFD_CHECK(a.tp == 1,
+            "--tensor-parallel-size {}: a model served in one process runs on one device; "
+            "tensor parallelism is the attention role's (afd launch --topology xAyF "
+            "--attention-tp {}, or --additional-config)",
+            a.tp, a.tp);
+  AFD_CHECK(a.dp == 1 || a.expert_parallel,
+            "--data-parallel-size {} without --enable-expert-parallel: data-parallel replicas "
+            "serve with the MoE expert-parallel over them (add --enable-expert-parallel) or as "
+            "AFD attention ranks (--additional-config)",
+            a.dp);
+  AFD_CHECK(a.dp > 1 || a.cuda_devices.empty(),
+            "--cuda-devices places several ranks; a model served in one process uses "
+            "--cuda-device");
 }
 
 // `afd serve` of a model in this process.
@@ -249,15 +356,26 @@ int ServeInProcess(RoleArgs& a) {
   }
 }
 
+int LaunchCommand(RoleArgs& a);
+
 int ServeCommand(RoleArgs& a) {
-  server::BlockStopSignals();  // before any thread starts: the serve loop waits for them
-  if (a.additional_config.empty()) {
-    if (!a.prompts_file.empty() || !a.output_file.empty()) {
-      std::cerr << "afd serve: --prompts-file and --output-file belong to an AFD role: give "
-                   "--additional-config"
-                << std::endl;
-      return 2;
+  BlockStopSignals();  // before any thread starts: the serve loop waits for them
+  try {
+    ResolveModel(a);
+    if (a.additional_config.empty()) {
+      AFD_CHECK(a.prompts_file.empty() && a.output_file.empty(),
+                "--prompts-file and --output-file belong to an AFD role: give "
+                "--additional-config");
+      CheckInProcessFlags(a);
     }
+  } catch (const Error& e) {
+    std::cerr << "afd serve: " << e.what() << std::endl;
+    return 2;
+  }
+  if (a.additional_config.empty()) {
+    // `--data-parallel-size N --enable-expert-parallel`, as vLLM: N replicas, each attention
+    // plus a share of the routed experts, the MoE expert-parallel over them (afd launch's).
+    if (a.dp > 1) return LaunchCommand(a);
     return ServeInProcess(a);
   }
   deploy::WorkerOptions base;
@@ -267,6 +385,18 @@ int ServeCommand(RoleArgs& a) {
   try {
     const AfdConfig role = ParseAfdConfig(a.additional_config);
     api = role.role == Role::kAttention && a.prompts_file.empty();
+    if (!api) {
+      if (const char* f = FirstGiven(a, kApiOnlyFlags)) {
+        AFD_THROW("{} configures the OpenAI API, which {}", f,
+                  role.role == Role::kFfn
+                      ? "the FFN role does not answer (give it to the attention role's command)"
+                      : "an attention role with --prompts-file does not answer");
+      }
+    }
+    if (role.role == Role::kFfn) {
+      AFD_CHECK(a.prompts_file.empty() && a.output_file.empty(),
+                "--prompts-file and --output-file belong to the attention role");
+    }
     if (api) {
       tok = server::LoadServingTokenizer(a.tokenizer);
       SizePresetToTokenizer(a.gen, tok);
@@ -300,7 +430,9 @@ int ServeCommand(RoleArgs& a) {
     }
     std::string dir;
     std::vector<deploy::RankProcessSpec> specs = deploy::ServeRankSpecs(so, &dir);
-    comm::EnsureLocalJoinSecret();
+    // No EnsureLocalJoinSecret here: these ranks join the store of FFN rank 0, which another
+    // command started; they take the secret (or none, on loopback) from the environment as it
+    // does, so the seed's two commands pair up with no secret and with the same one exported.
     return server::ServeReplicas(http, std::move(specs), so.dp_local, so.dp_start, tok);
   } catch (const Error& e) {
     std::cerr << "afd serve: error: " << e.what() << std::endl;
@@ -309,7 +441,7 @@ int ServeCommand(RoleArgs& a) {
 }
 
 int LaunchCommand(RoleArgs& a) {
-  server::BlockStopSignals();
+  BlockStopSignals();
   server::ServingTokenizer tok;
   server::ServeHttpOptions http;
   deploy::DeploymentSpec spec;
@@ -386,6 +518,7 @@ void AddWorkerCommands(CLI::App& app, int& exit_code) {
                      "launch set it)");
   worker->callback([wargs, exit_with_parent, &exit_code] {
     if (*exit_with_parent > 0) deploy::ExitWithParent(*exit_with_parent);
+    ExitOnStopSignal("worker");
     std::string who = "worker";
     deploy::WorkerOptions o;
     try {
@@ -435,6 +568,7 @@ void AddWorkerCommands(CLI::App& app, int& exit_code) {
                     "PID of the launcher: end this rank when it ends (launchers set it)");
   dp_ep->callback([eargs, ep, dp_ep_parent, &exit_code] {
     if (*dp_ep_parent > 0) deploy::ExitWithParent(*dp_ep_parent);
+    ExitOnStopSignal("dp-ep-worker");
     deploy::DpEpWorkerOptions o = *ep;
     try {
       AFD_CHECK(o.rank < o.size, "--data-parallel-rank {}: at most --data-parallel-size {} - 1",
@@ -476,7 +610,7 @@ void AddWorkerCommands(CLI::App& app, int& exit_code) {
       "Serve the OpenAI API: a model in this process (no --additional-config), or this host's "
       "ranks of one AFD role (one command per role and host; the attention role answers the "
       "API unless --prompts-file is given)");
-  AddRoleFlags(serve, *sargs);
+  AddRoleFlags(serve, *sargs, /*model_required=*/false);
   AddHttpFlags(serve, *sargs);
   serve
       ->add_option("--data-parallel-size-local", sargs->dp_local,
@@ -497,7 +631,12 @@ void AddWorkerCommands(CLI::App& app, int& exit_code) {
       ->add_option("--cuda-graph-sizes", sargs->cuda_graph_sizes,
                    "In-process model on cuda: decode batch buckets captured as CUDA graphs")
       ->delimiter(',');
-  serve->callback([sargs, &exit_code] { exit_code = ServeCommand(*sargs); });
+  serve->add_option("model", sargs->model_positional,
+                    "The model, as `vllm serve MODEL` takes it (or --model)");
+  serve->callback([sargs, serve, &exit_code] {
+    RecordGivenFlags(serve, *sargs);
+    exit_code = ServeCommand(*sargs);
+  });
 
   auto largs = std::make_shared<RoleArgs>();
   auto* launch = app.add_subcommand(
@@ -536,7 +675,10 @@ void AddWorkerCommands(CLI::App& app, int& exit_code) {
       ->check(CLI::NonNegativeNumber);
   launch->add_option("--log-dir", largs->log_dir, "Where rank logs go (default: a temp dir)");
   launch->add_flag("--enforce-eager", largs->enforce_eager, "Accepted (the CPU path is eager)");
-  launch->callback([largs, &exit_code] { exit_code = LaunchCommand(*largs); });
+  launch->callback([largs, launch, &exit_code] {
+    RecordGivenFlags(launch, *largs);
+    exit_code = LaunchCommand(*largs);
+  });
 }
 
 }  // namespace afd::cli

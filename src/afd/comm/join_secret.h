@@ -9,7 +9,9 @@
 // Policy when neither is set (ResolveJoinSecret): a deployment whose rendezvous host is a
 // loopback address runs without one (the store then listens on loopback only) and says so once
 // on stderr; any other host is refused, because the store would be open to the network.
-// `afd run --topology` generates a fresh secret for its children (EnsureLocalJoinSecret).
+// `afd run --topology` and `afd launch`, which start every rank themselves, generate a fresh
+// secret for their children (EnsureLocalJoinSecret); a per-role `afd serve` never does, since
+// its ranks join a store another command started.
 #pragma once
 
 #include <optional>

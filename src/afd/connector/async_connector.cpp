@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -119,7 +120,10 @@ AsyncConnector::AsyncConnector(comm::AfdWorld& world, const AsyncConnectorOption
     }
     if (o.cuda_stream != nullptr) {
       std::string why;
-      stream_flags_ = StreamFlags::Create(o.cuda_device, &why);
+      // The kernel form's own bound comes after the watchdog's (WatchDeviceWaits), which
+      // names the peer.
+      stream_flags_ =
+          StreamFlags::Create(o.cuda_device, &why, 2 * world.config().afd_process_group_timeout_s);
       if (stream_flags_) {
         rows->UseStream(o.cuda_stream);
         // The flag pages of this rank's copy (awaited) and of every peer's (stored into).
@@ -147,11 +151,77 @@ AsyncConnector::AsyncConnector(comm::AfdWorld& world, const AsyncConnectorOption
   send_seq_.assign(static_cast<size_t>(num_peers()) * layout_.ring_depth, 0);
   seen_.assign(static_cast<size_t>(layout_.num_regions) * layout_.ring_depth, 0);
   device_wait_.assign(seen_.size(), 0);
+  if (stream_flags_) {
+    watched_seq_ = std::make_unique<std::atomic<uint64_t>[]>(seen_.size());
+    watched_since_ = std::make_unique<std::atomic<int64_t>[]>(seen_.size());
+    for (size_t i = 0; i < seen_.size(); ++i) watched_seq_[i] = 0;
+    for (int p = 0; p < num_peers(); ++p) peer_names_.push_back(PeerName(p));
+    watchdog_ = std::thread([this] { WatchDeviceWaits(); });
+  }
   finished_.assign(num_peers(), false);
 }
 
 AsyncConnector::~AsyncConnector() {
+  if (watchdog_.joinable()) {
+    {
+      std::lock_guard<std::mutex> lock(watchdog_mu_);
+      watchdog_stop_ = true;
+    }
+    watchdog_cv_.notify_all();
+    watchdog_.join();
+  }
   if (stream_flags_) ReleaseDeviceWaits();
+}
+
+namespace {
+int64_t SteadyNanos() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+}  // namespace
+
+void AsyncConnector::WatchDeviceWaits() {
+  const double timeout = world_.config().afd_process_group_timeout_s;
+  const auto timeout_ns = static_cast<int64_t>(timeout * 1e9);
+  std::unique_lock<std::mutex> lock(watchdog_mu_);
+  while (!watchdog_stop_) {
+    watchdog_cv_.wait_for(lock, std::chrono::milliseconds(50));
+    if (watchdog_stop_ || device_wait_expired_) continue;
+    const int64_t now = SteadyNanos();
+    for (size_t i = 0; i < device_wait_.size(); ++i) {
+      const uint64_t seq = watched_seq_[i].load();
+      if (seq == 0 || now - watched_since_[i].load() < timeout_ns) continue;
+      const int peer = static_cast<int>(i / static_cast<size_t>(layout_.ring_depth));
+      const int ring = static_cast<int>(i % static_cast<size_t>(layout_.ring_depth));
+      auto* flag =
+          reinterpret_cast<volatile uint64_t*>(window_->local() + layout_.flag_offset(peer, ring));
+      if (*flag >= seq) continue;  // it came; the host has not received it yet
+      device_wait_failure_ = fmt::format(
+          "{} timed out after {}s: its CUDA stream waited for the reply of {} (flag of region {} "
+          "ring {} still {}, awaited {}); the stream's waits were released so that it drains",
+          world_.Describe(world_.world_rank()), timeout, peer_names_[peer], peer, ring, *flag, seq);
+      fmt::print(stderr, "async connector: {}\n", device_wait_failure_);
+      // Release every pending wait: the stream (and a host sync behind it) must not hang.
+      for (size_t j = 0; j < device_wait_.size(); ++j) {
+        const uint64_t v = watched_seq_[j].load();
+        if (v == 0) continue;
+        const int pj = static_cast<int>(j / static_cast<size_t>(layout_.ring_depth));
+        const int rj = static_cast<int>(j % static_cast<size_t>(layout_.ring_depth));
+        auto* f =
+            reinterpret_cast<volatile uint64_t*>(window_->local() + layout_.flag_offset(pj, rj));
+        if (*f < v) *f = v;
+      }
+      device_wait_expired_ = true;
+      break;
+    }
+  }
+}
+
+void AsyncConnector::ThrowIfDeviceWaitExpired() const {
+  if (!device_wait_expired_.load()) return;
+  std::lock_guard<std::mutex> lock(watchdog_mu_);
+  AFD_THROW("{}", device_wait_failure_);
 }
 
 void AsyncConnector::EnqueueWait(int peer, int stage) {
@@ -164,6 +234,9 @@ void AsyncConnector::EnqueueWait(int peer, int stage) {
             PeerName(peer));
   device_wait_[i] = seen_[i] + 1;
   if (stream_flags_) {
+    ThrowIfDeviceWaitExpired();
+    watched_since_[i] = SteadyNanos();
+    watched_seq_[i] = device_wait_[i];
     DeviceAwaitFlag(layout_.flag_offset(peer, stage), device_wait_[i]);
     return;
   }
@@ -254,6 +327,7 @@ int64_t AsyncConnector::num_local_experts(int f) const {
 }
 
 uint64_t AsyncConnector::Send(int peer, const SlotPayload& p) {
+  ThrowIfDeviceWaitExpired();
   AFD_CHECK(peer >= 0 && peer < num_peers(), "async connector: peer {} outside [0, {})", peer,
             num_peers());
   AFD_CHECK(p.stage >= 0 && p.stage < layout_.ring_depth,
@@ -368,11 +442,14 @@ ReceivedSlot AsyncConnector::Receive(int peer, int stage, const Describe& what) 
             "async connector: receive from peer {} stage {} out of range", peer, stage);
   const auto start = std::chrono::steady_clock::now();
   const size_t i = static_cast<size_t>(peer) * layout_.ring_depth + stage;
+  ThrowIfDeviceWaitExpired();  // a released wait's flag is not the peer's
   AwaitFlagOnHost(peer, stage, what);
+  ThrowIfDeviceWaitExpired();
   uint64_t seq = 0;
   window_->ReadFlags(layout_.flag_offset(peer, stage), std::span<uint64_t>(&seq, 1));
   ReceivedSlot r = Read(peer, stage, seq, what);
   device_wait_[i] = 0;
+  if (watched_seq_) watched_seq_[i] = 0;
   if (!r.shutdown()) {
     stats_[r.header.layer].seconds +=
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -381,6 +458,7 @@ ReceivedSlot AsyncConnector::Receive(int peer, int stage, const Describe& what) 
 }
 
 std::optional<ReceivedSlot> AsyncConnector::Poll(int timeout_ms) {
+  ThrowIfDeviceWaitExpired();
   const int n = static_cast<int>(seen_.size());
   const int hit = WaitForFlags(*window_, 0, seen_, poll_start_, Deadline::In(timeout_ms / 1e3),
                                [&] { CheckPeers("polled for work"); });

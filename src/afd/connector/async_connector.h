@@ -22,13 +22,17 @@
 // Thread safety: one thread at a time.
 #pragma once
 
+#include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "afd/comm/afd_world.h"
@@ -165,6 +169,12 @@ class AsyncConnector {
   void DeviceStoreFlag(int world_rank, size_t offset, uint64_t seq);
   void DeviceAwaitFlag(size_t offset, uint64_t seq);
   void ReleaseDeviceWaits();
+  // The device-wait watchdog (a thread while device flags are in use): a stream wait for a
+  // flag that has not come afd_process_group_timeout_s after it was enqueued is released (the
+  // awaited value stored into this rank's own flag, so that the stream and any host sync behind
+  // it drain) and recorded; the next call on this connector then throws naming the peer.
+  void WatchDeviceWaits();
+  void ThrowIfDeviceWaitExpired() const;
   std::string PeerName(int peer) const;
 
   comm::AfdWorld& world_;
@@ -182,6 +192,16 @@ class AsyncConnector {
   std::vector<bool> finished_;         // [peer]
   int poll_start_ = 0;
   std::map<int, LayerTransferStats> stats_;
+  // The watchdog's view of device_wait_ (the seq, and when it was enqueued in steady-clock ns).
+  std::unique_ptr<std::atomic<uint64_t>[]> watched_seq_;
+  std::unique_ptr<std::atomic<int64_t>[]> watched_since_;
+  std::vector<std::string> peer_names_;  // PeerName(p), formatted once for the watchdog
+  std::atomic<bool> watchdog_stop_{false};
+  std::atomic<bool> device_wait_expired_{false};
+  mutable std::mutex watchdog_mu_;
+  std::condition_variable watchdog_cv_;
+  std::string device_wait_failure_;  // guarded by watchdog_mu_
+  std::thread watchdog_;
 };
 
 }  // namespace afd::connector

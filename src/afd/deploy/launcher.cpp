@@ -57,8 +57,8 @@ bool FailedBecauseOfAnother(const std::string& log) {
 
 }  // namespace
 
-void RunRankProcesses(const std::vector<RankProcessSpec>& specs, double finish_bound_s,
-                      const std::atomic<bool>* stop) {
+bool RunRankProcesses(const std::vector<RankProcessSpec>& specs, double finish_bound_s,
+                      const std::atomic<bool>* stop, double stop_grace_s) {
   // The ranks share this host's cores: give each its share of BLAS/OpenMP threads (unless the
   // user chose), or their spinning threads starve each other (26x slower decode seen on 2 cores).
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
@@ -85,13 +85,24 @@ void RunRankProcesses(const std::vector<RankProcessSpec>& specs, double finish_b
     }
     if (first_failed >= 0 || all_done) break;
     if (stop && stop->load()) {
-      std::string running;
+      // A stop request: SIGTERM to each process still running (each stops at once, docs/
+      // reliability.md), then SIGKILL for any still there after stop_grace_s.
+      for (auto& p : procs) {
+        if (!p->Poll()) p->Kill(SIGTERM);
+      }
+      const Deadline grace = Deadline::In(stop_grace_s);
+      std::string killed;
       for (size_t i = 0; i < procs.size(); ++i) {
-        if (!procs[i]->Poll())
-          running += fmt::format(" {} (pid {});", specs[i].label, procs[i]->pid());
+        if (!procs[i]->Wait(grace)) {
+          killed += fmt::format(" {} (pid {});", specs[i].label, procs[i]->pid());
+        }
       }
       procs.clear();  // kills and reaps whatever is left
-      AFD_THROW("stopped; killed the processes still running:{}", running);
+      AFD_CHECK(killed.empty(),
+                "stopped; these processes did not end within {}s of SIGTERM and "
+                "were killed:{}",
+                stop_grace_s, killed);
+      return true;
     }
     if (finish_deadline && finish_deadline->expired()) {
       std::string running;
@@ -109,7 +120,7 @@ void RunRankProcesses(const std::vector<RankProcessSpec>& specs, double finish_b
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  if (first_failed < 0) return;
+  if (first_failed < 0) return false;
   // Grace period: the peers of a dead process notice it and exit naming it.
   const Deadline grace = Deadline::In(3.0);
   for (auto& p : procs) p->Wait(grace);

@@ -24,9 +24,11 @@ struct RankProcessSpec {
 // OPENBLAS_NUM_THREADS give each process its share of this host's cores. Once one process has
 // finished cleanly, the others must finish within finish_bound_s, or they are stopped and
 // afd::Error names them.
-// When `stop` becomes true, every process still running is killed and afd::Error says so.
-void RunRankProcesses(const std::vector<RankProcessSpec>& specs, double finish_bound_s = 300,
-                      const std::atomic<bool>* stop = nullptr);
+// When `stop` becomes true, every process still running gets SIGTERM and this returns true once
+// all have ended; those still running stop_grace_s later are killed and afd::Error names them.
+// Returns false when every process finished on its own.
+bool RunRankProcesses(const std::vector<RankProcessSpec>& specs, double finish_bound_s = 300,
+                      const std::atomic<bool>* stop = nullptr, double stop_grace_s = 10);
 
 // Makes the kernel send SIGKILL to this process when its parent ends (a launcher that was
 // killed), so no rank outlives its launcher; exits at once if the parent is no longer

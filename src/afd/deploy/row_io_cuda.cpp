@@ -14,6 +14,8 @@ namespace afd::deploy {
 
 namespace {
 
+constexpr double kHoldBoundS = 600;  // a connector-test stream hold, at most
+
 class DeviceRowIo : public RowIo {
  public:
   DeviceRowIo(int device, cudaStream_t stream) : stream_(stream) {
@@ -41,7 +43,9 @@ class DeviceRowIo : public RowIo {
       AFD_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&device_gate_), p, 0));
     }
     ++gate_seq_;
-    AFD_CHECK(connector::LaunchAwaitFlag(stream_, device_gate_, gate_seq_),
+    // The host releases this gate itself (Release); the bound only keeps a wedged test from
+    // holding the GPU forever.
+    AFD_CHECK(connector::LaunchAwaitFlag(stream_, device_gate_, gate_seq_, kHoldBoundS),
               "connector-test rows: the stream hold failed to launch: {}",
               cudaGetErrorString(cudaGetLastError()));
   }

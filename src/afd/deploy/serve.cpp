@@ -3,12 +3,15 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <sstream>
+#include <thread>
 
 #include "afd/common/error.h"
+#include "afd/common/stop_signals.h"
 #include "afd/deploy/launcher.h"
 
 namespace afd::deploy {
@@ -61,11 +64,36 @@ std::vector<RankProcessSpec> ServeRankSpecs(const ServeOptions& o, std::string* 
   return specs;
 }
 
-void ServeRole(const ServeOptions& o) {
+bool ServeRole(const ServeOptions& o) {
   std::string dir;
   const std::vector<RankProcessSpec> specs = ServeRankSpecs(o, &dir);
-  RunRankProcesses(specs);
-  if (o.output_file.empty()) return;
+  // SIGINT / SIGTERM (blocked by the caller) stop the ranks: a watcher thread takes them.
+  std::atomic<bool> stop{false}, done{false};
+  std::thread watcher([&] {
+    while (!done) {
+      if (const int sig = WaitStopSignal(0.1)) {
+        std::cerr << "afd serve: " << StopSignalName(sig) << ": stopping the " << specs.size()
+                  << " rank(s) of this host" << std::endl;
+        stop = true;
+        return;
+      }
+    }
+  });
+  bool stopped = false;
+  try {
+    stopped = RunRankProcesses(specs, 300, &stop, o.stop_grace_s);
+  } catch (...) {
+    done = true;
+    watcher.join();
+    throw;
+  }
+  done = true;
+  watcher.join();
+  if (stopped) {
+    std::cerr << "afd serve: stopped" << std::endl;
+    return true;
+  }
+  if (o.output_file.empty()) return false;
   std::string merged;
   for (int d = o.dp_start; d < o.dp_start + o.dp_local; ++d) {
     const std::string part = fmt::format("{}/out{}.jsonl", dir, d);
@@ -79,6 +107,7 @@ void ServeRole(const ServeOptions& o) {
   out << merged;
   out.close();
   AFD_CHECK(out.good(), "--output-file {}: cannot write", o.output_file);
+  return false;
 }
 
 }  // namespace afd::deploy

@@ -21,6 +21,7 @@ struct ServeOptions {
   // On cuda: the GPU of each of this host's ranks in rank order (--cuda-device of each; the
   // worker flags then carry none); empty: the worker flags' --cuda-device for all.
   std::vector<int> cuda_devices;
+  double stop_grace_s = 10;  // after a stop signal, how long the ranks get to end
 };
 
 // This host's rank processes (logs in the returned directory). Attention ranks without prompts
@@ -28,7 +29,9 @@ struct ServeOptions {
 std::vector<RankProcessSpec> ServeRankSpecs(const ServeOptions& options, std::string* log_dir);
 
 // Starts the ranks, waits for them, merges the outputs. Throws afd::Error naming the rank
-// that failed.
-void ServeRole(const ServeOptions& options);
+// that failed. SIGINT / SIGTERM (which the caller has blocked: BlockStopSignals) stop the
+// ranks (SIGTERM, then SIGKILL after stop_grace_s); returns true when stopped so, with no
+// output merged.
+bool ServeRole(const ServeOptions& options);
 
 }  // namespace afd::deploy

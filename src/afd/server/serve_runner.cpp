@@ -8,29 +8,12 @@
 #include <thread>
 
 #include "afd/common/error.h"
+#include "afd/common/stop_signals.h"
 #include "afd/server/replica_engine_client.h"
 
 namespace afd::server {
 
 namespace {
-
-sigset_t StopSignals() {
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGINT);
-  sigaddset(&set, SIGTERM);
-  return set;
-}
-
-// The stop signal received within timeout_s, or 0.
-int WaitStopSignal(double timeout_s) {
-  const sigset_t set = StopSignals();
-  timespec ts;
-  ts.tv_sec = static_cast<time_t>(timeout_s);
-  ts.tv_nsec = static_cast<long>((timeout_s - ts.tv_sec) * 1e9);
-  const int sig = sigtimedwait(&set, nullptr, &ts);
-  return sig > 0 ? sig : 0;
-}
 
 // Lets in-flight requests finish (at most timeout_s), then stops the API server.
 void StopApi(ApiServer& api, double timeout_s) {
@@ -70,18 +53,13 @@ ServingTokenizer LoadServingTokenizer(const std::string& dir) {
   return t;
 }
 
-void BlockStopSignals() {
-  const sigset_t set = StopSignals();
-  pthread_sigmask(SIG_BLOCK, &set, nullptr);
-}
-
 int ServeEngine(const ServeHttpOptions& o, EngineClient& engine, const ServingTokenizer& tok) {
   ApiServer api(o.api, engine, tok.tokenizer.get(), tok.chat_template.get());
   api.Start();
   std::cerr << Listening(o, api) << std::endl;
   while (true) {
     if (const int sig = WaitStopSignal(0.2)) {
-      std::cerr << "afd serve: " << strsignal(sig) << ": stopping" << std::endl;
+      std::cerr << "afd serve: " << StopSignalName(sig) << ": stopping" << std::endl;
       StopApi(api, o.shutdown_timeout_s);
       return 0;
     }
@@ -133,7 +111,7 @@ int ServeReplicas(const ServeHttpOptions& o, std::vector<deploy::RankProcessSpec
   const Deadline ready_by = Deadline::In(o.ready_timeout_s);
   while (!client.Ready()) {
     if (const int sig = WaitStopSignal(0.1)) {
-      std::cerr << "afd serve: " << strsignal(sig) << " before the deployment was up: stopping"
+      std::cerr << "afd serve: " << StopSignalName(sig) << " before the deployment was up: stopping"
                 << std::endl;
       finish(true);
       return 0;
@@ -166,11 +144,23 @@ int ServeReplicas(const ServeHttpOptions& o, std::vector<deploy::RankProcessSpec
   std::cerr << Listening(o, api) << std::endl;
   while (true) {
     if (const int sig = WaitStopSignal(0.2)) {
-      std::cerr << "afd serve: " << strsignal(sig) << ": stopping" << std::endl;
+      std::cerr << "afd serve: " << StopSignalName(sig) << ": stopping" << std::endl;
       StopApi(api, o.shutdown_timeout_s);
       client.Shutdown();
-      // The replicas finish and leave, then the FFN ranks; the launcher bounds the rest.
-      finish(false);
+      // The replicas finish and leave, then the FFN ranks; past stop_grace_s they are stopped.
+      const Deadline leave_by = Deadline::In(o.stop_grace_s);
+      while (!launcher_done && !leave_by.expired()) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+      const bool left = launcher_done;
+      finish(!left);
+      if (!left) {
+        std::cerr << fmt::format(
+                         "afd serve: the processes had not ended {} s after the shutdown: "
+                         "stopped them (SIGTERM)",
+                         o.stop_grace_s)
+                  << std::endl;
+      }
       if (!launcher_error.empty()) {
         std::cerr << "afd serve: error while stopping: " << launcher_error << std::endl;
         return 1;

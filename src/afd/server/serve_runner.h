@@ -22,6 +22,7 @@ struct ServeHttpOptions {
   std::string tokenizer_dir;       // "": token-id prompts only
   double ready_timeout_s = 900;    // model loading and joining, at most
   double shutdown_timeout_s = 30;  // in-flight requests after SIGTERM, at most
+  double stop_grace_s = 30;        // then the processes' own exit, at most (then SIGTERM)
 };
 
 // The tokenizer and chat template of `dir` (both null for ""; the template null when the
@@ -31,10 +32,6 @@ struct ServingTokenizer {
   std::unique_ptr<ChatTemplate> chat_template;
 };
 ServingTokenizer LoadServingTokenizer(const std::string& dir);
-
-// Blocks SIGINT and SIGTERM in the calling thread (and the threads it starts), so that the
-// serve loop receives them: call before any thread is started.
-void BlockStopSignals();
 
 // Serves `engine` (already running in this process) until a stop signal or an engine failure.
 // Returns the exit code.

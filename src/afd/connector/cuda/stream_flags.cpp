@@ -28,7 +28,8 @@ void* DriverFunction(const char* name, std::string* why) {
 
 }  // namespace
 
-std::unique_ptr<StreamFlags> StreamFlags::Create(int device, std::string* why) {
+std::unique_ptr<StreamFlags> StreamFlags::Create(int device, std::string* why,
+                                                 double wait_timeout_s) {
   std::string unused;
   if (why == nullptr) why = &unused;
   AFD_CUDA_CHECK(cudaSetDevice(device));
@@ -40,6 +41,7 @@ std::unique_ptr<StreamFlags> StreamFlags::Create(int device, std::string* why) {
   }
   std::unique_ptr<StreamFlags> f(new StreamFlags());
   f->device_ = device;
+  f->wait_timeout_s_ = wait_timeout_s;
   // Stream memory operations when the device runs them (measured on an H200: a few us less per
   // round trip than the kernels); else the one-thread kernels.
   auto* attr = reinterpret_cast<AttrFn>(DriverFunction("cuDeviceGetAttribute", why));
@@ -100,8 +102,9 @@ void StreamFlags::Store(void* stream, uint64_t address, uint64_t value) const {
 
 void StreamFlags::Await(void* stream, uint64_t address, uint64_t value) const {
   if (!memops_) {
-    AFD_CHECK(LaunchAwaitFlag(stream, reinterpret_cast<const uint64_t*>(address), value),
-              "flag wait kernel on cuda:{}: {}", device_, cudaGetErrorString(cudaGetLastError()));
+    AFD_CHECK(
+        LaunchAwaitFlag(stream, reinterpret_cast<const uint64_t*>(address), value, wait_timeout_s_),
+        "flag wait kernel on cuda:{}: {}", device_, cudaGetErrorString(cudaGetLastError()));
     return;
   }
   const CUresult r = reinterpret_cast<WaitFn>(wait_fn_)(static_cast<CUstream>(stream), address,

@@ -24,8 +24,11 @@ namespace afd::connector {
 
 class StreamFlags {
  public:
-  // Empty when `device` cannot map host memory (then `why` says why).
-  static std::unique_ptr<StreamFlags> Create(int device, std::string* why);
+  // Empty when `device` cannot map host memory (then `why` says why). The kernel form of a wait
+  // gives up after wait_timeout_s (<= 0: never); either form is released by the host
+  // (AsyncConnector's watchdog) before that.
+  static std::unique_ptr<StreamFlags> Create(int device, std::string* why,
+                                             double wait_timeout_s = 0);
   ~StreamFlags();
   StreamFlags(const StreamFlags&) = delete;
   StreamFlags& operator=(const StreamFlags&) = delete;
@@ -52,6 +55,7 @@ class StreamFlags {
   void* write_fn_ = nullptr;  // cuStreamWriteValue64
   void* wait_fn_ = nullptr;   // cuStreamWaitValue64
   bool memops_ = false;       // cuStreamWriteValue64 / cuStreamWaitValue64, else flag_kernels.h
+  double wait_timeout_s_ = 0;
   std::vector<Range> ranges_;
 };
 

@@ -21,6 +21,14 @@ void ApiServerOptions::Validate() const {
   for (const auto& name : served_model_names) {
     AFD_CHECK(!name.empty(), "api server: a served model name is empty");
   }
+  AFD_CHECK(!defaults.max_tokens || *defaults.max_tokens >= 1,
+            "api server: the default max_tokens {} is not positive", *defaults.max_tokens);
+  AFD_CHECK(!defaults.temperature || (*defaults.temperature >= 0 && *defaults.temperature <= 1e6),
+            "api server: the default temperature {} is not in [0, 1e6]", *defaults.temperature);
+  AFD_CHECK(!defaults.top_p || (*defaults.top_p > 0 && *defaults.top_p <= 1),
+            "api server: the default top_p {} is not in (0, 1]", *defaults.top_p);
+  AFD_CHECK(!defaults.top_k || *defaults.top_k >= 0, "api server: the default top_k {} is negative",
+            *defaults.top_k);
   AFD_CHECK(max_logprobs >= 0, "api server: max_logprobs {} is negative", max_logprobs);
   AFD_CHECK(max_waiting_requests >= 0, "api server: max_waiting_requests {} is negative",
             max_waiting_requests);

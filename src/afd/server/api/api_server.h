@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -33,7 +34,19 @@ struct ApiServerOptions {
   std::string api_key;  // empty: no authentication; else /v1/* need "Authorization: Bearer KEY"
   // The first is the name responses report; requests may name any of them. Must not be empty.
   std::vector<std::string> served_model_names = {"model"};
-  int32_t max_logprobs = 20;         // the largest `logprobs` / `top_logprobs` accepted
+  int32_t max_logprobs = 20;  // the largest `logprobs` / `top_logprobs` accepted
+  // What a request that leaves a field out gets (the serve command's --max-tokens, --temperature,
+  // --top-p, --top-k, --seed, --ignore-eos when given). Unset: OpenAI's and vLLM's defaults --
+  // max_tokens 16 on /v1/completions and the rest of the context on chat, temperature 1,
+  // top_p 1, no top-k, a random seed, stop at EOS.
+  struct RequestDefaults {
+    std::optional<int64_t> max_tokens;
+    std::optional<double> temperature, top_p;
+    std::optional<int64_t> top_k;
+    std::optional<uint64_t> seed;
+    bool ignore_eos = false;
+  };
+  RequestDefaults defaults;
   int64_t max_waiting_requests = 0;  // 0: no limit; else 503 once this many sequences wait
   int retry_after_s = 1;             // the Retry-After header of such a 503
   int num_http_threads = 128;        // each open request (streamed or not) holds one

@@ -91,22 +91,27 @@ SamplingRequest ParseSamplingRequest(const json& body, Endpoint endpoint,
   if (endpoint == Endpoint::kChat && FindField(body, "max_completion_tokens") != nullptr) {
     max_name = "max_completion_tokens";
   }
+  const ApiServerOptions::RequestDefaults& defaults = ctx.options().defaults;
   if (FindField(body, max_name) != nullptr) {
     r.max_tokens = IntField(body, max_name, 0);
     if (*r.max_tokens < 1) {
       ThrowBadRequest(max_name, "{} must be at least 1, got {}.", max_name, *r.max_tokens);
     }
+  } else if (defaults.max_tokens) {
+    r.max_tokens = defaults.max_tokens;
+  } else if (endpoint == Endpoint::kCompletions) {
+    r.max_tokens = kCompletionsDefaultMaxTokens;  // OpenAI's legacy default, as vLLM's
   }
 
-  const double temperature = NumberField(body, "temperature", 1.0);
+  const double temperature = NumberField(body, "temperature", defaults.temperature.value_or(1.0));
   if (!(temperature >= 0.0) || temperature > 1.0e6) {
     ThrowBadRequest("temperature", "temperature must be non-negative, got {}.", temperature);
   }
-  const double top_p = NumberField(body, "top_p", 1.0);
+  const double top_p = NumberField(body, "top_p", defaults.top_p.value_or(1.0));
   if (!(top_p > 0.0 && top_p <= 1.0)) {
     ThrowBadRequest("top_p", "top_p must be in (0, 1], got {}.", top_p);
   }
-  const int64_t top_k = IntField(body, "top_k", 0);
+  const int64_t top_k = IntField(body, "top_k", defaults.top_k.value_or(0));
   if (top_k < -1) {
     ThrowBadRequest("top_k", "top_k must be -1 or 0 (disable), or at least 1, got {}.", top_k);
   }
@@ -116,6 +121,9 @@ SamplingRequest ParseSamplingRequest(const json& body, Endpoint endpoint,
   if (FindField(body, "seed") != nullptr) {
     r.has_seed = true;
     r.sampling.seed = static_cast<uint64_t>(IntField(body, "seed", 0));
+  } else if (defaults.seed) {
+    r.has_seed = true;
+    r.sampling.seed = *defaults.seed;
   }
 
   r.stop = ParseStop(body);
@@ -125,7 +133,7 @@ SamplingRequest ParseSamplingRequest(const json& body, Endpoint endpoint,
   if (const json* ids = FindField(body, "stop_token_ids"); ids != nullptr) {
     r.stop_token_ids = ParseTokenIds(*ids, "stop_token_ids", ctx);
   }
-  r.ignore_eos = BoolField(body, "ignore_eos", false);
+  r.ignore_eos = BoolField(body, "ignore_eos", defaults.ignore_eos);
   r.skip_special_tokens = BoolField(body, "skip_special_tokens", true);
 
   const int32_t max_logprobs = ctx.options().max_logprobs;

@@ -18,10 +18,14 @@ namespace afd::server::api {
 
 enum class Endpoint { kCompletions, kChat };
 
+// max_tokens of a /v1/completions request that names none (OpenAI's and vLLM's default) when the
+// server has no --max-tokens; chat requests get the rest of the context.
+inline constexpr int64_t kCompletionsDefaultMaxTokens = 16;
+
 struct SamplingRequest {
   std::string model;  // as named by the request ("" when absent)
   int64_t n = 1;
-  std::optional<int64_t> max_tokens;  // absent: up to the model length
+  std::optional<int64_t> max_tokens;  // absent (chat only): up to the model length
   runtime::SamplingParams sampling;
   bool has_seed = false;
   std::vector<std::string> stop;  // stop strings, none empty

@@ -1,0 +1,172 @@
+// The seed's per-role recipe as written: an FFN `afd serve` and an attention `afd serve` (which
+// answers the OpenAI API) started independently on loopback, with no join secret, with the same
+// one exported on both, and with two different ones (named by both sides). And every
+// long-running command stops on SIGTERM / SIGINT within a bounded time, its ranks too, exit 0.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <stdlib.h>
+
+#include <string>
+#include <vector>
+
+#include "afd/comm/socket.h"
+#include "e2e/serve_harness.h"
+
+namespace afd::e2e {
+namespace {
+
+std::string RoleConfig(const std::string& role, int port, int num_attention, int num_ffn,
+                       int timeout_s) {
+  return "{\"afd\": {\"role\": \"" + role +
+         "\", \"connector\": \"P2pHostAFDConnector\", \"host\": \"127.0.0.1\", \"port\": " +
+         std::to_string(port) + ", \"num_attention_ranks\": " + std::to_string(num_attention) +
+         ", \"num_ffn_ranks\": " + std::to_string(num_ffn) +
+         ", \"afd_process_group_timeout_s\": " + std::to_string(timeout_s) + "}}";
+}
+
+// The join secret of the processes started next (unset: none).
+void SetSecret(const char* secret) {
+  unsetenv("AFD_JOIN_SECRET_FILE");
+  if (secret == nullptr) {
+    unsetenv("AFD_JOIN_SECRET");
+  } else {
+    setenv("AFD_JOIN_SECRET", secret, 1);
+  }
+}
+
+// An FFN role command (no API of its own), logging to dir/ffn.log.
+std::unique_ptr<Subprocess> StartFfn(const std::string& dir, const std::string& cfg, int dp = 1) {
+  std::vector<std::string> argv = {AFD_BINARY,
+                                   "serve",
+                                   "--model",
+                                   "preset:tiny",
+                                   "--device",
+                                   "cpu",
+                                   "--data-parallel-size",
+                                   std::to_string(dp),
+                                   "--tensor-parallel-size",
+                                   "1",
+                                   "--enable-expert-parallel",
+                                   "--enforce-eager",
+                                   "--additional-config",
+                                   cfg,
+                                   "--log-dir",
+                                   dir + "/ffn_ranks"};
+  if (std::system("command -v setpriv >/dev/null 2>&1") == 0) {
+    argv.insert(argv.begin(), {"setpriv", "--pdeathsig", "KILL", "--"});
+  }
+  return std::make_unique<Subprocess>(argv, dir + "/ffn.log");
+}
+
+std::string TestDir(const std::string& tag) {
+  const std::string dir =
+      ::testing::TempDir() + "/role_commands_" + tag + "_" + std::to_string(getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+// FFN command, then the attention command serving the API; one completion equals `afd run`;
+// SIGTERM to the attention command: it drains and exits 0, the FFN command then ends (exit 0).
+void ServeTheRecipe(const char* ffn_secret, const char* attention_secret, const std::string& tag) {
+  const std::string dir = TestDir(tag);
+  const int port = comm::PickRendezvousPort();
+  SetSecret(ffn_secret);
+  auto ffn = StartFfn(dir, RoleConfig("ffn", port, 2, 1, 60));
+  SetSecret(attention_secret);
+  ServedProcess attention(
+      tag, {"serve", "--model", "preset:tiny", "--device", "cpu", "--data-parallel-size", "2",
+            "--tensor-parallel-size", "1", "--enable-expert-parallel", "--enforce-eager",
+            "--additional-config", RoleConfig("attention", port, 2, 1, 60)});
+  ASSERT_TRUE(attention.up()) << attention.Log() << ReadFile(dir + "/ffn.log");
+  const Reply r = PostJson(attention.port(), "/v1/completions",
+                           {{"prompt", {1, 2, 3}},
+                            {"max_tokens", 5},
+                            {"ignore_eos", true},
+                            {"temperature", 0},
+                            {"return_token_ids", true}});
+  ASSERT_EQ(r.status, 200) << r.raw;
+  std::string error;
+  const auto want = RunReference({{1, 2, 3}}, "--max-tokens 5", &error);
+  ASSERT_EQ(want.size(), 1u) << error;
+  EXPECT_EQ(r.body["choices"][0]["token_ids"].get<std::vector<int>>(), want[0]) << r.raw;
+  attention.Signal(SIGTERM);
+  EXPECT_EQ(attention.Wait(30), std::optional<int>(0)) << attention.Log();
+  EXPECT_EQ(ffn->Wait(Deadline::In(30)), std::optional<int>(0)) << ReadFile(dir + "/ffn.log");
+  SetSecret(nullptr);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(RoleCommands, SeedRecipeOnLoopbackWithoutAJoinSecret) {
+  ServeTheRecipe(nullptr, nullptr, "open");
+}
+
+TEST(RoleCommands, SeedRecipeWithTheSameSecretOnBoth) {
+  ServeTheRecipe("0123456789abcdef0123456789abcdef", "0123456789abcdef0123456789abcdef", "shared");
+}
+
+// Different secrets: the attention side names the refusal; the FFN side (whose store refused the
+// attention ranks) names the failed authentication; neither waits past its timeout.
+TEST(RoleCommands, DifferentSecretsAreNamedByBothSides) {
+  const std::string dir = TestDir("mismatch");
+  const int port = comm::PickRendezvousPort();
+  SetSecret("ffn-secret-0123456789abcdef");
+  auto ffn = StartFfn(dir, RoleConfig("ffn", port, 1, 1, 8));
+  SetSecret("attention-secret-0123456789abcdef");
+  ServedProcess attention("mismatch",
+                          {"serve", "--model", "preset:tiny", "--additional-config",
+                           RoleConfig("attention", port, 1, 1, 8)},
+                          /*ready_timeout_s=*/5);
+  SetSecret(nullptr);
+  EXPECT_FALSE(attention.up());
+  EXPECT_EQ(attention.Wait(60), std::optional<int>(1)) << attention.Log();
+  const std::optional<int> ffn_rc = ffn->Wait(Deadline::In(60));
+  ASSERT_TRUE(ffn_rc.has_value()) << ReadFile(dir + "/ffn.log");
+  EXPECT_NE(*ffn_rc, 0);
+  EXPECT_NE(attention.Log().find("different secrets"), std::string::npos) << attention.Log();
+  const std::string ffn_log = ReadFile(dir + "/ffn.log");
+  EXPECT_NE(ffn_log.find("authenticat"), std::string::npos) << ffn_log;
+  std::filesystem::remove_all(dir);
+}
+
+// SIGTERM and SIGINT stop an FFN role command whose attention ranks never came: at once, its
+// ranks too, exit 0.
+TEST(RoleCommands, FfnRoleCommandStopsOnSigtermAndSigint) {
+  for (const int sig : {SIGTERM, SIGINT}) {
+    const std::string dir = TestDir("ffn_stop");
+    SetSecret(nullptr);
+    auto ffn = StartFfn(dir, RoleConfig("ffn", comm::PickRendezvousPort(), 2, 2, 120), 2);
+    // Both ranks started (and waiting for the attention ranks).
+    ASSERT_TRUE(PollUntil(30, [&] { return RankProcessesOf(ffn->pid()).size() == 2; }))
+        << ReadFile(dir + "/ffn.log");
+    const auto ranks = RankProcessesOf(ffn->pid());
+    const Deadline start = Deadline::In(15);
+    ffn->Kill(sig);
+    EXPECT_EQ(ffn->Wait(start), std::optional<int>(0)) << ReadFile(dir + "/ffn.log");
+    EXPECT_FALSE(start.expired());
+    EXPECT_NE(ReadFile(dir + "/ffn.log").find("stopping the 2 rank(s)"), std::string::npos);
+    for (const auto& r : ranks) EXPECT_NE(::kill(r.pid, 0), 0) << "rank " << r.pid << " left";
+    std::filesystem::remove_all(dir);
+  }
+}
+
+// A rank process alone (`afd worker`) ends on SIGTERM at once, exit 0.
+TEST(RoleCommands, WorkerStopsOnSigterm) {
+  const std::string dir = TestDir("worker_stop");
+  SetSecret(nullptr);
+  Subprocess worker(
+      {AFD_BINARY, "worker", "--model", "preset:tiny", "--role-rank", "0", "--additional-config",
+       RoleConfig("ffn", comm::PickRendezvousPort(), 1, 1, 120)},
+      dir + "/worker.log");
+  // Running: it has resolved its (absent) join secret and waits for its peers.
+  ASSERT_TRUE(PollUntil(30, [&] {
+    return ReadFile(dir + "/worker.log").find("no join secret") != std::string::npos;
+  })) << ReadFile(dir + "/worker.log");
+  worker.Kill(SIGTERM);
+  EXPECT_EQ(worker.Wait(Deadline::In(10)), std::optional<int>(0)) << ReadFile(dir + "/worker.log");
+  EXPECT_NE(ReadFile(dir + "/worker.log").find("SIGTERM: stopping"), std::string::npos);
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace afd::e2e
