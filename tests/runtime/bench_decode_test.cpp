@@ -136,3 +136,19 @@ TEST(BenchDecode, RefusesPositionsPastTheModel) {
 
 }  // namespace
 }  // namespace afd::runtime
+
+namespace afd::runtime {
+namespace {
+
+// Overlapping step spans (asynchronous scheduling) never make a negative host time.
+TEST(BenchDecodeRow, HostTimeIsNeverNegative) {
+  BenchDecodeRow row;
+  row.ms_per_step = 2.0;
+  row.device_ms_per_step = 2.5;
+  EXPECT_EQ(row.host_ms_per_step(), 0.0);
+  row.device_ms_per_step = 1.5;
+  EXPECT_DOUBLE_EQ(row.host_ms_per_step(), 0.5);
+}
+
+}  // namespace
+}  // namespace afd::runtime

@@ -253,6 +253,10 @@ TEST(ServerApiErrors, BadRequestsAsVllm) {
        "top_logprobs"},
       {"/tokenize", R"({"prompt": "x"})", 400, ""},
       {"/v1/nothing", "{}", 404, ""},
+      // Numbers past double and past int64 are bad requests (not a 500, not a wrapped value).
+      {"/v1/completions", R"({"prompt": [1], "temperature": 1e400})", 400, ""},
+      {"/v1/completions", R"({"prompt": [1], "max_tokens": 9223372036854775808})", 400,
+       "max_tokens"},
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(c.path + " " + c.body);
@@ -274,6 +278,11 @@ TEST(ServerApiErrors, BadRequestsAsVllm) {
   EXPECT_NE(len.body["error"]["message"].get<std::string>().find(
                 "This model's maximum context length is 256 tokens"),
             std::string::npos);
+  const HttpResult big = h.Post(
+      "/v1/completions", std::string(R"({"prompt": [1], "max_tokens": 9223372036854775808})"));
+  EXPECT_NE(big.body["error"]["message"].get<std::string>().find("9223372036854775808"),
+            std::string::npos)
+      << big.raw;
   // An alias of the served model is accepted; the first name is reported.
 }
 

@@ -180,6 +180,25 @@ TEST_F(ServerApiTokenizer, TokenizeAndDetokenize) {
 
 // A tokenizer whose ids run past the model's vocabulary (a mismatched --tokenizer): the text's
 // ids are refused by the engine, and the client gets a 400 naming the id, not a 500.
+// A role the template would drop without a word is a bad request naming the message.
+TEST_F(ServerApiTokenizer, UnknownChatRoleIsABadRequest) {
+  const json chat = {
+      {"messages",
+       {{{"role", "user"}, {"content", "hello"}}, {{"role", "narrator"}, {"content", "x"}}}},
+      {"max_tokens", 4}};
+  const HttpResult r = h_->Post("/v1/chat/completions", chat);
+  EXPECT_EQ(r.status, 400) << r.raw;
+  EXPECT_EQ(r.body["error"]["param"], "messages") << r.raw;
+  EXPECT_NE(r.body["error"]["message"].get<std::string>().find("messages[1].role 'narrator'"),
+            std::string::npos)
+      << r.raw;
+  const json ok = {{"messages",
+                    {{{"role", "developer"}, {"content", "be brief"}},
+                     {{"role", "user"}, {"content", "hello"}}}},
+                   {"max_tokens", 2}};
+  EXPECT_EQ(h_->Post("/v1/chat/completions", ok).status, 200);
+}
+
 TEST_F(ServerApiTokenizer, IdsPastTheModelsVocabularyAreABadRequest) {
   EngineModelInfo info;
   info.vocab_size = 700;

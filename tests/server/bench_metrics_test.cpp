@@ -84,6 +84,20 @@ TEST(BenchServeMetrics, RunMetricsMatchHandComputedValues) {
   EXPECT_EQ(m.max_concurrent_requests, 1);
 }
 
+// A chunk that carries several tokens counts them all: the bins sum to the output tokens and the
+// peak never reads below the mean output throughput.
+TEST(BenchServeMetrics, ChunksOfSeveralTokensCountEveryToken) {
+  RequestOutcome a;
+  a.success = true;
+  a.output_tokens = 12;  // in 3 chunks, at 0.1, 0.3 and 0.5 s
+  a.ttft_s = 0.1;
+  a.itl_s = {0.2, 0.2};
+  a.latency_s = 0.5;
+  const ServeMetrics m = ComputeServeMetrics({a}, 0.5, {99});
+  EXPECT_EQ(m.tokens_per_second, (std::vector<double>{12, 0}));
+  EXPECT_EQ(m.max_output_tokens_per_s, 12.0);
+}
+
 TEST(BenchServeMetrics, AllFailedGivesZerosNotNaN) {
   RequestOutcome f;
   f.error = "x";

@@ -23,12 +23,14 @@ TEST(server_TokenizeCli, AnswersEveryLineAndFlagsBadOnes) {
         << R"({"other": 1})"
         << "\n"
         << R"({"ids": [1, 5, 6]})"
+        << "\n"
+        << R"({"ids": [1, 99999999]})"
         << "\n";
   }
   int exit_code = -1;
   const std::vector<json> plain = RunAfdTokenize(dir, input, false, &exit_code);
   EXPECT_EQ(exit_code, 1);
-  ASSERT_EQ(plain.size(), 6u);
+  ASSERT_EQ(plain.size(), 7u);
   ASSERT_TRUE(plain[0].contains("ids"));
   EXPECT_TRUE(plain[1].contains("error"));
   EXPECT_TRUE(plain[2].contains("error"));
@@ -37,8 +39,12 @@ TEST(server_TokenizeCli, AnswersEveryLineAndFlagsBadOnes) {
   EXPECT_TRUE(plain[3].contains("ids"));
   EXPECT_TRUE(plain[4].contains("error"));
   EXPECT_TRUE(plain[5].contains("text"));
+  // An id past the vocabulary is named, never decoded to "" without a word.
+  ASSERT_TRUE(plain[6].contains("error")) << plain[6].dump();
+  EXPECT_NE(plain[6]["error"].get<std::string>().find("99999999 is not a token"), std::string::npos)
+      << plain[6].dump();
   const std::vector<json> special = RunAfdTokenize(dir, input, true);
-  ASSERT_EQ(special.size(), 6u);
+  ASSERT_EQ(special.size(), 7u);
   json expected = json::array({1});  // the template's <s> in front
   for (const auto& id : plain[0]["ids"]) expected.push_back(id);
   EXPECT_EQ(special[0]["ids"], expected);

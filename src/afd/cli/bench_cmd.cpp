@@ -241,7 +241,7 @@ void Run(BenchArgs a, int& exit_code) {
       j["rows"].push_back({{"batch", row.batch},
                            {"ms_per_step", row.ms_per_step},
                            {"device_ms_per_step", row.device_ms_per_step},
-                           {"host_ms_per_step", row.ms_per_step - row.device_ms_per_step},
+                           {"host_ms_per_step", row.host_ms_per_step()},
                            {"tokens_per_s", row.tokens_per_s},
                            {"bytes_per_step", row.bytes_per_step},
                            {"floor_ms", row.floor_ms},
@@ -262,7 +262,7 @@ void Run(BenchArgs a, int& exit_code) {
     for (const auto& row : r.rows) {
       std::cout << fmt::format(
           "{:5}  {:7.3f}  {:7.3f}  {:8.1f}  {:7.3f}  {:8.3f}  {:7.2f}  {:13.1f}  {:15.1f}\n",
-          row.batch, row.ms_per_step, row.ms_per_step - row.device_ms_per_step, row.tokens_per_s,
+          row.batch, row.ms_per_step, row.host_ms_per_step(), row.tokens_per_s,
           row.bytes_per_step / 1e9, row.floor_ms, row.ms_per_step / row.floor_ms,
           row.prefill_tokens_per_s, row.prefill_tflops);
     }

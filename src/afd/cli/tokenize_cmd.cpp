@@ -15,13 +15,18 @@ namespace {
 
 using json = nlohmann::ordered_json;
 
-std::vector<uint32_t> IdsField(const json& ids) {
+// Every id must name a token of `tokenizer` (HF's decode drops an unknown id without a word).
+std::vector<uint32_t> IdsField(const json& ids, const server::Tokenizer& tokenizer) {
   AFD_CHECK(ids.is_array(), "\"ids\" must be an array of token ids");
   std::vector<uint32_t> out;
   for (const auto& id : ids) {
     AFD_CHECK(id.is_number_unsigned() && id.get<uint64_t>() <= UINT32_MAX,
               "\"ids\" must hold non-negative integers, got {}", id.dump());
-    out.push_back(id.get<uint32_t>());
+    const uint32_t v = id.get<uint32_t>();
+    AFD_CHECK(tokenizer.IdToToken(v).has_value(),
+              "\"ids\": {} is not a token of this tokenizer (its ids end at {})", v,
+              tokenizer.IdEnd());
+    out.push_back(v);
   }
   return out;
 }
@@ -43,7 +48,8 @@ json Answer(const server::Tokenizer& tokenizer, const Template& chat_template,
     return {{"ids", tokenizer.Encode(in["text"].get<std::string>(), add_special_tokens)}};
   }
   if (in.contains("ids")) {
-    return {{"text", tokenizer.Decode(IdsField(in["ids"]), /*skip_special_tokens=*/false)}};
+    return {
+        {"text", tokenizer.Decode(IdsField(in["ids"], tokenizer), /*skip_special_tokens=*/false)}};
   }
   if (in.contains("messages")) {
     AFD_CHECK(chat_template.parsed != nullptr, "{}", chat_template.error);

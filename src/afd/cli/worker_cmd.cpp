@@ -26,6 +26,7 @@
 #include "afd/comm/join_secret.h"
 #include "afd/common/error.h"
 #include "afd/common/stop_signals.h"
+#include "afd/common/temp_dir.h"
 #include "afd/deploy/deployment_run.h"
 #include "afd/deploy/dp_ep_worker.h"
 #include "afd/deploy/kv_sizing.h"
@@ -476,8 +477,7 @@ int LaunchCommand(RoleArgs& a) {
     }
     spec.show_rank_map = true;
     if (dir.empty()) {
-      dir = std::filesystem::temp_directory_path().string() + "/afd-launch-" +
-            std::to_string(getpid());
+      dir = MakePrivateTempDir("afd-launch-");
     }
     std::filesystem::create_directories(dir);
     specs = deploy::DeploymentRankSpecs(spec, dir, "");

@@ -12,6 +12,7 @@
 #include "afd/comm/join_secret.h"
 #include "afd/comm/socket.h"
 #include "afd/common/error.h"
+#include "afd/common/temp_dir.h"
 #include "afd/config/afd_config.h"
 #include "afd/deploy/launcher.h"
 #include "afd/deploy/rank_map.h"
@@ -28,11 +29,7 @@ using nlohmann::json;
 struct TempDir {
   std::string path;
   bool keep = false;
-  TempDir() {
-    path = std::filesystem::temp_directory_path().string() + "/afd-run-" + std::to_string(getpid());
-    std::filesystem::remove_all(path);
-    std::filesystem::create_directories(path);
-  }
+  TempDir() : path(MakePrivateTempDir("afd-run-")) {}
   ~TempDir() {
     std::error_code ignored;  // a destructor must not throw
     if (!keep) std::filesystem::remove_all(path, ignored);

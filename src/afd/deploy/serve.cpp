@@ -12,6 +12,7 @@
 
 #include "afd/common/error.h"
 #include "afd/common/stop_signals.h"
+#include "afd/common/temp_dir.h"
 #include "afd/deploy/launcher.h"
 
 namespace afd::deploy {
@@ -22,9 +23,7 @@ std::vector<RankProcessSpec> ServeRankSpecs(const ServeOptions& o, std::string* 
             "--data-parallel-start-rank {} + --data-parallel-size-local {} exceed "
             "--data-parallel-size {}",
             o.dp_start, o.dp_local, base.dp);
-  const std::string dir = o.log_dir.empty() ? std::filesystem::temp_directory_path().string() +
-                                                  "/afd-serve-" + std::to_string(getpid())
-                                            : o.log_dir;
+  const std::string dir = o.log_dir.empty() ? MakePrivateTempDir("afd-serve-") : o.log_dir;
   std::filesystem::create_directories(dir);
   const std::string role(RoleName(base.config.role));
   const int local_ranks = o.dp_local * base.tp;

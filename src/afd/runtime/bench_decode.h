@@ -9,6 +9,7 @@
 // the copy bandwidth measured on this device at start.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -56,6 +57,10 @@ struct BenchDecodeRow {
   // overlapped with the device (the device idle, waiting for the host's scheduling, result
   // handling and launches; with asynchronous scheduling they overlap the step before).
   double device_ms_per_step = 0;
+  // max(0, ms_per_step - device_ms_per_step): with asynchronous scheduling a step's span starts
+  // at its upload, while the step before it still runs, so the spans overlap and their sum can
+  // exceed the wall time; the host then costs the step nothing (0, never a negative time).
+  double host_ms_per_step() const { return std::max(0.0, ms_per_step - device_ms_per_step); }
   double tokens_per_s = 0;
   double bytes_per_step = 0;  // weights used + KV read
   double floor_ms = 0;        // bytes_per_step / copy bandwidth

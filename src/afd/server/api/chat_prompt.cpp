@@ -46,9 +46,20 @@ PromptInput ChatPrompt(const ServerContext& ctx, const json& body,
     ThrowBadRequest("messages", "'messages' must be a non-empty list of messages");
   }
   json normalized = json::array();
-  for (const auto& m : *messages) {
+  for (size_t i = 0; i < messages->size(); ++i) {
+    const json& m = (*messages)[i];
     if (!m.is_object() || !m.contains("role") || !m["role"].is_string()) {
       ThrowBadRequest("messages", "each message must be an object with a string 'role'");
+    }
+    // OpenAI's roles only: a template drops a role it does not know without a word, and the
+    // message would vanish from the prompt.
+    const std::string role = m["role"].get<std::string>();
+    if (role != "system" && role != "developer" && role != "user" && role != "assistant" &&
+        role != "tool" && role != "function") {
+      ThrowBadRequest("messages",
+                      "messages[{}].role '{}' is not one of 'system', 'developer', 'user', "
+                      "'assistant', 'tool', 'function'",
+                      i, role);
     }
     json copy = m;
     copy["content"] = MessageContent(m.contains("content") ? m["content"] : json(nullptr));

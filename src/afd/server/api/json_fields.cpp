@@ -1,6 +1,7 @@
 #include "afd/server/api/json_fields.h"
 
 #include <cmath>
+#include <cstdint>
 
 #include "afd/server/api/api_error.h"
 
@@ -15,6 +16,9 @@ const json* FindField(const json& body, const char* name) {
 int64_t IntField(const json& body, const char* name, int64_t default_value) {
   const json* v = FindField(body, name);
   if (v == nullptr) return default_value;
+  if (v->is_number_unsigned() && v->get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) {
+    ThrowBadRequest(name, "'{}' must be an integer below 2^63, got {}", name, v->dump());
+  }
   if (v->is_number_integer()) return v->get<int64_t>();
   // 2.0 is accepted as 2 (Python clients may send floats); 2.5 is not.
   if (v->is_number_float()) {
@@ -53,6 +57,8 @@ json ParseBody(const std::string& body) {
     parsed = json::parse(body);
   } catch (const json::parse_error& e) {
     throw ApiError(400, std::string("malformed JSON in the request body: ") + e.what());
+  } catch (const json::exception& e) {  // e.g. out_of_range: a number past double (1e400)
+    throw ApiError(400, std::string("the request body's JSON cannot be read: ") + e.what());
   }
   if (!parsed.is_object()) {
     throw ApiError(

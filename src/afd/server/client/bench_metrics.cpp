@@ -33,7 +33,10 @@ LatencyStats SummarizeMs(const std::vector<double>& values_s,
 
 namespace {
 
-// Content chunks per 1-s bin and the peak number of requests in flight, over successful ones.
+// Output tokens per 1-s bin and the peak number of requests in flight, over successful ones.
+// A chunk may carry several tokens (the server coalesces the tokens of one step, or of steps its
+// client read late): each chunk of a request counts output_tokens / chunks, so the bins sum to the
+// output tokens and the peak can never read below the mean.
 void ThroughputOverTime(const std::vector<RequestOutcome>& outcomes, ServeMetrics& m) {
   double first = 0.0, last = 0.0;
   bool any = false;
@@ -50,9 +53,14 @@ void ThroughputOverTime(const std::vector<RequestOutcome>& outcomes, ServeMetric
   for (const RequestOutcome& o : outcomes) {
     if (!o.success) continue;
     double t = o.start_s + o.ttft_s;
+    const double chunks = static_cast<double>(o.itl_s.size() + 1);
+    const double per_chunk =
+        o.output_tokens > 0 ? static_cast<double>(o.output_tokens) / chunks : 1.0;
     const auto add = [&](double at) {
       const double bin = std::floor(at - first);
-      if (bin >= 0 && bin < static_cast<double>(bins)) m.tokens_per_second[size_t(bin)] += 1.0;
+      if (bin >= 0 && bin < static_cast<double>(bins)) {
+        m.tokens_per_second[size_t(bin)] += per_chunk;
+      }
     };
     add(t);
     for (const double gap : o.itl_s) add(t += gap);
