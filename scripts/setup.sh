@@ -7,7 +7,7 @@ PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config git
   nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  libopenblas-openmp-dev libpcre2-dev libutf8proc-dev libcpp-httplib-dev zlib1g-dev
+  libopenblas-openmp-dev libpcre2-dev libutf8proc-dev libcpp-httplib-dev libboost-dev zlib1g-dev
   iproute2 python3 curl
   clang-14 llvm-14 libclang-rt-14-dev
 )

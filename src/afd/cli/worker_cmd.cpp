@@ -67,6 +67,8 @@ struct RoleArgs {
   int32_t max_logprobs = 20;
   int64_t max_waiting_requests = 0;
   double shutdown_timeout_s = 30;
+  int64_t max_request_body_bytes = 32 * 1024 * 1024;
+  int64_t max_connections = 16384;
   std::string model_positional;  // serve: `afd serve MODEL`, as `vllm serve MODEL`
   std::set<std::string> given;   // the flags given on the command line ("--max-tokens", ...)
   bool Given(const char* flag) const { return given.count(flag) > 0; }
@@ -88,8 +90,12 @@ const char* FirstGiven(const RoleArgs& a, std::initializer_list<const char*> fla
 }
 
 // The flags of the OpenAI API, which only a command that answers it may take.
-constexpr std::initializer_list<const char*> kApiOnlyFlags = {
-    "--api-key", "--served-model-name", "--max-logprobs", "--max-waiting-requests"};
+constexpr std::initializer_list<const char*> kApiOnlyFlags = {"--api-key",
+                                                              "--served-model-name",
+                                                              "--max-logprobs",
+                                                              "--max-waiting-requests",
+                                                              "--max-request-body-bytes",
+                                                              "--max-connections"};
 // Flags of one `afd run`-style batch that a server takes from each request instead.
 constexpr std::initializer_list<const char*> kBatchOnlyFlags = {"--prompt-logprobs"};
 
@@ -165,6 +171,13 @@ void AddHttpFlags(CLI::App* cmd, RoleArgs& a) {
   cmd->add_option("--max-waiting-requests", a.max_waiting_requests,
                   "Waiting sequences before new requests get 503 (0: no limit)")
       ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--max-request-body-bytes", a.max_request_body_bytes,
+                  "Largest request body; a larger one gets 413 before it is read (default 32 "
+                  "MiB)")
+      ->check(CLI::Range(int64_t{1024}, int64_t{1} << 40));
+  cmd->add_option("--max-connections", a.max_connections,
+                  "Open HTTP connections at most; past it a connection gets 503 (default 16384)")
+      ->check(Positive());
   cmd->add_option("--shutdown-timeout", a.shutdown_timeout_s,
                   "Seconds in-flight requests get to finish after SIGTERM (default 30)")
       ->check(CLI::NonNegativeNumber);
@@ -252,6 +265,8 @@ server::ServeHttpOptions ToHttpOptions(const RoleArgs& a) {
       a.served_model_names.empty() ? std::vector<std::string>{a.gen.model} : a.served_model_names;
   o.api.max_logprobs = a.max_logprobs;
   o.api.max_waiting_requests = a.max_waiting_requests;
+  o.api.max_request_body_bytes = a.max_request_body_bytes;
+  o.api.max_connections = a.max_connections;
   // The generation flags given are the defaults of requests that leave those fields out.
   if (const char* f = FirstGiven(a, kBatchOnlyFlags)) {
     AFD_THROW("{} belongs to `afd run`: a server's requests ask for it themselves", f);

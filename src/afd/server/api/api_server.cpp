@@ -1,8 +1,6 @@
-// The HTTP side of the ApiServer: routes, authentication, the shutdown gate and error bodies.
+// The HTTP side of the ApiServer: routes, authentication, the shutdown gate and error bodies,
+// over the event-driven front end (http_server.h).
 #include "afd/server/api/api_server.h"
-
-#include <httplib.h>
-#include <sys/socket.h>
 
 #include <chrono>
 #include <ctime>
@@ -10,6 +8,7 @@
 
 #include "afd/common/error.h"
 #include "afd/server/api/handlers.h"
+#include "afd/server/api/http_server.h"
 #include "afd/server/api/http_util.h"
 #include "afd/server/api/server_context.h"
 
@@ -33,89 +32,104 @@ void ApiServerOptions::Validate() const {
   AFD_CHECK(max_waiting_requests >= 0, "api server: max_waiting_requests {} is negative",
             max_waiting_requests);
   AFD_CHECK(retry_after_s >= 0, "api server: retry_after_s {} is negative", retry_after_s);
-  AFD_CHECK(num_http_threads >= 1, "api server: num_http_threads must be at least 1");
+  AFD_CHECK(num_io_threads >= 1, "api server: num_io_threads must be at least 1");
+  AFD_CHECK(num_work_threads >= 1, "api server: num_work_threads must be at least 1");
+  AFD_CHECK(header_timeout_s > 0 && body_timeout_s > 0 && write_timeout_s > 0,
+            "api server: the header, body and write timeouts must be positive");
+  AFD_CHECK(max_request_body_bytes >= 1024,
+            "api server: max_request_body_bytes {} is below 1024 (--max-request-body-bytes)",
+            max_request_body_bytes);
+  AFD_CHECK(max_connections >= 1, "api server: max_connections must be at least 1");
   AFD_CHECK(shutdown_grace_ms >= 0, "api server: shutdown_grace_ms is negative");
 }
 
 using api::ApiError;
+using api::HandlerResult;
+using api::HttpRequest;
+using api::HttpResponse;
 using api::json;
-
-namespace {
-// Connections waiting to be accepted (the kernel caps it at net.core.somaxconn); uvicorn, which
-// serves vLLM, uses 2048.
-constexpr int kListenBacklog = 2048;
-}  // namespace
 
 struct ApiServer::Impl {
   std::shared_ptr<api::ServerContext> ctx;
-  httplib::Server http;
-  std::thread listener;
-  int port = 0;
-  int listen_fd = -1;  // the listening socket, captured when cpp-httplib creates it
+  std::unique_ptr<api::HttpServer> http;
   std::mutex stop_mu;
   bool started = false;
   bool stopped = false;
 
-  // Runs one endpoint: ApiError -> its error body; any other exception -> 500. `handler`
-  // returns true when it handed the response to a stream (which then ends the in-flight count).
-  template <typename F>
-  void Serve(httplib::Response& res, F&& handler) {
-    ++ctx->in_flight;
-    bool streaming = false;
-    try {
-      streaming = handler();
-    } catch (const ApiError& e) {
-      api::SendError(res, e);
-      if (e.status() == 503) {
-        res.set_header("Retry-After", std::to_string(ctx->options().retry_after_s));
-      }
-    } catch (const std::exception& e) {
-      api::SendError(res, ApiError(500, std::string("internal error: ") + e.what()));
-    }
-    if (!streaming) --ctx->in_flight;
+  HttpResponse Error(const ApiError& e) const {
+    return api::ErrorResponse(e, ctx->options().retry_after_s);
   }
 
-  void Routes();
+  // Runs one endpoint: ApiError -> its error body; any other exception -> 500. A pending
+  // response (a generation) owns the in-flight count from then on.
+  template <typename F>
+  HandlerResult Serve(F&& handler) {
+    ++ctx->in_flight;
+    HandlerResult result;
+    try {
+      result = handler();
+    } catch (const ApiError& e) {
+      result = {Error(e), nullptr};
+    } catch (const std::exception& e) {
+      result = {Error(ApiError(500, std::string("internal error: ") + e.what())), nullptr};
+    }
+    if (!result.pending) --ctx->in_flight;
+    return result;
+  }
+
+  // Shutdown and authentication gates, and the cheap endpoints: answered on the connection's
+  // thread, so that /health and /metrics answer whatever the load.
+  bool Inline(const HttpRequest& req, HandlerResult* out);
+  // The endpoints that parse, tokenize and submit: on the worker pool.
+  HandlerResult Work(const HttpRequest& req);
 };
 
-void ApiServer::Impl::Routes() {
-  const std::shared_ptr<api::ServerContext> c = ctx;
-  http.set_pre_routing_handler([c](const httplib::Request& req, httplib::Response& res) {
-    const bool open = req.path == "/health" || req.path == "/metrics";
-    if (c->shutting_down && !open) {
-      api::SendError(res, ApiError(503, "the server is shutting down"));
-      res.set_header("Retry-After", std::to_string(c->options().retry_after_s));
-      return httplib::Server::HandlerResponse::Handled;
+bool ApiServer::Impl::Inline(const HttpRequest& req, HandlerResult* out) {
+  const api::ServerContext& c = *ctx;
+  const bool open = req.path == "/health" || req.path == "/metrics";
+  if (c.shutting_down && !open) {
+    *out = {Error(ApiError(503, "the server is shutting down")), nullptr};
+    return true;
+  }
+  const std::string& key = c.options().api_key;
+  if (!key.empty() && req.path.rfind("/v1/", 0) == 0 &&
+      req.Header("authorization") != "Bearer " + key) {
+    *out = {Error(ApiError(401,
+                           "Unauthorized: a valid 'Authorization: Bearer <api key>' header is "
+                           "required")),
+            nullptr};
+    return true;
+  }
+  const bool get = req.method == "GET" || req.method == "HEAD";
+  if (req.path == "/health" && get) {
+    const std::string failure = ctx->engine().Failure();
+    std::string why;
+    if (!failure.empty()) {
+      why = "the engines failed: " + failure;
+    } else if (!ctx->engine().Ready()) {
+      why = "the engines are not ready (not every process has joined)";
+    } else if (ctx->shutting_down) {
+      why = "the server is shutting down";
     }
-    const std::string& key = c->options().api_key;
-    if (!key.empty() && req.path.rfind("/v1/", 0) == 0 &&
-        req.get_header_value("Authorization") != "Bearer " + key) {
-      api::SendError(res, ApiError(401,
-                                   "Unauthorized: a valid 'Authorization: Bearer <api key>' "
-                                   "header is required"));
-      return httplib::Server::HandlerResponse::Handled;
+    if (why.empty()) {
+      out->response.status = 200;
+      out->response.content_type = "text/plain";
+    } else {
+      out->response = Error(ApiError(503, why));
     }
-    return httplib::Server::HandlerResponse::Unhandled;
-  });
-  http.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
-    Serve(res, [&] { return api::HandleCompletions(ctx, req, res); });
-  });
-  http.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
-    Serve(res, [&] { return api::HandleChatCompletions(ctx, req, res); });
-  });
-  http.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
-    Serve(res, [&] {
-      api::HandleTokenize(*ctx, req, res);
-      return false;
-    });
-  });
-  http.Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res) {
-    Serve(res, [&] {
-      api::HandleDetokenize(*ctx, req, res);
-      return false;
-    });
-  });
-  http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+    return true;
+  }
+  if (req.path == "/metrics" && get) {
+    out->response.status = 200;
+    out->response.content_type = "text/plain; version=0.0.4; charset=utf-8";
+    out->response.body = ctx->metrics().Render(ctx->engine().Load());
+    return true;
+  }
+  if (req.path == "/version" && get) {
+    out->response = api::JsonResponse(200, {{"version", AFD_VERSION}});
+    return true;
+  }
+  if (req.path == "/v1/models" && get) {
     json data = json::array();
     const auto created = static_cast<int64_t>(std::time(nullptr));
     for (const auto& name : ctx->options().served_model_names) {
@@ -128,71 +142,61 @@ void ApiServer::Impl::Routes() {
                       {"max_model_len", ctx->engine().model_info().max_model_len},
                       {"permission", json::array()}});
     }
-    api::SendJson(res, 200, {{"object", "list"}, {"data", std::move(data)}});
-  });
-  http.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
-    const std::string failure = ctx->engine().Failure();
-    std::string why;
-    if (!failure.empty()) {
-      why = "the engines failed: " + failure;
-    } else if (!ctx->engine().Ready()) {
-      why = "the engines are not ready (not every process has joined)";
-    } else if (ctx->shutting_down) {
-      why = "the server is shutting down";
-    }
-    if (why.empty()) {
-      res.status = 200;
-    } else {
-      api::SendError(res, ApiError(503, why));
-    }
-  });
-  http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-    res.status = 200;
-    res.set_content(ctx->metrics().Render(ctx->engine().Load()),
-                    "text/plain; version=0.0.4; charset=utf-8");
-  });
-  http.Get("/version", [](const httplib::Request&, httplib::Response& res) {
-    api::SendJson(res, 200, {{"version", AFD_VERSION}});
-  });
-  // Unknown paths and methods: the error body rather than httplib's empty one.
-  http.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
-    if (!res.body.empty()) return;
-    const std::string message = res.status == 404 ? "Not Found: " + req.method + " " + req.path
-                                                  : "HTTP " + std::to_string(res.status);
-    api::SendJson(res, res.status, api::ErrorBody(res.status, message));
-  });
-  http.set_exception_handler(
-      [](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
-        std::string what = "unknown exception";
-        try {
-          std::rethrow_exception(ep);
-        } catch (const std::exception& e) {
-          what = e.what();
-        } catch (...) {
-        }
-        api::SendError(res, ApiError(500, "internal error: " + what));
-      });
+    out->response = api::JsonResponse(200, {{"object", "list"}, {"data", std::move(data)}});
+    return true;
+  }
+  const bool post_endpoint = req.path == "/v1/completions" || req.path == "/v1/chat/completions" ||
+                             req.path == "/tokenize" || req.path == "/detokenize";
+  if (post_endpoint && req.method == "POST") return false;  // the worker pool's
+  const bool known = post_endpoint || req.path == "/health" || req.path == "/metrics" ||
+                     req.path == "/version" || req.path == "/v1/models";
+  if (known) {
+    *out = {Error(ApiError(405, "Method Not Allowed: " + req.method + " " + req.path)), nullptr};
+  } else {
+    *out = {Error(ApiError(404, "Not Found: " + req.method + " " + req.path)), nullptr};
+  }
+  return true;
+}
+
+HandlerResult ApiServer::Impl::Work(const HttpRequest& req) {
+  if (req.path == "/v1/completions") {
+    return Serve([&] { return api::HandleCompletions(ctx, req); });
+  }
+  if (req.path == "/v1/chat/completions") {
+    return Serve([&] { return api::HandleChatCompletions(ctx, req); });
+  }
+  if (req.path == "/tokenize") {
+    return Serve([&] { return HandlerResult{api::HandleTokenize(*ctx, req), nullptr}; });
+  }
+  return Serve([&] { return HandlerResult{api::HandleDetokenize(*ctx, req), nullptr}; });
 }
 
 ApiServer::ApiServer(ApiServerOptions options, EngineClient& engine, const Tokenizer* tokenizer,
                      const ChatTemplate* chat_template)
     : impl_(std::make_unique<Impl>()) {
   options.Validate();
-  const int threads = options.num_http_threads;
+  api::HttpServerOptions h;
+  h.host = options.host;
+  h.port = options.port;
+  h.io_threads = options.num_io_threads;
+  h.work_threads = options.num_work_threads;
+  h.header_timeout_s = options.header_timeout_s;
+  h.body_timeout_s = options.body_timeout_s;
+  h.write_timeout_s = options.write_timeout_s;
+  h.max_body_bytes = options.max_request_body_bytes;
+  h.max_connections = options.max_connections;
   impl_->ctx =
       std::make_shared<api::ServerContext>(std::move(options), engine, tokenizer, chat_template);
-  impl_->http.new_task_queue = [threads] {
-    return new httplib::ThreadPool(static_cast<size_t>(threads));
+  api::HttpHandlers handlers;
+  Impl* impl = impl_.get();
+  handlers.inline_route = [impl](const HttpRequest& req, HandlerResult* out) {
+    return impl->Inline(req, out);
   };
-  // SO_REUSEADDR only: httplib's default also sets SO_REUSEPORT, under which a second server
-  // binds a port already in use (and the kernel splits the connections between the two), and
-  // two port-0 binds can be handed the same port.
-  impl_->http.set_socket_options([impl = impl_.get()](socket_t sock) {
-    int yes = 1;
-    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
-    impl->listen_fd = sock;
-  });
-  impl_->Routes();
+  handlers.work = [impl](const HttpRequest& req) { return impl->Work(req); };
+  handlers.error = [impl](int status, const std::string& message) {
+    return impl->Error(ApiError(status, message));
+  };
+  impl_->http = std::make_unique<api::HttpServer>(std::move(h), std::move(handlers));
 }
 
 ApiServer::~ApiServer() { Stop(); }
@@ -200,25 +204,11 @@ ApiServer::~ApiServer() { Stop(); }
 void ApiServer::Start() {
   std::lock_guard<std::mutex> lock(impl_->stop_mu);
   AFD_CHECK(!impl_->started, "api server: Start called twice");
-  const ApiServerOptions& o = impl_->ctx->options();
-  int port = o.port;
-  if (port == 0) {
-    port = impl_->http.bind_to_any_port(o.host);
-    AFD_CHECK(port > 0, "api server: cannot bind {}:0 (an ephemeral port)", o.host);
-  } else {
-    AFD_CHECK(impl_->http.bind_to_port(o.host, port),
-              "api server: cannot bind {}:{} (address in use, or not an address of this host)",
-              o.host, port);
-  }
-  // cpp-httplib (the shared library) listens with a backlog of 5: a burst of connections beyond
-  // it is reset by the kernel instead of waiting for a thread. Listening again raises it.
-  if (impl_->listen_fd >= 0) ::listen(impl_->listen_fd, kListenBacklog);
-  impl_->port = port;
+  impl_->http->Start();
   impl_->started = true;
-  impl_->listener = std::thread([this] { impl_->http.listen_after_bind(); });
 }
 
-int ApiServer::port() const { return impl_->port; }
+int ApiServer::port() const { return impl_->http->port(); }
 
 void ApiServer::BeginShutdown() { impl_->ctx->shutting_down = true; }
 
@@ -238,10 +228,7 @@ void ApiServer::Stop() {
     if (impl_->ctx->in_flight == 0) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   } while (std::chrono::steady_clock::now() < deadline);
-  if (impl_->started) {
-    impl_->http.stop();
-    impl_->listener.join();
-  }
+  impl_->http->Stop();
 }
 
 }  // namespace afd::server

@@ -3,7 +3,8 @@
 // (docs/server.md lists the fields, errors and metrics, and where it differs from vLLM), turning
 // each request into sequences of the EngineClient behind it.
 //
-// Lifecycle: construct, Start() (binds, then serves on background threads), BeginShutdown()
+// Lifecycle: construct, Start() (binds, then serves on background threads: an event-driven
+// front end, http_server.h, whose bounds are docs/reliability.md's), BeginShutdown()
 // (new requests get 503, in-flight ones go on), Stop() (aborts what is still in flight, which
 // then ends in an error response, and joins the threads). The destructor calls Stop().
 //
@@ -49,7 +50,15 @@ struct ApiServerOptions {
   RequestDefaults defaults;
   int64_t max_waiting_requests = 0;  // 0: no limit; else 503 once this many sequences wait
   int retry_after_s = 1;             // the Retry-After header of such a 503
-  int num_http_threads = 128;        // each open request (streamed or not) holds one
+  // The HTTP front end (http_server.h): no thread is held by an open request. I/O threads serve
+  // every connection; worker threads parse, tokenize and submit requests.
+  int num_io_threads = 2;
+  int num_work_threads = 4;
+  double header_timeout_s = 10;  // a request's headers, whole, from its connection's last event
+  double body_timeout_s = 60;    // its body, from its headers
+  double write_timeout_s = 60;   // each write of a response (a client that stops reading)
+  int64_t max_request_body_bytes = 32 * 1024 * 1024;  // past it: 413
+  int64_t max_connections = 16384;                    // past it: 503 and close
   // How long Stop() lets aborted requests send their error before closing connections.
   int shutdown_grace_ms = 5000;
   // Throws afd::Error naming the bad field.

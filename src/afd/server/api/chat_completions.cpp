@@ -10,8 +10,8 @@
 
 namespace afd::server::api {
 
-bool HandleChatCompletions(const std::shared_ptr<ServerContext>& ctx, const httplib::Request& req,
-                           httplib::Response& res) {
+HandlerResult HandleChatCompletions(const std::shared_ptr<ServerContext>& ctx,
+                                    const HttpRequest& req) {
   const json body = ParseBody(req.body);
   const SamplingRequest r = ParseSamplingRequest(body, Endpoint::kChat, *ctx);
   const PromptInput prompt = ChatPrompt(*ctx, body, /*default_add_special_tokens=*/false);
@@ -19,7 +19,7 @@ bool HandleChatCompletions(const std::shared_ptr<ServerContext>& ctx, const http
 
   const std::string id = ctx->RandomId("chatcmpl-");
   const int64_t created = static_cast<int64_t>(std::time(nullptr));
-  const std::string& model = ctx->model_name();
+  const std::string model = ctx->model_name();
   auto logprobs_of = [ctx, r](const std::vector<int32_t>& ids,
                               const std::vector<runtime::TokenLogprobs>& lps) -> json {
     if (r.logprobs < 0) return nullptr;
@@ -27,24 +27,25 @@ bool HandleChatCompletions(const std::shared_ptr<ServerContext>& ctx, const http
   };
 
   if (!r.stream) {
-    if (!AwaitChoices(*run, *ctx, req, res)) return false;
-    json choices = json::array();
-    for (size_t c = 0; c < run->num_choices(); ++c) {
-      const ChoiceState& choice = run->choice(c);
-      json out = {{"index", c},
-                  {"message", {{"role", "assistant"}, {"content", choice.text()}}},
-                  {"logprobs", logprobs_of(choice.token_ids(), choice.logprobs())},
-                  {"finish_reason", choice.finish_reason()},
-                  {"stop_reason", choice.stop_reason()}};
-      if (r.return_token_ids) out["token_ids"] = choice.token_ids();
-      choices.push_back(std::move(out));
-    }
-    json response = {
-        {"id", id},       {"object", "chat.completion"},   {"created", created},
-        {"model", model}, {"choices", std::move(choices)}, {"usage", Usage(*run, 1, r.n)}};
-    if (r.return_token_ids) response["prompt_token_ids"] = prompt.ids;
-    SendJson(res, 200, response);
-    return false;
+    auto complete = [r, run, id, created, model, prompt, logprobs_of] {
+      json choices = json::array();
+      for (size_t c = 0; c < run->num_choices(); ++c) {
+        const ChoiceState& choice = run->choice(c);
+        json out = {{"index", c},
+                    {"message", {{"role", "assistant"}, {"content", choice.text()}}},
+                    {"logprobs", logprobs_of(choice.token_ids(), choice.logprobs())},
+                    {"finish_reason", choice.finish_reason()},
+                    {"stop_reason", choice.stop_reason()}};
+        if (r.return_token_ids) out["token_ids"] = choice.token_ids();
+        choices.push_back(std::move(out));
+      }
+      json response = {
+          {"id", id},       {"object", "chat.completion"},   {"created", created},
+          {"model", model}, {"choices", std::move(choices)}, {"usage", Usage(*run, 1, r.n)}};
+      if (r.return_token_ids) response["prompt_token_ids"] = prompt.ids;
+      return response;
+    };
+    return {{}, std::make_shared<GenerationResponse>(ctx, run, std::move(complete))};
   }
 
   const json head = {
@@ -82,8 +83,7 @@ bool HandleChatCompletions(const std::shared_ptr<ServerContext>& ctx, const http
     chunk["usage"] = Usage(*run, 1, n);
     return chunk;
   };
-  StreamRun(res, ctx, run, std::move(format), r.include_usage);
-  return true;
+  return {{}, std::make_shared<GenerationResponse>(ctx, run, std::move(format), r.include_usage)};
 }
 
 }  // namespace afd::server::api

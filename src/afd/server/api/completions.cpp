@@ -85,8 +85,7 @@ struct StreamChoice {
 
 }  // namespace
 
-bool HandleCompletions(const std::shared_ptr<ServerContext>& ctx, const httplib::Request& req,
-                       httplib::Response& res) {
+HandlerResult HandleCompletions(const std::shared_ptr<ServerContext>& ctx, const HttpRequest& req) {
   const json body = ParseBody(req.body);
   const SamplingRequest r = ParseSamplingRequest(body, Endpoint::kCompletions, *ctx);
   const std::vector<PromptInput> prompts = ParsePrompts(*ctx, body);
@@ -94,34 +93,34 @@ bool HandleCompletions(const std::shared_ptr<ServerContext>& ctx, const httplib:
 
   const std::string id = ctx->RandomId("cmpl-");
   const int64_t created = static_cast<int64_t>(std::time(nullptr));
-  const std::string& model = ctx->model_name();
+  const std::string model = ctx->model_name();
   const size_t num_prompts = prompts.size();
   auto prompt_text = [prompts, n = r.n](size_t c) { return prompts[c / n].text; };
 
   if (!r.stream) {
-    if (!AwaitChoices(*run, *ctx, req, res)) return false;
-    json choices = json::array();
-    for (size_t c = 0; c < run->num_choices(); ++c) {
-      const ChoiceState& choice = run->choice(c);
-      json out = {{"index", c},
-                  {"text", (r.echo ? prompt_text(c) : std::string()) + choice.text()},
-                  {"logprobs", ChoiceLogprobs(*ctx, r, *run, c)},
-                  {"finish_reason", choice.finish_reason()},
-                  {"stop_reason", choice.stop_reason()}};
-      if (r.return_token_ids) {
-        out["prompt_token_ids"] = run->prompt(c);
-        out["token_ids"] = choice.token_ids();
+    auto complete = [ctx, r, run, id, created, model, num_prompts, prompt_text] {
+      json choices = json::array();
+      for (size_t c = 0; c < run->num_choices(); ++c) {
+        const ChoiceState& choice = run->choice(c);
+        json out = {{"index", c},
+                    {"text", (r.echo ? prompt_text(c) : std::string()) + choice.text()},
+                    {"logprobs", ChoiceLogprobs(*ctx, r, *run, c)},
+                    {"finish_reason", choice.finish_reason()},
+                    {"stop_reason", choice.stop_reason()}};
+        if (r.return_token_ids) {
+          out["prompt_token_ids"] = run->prompt(c);
+          out["token_ids"] = choice.token_ids();
+        }
+        choices.push_back(std::move(out));
       }
-      choices.push_back(std::move(out));
-    }
-    SendJson(res, 200,
-             {{"id", id},
-              {"object", "text_completion"},
-              {"created", created},
-              {"model", model},
-              {"choices", std::move(choices)},
-              {"usage", Usage(*run, num_prompts, r.n)}});
-    return false;
+      return json{{"id", id},
+                  {"object", "text_completion"},
+                  {"created", created},
+                  {"model", model},
+                  {"choices", std::move(choices)},
+                  {"usage", Usage(*run, num_prompts, r.n)}};
+    };
+    return {{}, std::make_shared<GenerationResponse>(ctx, run, std::move(complete))};
   }
 
   auto sent = std::make_shared<std::vector<StreamChoice>>(run->num_choices());
@@ -169,8 +168,7 @@ bool HandleCompletions(const std::shared_ptr<ServerContext>& ctx, const httplib:
     chunk["usage"] = Usage(*run, num_prompts, n);
     return chunk;
   };
-  StreamRun(res, ctx, run, std::move(format), r.include_usage);
-  return true;
+  return {{}, std::make_shared<GenerationResponse>(ctx, run, std::move(format), r.include_usage)};
 }
 
 }  // namespace afd::server::api

@@ -1,11 +1,6 @@
 #include "afd/server/api/http_util.h"
 
-#include <dirent.h>
-#include <netinet/in.h>
-#include <poll.h>
-#include <sys/socket.h>
-
-#include <cstdlib>
+#include <chrono>
 
 namespace afd::server::api {
 
@@ -21,13 +16,18 @@ json ErrorBody(int status, const std::string& message, const std::string& param)
             {"code", status}}}};
 }
 
-void SendJson(httplib::Response& res, int status, const json& body) {
-  res.status = status;
-  res.set_content(Dump(body), "application/json");
+HttpResponse JsonResponse(int status, const json& body) {
+  HttpResponse r;
+  r.status = status;
+  r.body = Dump(body);
+  return r;
 }
 
-void SendError(httplib::Response& res, const ApiError& error) {
-  SendJson(res, error.status(), ErrorBody(error.status(), error.what(), error.param()));
+HttpResponse ErrorResponse(const ApiError& error, int retry_after_s) {
+  HttpResponse r =
+      JsonResponse(error.status(), ErrorBody(error.status(), error.what(), error.param()));
+  if (error.status() == 503) r.headers.emplace_back("Retry-After", std::to_string(retry_after_s));
+  return r;
 }
 
 ApiError RunError(const ServerContext& ctx, const RequestRun& run) {
@@ -50,108 +50,82 @@ json Usage(const RequestRun& run, size_t num_prompts, int64_t n) {
 
 namespace {
 
-struct StreamState {
-  std::shared_ptr<ServerContext> ctx;
-  std::shared_ptr<RequestRun> run;
-  StreamFormat format;
-  bool include_usage = false;
-  bool started = false;
-  bool ended = false;  // [DONE] written
-};
-
-bool WriteEvent(httplib::DataSink& sink, const std::string& data) {
-  const std::string event = "data: " + data + "\n\n";
-  return sink.write(event.data(), event.size());
+void AppendEvent(std::string* out, const std::string& data) {
+  out->append("data: ");
+  out->append(data);
+  out->append("\n\n");
 }
 
 }  // namespace
 
-void StreamRun(httplib::Response& res, std::shared_ptr<ServerContext> ctx,
-               std::shared_ptr<RequestRun> run, StreamFormat format, bool include_usage) {
-  auto state = std::make_shared<StreamState>();
-  state->ctx = std::move(ctx);
-  state->run = std::move(run);
-  state->format = std::move(format);
-  state->include_usage = include_usage;
-  res.status = 200;
-  res.set_header("Cache-Control", "no-cache");
-  res.set_chunked_content_provider(
-      "text/event-stream",
-      [state](size_t /*offset*/, httplib::DataSink& sink) -> bool {
-        RequestRun& run = *state->run;
-        if (!state->started) {
-          state->started = true;
-          for (const auto& chunk : state->format.initial()) {
-            if (!WriteEvent(sink, Dump(chunk))) return false;
-          }
-        }
-        if (auto delta = run.NextDelta(std::chrono::milliseconds(100))) {
-          for (const auto& chunk : state->format.delta(delta->first, delta->second)) {
-            if (!WriteEvent(sink, Dump(chunk))) return false;
-          }
-        }
-        const std::string error = run.error();
-        if (!error.empty()) {
-          run.Abort();  // the other choices end too: the stream is over
-          const ApiError e = RunError(*state->ctx, run);
-          if (!WriteEvent(sink, Dump(ErrorBody(e.status(), e.what())))) return false;
-        } else if (!run.done()) {
-          return true;
-        } else if (state->include_usage) {
-          if (!WriteEvent(sink, Dump(state->format.usage()))) return false;
-        }
-        if (!WriteEvent(sink, "[DONE]")) return false;
-        state->ended = true;
-        sink.done();
-        return true;
-      },
-      [state](bool /*success*/) {
-        // The client went away (or the server stopped) before the end: free the sequences.
-        if (!state->ended) state->run->Abort();
-        --state->ctx->in_flight;
-      });
+GenerationResponse::GenerationResponse(std::shared_ptr<ServerContext> ctx,
+                                       std::shared_ptr<RequestRun> run, StreamFormat format,
+                                       bool include_usage)
+    : ctx_(std::move(ctx)),
+      run_(std::move(run)),
+      streamed_(true),
+      format_(std::move(format)),
+      include_usage_(include_usage) {}
+
+GenerationResponse::GenerationResponse(std::shared_ptr<ServerContext> ctx,
+                                       std::shared_ptr<RequestRun> run,
+                                       std::function<json()> complete)
+    : ctx_(std::move(ctx)),
+      run_(std::move(run)),
+      streamed_(false),
+      complete_(std::move(complete)) {}
+
+GenerationResponse::~GenerationResponse() {
+  // Dropped before its end (the server stopped): free the sequences.
+  if (!ended_) run_->Abort();
+  run_->SetNotify(nullptr);
+  --ctx_->in_flight;
 }
 
-namespace {
+void GenerationResponse::SetWaker(std::function<void()> wake) { run_->SetNotify(std::move(wake)); }
 
-// The port of a socket address (IPv4 or IPv6), or -1.
-int PortOf(const sockaddr_storage& a) {
-  if (a.ss_family == AF_INET) return ntohs(reinterpret_cast<const sockaddr_in&>(a).sin_port);
-  if (a.ss_family == AF_INET6) return ntohs(reinterpret_cast<const sockaddr_in6&>(a).sin6_port);
-  return -1;
+void GenerationResponse::ClientGone() {
+  if (!ended_) run_->Abort();  // the client closed the request (nginx's 499; nobody reads it)
+  ended_ = true;
 }
 
-// The connected socket of this process whose local and peer ports are those given, or -1.
-int FindSocket(int local_port, int remote_port) {
-  DIR* dir = opendir("/proc/self/fd");
-  if (!dir) return -1;
-  int found = -1;
-  while (dirent* e = readdir(dir)) {
-    char* end = nullptr;
-    const long fd = std::strtol(e->d_name, &end, 10);
-    if (*end != '\0' || fd < 0 || fd == dirfd(dir)) continue;
-    sockaddr_storage local{}, peer{};
-    socklen_t ll = sizeof(local), pl = sizeof(peer);
-    if (getsockname(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&local), &ll) != 0) continue;
-    if (getpeername(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&peer), &pl) != 0) continue;
-    if (PortOf(local) == local_port && PortOf(peer) == remote_port) {
-      found = static_cast<int>(fd);
-      break;
+bool GenerationResponse::Pump(std::string* out, HttpResponse* response) {
+  if (ended_) return true;
+  RequestRun& run = *run_;
+  if (!streamed_) {
+    while (run.NextDelta(std::chrono::milliseconds(0))) {
+    }
+    if (!run.done()) return false;
+    ended_ = true;
+    if (!run.error().empty()) {
+      *response = ErrorResponse(RunError(*ctx_, run), ctx_->options().retry_after_s);
+    } else {
+      *response = JsonResponse(200, complete_());
+    }
+    return true;
+  }
+  if (!started_) {
+    started_ = true;
+    for (const auto& chunk : format_.initial()) AppendEvent(out, Dump(chunk));
+  }
+  while (auto delta = run.NextDelta(std::chrono::milliseconds(0))) {
+    for (const auto& chunk : format_.delta(delta->first, delta->second)) {
+      AppendEvent(out, Dump(chunk));
     }
   }
-  closedir(dir);
-  return found;
-}
-
-}  // namespace
-
-std::function<bool()> ClientGoneCheck(const httplib::Request& req) {
-  const int fd = FindSocket(req.local_port, req.remote_port);
-  if (fd < 0) return [] { return false; };
-  return [fd] {
-    pollfd p{fd, POLLRDHUP, 0};
-    return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
-  };
+  const std::string error = run.error();
+  if (!error.empty()) {
+    run.Abort();  // the other choices end too: the stream is over
+    const ApiError e = RunError(*ctx_, run);
+    AppendEvent(out, Dump(ErrorBody(e.status(), e.what())));
+  } else if (!run.done()) {
+    return false;
+  } else if (include_usage_) {
+    AppendEvent(out, Dump(format_.usage()));
+  }
+  AppendEvent(out, "[DONE]");
+  ended_ = true;
+  return true;
 }
 
 std::shared_ptr<RequestRun> SubmitChoices(const std::shared_ptr<ServerContext>& ctx,
@@ -166,21 +140,6 @@ std::shared_ptr<RequestRun> SubmitChoices(const std::shared_ptr<ServerContext>& 
   const std::unique_lock<std::mutex> admitted = ctx->AdmitRequest();
   for (auto& p : params) run->Submit(std::move(p));
   return run;
-}
-
-bool AwaitChoices(RequestRun& run, const ServerContext& ctx, const httplib::Request& req,
-                  httplib::Response& res) {
-  const std::function<bool()> gone = ClientGoneCheck(req);
-  while (!run.done()) {
-    run.NextDelta(std::chrono::milliseconds(100));
-    if (!run.done() && gone()) {
-      run.Abort();
-      res.status = 499;  // the client closed the request (nginx's code)
-      return false;
-    }
-  }
-  if (!run.error().empty()) throw RunError(ctx, run);
-  return true;
 }
 
 }  // namespace afd::server::api

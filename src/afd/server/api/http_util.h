@@ -1,10 +1,9 @@
-// JSON responses and vLLM's error body for the endpoint handlers, and the SSE stream of a
-// generation request. Internal to the server (includes httplib.h).
+// JSON responses and vLLM's error body for the endpoint handlers, and the response of a
+// generation request (GenerationResponse): server-sent events as tokens arrive, or one JSON
+// body once every choice is done, pumped by the HTTP server without holding a thread.
 //
-// Thread safety: pure functions; StreamRun's callbacks run on the connection's thread.
+// Thread safety: pure functions; a GenerationResponse is driven by its connection's strand.
 #pragma once
-
-#include <httplib.h>
 
 #include <functional>
 #include <memory>
@@ -12,6 +11,7 @@
 #include <vector>
 
 #include "afd/server/api/api_error.h"
+#include "afd/server/api/http_types.h"
 #include "afd/server/api/json_fields.h"
 #include "afd/server/api/request_run.h"
 #include "afd/server/api/sampling_request.h"
@@ -21,15 +21,9 @@ namespace afd::server::api {
 // JSON text; invalid UTF-8 (never expected) is replaced rather than thrown on.
 std::string Dump(const json& value);
 json ErrorBody(int status, const std::string& message, const std::string& param = "");
-void SendJson(httplib::Response& res, int status, const json& body);
-void SendError(httplib::Response& res, const ApiError& error);
-
-// A check that tells whether the client of `req` has closed its connection (the peer's FIN,
-// seen as POLLRDHUP on the request's socket, found among this process's sockets by the
-// request's addresses). cpp-httplib 0.11 gives a handler no view of its connection; without
-// this a non-streaming request would run to the end after its client left. Linux only; the
-// check answers false when the socket cannot be found.
-std::function<bool()> ClientGoneCheck(const httplib::Request& req);
+HttpResponse JsonResponse(int status, const json& body);
+// The error body; a 503 also gets Retry-After (retry_after_s).
+HttpResponse ErrorResponse(const ApiError& error, int retry_after_s);
 
 // Checks every choice's parameters, then submits n choices of each prompt (choice index =
 // prompt * n + j) in one admission.
@@ -37,13 +31,8 @@ std::shared_ptr<RequestRun> SubmitChoices(const std::shared_ptr<ServerContext>& 
                                           const SamplingRequest& r,
                                           const std::vector<PromptInput>& prompts);
 
-// A non-streaming request: waits for every choice of `run`. False when the client left first
-// (the run is aborted and `res` gets status 499, which nobody reads); throws the run's ApiError
-// when a choice failed.
-bool AwaitChoices(RequestRun& run, const ServerContext& ctx, const httplib::Request& req,
-                  httplib::Response& res);
-
-// The ApiError for a run whose choice failed: 503 when the server is shutting down, else 500.
+// The ApiError for a run whose choice failed: 400 for a request the engine refused, 503 when
+// the server is shutting down, else 500.
 ApiError RunError(const ServerContext& ctx, const RequestRun& run);
 
 // How a generation endpoint writes its stream: the chunks to send first, the chunks of one delta,
@@ -54,11 +43,35 @@ struct StreamFormat {
   std::function<json()> usage;
 };
 
-// Answers with `run` as server-sent events: "data: {json}\n\n" per chunk, an error event when a
-// choice fails, then "data: [DONE]\n\n". A failed write (client gone) aborts the run. Decrements
-// ctx->in_flight when the response is over.
-void StreamRun(httplib::Response& res, std::shared_ptr<ServerContext> ctx,
-               std::shared_ptr<RequestRun> run, StreamFormat format, bool include_usage);
+// The response of a generation request. Streamed: "data: {json}\n\n" per chunk, an error event
+// when a choice fails, then "data: [DONE]\n\n". Whole: `complete()` (the response body) once
+// every choice is done, or the run's error. A client gone, or a response dropped before its
+// end, aborts the run. Holds one of ctx->in_flight until destroyed.
+class GenerationResponse : public PendingResponse {
+ public:
+  // Streamed.
+  GenerationResponse(std::shared_ptr<ServerContext> ctx, std::shared_ptr<RequestRun> run,
+                     StreamFormat format, bool include_usage);
+  // Whole.
+  GenerationResponse(std::shared_ptr<ServerContext> ctx, std::shared_ptr<RequestRun> run,
+                     std::function<json()> complete);
+  ~GenerationResponse() override;
+
+  bool streamed() const override { return streamed_; }
+  void SetWaker(std::function<void()> wake) override;
+  bool Pump(std::string* out, HttpResponse* response) override;
+  void ClientGone() override;
+
+ private:
+  std::shared_ptr<ServerContext> ctx_;
+  std::shared_ptr<RequestRun> run_;
+  bool streamed_;
+  StreamFormat format_;
+  bool include_usage_ = false;
+  std::function<json()> complete_;
+  bool started_ = false;
+  bool ended_ = false;
+};
 
 // usage {"prompt_tokens", "completion_tokens", "total_tokens"} of a run whose choice i answers
 // prompt prompt_of_choice[i]; each prompt counts once.

@@ -35,6 +35,7 @@ struct RequestRun::Shared {
   std::condition_variable cv;
   std::deque<std::pair<size_t, runtime::RequestOutput>> outputs;  // guarded by mu
   std::vector<Sequence> sequences;                                // guarded by mu
+  std::function<void()> notify;                                   // guarded by mu
 };
 
 RequestRun::RequestRun(std::shared_ptr<ServerContext> ctx, const SamplingRequest& request)
@@ -61,7 +62,7 @@ void RequestRun::Submit(runtime::RequestParams params) {
   ctx_->engine().Submit(
       id, std::move(params), [ctx, shared, choice](const runtime::RequestOutput& out) {
         const Clock::time_point now = Clock::now();
-        std::lock_guard<std::mutex> lock(shared->mu);
+        std::unique_lock<std::mutex> lock(shared->mu);
         Shared::Sequence& seq = shared->sequences[choice];
         if (seq.finished) return;
         const auto num_tokens = static_cast<int64_t>(out.token_ids.size());
@@ -82,7 +83,15 @@ void RequestRun::Submit(runtime::RequestParams params) {
         }
         shared->outputs.emplace_back(choice, out);
         shared->cv.notify_all();
+        const std::function<void()> notify = shared->notify;
+        lock.unlock();
+        if (notify) notify();
       });
+}
+
+void RequestRun::SetNotify(std::function<void()> notify) {
+  std::lock_guard<std::mutex> lock(shared_->mu);
+  shared_->notify = std::move(notify);
 }
 
 void RequestRun::AbortSequence(size_t choice, const char* metrics_reason) {

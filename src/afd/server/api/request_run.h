@@ -6,14 +6,16 @@
 // Every wait is bounded: NextDelta returns after `timeout`; when EngineClient::Failure() is set
 // and no output came for kFailureGraceMs, the remaining choices fail with that reason.
 //
-// Thread safety: Submit/NextDelta/Abort/choices belong to the handler thread; the engine's
-// callbacks run on engine threads and only touch the shared queue.
+// Thread safety: Submit/NextDelta/Abort/choices belong to one thread at a time (the handler,
+// then the connection's strand); the engine's callbacks run on engine threads and only touch
+// the shared queue (and call the notify function).
 #pragma once
 
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -49,6 +51,10 @@ class RequestRun {
   bool rejected() const;
   // Ends every unfinished choice: the client is gone ("abort" in the metrics).
   void Abort();
+  // Called (on an engine thread, after the output is queued, with no lock held) whenever an
+  // output arrives, so that an event loop can pump NextDelta(0) instead of waiting in it; null:
+  // none. May be set at any time.
+  void SetNotify(std::function<void()> notify);
 
   size_t num_choices() const { return choices_.size(); }
   const ChoiceState& choice(size_t i) const { return choices_[i]; }

@@ -6,7 +6,7 @@
 
 namespace afd::server::api {
 
-void HandleTokenize(const ServerContext& ctx, const httplib::Request& req, httplib::Response& res) {
+HttpResponse HandleTokenize(const ServerContext& ctx, const HttpRequest& req) {
   const json body = ParseBody(req.body);
   ctx.CheckModel(StringField(body, "model", ""));
   if (ctx.tokenizer() == nullptr) throw ApiError(400, "this server has no tokenizer");
@@ -28,24 +28,21 @@ void HandleTokenize(const ServerContext& ctx, const httplib::Request& req, httpl
     token_strs = json::array();
     for (int32_t id : ids) token_strs.push_back(TokenString(ctx.tokenizer(), id));
   }
-  SendJson(res, 200,
-           {{"count", ids.size()},
-            {"max_model_len", ctx.engine().model_info().max_model_len},
-            {"tokens", ids},
-            {"token_strs", std::move(token_strs)}});
+  return JsonResponse(200, {{"count", ids.size()},
+                            {"max_model_len", ctx.engine().model_info().max_model_len},
+                            {"tokens", ids},
+                            {"token_strs", std::move(token_strs)}});
 }
 
-void HandleDetokenize(const ServerContext& ctx, const httplib::Request& req,
-                      httplib::Response& res) {
+HttpResponse HandleDetokenize(const ServerContext& ctx, const HttpRequest& req) {
   const json body = ParseBody(req.body);
   ctx.CheckModel(StringField(body, "model", ""));
   if (ctx.tokenizer() == nullptr) throw ApiError(400, "this server has no tokenizer");
   const json* tokens = FindField(body, "tokens");
   if (tokens == nullptr) ThrowBadRequest("tokens", "'tokens' is required");
   const std::vector<int32_t> ids = ParseTokenIds(*tokens, "tokens", ctx);
-  SendJson(res, 200,
-           {{"prompt", ctx.tokenizer()->Decode({ids.begin(), ids.end()},
-                                               /*skip_special_tokens=*/false)}});
+  return JsonResponse(200, {{"prompt", ctx.tokenizer()->Decode({ids.begin(), ids.end()},
+                                                               /*skip_special_tokens=*/false)}});
 }
 
 }  // namespace afd::server::api
