@@ -95,7 +95,24 @@ TEST(BenchServeMetrics, ChunksOfSeveralTokensCountEveryToken) {
   a.latency_s = 0.5;
   const ServeMetrics m = ComputeServeMetrics({a}, 0.5, {99});
   EXPECT_EQ(m.tokens_per_second, (std::vector<double>{12, 0}));
-  EXPECT_EQ(m.max_output_tokens_per_s, 12.0);
+  // A run of 0.5 s: its window is the run, 12 tokens in 0.5 s.
+  EXPECT_DOUBLE_EQ(m.max_output_tokens_per_s, 24.0);
+  EXPECT_GE(m.max_output_tokens_per_s, m.output_throughput);
+}
+
+// A run of 1.5 s whose whole 1-s bins hold fewer tokens than its mean rate: the peak's windows
+// (0.75 s here) tile the run, so the peak never reads below the mean.
+TEST(BenchServeMetrics, PeakIsNeverBelowTheMean) {
+  RequestOutcome a;
+  a.success = true;
+  a.output_tokens = 30;  // one token every 0.05 s from 0.05 to 1.5 s
+  a.ttft_s = 0.05;
+  a.itl_s.assign(29, 0.05);
+  a.latency_s = 1.5;
+  const ServeMetrics m = ComputeServeMetrics({a}, 1.5, {99});
+  EXPECT_DOUBLE_EQ(m.output_throughput, 20.0);
+  EXPECT_GE(m.max_output_tokens_per_s, m.output_throughput);
+  EXPECT_LE(m.max_output_tokens_per_s, 30.0 / 0.75 + 1e-9);
 }
 
 TEST(BenchServeMetrics, AllFailedGivesZerosNotNaN) {

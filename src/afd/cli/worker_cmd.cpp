@@ -67,7 +67,7 @@ struct RoleArgs {
   int32_t max_logprobs = 20;
   int64_t max_waiting_requests = 0;
   double shutdown_timeout_s = 30;
-  int64_t max_request_body_bytes = 32 * 1024 * 1024;
+  int64_t max_request_body_bytes = 8 * 1024 * 1024;
   int64_t max_connections = 16384;
   std::string model_positional;  // serve: `afd serve MODEL`, as `vllm serve MODEL`
   std::set<std::string> given;   // the flags given on the command line ("--max-tokens", ...)
@@ -172,7 +172,7 @@ void AddHttpFlags(CLI::App* cmd, RoleArgs& a) {
                   "Waiting sequences before new requests get 503 (0: no limit)")
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--max-request-body-bytes", a.max_request_body_bytes,
-                  "Largest request body; a larger one gets 413 before it is read (default 32 "
+                  "Largest request body; a larger one gets 413 before it is read (default 8 "
                   "MiB)")
       ->check(CLI::Range(int64_t{1024}, int64_t{1} << 40));
   cmd->add_option("--max-connections", a.max_connections,

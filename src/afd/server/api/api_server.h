@@ -57,7 +57,9 @@ struct ApiServerOptions {
   double header_timeout_s = 10;  // a request's headers, whole, from its connection's last event
   double body_timeout_s = 60;    // its body, from its headers
   double write_timeout_s = 60;   // each write of a response (a client that stops reading)
-  int64_t max_request_body_bytes = 32 * 1024 * 1024;  // past it: 413
+  // Past it: 413. 8 MiB holds several full-length prompts as token ids (a 163840-token prompt is
+  // ~1.2 MB of JSON); at most num_work_threads bodies are tokenized at once.
+  int64_t max_request_body_bytes = 8 * 1024 * 1024;
   int64_t max_connections = 16384;                    // past it: 503 and close
   // How long Stop() lets aborted requests send their error before closing connections.
   int shutdown_grace_ms = 5000;

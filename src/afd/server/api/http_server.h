@@ -38,7 +38,7 @@ struct HttpServerOptions {
   double body_timeout_s = 60;
   double write_timeout_s = 60;
   int64_t max_header_bytes = 16 * 1024;
-  int64_t max_body_bytes = 32 * 1024 * 1024;
+  int64_t max_body_bytes = 8 * 1024 * 1024;
   int64_t max_connections = 16384;
   int pump_tick_ms = 100;  // how often an unwoken PendingResponse is pumped anyway
   // Throws afd::Error naming the bad field.

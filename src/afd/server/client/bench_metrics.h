@@ -46,7 +46,7 @@ struct ServeMetrics {
   std::vector<int64_t> output_lens;  // per request, 0 for a failed one
   // Content chunks received per 1-s bin from the first send of a successful request.
   std::vector<double> tokens_per_second;
-  double max_output_tokens_per_s = 0.0;  // the largest bin
+  double max_output_tokens_per_s = 0.0;  // the busiest window (bench_metrics.cpp): >= the mean
   int64_t max_concurrent_requests = 0;   // peak of successful requests in flight
 };
 
