@@ -75,6 +75,7 @@ bench: build
 	./bench/afd_decode.sh $(BUILD_DIR)/afd
 	./bench/tokenize_bench.sh $(BUILD_DIR)/afd
 	./bench/serve_cpu.sh $(BUILD_DIR)/afd
+	./bench/serve_front_end.sh $(BUILD_DIR)/afd
 	$(BUILD_DIR)/engine_step_bench --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
 
 format:

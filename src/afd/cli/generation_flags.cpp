@@ -14,7 +14,9 @@ void AddGenerationFlags(CLI::App* cmd, GenerationFlags& f, bool model_required) 
                                        "Checkpoint directory, or preset:tiny / "
                                        "preset:deepseek-v2-lite (random weights)");
   if (model_required) model->required();
-  cmd->add_option("--max-tokens", f.max_tokens, "New tokens per prompt (default 16)")
+  cmd->add_option("--max-tokens", f.max_tokens,
+                  "New tokens per prompt (default 16); on a server, the default of requests "
+                  "that name none (unset: 16 on completions, the rest of the context on chat)")
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--max-num-seqs", f.max_num_seqs,
                   "Running sequences per step (and DP replica) at most; 0: no limit")

@@ -100,7 +100,7 @@ bool ApiServer::Impl::Inline(const HttpRequest& req, HandlerResult* out) {
             nullptr};
     return true;
   }
-  const bool get = req.method == "GET" || req.method == "HEAD";
+  const bool get = req.method == "GET";
   if (req.path == "/health" && get) {
     const std::string failure = ctx->engine().Failure();
     std::string why;
