@@ -21,14 +21,7 @@ namespace {
 // vLLM flags a recipe may carry that afd has no counterpart for, and what to do instead.
 const std::map<std::string, std::string>& VllmOnlyFlags() {
   static const std::map<std::string, std::string> flags = {
-      {"--headless",
-       "an FFN role's `afd serve` never answers the API, and an attention role's answers it "
-       "unless --prompts-file is given"},
       {"--kv-transfer-config", "prefill/decode disaggregation is not implemented yet"},
-      {"--data-parallel-address",
-       "AFD ranks find each other through the \"host\" / \"port\" of --additional-config"},
-      {"--data-parallel-rpc-port",
-       "AFD ranks find each other through the \"host\" / \"port\" of --additional-config"},
       {"--data-parallel-backend", "afd starts its DP ranks as processes itself"},
       {"--trust-remote-code", "afd runs its own DeepSeek-V2/V3 code, never a checkpoint's"},
       {"--distributed-executor-backend", "afd starts its ranks as processes itself"},

@@ -340,9 +340,9 @@ void ExpectRefused(const std::string& args, const std::string& want) {
 // "arguments were not expected" with the words reversed).
 TEST(Cli, FlagsAServerCannotHonourAreRefusedByName) {
   const std::string serve = "serve --model preset:tiny --port 0 ";
-  ExpectRefused(serve + "--data-parallel-rpc-port 13345",
-                "afd serve: --data-parallel-rpc-port is not supported by afd (a vLLM flag");
-  ExpectRefused(serve + "--headless", "--headless is not supported by afd");
+  ExpectRefused(serve + "--data-parallel-backend mp",
+                "afd serve: --data-parallel-backend is not supported by afd (a vLLM flag");
+  ExpectRefused(serve + "--trust-remote-code", "--trust-remote-code is not supported by afd");
   ExpectRefused(serve + "--kv-transfer-config '{}'", "--kv-transfer-config is not supported");
   ExpectRefused(serve + "--no-such-flag=3",
                 "--no-such-flag is not supported by afd (`afd serve --help`");
@@ -355,6 +355,7 @@ TEST(Cli, FlagsAServerCannotHonourAreRefusedByName) {
   ExpectRefused(serve + "--data-parallel-size 2",
                 "--data-parallel-size 2 without --enable-expert-parallel");
   ExpectRefused(serve + "--data-parallel-start-rank 1", "--data-parallel-start-rank places");
+  ExpectRefused(serve + "--headless", "--headless places the DP ranks of an AFD role");
   ExpectRefused(serve + "--cuda-devices 0,1", "--cuda-devices places several ranks");
   // Sampling defaults are checked as `afd run` checks them; batch-only flags are refused.
   ExpectRefused(serve + "--temperature -1", "--temperature / --top-k / --top-p");
@@ -373,6 +374,29 @@ TEST(Cli, FlagsAServerCannotHonourAreRefusedByName) {
                   std::string(flag).substr(0, std::string(flag).find(' ')) +
                       " configures the OpenAI API, which the FFN role does not answer");
   }
+  // Multi-host DP: a headless host needs the API server's address; an API server running part
+  // of the DP ranks needs one to listen on; the FFN role has no such listener.
+  const std::string attn = Quote(R"({"afd": {"role": "attention", "num_attention_ranks": 2, )"
+                                 R"("num_ffn_ranks": 1, "port": 1}})");
+  const std::string attn_serve =
+      "serve --model preset:tiny --data-parallel-size 2 --additional-config " + attn + " ";
+  ExpectRefused(attn_serve + "--headless --data-parallel-size-local 1 --data-parallel-start-rank 1",
+                "--headless needs --data-parallel-address and --data-parallel-rpc-port");
+  ExpectRefused(attn_serve + "--data-parallel-size-local 1",
+                "this host runs 1 of the 2 DP ranks (--data-parallel-size-local): the others "
+                "connect to its API server, which needs --data-parallel-address");
+  ExpectRefused(attn_serve +
+                    "--headless --data-parallel-address 10.1.2.3 "
+                    "--data-parallel-rpc-port 13345 --data-parallel-size-local 1",
+                "--data-parallel-address 10.1.2.3: the rendezvous host 10.1.2.3 is not a "
+                "loopback address");
+  ExpectRefused(
+      "serve --model preset:tiny --additional-config " + ffn + " --data-parallel-address 127.0.0.1",
+      "--data-parallel-address belongs to the attention role");
+  ExpectRefused(attn_serve +
+                    "--headless --api-key k --data-parallel-address 127.0.0.1 "
+                    "--data-parallel-rpc-port 13345 --data-parallel-size-local 1",
+                "--api-key configures the OpenAI API, which a headless host does not answer");
   // `afd serve MODEL` as `vllm serve MODEL`; one model only.
   ExpectRefused("serve preset:tiny --model preset:other", "the model is given twice");
   ExpectRefused("serve --port 0", "--model is required");

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "afd/comm/socket.h"
@@ -126,6 +127,169 @@ TEST(RoleCommands, DifferentSecretsAreNamedByBothSides) {
   EXPECT_NE(attention.Log().find("different secrets"), std::string::npos) << attention.Log();
   const std::string ffn_log = ReadFile(dir + "/ffn.log");
   EXPECT_NE(ffn_log.find("authenticat"), std::string::npos) << ffn_log;
+  std::filesystem::remove_all(dir);
+}
+
+// vLLM's multi-node DP as seed 004 lays it out: an FFN host, an attention host whose API server
+// runs DP rank 0 and listens for the others (--data-parallel-address / --data-parallel-rpc-port),
+// and a headless attention host running DP rank 1 (all on loopback here; tests/connector's
+// netns test covers real addresses). Requests reach both replicas and equal `afd run`; SIGTERM
+// to the API server drains it, the headless host's replica leaves and every command exits 0.
+// `secret`: the join secret exported on every command (the engine channel proves it too).
+void HeadAndHeadless(const char* secret, const std::string& tag) {
+  const std::string dir = TestDir(tag);
+  const int port = comm::PickRendezvousPort();
+  const int rpc = comm::PickRendezvousPort();
+  SetSecret(secret);
+  auto ffn = StartFfn(dir, RoleConfig("ffn", port, 2, 1, 60));
+  const std::vector<std::string> dp = {"--data-parallel-size",       "2",
+                                       "--data-parallel-address",    "127.0.0.1",
+                                       "--data-parallel-rpc-port",   std::to_string(rpc),
+                                       "--data-parallel-size-local", "1"};
+  std::vector<std::string> headless_argv = {AFD_BINARY,
+                                            "serve",
+                                            "--model",
+                                            "preset:tiny",
+                                            "--additional-config",
+                                            RoleConfig("attention", port, 2, 1, 60),
+                                            "--headless",
+                                            "--data-parallel-start-rank",
+                                            "1",
+                                            "--log-dir",
+                                            dir + "/headless_ranks"};
+  headless_argv.insert(headless_argv.end(), dp.begin(), dp.end());
+  Subprocess headless(headless_argv, dir + "/headless.log");
+  std::vector<std::string> head_args = {"serve", "--model", "preset:tiny", "--additional-config",
+                                        RoleConfig("attention", port, 2, 1, 60)};
+  head_args.insert(head_args.end(), dp.begin(), dp.end());
+  ServedProcess head(tag, head_args);
+  ASSERT_TRUE(head.up()) << head.Log() << ReadFile(dir + "/headless.log")
+                         << ReadFile(dir + "/ffn.log");
+  const std::vector<std::vector<int>> prompts = {{1, 2, 3}, {4, 5}, {6}, {7, 8, 9, 10}};
+  std::string error;
+  const auto want = RunReference(prompts, "--max-tokens 6", &error);
+  ASSERT_EQ(want.size(), prompts.size()) << error;
+  // Concurrently, so that the least-loaded routing spreads them over both replicas.
+  std::vector<std::thread> clients;
+  std::vector<Reply> replies(prompts.size());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    clients.emplace_back([&, i] {
+      replies[i] = PostJson(head.port(), "/v1/completions",
+                            {{"prompt", prompts[i]},
+                             {"max_tokens", 6},
+                             {"ignore_eos", true},
+                             {"temperature", 0},
+                             {"return_token_ids", true}});
+    });
+  }
+  for (auto& t : clients) t.join();
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    ASSERT_EQ(replies[i].status, 200) << replies[i].raw;
+    EXPECT_EQ(replies[i].body["choices"][0]["token_ids"].get<std::vector<int>>(), want[i]) << i;
+  }
+  head.Signal(SIGTERM);
+  EXPECT_EQ(head.Wait(30), std::optional<int>(0)) << head.Log();
+  EXPECT_EQ(headless.Wait(Deadline::In(30)), std::optional<int>(0))
+      << ReadFile(dir + "/headless.log");
+  // The headless host's replica (DP rank 1) took its share of the requests, then left.
+  const std::string replica_log = ReadFile(dir + "/headless_ranks/attention1.log");
+  const size_t at = replica_log.find("attention replica 1: served ");
+  ASSERT_NE(at, std::string::npos) << replica_log;
+  EXPECT_GE(std::stoi(replica_log.substr(at + 28)), 1) << replica_log;
+  EXPECT_EQ(ffn->Wait(Deadline::In(30)), std::optional<int>(0)) << ReadFile(dir + "/ffn.log");
+  SetSecret(nullptr);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(RoleCommands, HeadAndHeadlessAttentionHosts) { HeadAndHeadless(nullptr, "headless"); }
+
+TEST(RoleCommands, HeadAndHeadlessAttentionHostsWithASecret) {
+  HeadAndHeadless("0123456789abcdef0123456789abcdef", "headless_secret");
+}
+
+// A headless host's rank that dies is named by the API server, which stops (its deployment has
+// lost a replica and the FFN ranks their peer): docs/deploy.md.
+TEST(RoleCommands, ADeadHeadlessReplicaIsNamedAndStopsTheServer) {
+  const std::string dir = TestDir("headless_dies");
+  const int port = comm::PickRendezvousPort();
+  const int rpc = comm::PickRendezvousPort();
+  SetSecret(nullptr);
+  auto ffn = StartFfn(dir, RoleConfig("ffn", port, 2, 1, 30));
+  const std::vector<std::string> dp = {"--data-parallel-size",       "2",
+                                       "--data-parallel-address",    "127.0.0.1",
+                                       "--data-parallel-rpc-port",   std::to_string(rpc),
+                                       "--data-parallel-size-local", "1"};
+  std::vector<std::string> headless_argv = {AFD_BINARY,
+                                            "serve",
+                                            "--model",
+                                            "preset:tiny",
+                                            "--additional-config",
+                                            RoleConfig("attention", port, 2, 1, 30),
+                                            "--headless",
+                                            "--data-parallel-start-rank",
+                                            "1"};
+  headless_argv.insert(headless_argv.end(), dp.begin(), dp.end());
+  Subprocess headless(headless_argv, dir + "/headless.log");
+  std::vector<std::string> head_args = {"serve", "--model", "preset:tiny", "--additional-config",
+                                        RoleConfig("attention", port, 2, 1, 30)};
+  head_args.insert(head_args.end(), dp.begin(), dp.end());
+  ServedProcess head("headless_dies", head_args);
+  ASSERT_TRUE(head.up()) << head.Log() << ReadFile(dir + "/headless.log");
+  const std::vector<RankProcess> ranks = RankProcessesOf(headless.pid());
+  ASSERT_EQ(ranks.size(), 1u);
+  ::kill(ranks[0].pid, SIGKILL);
+  EXPECT_EQ(head.Wait(60), std::optional<int>(1)) << head.Log();
+  // Named either way: by the engine channel ("attention replica 1 lost its engine
+  // connection") or by the local rank that lost its peer ("world rank 2 (attention 1)").
+  const std::string log = head.Log();
+  EXPECT_TRUE(log.find("attention replica 1 lost its engine connection") != std::string::npos ||
+              log.find("(attention 1)") != std::string::npos)
+      << log;
+  EXPECT_TRUE(headless.Wait(Deadline::In(30)).has_value());
+  EXPECT_TRUE(ffn->Wait(Deadline::In(60)).has_value()) << ReadFile(dir + "/ffn.log");
+  std::filesystem::remove_all(dir);
+}
+
+// A headless host with another secret than the API server's is refused on the engine channel
+// (named on both sides); the API server goes on waiting for the replica (its ready timeout
+// names it) and stops on SIGTERM.
+TEST(RoleCommands, HeadlessHostWithAnotherSecretIsRefused) {
+  const std::string dir = TestDir("headless_mismatch");
+  const int port = comm::PickRendezvousPort();
+  const int rpc = comm::PickRendezvousPort();
+  SetSecret("the-secret-of-the-ffn-and-the-head");
+  auto ffn = StartFfn(dir, RoleConfig("ffn", port, 2, 1, 60));
+  const std::vector<std::string> dp = {"--data-parallel-size",       "2",
+                                       "--data-parallel-address",    "127.0.0.1",
+                                       "--data-parallel-rpc-port",   std::to_string(rpc),
+                                       "--data-parallel-size-local", "1"};
+  std::vector<std::string> head_args = {"serve", "--model", "preset:tiny", "--additional-config",
+                                        RoleConfig("attention", port, 2, 1, 60)};
+  head_args.insert(head_args.end(), dp.begin(), dp.end());
+  ServedProcess head("headless_mismatch", head_args, /*ready_timeout_s=*/3);
+  SetSecret("another-secret-of-the-headless-host");
+  std::vector<std::string> headless_argv = {AFD_BINARY,
+                                            "serve",
+                                            "--model",
+                                            "preset:tiny",
+                                            "--additional-config",
+                                            RoleConfig("attention", port, 2, 1, 60),
+                                            "--headless",
+                                            "--data-parallel-start-rank",
+                                            "1"};
+  headless_argv.insert(headless_argv.end(), dp.begin(), dp.end());
+  Subprocess headless(headless_argv, dir + "/headless.log");
+  SetSecret(nullptr);
+  const std::optional<int> rc = headless.Wait(Deadline::In(60));
+  ASSERT_TRUE(rc.has_value()) << ReadFile(dir + "/headless.log");
+  EXPECT_NE(*rc, 0);
+  const std::string log = ReadFile(dir + "/headless.log");
+  // Its rank meets the store first (another secret there too) or the engine channel: either
+  // way the secrets are named.
+  EXPECT_TRUE(log.find("secret") != std::string::npos) << log;
+  EXPECT_FALSE(head.up());
+  head.Signal(SIGTERM);
+  EXPECT_EQ(head.Wait(30), std::optional<int>(0)) << head.Log();
   std::filesystem::remove_all(dir);
 }
 

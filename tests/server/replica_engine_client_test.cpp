@@ -81,6 +81,28 @@ TEST(EngineWire, EveryMessageRoundTrips) {
   EXPECT_EQ(t.stats.kv_blocks_total, 4);
   EXPECT_EQ(t.round_trips.bucket_counts, step.round_trips.bucket_counts);
 
+  EngineMessage challenge;
+  challenge.kind = Kind::kChallenge;
+  challenge.challenge = {"00ff", true};
+  const EngineMessage c = deploy::DecodeEngineMessage(deploy::EncodeEngineMessage(challenge), "t");
+  EXPECT_EQ(c.kind, Kind::kChallenge);
+  EXPECT_EQ(c.challenge.nonce, "00ff");
+  EXPECT_TRUE(c.challenge.secret);
+  EngineMessage refused;
+  refused.kind = Kind::kRefused;
+  refused.why = "no";
+  EXPECT_EQ(deploy::DecodeEngineMessage(deploy::EncodeEngineMessage(refused), "t").why, "no");
+  EngineMessage hello;
+  hello.kind = Kind::kHello;
+  hello.hello.dp_rank = 3;
+  hello.hello.proof = deploy::EngineHelloProof(std::string("s3cret-s3cret-s3cret"), "ab", 3);
+  EXPECT_EQ(hello.hello.proof.size(), 64u);
+  EXPECT_NE(hello.hello.proof,
+            deploy::EngineHelloProof(std::string("s3cret-s3cret-s3cret"), "ab", 4));
+  EXPECT_EQ(deploy::EngineHelloProof(std::nullopt, "ab", 3), "");
+  EXPECT_EQ(deploy::DecodeEngineMessage(deploy::EncodeEngineMessage(hello), "t").hello.proof,
+            hello.hello.proof);
+
   EXPECT_THROW(deploy::DecodeEngineMessage("{\"kind\": \"submit\"}", "replica 3"), Error);
   EXPECT_THROW(deploy::DecodeEngineMessage("not json", "replica 3"), Error);
   try {
@@ -97,13 +119,22 @@ TEST(EngineWire, EveryMessageRoundTrips) {
 // A replica played by the test: connects, says hello, answers as told.
 class FakeReplica {
  public:
-  FakeReplica(const std::string& endpoint, int dp_rank) {
+  FakeReplica(const std::string& endpoint, int dp_rank,
+              const std::optional<std::string>& secret = std::nullopt) {
     const auto [host, port] = deploy::ParseEndpoint(endpoint, "endpoint");
     conn_ = std::make_unique<deploy::FrameConnection>(
         comm::Connect(host, port, Deadline::In(10), "frontend"), "frontend");
+    const EngineMessage challenge = Next();
+    EXPECT_EQ(challenge.kind, Kind::kChallenge);
+    EXPECT_EQ(challenge.challenge.nonce.size(), 64u);
     EngineMessage hello;
     hello.kind = Kind::kHello;
-    hello.hello = {dp_rank, 1000, 512, {2}, 64};
+    hello.hello.dp_rank = dp_rank;
+    hello.hello.vocab_size = 1000;
+    hello.hello.max_model_len = 512;
+    hello.hello.eos_token_ids = {2};
+    hello.hello.kv_blocks = 64;
+    hello.hello.proof = deploy::EngineHelloProof(secret, challenge.challenge.nonce, dp_rank);
     conn_->Send(deploy::EncodeEngineMessage(hello), 10);
   }
   EngineMessage Next() {
@@ -134,6 +165,31 @@ runtime::RequestOutput Out(uint64_t id, int32_t token, bool finished) {
   o.finished = finished;
   o.finish_reason = finished ? runtime::FinishReason::kLength : runtime::FinishReason::kNone;
   return o;
+}
+
+// With a join secret, a hello that does not prove it is refused (the replica is told why) and
+// dropped; so is a connection that sends garbage. Neither fails the deployment: the replica
+// with the right secret joins after them.
+TEST(ReplicaEngineClient, HellosMustProveTheJoinSecret) {
+  EngineListenOptions listen;
+  listen.secret = std::string("the deployment's secret, 32 bytes");
+  ReplicaEngineClient client(1, 0, listen);
+  {
+    FakeReplica impostor(client.endpoint(), 0, std::string("another secret entirely......."));
+    const EngineMessage refused = impostor.Next();
+    EXPECT_EQ(refused.kind, Kind::kRefused);
+    EXPECT_NE(refused.why.find("join secret"), std::string::npos) << refused.why;
+  }
+  {
+    const auto [host, port] = deploy::ParseEndpoint(client.endpoint(), "endpoint");
+    comm::Socket junk = comm::Connect(host, port, Deadline::In(10), "frontend");
+    const char garbage[] = "GET / HTTP/1.1\r\n\r\n";
+    junk.SendAll(garbage, sizeof(garbage), Deadline::In(5), "frontend");
+  }
+  EXPECT_TRUE(client.Failure().empty()) << client.Failure();
+  FakeReplica replica(client.endpoint(), 0, listen.secret);
+  EXPECT_TRUE(client.WaitReady(10)) << client.Failure();
+  EXPECT_TRUE(client.Failure().empty()) << client.Failure();
 }
 
 TEST(ReplicaEngineClient, RoutesToTheLeastLoadedReplicaAndDeliversOutputs) {

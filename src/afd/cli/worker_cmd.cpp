@@ -69,6 +69,9 @@ struct RoleArgs {
   double shutdown_timeout_s = 30;
   int64_t max_request_body_bytes = 8 * 1024 * 1024;
   int64_t max_connections = 16384;
+  bool headless = false;         // serve: this host's DP ranks only, no API server
+  std::string dp_address;        // serve: the API server's engine listener (vLLM's name)
+  int dp_rpc_port = 0;           // serve: its port
   std::string model_positional;  // serve: `afd serve MODEL`, as `vllm serve MODEL`
   std::set<std::string> given;   // the flags given on the command line ("--max-tokens", ...)
   bool Given(const char* flag) const { return given.count(flag) > 0; }
@@ -313,7 +316,9 @@ void CheckInProcessFlags(const RoleArgs& a) {
         "--topology xAyF)",
         f);
   }
-  if (const char* f = FirstGiven(a, {"--data-parallel-start-rank", "--data-parallel-size-local"})) {
+  if (const char* f =
+          FirstGiven(a, {"--data-parallel-start-rank", "--data-parallel-size-local", "--headless",
+                         "--data-parallel-address", "--data-parallel-rpc-port"})) {
     AFD_THROW("{} places the DP ranks of an AFD role on hosts: give --additional-config", f);
   }
   AFD_CHECK(a.tp == 1,
@@ -397,22 +402,61 @@ int ServeCommand(RoleArgs& a) {
   deploy::WorkerOptions base;
   server::ServingTokenizer tok;
   server::ServeHttpOptions http;
-  bool api = false;
+  server::EngineListenOptions listen;
+  bool api = false, headless = false, remote_replicas = false;
   try {
     const AfdConfig role = ParseAfdConfig(a.additional_config);
-    api = role.role == Role::kAttention && a.prompts_file.empty();
+    // --headless on an FFN role is what it is anyway: it never answers the API.
+    headless = a.headless && role.role == Role::kAttention;
+    api = role.role == Role::kAttention && a.prompts_file.empty() && !headless;
     if (!api) {
       if (const char* f = FirstGiven(a, kApiOnlyFlags)) {
         AFD_THROW("{} configures the OpenAI API, which {}", f,
                   role.role == Role::kFfn
                       ? "the FFN role does not answer (give it to the attention role's command)"
-                      : "an attention role with --prompts-file does not answer");
+                  : headless ? "a headless host does not answer (give it to the API server's)"
+                             : "an attention role with --prompts-file does not answer");
       }
     }
     if (role.role == Role::kFfn) {
       AFD_CHECK(a.prompts_file.empty() && a.output_file.empty(),
                 "--prompts-file and --output-file belong to the attention role");
+      if (const char* f = FirstGiven(a, {"--data-parallel-address", "--data-parallel-rpc-port"})) {
+        AFD_THROW(
+            "{} belongs to the attention role (its API server's engine listener); FFN ranks "
+            "find each other through the \"host\" / \"port\" of --additional-config",
+            f);
+      }
     }
+    const int dp_local = a.dp_local < 0 ? a.dp - a.dp_start : a.dp_local;
+    if (headless) {
+      AFD_CHECK(a.prompts_file.empty(),
+                "--headless serves an API server's requests: leave out "
+                "--prompts-file");
+      AFD_CHECK(!a.dp_address.empty() && a.dp_rpc_port > 0,
+                "--headless needs --data-parallel-address and --data-parallel-rpc-port: where "
+                "the API server's host listens for this host's replicas");
+      AFD_CHECK(dp_local >= 1, "--headless with --data-parallel-size-local 0 runs nothing");
+    }
+    // An API server expecting replicas of other hosts listens where they can reach it.
+    remote_replicas = api && (dp_local < a.dp || !a.dp_address.empty() || a.dp_rpc_port > 0);
+    if (remote_replicas) {
+      AFD_CHECK(!a.dp_address.empty() && a.dp_rpc_port > 0,
+                "this host runs {} of the {} DP ranks (--data-parallel-size-local): the others "
+                "connect to its API server, which needs --data-parallel-address (the address "
+                "to listen on, 0.0.0.0 for every interface) and --data-parallel-rpc-port",
+                dp_local, a.dp);
+    }
+    if (headless || remote_replicas) {
+      try {
+        listen.secret = comm::ResolveJoinSecret(a.dp_address);
+      } catch (const Error& e) {
+        AFD_THROW("--data-parallel-address {}: {}", a.dp_address, e.what());
+      }
+      listen.host = a.dp_address;
+      listen.port = a.dp_rpc_port;
+    }
+    if (headless) ApplyServingDefaults(a.gen);  // the API server's engine flags
     if (api) {
       tok = server::LoadServingTokenizer(a.tokenizer);
       SizePresetToTokenizer(a.gen, tok);
@@ -440,15 +484,30 @@ int ServeCommand(RoleArgs& a) {
     so.output_file = a.output_file;
     so.worker_flags = PassThrough(a);
     so.cuda_devices = a.cuda_devices;
+    if (headless) {
+      // This host's replicas serve the API server at --data-parallel-address:port.
+      so.engine_endpoint = fmt::format("{}:{}", a.dp_address, a.dp_rpc_port);
+      std::cerr << "afd serve: headless: " << so.dp_local << " attention replica(s) serving the "
+                << "API server at " << so.engine_endpoint << std::endl;
+    }
     if (!api) {
       deploy::ServeRole(so);
       return 0;
     }
     std::string dir;
-    std::vector<deploy::RankProcessSpec> specs = deploy::ServeRankSpecs(so, &dir);
+    std::vector<deploy::RankProcessSpec> specs;
+    if (so.dp_local > 0) specs = deploy::ServeRankSpecs(so, &dir);
     // No EnsureLocalJoinSecret here: these ranks join the store of FFN rank 0, which another
     // command started; they take the secret (or none, on loopback) from the environment as it
     // does, so the seed's two commands pair up with no secret and with the same one exported.
+    if (remote_replicas) {
+      std::cerr << fmt::format(
+                       "afd serve: the API server of all {} DP ranks ({} on this host); the "
+                       "others' replicas connect to {}:{}",
+                       a.dp, so.dp_local, listen.host, listen.port)
+                << std::endl;
+      return server::ServeReplicas(http, std::move(specs), a.dp, 0, tok, listen);
+    }
     return server::ServeReplicas(http, std::move(specs), so.dp_local, so.dp_start, tok);
   } catch (const Error& e) {
     std::cerr << "afd serve: error: " << e.what() << std::endl;
@@ -629,10 +688,21 @@ void AddWorkerCommands(CLI::App& app, int& exit_code) {
   AddHttpFlags(serve, *sargs);
   serve
       ->add_option("--data-parallel-size-local", sargs->dp_local,
-                   "DP ranks on this host (default: all)")
-      ->check(Positive());
+                   "DP ranks on this host (default: all; 0 with --data-parallel-address: an API "
+                   "server whose replicas all run on headless hosts)")
+      ->check(CLI::NonNegativeNumber);
   serve->add_option("--data-parallel-start-rank", sargs->dp_start, "First DP rank on this host")
       ->check(CLI::NonNegativeNumber);
+  serve->add_flag("--headless", sargs->headless,
+                  "Attention role: run this host's DP ranks only, serving the API server at "
+                  "--data-parallel-address:--data-parallel-rpc-port (vLLM's multi-node DP)");
+  serve->add_option("--data-parallel-address", sargs->dp_address,
+                    "Attention role: the API server's engine listener -- where it listens "
+                    "(0.0.0.0: every interface) and where headless hosts' replicas connect");
+  serve
+      ->add_option("--data-parallel-rpc-port", sargs->dp_rpc_port,
+                   "Attention role: the port of that listener")
+      ->check(CLI::Range(1, 65535));
   serve->add_option("--output-file", sargs->output_file,
                     "Attention with --prompts-file: generated results, one JSON line per prompt");
   serve->add_option("--log-dir", sargs->log_dir, "Where rank logs go (default: a temp dir)");
@@ -689,7 +759,9 @@ void AddWorkerCommands(CLI::App& app, int& exit_code) {
       ->delimiter(',')
       ->check(CLI::NonNegativeNumber);
   launch->add_option("--log-dir", largs->log_dir, "Where rank logs go (default: a temp dir)");
-  launch->add_flag("--enforce-eager", largs->enforce_eager, "Accepted (the CPU path is eager)");
+  launch->add_flag("--enforce-eager", largs->enforce_eager,
+                   "Accepted: the ranks of a deployment run every step eagerly (AFD and DP + EP "
+                   "steps are not captured as CUDA graphs yet)");
   launch->callback([largs, launch, &exit_code] {
     RecordGivenFlags(launch, *largs);
     exit_code = LaunchCommand(*largs);

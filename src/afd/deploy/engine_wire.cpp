@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "afd/common/error.h"
+#include "afd/common/sha256.h"
 
 namespace afd::deploy {
 
@@ -104,11 +105,23 @@ const char* KindName(EngineMessage::Kind k) {
       return "hello";
     case EngineMessage::Kind::kStep:
       return "step";
+    case EngineMessage::Kind::kChallenge:
+      return "challenge";
+    case EngineMessage::Kind::kRefused:
+      return "refused";
   }
   return "?";
 }
 
 }  // namespace
+
+std::string EngineHelloProof(const std::optional<std::string>& secret, const std::string& nonce,
+                             int dp_rank) {
+  if (!secret) return "";
+  const Digest mac =
+      HmacSha256(*secret, "afd engine hello|" + nonce + "|" + std::to_string(dp_rank));
+  return ToHex(AsBytes(mac));
+}
 
 std::string EncodeEngineMessage(const EngineMessage& m) {
   json j = {{"kind", KindName(m.kind)}};
@@ -134,8 +147,16 @@ std::string EncodeEngineMessage(const EngineMessage& m) {
       break;
     case EngineMessage::Kind::kShutdown:
       break;
+    case EngineMessage::Kind::kChallenge:
+      j["nonce"] = m.challenge.nonce;
+      j["secret"] = m.challenge.secret;
+      break;
+    case EngineMessage::Kind::kRefused:
+      j["why"] = m.why;
+      break;
     case EngineMessage::Kind::kHello:
       j["dp_rank"] = m.hello.dp_rank;
+      j["proof"] = m.hello.proof;
       j["vocab_size"] = m.hello.vocab_size;
       j["max_model_len"] = m.hello.max_model_len;
       j["eos_token_ids"] = m.hello.eos_token_ids;
@@ -194,9 +215,17 @@ EngineMessage DecodeEngineMessage(const std::string& body, const std::string& fr
       m.id = j.at("id").get<uint64_t>();
     } else if (kind == "shutdown") {
       m.kind = EngineMessage::Kind::kShutdown;
+    } else if (kind == "challenge") {
+      m.kind = EngineMessage::Kind::kChallenge;
+      m.challenge.nonce = j.at("nonce").get<std::string>();
+      m.challenge.secret = j.at("secret").get<bool>();
+    } else if (kind == "refused") {
+      m.kind = EngineMessage::Kind::kRefused;
+      m.why = j.at("why").get<std::string>();
     } else if (kind == "hello") {
       m.kind = EngineMessage::Kind::kHello;
       m.hello.dp_rank = j.at("dp_rank").get<int>();
+      m.hello.proof = j.value("proof", "");
       m.hello.vocab_size = j.at("vocab_size").get<int64_t>();
       m.hello.max_model_len = j.at("max_model_len").get<int64_t>();
       m.hello.eos_token_ids = j.at("eos_token_ids").get<std::vector<int32_t>>();

@@ -1,8 +1,9 @@
 // The engine channel between the OpenAI frontend (server/replica_engine_client.h) and the
 // attention replicas it feeds (deploy/replica_serve.h): one TCP connection per replica on this
 // host, frames of [u32 little-endian body length][JSON body]. docs/wire_formats.md lists the
-// messages. Frontend -> replica: submit, abort, shutdown. Replica -> frontend: hello (once, on
-// connect), step (the outputs of one engine step and the replica's load).
+// messages. Frontend -> replica: challenge (once, on accept), then submit, abort, shutdown, or
+// refused (a hello that did not prove the join secret). Replica -> frontend: hello (once, after
+// the challenge), step (the outputs of one engine step and the replica's load).
 // Thread safety: FrameConnection's Send may be called from several threads (it locks); Poll
 // from one thread at a time.
 #pragma once
@@ -42,9 +43,22 @@ class FrameConnection {
   std::string buffer_;
 };
 
+// Frontend -> replica, first frame on every connection: a fresh nonce the replica's hello must
+// prove the join secret over (EngineHelloProof), and whether the frontend has a secret.
+struct EngineChallenge {
+  std::string nonce;  // hex
+  bool secret = false;
+};
+
+// The proof a replica's hello carries: hex HMAC-SHA256(secret, "afd engine hello" | nonce |
+// dp_rank); "" without a secret.
+std::string EngineHelloProof(const std::optional<std::string>& secret, const std::string& nonce,
+                             int dp_rank);
+
 // Replica -> frontend, first frame.
 struct ReplicaHello {
   int dp_rank = 0;
+  std::string proof;  // EngineHelloProof of the challenge's nonce
   int64_t vocab_size = 0;
   int64_t max_model_len = 0;
   std::vector<int32_t> eos_token_ids;
@@ -61,7 +75,8 @@ struct RoundTripReport {
 const std::vector<double>& RoundTripBounds();
 
 struct EngineMessage {
-  enum class Kind { kSubmit, kAbort, kShutdown, kHello, kStep };
+  // challenge / refused: frontend -> replica, before and instead of serving it.
+  enum class Kind { kSubmit, kAbort, kShutdown, kHello, kStep, kChallenge, kRefused };
   Kind kind = Kind::kSubmit;
   uint64_t id = 0;                              // submit, abort
   runtime::RequestParams params;                // submit
@@ -69,6 +84,8 @@ struct EngineMessage {
   std::vector<runtime::RequestOutput> outputs;  // step
   runtime::EngineStats stats;                   // step
   RoundTripReport round_trips;                  // step
+  EngineChallenge challenge;                    // challenge
+  std::string why;                              // refused
 };
 
 std::string EncodeEngineMessage(const EngineMessage& m);

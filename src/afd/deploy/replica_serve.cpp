@@ -1,13 +1,17 @@
 #include "afd/deploy/replica_serve.h"
 
 #include <algorithm>
+#include <cstdio>
 
+#include "afd/comm/join_secret.h"
 #include "afd/common/error.h"
 #include "afd/deploy/engine_wire.h"
 
 namespace afd::deploy {
 
 namespace {
+
+constexpr double kChallengeTimeoutSeconds = 10;
 
 // How long an idle replica waits for the frontend before the next idle step.
 constexpr double kIdleWaitSeconds = 0.002;
@@ -92,11 +96,32 @@ void ServeReplica(const model::DeepseekModel& model, comm::AfdWorld* world,
   if (o.tp_rank == 0) {
     const auto [host, port] = ParseEndpoint(o.endpoint, "--engine-endpoint");
     const std::string peer = fmt::format("the frontend's engine listener {}", o.endpoint);
-    conn = std::make_unique<FrameConnection>(
-        comm::Connect(host, port, Deadline::In(o.connect_timeout_s), peer), peer);
+    // The join secret, as the rendezvous store's policy has it: none only on loopback.
+    const std::optional<std::string> secret = comm::ResolveJoinSecret(host);
+    const Deadline connect_by = Deadline::In(o.connect_timeout_s);
+    conn = std::make_unique<FrameConnection>(comm::Connect(host, port, connect_by, peer), peer);
+    // The frontend's challenge first; the hello proves the secret over its nonce.
+    std::optional<std::string> first;
+    const Deadline challenge_by = Deadline::In(kChallengeTimeoutSeconds);
+    while (!(first = conn->Poll(0.1))) {
+      AFD_CHECK(!challenge_by.expired(), "{} sent no challenge within {} s of the connection", peer,
+                kChallengeTimeoutSeconds);
+    }
+    const EngineMessage challenge = DecodeEngineMessage(*first, peer);
+    AFD_CHECK(challenge.kind == EngineMessage::Kind::kChallenge,
+              "{} did not start with a challenge (is it an older afd, or something else?)", peer);
+    AFD_CHECK(challenge.challenge.secret || !secret,
+              "{} runs without a join secret but this process has one: start the API server "
+              "with the same AFD_JOIN_SECRET / AFD_JOIN_SECRET_FILE",
+              peer);
+    AFD_CHECK(!challenge.challenge.secret || secret,
+              "{} requires a join secret and this process has none: set the deployment's "
+              "secret through AFD_JOIN_SECRET or AFD_JOIN_SECRET_FILE",
+              peer);
     EngineMessage hello;
     hello.kind = EngineMessage::Kind::kHello;
     hello.hello.dp_rank = o.dp_rank;
+    hello.hello.proof = EngineHelloProof(secret, challenge.challenge.nonce, o.dp_rank);
     hello.hello.vocab_size = model.config().vocab_size;
     hello.hello.max_model_len = engine.max_model_len();
     for (int64_t id : model.config().eos_token_ids) {
@@ -106,6 +131,7 @@ void ServeReplica(const model::DeepseekModel& model, comm::AfdWorld* world,
     conn->Send(EncodeEngineMessage(hello), kSendTimeoutSeconds);
   }
   bool shutting_down = false, everyone_idle = false;
+  int64_t submitted = 0;  // sequences the frontend sent this replica
   runtime::EngineStats reported;
   while (true) {
     std::vector<std::string> frames;
@@ -123,6 +149,7 @@ void ServeReplica(const model::DeepseekModel& model, comm::AfdWorld* world,
       switch (m.kind) {
         case EngineMessage::Kind::kSubmit:
           engine.Add(m.id, std::move(m.params));
+          ++submitted;
           break;
         case EngineMessage::Kind::kAbort:
           engine.Abort(m.id);
@@ -130,6 +157,8 @@ void ServeReplica(const model::DeepseekModel& model, comm::AfdWorld* world,
         case EngineMessage::Kind::kShutdown:
           shutting_down = true;
           break;
+        case EngineMessage::Kind::kRefused:
+          AFD_THROW("the frontend refused this replica: {}", m.why);
         default:
           AFD_THROW("the frontend sent an unexpected {} message",
                     m.kind == EngineMessage::Kind::kHello ? "hello" : "step");
@@ -158,7 +187,14 @@ void ServeReplica(const model::DeepseekModel& model, comm::AfdWorld* world,
       conn->Send(EncodeEngineMessage(step), kSendTimeoutSeconds);
       reported = stats;
     }
-    if (done) return;
+    if (done) {
+      if (o.tp_rank == 0) {
+        std::fprintf(stderr, "attention replica %d: served %lld request(s) in %lld step(s); left\n",
+                     o.dp_rank, static_cast<long long>(submitted),
+                     static_cast<long long>(stats.steps));
+      }
+      return;
+    }
   }
 }
 

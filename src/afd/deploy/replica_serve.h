@@ -23,7 +23,9 @@ struct ReplicaServeOptions {
   int tp = 1;
   int tp_rank = 0;
   runtime::EngineOptions engine;
-  double connect_timeout_s = 60;
+  // A headless host may start long before its API server's host: as long as the frontend waits
+  // for its replicas (ServeHttpOptions::ready_timeout_s).
+  double connect_timeout_s = 900;
 };
 
 // Returns when the deployment shut down cleanly; throws afd::Error otherwise. `world` forms the

@@ -54,6 +54,9 @@ std::vector<RankProcessSpec> ServeRankSpecs(const ServeOptions& o, std::string* 
         s.argv.insert(s.argv.end(), {"--output-file", fmt::format("{}/out{}.jsonl", dir, d)});
       }
       s.serves_engine = base.config.role == Role::kAttention && base.prompts.empty();
+      if (s.serves_engine && !o.engine_endpoint.empty()) {
+        s.argv.insert(s.argv.end(), {"--engine-endpoint", o.engine_endpoint});
+      }
       specs.push_back(std::move(s));
     }
   }

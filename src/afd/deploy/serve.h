@@ -22,6 +22,9 @@ struct ServeOptions {
   // worker flags then carry none); empty: the worker flags' --cuda-device for all.
   std::vector<int> cuda_devices;
   double stop_grace_s = 10;  // after a stop signal, how long the ranks get to end
+  // A headless attention host: the remote API server's engine listener (host:port) its
+  // replicas serve (--engine-endpoint); "" otherwise (the local API server sets it).
+  std::string engine_endpoint;
 };
 
 // This host's rank processes (logs in the returned directory). Attention ranks without prompts

@@ -1,10 +1,15 @@
 #include "afd/server/replica_engine_client.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <poll.h>
+#include <sys/socket.h>
 
 #include <chrono>
+#include <cstdio>
 
 #include "afd/common/error.h"
+#include "afd/common/sha256.h"
 
 namespace afd::server {
 
@@ -14,11 +19,16 @@ constexpr double kSendTimeoutSeconds = 30;
 
 }  // namespace
 
-ReplicaEngineClient::ReplicaEngineClient(int num_replicas, int first_dp_rank)
-    : num_replicas_(num_replicas), first_dp_rank_(first_dp_rank), replicas_(num_replicas) {
+ReplicaEngineClient::ReplicaEngineClient(int num_replicas, int first_dp_rank,
+                                         EngineListenOptions listen)
+    : num_replicas_(num_replicas),
+      first_dp_rank_(first_dp_rank),
+      listen_(std::move(listen)),
+      replicas_(num_replicas) {
   AFD_CHECK(num_replicas >= 1, "an engine client needs at least one replica, got {}", num_replicas);
-  listener_ = comm::Listen("127.0.0.1", 0);
-  endpoint_ = fmt::format("127.0.0.1:{}", comm::LocalPort(listener_));
+  listener_ = comm::Listen(listen_.host, listen_.port);
+  const bool any = listen_.host.empty() || listen_.host == "0.0.0.0";
+  endpoint_ = fmt::format("{}:{}", any ? "127.0.0.1" : listen_.host, comm::LocalPort(listener_));
   const std::vector<double>& bounds = deploy::RoundTripBounds();
   round_trips_.bucket_bounds_s = bounds;
   round_trips_.bucket_counts.assign(bounds.size() + 1, 0);
@@ -231,7 +241,7 @@ void ReplicaEngineClient::Handle(size_t connection, deploy::EngineMessage m) {
       FailLocked(problem, failed);
       reason = failure_;
     } else {
-      replicas_[r].conn = std::move(pending_[connection]);
+      replicas_[r].conn = std::move(pending_[connection].conn);
       replicas_[r].said_hello = true;
       replicas_[r].stats.kv_blocks_total = m.hello.kv_blocks;
       if (info_.vocab_size == 0) {
@@ -268,6 +278,44 @@ void ReplicaEngineClient::Handle(size_t connection, deploy::EngineMessage m) {
   Deliver(failed, reason);
 }
 
+namespace {
+
+// "10.0.0.7:51234" of a connected socket, or "an unknown peer".
+std::string PeerAddress(int fd) {
+  sockaddr_in a{};
+  socklen_t len = sizeof(a);
+  if (getpeername(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0 || a.sin_family != AF_INET) {
+    return "an unknown peer";
+  }
+  char host[INET_ADDRSTRLEN] = {};
+  inet_ntop(AF_INET, &a.sin_addr, host, sizeof(host));
+  return fmt::format("{}:{}", host, ntohs(a.sin_port));
+}
+
+constexpr double kHelloTimeoutSeconds = 30;
+
+}  // namespace
+
+void ReplicaEngineClient::DropPending(size_t i, const std::string& why, bool tell) {
+  std::unique_ptr<deploy::FrameConnection> conn;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    conn = std::move(pending_[i].conn);
+  }
+  if (!conn) return;
+  if (tell) {
+    deploy::EngineMessage m;
+    m.kind = deploy::EngineMessage::Kind::kRefused;
+    m.why = why;
+    try {
+      conn->Send(deploy::EncodeEngineMessage(m), 1.0);
+    } catch (const Error&) {
+    }
+  }
+  std::fprintf(stderr, "afd serve: refused an engine connection from %s: %s\n",
+               conn->peer().c_str(), why.c_str());
+}
+
 void ReplicaEngineClient::IoLoop() {
   using Kind = deploy::EngineMessage::Kind;
   while (!stop_) {
@@ -277,8 +325,8 @@ void ReplicaEngineClient::IoLoop() {
     {
       std::lock_guard<std::mutex> lock(mu_);
       for (size_t i = 0; i < pending_.size(); ++i) {
-        if (pending_[i]) {
-          fds.push_back({pending_[i]->fd(), POLLIN, 0});
+        if (pending_[i].conn) {
+          fds.push_back({pending_[i].conn->fd(), POLLIN, 0});
           owners.emplace_back(false, i);
         }
       }
@@ -290,55 +338,92 @@ void ReplicaEngineClient::IoLoop() {
       }
     }
     const int n = poll(fds.data(), fds.size(), 50);
+    // Connections that said nothing within the bound are dropped (they hold a slot only).
+    const auto now = std::chrono::steady_clock::now();
+    for (size_t i = 0; i < pending_.size(); ++i) {
+      bool stale;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        stale = pending_[i].conn &&
+                now - pending_[i].since > std::chrono::duration<double>(kHelloTimeoutSeconds);
+      }
+      if (stale) {
+        DropPending(i, fmt::format("no hello within {} s of connecting", kHelloTimeoutSeconds),
+                    true);
+      }
+    }
     if (n <= 0) continue;
     if (fds[0].revents & POLLIN) {
       try {
         comm::Socket s = comm::Accept(listener_, Deadline::In(1.0), "an attention replica");
+        const std::string peer = "attention replica connection " + PeerAddress(s.fd());
+        auto conn = std::make_unique<deploy::FrameConnection>(std::move(s), peer);
+        deploy::EngineMessage challenge;
+        challenge.kind = deploy::EngineMessage::Kind::kChallenge;
+        challenge.challenge.nonce = ToHex(RandomBytes(32));
+        challenge.challenge.secret = listen_.secret.has_value();
+        conn->Send(deploy::EncodeEngineMessage(challenge), 5.0);
         std::lock_guard<std::mutex> lock(mu_);
-        pending_.push_back(
-            std::make_unique<deploy::FrameConnection>(std::move(s), "an attention replica"));
+        pending_.push_back({std::move(conn), challenge.challenge.nonce, now});
       } catch (const Error&) {
-        // The peer went away before we accepted it: nothing to serve.
+        // The peer went away before we accepted it, or took no challenge: nothing to serve.
       }
     }
     for (size_t k = 1; k < fds.size(); ++k) {
       if (!(fds[k].revents & (POLLIN | POLLHUP | POLLERR))) continue;
       const auto [is_replica, index] = owners[k - 1];
       deploy::FrameConnection* conn;
+      std::string nonce;
       {
         std::lock_guard<std::mutex> lock(mu_);
-        conn = is_replica ? replicas_[index].conn.get() : pending_[index].get();
+        conn = is_replica ? replicas_[index].conn.get() : pending_[index].conn.get();
+        if (!is_replica) nonce = pending_[index].nonce;
       }
       if (!conn) continue;
+      bool greeted = is_replica;
+      int replica = is_replica ? static_cast<int>(index) : -1;  // once it said hello
       try {
         // A pending connection's first frame is its hello (which moves the connection to its
         // replica); frames that came with it in the same read are handled right after.
-        bool greeted = is_replica;
         while (std::optional<std::string> f = conn->Poll(0)) {
           deploy::EngineMessage m = deploy::DecodeEngineMessage(*f, conn->peer());
           AFD_CHECK(greeted || m.kind == Kind::kHello, "{} sent a frame before its hello",
                     conn->peer());
           AFD_CHECK(!greeted || m.kind != Kind::kHello, "{} said hello twice", conn->peer());
+          if (!greeted) {
+            const std::string want =
+                deploy::EngineHelloProof(listen_.secret, nonce, m.hello.dp_rank);
+            if (listen_.secret && !DigestsEqual(m.hello.proof, want)) {
+              DropPending(index,
+                          "its hello does not prove this deployment's join secret (the "
+                          "processes have different AFD_JOIN_SECRET / AFD_JOIN_SECRET_FILE)",
+                          true);
+              break;
+            }
+          }
+          const int said = m.hello.dp_rank - first_dp_rank_;
+          const bool hello = !greeted;
           Handle(greeted ? SIZE_MAX : index, std::move(m));
           greeted = true;
+          if (hello) replica = said;
           if (!Failure().empty()) break;
         }
       } catch (const Error& e) {
+        if (replica < 0 || replica >= num_replicas_) {
+          // Before its hello a connection is nobody's: drop it, the deployment goes on (the
+          // ready timeout names replicas that never come).
+          DropPending(index, e.what(), false);
+          continue;
+        }
         bool expected;
         {
           std::lock_guard<std::mutex> lock(mu_);
           expected = shutting_down_;
-          if (is_replica) {
-            replicas_[index].left = true;
-          } else {
-            pending_[index].reset();
-          }
+          replicas_[replica].left = true;
         }
         if (!expected) {
-          SetFailure(is_replica ? fmt::format("attention replica {} lost its engine connection: {}",
-                                              first_dp_rank_ + static_cast<int>(index), e.what())
-                                : fmt::format("an attention replica failed before its hello: {}",
-                                              e.what()));
+          SetFailure(fmt::format("attention replica {} lost its engine connection: {}",
+                                 first_dp_rank_ + replica, e.what()));
         }
       }
     }

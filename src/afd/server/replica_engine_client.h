@@ -1,6 +1,8 @@
 // An EngineClient over the attention data-parallel replicas of a deployment, each a worker
-// process running deploy::ServeReplica: it listens on 127.0.0.1 (an ephemeral port, passed to
-// the workers as --engine-endpoint), waits for one connection and hello per replica, sends each
+// process running deploy::ServeReplica: it listens (127.0.0.1 and an ephemeral port by default,
+// passed to the workers as --engine-endpoint; or the --data-parallel-address and
+// --data-parallel-rpc-port that headless hosts' replicas connect to), waits for one
+// authenticated connection and hello per replica, sends each
 // request to the replica with the fewest live requests (ties: the lowest DP rank), and runs one
 // I/O thread that reads every replica's step frames and calls the requests' callbacks. A lost
 // replica connection, or SetFailure (the launcher saw a process die), ends every live request
@@ -9,9 +11,11 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -22,13 +26,25 @@
 
 namespace afd::server {
 
+// Where the engine listener binds, and the join secret replicas must prove.
+struct EngineListenOptions {
+  std::string host = "127.0.0.1";  // an IPv4 address; "0.0.0.0": every interface
+  int port = 0;                    // 0: an ephemeral port
+  // The join secret replicas prove; nullopt: none (ServeReplicas allows that on loopback only).
+  std::optional<std::string> secret;
+};
+
 class ReplicaEngineClient : public EngineClient {
  public:
   // Starts listening and the I/O thread; `num_replicas` DP replicas (ranks 0..n-1 of this
-  // host's share: hellos carry dp_rank, numbered from `first_dp_rank`).
-  ReplicaEngineClient(int num_replicas, int first_dp_rank);
+  // deployment's share: hellos carry dp_rank, numbered from `first_dp_rank`), on this host or
+  // others (headless hosts' replicas connect to `listen`). Every connection is first sent a
+  // challenge; a hello that does not prove the secret is refused and dropped with a log line
+  // (never failing the deployment), as is a connection that says nothing within 30 s.
+  ReplicaEngineClient(int num_replicas, int first_dp_rank, EngineListenOptions listen = {});
   ~ReplicaEngineClient() override;
 
+  // host:port for replicas on this host ("127.0.0.1:port" when bound to every interface).
   std::string endpoint() const { return endpoint_; }
   // Blocks until every replica said hello (true), Failure() is set, or timeout_s passed
   // (false; Failure() then says which replicas are missing).
@@ -58,7 +74,14 @@ class ReplicaEngineClient : public EngineClient {
     int replica = 0;
     OutputCallback callback;
   };
+  struct Pending {
+    std::unique_ptr<deploy::FrameConnection> conn;
+    std::string nonce;  // hex, of the challenge sent
+    std::chrono::steady_clock::time_point since;
+  };
   void IoLoop();
+  // Drops pending connection `i` with a log line (and a refusal frame when `tell`).
+  void DropPending(size_t i, const std::string& why, bool tell);
   void Handle(size_t connection, deploy::EngineMessage m);
   void FailLocked(const std::string& why, std::vector<std::pair<OutputCallback, uint64_t>>& out);
   void Deliver(std::vector<std::pair<OutputCallback, uint64_t>>& failed, const std::string& why);
@@ -67,8 +90,9 @@ class ReplicaEngineClient : public EngineClient {
   comm::Socket listener_;
   std::string endpoint_;
   mutable std::mutex mu_;
-  std::vector<std::unique_ptr<deploy::FrameConnection>> pending_;  // accepted, no hello yet
-  std::vector<Replica> replicas_;                                  // by dp_rank - first
+  const EngineListenOptions listen_;
+  std::vector<Pending> pending_;   // accepted, no hello yet
+  std::vector<Replica> replicas_;  // by dp_rank - first
   std::map<uint64_t, Live> live_;
   EngineModelInfo info_;
   ConnectorRoundTrips round_trips_;

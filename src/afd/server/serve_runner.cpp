@@ -7,6 +7,7 @@
 #include <iostream>
 #include <thread>
 
+#include "afd/comm/join_secret.h"
 #include "afd/common/error.h"
 #include "afd/common/stop_signals.h"
 #include "afd/server/replica_engine_client.h"
@@ -73,31 +74,39 @@ int ServeEngine(const ServeHttpOptions& o, EngineClient& engine, const ServingTo
 }
 
 int ServeReplicas(const ServeHttpOptions& o, std::vector<deploy::RankProcessSpec> specs,
-                  int num_replicas, int first_dp_rank, const ServingTokenizer& tok) {
-  ReplicaEngineClient client(num_replicas, first_dp_rank);
+                  int num_replicas, int first_dp_rank, const ServingTokenizer& tok,
+                  EngineListenOptions listen) {
+  // The replicas prove the join secret of the environment, which they inherit or were given:
+  // none only on a loopback listener (the store's policy, comm/join_secret.h).
+  listen.secret = comm::ResolveJoinSecret(listen.host.empty() ? "0.0.0.0" : listen.host);
+  ReplicaEngineClient client(num_replicas, first_dp_rank, std::move(listen));
   for (deploy::RankProcessSpec& s : specs) {
     if (s.serves_engine) s.argv.insert(s.argv.end(), {"--engine-endpoint", client.endpoint()});
   }
-  // The processes run on a thread; their failure (named by the launcher) ends the serving.
+  // The processes run on a thread; their failure (named by the launcher) ends the serving. An
+  // API server with no local replicas (--data-parallel-size-local 0) starts none.
   std::atomic<bool> kill{false}, launcher_done{false};
   std::string launcher_error;
-  std::thread launcher([&] {
-    try {
-      deploy::RunRankProcesses(specs, 120, &kill);
-    } catch (const Error& e) {
-      launcher_error = e.what();
-      client.SetFailure(e.what());
-    }
-    launcher_done = true;
-  });
+  std::thread launcher;
+  if (!specs.empty()) {
+    launcher = std::thread([&] {
+      try {
+        deploy::RunRankProcesses(specs, 120, &kill);
+      } catch (const Error& e) {
+        launcher_error = e.what();
+        client.SetFailure(e.what());
+      }
+      launcher_done = true;
+    });
+  }
   auto finish = [&](bool killing) {
     if (killing) kill = true;
-    launcher.join();
+    if (launcher.joinable()) launcher.join();
   };
   // A failure the launcher explains (a dead process) beats the engine client's view of it.
   auto failure_text = [&] {
     const Deadline wait = Deadline::In(5.0);
-    while (!launcher_done && !wait.expired()) {
+    while (launcher.joinable() && !launcher_done && !wait.expired()) {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
     return launcher_done && !launcher_error.empty() ? launcher_error : client.Failure();
@@ -125,6 +134,7 @@ int ServeReplicas(const ServeHttpOptions& o, std::vector<deploy::RankProcessSpec
       return 1;
     }
     if (ready_by.expired()) {
+      client.WaitReady(0);  // names the replicas that never connected
       client.SetFailure(fmt::format("the deployment was not up within {} s", o.ready_timeout_s));
       finish(true);
       std::cerr << "afd serve: error: " << client.Failure() << std::endl;
@@ -149,10 +159,10 @@ int ServeReplicas(const ServeHttpOptions& o, std::vector<deploy::RankProcessSpec
       client.Shutdown();
       // The replicas finish and leave, then the FFN ranks; past stop_grace_s they are stopped.
       const Deadline leave_by = Deadline::In(o.stop_grace_s);
-      while (!launcher_done && !leave_by.expired()) {
+      while (launcher.joinable() && !launcher_done && !leave_by.expired()) {
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
       }
-      const bool left = launcher_done;
+      const bool left = launcher_done || !launcher.joinable();
       finish(!left);
       if (!left) {
         std::cerr << fmt::format(

@@ -13,6 +13,7 @@
 #include "afd/deploy/launcher.h"
 #include "afd/server/api/api_server.h"
 #include "afd/server/chat_template/chat_template.h"
+#include "afd/server/replica_engine_client.h"
 #include "afd/server/tokenizer/tokenizer.h"
 
 namespace afd::server {
@@ -40,7 +41,11 @@ int ServeEngine(const ServeHttpOptions& options, EngineClient& engine, const Ser
 // Starts `specs` (the processes of this host; those marked serves_engine get --engine-endpoint
 // of a ReplicaEngineClient expecting `num_replicas` replicas from DP rank `first_dp_rank`),
 // serves them until a stop signal or a failure. Returns the exit code.
+// `listen`: where the engine listener binds and the join secret replicas prove (default:
+// 127.0.0.1, an ephemeral port, no secret); replicas of other hosts (headless `afd serve`)
+// connect there too. `specs` may be empty (an API server whose replicas are all remote).
 int ServeReplicas(const ServeHttpOptions& options, std::vector<deploy::RankProcessSpec> specs,
-                  int num_replicas, int first_dp_rank, const ServingTokenizer& tok);
+                  int num_replicas, int first_dp_rank, const ServingTokenizer& tok,
+                  EngineListenOptions listen = {});
 
 }  // namespace afd::server
