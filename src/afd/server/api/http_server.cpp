@@ -74,8 +74,10 @@ struct HttpServer::Impl : std::enable_shared_from_this<HttpServer::Impl> {
   HttpHandlers h;
   net::io_context ioc;
   std::optional<net::executor_work_guard<net::io_context::executor_type>> guard;
-  tcp::acceptor acceptor{ioc};
-  net::steady_timer accept_retry{ioc};
+  // The listener's operations (accept, retry, close) run on one strand of their own.
+  net::strand<net::io_context::executor_type> accept_strand{net::make_strand(ioc)};
+  tcp::acceptor acceptor{accept_strand};
+  net::steady_timer accept_retry{accept_strand};
   std::unique_ptr<net::thread_pool> work;
   std::vector<std::thread> threads;
   std::atomic<int64_t> connections{0};
@@ -561,7 +563,7 @@ void HttpServer::Start() {
   s.port = s.acceptor.local_endpoint().port();
   s.work = std::make_unique<net::thread_pool>(static_cast<size_t>(s.o.work_threads));
   s.guard.emplace(net::make_work_guard(s.ioc));
-  s.Accept();
+  net::post(s.accept_strand, [impl = impl_] { impl->Accept(); });
   for (int i = 0; i < s.o.io_threads; ++i) {
     s.threads.emplace_back([impl = impl_] { impl->ioc.run(); });
   }
@@ -579,7 +581,7 @@ void HttpServer::Stop() {
   s.stopped = true;
   s.stopping = true;
   if (!s.started) return;
-  net::post(s.ioc, [impl = impl_] {
+  net::post(s.accept_strand, [impl = impl_] {
     beast::error_code ec;
     impl->acceptor.close(ec);
     impl->accept_retry.cancel();
