@@ -36,7 +36,8 @@ void SetSecret(const char* secret) {
 }
 
 // An FFN role command (no API of its own), logging to dir/ffn.log.
-std::unique_ptr<Subprocess> StartFfn(const std::string& dir, const std::string& cfg, int dp = 1) {
+std::unique_ptr<Subprocess> StartFfn(const std::string& dir, const std::string& cfg, int dp = 1,
+                                     const std::vector<std::string>& extra = {}) {
   std::vector<std::string> argv = {AFD_BINARY,
                                    "serve",
                                    "--model",
@@ -53,6 +54,7 @@ std::unique_ptr<Subprocess> StartFfn(const std::string& dir, const std::string& 
                                    cfg,
                                    "--log-dir",
                                    dir + "/ffn_ranks"};
+  argv.insert(argv.end(), extra.begin(), extra.end());
   if (std::system("command -v setpriv >/dev/null 2>&1") == 0) {
     argv.insert(argv.begin(), {"setpriv", "--pdeathsig", "KILL", "--"});
   }
@@ -141,7 +143,8 @@ void HeadAndHeadless(const char* secret, const std::string& tag) {
   const int port = comm::PickRendezvousPort();
   const int rpc = comm::PickRendezvousPort();
   SetSecret(secret);
-  auto ffn = StartFfn(dir, RoleConfig("ffn", port, 2, 1, 60));
+  auto ffn =
+      StartFfn(dir, RoleConfig("ffn", port, 2, 1, 60), 1, {"--ready-file", dir + "/ffn.ready"});
   const std::vector<std::string> dp = {"--data-parallel-size",       "2",
                                        "--data-parallel-address",    "127.0.0.1",
                                        "--data-parallel-rpc-port",   std::to_string(rpc),
@@ -156,7 +159,9 @@ void HeadAndHeadless(const char* secret, const std::string& tag) {
                                             "--data-parallel-start-rank",
                                             "1",
                                             "--log-dir",
-                                            dir + "/headless_ranks"};
+                                            dir + "/headless_ranks",
+                                            "--ready-file",
+                                            dir + "/headless.ready"};
   headless_argv.insert(headless_argv.end(), dp.begin(), dp.end());
   Subprocess headless(headless_argv, dir + "/headless.log");
   std::vector<std::string> head_args = {"serve", "--model", "preset:tiny", "--additional-config",
@@ -165,6 +170,13 @@ void HeadAndHeadless(const char* secret, const std::string& tag) {
   ServedProcess head(tag, head_args);
   ASSERT_TRUE(head.up()) << head.Log() << ReadFile(dir + "/headless.log")
                          << ReadFile(dir + "/ffn.log");
+  // The pods without an API say they are ready once their ranks joined (--ready-file).
+  EXPECT_TRUE(PollUntil(10,
+                        [&] {
+                          return std::filesystem::exists(dir + "/ffn.ready") &&
+                                 std::filesystem::exists(dir + "/headless.ready");
+                        }))
+      << ReadFile(dir + "/ffn.log") << ReadFile(dir + "/headless.log");
   const std::vector<std::vector<int>> prompts = {{1, 2, 3}, {4, 5}, {6}, {7, 8, 9, 10}};
   std::string error;
   const auto want = RunReference(prompts, "--max-tokens 6", &error);
@@ -197,6 +209,8 @@ void HeadAndHeadless(const char* secret, const std::string& tag) {
   ASSERT_NE(at, std::string::npos) << replica_log;
   EXPECT_GE(std::stoi(replica_log.substr(at + 28)), 1) << replica_log;
   EXPECT_EQ(ffn->Wait(Deadline::In(30)), std::optional<int>(0)) << ReadFile(dir + "/ffn.log");
+  EXPECT_FALSE(std::filesystem::exists(dir + "/ffn.ready"));  // not ready once stopped
+  EXPECT_FALSE(std::filesystem::exists(dir + "/headless.ready"));
   SetSecret(nullptr);
   std::filesystem::remove_all(dir);
 }

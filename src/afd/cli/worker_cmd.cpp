@@ -72,6 +72,7 @@ struct RoleArgs {
   bool headless = false;         // serve: this host's DP ranks only, no API server
   std::string dp_address;        // serve: the API server's engine listener (vLLM's name)
   int dp_rpc_port = 0;           // serve: its port
+  std::string ready_file;        // serve, AFD role without an API: readiness signal
   std::string model_positional;  // serve: `afd serve MODEL`, as `vllm serve MODEL`
   std::set<std::string> given;   // the flags given on the command line ("--max-tokens", ...)
   bool Given(const char* flag) const { return given.count(flag) > 0; }
@@ -318,7 +319,7 @@ void CheckInProcessFlags(const RoleArgs& a) {
   }
   if (const char* f =
           FirstGiven(a, {"--data-parallel-start-rank", "--data-parallel-size-local", "--headless",
-                         "--data-parallel-address", "--data-parallel-rpc-port"})) {
+                         "--data-parallel-address", "--data-parallel-rpc-port", "--ready-file"})) {
     AFD_THROW("{} places the DP ranks of an AFD role on hosts: give --additional-config", f);
   }
   AFD_CHECK(a.tp == 1,
@@ -447,6 +448,9 @@ int ServeCommand(RoleArgs& a) {
                 "to listen on, 0.0.0.0 for every interface) and --data-parallel-rpc-port",
                 dp_local, a.dp);
     }
+    AFD_CHECK(!api || a.ready_file.empty(),
+              "--ready-file is the readiness signal of a command without an API; this one "
+              "answers GET /health");
     if (headless || remote_replicas) {
       try {
         listen.secret = comm::ResolveJoinSecret(a.dp_address);
@@ -484,6 +488,7 @@ int ServeCommand(RoleArgs& a) {
     so.output_file = a.output_file;
     so.worker_flags = PassThrough(a);
     so.cuda_devices = a.cuda_devices;
+    so.ready_file = a.ready_file;
     if (headless) {
       // This host's replicas serve the API server at --data-parallel-address:port.
       so.engine_endpoint = fmt::format("{}:{}", a.dp_address, a.dp_rpc_port);
@@ -693,6 +698,10 @@ void AddWorkerCommands(CLI::App& app, int& exit_code) {
       ->check(CLI::NonNegativeNumber);
   serve->add_option("--data-parallel-start-rank", sargs->dp_start, "First DP rank on this host")
       ->check(CLI::NonNegativeNumber);
+  serve->add_option("--ready-file", sargs->ready_file,
+                    "FFN role or headless host: write this file once every local rank has joined "
+                    "the deployment, remove it when they stop (a readiness signal; the API "
+                    "server's is GET /health)");
   serve->add_flag("--headless", sargs->headless,
                   "Attention role: run this host's DP ranks only, serving the API server at "
                   "--data-parallel-address:--data-parallel-rpc-port (vLLM's multi-node DP)");

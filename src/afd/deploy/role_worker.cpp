@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <iostream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -109,6 +110,8 @@ void RunWorker(const WorkerOptions& o) {
     device = MakeDeviceContext(o.cuda_device, world_rank, backend->stream().handle);
   }
   std::unique_ptr<comm::AfdWorld> world = comm::AfdWorld::Join(request, device.factory);
+  // The line `afd serve --ready-file` waits for in every local rank's log.
+  std::fprintf(stderr, "%s: %s\n", world->Describe(world->world_rank()).c_str(), kJoinedLine);
   // This rank's stream carries transfers with its peers (NCCL, or waits on their flags): a
   // peer that dies mid-transfer must not leave a wait for the device blocked for ever.
   backend->WatchWaits(c.afd_process_group_timeout_s, [w = world.get()] { w->CheckAbort(); });

@@ -15,6 +15,9 @@
 
 namespace afd::deploy {
 
+// What a rank prints once every rank of the deployment has joined (the `--ready-file` signal).
+inline constexpr const char* kJoinedLine = "joined the deployment";
+
 struct WorkerOptions {
   AfdConfig config;
   int role_rank = 0;

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -14,6 +15,7 @@
 #include "afd/common/stop_signals.h"
 #include "afd/common/temp_dir.h"
 #include "afd/deploy/launcher.h"
+#include "afd/deploy/role_worker.h"
 
 namespace afd::deploy {
 
@@ -69,10 +71,27 @@ std::vector<RankProcessSpec> ServeRankSpecs(const ServeOptions& o, std::string* 
 bool ServeRole(const ServeOptions& o) {
   std::string dir;
   const std::vector<RankProcessSpec> specs = ServeRankSpecs(o, &dir);
-  // SIGINT / SIGTERM (blocked by the caller) stop the ranks: a watcher thread takes them.
+  // SIGINT / SIGTERM (blocked by the caller) stop the ranks: a watcher thread takes them. The
+  // same thread writes the ready file once every rank's log says it joined.
   std::atomic<bool> stop{false}, done{false};
+  bool ready = o.ready_file.empty();
   std::thread watcher([&] {
     while (!done) {
+      if (!ready) {
+        int joined = 0;
+        for (const RankProcessSpec& s : specs) {
+          std::ifstream log(s.log);
+          std::stringstream text;
+          text << log.rdbuf();
+          joined += text.str().find(kJoinedLine) != std::string::npos ? 1 : 0;
+        }
+        if (joined == static_cast<int>(specs.size())) {
+          const std::string tmp = o.ready_file + ".tmp";
+          std::ofstream(tmp) << specs.size() << " rank(s) of this host joined the deployment\n";
+          std::rename(tmp.c_str(), o.ready_file.c_str());
+          ready = true;
+        }
+      }
       if (const int sig = WaitStopSignal(0.1)) {
         std::cerr << "afd serve: " << StopSignalName(sig) << ": stopping the " << specs.size()
                   << " rank(s) of this host" << std::endl;
@@ -87,10 +106,12 @@ bool ServeRole(const ServeOptions& o) {
   } catch (...) {
     done = true;
     watcher.join();
+    if (!o.ready_file.empty()) std::remove(o.ready_file.c_str());
     throw;
   }
   done = true;
   watcher.join();
+  if (!o.ready_file.empty()) std::remove(o.ready_file.c_str());
   if (stopped) {
     std::cerr << "afd serve: stopped" << std::endl;
     return true;

@@ -25,6 +25,10 @@ struct ServeOptions {
   // A headless attention host: the remote API server's engine listener (host:port) its
   // replicas serve (--engine-endpoint); "" otherwise (the local API server sets it).
   std::string engine_endpoint;
+  // Written (its content: what joined) once every rank of this host has joined the deployment,
+  // removed when they stop: a readiness signal for pods without an API (Kubernetes' exec probe
+  // `test -e FILE`); "" for none.
+  std::string ready_file;
 };
 
 // This host's rank processes (logs in the returned directory). Attention ranks without prompts
