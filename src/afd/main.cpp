@@ -81,6 +81,7 @@ int main(int argc, char** argv) {
   afd::cli::AddRunCommand(app, exit_code);
   afd::cli::AddBenchCommand(app, exit_code);
   afd::cli::AddTokenizeCommand(app, exit_code);
+  afd::cli::AddK8sCommand(app, exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {  // --help, --version

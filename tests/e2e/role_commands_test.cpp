@@ -221,6 +221,60 @@ TEST(RoleCommands, HeadAndHeadlessAttentionHostsWithASecret) {
   HeadAndHeadless("0123456789abcdef0123456789abcdef", "headless_secret");
 }
 
+// --data-parallel-size-local 0: an API server with no replica of its own; both DP ranks run on
+// one headless host.
+TEST(RoleCommands, ApiServerOnlyWithEveryReplicaHeadless) {
+  const std::string dir = TestDir("api_only");
+  const int port = comm::PickRendezvousPort();
+  const int rpc = comm::PickRendezvousPort();
+  SetSecret(nullptr);
+  auto ffn = StartFfn(dir, RoleConfig("ffn", port, 2, 1, 60));
+  const std::vector<std::string> dp = {"--data-parallel-size",     "2",
+                                       "--data-parallel-address",  "127.0.0.1",
+                                       "--data-parallel-rpc-port", std::to_string(rpc)};
+  std::vector<std::string> headless_argv = {AFD_BINARY,
+                                            "serve",
+                                            "--model",
+                                            "preset:tiny",
+                                            "--additional-config",
+                                            RoleConfig("attention", port, 2, 1, 60),
+                                            "--headless",
+                                            "--data-parallel-size-local",
+                                            "2",
+                                            "--data-parallel-start-rank",
+                                            "0"};
+  headless_argv.insert(headless_argv.end(), dp.begin(), dp.end());
+  Subprocess headless(headless_argv, dir + "/headless.log");
+  std::vector<std::string> head_args = {"serve",
+                                        "--model",
+                                        "preset:tiny",
+                                        "--additional-config",
+                                        RoleConfig("attention", port, 2, 1, 60),
+                                        "--data-parallel-size-local",
+                                        "0"};
+  head_args.insert(head_args.end(), dp.begin(), dp.end());
+  ServedProcess head("api_only", head_args);
+  ASSERT_TRUE(head.up()) << head.Log() << ReadFile(dir + "/headless.log");
+  std::string error;
+  const auto want = RunReference({{3, 1, 4}}, "--max-tokens 5", &error);
+  ASSERT_EQ(want.size(), 1u) << error;
+  const Reply r = PostJson(head.port(), "/v1/completions",
+                           {{"prompt", {3, 1, 4}},
+                            {"max_tokens", 5},
+                            {"ignore_eos", true},
+                            {"temperature", 0},
+                            {"return_token_ids", true}});
+  ASSERT_EQ(r.status, 200) << r.raw;
+  EXPECT_EQ(r.body["choices"][0]["token_ids"].get<std::vector<int>>(), want[0]);
+  EXPECT_TRUE(RankProcessesOf(head.pid()).empty());  // no rank of its own
+  head.Signal(SIGTERM);
+  EXPECT_EQ(head.Wait(30), std::optional<int>(0)) << head.Log();
+  EXPECT_EQ(headless.Wait(Deadline::In(30)), std::optional<int>(0))
+      << ReadFile(dir + "/headless.log");
+  EXPECT_EQ(ffn->Wait(Deadline::In(30)), std::optional<int>(0)) << ReadFile(dir + "/ffn.log");
+  std::filesystem::remove_all(dir);
+}
+
 // A headless host's rank that dies is named by the API server, which stops (its deployment has
 // lost a replica and the FFN ranks their peer): docs/deploy.md.
 TEST(RoleCommands, ADeadHeadlessReplicaIsNamedAndStopsTheServer) {

@@ -25,6 +25,8 @@ void AddWorkerCommands(CLI::App& app, int& exit_code);
 void AddBenchCommand(CLI::App& app, int& exit_code);
 // `afd tokenize`: JSON lines through a checkpoint's tokenizer and chat template (tokenize_cmd.cpp).
 void AddTokenizeCommand(CLI::App& app, int& exit_code);
+// `afd k8s`: Kubernetes manifests of a multi-pod deployment.
+void AddK8sCommand(CLI::App& app, int& exit_code);
 
 }  // namespace cli
 }  // namespace afd
