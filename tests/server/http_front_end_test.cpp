@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -100,6 +101,15 @@ std::string Completion(const std::string& body) {
   return "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
          "Content-Length: " +
          std::to_string(body.size()) + "\r\n\r\n" + body;
+}
+
+bool PollUntilTrue(double timeout_s, const std::function<bool()>& done) {
+  const auto deadline = Clock::now() + std::chrono::duration<double>(timeout_s);
+  while (!done()) {
+    if (Clock::now() > deadline) return done();
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return true;
 }
 
 double SecondsSince(Clock::time_point t) {
@@ -204,6 +214,27 @@ TEST(HttpFrontEnd, PipelinedRequestsAreAnsweredInOrder) {
   ASSERT_NE(first, std::string::npos) << replies;
   ASSERT_NE(second, std::string::npos) << replies;
   EXPECT_LT(first, second);
+}
+
+// A client that half-closes its connection while its (non-streamed) request runs is gone, as
+// under uvicorn: the request is aborted in the engine and the connection closed (documented in
+// docs/server.md); a streamed request keeps writing to a half-closed client.
+TEST(HttpFrontEnd, HalfClosedClientIsGone) {
+  ApiHarness h(SmallModel());
+  const int fd = Connect(h.server->port());
+  SendAll(fd, Completion(R"({"prompt": [5], "max_tokens": 200, "ignore_eos": true})"));
+  shutdown(fd, SHUT_WR);
+  const std::string reply = ReadUntilClosed(fd, 10);
+  close(fd);
+  EXPECT_EQ(reply.find("HTTP/1.1 200"), std::string::npos) << reply;
+  EXPECT_TRUE(PollUntilTrue(5, [&] { return !h.engine.aborted().empty(); }));
+
+  const int sfd = Connect(h.server->port());
+  SendAll(sfd, Completion(R"({"prompt": [5], "max_tokens": 5, "stream": true})"));
+  shutdown(sfd, SHUT_WR);
+  const std::string streamed = ReadUntilClosed(sfd, 10);
+  close(sfd);
+  EXPECT_NE(streamed.find("data: [DONE]"), std::string::npos) << streamed;
 }
 
 // Past max_connections a connection is answered 503 and closed; the open ones still work.
