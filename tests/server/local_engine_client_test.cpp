@@ -90,7 +90,12 @@ TEST_P(LocalEngineClientTest, ConcurrentRequestsMatchTheirRunAlone) {
     EXPECT_EQ(got.ids, want[i]) << "request " << i;
     EXPECT_EQ(got.reason, runtime::FinishReason::kLength);
   }
-  EXPECT_EQ(client.Load().total.kv_blocks_used, 0);
+  const EngineLoad load = client.Load();
+  EXPECT_EQ(load.total.kv_blocks_used, 0);
+  // The engine thread's time: in steps, and (a part of that thread's time) in delivering outputs.
+  EXPECT_GT(load.step_seconds, 0.0);
+  EXPECT_GT(load.delivery_seconds, 0.0);
+  EXPECT_LT(load.delivery_seconds, load.step_seconds);
 }
 
 TEST_P(LocalEngineClientTest, AbortAndShutdownEndRequests) {

@@ -34,6 +34,11 @@ struct EngineLoad {
   runtime::EngineStats total;                 // summed over the engines
   std::vector<runtime::EngineStats> engines;  // one per engine (DP replica)
   ConnectorRoundTrips connector;
+  // An engine in this process (LocalEngineClient), since it started: seconds its thread spent
+  // in engine steps, and in handing their outputs to the front end (the requests' callbacks):
+  // what the front end costs the engine. 0 where not measured (replicas in other processes).
+  double step_seconds = 0;
+  double delivery_seconds = 0;
 };
 
 class EngineClient {

@@ -1,5 +1,7 @@
 #include "afd/server/local_engine_client.h"
 
+#include <chrono>
+
 #include <vector>
 
 #include "afd/common/error.h"
@@ -63,6 +65,8 @@ EngineLoad LocalEngineClient::Load() const {
   // Submitted but not yet seen by the engine: waiting too.
   for (const Inbound& in : inbox_) load.total.num_waiting += in.abort ? 0 : 1;
   load.engines = {load.total};
+  load.step_seconds = step_seconds_;
+  load.delivery_seconds = delivery_seconds_;
   return load;
 }
 
@@ -100,7 +104,13 @@ void LocalEngineClient::Loop() {
           engine_.Add(in.id, std::move(in.params));
         }
       }
+      const auto step_start = std::chrono::steady_clock::now();
       outputs = engine_.Step();
+      const double step = std::chrono::duration<double>(std::chrono::steady_clock::now() -
+                                                        step_start)
+                              .count();
+      std::lock_guard<std::mutex> lock(mu_);
+      step_seconds_ += step;
     } catch (const std::exception& e) {
       {
         std::lock_guard<std::mutex> lock(mu_);
@@ -116,6 +126,7 @@ void LocalEngineClient::Loop() {
     }
     // Callbacks run without the lock (they may Submit or Abort); a finished request's
     // callback leaves the map first, so an Abort racing with it is ignored.
+    const auto delivery_start = std::chrono::steady_clock::now();
     for (const runtime::RequestOutput& o : outputs) {
       OutputCallback callback;
       {
@@ -131,6 +142,10 @@ void LocalEngineClient::Loop() {
       }
       callback(o);
     }
+    const double delivery =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - delivery_start).count();
+    std::lock_guard<std::mutex> lock(mu_);
+    delivery_seconds_ += delivery;
   }
 }
 

@@ -53,6 +53,7 @@ class LocalEngineClient : public EngineClient {
   std::deque<Inbound> inbox_;
   std::map<uint64_t, OutputCallback> callbacks_;
   runtime::EngineStats stats_;
+  double step_seconds_ = 0, delivery_seconds_ = 0;  // guarded by mu_ (EngineLoad)
   std::string failure_;
   bool stop_ = false;
   std::thread thread_;

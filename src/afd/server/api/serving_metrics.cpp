@@ -40,6 +40,12 @@ ServingMetrics::ServingMetrics(std::string model_name)
                              kItlBounds);
   registry_.DeclareHistogram("vllm:e2e_request_latency_seconds",
                              "Time from arrival to the end of a sequence.", kE2eBounds);
+  registry_.DeclareGauge("afd:engine_step_seconds",
+                         "Seconds the in-process engine spent in its steps since it started.");
+  registry_.DeclareGauge("afd:engine_output_delivery_seconds",
+                         "Seconds the in-process engine spent handing outputs to the front end "
+                         "since it started (its share of engine_step_seconds: what the front "
+                         "end costs the engine).");
   registry_.DeclareHistogram("afd:connector_round_trip_seconds",
                              "Per-MoE-layer connector round trip, attention -> FFN -> attention.",
                              {});
@@ -103,6 +109,8 @@ std::string ServingMetrics::Render(const EngineLoad& load) {
       preemptions_seen_ = t.num_preemptions;
     }
   }
+  registry_.Set("afd:engine_step_seconds", labels_, load.step_seconds);
+  registry_.Set("afd:engine_output_delivery_seconds", labels_, load.delivery_seconds);
   const ConnectorRoundTrips& c = load.connector;
   if (c.bucket_counts.size() == c.bucket_bounds_s.size() + 1) {
     registry_.SetHistogram("afd:connector_round_trip_seconds", labels_, c.bucket_bounds_s,
