@@ -472,10 +472,13 @@ class Session : public std::enable_shared_from_this<Session> {
 
 void HttpServer::Impl::Reject(tcp::socket socket, int status, const std::string& message) {
   const HttpResponse r = h.error(status, message);
+  std::string extra;
+  for (const auto& [k, v] : r.headers) extra += k + ": " + v + "\r\n";  // Retry-After
+  const auto reason = http::obsolete_reason(static_cast<http::status>(status));
   const std::string text = fmt::format(
-      "HTTP/1.1 {} Service Unavailable\r\nContent-Type: {}\r\nContent-Length: {}\r\nRetry-After: "
-      "1\r\nConnection: close\r\n\r\n{}",
-      status, r.content_type, r.body.size(), r.body);
+      "HTTP/1.1 {} {}\r\nContent-Type: {}\r\nContent-Length: {}\r\n{}Connection: close\r\n\r\n{}",
+      status, std::string_view(reason.data(), reason.size()), r.content_type, r.body.size(), extra,
+      r.body);
   beast::error_code ec;
   socket.non_blocking(true, ec);
   socket.write_some(net::buffer(text), ec);
