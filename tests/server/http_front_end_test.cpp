@@ -237,6 +237,25 @@ TEST(HttpFrontEnd, HalfClosedClientIsGone) {
   EXPECT_NE(streamed.find("data: [DONE]"), std::string::npos) << streamed;
 }
 
+// HTTP/1.0 has no chunked encoding: a stream to a 1.0 client is its bytes, ended by the close.
+TEST(HttpFrontEnd, StreamToAnHttp10ClientIsNotChunked) {
+  ApiHarness h(SmallModel());
+  const int fd = Connect(h.server->port());
+  const std::string body = R"({"prompt": [5], "max_tokens": 3, "stream": true})";
+  SendAll(fd,
+          "POST /v1/completions HTTP/1.0\r\nContent-Type: application/json\r\n"
+          "Content-Length: " +
+              std::to_string(body.size()) + "\r\n\r\n" + body);
+  const std::string reply = ReadUntilClosed(fd, 10);
+  close(fd);
+  EXPECT_EQ(reply.rfind("HTTP/1.0 200", 0), 0u) << reply;
+  EXPECT_EQ(reply.find("chunked"), std::string::npos) << reply;
+  const size_t head_end = reply.find("\r\n\r\n");
+  ASSERT_NE(head_end, std::string::npos) << reply;
+  EXPECT_EQ(reply.substr(head_end + 4).rfind("data: ", 0), 0u) << reply;  // no chunk sizes
+  EXPECT_NE(reply.find("data: [DONE]\n\n"), std::string::npos) << reply;
+}
+
 // Past max_connections a connection is answered 503 and closed; the open ones still work.
 TEST(HttpFrontEnd, ConnectionCapAnswers503) {
   ApiServerOptions o;

@@ -186,6 +186,19 @@ TEST(ReplicaEngineClient, HellosMustProveTheJoinSecret) {
     const char garbage[] = "GET / HTTP/1.1\r\n\r\n";
     junk.SendAll(garbage, sizeof(garbage), Deadline::In(5), "frontend");
   }
+  {
+    // A 1 MiB "hello" from a peer that has not authenticated: refused from its length alone.
+    const auto [host, port] = deploy::ParseEndpoint(client.endpoint(), "endpoint");
+    comm::Socket big = comm::Connect(host, port, Deadline::In(10), "frontend");
+    const unsigned char header[4] = {0, 0, 16, 0};  // 1 << 20, little-endian
+    big.SendAll(header, sizeof(header), Deadline::In(5), "frontend");
+    const std::string filler(64 * 1024, 'x');
+    try {
+      big.SendAll(filler.data(), filler.size(), Deadline::In(5), "frontend");
+    } catch (const Error&) {
+      // Dropped before it read it all: what is expected.
+    }
+  }
   EXPECT_TRUE(client.Failure().empty()) << client.Failure();
   FakeReplica replica(client.endpoint(), 0, listen.secret);
   EXPECT_TRUE(client.WaitReady(10)) << client.Failure();

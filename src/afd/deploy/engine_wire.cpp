@@ -34,8 +34,8 @@ std::optional<std::string> FrameConnection::TakeFrame() {
   if (buffer_.size() < 4) return std::nullopt;
   const auto* b = reinterpret_cast<const unsigned char*>(buffer_.data());
   const uint32_t n = b[0] | (b[1] << 8) | (b[2] << 16) | (static_cast<uint32_t>(b[3]) << 24);
-  AFD_CHECK(n <= kMaxEngineFrameBytes, "{} sent an engine frame of {} bytes (at most {})", peer_, n,
-            kMaxEngineFrameBytes);
+  AFD_CHECK(n <= max_frame_bytes_, "{} sent an engine frame of {} bytes (at most {})", peer_, n,
+            max_frame_bytes_);
   if (buffer_.size() < 4 + static_cast<size_t>(n)) return std::nullopt;
   std::string body = buffer_.substr(4, n);
   buffer_.erase(0, 4 + static_cast<size_t>(n));

@@ -32,6 +32,9 @@ class FrameConnection {
   // arrived in time. Throws afd::Error naming the peer on EOF, reset or a malformed frame.
   std::optional<std::string> Poll(double timeout_s);
   const std::string& peer() const { return peer_; }
+  // The largest frame Poll accepts (kMaxEngineFrameBytes by default); a larger one is an error
+  // before its bytes are buffered. A listener lowers it until the peer has authenticated.
+  void set_max_frame_bytes(uint32_t bytes) { max_frame_bytes_ = bytes; }
   int fd() const { return socket_.fd(); }
   void Close() { socket_.Close(); }
 
@@ -41,6 +44,7 @@ class FrameConnection {
   std::string peer_;
   std::mutex send_mu_;
   std::string buffer_;
+  uint32_t max_frame_bytes_ = kMaxEngineFrameBytes;
 };
 
 // Frontend -> replica, first frame on every connection: a fresh nonce the replica's hello must

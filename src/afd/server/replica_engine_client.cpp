@@ -5,6 +5,7 @@
 #include <poll.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 
@@ -33,9 +34,16 @@ ReplicaEngineClient::ReplicaEngineClient(int num_replicas, int first_dp_rank,
   round_trips_.bucket_bounds_s = bounds;
   round_trips_.bucket_counts.assign(bounds.size() + 1, 0);
   io_ = std::thread([this] { IoLoop(); });
+  sender_ = std::thread([this] { SendAborts(); });
 }
 
 ReplicaEngineClient::~ReplicaEngineClient() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_sender_ = true;
+  }
+  aborts_cv_.notify_all();
+  sender_.join();
   stop_ = true;
   io_.join();
   SetFailure("the server stopped");
@@ -176,20 +184,36 @@ void ReplicaEngineClient::Submit(uint64_t id, runtime::RequestParams params,
 }
 
 void ReplicaEngineClient::Abort(uint64_t id) {
-  deploy::FrameConnection* conn = nullptr;
+  // Queued for the sender thread: an abort comes from the HTTP front end's I/O threads (a client
+  // gone, a stop string), which must never wait on a replica's socket.
   {
     std::lock_guard<std::mutex> lock(mu_);
     const auto it = live_.find(id);
     if (it == live_.end()) return;
-    conn = replicas_[it->second.replica].conn.get();
+    aborts_.emplace_back(it->second.replica, id);
   }
-  deploy::EngineMessage m;
-  m.kind = deploy::EngineMessage::Kind::kAbort;
-  m.id = id;
-  try {
-    conn->Send(deploy::EncodeEngineMessage(m), kSendTimeoutSeconds);
-  } catch (const Error& e) {
-    SetFailure(e.what());
+  aborts_cv_.notify_one();
+}
+
+void ReplicaEngineClient::SendAborts() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    aborts_cv_.wait(lock, [&] { return stop_sender_ || !aborts_.empty(); });
+    if (aborts_.empty()) return;  // stopping, nothing left
+    const auto [replica, id] = aborts_.front();
+    aborts_.pop_front();
+    deploy::FrameConnection* conn = replicas_[replica].conn.get();
+    if (conn == nullptr || replicas_[replica].left) continue;
+    lock.unlock();
+    deploy::EngineMessage m;
+    m.kind = deploy::EngineMessage::Kind::kAbort;
+    m.id = id;
+    try {
+      conn->Send(deploy::EncodeEngineMessage(m), kSendTimeoutSeconds);
+    } catch (const Error& e) {
+      SetFailure(fmt::format("attention replica {}: {}", first_dp_rank_ + replica, e.what()));
+    }
+    lock.lock();
   }
 }
 
@@ -242,6 +266,7 @@ void ReplicaEngineClient::Handle(size_t connection, deploy::EngineMessage m) {
       reason = failure_;
     } else {
       replicas_[r].conn = std::move(pending_[connection].conn);
+      replicas_[r].conn->set_max_frame_bytes(deploy::kMaxEngineFrameBytes);
       replicas_[r].said_hello = true;
       replicas_[r].stats.kv_blocks_total = m.hello.kv_blocks;
       if (info_.vocab_size == 0) {
@@ -293,6 +318,10 @@ std::string PeerAddress(int fd) {
 }
 
 constexpr double kHelloTimeoutSeconds = 30;
+// Before its hello proves the secret, a connection may send one small frame, and only so many
+// may wait at once: an unauthenticated peer cannot make the listener buffer much.
+constexpr uint32_t kMaxHelloFrameBytes = 64 * 1024;
+constexpr size_t kMaxPendingConnections = 64;
 
 }  // namespace
 
@@ -324,6 +353,10 @@ void ReplicaEngineClient::IoLoop() {
     std::vector<std::pair<bool, size_t>> owners;  // (is a replica, index)
     {
       std::lock_guard<std::mutex> lock(mu_);
+      // Slots of connections that said hello or were dropped go (indices are taken afresh).
+      pending_.erase(std::remove_if(pending_.begin(), pending_.end(),
+                                    [](const Pending& p) { return !p.conn; }),
+                     pending_.end());
       for (size_t i = 0; i < pending_.size(); ++i) {
         if (pending_[i].conn) {
           fds.push_back({pending_[i].conn->fd(), POLLIN, 0});
@@ -358,6 +391,19 @@ void ReplicaEngineClient::IoLoop() {
         comm::Socket s = comm::Accept(listener_, Deadline::In(1.0), "an attention replica");
         const std::string peer = "attention replica connection " + PeerAddress(s.fd());
         auto conn = std::make_unique<deploy::FrameConnection>(std::move(s), peer);
+        size_t waiting = 0;
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          for (const Pending& p : pending_) waiting += p.conn ? 1 : 0;
+        }
+        if (waiting >= kMaxPendingConnections) {
+          std::fprintf(stderr,
+                       "afd serve: refused an engine connection from %s: %zu connections are "
+                       "waiting to authenticate already\n",
+                       peer.c_str(), waiting);
+          continue;
+        }
+        conn->set_max_frame_bytes(kMaxHelloFrameBytes);
         deploy::EngineMessage challenge;
         challenge.kind = deploy::EngineMessage::Kind::kChallenge;
         challenge.challenge.nonce = ToHex(RandomBytes(32));
@@ -367,6 +413,8 @@ void ReplicaEngineClient::IoLoop() {
         pending_.push_back({std::move(conn), challenge.challenge.nonce, now});
       } catch (const Error&) {
         // The peer went away before we accepted it, or took no challenge: nothing to serve.
+        // (Out of descriptors, accept keeps failing: wait a little rather than spin.)
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
       }
     }
     for (size_t k = 1; k < fds.size(); ++k) {

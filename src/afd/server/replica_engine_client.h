@@ -12,6 +12,8 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -80,6 +82,7 @@ class ReplicaEngineClient : public EngineClient {
     std::chrono::steady_clock::time_point since;
   };
   void IoLoop();
+  void SendAborts();  // the sender thread: the queued aborts, in order
   // Drops pending connection `i` with a log line (and a refusal frame when `tell`).
   void DropPending(size_t i, const std::string& why, bool tell);
   void Handle(size_t connection, deploy::EngineMessage m);
@@ -99,7 +102,11 @@ class ReplicaEngineClient : public EngineClient {
   std::string failure_;
   bool shutting_down_ = false;
   std::atomic<bool> stop_{false};
+  std::deque<std::pair<int, uint64_t>> aborts_;  // (replica, id), guarded by mu_
+  std::condition_variable aborts_cv_;
+  bool stop_sender_ = false;  // guarded by mu_
   std::thread io_;
+  std::thread sender_;
 };
 
 }  // namespace afd::server

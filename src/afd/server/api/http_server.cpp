@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <future>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -82,6 +83,7 @@ struct HttpServer::Impl : std::enable_shared_from_this<HttpServer::Impl> {
   std::vector<std::thread> threads;
   std::atomic<int64_t> connections{0};
   std::atomic<bool> stopping{false};
+  std::mutex work_mu;  // `stopping` is set, and the pool posted to, under it
   std::mutex sessions_mu;
   std::unordered_map<Session*, std::weak_ptr<Session>> sessions;  // guarded by sessions_mu
   int port = 0;
@@ -113,6 +115,10 @@ class Session : public std::enable_shared_from_this<Session> {
   void Start() {
     beast::error_code ec;
     stream_.socket().set_option(tcp::no_delay(true), ec);
+    if (server_->stopping) {  // accepted while Stop ran
+      net::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->Gone(); });
+      return;
+    }
     net::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->ReadHeader(); });
   }
 
@@ -241,6 +247,13 @@ class Session : public std::enable_shared_from_this<Session> {
       answered = true;
     }
     if (answered) return Respond(std::move(result));
+    // Under work_mu: Stop sets `stopping` under it too, so nothing is posted to the pool after
+    // it has been joined.
+    std::unique_lock<std::mutex> posting(server_->work_mu);
+    if (server_->stopping) {
+      posting.unlock();
+      return WriteError(503, "the server is shutting down");
+    }
     net::post(*server_->work, [self = shared_from_this(), r = std::move(r)]() mutable {
       HandlerResult res;
       try {
@@ -306,13 +319,13 @@ class Session : public std::enable_shared_from_this<Session> {
       outbox_ += out;
       if (done) {
         stream_done_ = true;
-        pending_.reset();
+        finishing_ = std::move(pending_);  // held (in flight) until its last byte is written
         tick_.cancel();
       }
       return FlushStream();
     }
     if (!done) return;
-    pending_.reset();
+    finishing_ = std::move(pending_);
     tick_.cancel();
     beast::error_code ec;
     stream_.socket().cancel(ec);  // the client watch
@@ -341,8 +354,12 @@ class Session : public std::enable_shared_from_this<Session> {
     head_.emplace(http::status::ok, version_);
     head_->set(http::field::content_type, "text/event-stream");
     head_->set(http::field::cache_control, "no-cache");
+    // HTTP/1.0 has no chunked encoding: the stream's bytes go as they are and its end is the
+    // connection's close.
+    chunked_ = version_ >= 11;
+    if (!chunked_) keep_alive_ = false;
     head_->keep_alive(keep_alive_);
-    head_->chunked(true);
+    head_->chunked(chunked_);
     head_serializer_.emplace(*head_);
     writing_ = true;
     stream_.expires_after(Seconds(o_.write_timeout_s));
@@ -361,15 +378,27 @@ class Session : public std::enable_shared_from_this<Session> {
       outbox_.clear();
       writing_ = true;
       stream_.expires_after(Seconds(o_.write_timeout_s));
-      net::async_write(stream_, http::make_chunk(net::buffer(wbuf_)),
-                       [self = shared_from_this()](beast::error_code ec, size_t) {
-                         self->writing_ = false;
-                         if (ec) return self->Gone();
-                         self->FlushStream();
-                       });
+      auto done = [self = shared_from_this()](beast::error_code ec, size_t) {
+        self->writing_ = false;
+        if (ec) return self->Gone();
+        self->FlushStream();
+      };
+      if (chunked_) {
+        net::async_write(stream_, http::make_chunk(net::buffer(wbuf_)), std::move(done));
+      } else {
+        net::async_write(stream_, net::buffer(wbuf_), std::move(done));
+      }
       return;
     }
     if (!stream_done_) return;
+    if (!chunked_) {  // HTTP/1.0: the close ends the body
+      stream_.expires_never();
+      head_serializer_.reset();
+      head_.reset();
+      stream_done_ = false;
+      finishing_.reset();
+      return LingerClose();
+    }
     writing_ = true;
     stream_.expires_after(Seconds(o_.write_timeout_s));
     net::async_write(stream_, http::make_chunk_last(),
@@ -380,6 +409,7 @@ class Session : public std::enable_shared_from_this<Session> {
                        self->head_serializer_.reset();
                        self->head_.reset();
                        self->stream_done_ = false;
+                       self->finishing_.reset();
                        self->NextRequest(self->keep_alive_);
                      });
   }
@@ -404,6 +434,7 @@ class Session : public std::enable_shared_from_this<Session> {
                         self->writing_ = false;
                         if (ec) return self->Gone();
                         self->stream_.expires_never();
+                        self->finishing_.reset();
                         self->NextRequest(res->keep_alive());
                       });
   }
@@ -440,6 +471,7 @@ class Session : public std::enable_shared_from_this<Session> {
       pending_->ClientGone();
       pending_.reset();
     }
+    finishing_.reset();
     if (closed_) return;
     closed_ = true;
     tick_.cancel();
@@ -461,13 +493,14 @@ class Session : public std::enable_shared_from_this<Session> {
   bool keep_alive_ = true;
   unsigned version_ = 11;
   std::shared_ptr<PendingResponse> pending_;
+  std::shared_ptr<PendingResponse> finishing_;  // produced, its bytes still being written
   bool streamed_ = false;
   std::atomic<bool> wake_posted_{false};
   std::optional<http::response<http::empty_body>> head_;
   std::optional<http::response_serializer<http::empty_body>> head_serializer_;
   std::string outbox_, wbuf_;
   std::vector<char> drain_;
-  bool writing_ = false, stream_done_ = false, closed_ = false;
+  bool writing_ = false, stream_done_ = false, closed_ = false, chunked_ = true;
 };
 
 void HttpServer::Impl::Reject(tcp::socket socket, int status, const std::string& message) {
@@ -490,6 +523,7 @@ void HttpServer::Impl::Accept() {
   acceptor.async_accept(
       net::make_strand(ioc), [self = shared_from_this()](beast::error_code ec, tcp::socket socket) {
         if (!self->acceptor.is_open() || ec == net::error::operation_aborted) return;
+        if (self->stopping) return;  // the socket closes as it goes
         if (ec) {
           // Out of file descriptors (or a transient error): retry shortly, never spin.
           static std::once_flag logged;
@@ -582,13 +616,21 @@ void HttpServer::Stop() {
   Impl& s = *impl_;
   if (s.stopped) return;
   s.stopped = true;
-  s.stopping = true;
+  {
+    std::lock_guard<std::mutex> posting(s.work_mu);
+    s.stopping = true;
+  }
   if (!s.started) return;
-  net::post(s.accept_strand, [impl = impl_] {
+  // The listener closes on its strand before the connections are listed: none is accepted after.
+  auto closed = std::make_shared<std::promise<void>>();
+  std::future<void> listener_closed = closed->get_future();
+  net::post(s.accept_strand, [impl = impl_, closed] {
     beast::error_code ec;
     impl->acceptor.close(ec);
     impl->accept_retry.cancel();
+    closed->set_value();
   });
+  listener_closed.wait_for(std::chrono::seconds(5));
   std::vector<std::shared_ptr<Session>> open;
   {
     std::lock_guard<std::mutex> l(s.sessions_mu);
@@ -599,6 +641,7 @@ void HttpServer::Stop() {
   for (auto& session : open) session->Shutdown();
   open.clear();
   s.work->join();  // handlers in progress finish (their responses go nowhere)
+  s.work.reset();  // and any posted after the join are destroyed with it, their sessions too
   s.guard.reset();
   // With every connection closing and no work guard, the I/O threads return once the last
   // handler has run; a connection that lingers past the deadline is cut by stopping the loop.
