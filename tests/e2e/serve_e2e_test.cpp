@@ -472,5 +472,22 @@ TEST(ServeE2eServe, InProcessModelEqualsAfdRun) {
   EXPECT_EQ(s.Wait(30), std::optional<int>(0)) << s.Log();
 }
 
+// `afd serve --data-parallel-size 2 --enable-expert-parallel` with no AFD role: vLLM's DP + EP
+// replicas (afd launch's, no AFD), not one plain engine that ignores the flags.
+TEST(ServeE2eServe, DataParallelExpertParallelServeStartsReplicas) {
+  ServedProcess s("serve_dp_ep",
+                  {"serve", kModel, "--data-parallel-size", "2", "--enable-expert-parallel"});
+  ASSERT_TRUE(s.up()) << s.Log();
+  EXPECT_EQ(RankProcessesOf(s.pid()).size(), 2u);
+  std::string error;
+  const auto want = RunReference({{4, 4, 2}}, "--max-tokens 6", &error);
+  ASSERT_EQ(want.size(), 1u) << error;
+  const Reply r = PostJson(s.port(), "/v1/completions", Completion({4, 4, 2}, 6));
+  ASSERT_EQ(r.status, 200) << r.error << r.raw;
+  EXPECT_EQ(r.body["choices"][0]["token_ids"].get<std::vector<int>>(), want[0]);
+  s.Signal(SIGTERM);
+  EXPECT_EQ(s.Wait(30), std::optional<int>(0)) << s.Log();
+}
+
 }  // namespace
 }  // namespace afd::e2e
