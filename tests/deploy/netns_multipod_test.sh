@@ -10,42 +10,14 @@ AFD=${1:?usage: netns_multipod_test.sh path/to/afd path/to/recipes}
 RECIPES=${2:?usage: netns_multipod_test.sh path/to/afd path/to/recipes}
 AFD=$(readlink -f "$AFD")
 RECIPE=$(readlink -f "$RECIPES")/multipod_4a_2f.sh
-if ! command -v ip >/dev/null 2>&1; then
-  echo "SKIP: ip (iproute2) is not installed"
-  exit 77
-fi
-TAG="m$$"
-BR="${TAG}br"
-HOSTS=("${TAG}h0" "${TAG}h1" "${TAG}h2")
+. "$(dirname "$(readlink -f "$0")")/../testing/netns.sh"
 LOGDIR=$(mktemp -d)
 cleanup() {
-  jobs -p | xargs -r kill -9 2>/dev/null
-  for h in "${HOSTS[@]}"; do
-    ip netns pids "$h" 2>/dev/null | xargs -r kill -9 2>/dev/null
-    ip netns del "$h" 2>/dev/null
-  done
-  ip netns del "$BR" 2>/dev/null
+  netns_down
   rm -rf "$LOGDIR"
 }
 trap cleanup EXIT
-if ! ip netns add "$BR" 2>"$LOGDIR/err"; then
-  echo "SKIP: this machine does not allow network namespaces: $(cat "$LOGDIR/err")"
-  exit 77
-fi
-set -e
-ip -n "$BR" link add br0 type bridge
-ip -n "$BR" link set br0 up
-for i in 0 1 2; do
-  h=${HOSTS[$i]}
-  ip netns add "$h"
-  ip link add "${TAG}a$i" netns "$h" type veth peer name "${TAG}b$i" netns "$BR"
-  ip -n "$h" addr add "10.214.0.$((i + 1))/24" dev "${TAG}a$i"
-  ip -n "$h" link set "${TAG}a$i" up
-  ip -n "$h" link set lo up
-  ip -n "$BR" link set "${TAG}b$i" master br0
-  ip -n "$BR" link set "${TAG}b$i" up
-done
-set +e
+netns_up "m$$" 3 10.214.0
 
 # Several hosts: every process carries the join secret (the store and the engine listener are
 # on the network).

@@ -132,12 +132,65 @@ TEST(RoleCommands, DifferentSecretsAreNamedByBothSides) {
   std::filesystem::remove_all(dir);
 }
 
+// The multi-host DP flags of an attention command: DP 2, the API server's engine listener on
+// 127.0.0.1:rpc, `local` DP ranks on the command's host.
+std::vector<std::string> MultiHostDp(int rpc, int local) {
+  return {"--data-parallel-size",       "2",
+          "--data-parallel-address",    "127.0.0.1",
+          "--data-parallel-rpc-port",   std::to_string(rpc),
+          "--data-parallel-size-local", std::to_string(local)};
+}
+
+// A headless attention command (its DP ranks from `start`), logging to dir/headless.log.
+std::unique_ptr<Subprocess> StartHeadless(const std::string& dir, int port, int rpc, int start,
+                                          int local, int timeout_s,
+                                          const std::vector<std::string>& extra = {}) {
+  std::vector<std::string> argv = {AFD_BINARY,
+                                   "serve",
+                                   "--model",
+                                   "preset:tiny",
+                                   "--additional-config",
+                                   RoleConfig("attention", port, 2, 1, timeout_s),
+                                   "--headless",
+                                   "--data-parallel-start-rank",
+                                   std::to_string(start)};
+  const std::vector<std::string> dp = MultiHostDp(rpc, local);
+  argv.insert(argv.end(), dp.begin(), dp.end());
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  return std::make_unique<Subprocess>(argv, dir + "/headless.log");
+}
+
+// The arguments of the API server's command (DP ranks 0 .. local-1 on its host).
+std::vector<std::string> HeadArgs(int port, int rpc, int local, int timeout_s) {
+  std::vector<std::string> args = {"serve", "--model", "preset:tiny", "--additional-config",
+                                   RoleConfig("attention", port, 2, 1, timeout_s)};
+  const std::vector<std::string> dp = MultiHostDp(rpc, local);
+  args.insert(args.end(), dp.begin(), dp.end());
+  return args;
+}
+
+// One greedy completion of `prompt` through the API at `port` equals `afd run`.
+void ExpectCompletionEqualsAfdRun(int port, const std::vector<int>& prompt) {
+  std::string error;
+  const auto want = RunReference({prompt}, "--max-tokens 5", &error);
+  ASSERT_EQ(want.size(), 1u) << error;
+  const Reply r = PostJson(port, "/v1/completions",
+                           {{"prompt", prompt},
+                            {"max_tokens", 5},
+                            {"ignore_eos", true},
+                            {"temperature", 0},
+                            {"return_token_ids", true}});
+  ASSERT_EQ(r.status, 200) << r.raw;
+  EXPECT_EQ(r.body["choices"][0]["token_ids"].get<std::vector<int>>(), want[0]);
+}
+
 // vLLM's multi-node DP as seed 004 lays it out: an FFN host, an attention host whose API server
 // runs DP rank 0 and listens for the others (--data-parallel-address / --data-parallel-rpc-port),
-// and a headless attention host running DP rank 1 (all on loopback here; tests/connector's
-// netns test covers real addresses). Requests reach both replicas and equal `afd run`; SIGTERM
-// to the API server drains it, the headless host's replica leaves and every command exits 0.
-// `secret`: the join secret exported on every command (the engine channel proves it too).
+// and a headless attention host running DP rank 1 (all on loopback here;
+// tests/deploy/netns_multipod_test.sh runs it across network namespaces). Requests reach both
+// replicas and equal `afd run`; SIGTERM to the API server drains it, the headless host's replica
+// leaves and every command exits 0. `secret`: the join secret exported on every command (the
+// engine channel proves it too).
 void HeadAndHeadless(const char* secret, const std::string& tag) {
   const std::string dir = TestDir(tag);
   const int port = comm::PickRendezvousPort();
@@ -145,29 +198,10 @@ void HeadAndHeadless(const char* secret, const std::string& tag) {
   SetSecret(secret);
   auto ffn =
       StartFfn(dir, RoleConfig("ffn", port, 2, 1, 60), 1, {"--ready-file", dir + "/ffn.ready"});
-  const std::vector<std::string> dp = {"--data-parallel-size",       "2",
-                                       "--data-parallel-address",    "127.0.0.1",
-                                       "--data-parallel-rpc-port",   std::to_string(rpc),
-                                       "--data-parallel-size-local", "1"};
-  std::vector<std::string> headless_argv = {AFD_BINARY,
-                                            "serve",
-                                            "--model",
-                                            "preset:tiny",
-                                            "--additional-config",
-                                            RoleConfig("attention", port, 2, 1, 60),
-                                            "--headless",
-                                            "--data-parallel-start-rank",
-                                            "1",
-                                            "--log-dir",
-                                            dir + "/headless_ranks",
-                                            "--ready-file",
-                                            dir + "/headless.ready"};
-  headless_argv.insert(headless_argv.end(), dp.begin(), dp.end());
-  Subprocess headless(headless_argv, dir + "/headless.log");
-  std::vector<std::string> head_args = {"serve", "--model", "preset:tiny", "--additional-config",
-                                        RoleConfig("attention", port, 2, 1, 60)};
-  head_args.insert(head_args.end(), dp.begin(), dp.end());
-  ServedProcess head(tag, head_args);
+  auto headless = StartHeadless(
+      dir, port, rpc, 1, 1, 60,
+      {"--log-dir", dir + "/headless_ranks", "--ready-file", dir + "/headless.ready"});
+  ServedProcess head(tag, HeadArgs(port, rpc, 1, 60));
   ASSERT_TRUE(head.up()) << head.Log() << ReadFile(dir + "/headless.log")
                          << ReadFile(dir + "/ffn.log");
   // The pods without an API say they are ready once their ranks joined (--ready-file).
@@ -201,7 +235,7 @@ void HeadAndHeadless(const char* secret, const std::string& tag) {
   }
   head.Signal(SIGTERM);
   EXPECT_EQ(head.Wait(30), std::optional<int>(0)) << head.Log();
-  EXPECT_EQ(headless.Wait(Deadline::In(30)), std::optional<int>(0))
+  EXPECT_EQ(headless->Wait(Deadline::In(30)), std::optional<int>(0))
       << ReadFile(dir + "/headless.log");
   // The headless host's replica (DP rank 1) took its share of the requests, then left.
   const std::string replica_log = ReadFile(dir + "/headless_ranks/attention1.log");
@@ -229,47 +263,14 @@ TEST(RoleCommands, ApiServerOnlyWithEveryReplicaHeadless) {
   const int rpc = comm::PickRendezvousPort();
   SetSecret(nullptr);
   auto ffn = StartFfn(dir, RoleConfig("ffn", port, 2, 1, 60));
-  const std::vector<std::string> dp = {"--data-parallel-size",     "2",
-                                       "--data-parallel-address",  "127.0.0.1",
-                                       "--data-parallel-rpc-port", std::to_string(rpc)};
-  std::vector<std::string> headless_argv = {AFD_BINARY,
-                                            "serve",
-                                            "--model",
-                                            "preset:tiny",
-                                            "--additional-config",
-                                            RoleConfig("attention", port, 2, 1, 60),
-                                            "--headless",
-                                            "--data-parallel-size-local",
-                                            "2",
-                                            "--data-parallel-start-rank",
-                                            "0"};
-  headless_argv.insert(headless_argv.end(), dp.begin(), dp.end());
-  Subprocess headless(headless_argv, dir + "/headless.log");
-  std::vector<std::string> head_args = {"serve",
-                                        "--model",
-                                        "preset:tiny",
-                                        "--additional-config",
-                                        RoleConfig("attention", port, 2, 1, 60),
-                                        "--data-parallel-size-local",
-                                        "0"};
-  head_args.insert(head_args.end(), dp.begin(), dp.end());
-  ServedProcess head("api_only", head_args);
+  auto headless = StartHeadless(dir, port, rpc, 0, 2, 60);
+  ServedProcess head("api_only", HeadArgs(port, rpc, 0, 60));
   ASSERT_TRUE(head.up()) << head.Log() << ReadFile(dir + "/headless.log");
-  std::string error;
-  const auto want = RunReference({{3, 1, 4}}, "--max-tokens 5", &error);
-  ASSERT_EQ(want.size(), 1u) << error;
-  const Reply r = PostJson(head.port(), "/v1/completions",
-                           {{"prompt", {3, 1, 4}},
-                            {"max_tokens", 5},
-                            {"ignore_eos", true},
-                            {"temperature", 0},
-                            {"return_token_ids", true}});
-  ASSERT_EQ(r.status, 200) << r.raw;
-  EXPECT_EQ(r.body["choices"][0]["token_ids"].get<std::vector<int>>(), want[0]);
   EXPECT_TRUE(RankProcessesOf(head.pid()).empty());  // no rank of its own
+  ExpectCompletionEqualsAfdRun(head.port(), {3, 1, 4});
   head.Signal(SIGTERM);
   EXPECT_EQ(head.Wait(30), std::optional<int>(0)) << head.Log();
-  EXPECT_EQ(headless.Wait(Deadline::In(30)), std::optional<int>(0))
+  EXPECT_EQ(headless->Wait(Deadline::In(30)), std::optional<int>(0))
       << ReadFile(dir + "/headless.log");
   EXPECT_EQ(ffn->Wait(Deadline::In(30)), std::optional<int>(0)) << ReadFile(dir + "/ffn.log");
   std::filesystem::remove_all(dir);
@@ -283,27 +284,10 @@ TEST(RoleCommands, ADeadHeadlessReplicaIsNamedAndStopsTheServer) {
   const int rpc = comm::PickRendezvousPort();
   SetSecret(nullptr);
   auto ffn = StartFfn(dir, RoleConfig("ffn", port, 2, 1, 30));
-  const std::vector<std::string> dp = {"--data-parallel-size",       "2",
-                                       "--data-parallel-address",    "127.0.0.1",
-                                       "--data-parallel-rpc-port",   std::to_string(rpc),
-                                       "--data-parallel-size-local", "1"};
-  std::vector<std::string> headless_argv = {AFD_BINARY,
-                                            "serve",
-                                            "--model",
-                                            "preset:tiny",
-                                            "--additional-config",
-                                            RoleConfig("attention", port, 2, 1, 30),
-                                            "--headless",
-                                            "--data-parallel-start-rank",
-                                            "1"};
-  headless_argv.insert(headless_argv.end(), dp.begin(), dp.end());
-  Subprocess headless(headless_argv, dir + "/headless.log");
-  std::vector<std::string> head_args = {"serve", "--model", "preset:tiny", "--additional-config",
-                                        RoleConfig("attention", port, 2, 1, 30)};
-  head_args.insert(head_args.end(), dp.begin(), dp.end());
-  ServedProcess head("headless_dies", head_args);
+  auto headless = StartHeadless(dir, port, rpc, 1, 1, 30);
+  ServedProcess head("headless_dies", HeadArgs(port, rpc, 1, 30));
   ASSERT_TRUE(head.up()) << head.Log() << ReadFile(dir + "/headless.log");
-  const std::vector<RankProcess> ranks = RankProcessesOf(headless.pid());
+  const std::vector<RankProcess> ranks = RankProcessesOf(headless->pid());
   ASSERT_EQ(ranks.size(), 1u);
   ::kill(ranks[0].pid, SIGKILL);
   EXPECT_EQ(head.Wait(60), std::optional<int>(1)) << head.Log();
@@ -313,7 +297,7 @@ TEST(RoleCommands, ADeadHeadlessReplicaIsNamedAndStopsTheServer) {
   EXPECT_TRUE(log.find("attention replica 1 lost its engine connection") != std::string::npos ||
               log.find("(attention 1)") != std::string::npos)
       << log;
-  EXPECT_TRUE(headless.Wait(Deadline::In(30)).has_value());
+  EXPECT_TRUE(headless->Wait(Deadline::In(30)).has_value());
   EXPECT_TRUE(ffn->Wait(Deadline::In(60)).has_value()) << ReadFile(dir + "/ffn.log");
   std::filesystem::remove_all(dir);
 }
@@ -327,28 +311,11 @@ TEST(RoleCommands, HeadlessHostWithAnotherSecretIsRefused) {
   const int rpc = comm::PickRendezvousPort();
   SetSecret("the-secret-of-the-ffn-and-the-head");
   auto ffn = StartFfn(dir, RoleConfig("ffn", port, 2, 1, 60));
-  const std::vector<std::string> dp = {"--data-parallel-size",       "2",
-                                       "--data-parallel-address",    "127.0.0.1",
-                                       "--data-parallel-rpc-port",   std::to_string(rpc),
-                                       "--data-parallel-size-local", "1"};
-  std::vector<std::string> head_args = {"serve", "--model", "preset:tiny", "--additional-config",
-                                        RoleConfig("attention", port, 2, 1, 60)};
-  head_args.insert(head_args.end(), dp.begin(), dp.end());
-  ServedProcess head("headless_mismatch", head_args, /*ready_timeout_s=*/3);
+  ServedProcess head("headless_mismatch", HeadArgs(port, rpc, 1, 60), /*ready_timeout_s=*/3);
   SetSecret("another-secret-of-the-headless-host");
-  std::vector<std::string> headless_argv = {AFD_BINARY,
-                                            "serve",
-                                            "--model",
-                                            "preset:tiny",
-                                            "--additional-config",
-                                            RoleConfig("attention", port, 2, 1, 60),
-                                            "--headless",
-                                            "--data-parallel-start-rank",
-                                            "1"};
-  headless_argv.insert(headless_argv.end(), dp.begin(), dp.end());
-  Subprocess headless(headless_argv, dir + "/headless.log");
+  auto headless = StartHeadless(dir, port, rpc, 1, 1, 60);
   SetSecret(nullptr);
-  const std::optional<int> rc = headless.Wait(Deadline::In(60));
+  const std::optional<int> rc = headless->Wait(Deadline::In(60));
   ASSERT_TRUE(rc.has_value()) << ReadFile(dir + "/headless.log");
   EXPECT_NE(*rc, 0);
   const std::string log = ReadFile(dir + "/headless.log");
