@@ -17,6 +17,7 @@
 #include "afd/common/error.h"
 #include "afd/config/afd_config.h"
 #include "afd/connector/control_plane.h"
+#include "afd/deploy/engine_wire.h"
 #include "afd/model/checkpoint.h"
 #include "afd/model/model_config.h"
 #include "afd/model/safetensors.h"
@@ -143,6 +144,20 @@ inline void StoreProtocolInput(const uint8_t* data, size_t size) {
   }
   try {
     comm::store_wire::FrameLength(Text(data, size), comm::store_wire::kMaxBody);
+  } catch (const Error&) {
+  }
+}
+
+// A frame body of the engine channel (deploy/engine_wire.h), as a peer that has not yet
+// authenticated may send one: a message that decodes must encode and decode to the same text.
+inline void EngineMessageInput(const uint8_t* data, size_t size) {
+  try {
+    const deploy::EngineMessage m =
+        deploy::DecodeEngineMessage(std::string(Text(data, size)), "fuzz");
+    const std::string once = deploy::EncodeEngineMessage(m);
+    const std::string twice =
+        deploy::EncodeEngineMessage(deploy::DecodeEngineMessage(once, "fuzz (again)"));
+    if (once != twice) __builtin_trap();
   } catch (const Error&) {
   }
 }

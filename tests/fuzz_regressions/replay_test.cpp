@@ -18,9 +18,10 @@ namespace fs = std::filesystem;
 
 const std::map<std::string, std::function<void(const uint8_t*, size_t)>>& Targets() {
   static const std::map<std::string, std::function<void(const uint8_t*, size_t)>> targets = {
-      {"afd_config", AfdConfigInput},     {"model_config", ModelConfigInput},
-      {"safetensors", SafetensorsInput},  {"safetensors_index", SafetensorsIndexInput},
-      {"wire_headers", WireHeadersInput}, {"store_protocol", StoreProtocolInput},
+      {"afd_config", AfdConfigInput},         {"model_config", ModelConfigInput},
+      {"safetensors", SafetensorsInput},      {"safetensors_index", SafetensorsIndexInput},
+      {"wire_headers", WireHeadersInput},     {"store_protocol", StoreProtocolInput},
+      {"engine_message", EngineMessageInput},
   };
   return targets;
 }

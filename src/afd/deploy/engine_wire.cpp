@@ -5,7 +5,9 @@
 #include <cerrno>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <nlohmann/json.hpp>
+#include <type_traits>
 
 #include "afd/common/error.h"
 #include "afd/common/sha256.h"
@@ -70,6 +72,44 @@ const std::vector<double>& RoundTripBounds() {
 
 namespace {
 
+// Checked reads of untrusted JSON (a frame may come from a peer that has not authenticated):
+// nlohmann's get<int>() of 1e127 or of 2^40 would convert out of range, which is undefined.
+template <typename T>
+T Int(const json& v) {
+  static_assert(std::is_integral_v<T>);
+  if (v.is_number_unsigned()) {
+    const uint64_t u = v.get<uint64_t>();
+    AFD_CHECK(u <= static_cast<uint64_t>(std::numeric_limits<T>::max()),
+              "{} is out of range for its field", u);
+    return static_cast<T>(u);
+  }
+  AFD_CHECK(v.is_number_integer(), "expected an integer, got {}", v.dump());
+  const int64_t i = v.get<int64_t>();
+  AFD_CHECK(i >= static_cast<int64_t>(std::numeric_limits<T>::min()) &&
+                (i < 0 ||
+                 static_cast<uint64_t>(i) <= static_cast<uint64_t>(std::numeric_limits<T>::max())),
+            "{} is out of range for its field", i);
+  return static_cast<T>(i);
+}
+template <typename T>
+std::vector<T> Ints(const json& v) {
+  AFD_CHECK(v.is_array(), "expected a list of integers, got {}", v.dump());
+  std::vector<T> out;
+  out.reserve(v.size());
+  for (const json& e : v) out.push_back(Int<T>(e));
+  return out;
+}
+double Real(const json& v) {
+  AFD_CHECK(v.is_number(), "expected a number, got {}", v.dump());
+  return v.get<double>();
+}
+float Float(const json& v) {
+  const double d = Real(v);
+  AFD_CHECK(std::isfinite(d) && std::fabs(d) <= std::numeric_limits<float>::max(),
+            "{} is out of range for a float field", d);
+  return static_cast<float>(d);
+}
+
 json LogprobsJson(const std::vector<runtime::TokenLogprobs>& v) {
   json a = json::array();
   for (const auto& t : v) {
@@ -85,9 +125,8 @@ std::vector<runtime::TokenLogprobs> LogprobsFrom(const json& a) {
   std::vector<runtime::TokenLogprobs> v;
   for (const auto& e : a) {
     runtime::TokenLogprobs t;
-    t.logprob = e.at("lp").is_null() ? std::nanf("") : e.at("lp").get<float>();
-    for (const auto& c : e.at("top"))
-      t.top.push_back({c.at(0).get<int32_t>(), c.at(1).get<float>()});
+    t.logprob = e.at("lp").is_null() ? std::nanf("") : Float(e.at("lp"));
+    for (const auto& c : e.at("top")) t.top.push_back({Int<int32_t>(c.at(0)), Float(c.at(1))});
     v.push_back(std::move(t));
   }
   return v;
@@ -197,22 +236,22 @@ EngineMessage DecodeEngineMessage(const std::string& body, const std::string& fr
     const std::string kind = j.at("kind").get<std::string>();
     if (kind == "submit") {
       m.kind = EngineMessage::Kind::kSubmit;
-      m.id = j.at("id").get<uint64_t>();
+      m.id = Int<uint64_t>(j.at("id"));
       runtime::RequestParams& p = m.params;
-      p.prompt = j.at("prompt").get<std::vector<int32_t>>();
-      p.max_tokens = j.at("max_tokens").get<int64_t>();
-      p.sampling.temperature = j.at("temperature").get<float>();
-      p.sampling.top_k = j.at("top_k").get<int64_t>();
-      p.sampling.top_p = j.at("top_p").get<float>();
-      p.sampling.seed = j.at("seed").get<uint64_t>();
-      p.sampler_stream = j.at("stream").get<int64_t>();
-      p.stop_token_ids = j.at("stop_token_ids").get<std::vector<int32_t>>();
+      p.prompt = Ints<int32_t>(j.at("prompt"));
+      p.max_tokens = Int<int64_t>(j.at("max_tokens"));
+      p.sampling.temperature = Float(j.at("temperature"));
+      p.sampling.top_k = Int<int64_t>(j.at("top_k"));
+      p.sampling.top_p = Float(j.at("top_p"));
+      p.sampling.seed = Int<uint64_t>(j.at("seed"));
+      p.sampler_stream = Int<int64_t>(j.at("stream"));
+      p.stop_token_ids = Ints<int32_t>(j.at("stop_token_ids"));
       p.ignore_eos = j.at("ignore_eos").get<bool>();
-      p.logprobs = j.at("logprobs").get<int32_t>();
-      p.prompt_logprobs = j.at("prompt_logprobs").get<int32_t>();
+      p.logprobs = Int<int32_t>(j.at("logprobs"));
+      p.prompt_logprobs = Int<int32_t>(j.at("prompt_logprobs"));
     } else if (kind == "abort") {
       m.kind = EngineMessage::Kind::kAbort;
-      m.id = j.at("id").get<uint64_t>();
+      m.id = Int<uint64_t>(j.at("id"));
     } else if (kind == "shutdown") {
       m.kind = EngineMessage::Kind::kShutdown;
     } else if (kind == "challenge") {
@@ -224,37 +263,37 @@ EngineMessage DecodeEngineMessage(const std::string& body, const std::string& fr
       m.why = j.at("why").get<std::string>();
     } else if (kind == "hello") {
       m.kind = EngineMessage::Kind::kHello;
-      m.hello.dp_rank = j.at("dp_rank").get<int>();
+      m.hello.dp_rank = Int<int>(j.at("dp_rank"));
       m.hello.proof = j.value("proof", "");
-      m.hello.vocab_size = j.at("vocab_size").get<int64_t>();
-      m.hello.max_model_len = j.at("max_model_len").get<int64_t>();
-      m.hello.eos_token_ids = j.at("eos_token_ids").get<std::vector<int32_t>>();
-      m.hello.kv_blocks = j.at("kv_blocks").get<int64_t>();
+      m.hello.vocab_size = Int<int64_t>(j.at("vocab_size"));
+      m.hello.max_model_len = Int<int64_t>(j.at("max_model_len"));
+      m.hello.eos_token_ids = Ints<int32_t>(j.at("eos_token_ids"));
+      m.hello.kv_blocks = Int<int64_t>(j.at("kv_blocks"));
     } else if (kind == "step") {
       m.kind = EngineMessage::Kind::kStep;
       for (const json& e : j.at("outputs")) {
         runtime::RequestOutput o;
-        o.request_id = e.at("id").get<uint64_t>();
-        o.token_ids = e.at("ids").get<std::vector<int32_t>>();
-        o.num_prompt_tokens = e.at("n_prompt").get<int64_t>();
+        o.request_id = Int<uint64_t>(e.at("id"));
+        o.token_ids = Ints<int32_t>(e.at("ids"));
+        o.num_prompt_tokens = Int<int64_t>(e.at("n_prompt"));
         o.finished = e.at("finished").get<bool>();
-        const int reason = e.at("reason").get<int>();
+        const int reason = Int<int>(e.at("reason"));
         AFD_CHECK(reason >= 0 && reason <= static_cast<int>(runtime::FinishReason::kError),
                   "finish reason {} out of range", reason);
         o.finish_reason = static_cast<runtime::FinishReason>(reason);
-        o.stop_token_id = e.at("stop_id").get<int32_t>();
+        o.stop_token_id = Int<int32_t>(e.at("stop_id"));
         if (e.contains("lps")) o.logprobs = LogprobsFrom(e["lps"]);
         if (e.contains("prompt_lps")) o.prompt_logprobs = LogprobsFrom(e["prompt_lps"]);
         if (e.contains("error")) o.error = e["error"].get<std::string>();
         o.rejected = e.value("rejected", false);
         m.outputs.push_back(std::move(o));
       }
-      const auto s = j.at("stats").get<std::vector<int64_t>>();
+      const auto s = Ints<int64_t>(j.at("stats"));
       AFD_CHECK(s.size() == 6, "stats has {} fields, expected 6", s.size());
       m.stats = {s[0], s[1], s[2], s[3], s[4], s[5]};
-      m.round_trips.bucket_counts = j.at("rt").at("counts").get<std::vector<int64_t>>();
-      m.round_trips.sum_s = j.at("rt").at("sum").get<double>();
-      m.round_trips.count = j.at("rt").at("n").get<int64_t>();
+      m.round_trips.bucket_counts = Ints<int64_t>(j.at("rt").at("counts"));
+      m.round_trips.sum_s = Real(j.at("rt").at("sum"));
+      m.round_trips.count = Int<int64_t>(j.at("rt").at("n"));
     } else {
       AFD_THROW("unknown message kind \"{}\"", kind);
     }
