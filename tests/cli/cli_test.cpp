@@ -397,6 +397,8 @@ TEST(Cli, FlagsAServerCannotHonourAreRefusedByName) {
                     "--headless --api-key k --data-parallel-address 127.0.0.1 "
                     "--data-parallel-rpc-port 13345 --data-parallel-size-local 1",
                 "--api-key configures the OpenAI API, which a headless host does not answer");
+  ExpectRefused(attn_serve + "--prompts-file /dev/null --data-parallel-rpc-port 13345",
+                "--data-parallel-rpc-port: an attention role with --prompts-file has no engine");
   // `afd serve MODEL` as `vllm serve MODEL`; one model only.
   ExpectRefused("serve preset:tiny --model preset:other", "the model is given twice");
   ExpectRefused("serve --port 0", "--model is required");

@@ -430,6 +430,14 @@ int ServeCommand(RoleArgs& a) {
       }
     }
     const int dp_local = a.dp_local < 0 ? a.dp - a.dp_start : a.dp_local;
+    if (role.role == Role::kAttention && !api && !headless) {
+      if (const char* f = FirstGiven(a, {"--data-parallel-address", "--data-parallel-rpc-port"})) {
+        AFD_THROW(
+            "{}: an attention role with --prompts-file has no engine listener (it is for "
+            "the API server's command and headless hosts)",
+            f);
+      }
+    }
     if (headless) {
       AFD_CHECK(a.prompts_file.empty(),
                 "--headless serves an API server's requests: leave out "
