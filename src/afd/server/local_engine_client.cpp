@@ -1,7 +1,6 @@
 #include "afd/server/local_engine_client.h"
 
 #include <chrono>
-
 #include <vector>
 
 #include "afd/common/error.h"
@@ -106,9 +105,8 @@ void LocalEngineClient::Loop() {
       }
       const auto step_start = std::chrono::steady_clock::now();
       outputs = engine_.Step();
-      const double step = std::chrono::duration<double>(std::chrono::steady_clock::now() -
-                                                        step_start)
-                              .count();
+      const double step =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count();
       std::lock_guard<std::mutex> lock(mu_);
       step_seconds_ += step;
     } catch (const std::exception& e) {

@@ -60,7 +60,7 @@ struct ApiServerOptions {
   // Past it: 413. 8 MiB holds several full-length prompts as token ids (a 163840-token prompt is
   // ~1.2 MB of JSON); at most num_work_threads bodies are tokenized at once.
   int64_t max_request_body_bytes = 8 * 1024 * 1024;
-  int64_t max_connections = 16384;                    // past it: 503 and close
+  int64_t max_connections = 16384;  // past it: 503 and close
   // How long Stop() lets aborted requests send their error before closing connections.
   int shutdown_grace_ms = 5000;
   // Throws afd::Error naming the bad field.
