@@ -379,6 +379,12 @@ TEST(ServerApiOverload, WaitingLimitGives503AndLosesNothing) {
   EXPECT_GE(rejected, 1);
   EXPECT_EQ(ok + rejected, kRequests);
   EXPECT_EQ(h.engine.num_live(), 0u);
+  // A request stays in flight until the server has seen its last byte written, which can be
+  // just after the client has read it: wait for that (bounded), then it must be 0.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (h.server->num_in_flight() != 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
   EXPECT_EQ(h.server->num_in_flight(), 0);
 }
 
