@@ -164,7 +164,8 @@ TEST_F(ExpertsTest, LocalBackendEqualsRoutingComputedElsewhere) {
   LocalMoeBackend backend(full_->model());
   Workspace ws(full_->backend());
   std::vector<float> local(hidden_.size());
-  backend.Forward(kLayer, Hidden(), Tensor(local.data(), DType::kF32, {kTokens, H()}), ws);
+  backend.Start(kLayer, 0, Hidden(), Tensor(local.data(), DType::kF32, {kTokens, H()}), ws);
+  backend.Finish(0, ws);
   std::vector<float> remote = Routed(*full_);
   full_->model().AddSharedExperts(kLayer, Hidden(),
                                   Tensor(remote.data(), DType::kF32, {kTokens, H()}), ws);

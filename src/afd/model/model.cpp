@@ -185,28 +185,74 @@ Tensor DeepseekModel::Forward(const ForwardBatch& batch, kv::PagedKvCache& cache
   return logits;
 }
 
-Tensor DeepseekModel::ForwardInputs(const StepInputs& in, kv::PagedKvCache& cache, MoeBackend& moe,
-                                    Workspace& ws) const {
+Tensor DeepseekModel::RunLayers(const StepInputs& in, kv::PagedKvCache* cache, MoeBackend& moe,
+                                Workspace& ws, const LayerLoop& loop) const {
   const int64_t n = in.n, h = config_.hidden_size;
+  const std::vector<int64_t> splits =
+      loop.splits.empty() ? std::vector<int64_t>{0, n} : loop.splits;
+  AFD_CHECK(splits.size() >= 2 && splits.front() == 0 && splits.back() == n &&
+                std::is_sorted(splits.begin(), splits.end()),
+            "layer loop: micro-batch offsets must ascend from 0 to the step's {} tokens", n);
+  AFD_CHECK(n == 0 || cache != nullptr, "layer loop: a step with tokens needs a cache");
   backend_.SetStepRows(n);
   const Tensor x = ws.Take(DType::kF32, {n, h});
   const Tensor mlp_in = ws.Take(DType::kF32, {n, h});
   const Tensor mlp_out = ws.Take(DType::kF32, {n, h});
   if (n > 0) Embed(in, x);
+  struct MicroBatch {
+    StepInputs in;
+    Tensor x, mlp_in, mlp_out;
+    bool moe_started = false;  // a MoE Start awaits its Finish
+    bool out_pending = false;  // mlp_out is not yet added to x
+  };
+  const int stages = static_cast<int>(splits.size()) - 1;
+  std::vector<MicroBatch> mbs(stages);
+  for (int s = 0; s < stages; ++s) {
+    const int64_t begin = splits[s], m = splits[s + 1] - begin;
+    MicroBatch& mb = mbs[s];
+    mb.in = stages == 1 ? in : (n > 0 ? in.Slice(begin, m) : StepInputs{});
+    mb.x = x.Rows(begin, m);
+    mb.mlp_in = mlp_in.Rows(begin, m);
+    mb.mlp_out = mlp_out.Rows(begin, m);
+  }
   // Each layer's MLP output is added to x by the next layer's input norm (AddRmsNorm), the
   // last one's before the logits.
-  const int64_t layers = n > 0 ? config_.num_hidden_layers : 0;
+  const int64_t layers = n > 0 || moe.RunsEmptySteps() ? config_.num_hidden_layers : 0;
   for (int64_t l = 0; l < layers; ++l) {
     const Workspace::Mark layer_scratch = ws.mark();  // the next layer reuses this one's scratch
-    Attention(l, in, cache, x, mlp_in, ws, nullptr, l > 0 ? &mlp_out : nullptr);
-    if (config_.IsMoeLayer(l)) {
-      moe.Forward(l, mlp_in, mlp_out, ws);
-    } else {
-      DenseMlp(l, mlp_in, mlp_out, ws);
+    const bool is_moe = config_.IsMoeLayer(l);
+    for (int s = 0; s < stages; ++s) {
+      MicroBatch& mb = mbs[s];
+      if (mb.moe_started) {
+        moe.Finish(s, ws);
+        mb.moe_started = false;
+        mb.out_pending = mb.in.n > 0;
+      }
+      if (mb.in.n > 0) {
+        moe.Flush();
+        Attention(l, mb.in, *cache, mb.x, mb.mlp_in, ws, loop.tp,
+                  mb.out_pending ? &mb.mlp_out : nullptr);
+        mb.out_pending = false;
+      }
+      if (is_moe) {
+        moe.Start(l, s, mb.mlp_in, mb.mlp_out, ws);
+        mb.moe_started = true;
+      } else if (mb.in.n > 0) {
+        DenseMlp(l, mb.mlp_in, mb.mlp_out, ws);
+        mb.out_pending = true;
+      }
     }
     ws.Rewind(layer_scratch);
   }
-  if (layers > 0) backend_.Add(x, mlp_out);
+  for (int s = 0; s < stages; ++s) {
+    MicroBatch& mb = mbs[s];
+    if (mb.moe_started) {
+      moe.Finish(s, ws);
+      mb.out_pending = mb.in.n > 0;
+    }
+    if (mb.out_pending) backend_.Add(mb.x, mb.mlp_out);
+  }
+  if (n == 0) return Tensor();
   return Logits(x, in, ws);
 }
 

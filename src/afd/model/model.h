@@ -3,13 +3,16 @@
 // norm and lm_head. Hidden states are fp32 [n, H], token-major, in the backend's memory; a
 // step's scratch tensors come from a Workspace (nothing is allocated inside a step).
 //
-// Forward runs the whole stack; the per-layer functions are public so that the AFD roles run
-// the same code (the attention role with a head range and the MoE sent elsewhere, the FFN role
-// the MoE of its experts):
+// RunLayers is the only loop over layers, for every deployment: in process (LocalMoeBackend),
+// the AFD attention role (a MoeBackend that ships the rows to the FFN role, with a head range
+// under tensor parallelism and the step as micro-batches under DBO) and DP+EP; the per-layer
+// functions are public so that the FFN role runs the model's own MoE code:
 //   in = Upload(batch); x = Embed(in)
-//   for each layer l: Attention(l, ...)  -> x += attn(norm(x)); mlp_in = post_norm(x)
-//                     mlp_out = l is MoE ? moe.Forward(l, mlp_in) : DenseMlp(l, mlp_in)
-//                     x += mlp_out
+//   for each layer l, for each micro-batch s:
+//       moe.Finish(s) of its previous MoE layer, if any
+//       Attention(l, ...)  -> x += attn(norm(x)); mlp_in = post_norm(x)
+//       l is MoE ? moe.Start(l, s, mlp_in -> mlp_out) : mlp_out = DenseMlp(l, mlp_in)
+//       (mlp_out is added to x by the next layer's input norm)
 //   logits = Logits(x, in)            (rows in.logits_rows only)
 // Thread safety: const methods may run concurrently on distinct caches, workspaces and backends
 // (one backend is used by one thread at a time).
@@ -17,6 +20,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "afd/kernels/backend.h"
 #include "afd/kv/paged_cache.h"
@@ -48,6 +52,15 @@ class HeadParallel {
   virtual int64_t head_end() const = 0;
   // all: [n, heads·dv] = every rank's `mine` ([n, its heads·dv]) side by side, heads in order.
   virtual void AllGatherHeads(const Tensor& mine, const Tensor& all) = 0;
+};
+
+// How RunLayers runs a step's layers (the default: one micro-batch, every head here).
+struct LayerLoop {
+  // Token offsets [0, o1, ..., n] of the micro-batches (ascending; empty: one micro-batch).
+  // Micro-batch s's MoE of layer l is started after its attention and finished just before its
+  // attention of layer l + 1, so the other micro-batches attend while it is away (DBO).
+  std::vector<int64_t> splits;
+  HeadParallel* tp = nullptr;  // attention tensor parallelism; null: all heads here
 };
 
 class DeepseekModel {
@@ -82,7 +95,14 @@ class DeepseekModel {
   // commit): logits [m, vocab] for in.logits_rows, in ws. Waits for nothing, so that a CUDA
   // graph can capture it (runtime/cuda_graph_runner.h).
   Tensor ForwardInputs(const StepInputs& in, kv::PagedKvCache& cache, MoeBackend& moe,
-                       Workspace& ws) const;
+                       Workspace& ws) const {
+    return RunLayers(in, &cache, moe, ws, {});
+  }
+  // The layer loop (the only one): ForwardInputs with micro-batches and a head range. A step
+  // without tokens (in.n == 0) runs its MoE layers only when moe.RunsEmptySteps() (zero rows,
+  // cache untouched: it may be null) and returns an empty tensor.
+  Tensor RunLayers(const StepInputs& in, kv::PagedKvCache* cache, MoeBackend& moe, Workspace& ws,
+                   const LayerLoop& loop) const;
 
   // x: [n, H] = embedding rows of the step's ids.
   void Embed(const StepInputs& in, const Tensor& x) const;

@@ -81,8 +81,8 @@ void DeepseekModel::AddSharedExperts(int64_t layer, const Tensor& hidden, const 
   backend_.Add(out, y);
 }
 
-void LocalMoeBackend::Forward(int64_t layer, const Tensor& hidden, const Tensor& out,
-                              Workspace& ws) {
+void LocalMoeBackend::Start(int64_t layer, int /*stage*/, const Tensor& hidden, const Tensor& out,
+                            Workspace& ws) {
   const ModelConfig& c = model_.config();
   const int64_t n = hidden.dim(0), k = c.num_experts_per_tok;
   AFD_CHECK(model_.weights().layers[layer].moe.experts.num_experts() == c.n_routed_experts,

@@ -47,6 +47,55 @@ AsyncAttentionRunner::AsyncAttentionRunner(const model::DeepseekModel& model, co
             world.config().connector, o.ring_depth);
   AFD_CHECK(model.config().num_experts_per_tok >= 1 && model.config().n_routed_experts >= 1,
             "{}: the model has no routed experts", world.config().connector);
+  moe_ =
+      std::make_unique<AsyncAttentionMoe>(model, world, connector, tp, tp_rank_, tp_group_.get());
+}
+
+AsyncAttentionMoe::AsyncAttentionMoe(const model::DeepseekModel& model, comm::AfdWorld& world,
+                                     connector::AsyncConnector& connector, int tp, int tp_rank,
+                                     TpGroup* tp_group)
+    : model_(model),
+      world_(world),
+      connector_(connector),
+      tp_(tp),
+      tp_rank_(tp_rank),
+      tp_group_(tp_group) {}
+
+AsyncAttentionMoe::Pending& AsyncAttentionMoe::StageState(int stage) {
+  AFD_CHECK(stage >= 0 && stage < connector_.layout().ring_depth,
+            "async attention MoE: stage {} outside the ring depth {}", stage,
+            connector_.layout().ring_depth);
+  if (stage >= static_cast<int>(stages_.size())) stages_.resize(stage + 1);
+  Pending& p = stages_[stage];
+  if (!p.ws) p.ws = std::make_unique<Workspace>(model_.backend());
+  return p;
+}
+
+void AsyncAttentionMoe::Start(int64_t layer, int stage, const Tensor& hidden, const Tensor& out,
+                              Workspace& ws) {
+  Pending& p = StageState(stage);
+  AFD_CHECK(p.layer < 0, "async attention MoE: stage {} started layer {} before finishing {}",
+            stage, layer, p.layer);
+  const int64_t m = hidden.dim(0);
+  const MicroBatch mb{hidden, out, SplitOffset(m, tp_, tp_rank_), SplitSize(m, tp_, tp_rank_)};
+  CheckReplies(stage, p);  // before the host blocks on the stream (the routing ids)
+  p.ws->Reset();
+  p.mb = mb;
+  Dispatch(layer, stage, mb, p, ws);
+}
+
+void AsyncAttentionMoe::Finish(int stage, Workspace& ws) {
+  Pending& p = StageState(stage);
+  AFD_CHECK(p.layer >= 0, "async attention MoE: Finish of stage {} without a Start", stage);
+  if (!p.combined && p.mb.share_count > 0) CombineRows(stage, p.mb, p, ws);
+  // This TP rank's rows of the MoE output are in place; then (TP) every rank's.
+  if (tp_group_) tp_group_->AllGatherRows(p.mb.out);
+  p.layer = -1;
+  p.combined = false;
+}
+
+void AsyncAttentionMoe::EndStep() {
+  for (size_t s = 0; s < stages_.size(); ++s) CheckReplies(static_cast<int>(s), stages_[s]);
 }
 
 int AsyncAttentionRunner::ChooseStages(const model::ForwardBatch& batch) const {
@@ -83,21 +132,8 @@ std::vector<int64_t> AsyncAttentionRunner::SplitPoints(const model::ForwardBatch
   return points;
 }
 
-void AsyncAttentionRunner::ComputeLayer(int64_t layer, MicroBatch& mb, kv::PagedKvCache& cache,
-                                        Workspace& ws) {
-  const Workspace::Mark scratch = ws.mark();
-  model_.Attention(layer, mb.in, cache, mb.x, mb.mlp_in, ws, tp_group_.get(),
-                   mb.pending ? &mb.mlp_out : nullptr);
-  mb.pending = false;
-  if (!model_.config().IsMoeLayer(layer)) {
-    model_.DenseMlp(layer, mb.mlp_in, mb.mlp_out, ws);
-    mb.pending = true;
-  }
-  ws.Rewind(scratch);
-}
-
-std::vector<int64_t> AsyncAttentionRunner::FitChunks(const std::vector<int32_t>& ids,
-                                                     int64_t n) const {
+std::vector<int64_t> AsyncAttentionMoe::FitChunks(const std::vector<int32_t>& ids,
+                                                  int64_t n) const {
   const model::ModelConfig& c = model_.config();
   const int F = world_.topology().num_ffn();
   const int64_t k = c.num_experts_per_tok, E = c.n_routed_experts;
@@ -126,8 +162,8 @@ std::vector<int64_t> AsyncAttentionRunner::FitChunks(const std::vector<int32_t>&
 // Skewed routing: more rows for some FFN rank than its slot holds. The chunks go one after the
 // other through the same ring slot (each waits for its replies), outputs combined in place; the
 // per-token arithmetic is the same, so the results are too.
-void AsyncAttentionRunner::ExchangeInChunks(int64_t layer, int stage, MicroBatch& mb, Pending& p,
-                                            Workspace& ws, const std::vector<int64_t>& cuts) {
+void AsyncAttentionMoe::ExchangeInChunks(int64_t layer, int stage, const MicroBatch& mb, Pending& p,
+                                         Workspace& ws, const std::vector<int64_t>& cuts) {
   for (size_t i = 0; i + 1 < cuts.size(); ++i) {
     MicroBatch chunk = mb;
     chunk.share_begin = mb.share_begin + cuts[i];
@@ -147,13 +183,13 @@ void AsyncAttentionRunner::ExchangeInChunks(int64_t layer, int stage, MicroBatch
   p.combined = true;
 }
 
-void AsyncAttentionRunner::Dispatch(int64_t layer, int stage, MicroBatch& mb, Pending& p,
-                                    Workspace& ws, bool allow_split) {
+void AsyncAttentionMoe::Dispatch(int64_t layer, int stage, const MicroBatch& mb, Pending& p,
+                                 Workspace& ws, bool allow_split) {
   const model::ModelConfig& c = model_.config();
   kernels::Backend& backend = model_.backend();
   // This TP rank's tokens (all of them without TP): an independent sender of their rows.
   const int64_t n = mb.share_count, k = c.num_experts_per_tok, H = c.hidden_size;
-  const Tensor mlp_in = mb.mlp_in.Rows(mb.share_begin, n);
+  const Tensor mlp_in = mb.hidden.Rows(mb.share_begin, n);
   const int F = world_.topology().num_ffn();
   CheckReplies(stage, p);  // before the host blocks on the stream (the routing ids)
   p.layer = layer;
@@ -164,8 +200,8 @@ void AsyncAttentionRunner::Dispatch(int64_t layer, int stage, MicroBatch& mb, Pe
     return;
   }
   // Kept until the replies are combined; the rest is scratch.
-  const Tensor ids = ws.Take(DType::kI32, {n, k});
-  p.weights = ws.Take(DType::kF32, {n, k});
+  const Tensor ids = p.ws->Take(DType::kI32, {n, k});
+  p.weights = p.ws->Take(DType::kF32, {n, k});
   const Workspace::Mark scratch = ws.mark();
   model_.Route(layer, mlp_in, ids, p.weights, ws);
   std::vector<int32_t> host_ids(n * k);
@@ -217,8 +253,8 @@ void AsyncAttentionRunner::Dispatch(int64_t layer, int stage, MicroBatch& mb, Pe
   ws.Rewind(scratch);
 }
 
-void AsyncAttentionRunner::CheckReply(int f, int stage, const Pending& p, int64_t layer,
-                                      const connector::ReceivedSlot& r) const {
+void AsyncAttentionMoe::CheckReply(int f, int stage, const Pending& p, int64_t layer,
+                                   const connector::ReceivedSlot& r) const {
   const connector::DispatchPlan& plan = p.plan;
   const connector::SlotHeader& h = r.header;
   const int64_t b = plan.segment[f], e = plan.segment[f + 1];
@@ -240,21 +276,12 @@ void AsyncAttentionRunner::CheckReply(int f, int stage, const Pending& p, int64_
             layer);
 }
 
-void AsyncAttentionRunner::Combine(int stage, MicroBatch& mb, Pending& p, Workspace& ws) {
-  if (!p.combined && mb.share_count > 0) CombineRows(stage, mb, p, ws);
-  // This TP rank's rows of the MoE output are in place; then (TP) every rank's, the residual.
-  if (tp_group_) tp_group_->AllGatherRows(mb.mlp_out);
-  mb.pending = true;  // added to x by the next layer's input norm, or at the step's end
-  p.layer = -1;
-  p.combined = false;
-}
-
-void AsyncAttentionRunner::CombineRows(int stage, MicroBatch& mb, Pending& p, Workspace& ws) {
+void AsyncAttentionMoe::CombineRows(int stage, const MicroBatch& mb, Pending& p, Workspace& ws) {
   const model::ModelConfig& c = model_.config();
   kernels::Backend& backend = model_.backend();
   const connector::DispatchPlan& plan = p.plan;
   const int64_t n = mb.share_count, k = c.num_experts_per_tok, H = c.hidden_size;
-  const Tensor out = mb.mlp_out.Rows(mb.share_begin, n);
+  const Tensor out = mb.out.Rows(mb.share_begin, n);
   const Workspace::Mark scratch = ws.mark();
   // y: [pairs, H] unweighted expert outputs in sorted order; shared: [n, H]. Each reply's rows
   // are copied out of the window (host or device memory); the shared rows of all replies are
@@ -314,7 +341,7 @@ void AsyncAttentionRunner::CombineRows(int stage, MicroBatch& mb, Pending& p, Wo
   }
 }
 
-void AsyncAttentionRunner::CheckReplies(int stage, Pending& p) {
+void AsyncAttentionMoe::CheckReplies(int stage, Pending& p) {
   if (p.unchecked_layer < 0) return;
   const int64_t layer = p.unchecked_layer;
   p.unchecked_layer = -1;
@@ -335,50 +362,20 @@ Tensor AsyncAttentionRunner::Forward(const model::ForwardBatch& batch, kv::Paged
   AFD_CHECK(!shut_down_, "{}: a step after the shutdown was announced",
             world_.Describe(world_.world_rank()));
   model_.CheckBatch(batch, cache);
-  const model::ModelConfig& c = model_.config();
-  const int64_t n = batch.size(), H = c.hidden_size;
-  AFD_CHECK(n >= 1, "AsyncAttentionRunner: an empty step (the async connector runs none)");
+  AFD_CHECK(batch.size() >= 1,
+            "AsyncAttentionRunner: an empty step (the async connector runs none)");
   const model::StepInputs in = model_.Upload(batch, ws);
-  const Tensor x = ws.Take(DType::kF32, {n, H});
-  const Tensor mlp_in = ws.Take(DType::kF32, {n, H});
-  const Tensor mlp_out = ws.Take(DType::kF32, {n, H});
-  model_.Embed(in, x);
-  const std::vector<int64_t> points = SplitPoints(batch, ChooseStages(batch));
-  const int stages = static_cast<int>(points.size()) - 1;
-  std::vector<MicroBatch> mbs(stages);
-  for (int s = 0; s < stages; ++s) {
-    const int64_t begin = points[s], m = points[s + 1] - points[s];
-    mbs[s] = {in.Slice(begin, m),
-              x.Rows(begin, m),
-              mlp_in.Rows(begin, m),
-              mlp_out.Rows(begin, m),
-              SplitOffset(m, tp_, tp_rank_),
-              SplitSize(m, tp_, tp_rank_)};
-  }
+  model::LayerLoop loop;
   // Stage s's MoE of layer l is combined just before its attention of layer l + 1, so the FFN
   // serves it while the other stages attend.
-  std::vector<Pending> pending(stages);
-  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    for (int s = 0; s < stages; ++s) {
-      if (pending[s].layer >= 0) Combine(s, mbs[s], pending[s], ws);
-      ComputeLayer(l, mbs[s], cache, ws);
-      if (c.IsMoeLayer(l)) {
-        Dispatch(l, s, mbs[s], pending[s], ws);
-      } else {
-        CheckReplies(s, pending[s]);
-      }
-    }
-  }
-  for (int s = 0; s < stages; ++s) {
-    if (pending[s].layer >= 0) Combine(s, mbs[s], pending[s], ws);
-    if (mbs[s].pending) model_.backend().Add(mbs[s].x, mbs[s].mlp_out);
-  }
+  loop.splits = SplitPoints(batch, ChooseStages(batch));
+  loop.tp = tp_group_.get();
+  const Tensor logits = model_.RunLayers(in, &cache, *moe_, ws, loop);
   model::DeepseekModel::CommitBatch(batch, cache);
   ++steps_;
-  dbo_steps_ += stages > 1;
-  // Before any later host wait on the stream (the logits, the sampled ids).
-  for (int s = 0; s < stages; ++s) CheckReplies(s, pending[s]);
-  return model_.Logits(x, in, ws);
+  dbo_steps_ += loop.splits.size() > 2;
+  moe_->EndStep();
+  return logits;
 }
 
 ReplicaRunner::IdleResult AsyncAttentionRunner::Idle(bool active) {
@@ -393,7 +390,7 @@ void AsyncAttentionRunner::Drain() {
   shut_down_ = true;
 }
 
-std::vector<double> AsyncAttentionRunner::TakeRoundTrips() {
+std::vector<double> AsyncAttentionMoe::TakeRoundTrips() {
   std::vector<double> out;
   out.swap(round_trips_);
   return out;

@@ -43,6 +43,77 @@
 
 namespace afd::runtime {
 
+// The MoE layers of the asynchronous attention role (a MoeBackend in the model's layer loop):
+// Start routes and dispatches this TP rank's share of the micro-batch, Finish waits for the
+// replies, combines them and all-gathers the shares over the TP group.
+class AsyncAttentionMoe : public model::MoeBackend {
+ public:
+  // All must outlive this; tp_group: null without tensor parallelism.
+  AsyncAttentionMoe(const model::DeepseekModel& model, comm::AfdWorld& world,
+                    connector::AsyncConnector& connector, int tp, int tp_rank, TpGroup* tp_group);
+
+  void Start(int64_t layer, int stage, const Tensor& hidden, const Tensor& out,
+             Workspace& ws) override;
+  void Finish(int stage, Workspace& ws) override;
+  // After the layer loop, before any later host wait on the stream (the logits, the sampled
+  // ids): receives and checks the replies the device consumed.
+  void EndStep();
+
+  void RecordRoundTrips() { record_round_trips_ = true; }
+  std::vector<double> TakeRoundTrips();
+  int64_t split_exchanges() const { return split_exchanges_; }
+
+ private:
+  // One micro-batch's MoE rows: hidden and out [m, H], this TP rank's share of them.
+  struct MicroBatch {
+    Tensor hidden, out;
+    int64_t share_begin = 0, share_count = 0;
+  };
+  // A dispatched MoE layer of one micro-batch whose replies are outstanding.
+  struct Pending {
+    int64_t layer = -1;
+    MicroBatch mb;
+    connector::DispatchPlan plan;
+    Tensor weights;              // [n, k] top-k weights, kept here
+    std::vector<uint64_t> seqs;  // [F] seq of the dispatch to each FFN rank (0: none)
+    std::chrono::steady_clock::time_point sent;
+    // Device flags: the layer whose replies the stream waited for and combined but the host has
+    // not checked yet (CheckReplies), else -1.
+    int64_t unchecked_layer = -1;
+    // The layer was exchanged in token chunks at dispatch (its rows did not fit one slot): the
+    // outputs are in place, Finish only finishes.
+    bool combined = false;
+    std::unique_ptr<Workspace> ws;  // the routing kept until the combine (reset by Start)
+  };
+  Pending& StageState(int stage);
+  // allow_split: when some FFN rank's routed rows would exceed its slot (skewed routing), the
+  // micro-batch is exchanged at once in consecutive token chunks that fit (ExchangeInChunks).
+  void Dispatch(int64_t layer, int stage, const MicroBatch& mb, Pending& p, Workspace& ws,
+                bool allow_split = true);
+  // Token boundaries [0, c1, ..., n) of chunks whose routed rows fit every FFN rank's slot;
+  // empty when the whole share fits.
+  std::vector<int64_t> FitChunks(const std::vector<int32_t>& ids, int64_t n) const;
+  void ExchangeInChunks(int64_t layer, int stage, const MicroBatch& mb, Pending& p, Workspace& ws,
+                        const std::vector<int64_t>& cuts);
+  // The replies of p into this TP rank's rows of mb.out.
+  void CombineRows(int stage, const MicroBatch& mb, Pending& p, Workspace& ws);
+  // Receives (host) and checks the replies that the device consumed; before the host blocks on
+  // the stream again and before `p` is reused.
+  void CheckReplies(int stage, Pending& p);
+  void CheckReply(int f, int stage, const Pending& p, int64_t layer,
+                  const connector::ReceivedSlot& r) const;
+
+  const model::DeepseekModel& model_;
+  comm::AfdWorld& world_;
+  connector::AsyncConnector& connector_;
+  int tp_, tp_rank_;
+  TpGroup* tp_group_;
+  std::vector<Pending> stages_;
+  int64_t split_exchanges_ = 0;  // MoE exchanges sent in token chunks (skewed routing)
+  bool record_round_trips_ = false;
+  std::vector<double> round_trips_;
+};
+
 class AsyncAttentionRunner : public ReplicaRunner {
  public:
   // `model`, `world` and `connector` must outlive the runner. tp: the attention ranks of one
@@ -56,59 +127,16 @@ class AsyncAttentionRunner : public ReplicaRunner {
   IdleResult Idle(bool active) override;
   // Announces this replica's shutdown to every FFN rank (once).
   void Drain() override;
-  void RecordRoundTrips() override { record_round_trips_ = true; }
-  std::vector<double> TakeRoundTrips() override;
+  void RecordRoundTrips() override { moe_->RecordRoundTrips(); }
+  std::vector<double> TakeRoundTrips() override { return moe_->TakeRoundTrips(); }
 
   int64_t steps() const override { return steps_; }
   int64_t dbo_steps() const override { return dbo_steps_; }
-  int64_t split_exchanges() const override { return split_exchanges_; }
+  int64_t split_exchanges() const override { return moe_->split_exchanges(); }
 
  private:
-  struct MicroBatch {
-    model::StepInputs in;
-    Tensor x, mlp_in, mlp_out;                 // [n, H] views of the step's
-    int64_t share_begin = 0, share_count = 0;  // this TP rank's tokens for the MoE exchange
-    // mlp_out is not yet added to x: the next layer's input norm adds it (AddRmsNorm), or the
-    // step's end.
-    bool pending = false;
-    int64_t n() const { return in.n; }
-  };
-  // A dispatched MoE layer of one micro-batch whose replies are outstanding.
-  struct Pending {
-    int64_t layer = -1;
-    connector::DispatchPlan plan;
-    Tensor weights;              // [n, k] top-k weights, kept here
-    std::vector<uint64_t> seqs;  // [F] seq of the dispatch to each FFN rank (0: none)
-    std::chrono::steady_clock::time_point sent;
-    // Device flags: the layer whose replies the stream waited for and combined but the host has
-    // not checked yet (CheckReplies), else -1.
-    int64_t unchecked_layer = -1;
-    // The layer was exchanged in token chunks at dispatch (its rows did not fit one slot): the
-    // outputs are in place, Combine only finishes.
-    bool combined = false;
-  };
-
   int ChooseStages(const model::ForwardBatch& batch) const;
   std::vector<int64_t> SplitPoints(const model::ForwardBatch& batch, int stages) const;
-  void ComputeLayer(int64_t layer, MicroBatch& mb, kv::PagedKvCache& cache, Workspace& ws);
-  // allow_split: when some FFN rank's routed rows would exceed its slot (skewed routing), the
-  // micro-batch is exchanged at once in consecutive token chunks that fit (ExchangeInChunks).
-  void Dispatch(int64_t layer, int stage, MicroBatch& mb, Pending& p, Workspace& ws,
-                bool allow_split = true);
-  // Token boundaries [0, c1, ..., n) of chunks whose routed rows fit every FFN rank's slot;
-  // empty when the whole share fits.
-  std::vector<int64_t> FitChunks(const std::vector<int32_t>& ids, int64_t n) const;
-  void ExchangeInChunks(int64_t layer, int stage, MicroBatch& mb, Pending& p, Workspace& ws,
-                        const std::vector<int64_t>& cuts);
-  // The replies of p into this TP rank's rows of mb.mlp_out (CombineRows), then the TP
-  // all-gather and the residual add (Combine).
-  void CombineRows(int stage, MicroBatch& mb, Pending& p, Workspace& ws);
-  void Combine(int stage, MicroBatch& mb, Pending& p, Workspace& ws);
-  // Receives (host) and checks the replies that Combine consumed on the device; before the
-  // host blocks on the stream again and before `p` is reused.
-  void CheckReplies(int stage, Pending& p);
-  void CheckReply(int f, int stage, const Pending& p, int64_t layer,
-                  const connector::ReceivedSlot& r) const;
 
   const model::DeepseekModel& model_;
   comm::AfdWorld& world_;
@@ -116,13 +144,11 @@ class AsyncAttentionRunner : public ReplicaRunner {
   int tp_ = 1, tp_rank_ = 0;
   std::unique_ptr<comm::Communicator> tp_comm_;  // null when tp == 1
   std::unique_ptr<TpGroup> tp_group_;            // null when tp == 1
+  std::unique_ptr<AsyncAttentionMoe> moe_;
   DboOptions dbo_;
   int64_t steps_ = 0;
   int64_t dbo_steps_ = 0;
-  int64_t split_exchanges_ = 0;  // MoE exchanges sent in token chunks (skewed routing)
   bool shut_down_ = false;
-  bool record_round_trips_ = false;
-  std::vector<double> round_trips_;
 };
 
 }  // namespace afd::runtime

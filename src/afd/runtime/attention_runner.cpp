@@ -6,6 +6,93 @@
 
 namespace afd::runtime {
 
+namespace {
+
+// Connector channels of a MoE layer's rows.
+constexpr int kHiddenChannel = 0;
+constexpr int kTopkIdsChannel = 1;
+constexpr int kTopkWeightsChannel = 2;
+
+}  // namespace
+
+P2pAttentionMoe::P2pAttentionMoe(const model::DeepseekModel& model, comm::AfdWorld& world,
+                                 connector::P2pConnector& connector, int tp, int tp_rank,
+                                 TpGroup* tp_group)
+    : model_(model),
+      world_(world),
+      connector_(connector),
+      tp_(tp),
+      tp_rank_(tp_rank),
+      tp_group_(tp_group) {}
+
+P2pAttentionMoe::InFlight& P2pAttentionMoe::StageState(int stage) {
+  AFD_CHECK(stage >= 0 && stage < connector::kMaxStagesPerLayer,
+            "P2P attention MoE: stage {} of at most {}", stage, connector::kMaxStagesPerLayer);
+  if (stage >= static_cast<int>(stages_.size())) stages_.resize(stage + 1);
+  InFlight& st = stages_[stage];
+  if (!st.ws) st.ws = std::make_unique<Workspace>(model_.backend());
+  return st;
+}
+
+void P2pAttentionMoe::Start(int64_t layer, int stage, const Tensor& hidden, const Tensor& out,
+                            Workspace& ws) {
+  const model::ModelConfig& c = model_.config();
+  InFlight& st = StageState(stage);
+  AFD_CHECK(st.layer < 0, "P2P attention MoE: stage {} started layer {} before finishing {}", stage,
+            layer, st.layer);
+  const int64_t m = hidden.dim(0);
+  st.layer = layer;
+  st.out = out;
+  st.share_begin = SplitOffset(m, tp_, tp_rank_);
+  st.share_count = SplitSize(m, tp_, tp_rank_);
+  if (group_open_) Flush();  // a group holds one Start
+  connector_.GroupStart();
+  group_open_ = true;
+  group_layer_ = layer;
+  st.sent = std::chrono::steady_clock::now();
+  const int l = static_cast<int>(layer);
+  const Tensor share = hidden.Rows(st.share_begin, st.share_count);
+  connector_.SendToFfn(l, stage, kHiddenChannel, {c.hidden_size, DType::kF32}, share.data(),
+                       st.share_count);  // takes part even with zero rows
+  if (!world_.config().compute_gate_on_attention) return;
+  const int64_t k = c.num_experts_per_tok;
+  // Alive until the connector group completes (the next Start of this stage resets it).
+  st.ws->Reset();
+  const Tensor ids = st.ws->Take(DType::kI32, {st.share_count, k});
+  const Tensor weights = st.ws->Take(DType::kF32, {st.share_count, k});
+  if (st.share_count > 0) model_.Route(layer, share, ids, weights, ws);
+  connector_.SendToFfn(l, stage, kTopkIdsChannel, {k, DType::kI32}, ids.data(), st.share_count);
+  connector_.SendToFfn(l, stage, kTopkWeightsChannel, {k, DType::kF32}, weights.data(),
+                       st.share_count);
+}
+
+void P2pAttentionMoe::Finish(int stage, Workspace& /*ws*/) {
+  InFlight& st = StageState(stage);
+  AFD_CHECK(st.layer >= 0, "P2P attention MoE: Finish of stage {} without a Start", stage);
+  const Tensor share = st.out.Rows(st.share_begin, st.share_count);
+  connector_.RecvFromFfn(static_cast<int>(st.layer), stage,
+                         {model_.config().hidden_size, DType::kF32}, share.data(), st.share_count);
+  Flush();  // the group this receive joined (the Start just before), if any
+  if (record_round_trips_ && st.share_count > 0) {
+    round_trips_.push_back(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - st.sent).count());
+  }
+  if (tp_group_ && st.out.dim(0) > 0) tp_group_->AllGatherRows(st.out);
+  st.layer = -1;
+}
+
+void P2pAttentionMoe::Flush() {
+  if (!group_open_) return;
+  group_open_ = false;
+  connector_.GroupEnd(static_cast<int>(group_layer_));
+}
+
+std::vector<double> P2pAttentionMoe::TakeRoundTrips() {
+  std::vector<double> out;
+  out.swap(round_trips_);
+  return out;
+}
+
 AttentionRunner::AttentionRunner(const model::DeepseekModel& model, comm::AfdWorld& world,
                                  connector::P2pConnector& connector, int tp, DboOptions dbo)
     : model_(model),
@@ -41,6 +128,7 @@ AttentionRunner::AttentionRunner(const model::DeepseekModel& model, comm::AfdWor
     tp_comm_ = world.CreateGroup(fmt::format("attention_tp_{}", dp_rank), replica);
     tp_group_ = std::make_unique<TpGroup>(*tp_comm_, heads, model.config().v_head_dim);
   }
+  moe_ = std::make_unique<P2pAttentionMoe>(model, world, connector, tp, tp_rank_, tp_group_.get());
 }
 
 std::vector<int64_t> AttentionRunner::ExchangeCounts(const model::ForwardBatch& batch,
@@ -94,7 +182,9 @@ Tensor AttentionRunner::Forward(const model::ForwardBatch& batch, kv::PagedKvCac
   const std::vector<int64_t> v = ExchangeCounts(batch, true);
   const int stages = ChooseStages(v);
   SendMetadata(v, stages, 0);
-  Tensor logits = RunLayers(batch, &cache, stages, ws);
+  const model::StepInputs in = batch.size() > 0 ? model_.Upload(batch, ws) : model::StepInputs{};
+  Tensor logits = RunLayers(in, &cache, stages, ws);
+  model::DeepseekModel::CommitBatch(batch, cache);
   ++steps_;
   dbo_steps_ += stages > 1;
   return logits;
@@ -122,16 +212,18 @@ AttentionRunner::IdleResult AttentionRunner::Idle(bool active) {
   const int stages = ChooseStages(v);
   SendMetadata(v, stages, 0);
   drain_ws_.Reset();
-  RunLayers(empty, nullptr, stages, drain_ws_);
+  RunLayers(model::StepInputs{}, nullptr, stages, drain_ws_);
   ++steps_;
   dbo_steps_ += stages > 1;
   return IdleResult::kTookPart;
 }
 
-std::vector<double> AttentionRunner::TakeRoundTrips() {
-  std::vector<double> out;
-  out.swap(round_trips_);
-  return out;
+Tensor AttentionRunner::RunLayers(const model::StepInputs& in, kv::PagedKvCache* cache, int stages,
+                                  Workspace& ws) {
+  model::LayerLoop loop;
+  for (int s = 0; s <= stages; ++s) loop.splits.push_back(SplitOffset(in.n, stages, s));
+  loop.tp = tp_group_.get();
+  return model_.RunLayers(in, cache, *moe_, ws, loop);
 }
 
 }  // namespace afd::runtime

@@ -45,6 +45,50 @@ struct DboOptions {
   int64_t prefill_token_threshold = 512;  // steps with prefill tokens
 };
 
+// The MoE layers of the P2P attention role (a MoeBackend in the model's layer loop): Start sends
+// this TP rank's share of the micro-batch's rows (and their routing when the gate runs here),
+// Finish receives the FFN output for them and all-gathers the shares over the TP group. A Start
+// opens a connector group that the Finish following it at once joins (DBO: S0(l)+R1(l-1) and
+// S1(l)+R0(l) in one group each, so a send never waits behind a receive the peer is blocked on);
+// Flush, before any compute, ends a group left open. The FFN side serves stage 0 then stage 1 of
+// every layer, in this order. Zero-row steps take part (lockstep).
+class P2pAttentionMoe : public model::MoeBackend {
+ public:
+  // All must outlive this; tp_group: null without tensor parallelism.
+  P2pAttentionMoe(const model::DeepseekModel& model, comm::AfdWorld& world,
+                  connector::P2pConnector& connector, int tp, int tp_rank, TpGroup* tp_group);
+
+  void Start(int64_t layer, int stage, const Tensor& hidden, const Tensor& out,
+             Workspace& ws) override;
+  void Finish(int stage, Workspace& ws) override;
+  void Flush() override;
+  bool RunsEmptySteps() const override { return true; }
+
+  void RecordRoundTrips() { record_round_trips_ = true; }
+  std::vector<double> TakeRoundTrips();
+
+ private:
+  struct InFlight {
+    int64_t layer = -1;
+    Tensor out;                                // [m, H] the micro-batch's MoE output
+    int64_t share_begin = 0, share_count = 0;  // this TP rank's rows of it
+    std::chrono::steady_clock::time_point sent;
+    std::unique_ptr<Workspace> ws;  // the routing sent (gate on attention), until the group ends
+  };
+  InFlight& StageState(int stage);
+
+  const model::DeepseekModel& model_;
+  comm::AfdWorld& world_;
+  connector::P2pConnector& connector_;
+  int tp_, tp_rank_;
+  TpGroup* tp_group_;
+  std::vector<InFlight> stages_;
+  bool group_open_ = false;
+  int64_t group_layer_ = -1;  // the layer the open group's time is charged to
+  bool record_round_trips_ = false;
+  std::vector<double> round_trips_;
+};
+
 class AttentionRunner : public ReplicaRunner {
  public:
   // Collective: forms the attention-world group (all attention ranks) and this replica's TP
@@ -62,43 +106,22 @@ class AttentionRunner : public ReplicaRunner {
   // shutdown step when no replica is active any more (kShutdown). Pairs with the other ranks'
   // Forward, Idle or Drain calls: every attention rank makes one such call per step.
   IdleResult Idle(bool active) override;
-  void RecordRoundTrips() override { record_round_trips_ = true; }
-  std::vector<double> TakeRoundTrips() override;
+  void RecordRoundTrips() override { moe_->RecordRoundTrips(); }
+  std::vector<double> TakeRoundTrips() override { return moe_->TakeRoundTrips(); }
 
   int64_t steps() const override { return steps_; }
   int64_t dbo_steps() const override { return dbo_steps_; }
 
  private:
-  // One micro-batch of a step: its tokens and activations ([n, H] each, views of the step's).
-  struct MicroBatch {
-    model::StepInputs in;
-    Tensor x, mlp_in, mlp_out;
-    int64_t n() const { return in.n; }
-    int64_t share_begin = 0, share_count = 0;  // this TP rank's rows of the MoE exchange
-    Tensor ids, weights;                       // routing of the share (gate on attention)
-    // mlp_out is not yet added to x: the next layer's input norm adds it (AddRmsNorm), or the
-    // step's end.
-    bool pending = false;
-  };
-
   // All-reduces this rank's (count, active, wants DBO) with every attention rank; returns
   // [A counts..., A active flags..., A DBO wishes...].
   std::vector<int64_t> ExchangeCounts(const model::ForwardBatch& batch, bool active);
   // 1 or 2: the same on every rank, since it depends only on the exchanged vector.
   int ChooseStages(const std::vector<int64_t>& exchanged) const;
   void SendMetadata(const std::vector<int64_t>& counts, int stages, uint32_t flags);
-  // Attention (and the dense MLP of a dense layer) of one micro-batch.
-  void ComputeLayer(int64_t layer, MicroBatch& mb, kv::PagedKvCache* cache, Workspace& ws);
-  // Posts the MoE rows of `mb` (and its routing when the gate runs here) for `stage`.
-  void PostMoeSend(int64_t layer, int stage, MicroBatch& mb, Workspace& ws);
-  void PostMoeRecv(int64_t layer, int stage, MicroBatch& mb);
-  void FinishMoe(MicroBatch& mb);  // all-gather the TP shares, x += mlp_out
-  // Layers of one step on `batch` (possibly empty) as `stages` micro-batches; returns the
-  // logits of its logits rows (empty without a cache: a drain step).
-  Tensor RunLayers(const model::ForwardBatch& batch, kv::PagedKvCache* cache, int stages,
-                   Workspace& ws);
-  void RunOneStage(MicroBatch& mb, kv::PagedKvCache* cache, Workspace& ws);
-  void RunTwoStages(MicroBatch& mb0, MicroBatch& mb1, kv::PagedKvCache* cache, Workspace& ws);
+  // The model's layer loop on `in` (possibly empty: a lockstep step without tokens) as `stages`
+  // micro-batches of SplitSizes(n, stages).
+  Tensor RunLayers(const model::StepInputs& in, kv::PagedKvCache* cache, int stages, Workspace& ws);
 
   const model::DeepseekModel& model_;
   comm::AfdWorld& world_;
@@ -108,12 +131,10 @@ class AttentionRunner : public ReplicaRunner {
   std::unique_ptr<comm::Communicator> tp_comm_;  // null when tp == 1
   std::unique_ptr<TpGroup> tp_group_;            // null when tp == 1
   DboOptions dbo_;
+  std::unique_ptr<P2pAttentionMoe> moe_;
   Workspace drain_ws_;  // scratch of the empty steps Drain runs
   int64_t steps_ = 0;
   int64_t dbo_steps_ = 0;
-  bool record_round_trips_ = false;
-  std::vector<double> round_trips_;
-  void NoteRoundTrip(const MicroBatch& mb, std::chrono::steady_clock::time_point sent);
 };
 
 }  // namespace afd::runtime

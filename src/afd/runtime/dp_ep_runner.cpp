@@ -6,8 +6,8 @@
 
 namespace afd::runtime {
 
-void ExpertParallelMoeBackend::Forward(int64_t layer, const Tensor& hidden, const Tensor& out,
-                                       Workspace& ws) {
+void ExpertParallelMoeBackend::Start(int64_t layer, int /*stage*/, const Tensor& hidden,
+                                     const Tensor& out, Workspace& ws) {
   const int64_t n = hidden.dim(0), k = model_.config().num_experts_per_tok;
   const Tensor ids = ws.Take(DType::kI32, {n, k});
   const Tensor weights = ws.Take(DType::kF32, {n, k});
@@ -52,20 +52,10 @@ void DataParallelExpertParallelRunner::Drain() {
 }
 
 void DataParallelExpertParallelRunner::EmptyStep() {
-  const model::ModelConfig& c = model_.config();
-  const int64_t H = c.hidden_size, k = c.num_experts_per_tok;
+  // The model's layer loop without tokens: every MoE layer with zero rows (the rows received
+  // for this rank's experts take one layer's scratch at a time).
   empty_ws_.Reset();
-  const Tensor rows = empty_ws_.Take(DType::kF32, {0, H});
-  const Tensor out = empty_ws_.Take(DType::kF32, {0, H});
-  const Tensor ids = empty_ws_.Take(DType::kI32, {0, k});
-  const Tensor weights = empty_ws_.Take(DType::kF32, {0, k});
-  for (int64_t layer = 0; layer < c.num_hidden_layers; ++layer) {
-    if (!c.IsMoeLayer(layer)) continue;
-    // The rows received for this rank's experts: one layer's worth of scratch at a time.
-    const Workspace::Mark scratch = empty_ws_.mark();
-    ep_.Forward(layer, rows, ids, weights, out, empty_ws_);
-    empty_ws_.Rewind(scratch);
-  }
+  model_.RunLayers(model::StepInputs{}, nullptr, moe_, empty_ws_, {});
   ++empty_steps_;
 }
 

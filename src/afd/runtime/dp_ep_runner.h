@@ -35,7 +35,10 @@ class ExpertParallelMoeBackend : public model::MoeBackend {
  public:
   ExpertParallelMoeBackend(const model::DeepseekModel& model, ExpertParallelMoe& ep)
       : model_(model), ep_(ep) {}
-  void Forward(int64_t layer, const Tensor& hidden, const Tensor& out, Workspace& ws) override;
+  void Start(int64_t layer, int stage, const Tensor& hidden, const Tensor& out,
+             Workspace& ws) override;
+  // The MoE layers are collective: a rank without tokens takes part with zero rows.
+  bool RunsEmptySteps() const override { return true; }
 
  private:
   const model::DeepseekModel& model_;

@@ -71,7 +71,7 @@ int64_t FfnWorker::Run() {
     if (meta->has(connector::kShutdown)) return steps;
     ws_.Reset();
     // Stage 0 then stage 1 (and so on) of every MoE layer: the order the attention ranks'
-    // micro-batch pipeline posts them in (attention_layers.cpp).
+    // micro-batch pipeline posts them in (P2pAttentionMoe, attention_runner.h).
     for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
       if (!c.IsMoeLayer(l)) continue;
       for (int stage = 0; stage < meta->num_stages; ++stage) MoeLayer(l, stage, *meta);
