@@ -29,11 +29,11 @@ void ExpectError(const std::function<void()>& f, std::initializer_list<std::stri
 
 TEST(AsyncSlot, FieldsAreAlignedDisjointAndInBounds) {
   for (int64_t experts : {0, 1, 3, 64, 100}) {
-    SlotCapacity cap{37, 53, 19, experts, 2048 * 2};
+    SlotCapacity cap{37, 53, 19, experts, 2048 * 2, 60};
     const SlotLayout l = SlotLayout::Make(cap, 3, 2);
     const std::vector<std::pair<size_t, size_t>> fields = {
         {l.header, sizeof(SlotHeader) + 4 * experts},
-        {l.route, 4 * 53},
+        {l.route, 4 * 60},
         {l.routed, 53 * 4096},
         {l.shared_index, 4 * 19},
         {l.shared, 19 * 4096}};
@@ -53,16 +53,8 @@ TEST(AsyncSlot, FieldsAreAlignedDisjointAndInBounds) {
   }
 }
 
-TEST(AsyncSlot, RoutedCapFollowsTheFormulaAndNeverExceedsWhatARankCanOwn) {
-  // ceil(2048 * 6 / 2) * 2.0
-  EXPECT_EQ(RoutedCap(2048, 6, 2, 2.0, 32), 12288);
-  // ceil(5 * 2 / 3) = 4, * 1.5 = 6
-  EXPECT_EQ(RoutedCap(5, 2, 3, 1.5, 4), 6);
-  // 100 * 8 / 1 * 2 = 1600 > 100 tokens x min(8, 8 experts): 800
-  EXPECT_EQ(RoutedCap(100, 8, 1, 2.0, 8), 800);
-  // One local expert: at most one pair per token.
-  EXPECT_EQ(RoutedCap(100, 8, 64, 4.0, 1), 52);
-  ExpectError([] { RoutedCap(0, 2, 1, 2.0, 1); }, {"routed capacity"});
+TEST(AsyncSlot, TheIndexTableHoldsAtLeastTheRoutedRows) {
+  ExpectError([] { SlotLayout::Make({8, 10, 4, 4, 64, 9}, 2, 2); }, {"slot layout"});
 }
 
 SlotHeader GoodHeader() {
@@ -81,7 +73,7 @@ SlotHeader GoodHeader() {
 }
 
 TEST(AsyncSlot, HeaderChecksNameTheField) {
-  const SlotLayout l = SlotLayout::Make({8, 10, 4, 4, 64}, 2, 2);
+  const SlotLayout l = SlotLayout::Make({8, 10, 4, 4, 64, 20}, 2, 2);
   EXPECT_NO_THROW(ValidateSlotHeader(GoodHeader(), l, 1, 9, "slot"));
   struct Corruption {
     std::function<void(SlotHeader&)> apply;
@@ -89,9 +81,9 @@ TEST(AsyncSlot, HeaderChecksNameTheField) {
   };
   const std::vector<Corruption> cases = {
       {[](SlotHeader& h) { h.magic ^= 1; }, "bad magic"},
-      {[](SlotHeader& h) { h.version = 2; }, "version 2"},
+      {[](SlotHeader& h) { h.version = 3; }, "version 3"},
       {[](SlotHeader& h) { h.flags = 1u << 7; }, "unknown flag bits"},
-      {[](SlotHeader& h) { h.reserved = 1; }, "reserved"},
+      {[](SlotHeader& h) { h.table_entries = 21; }, "index table entries exceed the capacity 20"},
       {[](SlotHeader& h) { h.sender = 0; }, "sender 0"},
       {[](SlotHeader& h) { h.seq = 8; }, "does not match its flag 9"},
       {[](SlotHeader& h) { h.stage = 2; }, "stage 2"},

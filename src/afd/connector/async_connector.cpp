@@ -88,8 +88,10 @@ AsyncConnector::AsyncConnector(comm::AfdWorld& world, const AsyncConnectorOption
   SlotCapacity cap;
   cap.token_cap = AgreeTokenCap(world, o.token_cap);
   cap.max_local_experts = (o.num_experts + F - 1) / F;
-  cap.routed_cap = RoutedCap(cap.token_cap, o.topk, F, c.async_options.routed_cap_multiplier,
-                             cap.max_local_experts);
+  // Every (token, expert) pair a rank can own (the per-pair replies of the MoE exchange); the
+  // index table holds a dispatch's ids and weights (2 * tokens * topk).
+  cap.routed_cap = cap.token_cap * std::min<int64_t>(o.topk, cap.max_local_experts);
+  cap.table_cap = std::max(cap.routed_cap, 2 * cap.token_cap * o.topk);
   cap.shared_cap = (cap.token_cap + F - 1) / F;
   cap.row_bytes = o.row.row_bytes();
   layout_ =
@@ -301,7 +303,24 @@ void AsyncConnector::ReleaseDeviceWaits() {}
 AsyncConnector::RowViews AsyncConnector::RowsOf(int region, int ring) const {
   char* rows =
       (data_window_ ? data_window_->local() : window_->local()) + layout_.slot_offset(region, ring);
-  return {rows + layout_.routed, rows + layout_.shared};
+  return {rows + layout_.routed, rows + layout_.shared,
+          reinterpret_cast<int32_t*>(rows + layout_.route)};
+}
+
+AsyncConnector::RowViews AsyncConnector::PeerSlot(int peer, int ring) const {
+  AFD_CHECK(peer >= 0 && peer < num_peers() && ring >= 0 && ring < layout_.ring_depth,
+            "async connector: slot of peer {} ring {} (peers {}, ring depth {})", peer, ring,
+            num_peers(), layout_.ring_depth);
+  const int w = OppositeWorldRank(peer);
+  char* base = nullptr;
+#ifdef AFD_WITH_CUDA
+  if (data_window_) base = static_cast<DeviceRowWindow*>(data_window_.get())->mapping(w);
+#endif
+  if (!data_window_) base = shm_->mapping(w);
+  AFD_CHECK(base != nullptr, "async connector: the window of {} is not mapped", PeerName(peer));
+  char* slot = base + layout_.slot_offset(world_.self().rank, ring);
+  return {slot + layout_.routed, slot + layout_.shared,
+          reinterpret_cast<int32_t*>(slot + layout_.route)};
 }
 
 int AsyncConnector::num_peers() const {
@@ -339,12 +358,16 @@ uint64_t AsyncConnector::Send(int peer, const SlotPayload& p) {
   const auto fits = [&](int64_t n, int64_t limit, const char* what) {
     AFD_CHECK(n <= limit,
               "async connector: {} {} for layer {} from {} to {} exceed the slot's capacity of "
-              "{} (raise connector_extra_config.routed_cap_multiplier or "
-              "max_num_batched_tokens)",
+              "{} (raise max_num_batched_tokens)",
               n, what, p.layer, me(), PeerName(peer), limit);
   };
-  fits(static_cast<int64_t>(p.route.size()), cap.routed_cap, "routed rows");
-  fits(static_cast<int64_t>(p.shared_index.size()), cap.shared_cap, "shared rows");
+  const int64_t routed_count = p.in_place ? p.routed_count : static_cast<int64_t>(p.route.size());
+  const int64_t shared_count =
+      p.in_place ? p.shared_count : static_cast<int64_t>(p.shared_index.size());
+  const int64_t table_entries = p.in_place ? p.table_entries : static_cast<int64_t>(p.route.size());
+  fits(routed_count, cap.routed_cap, "routed rows");
+  fits(shared_count, cap.shared_cap, "shared rows");
+  fits(table_entries, cap.table_cap, "index table entries");
   fits(p.num_tokens, cap.token_cap, "tokens");
   fits(static_cast<int64_t>(p.expert_counts.size()), cap.max_local_experts, "expert counts");
 
@@ -367,9 +390,10 @@ uint64_t AsyncConnector::Send(int peer, const SlotPayload& p) {
   h.layer = p.layer;
   h.stage = p.stage;
   h.num_tokens = p.num_tokens;
-  h.routed_rows = static_cast<int32_t>(p.route.size());
-  h.shared_rows = static_cast<int32_t>(p.shared_index.size());
+  h.routed_rows = static_cast<int32_t>(routed_count);
+  h.shared_rows = static_cast<int32_t>(shared_count);
   h.num_experts = static_cast<int32_t>(p.expert_counts.size());
+  h.table_entries = static_cast<int32_t>(table_entries);
   h.seq = seq;
   h.echo_seq = p.echo_seq;
   std::memcpy(header.data(), &h, sizeof(h));
@@ -378,11 +402,14 @@ uint64_t AsyncConnector::Send(int peer, const SlotPayload& p) {
   }
   const size_t row = cap.row_bytes;
   Window& rows = data_window_ ? *data_window_ : *window_;
-  rows.Write(w, slot + layout_.routed, p.routed_rows, row * p.route.size());
-  rows.Write(w, slot + layout_.shared, p.shared_rows, row * p.shared_index.size());
+  if (!p.in_place) {
+    rows.Write(w, slot + layout_.routed, p.routed_rows, row * p.route.size());
+    rows.Write(w, slot + layout_.shared, p.shared_rows, row * p.shared_index.size());
+    window_->Write(w, slot + layout_.route, p.route.data(), 4 * p.route.size());
+    window_->Write(w, slot + layout_.shared_index, p.shared_index.data(),
+                   4 * p.shared_index.size());
+  }
   window_->Write(w, slot + layout_.header, header.data(), header.size());
-  window_->Write(w, slot + layout_.route, p.route.data(), 4 * p.route.size());
-  window_->Write(w, slot + layout_.shared_index, p.shared_index.data(), 4 * p.shared_index.size());
   if (stream_flags_ && !(p.flags & kSlotShutdown)) {
     DeviceStoreFlag(w, layout_.flag_offset(region, ring), seq);  // after the copies, no wait
   } else {
@@ -394,7 +421,12 @@ uint64_t AsyncConnector::Send(int peer, const SlotPayload& p) {
   if (p.flags & kSlotShutdown) return seq;
   LayerTransferStats& s = stats_[p.layer];
   s.messages += 1;
-  s.bytes += header.size() + (4 + row) * (p.route.size() + p.shared_index.size());
+  s.tokens += static_cast<uint64_t>(p.num_tokens);
+  if (p.in_place) {  // the rows as the sender wrote them (MoeExchangeBytes)
+    s.bytes += header.size() + p.payload_bytes;
+  } else {
+    s.bytes += header.size() + (4 + row) * (p.route.size() + p.shared_index.size());
+  }
   return seq;
 }
 

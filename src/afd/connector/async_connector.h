@@ -76,7 +76,10 @@ struct AsyncConnectorOptions {
 };
 
 // What a sender writes into one slot (copied before Send returns): indices in host memory, rows
-// in host memory or, with device rows, in device memory of the connector's CUDA device.
+// in host memory or, with device rows, in device memory of the connector's CUDA device. Or, with
+// `in_place`, only the header: the index table and the rows were written straight into the
+// peer's slot (PeerSlot) by the sender's own ops -- the MoE exchange, whose counts stay on the
+// device -- and the counts below say how much of each region the receiver may read.
 struct SlotPayload {
   int layer = 0;
   int stage = 0;
@@ -88,6 +91,9 @@ struct SlotPayload {
   const void* routed_rows = nullptr;       // [route.size(), row]
   std::span<const int32_t> shared_index;   // token index of each shared row
   const void* shared_rows = nullptr;       // [shared_index.size(), row]
+  bool in_place = false;
+  int64_t table_entries = 0, routed_count = 0, shared_count = 0;  // in_place only
+  int64_t payload_bytes = 0;  // in_place: the bytes written into the slot (the stats)
 };
 
 // A slot received in this rank's window: views valid until its sender writes that slot again
@@ -132,11 +138,16 @@ class AsyncConnector {
   void EnqueueWait(int peer, int stage);
   // Where the rows of slot (region, ring) of this rank's window are (device memory with device
   // rows), known before the slot arrives.
+  // With device rows the index table of an in-place payload lives there too (table).
   struct RowViews {
     char* routed = nullptr;
     char* shared = nullptr;
+    int32_t* table = nullptr;
   };
   RowViews RowsOf(int region, int ring) const;
+  // Where this rank writes an in-place payload for `peer` in ring `ring`: slot (this rank,
+  // ring) of the peer's copy (device memory with device rows, else the shared host window).
+  RowViews PeerSlot(int peer, int ring) const;
   // Waits for `peer`'s next slot in ring `stage` (bounded by afd_process_group_timeout_s);
   // `what` says what is awaited, for errors: called only to word one (no formatting on the
   // round trip's path). A shutdown slot is returned as such.

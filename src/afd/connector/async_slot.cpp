@@ -1,7 +1,6 @@
 #include "afd/connector/async_slot.h"
 
 #include <algorithm>
-#include <cmath>
 
 #include "afd/common/error.h"
 
@@ -11,19 +10,9 @@ namespace {
 size_t Align(size_t n) { return (n + kSlotAlign - 1) / kSlotAlign * kSlotAlign; }
 }  // namespace
 
-int64_t RoutedCap(int64_t max_num_batched_tokens, int64_t topk, int num_ffn, double multiplier,
-                  int64_t max_local_experts) {
-  AFD_CHECK(max_num_batched_tokens >= 1 && topk >= 1 && num_ffn >= 1 && multiplier >= 1.0,
-            "routed capacity: bad inputs (tokens {}, topk {}, FFN ranks {}, multiplier {})",
-            max_num_batched_tokens, topk, num_ffn, multiplier);
-  const int64_t even = (max_num_batched_tokens * topk + num_ffn - 1) / num_ffn;
-  const auto cap = static_cast<int64_t>(std::ceil(static_cast<double>(even) * multiplier));
-  return std::min(cap, max_num_batched_tokens * std::min(topk, max_local_experts));
-}
-
 SlotLayout SlotLayout::Make(const SlotCapacity& cap, int num_regions, int ring_depth) {
   AFD_CHECK(cap.token_cap >= 1 && cap.routed_cap >= 0 && cap.shared_cap >= 0 &&
-                cap.max_local_experts >= 0 && cap.row_bytes >= 1,
+                cap.max_local_experts >= 0 && cap.row_bytes >= 1 && cap.table_cap >= cap.routed_cap,
             "slot layout: bad capacities (tokens {}, routed {}, shared {}, experts {}, row {} B)",
             cap.token_cap, cap.routed_cap, cap.shared_cap, cap.max_local_experts, cap.row_bytes);
   AFD_CHECK(num_regions >= 1 && ring_depth >= 1 && ring_depth <= 64,
@@ -36,7 +25,7 @@ SlotLayout SlotLayout::Make(const SlotCapacity& cap, int num_regions, int ring_d
   l.header = at;
   at += Align(sizeof(SlotHeader) + 4 * static_cast<size_t>(cap.max_local_experts));
   l.route = at;
-  at += Align(4 * static_cast<size_t>(cap.routed_cap));
+  at += Align(4 * static_cast<size_t>(cap.table_cap));
   l.routed = at;
   at += Align(cap.row_bytes * static_cast<size_t>(cap.routed_cap));
   l.shared_index = at;
@@ -57,7 +46,9 @@ void ValidateSlotHeader(const SlotHeader& h, const SlotLayout& l, int region, ui
   AFD_CHECK(h.version == kSlotVersion, "{}: version {}, this build speaks version {}", what(),
             h.version, kSlotVersion);
   AFD_CHECK((h.flags & ~kKnownSlotFlags) == 0, "{}: unknown flag bits {:#x}", what(), h.flags);
-  AFD_CHECK(h.reserved == 0, "{}: reserved field is {}", what(), h.reserved);
+  AFD_CHECK(h.table_entries >= 0 && h.table_entries <= l.cap.table_cap,
+            "{}: {} index table entries exceed the capacity {}", what(), h.table_entries,
+            l.cap.table_cap);
   AFD_CHECK(h.sender == region, "{}: the header names sender {} but region {} belongs to rank {}",
             what(), h.sender, region, region);
   AFD_CHECK(h.seq == seq,

@@ -19,30 +19,33 @@
 namespace afd::connector {
 
 inline constexpr uint32_t kSlotMagic = 0x47444641;  // "AFDG" little-endian
-inline constexpr uint16_t kSlotVersion = 1;
+inline constexpr uint16_t kSlotVersion = 2;
 inline constexpr size_t kSlotAlign = 256;
 
 enum SlotFlags : uint16_t {
   kSlotCombine = 1u << 0,   // FFN -> attention (expert outputs); else attention -> FFN
   kSlotShutdown = 1u << 1,  // the sender sends nothing more; no payload
+  kSlotPairs = 1u << 2,     // MoE: the reply carries per-(token, expert) outputs, not partial sums
+  kSlotBf16Rows = 1u << 3,  // MoE dispatch: the token rows are bf16 (else f32)
 };
-inline constexpr uint16_t kKnownSlotFlags = kSlotCombine | kSlotShutdown;
+inline constexpr uint16_t kKnownSlotFlags =
+    kSlotCombine | kSlotShutdown | kSlotPairs | kSlotBf16Rows;
 
 // The fixed part of a slot header, followed by int32 expert_counts[num_experts].
 struct SlotHeader {
-  uint32_t magic;       // kSlotMagic
-  uint16_t version;     // kSlotVersion
-  uint16_t flags;       // SlotFlags
-  int32_t sender;       // role rank of the sender (= the region it writes)
-  int32_t layer;        // MoE layer
-  int32_t stage;        // micro-batch stage (= the ring slot)
-  int32_t num_tokens;   // tokens of the sender's micro-batch (dispatch; echoed in the combine)
-  int32_t routed_rows;  // rows of the route table and of the routed rows
-  int32_t shared_rows;  // rows of the shared index and of the shared rows
-  int32_t num_experts;  // local experts of the FFN rank (entries of expert_counts)
-  int32_t reserved;     // 0
-  uint64_t seq;         // the sender's sequence number of this slot (equals the flag)
-  uint64_t echo_seq;    // combine: seq of the dispatch it answers; dispatch: 0
+  uint32_t magic;         // kSlotMagic
+  uint16_t version;       // kSlotVersion
+  uint16_t flags;         // SlotFlags
+  int32_t sender;         // role rank of the sender (= the region it writes)
+  int32_t layer;          // MoE layer
+  int32_t stage;          // micro-batch stage (= the ring slot)
+  int32_t num_tokens;     // tokens of the sender's micro-batch (dispatch; echoed in the combine)
+  int32_t routed_rows;    // rows of the route table and of the routed rows
+  int32_t shared_rows;    // rows of the shared index and of the shared rows
+  int32_t num_experts;    // entries of expert_counts after the header
+  int32_t table_entries;  // int32 entries of the index table (the route table)
+  uint64_t seq;           // the sender's sequence number of this slot (equals the flag)
+  uint64_t echo_seq;      // combine: seq of the dispatch it answers; dispatch: 0
 };
 static_assert(sizeof(SlotHeader) == 56, "SlotHeader is 56 bytes on the wire");
 static_assert(offsetof(SlotHeader, seq) == 40 && offsetof(SlotHeader, echo_seq) == 48,
@@ -55,12 +58,8 @@ struct SlotCapacity {
   int64_t shared_cap = 0;         // shared rows per slot
   int64_t max_local_experts = 0;  // expert_counts entries
   size_t row_bytes = 0;           // bytes of one hidden row
+  int64_t table_cap = 0;          // int32 entries of the index table (>= routed_cap)
 };
-
-// routed_cap = ceil(max_num_batched_tokens * topk / F) * multiplier (rounded up), but never more
-// than every (token, expert) pair a rank can own: tokens * min(topk, local experts).
-int64_t RoutedCap(int64_t max_num_batched_tokens, int64_t topk, int num_ffn, double multiplier,
-                  int64_t max_local_experts);
 
 struct SlotLayout {
   SlotCapacity cap;

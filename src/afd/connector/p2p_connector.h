@@ -34,7 +34,8 @@ struct RowFormat {
 struct LayerTransferStats {
   uint64_t messages = 0;
   uint64_t bytes = 0;
-  double seconds = 0;  // wall time spent inside transfers
+  uint64_t tokens = 0;  // the messages' tokens (async connector: bytes / tokens per message)
+  double seconds = 0;   // wall time spent inside transfers
 };
 
 inline constexpr int kMaxChannels = 8;

@@ -35,7 +35,7 @@ int CreateSegment(const std::string& name, size_t bytes) {
     shm_unlink(name.c_str());
     AFD_THROW(
         "shared memory window {}: cannot reserve {} bytes: {} (/dev/shm too small? lower "
-        "max_num_batched_tokens or routed_cap_multiplier, or enlarge /dev/shm)",
+        "max_num_batched_tokens, or enlarge /dev/shm)",
         name, bytes, std::strerror(rc));
   }
   return fd;

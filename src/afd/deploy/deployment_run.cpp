@@ -374,10 +374,6 @@ std::vector<DeploymentResult> RunDeployment(const DeploymentSpec& spec,
       if (st.value("dbo_steps", int64_t{0}) > 0) {
         std::cerr << fmt::format(" ({} as two micro-batches)", st["dbo_steps"].get<int64_t>());
       }
-      if (st.value("split_exchanges", int64_t{0}) > 0) {
-        std::cerr << fmt::format(", {} MoE exchanges in token chunks (slot capacity)",
-                                 st["split_exchanges"].get<int64_t>());
-      }
       if (st.value("mixed_steps", int64_t{0}) > 0) {
         std::cerr << fmt::format(", {} mixed prefill+decode steps",
                                  st["mixed_steps"].get<int64_t>());
@@ -402,9 +398,16 @@ std::vector<DeploymentResult> RunDeployment(const DeploymentSpec& spec,
       }
       std::cerr << "\n";
       for (const auto& l : st["transfers"]) {
-        std::cerr << fmt::format("    layer {}: {} messages, {} bytes, {:.3f} ms\n",
-                                 l["layer"].get<int64_t>(), l["messages"].get<int64_t>(),
-                                 l["bytes"].get<int64_t>(), 1e3 * l["seconds"].get<double>());
+        std::cerr << fmt::format("    layer {} {}: {} messages, {} bytes, {:.3f} ms",
+                                 l["layer"].get<int64_t>(), l.value("direction", ""),
+                                 l["messages"].get<int64_t>(), l["bytes"].get<int64_t>(),
+                                 1e3 * l["seconds"].get<double>());
+        const int64_t tokens = l.value("tokens", int64_t{0});
+        if (tokens > 0) {  // the async connector: bytes per token of one message (one peer)
+          std::cerr << fmt::format(", {:.1f} B per token per peer",
+                                   static_cast<double>(l["bytes"].get<int64_t>()) / tokens);
+        }
+        std::cerr << "\n";
       }
     }
   }

@@ -26,11 +26,17 @@ namespace afd::deploy {
 
 namespace {
 
-nlohmann::json TransferStats(const std::map<int, connector::LayerTransferStats>& stats) {
+// direction: "A2F" (what an attention rank sent) or "F2A" (an FFN rank).
+nlohmann::json TransferStats(const std::map<int, connector::LayerTransferStats>& stats,
+                             const char* direction) {
   nlohmann::json layers = nlohmann::json::array();
   for (const auto& [layer, s] : stats) {
-    layers.push_back(
-        {{"layer", layer}, {"messages", s.messages}, {"bytes", s.bytes}, {"seconds", s.seconds}});
+    layers.push_back({{"layer", layer},
+                      {"direction", direction},
+                      {"messages", s.messages},
+                      {"bytes", s.bytes},
+                      {"tokens", s.tokens},
+                      {"seconds", s.seconds}});
   }
   return layers;
 }
@@ -188,7 +194,6 @@ void RunWorker(const WorkerOptions& o) {
         stats["prompts"] = mine.prompts.size();
       }
       stats["dbo_steps"] = runner.dbo_steps();
-      stats["split_exchanges"] = runner.split_exchanges();
     } else if (c.is_async()) {
       async_worker_holder =
           std::make_unique<runtime::AsyncFfnWorker>(*model, *world, *async_holder);
@@ -208,7 +213,8 @@ void RunWorker(const WorkerOptions& o) {
     stats["seconds"] =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     stats["transfers"] =
-        TransferStats(async_holder ? async_holder->stats() : connector_holder->stats());
+        TransferStats(async_holder ? async_holder->stats() : connector_holder->stats(),
+                      world->self().role == Role::kAttention ? "A2F" : "F2A");
     if (!o.stats_file.empty()) WriteFileOrThrow(o.stats_file, stats.dump() + "\n");
   } catch (const Error& e) {
     // A rank that lost a peer usually lost it because that peer failed and said why: report

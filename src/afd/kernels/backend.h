@@ -247,6 +247,37 @@ class Backend : public Allocator {
     Add(out, addend);
   }
 
+  // ---- AFD exchange (the attention role's dispatch and combine, the FFN's rows) ---------
+  // FFN rank f of F (F = rows.size(), at most kMaxAfdRanks) owns experts [SplitOffset(E, F, f),
+  // SplitOffset(E, F, f + 1)). The dispatch of n tokens sends each token once to every rank it
+  // needs: with `shared` (the model has shared experts), rank f gets first the tokens t with
+  // t % F == f (at row t / F: their shared experts run there); then the other tokens with an
+  // expert there, ascending. ids: [n, k] i32 in [0, E),
+  // weights: [n, k] f32, hidden: [n, H] f32. For each f: rows[f]: [n, H] f32 or bf16 (rounded),
+  // row r = hidden[its token] (rows past the rank's tokens untouched); tables[f]: [2·n·k] i32 =
+  // ids [n, k] (the token's ids; -1 for rows past the rank's tokens) then weights [n, k] (f32
+  // bits). send_row: [n, F] i32 = the row of token t at rank f, -1 where it is not sent.
+  static constexpr int kMaxAfdRanks = 64;
+  virtual void AfdDispatch(const Tensor& hidden, const Tensor& ids, const Tensor& weights,
+                           int64_t num_experts, const std::vector<Tensor>& rows,
+                           const std::vector<Tensor>& tables, const Tensor& send_row,
+                           bool shared) = 0;
+  // out[t] = the sum over f ascending with send_row[t, f] >= 0 of partials[f][send_row[t, f]]
+  // (the first term copied, the next ones added in fp32). partials[f]: [m_f, H] f32; out: [n, H].
+  virtual void AfdSumPartials(const std::vector<Tensor>& partials, const Tensor& send_row,
+                              const Tensor& out) = 0;
+  // The combine index of per-pair replies: idx[t, j] = base[f] + row_of_slot[f][send_row[t, f],
+  // j] with f the owner of ids[t, j] (row_of_slot[f]: [n, k] i32, the rank's MoePermute of its
+  // rows); shared_idx[t] = shared_base[t % F] + t / F (empty: not written). idx: [n, k] i32,
+  // shared_idx: [n] i32.
+  virtual void AfdPairIndex(const Tensor& ids, int64_t num_experts, const Tensor& send_row,
+                            const std::vector<Tensor>& row_of_slot,
+                            const std::vector<int64_t>& base,
+                            const std::vector<int64_t>& shared_base, const Tensor& idx,
+                            const Tensor& shared_idx) = 0;
+  // dst = src, f32 <-> bf16 (round to nearest even; bf16 -> f32 is exact), same shape.
+  virtual void Convert(const Tensor& dst, const Tensor& src) = 0;
+
   // ---- Outputs ------------------------------------------------------------------------
   // out[t] = log_softmax(logits[t])[ids[t]], logits: [n, V], ids: [n] i32, out: [n] f32.
   virtual void LogSoftmaxAt(const Tensor& logits, const Tensor& ids, const Tensor& out) = 0;

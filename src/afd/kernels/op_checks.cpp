@@ -207,4 +207,96 @@ int64_t CheckTakeIds(Device dev, const Tensor& from, const Tensor& source, const
   return n;
 }
 
+namespace {
+
+int AfdRanks(const char* op, size_t ranks) {
+  AFD_CHECK(ranks >= 1 && ranks <= static_cast<size_t>(Backend::kMaxAfdRanks),
+            "{}: {} FFN ranks (1..{})", op, ranks, Backend::kMaxAfdRanks);
+  return static_cast<int>(ranks);
+}
+
+}  // namespace
+
+AfdShape CheckAfdDispatch(Device dev, const Tensor& hidden, const Tensor& ids,
+                          const Tensor& weights, int64_t num_experts,
+                          const std::vector<Tensor>& rows, const std::vector<Tensor>& tables,
+                          const Tensor& send_row) {
+  AfdShape s;
+  s.ranks = AfdRanks("AfdDispatch", rows.size());
+  AFD_CHECK(tables.size() == rows.size(), "AfdDispatch: {} row tensors, {} tables", rows.size(),
+            tables.size());
+  On(dev, "AfdDispatch", {&hidden, &ids, &weights, &send_row});
+  s.n = hidden.dim(0);
+  s.h = hidden.dim(1);
+  s.k = ids.dim(1);
+  hidden.Expect("AfdDispatch hidden", DType::kF32, {s.n, s.h});
+  ids.Expect("AfdDispatch ids", DType::kI32, {s.n, s.k});
+  weights.Expect("AfdDispatch weights", DType::kF32, {s.n, s.k});
+  send_row.Expect("AfdDispatch send_row", DType::kI32, {s.n, s.ranks});
+  AFD_CHECK(num_experts >= s.ranks, "AfdDispatch: {} experts over {} FFN ranks", num_experts,
+            s.ranks);
+  for (int f = 0; f < s.ranks; ++f) {
+    CheckOnDevice("AfdDispatch rows", rows[f], dev);
+    CheckOnDevice("AfdDispatch table", tables[f], dev);
+    AFD_CHECK(rows[f].dtype() == DType::kF32 || rows[f].dtype() == DType::kBF16,
+              "AfdDispatch: rows of rank {} are {}, not f32 or bf16", f, rows[f].ToString());
+    rows[f].Expect("AfdDispatch rows", rows[f].dtype(), {s.n, s.h});
+    tables[f].Expect("AfdDispatch table", DType::kI32, {2 * s.n * s.k});
+  }
+  return s;
+}
+
+AfdShape CheckAfdSumPartials(Device dev, const std::vector<Tensor>& partials,
+                             const Tensor& send_row, const Tensor& out) {
+  AfdShape s;
+  s.ranks = AfdRanks("AfdSumPartials", partials.size());
+  On(dev, "AfdSumPartials", {&send_row, &out});
+  s.n = out.dim(0);
+  s.h = out.dim(1);
+  out.Expect("AfdSumPartials out", DType::kF32, {s.n, s.h});
+  send_row.Expect("AfdSumPartials send_row", DType::kI32, {s.n, s.ranks});
+  for (const Tensor& p : partials) {
+    CheckOnDevice("AfdSumPartials partials", p, dev);
+    p.Expect("AfdSumPartials partials", DType::kF32, {p.dim(0), s.h});
+  }
+  return s;
+}
+
+AfdShape CheckAfdPairIndex(Device dev, const Tensor& ids, int64_t num_experts,
+                           const Tensor& send_row, const std::vector<Tensor>& row_of_slot,
+                           const std::vector<int64_t>& base,
+                           const std::vector<int64_t>& shared_base, const Tensor& idx,
+                           const Tensor& shared_idx) {
+  AfdShape s;
+  s.ranks = AfdRanks("AfdPairIndex", row_of_slot.size());
+  On(dev, "AfdPairIndex", {&ids, &send_row, &idx, &shared_idx});
+  s.n = ids.dim(0);
+  s.k = ids.dim(1);
+  ids.Expect("AfdPairIndex ids", DType::kI32, {s.n, s.k});
+  idx.Expect("AfdPairIndex idx", DType::kI32, {s.n, s.k});
+  send_row.Expect("AfdPairIndex send_row", DType::kI32, {s.n, s.ranks});
+  AFD_CHECK(num_experts >= s.ranks, "AfdPairIndex: {} experts over {} FFN ranks", num_experts,
+            s.ranks);
+  AFD_CHECK(base.size() == row_of_slot.size() &&
+                (shared_idx.empty() || shared_base.size() == row_of_slot.size()),
+            "AfdPairIndex: {} bases, {} shared bases for {} ranks", base.size(), shared_base.size(),
+            row_of_slot.size());
+  if (!shared_idx.empty()) shared_idx.Expect("AfdPairIndex shared_idx", DType::kI32, {s.n});
+  for (const Tensor& r : row_of_slot) {
+    CheckOnDevice("AfdPairIndex row_of_slot", r, dev);
+    r.Expect("AfdPairIndex row_of_slot", DType::kI32, {s.n, s.k});
+  }
+  return s;
+}
+
+int64_t CheckConvert(Device dev, const Tensor& dst, const Tensor& src) {
+  On(dev, "Convert", {&dst, &src});
+  AFD_CHECK(
+      dst.shape() == src.shape() && ((dst.dtype() == DType::kF32 && src.dtype() == DType::kBF16) ||
+                                     (dst.dtype() == DType::kBF16 && src.dtype() == DType::kF32) ||
+                                     dst.dtype() == src.dtype()),
+      "Convert: {} from {} (f32 <-> bf16, one shape)", dst.ToString(), src.ToString());
+  return dst.numel();
+}
+
 }  // namespace afd::kernels

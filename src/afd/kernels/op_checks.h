@@ -66,5 +66,21 @@ RowsShape CheckSample(Device dev, const Tensor& logits, const std::vector<Sample
                       const Tensor& ids);  // d: vocab
 // Returns n (the ids taken), after checking from: [k] i32, source and ids: [n] i32.
 int64_t CheckTakeIds(Device dev, const Tensor& from, const Tensor& source, const Tensor& ids);
+struct AfdShape {
+  int64_t n = 0, k = 0, h = 0;
+  int ranks = 0;
+};
+AfdShape CheckAfdDispatch(Device dev, const Tensor& hidden, const Tensor& ids,
+                          const Tensor& weights, int64_t num_experts,
+                          const std::vector<Tensor>& rows, const std::vector<Tensor>& tables,
+                          const Tensor& send_row);
+AfdShape CheckAfdSumPartials(Device dev, const std::vector<Tensor>& partials,
+                             const Tensor& send_row, const Tensor& out);
+AfdShape CheckAfdPairIndex(Device dev, const Tensor& ids, int64_t num_experts,
+                           const Tensor& send_row, const std::vector<Tensor>& row_of_slot,
+                           const std::vector<int64_t>& base,
+                           const std::vector<int64_t>& shared_base, const Tensor& idx,
+                           const Tensor& shared_idx);
+int64_t CheckConvert(Device dev, const Tensor& dst, const Tensor& src);  // returns numel
 
 }  // namespace afd::kernels

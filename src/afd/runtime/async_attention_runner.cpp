@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "afd/common/error.h"
+#include "afd/kernels/afd_exchange.h"
 
 namespace afd::runtime {
 
@@ -59,7 +60,23 @@ AsyncAttentionMoe::AsyncAttentionMoe(const model::DeepseekModel& model, comm::Af
       connector_(connector),
       tp_(tp),
       tp_rank_(tp_rank),
-      tp_group_(tp_group) {}
+      tp_group_(tp_group) {
+  const int F = world.topology().num_ffn();
+  AFD_CHECK(F <= kernels::Backend::kMaxAfdRanks,
+            "{}: {} FFN ranks, the MoE exchange serves at most {}", world.config().connector, F,
+            kernels::Backend::kMaxAfdRanks);
+  // A bf16 model on a GPU: its rows go in bf16 (every expert GEMM rounds its input to bf16
+  // anyway), and the replies are partial sums; the CPU and fp32 models stay exact.
+  bool bf16 = false;
+  for (const model::LayerWeights& l : model.weights().layers) {
+    if (l.attn.kv_a_proj.empty()) continue;
+    bf16 = l.attn.kv_a_proj.dtype() == DType::kBF16;
+    break;
+  }
+  const bool gpu_bf16 = bf16 && !model.backend().device().is_cpu();
+  wire_ = gpu_bf16 ? DType::kBF16 : DType::kF32;
+  pairs_ = F > 1 && !gpu_bf16;
+}
 
 AsyncAttentionMoe::Pending& AsyncAttentionMoe::StageState(int stage) {
   AFD_CHECK(stage >= 0 && stage < connector_.layout().ring_depth,
@@ -71,31 +88,190 @@ AsyncAttentionMoe::Pending& AsyncAttentionMoe::StageState(int stage) {
   return p;
 }
 
+int64_t AsyncAttentionMoe::ReplyRows(int f, int64_t n) const {
+  if (!pairs_) return n;
+  return n *
+         std::min<int64_t>(model_.config().num_experts_per_tok, connector_.num_local_experts(f));
+}
+
 void AsyncAttentionMoe::Start(int64_t layer, int stage, const Tensor& hidden, const Tensor& out,
                               Workspace& ws) {
+  const model::ModelConfig& c = model_.config();
+  kernels::Backend& backend = model_.backend();
   Pending& p = StageState(stage);
   AFD_CHECK(p.layer < 0, "async attention MoE: stage {} started layer {} before finishing {}",
             stage, layer, p.layer);
+  CheckReplies(stage, p);  // the FFN ranks are done with this stage's slots
   const int64_t m = hidden.dim(0);
-  const MicroBatch mb{hidden, out, SplitOffset(m, tp_, tp_rank_), SplitSize(m, tp_, tp_rank_)};
-  CheckReplies(stage, p);  // before the host blocks on the stream (the routing ids)
+  p.layer = layer;
+  p.out = out;
+  p.share_begin = SplitOffset(m, tp_, tp_rank_);
+  p.share_count = SplitSize(m, tp_, tp_rank_);
+  const int F = world_.topology().num_ffn();
+  const int64_t n = p.share_count, k = c.num_experts_per_tok, H = c.hidden_size;
+  p.seqs.assign(F, 0);
+  p.sent = std::chrono::steady_clock::now();
+  if (n == 0) return;  // fewer tokens than TP ranks: nothing to send
   p.ws->Reset();
-  p.mb = mb;
-  Dispatch(layer, stage, mb, p, ws);
+  p.ids = p.ws->Take(DType::kI32, {n, k});
+  p.weights = p.ws->Take(DType::kF32, {n, k});
+  p.send_row = p.ws->Take(DType::kI32, {n, F});
+  const Tensor share = hidden.Rows(p.share_begin, n);
+  model_.Route(layer, share, p.ids, p.weights, ws);
+  std::vector<Tensor> rows(F), tables(F);
+  for (int f = 0; f < F; ++f) {
+    const connector::AsyncConnector::RowViews v = connector_.PeerSlot(f, stage);
+    rows[f] = Tensor(v.routed, wire_, {n, H}, backend.device());
+    tables[f] = Tensor(v.table, DType::kI32, {2 * n * k}, backend.device());
+  }
+  const bool shared = c.n_shared_experts > 0;
+  backend.AfdDispatch(share, p.ids, p.weights, c.n_routed_experts, rows, tables, p.send_row,
+                      shared);
+  // With device flags the headers' flags follow the rows on the stream; else one wait first.
+  if (!connector_.device_flags()) backend.Synchronize();
+  for (int f = 0; f < F; ++f) {
+    connector::SlotPayload s;
+    s.layer = static_cast<int>(layer);
+    s.stage = stage;
+    s.num_tokens = static_cast<int>(n);
+    s.flags = static_cast<uint16_t>((pairs_ ? connector::kSlotPairs : 0) |
+                                    (wire_ == DType::kBF16 ? connector::kSlotBf16Rows : 0));
+    s.in_place = true;
+    s.table_entries = 2 * n * k;
+    s.routed_count = n;  // an upper bound: the rank's own rows come first, ids -1 after them
+    s.shared_count = shared ? kernels::AfdOwnedTokens(n, F, f) : 0;
+    s.payload_bytes = n * (H * static_cast<int64_t>(DTypeSize(wire_)) + 8 * k);
+    p.seqs[f] = connector_.Send(f, s);
+  }
 }
 
 void AsyncAttentionMoe::Finish(int stage, Workspace& ws) {
   Pending& p = StageState(stage);
   AFD_CHECK(p.layer >= 0, "async attention MoE: Finish of stage {} without a Start", stage);
-  if (!p.combined && p.mb.share_count > 0) CombineRows(stage, p.mb, p, ws);
+  if (p.share_count > 0) Combine(stage, p, ws);
   // This TP rank's rows of the MoE output are in place; then (TP) every rank's.
-  if (tp_group_) tp_group_->AllGatherRows(p.mb.out);
+  if (tp_group_) tp_group_->AllGatherRows(p.out);
   p.layer = -1;
-  p.combined = false;
+}
+
+void AsyncAttentionMoe::Combine(int stage, Pending& p, Workspace& ws) {
+  const model::ModelConfig& c = model_.config();
+  kernels::Backend& backend = model_.backend();
+  const int F = world_.topology().num_ffn();
+  const int64_t n = p.share_count, k = c.num_experts_per_tok, H = c.hidden_size;
+  const Tensor out = p.out.Rows(p.share_begin, n);
+  const Device dev = backend.device();
+  const bool device_flags = connector_.device_flags();
+  for (int f = 0; f < F; ++f) {
+    if (device_flags) {
+      connector_.EnqueueWait(f, stage);  // what follows starts when the reply lands
+    } else {
+      const connector::ReceivedSlot r = connector_.Receive(
+          f, stage, [&] { return fmt::format("the reply to layer {} stage {}", p.layer, stage); });
+      CheckReply(f, stage, p, p.layer, n, r);
+    }
+  }
+  const Workspace::Mark scratch = ws.mark();
+  if (!pairs_) {
+    std::vector<Tensor> partials(F);
+    for (int f = 0; f < F; ++f) {
+      partials[f] = Tensor(connector_.RowsOf(f, stage).routed, DType::kF32, {n, H}, dev);
+    }
+    backend.AfdSumPartials(partials, p.send_row, out);
+  } else {
+    // Every reply's outputs side by side (each copied up to its bound), then the model's
+    // combine over a token's slots ascending and the shared experts added: the monolithic
+    // arithmetic.
+    std::vector<int64_t> base(F), shared_base(F);
+    int64_t rows = 0, shared_rows = 0;
+    for (int f = 0; f < F; ++f) {
+      base[f] = rows;
+      rows += ReplyRows(f, n);
+      shared_base[f] = shared_rows;
+      shared_rows += kernels::AfdOwnedTokens(n, F, f);
+    }
+    const bool shared = c.n_shared_experts > 0;
+    const Tensor y = ws.Take(DType::kF32, {rows, H});
+    const Tensor shared_cat = ws.Take(DType::kF32, {shared ? shared_rows : 0, H});
+    std::vector<Tensor> row_of_slot(F);
+    for (int f = 0; f < F; ++f) {
+      const connector::AsyncConnector::RowViews v = connector_.RowsOf(f, stage);
+      row_of_slot[f] = Tensor(v.table, DType::kI32, {n, k}, dev);
+      const int64_t m = ReplyRows(f, n), s = kernels::AfdOwnedTokens(n, F, f);
+      backend.Copy(y.Rows(base[f], m), Tensor(v.routed, DType::kF32, {m, H}, dev));
+      if (shared && s > 0) {
+        backend.Copy(shared_cat.Rows(shared_base[f], s),
+                     Tensor(v.shared, DType::kF32, {s, H}, dev));
+      }
+    }
+    const Tensor idx = ws.Take(DType::kI32, {n, k});
+    const Tensor shared_idx = shared ? ws.Take(DType::kI32, {n}) : Tensor();
+    backend.AfdPairIndex(p.ids, c.n_routed_experts, p.send_row, row_of_slot, base, shared_base, idx,
+                         shared_idx);
+    if (shared) {
+      const Tensor shared_out = ws.Take(DType::kF32, {n, H});
+      backend.GatherRows(shared_cat, shared_idx, shared_out);
+      backend.MoeCombineAdd(y, idx, p.weights, shared_out, out);
+    } else {
+      backend.MoeCombine(y, idx, p.weights, /*accumulate=*/false, out);
+    }
+  }
+  ws.Rewind(scratch);
+  if (device_flags) {
+    p.unchecked_layer = p.layer;
+    p.unchecked_tokens = n;
+  } else if (record_round_trips_) {
+    round_trips_.push_back(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - p.sent).count());
+  }
+}
+
+void AsyncAttentionMoe::CheckReply(int f, int stage, const Pending& p, int64_t layer, int64_t n,
+                                   const connector::ReceivedSlot& r) const {
+  const connector::SlotHeader& h = r.header;
+  const std::string me = world_.Describe(world_.world_rank());
+  const int F = world_.topology().num_ffn();
+  const bool shared = model_.config().n_shared_experts > 0;
+  const int64_t rows = ReplyRows(f, n);
+  const int64_t shared_rows = pairs_ && shared ? kernels::AfdOwnedTokens(n, F, f) : 0;
+  const int64_t table = pairs_ ? n * model_.config().num_experts_per_tok : 0;
+  AFD_CHECK(!r.shutdown(),
+            "FFN rank {} shut down while {} waited for the reply to layer {} stage {}", f, me,
+            layer, stage);
+  AFD_CHECK((h.flags & connector::kSlotCombine) &&
+                ((h.flags & connector::kSlotPairs) != 0) == pairs_ && h.echo_seq == p.seqs[f] &&
+                h.layer == layer && h.num_tokens == n && h.routed_rows == rows &&
+                h.shared_rows == shared_rows && h.table_entries == table,
+            "{}: FFN rank {} answered seq {} layer {} ({} tokens, {} rows, {} shared rows, {} "
+            "table entries, flags {:#x}) to the dispatch of seq {} layer {} ({} tokens: {} rows, "
+            "{} shared rows, {} table entries expected)",
+            me, f, h.echo_seq, h.layer, h.num_tokens, h.routed_rows, h.shared_rows, h.table_entries,
+            h.flags, p.seqs[f], layer, n, rows, shared_rows, table);
+}
+
+void AsyncAttentionMoe::CheckReplies(int stage, Pending& p) {
+  if (p.unchecked_layer < 0) return;
+  const int64_t layer = p.unchecked_layer;
+  p.unchecked_layer = -1;
+  for (int f = 0; f < world_.topology().num_ffn(); ++f) {
+    const connector::ReceivedSlot r = connector_.Receive(
+        f, stage, [&] { return fmt::format("the reply to layer {} stage {}", layer, stage); });
+    CheckReply(f, stage, p, layer, p.unchecked_tokens, r);
+  }
+  if (record_round_trips_) {
+    round_trips_.push_back(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - p.sent).count());
+  }
 }
 
 void AsyncAttentionMoe::EndStep() {
   for (size_t s = 0; s < stages_.size(); ++s) CheckReplies(static_cast<int>(s), stages_[s]);
+}
+
+std::vector<double> AsyncAttentionMoe::TakeRoundTrips() {
+  std::vector<double> out;
+  out.swap(round_trips_);
+  return out;
 }
 
 int AsyncAttentionRunner::ChooseStages(const model::ForwardBatch& batch) const {
@@ -132,231 +308,6 @@ std::vector<int64_t> AsyncAttentionRunner::SplitPoints(const model::ForwardBatch
   return points;
 }
 
-std::vector<int64_t> AsyncAttentionMoe::FitChunks(const std::vector<int32_t>& ids,
-                                                  int64_t n) const {
-  const model::ModelConfig& c = model_.config();
-  const int F = world_.topology().num_ffn();
-  const int64_t k = c.num_experts_per_tok, E = c.n_routed_experts;
-  const int64_t cap = connector_.layout().cap.routed_cap;
-  std::vector<int> owner(E);
-  for (int f = 0; f < F; ++f) {
-    for (int64_t e = SplitOffset(E, F, f); e < SplitOffset(E, F, f + 1); ++e) owner[e] = f;
-  }
-  std::vector<int64_t> cuts = {0}, rows(F, 0), add(F, 0);
-  for (int64_t t = 0; t < n; ++t) {
-    std::fill(add.begin(), add.end(), 0);
-    for (int64_t j = 0; j < k; ++j) ++add[owner[ids[t * k + j]]];
-    bool over = false;
-    for (int f = 0; f < F; ++f) over = over || rows[f] + add[f] > cap;
-    if (over && t > cuts.back()) {  // a token over the cap alone stays one chunk: Send names it
-      cuts.push_back(t);
-      std::fill(rows.begin(), rows.end(), 0);
-    }
-    for (int f = 0; f < F; ++f) rows[f] += add[f];
-  }
-  if (cuts.size() == 1) return {};
-  cuts.push_back(n);
-  return cuts;
-}
-
-// Skewed routing: more rows for some FFN rank than its slot holds. The chunks go one after the
-// other through the same ring slot (each waits for its replies), outputs combined in place; the
-// per-token arithmetic is the same, so the results are too.
-void AsyncAttentionMoe::ExchangeInChunks(int64_t layer, int stage, const MicroBatch& mb, Pending& p,
-                                         Workspace& ws, const std::vector<int64_t>& cuts) {
-  for (size_t i = 0; i + 1 < cuts.size(); ++i) {
-    MicroBatch chunk = mb;
-    chunk.share_begin = mb.share_begin + cuts[i];
-    chunk.share_count = cuts[i + 1] - cuts[i];
-    Dispatch(layer, stage, chunk, p, ws, /*allow_split=*/false);
-    CombineRows(stage, chunk, p, ws);
-  }
-  if (split_exchanges_++ == 0) {
-    fmt::print(stderr,
-               "{}: layer {}: the routed rows for an FFN rank exceed its slot's capacity of {}; "
-               "exchanged in {} token chunks (this and later such steps take more round trips: "
-               "raise connector_extra_config.routed_cap_multiplier to avoid them)\n",
-               world_.Describe(world_.world_rank()), layer, connector_.layout().cap.routed_cap,
-               cuts.size() - 1);
-  }
-  p.layer = layer;
-  p.combined = true;
-}
-
-void AsyncAttentionMoe::Dispatch(int64_t layer, int stage, const MicroBatch& mb, Pending& p,
-                                 Workspace& ws, bool allow_split) {
-  const model::ModelConfig& c = model_.config();
-  kernels::Backend& backend = model_.backend();
-  // This TP rank's tokens (all of them without TP): an independent sender of their rows.
-  const int64_t n = mb.share_count, k = c.num_experts_per_tok, H = c.hidden_size;
-  const Tensor mlp_in = mb.hidden.Rows(mb.share_begin, n);
-  const int F = world_.topology().num_ffn();
-  CheckReplies(stage, p);  // before the host blocks on the stream (the routing ids)
-  p.layer = layer;
-  p.seqs.assign(F, 0);
-  p.sent = std::chrono::steady_clock::now();
-  if (n == 0) {  // fewer tokens than TP ranks: nothing to send
-    p.plan = connector::PlanDispatch(nullptr, 0, k, c.n_routed_experts, F, c.n_shared_experts > 0);
-    return;
-  }
-  // Kept until the replies are combined; the rest is scratch.
-  const Tensor ids = p.ws->Take(DType::kI32, {n, k});
-  p.weights = p.ws->Take(DType::kF32, {n, k});
-  const Workspace::Mark scratch = ws.mark();
-  model_.Route(layer, mlp_in, ids, p.weights, ws);
-  std::vector<int32_t> host_ids(n * k);
-  backend.CopyToHost(host_ids.data(), ids);
-  if (allow_split) {
-    const std::vector<int64_t> cuts = FitChunks(host_ids, n);
-    if (!cuts.empty()) {
-      ws.Rewind(scratch);
-      ExchangeInChunks(layer, stage, mb, p, ws, cuts);
-      return;
-    }
-  }
-  p.plan =
-      connector::PlanDispatch(host_ids.data(), n, k, c.n_routed_experts, F, c.n_shared_experts > 0);
-  const connector::DispatchPlan& plan = p.plan;
-  const int64_t pairs = n * k;
-  // [pairs, H]: the rows in sorted order, each FFN rank's segment contiguous.
-  const Tensor sorted = ws.Take(DType::kF32, {pairs, H});
-  const Tensor token_at = ws.Take(DType::kI32, {pairs});
-  backend.CopyToDevice(token_at, plan.token_at.data());
-  backend.GatherRows(mlp_in, token_at, sorted);
-  // Every FFN rank's shared-expert rows, then the sends: with device flags the copies and flags
-  // follow the rows on the stream; else one wait for the device first (host-side flags).
-  std::vector<Tensor> shared_rows(F);
-  for (int f = 0; f < F; ++f) {
-    const std::vector<int32_t>& shared = plan.shared_tokens[f];
-    const int64_t m = static_cast<int64_t>(shared.size());
-    if (!plan.HasWork(f) || m == 0) continue;
-    shared_rows[f] = ws.Take(DType::kF32, {m, H});
-    const Tensor index = ws.Take(DType::kI32, {m});
-    backend.CopyToDevice(index, shared.data());
-    backend.GatherRows(mlp_in, index, shared_rows[f]);
-  }
-  if (!connector_.device_flags()) backend.Synchronize();
-  for (int f = 0; f < F; ++f) {
-    if (!plan.HasWork(f)) continue;
-    const int64_t b = plan.segment[f], e = plan.segment[f + 1];
-    connector::SlotPayload s;
-    s.layer = static_cast<int>(layer);
-    s.stage = stage;
-    s.num_tokens = static_cast<int>(n);
-    s.expert_counts = plan.expert_counts[f];
-    s.route = std::span<const int32_t>(plan.token_at.data() + b, e - b);
-    s.routed_rows = sorted.data_as<const float>() + b * H;
-    s.shared_index = plan.shared_tokens[f];
-    s.shared_rows = shared_rows[f].empty() ? nullptr : shared_rows[f].data();
-    p.seqs[f] = connector_.Send(f, s);
-  }
-  ws.Rewind(scratch);
-}
-
-void AsyncAttentionMoe::CheckReply(int f, int stage, const Pending& p, int64_t layer,
-                                   const connector::ReceivedSlot& r) const {
-  const connector::DispatchPlan& plan = p.plan;
-  const connector::SlotHeader& h = r.header;
-  const int64_t b = plan.segment[f], e = plan.segment[f + 1];
-  const std::vector<int32_t>& st = plan.shared_tokens[f];
-  const int64_t n = plan.num_tokens;
-  const std::string me = world_.Describe(world_.world_rank());
-  const std::string what = fmt::format("the reply to layer {} stage {}", layer, stage);
-  AFD_CHECK(!r.shutdown(), "FFN rank {} shut down while {} waited for {}", f, me, what);
-  AFD_CHECK((h.flags & connector::kSlotCombine) && h.echo_seq == p.seqs[f] && h.layer == layer &&
-                h.num_tokens == n && h.routed_rows == e - b &&
-                h.shared_rows == static_cast<int32_t>(st.size()),
-            "{}: FFN rank {} answered seq {} layer {} ({} tokens, {} routed, {} shared rows) "
-            "to the dispatch of seq {} layer {} ({} tokens, {} routed, {} shared rows)",
-            me, f, h.echo_seq, h.layer, h.num_tokens, h.routed_rows, h.shared_rows, p.seqs[f],
-            layer, n, e - b, st.size());
-  AFD_CHECK(std::memcmp(r.route, plan.token_at.data() + b, 4 * (e - b)) == 0 &&
-                std::memcmp(r.shared_index, st.data(), 4 * st.size()) == 0,
-            "{}: FFN rank {}'s reply to layer {} carries other tokens than were sent", me, f,
-            layer);
-}
-
-void AsyncAttentionMoe::CombineRows(int stage, const MicroBatch& mb, Pending& p, Workspace& ws) {
-  const model::ModelConfig& c = model_.config();
-  kernels::Backend& backend = model_.backend();
-  const connector::DispatchPlan& plan = p.plan;
-  const int64_t n = mb.share_count, k = c.num_experts_per_tok, H = c.hidden_size;
-  const Tensor out = mb.out.Rows(mb.share_begin, n);
-  const Workspace::Mark scratch = ws.mark();
-  // y: [pairs, H] unweighted expert outputs in sorted order; shared: [n, H]. Each reply's rows
-  // are copied out of the window (host or device memory); the shared rows of all replies are
-  // concatenated in rank order and gathered back into token order. The index uploads come
-  // first: with device flags nothing after a stream wait may block the host.
-  const Device dev = backend.device();
-  const Tensor y = ws.Take(DType::kF32, {n * k, H});
-  const Tensor shared = ws.Take(DType::kF32, {n, H});
-  const Tensor shared_cat = ws.Take(DType::kF32, {n, H});
-  std::vector<int32_t> cat_row_of_token(n, -1);
-  int64_t cat = 0;
-  for (int f = 0; f < plan.num_ffn; ++f) {
-    if (p.seqs[f] == 0) continue;
-    for (int32_t t : plan.shared_tokens[f]) cat_row_of_token[t] = static_cast<int32_t>(cat++);
-  }
-  const std::string me = world_.Describe(world_.world_rank());
-  Tensor index;
-  if (c.n_shared_experts > 0) {
-    AFD_CHECK(cat == n, "{}: shared-expert rows go back for {} of {} tokens", me, cat, n);
-    index = ws.Take(DType::kI32, {n});
-    backend.CopyToDevice(index, cat_row_of_token.data());
-  }
-  const Tensor row_of_slot = ws.Take(DType::kI32, {n, k});
-  backend.CopyToDevice(row_of_slot, plan.position.data());
-  const bool device_flags = connector_.device_flags();
-  cat = 0;
-  for (int f = 0; f < plan.num_ffn; ++f) {
-    if (p.seqs[f] == 0) continue;
-    connector::AsyncConnector::RowViews rows;
-    if (device_flags) {
-      connector_.EnqueueWait(f, stage);  // the copies below start when the reply lands
-      rows = connector_.RowsOf(f, stage);
-    } else {
-      const connector::ReceivedSlot r = connector_.Receive(
-          f, stage, [&] { return fmt::format("the reply to layer {} stage {}", p.layer, stage); });
-      CheckReply(f, stage, p, p.layer, r);
-      rows = {r.routed_rows, r.shared_rows};
-    }
-    const int64_t b = plan.segment[f], e = plan.segment[f + 1];
-    const int64_t m = static_cast<int64_t>(plan.shared_tokens[f].size());
-    if (e > b) backend.Copy(y.Rows(b, e - b), Tensor(rows.routed, DType::kF32, {e - b, H}, dev));
-    if (m > 0) {
-      backend.Copy(shared_cat.Rows(cat, m), Tensor(rows.shared, DType::kF32, {m, H}, dev));
-      cat += m;
-    }
-  }
-  if (c.n_shared_experts > 0) backend.GatherRows(shared_cat, index, shared);
-  // The monolithic MoE's arithmetic: weighted sum over slots ascending from zero, then shared.
-  backend.MoeCombine(y, row_of_slot, p.weights, /*accumulate=*/false, out);
-  if (c.n_shared_experts > 0) backend.Add(out, shared);
-  ws.Rewind(scratch);
-  if (device_flags) {
-    p.unchecked_layer = p.layer;
-  } else if (record_round_trips_) {
-    round_trips_.push_back(
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - p.sent).count());
-  }
-}
-
-void AsyncAttentionMoe::CheckReplies(int stage, Pending& p) {
-  if (p.unchecked_layer < 0) return;
-  const int64_t layer = p.unchecked_layer;
-  p.unchecked_layer = -1;
-  for (int f = 0; f < p.plan.num_ffn; ++f) {
-    if (p.seqs[f] == 0) continue;
-    const connector::ReceivedSlot r = connector_.Receive(
-        f, stage, [&] { return fmt::format("the reply to layer {} stage {}", layer, stage); });
-    CheckReply(f, stage, p, layer, r);
-  }
-  if (record_round_trips_) {
-    round_trips_.push_back(
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - p.sent).count());
-  }
-}
-
 Tensor AsyncAttentionRunner::Forward(const model::ForwardBatch& batch, kv::PagedKvCache& cache,
                                      Workspace& ws) {
   AFD_CHECK(!shut_down_, "{}: a step after the shutdown was announced",
@@ -388,12 +339,6 @@ void AsyncAttentionRunner::Drain() {
   if (shut_down_) return;
   connector_.AnnounceShutdown();
   shut_down_ = true;
-}
-
-std::vector<double> AsyncAttentionMoe::TakeRoundTrips() {
-  std::vector<double> out;
-  out.swap(round_trips_);
-  return out;
 }
 
 }  // namespace afd::runtime

@@ -4,15 +4,13 @@
 // A replica without work sends nothing; a replica that is done announces its shutdown to every
 // FFN rank (Drain, or Idle(false) when serving).
 //
-// Per MoE layer and micro-batch: route here (DeepseekModel::Route), one stable sort of the
-// (token, expert) pairs by (FFN rank, local expert) (connector/dispatch_plan.h), write to each
-// FFN rank only the rows it needs -- a token's row once per (token, expert) pair it owns, plus
-// its round-robin share of shared-expert tokens -- and wait only for the FFN ranks that got
-// rows (a micro-batch whose rows for some FFN rank exceed the slot's routed capacity goes in
-// consecutive token chunks that fit). The top-k weights never leave this rank: the FFN returns
-// unweighted expert outputs and the combine here is the backend's own MoeCombine over all of a
-// token's slots in ascending order from zero, then the shared-expert term added -- the monolithic
-// model's arithmetic, so the CPU results are bit-identical to it.
+// Per MoE layer and micro-batch (AsyncAttentionMoe below): route here, dispatch on the device
+// -- each token once per FFN rank that needs it (its experts there, or its shared experts: token
+// t's run on FFN rank t % F), in the model's activation dtype on the wire for bf16 models on a
+// GPU -- and every FFN rank gets a slot (zero rows at most), so each step sends the same
+// messages whatever the routing. The FFN groups its rows by expert itself (MoePermute) and
+// returns partial sums or per-pair outputs; the CPU results are bit-identical to the
+// monolithic model's (docs/wire_formats.md, "Async window connector").
 //
 // Micro-batches (dual-batch overlap): with connector_extra_config.async_moe_ubatching (or
 // --enable-dbo once a step reaches the thresholds, ring_depth >= 2) a step runs as S stages,
@@ -35,7 +33,6 @@
 
 #include "afd/comm/afd_world.h"
 #include "afd/connector/async_connector.h"
-#include "afd/connector/dispatch_plan.h"
 #include "afd/model/model.h"
 #include "afd/runtime/attention_runner.h"
 #include "afd/runtime/step_runner.h"
@@ -43,9 +40,15 @@
 
 namespace afd::runtime {
 
-// The MoE layers of the asynchronous attention role (a MoeBackend in the model's layer loop):
-// Start routes and dispatches this TP rank's share of the micro-batch, Finish waits for the
-// replies, combines them and all-gathers the shares over the TP group.
+// The MoE layers of the asynchronous attention role (a MoeBackend in the model's layer loop).
+// Start routes this TP rank's share of the micro-batch and dispatches it on the device
+// (Backend::AfdDispatch): each token's row once per FFN rank that needs it, with its expert ids
+// and weights, written straight into that rank's slot -- no host copy of the routing, no plan
+// on the host -- then the slot's header and flag. Finish waits for every FFN rank's reply and
+// combines: per-rank partial sums added (AfdSumPartials; one FFN rank, or bf16 on a GPU), or,
+// where results must be those of the monolithic model (the CPU, fp32 models) with several FFN
+// ranks, per-(token, expert) outputs combined by the model's own MoeCombine over a token's
+// slots ascending, the shared experts added (AfdPairIndex). Then the TP shares are all-gathered.
 class AsyncAttentionMoe : public model::MoeBackend {
  public:
   // All must outlive this; tp_group: null without tensor parallelism.
@@ -61,55 +64,42 @@ class AsyncAttentionMoe : public model::MoeBackend {
 
   void RecordRoundTrips() { record_round_trips_ = true; }
   std::vector<double> TakeRoundTrips();
-  int64_t split_exchanges() const { return split_exchanges_; }
+  // Whether replies carry per-pair outputs (kSlotPairs) rather than partial sums.
+  bool pairs() const { return pairs_; }
 
  private:
-  // One micro-batch's MoE rows: hidden and out [m, H], this TP rank's share of them.
-  struct MicroBatch {
-    Tensor hidden, out;
-    int64_t share_begin = 0, share_count = 0;
-  };
   // A dispatched MoE layer of one micro-batch whose replies are outstanding.
   struct Pending {
     int64_t layer = -1;
-    MicroBatch mb;
-    connector::DispatchPlan plan;
-    Tensor weights;              // [n, k] top-k weights, kept here
-    std::vector<uint64_t> seqs;  // [F] seq of the dispatch to each FFN rank (0: none)
+    Tensor out;                                // [m, H] the micro-batch's MoE output
+    int64_t share_begin = 0, share_count = 0;  // this TP rank's rows of it
+    Tensor ids, weights, send_row;             // [n, k], [n, k], [n, F] (in ws)
+    std::vector<uint64_t> seqs;                // [F] seq of the dispatch to each FFN rank
     std::chrono::steady_clock::time_point sent;
     // Device flags: the layer whose replies the stream waited for and combined but the host has
     // not checked yet (CheckReplies), else -1.
     int64_t unchecked_layer = -1;
-    // The layer was exchanged in token chunks at dispatch (its rows did not fit one slot): the
-    // outputs are in place, Finish only finishes.
-    bool combined = false;
+    int64_t unchecked_tokens = 0;
     std::unique_ptr<Workspace> ws;  // the routing kept until the combine (reset by Start)
   };
   Pending& StageState(int stage);
-  // allow_split: when some FFN rank's routed rows would exceed its slot (skewed routing), the
-  // micro-batch is exchanged at once in consecutive token chunks that fit (ExchangeInChunks).
-  void Dispatch(int64_t layer, int stage, const MicroBatch& mb, Pending& p, Workspace& ws,
-                bool allow_split = true);
-  // Token boundaries [0, c1, ..., n) of chunks whose routed rows fit every FFN rank's slot;
-  // empty when the whole share fits.
-  std::vector<int64_t> FitChunks(const std::vector<int32_t>& ids, int64_t n) const;
-  void ExchangeInChunks(int64_t layer, int stage, const MicroBatch& mb, Pending& p, Workspace& ws,
-                        const std::vector<int64_t>& cuts);
-  // The replies of p into this TP rank's rows of mb.out.
-  void CombineRows(int stage, const MicroBatch& mb, Pending& p, Workspace& ws);
-  // Receives (host) and checks the replies that the device consumed; before the host blocks on
-  // the stream again and before `p` is reused.
+  void Combine(int stage, Pending& p, Workspace& ws);
+  // Receives (host) and checks the replies that the device consumed; before the host writes the
+  // stage's next header and before `p` is reused.
   void CheckReplies(int stage, Pending& p);
-  void CheckReply(int f, int stage, const Pending& p, int64_t layer,
+  void CheckReply(int f, int stage, const Pending& p, int64_t layer, int64_t n,
                   const connector::ReceivedSlot& r) const;
+  // Rows of FFN rank f's reply: per-pair outputs (pairs) or one partial sum per row.
+  int64_t ReplyRows(int f, int64_t n) const;
 
   const model::DeepseekModel& model_;
   comm::AfdWorld& world_;
   connector::AsyncConnector& connector_;
   int tp_, tp_rank_;
   TpGroup* tp_group_;
+  bool pairs_ = false;
+  DType wire_ = DType::kF32;  // the dispatched rows' dtype
   std::vector<Pending> stages_;
-  int64_t split_exchanges_ = 0;  // MoE exchanges sent in token chunks (skewed routing)
   bool record_round_trips_ = false;
   std::vector<double> round_trips_;
 };
@@ -132,7 +122,6 @@ class AsyncAttentionRunner : public ReplicaRunner {
 
   int64_t steps() const override { return steps_; }
   int64_t dbo_steps() const override { return dbo_steps_; }
-  int64_t split_exchanges() const override { return moe_->split_exchanges(); }
 
  private:
   int ChooseStages(const model::ForwardBatch& batch) const;

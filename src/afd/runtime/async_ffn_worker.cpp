@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "afd/common/error.h"
+#include "afd/kernels/afd_exchange.h"
 
 namespace afd::runtime {
 
@@ -32,8 +33,10 @@ void AsyncFfnWorker::Serve(const connector::ReceivedSlot& in) {
   const model::ModelConfig& c = model_.config();
   kernels::Backend& backend = model_.backend();
   const connector::SlotHeader& h = in.header;
-  const int64_t H = c.hidden_size, local = end_ - begin_;
-  const int64_t R = h.routed_rows, S = h.shared_rows;
+  const int64_t H = c.hidden_size, k = c.num_experts_per_tok, local = end_ - begin_;
+  const int64_t n = h.num_tokens, S = h.shared_rows;
+  const bool pairs = (h.flags & connector::kSlotPairs) != 0;
+  const DType wire = (h.flags & connector::kSlotBf16Rows) ? DType::kBF16 : DType::kF32;
   // Worded only for an error (a work item formats nothing on its way).
   const auto from = [&] {
     return fmt::format("work item of attention rank {} (layer {}, stage {})", h.sender, h.layer,
@@ -41,67 +44,78 @@ void AsyncFfnWorker::Serve(const connector::ReceivedSlot& in) {
   };
   AFD_CHECK(!(h.flags & connector::kSlotCombine), "{}: a reply sent to an FFN rank", from());
   AFD_CHECK(h.layer < c.num_hidden_layers && c.IsMoeLayer(h.layer),
-            "{}: layer {} is not a MoE "
-            "layer of this model",
-            from(), h.layer);
-  AFD_CHECK(h.num_experts == local, "{}: {} expert counts, this rank has {} experts", from(),
-            h.num_experts, local);
-  std::vector<int32_t> offsets(local + 1, 0);
-  for (int64_t e = 0; e < local; ++e) {
-    AFD_CHECK(in.expert_counts[e] >= 0, "{}: expert count {} of local expert {}", from(),
-              in.expert_counts[e], e);
-    offsets[e + 1] = offsets[e] + in.expert_counts[e];
-  }
-  AFD_CHECK(offsets[local] == R, "{}: expert counts sum to {}, {} routed rows arrived", from(),
-            offsets[local], R);
-  for (int64_t i = 0; i < R; ++i) {
-    AFD_CHECK(in.route[i] >= 0 && in.route[i] < h.num_tokens,
-              "{}: routed row {} names token {} "
-              "of {}",
-              from(), i, in.route[i], h.num_tokens);
-  }
-  for (int64_t i = 0; i < S; ++i) {
-    AFD_CHECK(in.shared_index[i] >= 0 && in.shared_index[i] < h.num_tokens,
-              "{}: shared row {} names token {} of {}", from(), i, in.shared_index[i],
-              h.num_tokens);
-  }
+            "{}: layer {} is not a MoE layer of this model", from(), h.layer);
+  const int F = world_.topology().num_ffn();
+  const bool shared = c.n_shared_experts > 0;
+  const int64_t owned = shared ? kernels::AfdOwnedTokens(n, F, world_.self().rank) : 0;
+  AFD_CHECK(h.routed_rows == n && h.table_entries == 2 * n * k && S == owned,
+            "{}: {} rows, {} table entries, {} shared rows for {} tokens (expected {}, {}, {})",
+            from(), h.routed_rows, h.table_entries, S, n, n, 2 * n * k, owned);
+  // The rows and their routing, read in place in this rank's window; the outputs are written
+  // straight into the sender's slot (PeerSlot).
+  const connector::AsyncConnector::RowViews mine = connector_.RowsOf(h.sender, h.stage);
+  const connector::AsyncConnector::RowViews reply = connector_.PeerSlot(h.sender, h.stage);
+  const Device dev = backend.device();
   ws_.Reset();
-  // Views into this rank's window (read in place); outputs in the workspace.
-  // The shared experts' rows beside the routed ones (Backend::Beside: a second stream on a GPU).
-  const Tensor routed_out = ws_.Take(DType::kF32, {R, H});
-  const Tensor shared_out = ws_.Take(DType::kF32, {S, H});
-  if (S > 0) {
-    backend.Beside(
-        [&] {
-          const Tensor x(in.shared_rows, DType::kF32, {S, H}, backend.device());
-          model_.SharedExperts(h.layer, x, shared_out, ws_);
-        },
-        S);
+  const Tensor ids(mine.table, DType::kI32, {n, k}, dev);
+  const Tensor weights(mine.table + n * k, DType::kF32, {n, k}, dev);
+  Tensor x(mine.routed, wire, {n, H}, dev);
+  if (wire != DType::kF32) {
+    const Tensor x32 = ws_.Take(DType::kF32, {n, H});
+    backend.Convert(x32, x);
+    x = x32;
   }
-  if (R > 0) {
-    const Tensor x(in.routed_rows, DType::kF32, {R, H}, backend.device());
-    const Tensor offsets_t = ws_.Take(DType::kI32, {local + 1});
-    backend.CopyToDevice(offsets_t, offsets.data());
-    backend.GroupedExpertMlp(x, offsets_t, model_.weights().layers[h.layer].moe.experts,
-                             routed_out);
+  // Grouped by local expert here (rows past the sender's tokens for this rank carry ids -1).
+  const int64_t m = n * std::min(k, local);  // pairs this rank can own
+  const Tensor offsets = ws_.Take(DType::kI32, {local + 1});
+  const Tensor src_row = ws_.Take(DType::kI32, {n * k});
+  const Tensor row_of_slot =
+      pairs ? Tensor(reply.table, DType::kI32, {n, k}, dev) : ws_.Take(DType::kI32, {n, k});
+  const Tensor y =
+      pairs ? Tensor(reply.routed, DType::kF32, {m, H}, dev) : ws_.Take(DType::kF32, {m, H});
+  // The shared experts of this rank's share of tokens (its first S rows) beside the routed ones
+  // (Backend::Beside: a second stream on a GPU).
+  const Tensor shared_out =
+      pairs ? Tensor(reply.shared, DType::kF32, {S, H}, dev) : ws_.Take(DType::kF32, {S, H});
+  if (S > 0) {
+    backend.Beside([&] { model_.SharedExperts(h.layer, x.Rows(0, S), shared_out, ws_); }, S);
+  }
+  if (n > 0) {
+    backend.MoePermute(ids, begin_, local, offsets, src_row, row_of_slot);
+    const Tensor grouped = ws_.Take(DType::kF32, {m, H});
+    backend.GatheredExpertMlp(x, src_row.Rows(0, m), grouped, offsets,
+                              model_.weights().layers[h.layer].moe.experts, y);
   }
   backend.JoinBeside();
-  connector::SlotPayload reply;
-  reply.layer = h.layer;
-  reply.stage = h.stage;
-  reply.num_tokens = h.num_tokens;
-  reply.flags = connector::kSlotCombine;
-  reply.echo_seq = h.seq;
-  reply.expert_counts = std::span<const int32_t>(in.expert_counts, local);
-  reply.route = std::span<const int32_t>(in.route, R);
-  reply.routed_rows = routed_out.data();
-  reply.shared_index = std::span<const int32_t>(in.shared_index, S);
-  reply.shared_rows = shared_out.data();
-  // The window copies the outputs once computed: on the stream with device flags, else after a
-  // host wait.
+  if (!pairs && n > 0) {
+    // One partial sum per row: the model's combine over the row's slots here, ascending, from
+    // zero (+ the shared experts for the first S rows), as the monolithic MoE adds them.
+    const Tensor out(reply.routed, DType::kF32, {n, H}, dev);
+    if (S > 0) {
+      backend.MoeCombineAdd(y, row_of_slot.Rows(0, S), weights.Rows(0, S), shared_out,
+                            out.Rows(0, S));
+    }
+    if (n > S) {
+      backend.MoeCombine(y, row_of_slot.Rows(S, n - S), weights.Rows(S, n - S),
+                         /*accumulate=*/false, out.Rows(S, n - S));
+    }
+  }
+  connector::SlotPayload r;
+  r.layer = h.layer;
+  r.stage = h.stage;
+  r.num_tokens = h.num_tokens;
+  r.flags = static_cast<uint16_t>(connector::kSlotCombine | (pairs ? connector::kSlotPairs : 0));
+  r.echo_seq = h.seq;
+  r.in_place = true;
+  r.routed_count = pairs ? m : n;
+  r.shared_count = pairs ? S : 0;
+  r.table_entries = pairs ? n * k : 0;
+  r.payload_bytes = 4 * H * (r.routed_count + r.shared_count) + 4 * r.table_entries;
+  // The reply's flag once the outputs are written: on the stream with device flags, else after
+  // a host wait.
   if (!connector_.device_flags()) backend.Synchronize();
-  connector_.Send(h.sender, reply);
-  rows_served_ += R + S;
+  connector_.Send(h.sender, r);
+  rows_served_ += n;
 }
 
 int64_t AsyncFfnWorker::Run() {

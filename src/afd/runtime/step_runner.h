@@ -42,9 +42,6 @@ class ReplicaRunner : public StepRunner {
   // Steps run (P2P: including empty lockstep steps), and those run as micro-batches.
   virtual int64_t steps() const = 0;
   virtual int64_t dbo_steps() const = 0;
-  // MoE exchanges sent in token chunks because some FFN rank's rows exceeded one slot (the
-  // asynchronous connector under skewed routing; 0 elsewhere).
-  virtual int64_t split_exchanges() const { return 0; }
 };
 
 class LocalStepRunner : public StepRunner {

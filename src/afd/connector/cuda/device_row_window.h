@@ -26,6 +26,8 @@ class DeviceRowWindow : public Window {
 
   size_t bytes() const override { return bytes_; }
   char* local() const override { return maps_[self_]; }  // device memory
+  // The device pointer of `world_rank`'s copy (null when not mapped): kernels write it directly.
+  char* mapping(int world_rank) const { return maps_.at(world_rank); }
   void Write(int peer, size_t offset, const void* src, size_t bytes) override;
   // Waits for every copy enqueued so far (on the stream in use).
   void Flush() override;

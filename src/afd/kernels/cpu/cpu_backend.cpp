@@ -6,6 +6,7 @@
 
 #include "afd/common/dtype_convert.h"
 #include "afd/common/error.h"
+#include "afd/kernels/afd_exchange.h"
 #include "afd/kernels/cpu/gemm.h"
 #include "afd/kernels/cpu/mla.h"
 #include "afd/kernels/cpu/moe.h"
@@ -222,6 +223,115 @@ void CpuBackend::TakeIds(const Tensor& from, const Tensor& source, const Tensor&
     if (s < 0) continue;
     AFD_CHECK(s < k, "TakeIds: source {} of token {} outside the {} ids", s, t, k);
     ids.data_as<int32_t>()[t] = from.data_as<const int32_t>()[s];
+  }
+}
+
+void CpuBackend::AfdDispatch(const Tensor& hidden, const Tensor& ids, const Tensor& weights,
+                             int64_t num_experts, const std::vector<Tensor>& rows,
+                             const std::vector<Tensor>& tables, const Tensor& send_row,
+                             bool shared) {
+  const AfdShape s =
+      CheckAfdDispatch(kCpu, hidden, ids, weights, num_experts, rows, tables, send_row);
+  const int64_t n = s.n, k = s.k, h = s.h;
+  const int F = s.ranks;
+  const auto* id = ids.data_as<const int32_t>();
+  const auto* w = weights.data_as<const int32_t>();  // the f32 bits
+  const auto* x = hidden.data_as<const float>();
+  auto* sr = send_row.data_as<int32_t>();
+  for (int64_t i = 0; i < n * k; ++i) {
+    AFD_CHECK(id[i] >= 0 && id[i] < num_experts, "AfdDispatch: token {} has expert id {} of {}",
+              i / k, id[i], num_experts);
+  }
+  for (int f = 0; f < F; ++f) {
+    const int64_t owned = shared ? AfdOwnedTokens(n, F, f) : 0;
+    int64_t next = owned;  // rows [owned, ...) are the other tokens with an expert here
+    auto* table = tables[f].data_as<int32_t>();
+    for (int64_t t = 0; t < n; ++t) {
+      bool here = false;
+      for (int64_t j = 0; j < k && !here; ++j) here = AfdOwner(id[t * k + j], num_experts, F) == f;
+      int64_t r = -1;
+      if (shared && t % F == f) {
+        r = t / F;
+      } else if (here) {
+        r = next++;
+      }
+      sr[t * F + f] = static_cast<int32_t>(r);
+      if (r < 0) continue;
+      std::memcpy(table + r * k, id + t * k, 4 * k);
+      std::memcpy(table + n * k + r * k, w + t * k, 4 * k);
+      if (rows[f].dtype() == DType::kF32) {
+        std::memcpy(rows[f].data_as<float>() + r * h, x + t * h, 4 * h);
+      } else {
+        uint16_t* dst = rows[f].data_as<uint16_t>() + r * h;
+        for (int64_t c = 0; c < h; ++c) dst[c] = F32ToBf16(x[t * h + c]);
+      }
+    }
+    for (int64_t r = next; r < n; ++r) std::fill(table + r * k, table + (r + 1) * k, -1);
+  }
+}
+
+void CpuBackend::AfdSumPartials(const std::vector<Tensor>& partials, const Tensor& send_row,
+                                const Tensor& out) {
+  const AfdShape s = CheckAfdSumPartials(kCpu, partials, send_row, out);
+  const auto* sr = send_row.data_as<const int32_t>();
+  float* o = out.data_as<float>();
+  for (int64_t t = 0; t < s.n; ++t) {
+    bool first = true;
+    for (int f = 0; f < s.ranks; ++f) {
+      const int32_t r = sr[t * s.ranks + f];
+      if (r < 0) continue;
+      AFD_CHECK(r < partials[f].dim(0), "AfdSumPartials: row {} of rank {} outside {}", r, f,
+                partials[f].ToString());
+      const float* y = partials[f].data_as<const float>() + r * s.h;
+      for (int64_t c = 0; c < s.h; ++c) o[t * s.h + c] = first ? y[c] : o[t * s.h + c] + y[c];
+      first = false;
+    }
+    AFD_CHECK(!first, "AfdSumPartials: token {} was sent to no FFN rank", t);
+  }
+}
+
+void CpuBackend::AfdPairIndex(const Tensor& ids, int64_t num_experts, const Tensor& send_row,
+                              const std::vector<Tensor>& row_of_slot,
+                              const std::vector<int64_t>& base,
+                              const std::vector<int64_t>& shared_base, const Tensor& idx,
+                              const Tensor& shared_idx) {
+  const AfdShape s = CheckAfdPairIndex(kCpu, ids, num_experts, send_row, row_of_slot, base,
+                                       shared_base, idx, shared_idx);
+  const int64_t n = s.n, k = s.k;
+  const int F = s.ranks;
+  const auto* id = ids.data_as<const int32_t>();
+  const auto* sr = send_row.data_as<const int32_t>();
+  auto* out = idx.data_as<int32_t>();
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t j = 0; j < k; ++j) {
+      const int f = AfdOwner(id[t * k + j], num_experts, F);
+      const int32_t r = sr[t * F + f];
+      AFD_CHECK(r >= 0,
+                "AfdPairIndex: token {} was not sent to FFN rank {}, which owns its "
+                "expert {}",
+                t, f, id[t * k + j]);
+      const int32_t g = row_of_slot[f].data_as<const int32_t>()[r * k + j];
+      AFD_CHECK(g >= 0, "AfdPairIndex: FFN rank {} grouped no row for token {} slot {}", f, t, j);
+      out[t * k + j] = static_cast<int32_t>(base[f] + g);
+    }
+    if (!shared_idx.empty()) {
+      shared_idx.data_as<int32_t>()[t] = static_cast<int32_t>(shared_base[t % F] + t / F);
+    }
+  }
+}
+
+void CpuBackend::Convert(const Tensor& dst, const Tensor& src) {
+  const int64_t n = CheckConvert(kCpu, dst, src);
+  if (dst.dtype() == src.dtype()) {
+    Copy(dst, src);
+  } else if (dst.dtype() == DType::kF32) {
+    const auto* in = src.data_as<const uint16_t>();
+    float* o = dst.data_as<float>();
+    for (int64_t i = 0; i < n; ++i) o[i] = Bf16ToF32(in[i]);
+  } else {
+    const auto* in = src.data_as<const float>();
+    auto* o = dst.data_as<uint16_t>();
+    for (int64_t i = 0; i < n; ++i) o[i] = F32ToBf16(in[i]);
   }
 }
 

@@ -43,6 +43,16 @@ class CpuBackend : public Backend {
                         const Tensor& out) override;
   void MoeCombine(const Tensor& y, const Tensor& row_of_slot, const Tensor& weights,
                   bool accumulate, const Tensor& out) override;
+  void AfdDispatch(const Tensor& hidden, const Tensor& ids, const Tensor& weights,
+                   int64_t num_experts, const std::vector<Tensor>& rows,
+                   const std::vector<Tensor>& tables, const Tensor& send_row, bool shared) override;
+  void AfdSumPartials(const std::vector<Tensor>& partials, const Tensor& send_row,
+                      const Tensor& out) override;
+  void AfdPairIndex(const Tensor& ids, int64_t num_experts, const Tensor& send_row,
+                    const std::vector<Tensor>& row_of_slot, const std::vector<int64_t>& base,
+                    const std::vector<int64_t>& shared_base, const Tensor& idx,
+                    const Tensor& shared_idx) override;
+  void Convert(const Tensor& dst, const Tensor& src) override;
   void LogSoftmaxAt(const Tensor& logits, const Tensor& ids, const Tensor& out) override;
   void Sample(const Tensor& logits, const std::vector<SampleRow>& rows, const Tensor& ids) override;
   void TakeIds(const Tensor& from, const Tensor& source, const Tensor& ids) override;

@@ -1023,4 +1023,73 @@ void CudaBackend::TakeIds(const Tensor& from, const Tensor& source, const Tensor
                 ids.data_as<int32_t>(), state_->stream);
 }
 
+namespace {
+
+AfdRankPtrs RankPtrs(const std::vector<Tensor>& ts) {
+  AfdRankPtrs p{};
+  for (size_t f = 0; f < ts.size(); ++f) p.p[f] = ts[f].data();
+  return p;
+}
+
+AfdRankInts RankInts(const std::vector<int64_t>& v) {
+  AfdRankInts r{};
+  for (size_t f = 0; f < v.size(); ++f) r.v[f] = v[f];
+  return r;
+}
+
+}  // namespace
+
+void CudaBackend::AfdDispatch(const Tensor& hidden, const Tensor& ids, const Tensor& weights,
+                              int64_t num_experts, const std::vector<Tensor>& rows,
+                              const std::vector<Tensor>& tables, const Tensor& send_row,
+                              bool shared) {
+  const AfdShape a =
+      CheckAfdDispatch(device(), hidden, ids, weights, num_experts, rows, tables, send_row);
+  const OpScope scope(*this, "AfdDispatch", {a.n, a.h});
+  uint64_t bf16_mask = 0;
+  for (int f = 0; f < a.ranks; ++f) {
+    if (rows[f].dtype() == DType::kBF16) bf16_mask |= uint64_t{1} << f;
+  }
+  LaunchAfdDispatch(hidden.data_as<const float>(), ids.data_as<const int32_t>(),
+                    weights.data_as<const float>(), a.n, a.k, a.h, num_experts, a.ranks,
+                    RankPtrs(rows), bf16_mask, RankPtrs(tables), send_row.data_as<int32_t>(),
+                    shared, state_->stream);
+}
+
+void CudaBackend::AfdSumPartials(const std::vector<Tensor>& partials, const Tensor& send_row,
+                                 const Tensor& out) {
+  const AfdShape a = CheckAfdSumPartials(device(), partials, send_row, out);
+  const OpScope scope(*this, "AfdSumPartials", {a.n, a.h});
+  LaunchAfdSumPartials(RankPtrs(partials), send_row.data_as<const int32_t>(), a.n, a.h, a.ranks,
+                       out.data_as<float>(), state_->stream);
+}
+
+void CudaBackend::AfdPairIndex(const Tensor& ids, int64_t num_experts, const Tensor& send_row,
+                               const std::vector<Tensor>& row_of_slot,
+                               const std::vector<int64_t>& base,
+                               const std::vector<int64_t>& shared_base, const Tensor& idx,
+                               const Tensor& shared_idx) {
+  const AfdShape a = CheckAfdPairIndex(device(), ids, num_experts, send_row, row_of_slot, base,
+                                       shared_base, idx, shared_idx);
+  const OpScope scope(*this, "AfdPairIndex", {a.n, a.k});
+  LaunchAfdPairIndex(ids.data_as<const int32_t>(), a.n, a.k, num_experts, a.ranks,
+                     send_row.data_as<const int32_t>(), RankPtrs(row_of_slot), RankInts(base),
+                     RankInts(shared_base), idx.data_as<int32_t>(),
+                     shared_idx.empty() ? nullptr : shared_idx.data_as<int32_t>(), state_->stream);
+}
+
+void CudaBackend::Convert(const Tensor& dst, const Tensor& src) {
+  const int64_t n = CheckConvert(device(), dst, src);
+  if (dst.dtype() == src.dtype()) {
+    Copy(dst, src);
+    return;
+  }
+  const OpScope scope(*this, "Convert", {n});
+  if (dst.dtype() == DType::kF32) {
+    LaunchBf16ToF32(src.data_as<const uint16_t>(), n, dst.data_as<float>(), state_->stream);
+  } else {
+    LaunchToBf16(src.data_as<const float>(), n, dst.data_as<uint16_t>(), state_->stream);
+  }
+}
+
 }  // namespace afd::kernels::cuda
