@@ -121,6 +121,7 @@ void RunOnTopology(const BenchArgs& a, const std::vector<int64_t>& batches, int&
     g.bf16 = !cuda && a.dtype == "bf16";
     g.kv_cache_dtype = a.kv_cache_dtype;
     std::vector<std::string> flags = GenerationFlagsArgv(g);
+    if (a.options.graphs.enforce_eager) flags.push_back("--enforce-eager");
     if (cuda) {
       const std::vector<std::string> f =
           deploy::CudaWorkerFlags(a.deployment, a.cuda_device, a.dtype);
@@ -192,9 +193,9 @@ void Run(BenchArgs a, int& exit_code) {
     try {
       batches = ParseList(a.batch, "--batch");
       AFD_CHECK(!a.options.profile && !a.options.kernel_trace && a.kernel_trace_csv.empty() &&
-                    a.cuda_graph_sizes.empty() && !a.options.graphs.enforce_eager,
-                "--profile, --kernel-trace(-csv), --cuda-graph-sizes and --enforce-eager are "
-                "one-process options; leave them out with --topology or --data-parallel-size");
+                    a.cuda_graph_sizes.empty(),
+                "--profile, --kernel-trace(-csv) and --cuda-graph-sizes are one-process options; "
+                "leave them out with --topology or --data-parallel-size");
     } catch (const Error& e) {
       std::cerr << "afd bench decode: " << e.what() << "\n";
       exit_code = 2;

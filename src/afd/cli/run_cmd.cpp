@@ -76,6 +76,12 @@ void RunOnDeployment(const RunArgs& args, const std::vector<std::vector<int32_t>
   spec.print_stats = args.stats;
   spec.worker_flags = GenerationFlagsArgv(args.gen);
   spec.cuda = args.device == "cuda";
+  if (args.graphs.enforce_eager) spec.worker_flags.push_back("--enforce-eager");
+  if (!args.graphs.sizes.empty()) {
+    std::string joined;
+    for (int64_t b : args.graphs.sizes) joined += (joined.empty() ? "" : ",") + std::to_string(b);
+    spec.worker_flags.insert(spec.worker_flags.end(), {"--cuda-graph-sizes", joined});
+  }
   if (spec.cuda) {
     // Every rank on --cuda-device (CUDA IPC windows between them), or each on its own of
     // --cuda-devices.

@@ -156,7 +156,24 @@ void AddRoleFlags(CLI::App* cmd, RoleArgs& a, bool model_required = true) {
                 "a share of the routed experts, the MoE expert-parallel over them (no AFD)");
   cmd->add_option("--prompts-file", a.prompts_file, "Attention: JSON array of token-id arrays");
   cmd->add_flag("--enforce-eager", a.enforce_eager,
-                "No CUDA graphs (an in-process model on cuda); AFD roles and the CPU run eagerly");
+                "No CUDA graphs (an in-process model, or the AFD roles of the async connector, on "
+                "cuda); the CPU always runs eagerly");
+  cmd->add_option("--cuda-graph-sizes", a.cuda_graph_sizes,
+                  "On cuda: the decode batch buckets captured as CUDA graphs (an in-process "
+                  "model, or the AFD attention role of the async connector)")
+      ->delimiter(',');
+}
+
+// The CUDA graph flags a rank process is given (none: its defaults).
+std::vector<std::string> GraphFlagsArgv(bool enforce_eager, const std::vector<int64_t>& sizes) {
+  std::vector<std::string> v;
+  if (enforce_eager) v.push_back("--enforce-eager");
+  if (!sizes.empty()) {
+    std::string joined;
+    for (int64_t b : sizes) joined += (joined.empty() ? "" : ",") + std::to_string(b);
+    v.insert(v.end(), {"--cuda-graph-sizes", joined});
+  }
+  return v;
 }
 
 // The OpenAI API flags of `afd serve` and `afd launch` (vLLM's names).
@@ -240,6 +257,7 @@ deploy::WorkerOptions ToWorkerOptions(const RoleArgs& a) {
     o.kv = ToKvSizing(a.gen);
   }
   o.dbo = a.gen.dbo;
+  o.graphs = {a.cuda_graph_sizes, a.enforce_eager};
   DeriveConnectorOptions(o.dbo.enabled, o.config.role == Role::kAttention ? o.tp : 0, o.config);
   o.output_file = a.output_file;
   o.stats_file = a.stats_file;
@@ -256,6 +274,8 @@ std::vector<std::string> PassThrough(const RoleArgs& a) {
   if (a.cuda_devices.empty()) v.insert(v.end(), {"--cuda-device", std::to_string(a.cuda_device)});
   if (!a.dtype.empty()) v.insert(v.end(), {"--dtype", a.dtype});
   if (!a.prompts_file.empty()) v.insert(v.end(), {"--prompts-file", a.prompts_file});
+  const std::vector<std::string> g = GraphFlagsArgv(a.enforce_eager, a.cuda_graph_sizes);
+  v.insert(v.end(), g.begin(), g.end());
   return v;
 }
 
@@ -556,6 +576,8 @@ int LaunchCommand(RoleArgs& a) {
     spec.attention_tp = a.tp;
     spec.additional_config = a.additional_config;
     spec.worker_flags = GenerationFlagsArgv(a.gen);
+    const std::vector<std::string> g = GraphFlagsArgv(a.enforce_eager, a.cuda_graph_sizes);
+    spec.worker_flags.insert(spec.worker_flags.end(), g.begin(), g.end());
     spec.cuda = a.device == "cuda";
     spec.cuda_devices = a.cuda_devices;
     if (spec.cuda) {
@@ -729,10 +751,6 @@ void AddWorkerCommands(CLI::App& app, int& exit_code) {
                    "0,1,2,3 for --data-parallel-size-local 4); default: all on --cuda-device")
       ->delimiter(',')
       ->check(CLI::NonNegativeNumber);
-  serve
-      ->add_option("--cuda-graph-sizes", sargs->cuda_graph_sizes,
-                   "In-process model on cuda: decode batch buckets captured as CUDA graphs")
-      ->delimiter(',');
   serve->add_option("model", sargs->model_positional,
                     "The model, as `vllm serve MODEL` takes it (or --model)");
   serve->callback([sargs, serve, &exit_code] {
@@ -777,8 +795,12 @@ void AddWorkerCommands(CLI::App& app, int& exit_code) {
       ->check(CLI::NonNegativeNumber);
   launch->add_option("--log-dir", largs->log_dir, "Where rank logs go (default: a temp dir)");
   launch->add_flag("--enforce-eager", largs->enforce_eager,
-                   "Accepted: the ranks of a deployment run every step eagerly (AFD and DP + EP "
-                   "steps are not captured as CUDA graphs yet)");
+                   "No CUDA graphs in the ranks (the async connector's AFD roles capture decode "
+                   "steps on cuda; P2P and DP + EP ranks run eagerly)");
+  launch
+      ->add_option("--cuda-graph-sizes", largs->cuda_graph_sizes,
+                   "On cuda: the attention role's decode batch buckets captured as CUDA graphs")
+      ->delimiter(',');
   launch->callback([largs, launch, &exit_code] {
     RecordGivenFlags(launch, *largs);
     exit_code = LaunchCommand(*largs);

@@ -128,14 +128,20 @@ AsyncConnector::AsyncConnector(comm::AfdWorld& world, const AsyncConnectorOption
           StreamFlags::Create(o.cuda_device, &why, 2 * world.config().afd_process_group_timeout_s);
       if (stream_flags_) {
         rows->UseStream(o.cuda_stream);
-        // The flag pages of this rank's copy (awaited) and of every peer's (stored into).
-        const size_t page = 4096;
-        const size_t flag_bytes =
-            std::min(layout_.window_bytes, (layout_.flags_bytes + page - 1) / page * page);
-        std::vector<int> mapped = peers;
-        mapped.push_back(world.world_rank());
-        for (int w : mapped) {
-          stream_flags_->Register(shm_->mapping(w), flag_bytes, shm_->Describe(w));
+        if (o.device_sequenced) {
+          RegisterSlotPages(peers);
+          device_seqs_ = stream_flags_->DeviceCounters(2 * static_cast<size_t>(num_peers()) *
+                                                       layout_.ring_depth);
+        } else {
+          // The flag pages of this rank's copy (awaited) and of every peer's (stored into).
+          const size_t page = 4096;
+          const size_t flag_bytes =
+              std::min(layout_.window_bytes, (layout_.flags_bytes + page - 1) / page * page);
+          std::vector<int> mapped = peers;
+          mapped.push_back(world.world_rank());
+          for (int w : mapped) {
+            stream_flags_->Register(shm_->mapping(w), flag_bytes, shm_->Describe(w));
+          }
         }
       } else {
         fmt::print(stderr, "{}: flags stay on the host ({})\n", world.Describe(world.world_rank()),
@@ -160,7 +166,137 @@ AsyncConnector::AsyncConnector(comm::AfdWorld& world, const AsyncConnectorOption
     for (int p = 0; p < num_peers(); ++p) peer_names_.push_back(PeerName(p));
     watchdog_ = std::thread([this] { WatchDeviceWaits(); });
   }
-  finished_.assign(num_peers(), false);
+  finished_ = std::make_unique<std::atomic<bool>[]>(num_peers());
+  for (int p = 0; p < num_peers(); ++p) finished_[p] = false;
+}
+
+void AsyncConnector::PeerFinished(int peer) {
+  AFD_CHECK(peer >= 0 && peer < num_peers(), "async connector: peer {} outside [0, {})", peer,
+            num_peers());
+  finished_[peer] = true;
+}
+
+#ifdef AFD_WITH_CUDA
+// The pages the device kernels touch: in this rank's copy the flags and every peer's slot
+// headers (awaited and checked), in each peer's copy the flags and this rank's slot headers
+// (published), each as page-aligned runs.
+void AsyncConnector::RegisterSlotPages(const std::vector<int>& peers) {
+  const size_t page = 4096, header_bytes = sizeof(SlotHeader);
+  const auto register_runs = [&](int w, const std::vector<int>& regions) {
+    std::vector<size_t> pages;
+    for (size_t p = 0; p * page < layout_.flags_bytes; ++p) pages.push_back(p);
+    for (int r : regions) {
+      for (int ring = 0; ring < layout_.ring_depth; ++ring) {
+        const size_t at = layout_.slot_offset(r, ring) + layout_.header;
+        for (size_t p = at / page; p * page < at + header_bytes; ++p) pages.push_back(p);
+      }
+    }
+    std::sort(pages.begin(), pages.end());
+    pages.erase(std::unique(pages.begin(), pages.end()), pages.end());
+    for (size_t i = 0; i < pages.size();) {
+      size_t j = i + 1;
+      while (j < pages.size() && pages[j] == pages[j - 1] + 1) ++j;
+      const size_t begin = pages[i] * page;
+      const size_t end = std::min(layout_.window_bytes, pages[j - 1] * page + page);
+      stream_flags_->Register(shm_->mapping(w) + begin, end - begin, shm_->Describe(w));
+      i = j;
+    }
+  };
+  std::vector<int> all;
+  for (int p = 0; p < num_peers(); ++p) all.push_back(p);
+  register_runs(world_.world_rank(), all);
+  for (int w : peers) register_runs(w, {world_.self().rank});
+}
+
+void AsyncConnector::PublishOnDevice(int peer, int w, size_t slot, const std::vector<char>& header,
+                                     bool echo_received, int ring) {
+  const size_t i = static_cast<size_t>(peer) * layout_.ring_depth + ring;
+  const auto* echo =
+      echo_received
+          ? reinterpret_cast<const uint64_t*>(window_->local() + layout_.slot_offset(peer, ring) +
+                                              layout_.header + offsetof(SlotHeader, seq))
+          : nullptr;
+  stream_flags_->Publish(
+      options_.cuda_stream, shm_->mapping(w) + slot + layout_.header,
+      reinterpret_cast<uint64_t*>(shm_->mapping(w) + layout_.flag_offset(world_.self().rank, ring)),
+      header.data(), device_seqs_ + i, echo);
+}
+
+void AsyncConnector::CheckDevice() const {
+  if (!stream_flags_ || !device_seqs_) return;
+  const DeviceSlotStatus& st = stream_flags_->status();
+  const uint32_t code = __atomic_load_n(&st.code, __ATOMIC_ACQUIRE);
+  if (code == DeviceSlotStatus::kOk) return;
+  const std::string me = world_.Describe(world_.world_rank());
+  const double timeout = world_.config().afd_process_group_timeout_s;
+  const std::string peer = st.region >= 0 && st.region < num_peers()
+                               ? PeerName(st.region)
+                               : fmt::format("region {}", st.region);
+  switch (code) {
+    case DeviceSlotStatus::kTimeout:
+      AFD_THROW(
+          "{} timed out after {}s: its CUDA stream waited for the reply of {} to layer {} (ring "
+          "{}: "
+          "flag still {}, awaited {})",
+          me, timeout, peer, st.layer, st.ring, st.flag, st.awaited);
+    case DeviceSlotStatus::kJump:
+      AFD_THROW(
+          "{}: the reply of {} to layer {} (ring {}): flag jumped to {}, awaited {}: the slot was "
+          "overwritten before it was read",
+          me, peer, st.layer, st.ring, st.flag, st.awaited);
+    case DeviceSlotStatus::kHeader:
+      AFD_THROW("{}: {} answered layer {} (ring {}, seq {}) with {} {}, {} expected", me, peer,
+                st.layer, st.ring, st.awaited, DeviceSlotFieldName(st.field), st.got, st.want);
+    case DeviceSlotStatus::kAborted:
+      AFD_THROW("{} exited while {} waited for its replies on the device", peer, me);
+    default:
+      AFD_THROW("{}: a device wait failed with code {}", me, code);
+  }
+}
+#else
+void AsyncConnector::RegisterSlotPages(const std::vector<int>&) {}
+void AsyncConnector::PublishOnDevice(int, int, size_t, const std::vector<char>&, bool, int) {
+  AFD_THROW("async connector: device sequencing needs a CUDA build");
+}
+void AsyncConnector::CheckDevice() const {}
+#endif
+
+void AsyncConnector::BeginCapture() {
+  AFD_CHECK(device_sequenced() && !capturing_,
+            "async connector: a graph capture needs device sequencing{}",
+            capturing_ ? " (and is already capturing)" : "");
+  capture_base_.sends = send_seq_;
+  capture_base_.waits = seen_;
+  captured_stats_.clear();
+  capturing_ = true;
+}
+
+AsyncConnector::Captured AsyncConnector::EndCapture() {
+  AFD_CHECK(capturing_, "async connector: EndCapture without BeginCapture");
+  capturing_ = false;
+  Captured c;
+  c.sends.resize(send_seq_.size());
+  c.waits.resize(seen_.size());
+  for (size_t i = 0; i < send_seq_.size(); ++i) c.sends[i] = send_seq_[i] - capture_base_.sends[i];
+  for (size_t i = 0; i < seen_.size(); ++i) c.waits[i] = seen_[i] - capture_base_.waits[i];
+  send_seq_ = capture_base_.sends;
+  seen_ = capture_base_.waits;
+  c.stats = std::move(captured_stats_);
+  captured_stats_.clear();
+  return c;
+}
+
+void AsyncConnector::Replayed(const Captured& c) {
+  AFD_CHECK(c.sends.size() == send_seq_.size() && c.waits.size() == seen_.size(),
+            "async connector: a replay of another connector's capture");
+  for (size_t i = 0; i < send_seq_.size(); ++i) send_seq_[i] += c.sends[i];
+  for (size_t i = 0; i < seen_.size(); ++i) seen_[i] += c.waits[i];
+  for (const Captured::Stat& st : c.stats) {
+    LayerTransferStats& s = stats_[st.layer];
+    s.messages += 1;
+    s.bytes += st.bytes;
+    s.tokens += st.tokens;
+  }
 }
 
 AsyncConnector::~AsyncConnector() {
@@ -172,7 +308,12 @@ AsyncConnector::~AsyncConnector() {
     watchdog_cv_.notify_all();
     watchdog_.join();
   }
-  if (stream_flags_) ReleaseDeviceWaits();
+  if (stream_flags_) {
+    // Device sequencing: fail any wait still pending (a failing deployment) so that the
+    // stream drains.
+    if (device_seqs_) stream_flags_->Abort(-1);
+    ReleaseDeviceWaits();
+  }
 }
 
 namespace {
@@ -187,9 +328,23 @@ void AsyncConnector::WatchDeviceWaits() {
   const double timeout = world_.config().afd_process_group_timeout_s;
   const auto timeout_ns = static_cast<int64_t>(timeout * 1e9);
   std::unique_lock<std::mutex> lock(watchdog_mu_);
+  bool aborted = false;  // device sequencing: the waits were failed
   while (!watchdog_stop_) {
     watchdog_cv_.wait_for(lock, std::chrono::milliseconds(50));
-    if (watchdog_stop_ || device_wait_expired_) continue;
+    if (watchdog_stop_ || device_wait_expired_ || aborted) continue;
+    if (device_seqs_) {
+#ifdef AFD_WITH_CUDA
+      // Device sequencing: the kernels bound their own waits; a peer that exited fails them at
+      // once (CheckDevice names it).
+      for (int p = 0; p < num_peers(); ++p) {
+        if (finished_[p] || !window_->PeerExited(OppositeWorldRank(p))) continue;
+        stream_flags_->Abort(p);
+        aborted = true;
+        break;
+      }
+#endif
+      continue;
+    }
     const int64_t now = SteadyNanos();
     for (size_t i = 0; i < device_wait_.size(); ++i) {
       const uint64_t seq = watched_seq_[i].load();
@@ -226,11 +381,33 @@ void AsyncConnector::ThrowIfDeviceWaitExpired() const {
   AFD_THROW("{}", device_wait_failure_);
 }
 
-void AsyncConnector::EnqueueWait(int peer, int stage) {
+void AsyncConnector::EnqueueWait(int peer, int stage, const ExpectedSlot& expect) {
   AFD_CHECK(device_flags(), "async connector: EnqueueWait without device flags");
   AFD_CHECK(peer >= 0 && peer < num_peers() && stage >= 0 && stage < layout_.ring_depth,
             "async connector: wait for peer {} stage {} out of range", peer, stage);
   const size_t i = static_cast<size_t>(peer) * layout_.ring_depth + stage;
+  if (device_seqs_) {
+#ifdef AFD_WITH_CUDA
+    DeviceSlotExpect e;
+    e.flags = expect.flags;
+    e.sender = peer;
+    e.layer = expect.layer;
+    e.stage = stage;
+    e.num_tokens = expect.num_tokens;
+    e.routed_rows = static_cast<int32_t>(expect.routed_rows);
+    e.shared_rows = static_cast<int32_t>(expect.shared_rows);
+    e.table_entries = static_cast<int32_t>(expect.table_entries);
+    const size_t sends = static_cast<size_t>(num_peers()) * layout_.ring_depth;
+    char* local = window_->local();
+    stream_flags_->AwaitSlot(
+        options_.cuda_stream,
+        reinterpret_cast<const uint64_t*>(local + layout_.flag_offset(peer, stage)),
+        local + layout_.slot_offset(peer, stage) + layout_.header, device_seqs_ + sends + i,
+        device_seqs_ + i, e, peer, stage);
+#endif
+    ++seen_[i];  // the host's mirror
+    return;
+  }
   AFD_CHECK(device_wait_[i] == 0,
             "async connector: a second wait on ring {} of {} before it was received", stage,
             PeerName(peer));
@@ -402,6 +579,23 @@ uint64_t AsyncConnector::Send(int peer, const SlotPayload& p) {
   }
   const size_t row = cap.row_bytes;
   Window& rows = data_window_ ? *data_window_ : *window_;
+  if (device_seqs_ && !(p.flags & kSlotShutdown)) {
+    AFD_CHECK(p.in_place && p.expert_counts.empty(),
+              "async connector: with device sequencing a send is in place (the sender's ops "
+              "wrote the slot)");
+    PublishOnDevice(peer, w, slot, header, p.echo_received, ring);
+    const uint64_t bytes = header.size() + p.payload_bytes;
+    if (capturing_) {
+      captured_stats_.push_back({p.layer, bytes, static_cast<uint64_t>(p.num_tokens)});
+    } else {
+      LayerTransferStats& s = stats_[p.layer];
+      s.messages += 1;
+      s.tokens += static_cast<uint64_t>(p.num_tokens);
+      s.bytes += bytes;
+    }
+    return seq;
+  }
+  AFD_CHECK(!capturing_, "async connector: a shutdown send while capturing");
   if (!p.in_place) {
     rows.Write(w, slot + layout_.routed, p.routed_rows, row * p.route.size());
     rows.Write(w, slot + layout_.shared, p.shared_rows, row * p.shared_index.size());

@@ -19,6 +19,17 @@
 // timeout for the FFN loop), checks the deployment's abort key and whether a peer process has
 // exited (the peer is named) about every 50 ms.
 //
+// Device sequencing (AsyncConnectorOptions::device_sequenced, GPU ranks whose device can map
+// host memory): every in-place send and every wait for a reply is a one-thread kernel on the
+// caller's stream whose sequence number is a counter in device memory (flag_kernels.h): the
+// sender's kernel writes the header and then the flag, the receiver's kernel awaits the flag
+// and checks the header (magic, version, seq, echo_seq, layer, counts) on the device. Nothing in
+// a step waits for the host or is written by it, so a CUDA graph of the step replays with the
+// right numbers every time; the host keeps a mirror of the counters (captures are counted by
+// Replayed). The first failure of a device wait -- a timeout, a slot overwritten, a header that
+// does not match, a peer that exited (seen by a watchdog thread, which fails the waits at once)
+// -- is recorded in host-mapped memory and thrown by CheckDevice, naming the peer.
+//
 // Thread safety: one thread at a time.
 #pragma once
 
@@ -73,6 +84,18 @@ struct AsyncConnectorOptions {
   // "stream" (the CPU backend runs ops inline): EnqueueWait waits on the host at once and the
   // reply is received and checked later, as on a GPU -- one runner path, exercised on the CPU.
   bool inline_flags = false;
+  // With cuda_stream: device sequencing (above), when the device can map host memory (else the
+  // host flags). Sends are in place (or a shutdown); replies are awaited by EnqueueWait with
+  // what they must say, and checked on the device.
+  bool device_sequenced = false;
+};
+
+// What an awaited reply's header must say (device sequencing; sender and stage are the wait's).
+struct ExpectedSlot {
+  uint16_t flags = 0;
+  int layer = 0;
+  int num_tokens = 0;
+  int64_t routed_rows = 0, shared_rows = 0, table_entries = 0;
 };
 
 // What a sender writes into one slot (copied before Send returns): indices in host memory, rows
@@ -94,6 +117,9 @@ struct SlotPayload {
   bool in_place = false;
   int64_t table_entries = 0, routed_count = 0, shared_count = 0;  // in_place only
   int64_t payload_bytes = 0;  // in_place: the bytes written into the slot (the stats)
+  // Device sequencing, replies: echo_seq is read on the device from the header of the slot
+  // being answered (this rank's slot (peer, stage)) when the send runs, not given here.
+  bool echo_received = false;
 };
 
 // A slot received in this rank's window: views valid until its sender writes that slot again
@@ -135,7 +161,28 @@ class AsyncConnector {
   // (RowsOf). The host still calls Receive for the slot later, which checks it (bounded by the
   // timeout, naming a dead peer); a wait still pending when the connector is destroyed is
   // released so that the stream drains. Inline flags (CPU): waits here, bounded the same way.
-  void EnqueueWait(int peer, int stage);
+  void EnqueueWait(int peer, int stage, const ExpectedSlot& expect = {});
+  // Device sequencing: sends and waits are device kernels (see above).
+  bool device_sequenced() const { return device_seqs_ != nullptr; }
+  // Device sequencing: throws the first failure of a device wait, naming the peer (call after
+  // the stream has passed the waits, e.g. after a step's results reached the host).
+  void CheckDevice() const;
+  // Device sequencing: the sends and waits enqueued between BeginCapture and EndCapture are
+  // being captured into a CUDA graph, not run: the host's mirror of the sequence numbers and the
+  // stats are left as they were, and EndCapture returns what one replay adds to them, which the
+  // caller passes to Replayed after every replay.
+  struct Captured {
+    std::vector<uint64_t> sends, waits;  // per (peer, ring)
+    struct Stat {
+      int layer;
+      uint64_t bytes, tokens;
+    };
+    std::vector<Stat> stats;
+  };
+  void BeginCapture();
+  Captured EndCapture();
+  void Replayed(const Captured& captured);
+  bool capturing() const { return capturing_; }
   // Where the rows of slot (region, ring) of this rank's window are (device memory with device
   // rows), known before the slot arrives.
   // With device rows the index table of an in-place payload lives there too (table).
@@ -163,7 +210,7 @@ class AsyncConnector {
   void AnnounceShutdown();
 
   // Marks `peer` as gone on purpose (it sent its shutdown): its exit is no longer an error.
-  void PeerFinished(int peer) { finished_.at(peer) = true; }
+  void PeerFinished(int peer);
   const std::map<int, LayerTransferStats>& stats() const { return stats_; }
   // Seconds spent waiting for replies, per layer, are charged by Receive.
 
@@ -186,6 +233,10 @@ class AsyncConnector {
   // it drain) and recorded; the next call on this connector then throws naming the peer.
   void WatchDeviceWaits();
   void ThrowIfDeviceWaitExpired() const;
+  // Device sequencing: registers the flag and header pages the kernels touch; the send.
+  void RegisterSlotPages(const std::vector<int>& peers);
+  void PublishOnDevice(int peer, int world_rank, size_t slot, const std::vector<char>& header,
+                       bool echo_received, int ring);
   std::string PeerName(int peer) const;
 
   comm::AfdWorld& world_;
@@ -200,7 +251,12 @@ class AsyncConnector {
   std::vector<uint64_t> send_seq_;     // [peer * ring_depth + ring]
   std::vector<char> header_;           // Send's header bytes
   std::vector<uint64_t> seen_;         // [region * ring_depth + ring], the flags already consumed
-  std::vector<bool> finished_;         // [peer]
+  std::unique_ptr<std::atomic<bool>[]> finished_;  // [peer] (read by the watchdog)
+  // Device sequencing: counters in device memory, [peer * ring_depth + ring] sends then waits.
+  uint64_t* device_seqs_ = nullptr;
+  bool capturing_ = false;
+  Captured capture_base_;  // the mirrors when the capture began
+  std::vector<Captured::Stat> captured_stats_;
   int poll_start_ = 0;
   std::map<int, LayerTransferStats> stats_;
   // The watchdog's view of device_wait_ (the seq, and when it was enqueued in steady-clock ns).

@@ -27,9 +27,13 @@ enum SlotFlags : uint16_t {
   kSlotShutdown = 1u << 1,  // the sender sends nothing more; no payload
   kSlotPairs = 1u << 2,     // MoE: the reply carries per-(token, expert) outputs, not partial sums
   kSlotBf16Rows = 1u << 3,  // MoE dispatch: the token rows are bf16 (else f32)
+  // MoE dispatch: sent by a CUDA graph replay of the sender's decode step (its shapes are a
+  // graph bucket's), so the receiver may serve it from a graph of its own; never set by an
+  // eager step (seed 000's explicit replay flag).
+  kSlotGraph = 1u << 4,
 };
 inline constexpr uint16_t kKnownSlotFlags =
-    kSlotCombine | kSlotShutdown | kSlotPairs | kSlotBf16Rows;
+    kSlotCombine | kSlotShutdown | kSlotPairs | kSlotBf16Rows | kSlotGraph;
 
 // The fixed part of a slot header, followed by int32 expert_counts[num_experts].
 struct SlotHeader {

@@ -142,14 +142,15 @@ void RunWorker(const WorkerOptions& o) {
       if (c.async_options.device_flags) {
         if (o.cuda_device >= 0) {
           ao.cuda_stream = backend->stream().handle;
+          ao.device_sequenced = true;
         } else {
           ao.inline_flags = true;
         }
       }
       async_holder = std::make_unique<connector::AsyncConnector>(*world, ao);
       if (role == Role::kAttention) {
-        runner_holder = std::make_unique<runtime::AsyncAttentionRunner>(*model, *world,
-                                                                        *async_holder, o.tp, o.dbo);
+        runner_holder = std::make_unique<runtime::AsyncAttentionRunner>(
+            *model, *world, *async_holder, o.tp, o.dbo, o.graphs);
       }
     } else {
       connector_holder = std::make_unique<connector::P2pConnector>(*world);
@@ -194,11 +195,17 @@ void RunWorker(const WorkerOptions& o) {
         stats["prompts"] = mine.prompts.size();
       }
       stats["dbo_steps"] = runner.dbo_steps();
+      if (const auto* a = dynamic_cast<const runtime::AsyncAttentionRunner*>(&runner)) {
+        stats["graph_steps"] = a->graph_steps();
+        stats["graph_captures"] = a->num_captures();
+      }
     } else if (c.is_async()) {
-      async_worker_holder =
-          std::make_unique<runtime::AsyncFfnWorker>(*model, *world, *async_holder);
+      async_worker_holder = std::make_unique<runtime::AsyncFfnWorker>(*model, *world, *async_holder,
+                                                                      !o.graphs.enforce_eager);
       runtime::AsyncFfnWorker& worker = *async_worker_holder;
       stats["steps"] = worker.Run();  // work items served
+      stats["graph_items"] = worker.graph_items();
+      stats["graph_captures"] = worker.num_captures();
       stats["rows"] = worker.rows_served();
       stats["experts"] = {worker.expert_begin(), worker.expert_end()};
     } else {

@@ -10,6 +10,7 @@
 #include "afd/deploy/kv_sizing.h"
 #include "afd/model/loader.h"
 #include "afd/runtime/attention_runner.h"
+#include "afd/runtime/cuda_graph_runner.h"
 #include "afd/runtime/engine.h"
 #include "afd/runtime/generator.h"
 
@@ -30,6 +31,8 @@ struct WorkerOptions {
   std::vector<std::vector<int32_t>> prompts;  // all prompts; replica d takes i % dp == d
   runtime::GenerationOptions generation;
   runtime::DboOptions dbo;  // dual-batch overlap of the attention role
+  // CUDA graphs of the async connector's roles on cuda (enforce_eager: none).
+  runtime::CudaGraphOptions graphs;
   std::string output_file;  // TP rank 0 of each replica writes {"index": i, "result": ...} lines
   std::string stats_file;   // optional: a JSON summary of this rank (steps, per-layer transfers)
   // Serving (attention role): the frontend's engine listener; requests come from there instead

@@ -10,7 +10,7 @@ namespace afd::runtime {
 
 AsyncAttentionRunner::AsyncAttentionRunner(const model::DeepseekModel& model, comm::AfdWorld& world,
                                            connector::AsyncConnector& connector, int tp,
-                                           DboOptions dbo)
+                                           DboOptions dbo, CudaGraphOptions graphs)
     : model_(model), world_(world), connector_(connector), tp_(tp), dbo_(dbo) {
   AFD_CHECK(world.self().role == Role::kAttention, "AsyncAttentionRunner on an FFN rank");
   AFD_CHECK(model.backend().device().is_cpu() != connector.device_rows(),
@@ -50,7 +50,16 @@ AsyncAttentionRunner::AsyncAttentionRunner(const model::DeepseekModel& model, co
             "{}: the model has no routed experts", world.config().connector);
   moe_ =
       std::make_unique<AsyncAttentionMoe>(model, world, connector, tp, tp_rank_, tp_group_.get());
+  if (!graphs.enforce_eager && model.backend().SupportsGraphs() && connector.device_sequenced() &&
+      tp == 1) {
+    graphs_ = std::make_unique<CudaGraphRunner>(model, static_cast<GraphedStep&>(*this), graphs);
+  }
 }
+
+AsyncAttentionRunner::~AsyncAttentionRunner() = default;
+
+int64_t AsyncAttentionRunner::graph_steps() const { return graphs_ ? graphs_->graph_steps() : 0; }
+int64_t AsyncAttentionRunner::num_captures() const { return graphs_ ? graphs_->num_captures() : 0; }
 
 AsyncAttentionMoe::AsyncAttentionMoe(const model::DeepseekModel& model, comm::AfdWorld& world,
                                      connector::AsyncConnector& connector, int tp, int tp_rank,
@@ -84,7 +93,13 @@ AsyncAttentionMoe::Pending& AsyncAttentionMoe::StageState(int stage) {
             connector_.layout().ring_depth);
   if (stage >= static_cast<int>(stages_.size())) stages_.resize(stage + 1);
   Pending& p = stages_[stage];
-  if (!p.ws) p.ws = std::make_unique<Workspace>(model_.backend());
+  if (!p.ws) {
+    p.ws = std::make_unique<Workspace>(model_.backend());
+    const int64_t cap = connector_.layout().cap.token_cap, k = model_.config().num_experts_per_tok;
+    p.ids_buf = p.ws->Take(DType::kI32, {cap * k});
+    p.weights_buf = p.ws->Take(DType::kF32, {cap * k});
+    p.send_row_buf = p.ws->Take(DType::kI32, {cap * world_.topology().num_ffn()});
+  }
   return p;
 }
 
@@ -101,7 +116,9 @@ void AsyncAttentionMoe::Start(int64_t layer, int stage, const Tensor& hidden, co
   Pending& p = StageState(stage);
   AFD_CHECK(p.layer < 0, "async attention MoE: stage {} started layer {} before finishing {}",
             stage, layer, p.layer);
-  CheckReplies(stage, p);  // the FFN ranks are done with this stage's slots
+  // The FFN ranks are done with this stage's slots before the host writes a header (device
+  // sequencing: the device writes it, in stream order after the replies' waits).
+  CheckReplies(stage, p);
   const int64_t m = hidden.dim(0);
   p.layer = layer;
   p.out = out;
@@ -112,10 +129,12 @@ void AsyncAttentionMoe::Start(int64_t layer, int stage, const Tensor& hidden, co
   p.seqs.assign(F, 0);
   p.sent = std::chrono::steady_clock::now();
   if (n == 0) return;  // fewer tokens than TP ranks: nothing to send
-  p.ws->Reset();
-  p.ids = p.ws->Take(DType::kI32, {n, k});
-  p.weights = p.ws->Take(DType::kF32, {n, k});
-  p.send_row = p.ws->Take(DType::kI32, {n, F});
+  AFD_CHECK(n <= connector_.layout().cap.token_cap,
+            "async attention MoE: {} tokens in a micro-batch, the connector's capacity is {}", n,
+            connector_.layout().cap.token_cap);
+  p.ids = p.ids_buf.Rows(0, n * k).Reshape({n, k});
+  p.weights = p.weights_buf.Rows(0, n * k).Reshape({n, k});
+  p.send_row = p.send_row_buf.Rows(0, n * F).Reshape({n, F});
   const Tensor share = hidden.Rows(p.share_begin, n);
   model_.Route(layer, share, p.ids, p.weights, ws);
   std::vector<Tensor> rows(F), tables(F);
@@ -135,7 +154,8 @@ void AsyncAttentionMoe::Start(int64_t layer, int stage, const Tensor& hidden, co
     s.stage = stage;
     s.num_tokens = static_cast<int>(n);
     s.flags = static_cast<uint16_t>((pairs_ ? connector::kSlotPairs : 0) |
-                                    (wire_ == DType::kBF16 ? connector::kSlotBf16Rows : 0));
+                                    (wire_ == DType::kBF16 ? connector::kSlotBf16Rows : 0) |
+                                    (connector_.capturing() ? connector::kSlotGraph : 0));
     s.in_place = true;
     s.table_entries = 2 * n * k;
     s.routed_count = n;  // an upper bound: the rank's own rows come first, ids -1 after them
@@ -162,9 +182,19 @@ void AsyncAttentionMoe::Combine(int stage, Pending& p, Workspace& ws) {
   const Tensor out = p.out.Rows(p.share_begin, n);
   const Device dev = backend.device();
   const bool device_flags = connector_.device_flags();
+  const bool shared = c.n_shared_experts > 0;
   for (int f = 0; f < F; ++f) {
     if (device_flags) {
-      connector_.EnqueueWait(f, stage);  // what follows starts when the reply lands
+      // What follows starts when the reply lands (device sequencing: checked there).
+      connector::ExpectedSlot e;
+      e.flags =
+          static_cast<uint16_t>(connector::kSlotCombine | (pairs_ ? connector::kSlotPairs : 0));
+      e.layer = static_cast<int>(p.layer);
+      e.num_tokens = static_cast<int>(n);
+      e.routed_rows = ReplyRows(f, n);
+      e.shared_rows = pairs_ && shared ? kernels::AfdOwnedTokens(n, F, f) : 0;
+      e.table_entries = pairs_ ? n * k : 0;
+      connector_.EnqueueWait(f, stage, e);
     } else {
       const connector::ReceivedSlot r = connector_.Receive(
           f, stage, [&] { return fmt::format("the reply to layer {} stage {}", p.layer, stage); });
@@ -190,7 +220,6 @@ void AsyncAttentionMoe::Combine(int stage, Pending& p, Workspace& ws) {
       shared_base[f] = shared_rows;
       shared_rows += kernels::AfdOwnedTokens(n, F, f);
     }
-    const bool shared = c.n_shared_experts > 0;
     const Tensor y = ws.Take(DType::kF32, {rows, H});
     const Tensor shared_cat = ws.Take(DType::kF32, {shared ? shared_rows : 0, H});
     std::vector<Tensor> row_of_slot(F);
@@ -217,6 +246,7 @@ void AsyncAttentionMoe::Combine(int stage, Pending& p, Workspace& ws) {
     }
   }
   ws.Rewind(scratch);
+  if (connector_.device_sequenced()) return;  // checked on the device (CheckDevice)
   if (device_flags) {
     p.unchecked_layer = p.layer;
     p.unchecked_tokens = n;
@@ -274,14 +304,12 @@ std::vector<double> AsyncAttentionMoe::TakeRoundTrips() {
   return out;
 }
 
-int AsyncAttentionRunner::ChooseStages(const model::ForwardBatch& batch) const {
+int AsyncAttentionRunner::ChooseStages(int64_t n, bool prefill) const {
   const AsyncOptions& o = world_.config().async_options;
-  const int64_t n = batch.size();
   if (o.async_moe_ubatching)
     return static_cast<int>(std::min<int64_t>(o.async_moe_num_ubatches, n));
   if (!dbo_.enabled) return 1;
-  const int64_t threshold =
-      batch.HasPrefill() ? dbo_.prefill_token_threshold : dbo_.decode_token_threshold;
+  const int64_t threshold = prefill ? dbo_.prefill_token_threshold : dbo_.decode_token_threshold;
   return n >= std::max<int64_t>(threshold, 2) ? 2 : 1;
 }
 
@@ -312,21 +340,60 @@ Tensor AsyncAttentionRunner::Forward(const model::ForwardBatch& batch, kv::Paged
                                      Workspace& ws) {
   AFD_CHECK(!shut_down_, "{}: a step after the shutdown was announced",
             world_.Describe(world_.world_rank()));
-  model_.CheckBatch(batch, cache);
   AFD_CHECK(batch.size() >= 1,
             "AsyncAttentionRunner: an empty step (the async connector runs none)");
+  connector_.CheckDevice();  // the device waits of the steps before
+  const Tensor logits = graphs_ ? graphs_->Forward(batch, cache, ws) : Eager(batch, cache, ws);
+  ++steps_;
+  dbo_steps_ += last_dbo_;
+  return logits;
+}
+
+Tensor AsyncAttentionRunner::Eager(const model::ForwardBatch& batch, kv::PagedKvCache& cache,
+                                   Workspace& ws) {
+  model_.CheckBatch(batch, cache);
   const model::StepInputs in = model_.Upload(batch, ws);
   model::LayerLoop loop;
   // Stage s's MoE of layer l is combined just before its attention of layer l + 1, so the FFN
   // serves it while the other stages attend.
-  loop.splits = SplitPoints(batch, ChooseStages(batch));
+  loop.splits = SplitPoints(batch, ChooseStages(batch.size(), batch.HasPrefill()));
   loop.tp = tp_group_.get();
   const Tensor logits = model_.RunLayers(in, &cache, *moe_, ws, loop);
   model::DeepseekModel::CommitBatch(batch, cache);
-  ++steps_;
-  dbo_steps_ += loop.splits.size() > 2;
+  last_dbo_ = loop.splits.size() > 2;
   moe_->EndStep();
   return logits;
+}
+
+// A graph's body: a decode bucket (one token per sequence, so the request split is the token
+// split), every row's logits.
+Tensor AsyncAttentionRunner::Body(const model::StepInputs& in, kv::PagedKvCache& cache,
+                                  Workspace& ws) {
+  model::LayerLoop loop;
+  const int stages = ChooseStages(in.n, /*prefill=*/false);
+  loop.splits = {0};
+  for (int s = 1; s < stages; ++s) {
+    const int64_t at = SplitOffset(in.n, stages, s);
+    if (at > loop.splits.back() && at < in.n) loop.splits.push_back(at);
+  }
+  loop.splits.push_back(in.n);
+  const Tensor logits = model_.RunLayers(in, &cache, *moe_, ws, loop);
+  last_dbo_ = loop.splits.size() > 2;
+  moe_->EndStep();
+  return logits;
+}
+
+void AsyncAttentionRunner::BeginCapture() { connector_.BeginCapture(); }
+
+int AsyncAttentionRunner::EndCapture() {
+  captures_.push_back({connector_.EndCapture(), last_dbo_});
+  return static_cast<int>(captures_.size()) - 1;
+}
+
+void AsyncAttentionRunner::Replayed(int token) {
+  const Capture& c = captures_.at(token);
+  connector_.Replayed(c.seqs);
+  last_dbo_ = c.dbo;
 }
 
 ReplicaRunner::IdleResult AsyncAttentionRunner::Idle(bool active) {
@@ -337,6 +404,8 @@ ReplicaRunner::IdleResult AsyncAttentionRunner::Idle(bool active) {
 
 void AsyncAttentionRunner::Drain() {
   if (shut_down_) return;
+  model_.backend().Synchronize();
+  connector_.CheckDevice();
   connector_.AnnounceShutdown();
   shut_down_ = true;
 }

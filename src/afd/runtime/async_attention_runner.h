@@ -35,6 +35,7 @@
 #include "afd/connector/async_connector.h"
 #include "afd/model/model.h"
 #include "afd/runtime/attention_runner.h"
+#include "afd/runtime/cuda_graph_runner.h"
 #include "afd/runtime/step_runner.h"
 #include "afd/runtime/tp_group.h"
 
@@ -73,14 +74,17 @@ class AsyncAttentionMoe : public model::MoeBackend {
     int64_t layer = -1;
     Tensor out;                                // [m, H] the micro-batch's MoE output
     int64_t share_begin = 0, share_count = 0;  // this TP rank's rows of it
-    Tensor ids, weights, send_row;             // [n, k], [n, k], [n, F] (in ws)
-    std::vector<uint64_t> seqs;                // [F] seq of the dispatch to each FFN rank
+    Tensor ids, weights, send_row;             // [n, k], [n, k], [n, F] views of the buffers
+    // The stage's routing buffers at the connector's token capacity, taken once: their
+    // addresses never change, so that a CUDA graph may hold them.
+    Tensor ids_buf, weights_buf, send_row_buf;
+    std::vector<uint64_t> seqs;  // [F] seq of the dispatch to each FFN rank
     std::chrono::steady_clock::time_point sent;
     // Device flags: the layer whose replies the stream waited for and combined but the host has
     // not checked yet (CheckReplies), else -1.
     int64_t unchecked_layer = -1;
     int64_t unchecked_tokens = 0;
-    std::unique_ptr<Workspace> ws;  // the routing kept until the combine (reset by Start)
+    std::unique_ptr<Workspace> ws;  // holds the buffers (never reset)
   };
   Pending& StageState(int stage);
   void Combine(int stage, Pending& p, Workspace& ws);
@@ -104,14 +108,26 @@ class AsyncAttentionMoe : public model::MoeBackend {
   std::vector<double> round_trips_;
 };
 
-class AsyncAttentionRunner : public ReplicaRunner {
+// CUDA graphs (a GPU backend with graphs, a device-sequenced connector, one rank per replica,
+// not `graphs.enforce_eager`): decode steps are replayed per batch bucket like the monolithic
+// CudaGraphRunner -- attention, routing, the dispatch writes, the header and flag kernels, the
+// waits for the replies, the combine and the logits in one graph. Its dispatches carry
+// kSlotGraph, so that the FFN role may replay its own graphs for them; everything else (a
+// prefill, a batch above the largest size) runs eagerly.
+class AsyncAttentionRunner : public ReplicaRunner, private GraphedStep {
  public:
   // `model`, `world` and `connector` must outlive the runner. tp: the attention ranks of one
   // replica (tensor parallelism; > 1 on CPU ranks only).
   AsyncAttentionRunner(const model::DeepseekModel& model, comm::AfdWorld& world,
-                       connector::AsyncConnector& connector, int tp, DboOptions dbo = {});
+                       connector::AsyncConnector& connector, int tp, DboOptions dbo = {},
+                       CudaGraphOptions graphs = {});
+  ~AsyncAttentionRunner() override;
 
   Tensor Forward(const model::ForwardBatch& batch, kv::PagedKvCache& cache, Workspace& ws) override;
+  bool TakesDeviceIds() const override { return true; }  // Upload and the graphs take them
+  // Steps replayed from graphs, and graphs captured (0 without graphs).
+  int64_t graph_steps() const;
+  int64_t num_captures() const;
   // kNoneBusy while `active` (nothing to do: wait for requests); otherwise announces the
   // shutdown (once) and returns kShutdown.
   IdleResult Idle(bool active) override;
@@ -124,8 +140,14 @@ class AsyncAttentionRunner : public ReplicaRunner {
   int64_t dbo_steps() const override { return dbo_steps_; }
 
  private:
-  int ChooseStages(const model::ForwardBatch& batch) const;
+  int ChooseStages(int64_t n, bool prefill) const;
   std::vector<int64_t> SplitPoints(const model::ForwardBatch& batch, int stages) const;
+  // GraphedStep: the eager step, and the body a graph captures.
+  Tensor Eager(const model::ForwardBatch& batch, kv::PagedKvCache& cache, Workspace& ws) override;
+  Tensor Body(const model::StepInputs& in, kv::PagedKvCache& cache, Workspace& ws) override;
+  void BeginCapture() override;
+  int EndCapture() override;
+  void Replayed(int token) override;
 
   const model::DeepseekModel& model_;
   comm::AfdWorld& world_;
@@ -135,6 +157,13 @@ class AsyncAttentionRunner : public ReplicaRunner {
   std::unique_ptr<TpGroup> tp_group_;            // null when tp == 1
   std::unique_ptr<AsyncAttentionMoe> moe_;
   DboOptions dbo_;
+  std::unique_ptr<CudaGraphRunner> graphs_;  // null: every step eager
+  struct Capture {
+    connector::AsyncConnector::Captured seqs;
+    bool dbo = false;
+  };
+  std::vector<Capture> captures_;  // by EndCapture's token
+  bool last_dbo_ = false;          // whether the last step ran as micro-batches
   int64_t steps_ = 0;
   int64_t dbo_steps_ = 0;
   bool shut_down_ = false;

@@ -7,9 +7,27 @@
 
 namespace afd::runtime {
 
+struct AsyncFfnWorker::Graph {
+  std::unique_ptr<kernels::OpGraph> graph;
+  connector::AsyncConnector::Captured seqs;
+};
+
+struct AsyncFfnWorker::GraphMemory {
+  explicit GraphMemory(Allocator& allocator) : ws(allocator) {}
+  Workspace ws;
+  int64_t chunk_allocations = -1;  // when its first graph was captured
+  std::vector<Key> graphs;
+};
+
+AsyncFfnWorker::~AsyncFfnWorker() = default;
+
 AsyncFfnWorker::AsyncFfnWorker(const model::DeepseekModel& model, comm::AfdWorld& world,
-                               connector::AsyncConnector& connector)
-    : model_(model), world_(world), connector_(connector), ws_(model.backend()) {
+                               connector::AsyncConnector& connector, bool graphs)
+    : model_(model),
+      world_(world),
+      connector_(connector),
+      ws_(model.backend()),
+      graphs_enabled_(graphs && model.backend().SupportsGraphs() && connector.device_sequenced()) {
   AFD_CHECK(world.self().role == Role::kFfn, "AsyncFfnWorker on an attention rank");
   AFD_CHECK(model.backend().device().is_cpu() != connector.device_rows(),
             "{}: the FFN role runs on {} but the connector's rows are in {} memory",
@@ -31,12 +49,9 @@ AsyncFfnWorker::AsyncFfnWorker(const model::DeepseekModel& model, comm::AfdWorld
 
 void AsyncFfnWorker::Serve(const connector::ReceivedSlot& in) {
   const model::ModelConfig& c = model_.config();
-  kernels::Backend& backend = model_.backend();
   const connector::SlotHeader& h = in.header;
-  const int64_t H = c.hidden_size, k = c.num_experts_per_tok, local = end_ - begin_;
+  const int64_t k = c.num_experts_per_tok;
   const int64_t n = h.num_tokens, S = h.shared_rows;
-  const bool pairs = (h.flags & connector::kSlotPairs) != 0;
-  const DType wire = (h.flags & connector::kSlotBf16Rows) ? DType::kBF16 : DType::kF32;
   // Worded only for an error (a work item formats nothing on its way).
   const auto from = [&] {
     return fmt::format("work item of attention rank {} (layer {}, stage {})", h.sender, h.layer,
@@ -51,38 +66,116 @@ void AsyncFfnWorker::Serve(const connector::ReceivedSlot& in) {
   AFD_CHECK(h.routed_rows == n && h.table_entries == 2 * n * k && S == owned,
             "{}: {} rows, {} table entries, {} shared rows for {} tokens (expected {}, {}, {})",
             from(), h.routed_rows, h.table_entries, S, n, n, 2 * n * k, owned);
+  rows_served_ += n;
+  if (graphs_enabled_ && (h.flags & connector::kSlotGraph) && n > 0) {
+    ServeFromGraph(h);
+    return;
+  }
+  ws_.Reset();
+  Compute(h, ws_);
+}
+
+void AsyncFfnWorker::ServeFromGraph(const connector::SlotHeader& h) {
+  const Key key{h.sender, h.stage, h.layer, h.num_tokens, h.flags};
+  if (auto it = graphs_.find(key); it != graphs_.end()) {
+    it->second->graph->Replay();
+    connector_.Replayed(it->second->seqs);
+    ++graph_items_;
+    return;
+  }
+  kernels::Backend& backend = model_.backend();
+  std::unique_ptr<GraphMemory>& memory = graph_memory_[h.num_tokens];
+  if (!memory) memory = std::make_unique<GraphMemory>(backend);
+  Workspace& ws = memory->ws;
+  const auto drop_if_grown = [&] {
+    if (memory->chunk_allocations < 0 || ws.chunk_allocations() == memory->chunk_allocations) {
+      return;
+    }
+    for (const Key& k : memory->graphs) graphs_.erase(k);  // they point into released memory
+    memory->graphs.clear();
+    memory->chunk_allocations = -1;
+  };
+  if (warmed_.insert(key).second) {  // the key's first item: eagerly, in the graphs' memory
+    ws.Reset();
+    Compute(h, ws);
+    ws.Reset();
+    drop_if_grown();
+    return;
+  }
+  ws.Reset();
+  drop_if_grown();
+  const int64_t chunks = ws.chunk_allocations();
+  connector_.BeginCapture();
+  backend.BeginCapture();
+  std::unique_ptr<kernels::OpGraph> graph;
+  try {
+    Compute(h, ws);
+  } catch (...) {
+    backend.EndCapture();
+    connector_.EndCapture();
+    throw;
+  }
+  graph = backend.EndCapture();
+  connector::AsyncConnector::Captured seqs = connector_.EndCapture();
+  ++num_captures_;
+  if (ws.chunk_allocations() != chunks) {
+    // It outgrew the memory while capturing: serve this one eagerly; the next one captures
+    // into the merged memory.
+    ws.Reset();
+    Compute(h, ws);
+    ws.Reset();
+    drop_if_grown();
+    return;
+  }
+  if (memory->chunk_allocations < 0) memory->chunk_allocations = ws.chunk_allocations();
+  memory->graphs.push_back(key);
+  auto g = std::make_unique<Graph>();
+  g->graph = std::move(graph);
+  g->seqs = std::move(seqs);
+  g->graph->Replay();
+  connector_.Replayed(g->seqs);
+  graphs_[key] = std::move(g);
+  ++graph_items_;
+}
+
+void AsyncFfnWorker::Compute(const connector::SlotHeader& h, Workspace& ws) {
+  const model::ModelConfig& c = model_.config();
+  kernels::Backend& backend = model_.backend();
+  const int64_t H = c.hidden_size, k = c.num_experts_per_tok, local = end_ - begin_;
+  const int64_t n = h.num_tokens, S = h.shared_rows;
+  const bool pairs = (h.flags & connector::kSlotPairs) != 0;
+  const DType wire = (h.flags & connector::kSlotBf16Rows) ? DType::kBF16 : DType::kF32;
   // The rows and their routing, read in place in this rank's window; the outputs are written
   // straight into the sender's slot (PeerSlot).
   const connector::AsyncConnector::RowViews mine = connector_.RowsOf(h.sender, h.stage);
   const connector::AsyncConnector::RowViews reply = connector_.PeerSlot(h.sender, h.stage);
   const Device dev = backend.device();
-  ws_.Reset();
   const Tensor ids(mine.table, DType::kI32, {n, k}, dev);
   const Tensor weights(mine.table + n * k, DType::kF32, {n, k}, dev);
   Tensor x(mine.routed, wire, {n, H}, dev);
   if (wire != DType::kF32) {
-    const Tensor x32 = ws_.Take(DType::kF32, {n, H});
+    const Tensor x32 = ws.Take(DType::kF32, {n, H});
     backend.Convert(x32, x);
     x = x32;
   }
   // Grouped by local expert here (rows past the sender's tokens for this rank carry ids -1).
   const int64_t m = n * std::min(k, local);  // pairs this rank can own
-  const Tensor offsets = ws_.Take(DType::kI32, {local + 1});
-  const Tensor src_row = ws_.Take(DType::kI32, {n * k});
+  const Tensor offsets = ws.Take(DType::kI32, {local + 1});
+  const Tensor src_row = ws.Take(DType::kI32, {n * k});
   const Tensor row_of_slot =
-      pairs ? Tensor(reply.table, DType::kI32, {n, k}, dev) : ws_.Take(DType::kI32, {n, k});
+      pairs ? Tensor(reply.table, DType::kI32, {n, k}, dev) : ws.Take(DType::kI32, {n, k});
   const Tensor y =
-      pairs ? Tensor(reply.routed, DType::kF32, {m, H}, dev) : ws_.Take(DType::kF32, {m, H});
+      pairs ? Tensor(reply.routed, DType::kF32, {m, H}, dev) : ws.Take(DType::kF32, {m, H});
   // The shared experts of this rank's share of tokens (its first S rows) beside the routed ones
   // (Backend::Beside: a second stream on a GPU).
   const Tensor shared_out =
-      pairs ? Tensor(reply.shared, DType::kF32, {S, H}, dev) : ws_.Take(DType::kF32, {S, H});
+      pairs ? Tensor(reply.shared, DType::kF32, {S, H}, dev) : ws.Take(DType::kF32, {S, H});
   if (S > 0) {
-    backend.Beside([&] { model_.SharedExperts(h.layer, x.Rows(0, S), shared_out, ws_); }, S);
+    backend.Beside([&] { model_.SharedExperts(h.layer, x.Rows(0, S), shared_out, ws); }, S);
   }
   if (n > 0) {
     backend.MoePermute(ids, begin_, local, offsets, src_row, row_of_slot);
-    const Tensor grouped = ws_.Take(DType::kF32, {m, H});
+    const Tensor grouped = ws.Take(DType::kF32, {m, H});
     backend.GatheredExpertMlp(x, src_row.Rows(0, m), grouped, offsets,
                               model_.weights().layers[h.layer].moe.experts, y);
   }
@@ -106,6 +199,7 @@ void AsyncFfnWorker::Serve(const connector::ReceivedSlot& in) {
   r.num_tokens = h.num_tokens;
   r.flags = static_cast<uint16_t>(connector::kSlotCombine | (pairs ? connector::kSlotPairs : 0));
   r.echo_seq = h.seq;
+  r.echo_received = connector_.device_sequenced();  // a graph's echo is read on the device
   r.in_place = true;
   r.routed_count = pairs ? m : n;
   r.shared_count = pairs ? S : 0;
@@ -115,7 +209,6 @@ void AsyncFfnWorker::Serve(const connector::ReceivedSlot& in) {
   // a host wait.
   if (!connector_.device_flags()) backend.Synchronize();
   connector_.Send(h.sender, r);
-  rows_served_ += n;
 }
 
 int64_t AsyncFfnWorker::Run() {

@@ -10,10 +10,22 @@
 // exited peers; the loop ends once every attention rank has sent its shutdown slot, and then
 // announces its own to every attention rank.
 //
+// CUDA graphs (a GPU backend with graphs and a device-sequenced connector): a work item whose
+// header carries kSlotGraph -- sent by a graph replay of the attention's decode step -- is
+// served from a graph of this rank keyed by (sender, stage, layer, tokens, flags): the first
+// item of a key runs eagerly (sizing the memory), the second is captured and replayed, later
+// ones replay (one launch instead of ~15; the reply's header and flag are written by the
+// graph, its echo read on the device). An item without kSlotGraph (a prefill, an eager step)
+// always runs eagerly, whatever its token count.
+//
 // Thread safety: one thread.
 #pragma once
 
 #include <cstdint>
+#include <map>
+#include <memory>
+#include <set>
+#include <tuple>
 
 #include "afd/comm/afd_world.h"
 #include "afd/connector/async_connector.h"
@@ -26,24 +38,42 @@ class AsyncFfnWorker {
   // `model` must hold this rank's routed experts [expert_begin, expert_end) of the connector
   // and the shared experts. All arguments must outlive the worker.
   AsyncFfnWorker(const model::DeepseekModel& model, comm::AfdWorld& world,
-                 connector::AsyncConnector& connector);
+                 connector::AsyncConnector& connector, bool graphs = true);
+  ~AsyncFfnWorker();
 
   // Serves work items until every attention rank has shut down. Returns the number served.
   int64_t Run();
 
   int64_t rows_served() const { return rows_served_; }
+  int64_t graph_items() const { return graph_items_; }  // work items replayed from graphs
+  int64_t num_captures() const { return num_captures_; }
   int64_t expert_begin() const { return begin_; }
   int64_t expert_end() const { return end_; }
 
  private:
   void Serve(const connector::ReceivedSlot& in);
+  // The item's ops and its reply, enqueued (scratch from ws).
+  void Compute(const connector::SlotHeader& h, Workspace& ws);
+  // Serves a kSlotGraph item: from its graph, captured on its key's second item (the first
+  // runs eagerly in the graphs' memory, sizing it).
+  void ServeFromGraph(const connector::SlotHeader& h);
 
   const model::DeepseekModel& model_;
   comm::AfdWorld& world_;
   connector::AsyncConnector& connector_;
   int64_t begin_, end_;
   Workspace ws_;  // reset every work item
-  int64_t rows_served_ = 0;
+  bool graphs_enabled_ = false;
+  // (sender, stage, layer, tokens, flags)
+  using Key = std::tuple<int, int, int, int, int>;
+  struct Graph;
+  // The graphs of one token count share one workspace (their shapes are alike and they never
+  // run at once); graphs taken from it are dropped if it ever has to grow.
+  struct GraphMemory;
+  std::map<Key, std::unique_ptr<Graph>> graphs_;
+  std::map<int, std::unique_ptr<GraphMemory>> graph_memory_;  // by token count
+  std::set<Key> warmed_;
+  int64_t rows_served_ = 0, graph_items_ = 0, num_captures_ = 0;
 };
 
 }  // namespace afd::runtime

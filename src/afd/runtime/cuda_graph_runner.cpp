@@ -21,6 +21,7 @@ struct CudaGraphRunner::Graph {
   Tensor packed;         // the memory of in's per-step inputs (PackedStepInputs)
   Tensor logits;         // [bucket, vocab] the graph writes
   std::unique_ptr<kernels::OpGraph> graph;
+  int token = 0;  // GraphedStep::EndCapture's
 };
 
 std::vector<int64_t> DefaultCudaGraphSizes() {
@@ -63,7 +64,19 @@ void PackStepInputs(const model::ForwardBatch& batch, const PackedStepInputs& la
 
 CudaGraphRunner::CudaGraphRunner(const model::DeepseekModel& model, CudaGraphOptions options)
     : model_(model),
-      moe_(model),
+      local_(std::make_unique<LocalStep>(model)),
+      step_(*local_),
+      sizes_(options.sizes.empty() ? DefaultCudaGraphSizes() : options.sizes),
+      enforce_eager_(options.enforce_eager || !model.backend().SupportsGraphs()) {
+  for (int64_t s : sizes_) AFD_CHECK(s >= 1, "--cuda-graph-sizes: size {} must be >= 1", s);
+  std::sort(sizes_.begin(), sizes_.end());
+  sizes_.erase(std::unique(sizes_.begin(), sizes_.end()), sizes_.end());
+}
+
+CudaGraphRunner::CudaGraphRunner(const model::DeepseekModel& model, GraphedStep& step,
+                                 CudaGraphOptions options)
+    : model_(model),
+      step_(step),
       sizes_(options.sizes.empty() ? DefaultCudaGraphSizes() : options.sizes),
       enforce_eager_(options.enforce_eager || !model.backend().SupportsGraphs()) {
   for (int64_t s : sizes_) AFD_CHECK(s >= 1, "--cuda-graph-sizes: size {} must be >= 1", s);
@@ -106,19 +119,22 @@ CudaGraphRunner::Graph& CudaGraphRunner::GraphFor(int64_t bucket, int64_t width,
   // Warm-up: sizes the workspace and the backend's scratch for these shapes, builds the
   // expert pointer tables; then the workspace is merged into one chunk and taken again.
   take_inputs();
-  model_.ForwardInputs(g->in, cache, moe_, g->ws);
+  step_.Body(g->in, cache, g->ws);
   backend.Synchronize();
   g->ws.Reset();
   take_inputs();
   backend.Synchronize();
+  step_.BeginCapture();
   backend.BeginCapture();
   try {
-    g->logits = model_.ForwardInputs(g->in, cache, moe_, g->ws);
+    g->logits = step_.Body(g->in, cache, g->ws);
   } catch (...) {
     backend.EndCapture();
+    step_.EndCapture();
     throw;
   }
   g->graph = backend.EndCapture();
+  g->token = step_.EndCapture();
   ++num_captures_;
   slot = std::move(g);
   return *slot;
@@ -132,7 +148,7 @@ Tensor CudaGraphRunner::Forward(const model::ForwardBatch& batch, kv::PagedKvCac
   for (int64_t i = 0; graphable && i < n; ++i) graphable = batch.logits_rows[i] == i;
   if (!graphable) {
     ++eager_steps_;
-    return model_.Forward(batch, cache, moe_, ws);
+    return step_.Eager(batch, cache, ws);
   }
   model_.CheckBatch(batch, cache);
   // The first and last layers' addresses identify the cache's memory and its layer stride.
@@ -162,6 +178,7 @@ Tensor CudaGraphRunner::Forward(const model::ForwardBatch& batch, kv::PagedKvCac
     backend.TakeIds(batch.ids_from, source, g.in.token_ids.Rows(0, n));
   }
   g.graph->Replay();
+  step_.Replayed(g.token);
   model::DeepseekModel::CommitBatch(batch, cache);
   ++graph_steps_;  // ws is not used: the graph's tensors live in its own workspace
   return g.logits.Rows(0, n);

@@ -57,10 +57,30 @@ struct PackedStepInputs {
 void PackStepInputs(const model::ForwardBatch& batch, const PackedStepInputs& layout,
                     std::vector<char>& out);
 
+// What a graph captures: the forward step on inputs already on the device. The default is the
+// in-process model (every expert here); the AFD attention role plugs in its step, whose MoE
+// exchange runs on the device (runtime/async_attention_runner.h).
+class GraphedStep {
+ public:
+  virtual ~GraphedStep() = default;
+  // A step no graph serves (a prefill, a batch above the largest size), eagerly.
+  virtual Tensor Eager(const model::ForwardBatch& batch, kv::PagedKvCache& cache,
+                       Workspace& ws) = 0;
+  // The captured body: logits [in.n, vocab] of every row (in.n is the bucket); waits for nothing.
+  virtual Tensor Body(const model::StepInputs& in, kv::PagedKvCache& cache, Workspace& ws) = 0;
+  // Around the capture of one graph (its warm-up run before, which runs, is not inside); the
+  // returned token is passed to Replayed after every replay of that graph.
+  virtual void BeginCapture() {}
+  virtual int EndCapture() { return 0; }
+  virtual void Replayed(int /*token*/) {}
+};
+
 class CudaGraphRunner : public StepRunner {
  public:
   // `model` must outlive the runner and hold every expert. Throws afd::Error for a size < 1.
   CudaGraphRunner(const model::DeepseekModel& model, CudaGraphOptions options);
+  // The graphs capture `step` (which must outlive the runner) instead of the in-process model.
+  CudaGraphRunner(const model::DeepseekModel& model, GraphedStep& step, CudaGraphOptions options);
   ~CudaGraphRunner() override;
 
   Tensor Forward(const model::ForwardBatch& batch, kv::PagedKvCache& cache, Workspace& ws) override;
@@ -76,8 +96,26 @@ class CudaGraphRunner : public StepRunner {
   using Key = std::tuple<int64_t, int64_t>;
   Graph& GraphFor(int64_t bucket, int64_t width, kv::PagedKvCache& cache);
 
+  // The in-process step (the default GraphedStep).
+  class LocalStep : public GraphedStep {
+   public:
+    explicit LocalStep(const model::DeepseekModel& model) : model_(model), moe_(model) {}
+    Tensor Eager(const model::ForwardBatch& batch, kv::PagedKvCache& cache,
+                 Workspace& ws) override {
+      return model_.Forward(batch, cache, moe_, ws);
+    }
+    Tensor Body(const model::StepInputs& in, kv::PagedKvCache& cache, Workspace& ws) override {
+      return model_.ForwardInputs(in, cache, moe_, ws);
+    }
+
+   private:
+    const model::DeepseekModel& model_;
+    model::LocalMoeBackend moe_;
+  };
+
   const model::DeepseekModel& model_;
-  model::LocalMoeBackend moe_;
+  std::unique_ptr<LocalStep> local_;  // null when a step was given
+  GraphedStep& step_;
   std::vector<int64_t> sizes_;  // ascending, unique
   bool enforce_eager_;
   // The cache the graphs were captured with: its first and last layers' addresses.

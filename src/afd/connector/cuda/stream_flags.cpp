@@ -3,6 +3,10 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+
 #include "afd/common/cuda_check.h"
 #include "afd/common/error.h"
 #include "afd/connector/cuda/flag_kernels.h"
@@ -59,6 +63,59 @@ std::unique_ptr<StreamFlags> StreamFlags::Create(int device, std::string* why,
 StreamFlags::~StreamFlags() {
   cudaSetDevice(device_);
   for (const Range& r : ranges_) cudaHostUnregister(r.host);
+  for (void* c : counters_) cudaFree(c);
+  if (status_ != nullptr) cudaFreeHost(status_);
+}
+
+uint64_t* StreamFlags::DeviceCounters(size_t n) {
+  AFD_CUDA_CHECK(cudaSetDevice(device_));
+  if (status_ == nullptr) {
+    void* s = nullptr;
+    AFD_CUDA_CHECK(cudaHostAlloc(&s, sizeof(DeviceSlotStatus), cudaHostAllocMapped));
+    std::memset(s, 0, sizeof(DeviceSlotStatus));
+    status_ = static_cast<DeviceSlotStatus*>(s);
+    void* d = nullptr;
+    AFD_CUDA_CHECK(cudaHostGetDevicePointer(&d, s, 0));
+    status_device_ = static_cast<DeviceSlotStatus*>(d);
+  }
+  void* c = nullptr;
+  AFD_CUDA_CHECK(cudaMalloc(&c, std::max<size_t>(n, 1) * 8));
+  counters_.push_back(c);
+  AFD_CUDA_CHECK(cudaMemset(c, 0, std::max<size_t>(n, 1) * 8));
+  AFD_CUDA_CHECK(cudaDeviceSynchronize());
+  return static_cast<uint64_t*>(c);
+}
+
+void StreamFlags::Publish(void* stream, char* header_dst, uint64_t* flag_dst, const void* header,
+                          uint64_t* counter, const uint64_t* echo_src) const {
+  const uint64_t echo = echo_src != nullptr ? DeviceAddress(echo_src) : 0;
+  AFD_CHECK(LaunchPublishSlot(stream, reinterpret_cast<void*>(DeviceAddress(header_dst, 56)),
+                              reinterpret_cast<uint64_t*>(DeviceAddress(flag_dst)), header, counter,
+                              reinterpret_cast<const uint64_t*>(echo)),
+            "slot publish kernel on cuda:{}: {}", device_, cudaGetErrorString(cudaGetLastError()));
+}
+
+void StreamFlags::AwaitSlot(void* stream, const uint64_t* flag, const char* header, uint64_t* seen,
+                            const uint64_t* echo_counter, const DeviceSlotExpect& expect,
+                            int region, int ring) const {
+  AFD_CHECK(status_device_ != nullptr, "stream flags: AwaitSlot before DeviceCounters");
+  AFD_CHECK(LaunchAwaitSlot(stream, reinterpret_cast<const uint64_t*>(DeviceAddress(flag)),
+                            reinterpret_cast<const void*>(DeviceAddress(header, 56)), seen,
+                            echo_counter, expect, status_device_, region, ring, wait_timeout_s_),
+            "slot wait kernel on cuda:{}: {}", device_, cudaGetErrorString(cudaGetLastError()));
+}
+
+void StreamFlags::Abort(int region) {
+  if (status_ == nullptr) return;
+  volatile DeviceSlotStatus* s = status_;
+  if (s->code != DeviceSlotStatus::kOk) return;
+  s->region = region;
+  s->ring = -1;
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  uint32_t expected = DeviceSlotStatus::kOk;
+  __atomic_compare_exchange_n(&status_->code, &expected,
+                              static_cast<uint32_t>(DeviceSlotStatus::kAborted), false,
+                              __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
 }
 
 void StreamFlags::Register(char* base, size_t bytes, const std::string& what) {
@@ -72,10 +129,10 @@ void StreamFlags::Register(char* base, size_t bytes, const std::string& what) {
   ranges_.push_back({base, bytes, reinterpret_cast<uint64_t>(dev)});
 }
 
-uint64_t StreamFlags::DeviceAddress(const void* host) const {
+uint64_t StreamFlags::DeviceAddress(const void* host, size_t bytes) const {
   const char* p = static_cast<const char*>(host);
   for (const Range& r : ranges_) {
-    if (p >= r.host && p + 8 <= r.host + r.bytes) return r.device + (p - r.host);
+    if (p >= r.host && p + bytes <= r.host + r.bytes) return r.device + (p - r.host);
   }
   AFD_THROW("stream flags: host address {} is in no registered flag range", host);
 }

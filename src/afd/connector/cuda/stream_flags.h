@@ -20,6 +20,8 @@
 #include <string>
 #include <vector>
 
+#include "afd/connector/cuda/flag_kernels.h"
+
 namespace afd::connector {
 
 class StreamFlags {
@@ -40,6 +42,23 @@ class StreamFlags {
   // Enqueues on `stream`: wait until *flag >= value (flag inside a registered range).
   void Wait(void* stream, const uint64_t* flag, uint64_t value) const;
 
+  // Device sequencing (flag_kernels.h): `n` zeroed u64 counters in device memory, kept while
+  // this lives.
+  uint64_t* DeviceCounters(size_t n);
+  // Enqueues the publication of a 56-byte header and its flag (both inside registered ranges;
+  // echo_src: null, or a registered host address whose u64 becomes the header's echo_seq).
+  void Publish(void* stream, char* header_dst, uint64_t* flag_dst, const void* header,
+               uint64_t* counter, const uint64_t* echo_src) const;
+  // Enqueues a bounded wait for the next slot of (region, ring) and the check of its header.
+  void AwaitSlot(void* stream, const uint64_t* flag, const char* header, uint64_t* seen,
+                 const uint64_t* echo_counter, const DeviceSlotExpect& expect, int region,
+                 int ring) const;
+  // The first failure of a device wait (host-mapped; code kOk while none).
+  const DeviceSlotStatus& status() const { return *status_; }
+  // Host: fails every pending and later device wait (code kAborted naming `region`), unless one
+  // failed already.
+  void Abort(int region);
+
  private:
   StreamFlags() = default;
   struct Range {
@@ -47,7 +66,7 @@ class StreamFlags {
     size_t bytes;
     uint64_t device;  // the range's device address
   };
-  uint64_t DeviceAddress(const void* host) const;
+  uint64_t DeviceAddress(const void* host, size_t bytes = 8) const;
   void Store(void* stream, uint64_t device_address, uint64_t value) const;
   void Await(void* stream, uint64_t device_address, uint64_t value) const;
 
@@ -57,6 +76,9 @@ class StreamFlags {
   bool memops_ = false;       // cuStreamWriteValue64 / cuStreamWaitValue64, else flag_kernels.h
   double wait_timeout_s_ = 0;
   std::vector<Range> ranges_;
+  DeviceSlotStatus* status_ = nullptr;         // cudaHostAlloc, mapped
+  DeviceSlotStatus* status_device_ = nullptr;  // its device address
+  std::vector<void*> counters_;                // cudaMalloc
 };
 
 }  // namespace afd::connector
