@@ -232,25 +232,23 @@ void AsyncConnector::CheckDevice() const {
   const std::string peer = st.region >= 0 && st.region < num_peers()
                                ? PeerName(st.region)
                                : fmt::format("region {}", st.region);
-  // An attention rank awaits replies, an FFN rank work items.
-  const char* what = world_.self().role == Role::kAttention ? "reply" : "work item";
   switch (code) {
     case DeviceSlotStatus::kTimeout:
       AFD_THROW(
-          "{} timed out after {}s: its CUDA stream waited for the {} of {} for layer {} (ring {}: "
+          "{} timed out after {}s: its CUDA stream waited for the reply of {} to layer {} (ring "
+          "{}: "
           "flag still {}, awaited {})",
-          me, timeout, what, peer, st.layer, st.ring, st.flag, st.awaited);
+          me, timeout, peer, st.layer, st.ring, st.flag, st.awaited);
     case DeviceSlotStatus::kJump:
       AFD_THROW(
-          "{}: the {} of {} for layer {} (ring {}): flag jumped to {}, awaited {}: the slot was "
+          "{}: the reply of {} to layer {} (ring {}): flag jumped to {}, awaited {}: the slot was "
           "overwritten before it was read",
-          me, what, peer, st.layer, st.ring, st.flag, st.awaited);
+          me, peer, st.layer, st.ring, st.flag, st.awaited);
     case DeviceSlotStatus::kHeader:
-      AFD_THROW("{}: the {} of {} for layer {} (ring {}, seq {}) has {} {}, {} expected", me, what,
-                peer, st.layer, st.ring, st.awaited, DeviceSlotFieldName(st.field), st.got,
-                st.want);
+      AFD_THROW("{}: {} answered layer {} (ring {}, seq {}) with {} {}, {} expected", me, peer,
+                st.layer, st.ring, st.awaited, DeviceSlotFieldName(st.field), st.got, st.want);
     case DeviceSlotStatus::kAborted:
-      AFD_THROW("{} exited while {} waited for its {}s on the device", peer, me, what);
+      AFD_THROW("{} exited while {} waited for its replies on the device", peer, me);
     default:
       AFD_THROW("{}: a device wait failed with code {}", me, code);
   }
@@ -423,39 +421,6 @@ void AsyncConnector::EnqueueWait(int peer, int stage, const ExpectedSlot& expect
   }
   // Inline (CPU): the "stream" is this thread; the flag is consumed by Receive later.
   AwaitFlagOnHost(peer, stage, [] { return std::string("the reply"); });
-}
-
-void AsyncConnector::EnqueueAwaitCounted(int peer, int ring, const ExpectedSlot& expect) {
-  AFD_CHECK(device_sequenced(), "async connector: EnqueueAwaitCounted without device sequencing");
-  AFD_CHECK(peer >= 0 && peer < num_peers() && ring >= 0 && ring < layout_.ring_depth,
-            "async connector: wait for peer {} ring {} out of range", peer, ring);
-#ifdef AFD_WITH_CUDA
-  const size_t i = static_cast<size_t>(peer) * layout_.ring_depth + ring;
-  const size_t sends = static_cast<size_t>(num_peers()) * layout_.ring_depth;
-  DeviceSlotExpect e;
-  e.flags = expect.flags;
-  e.sender = peer;
-  e.layer = expect.layer;
-  e.stage = ring;
-  e.num_tokens = expect.num_tokens;
-  e.routed_rows = static_cast<int32_t>(expect.routed_rows);
-  e.shared_rows = static_cast<int32_t>(expect.shared_rows);
-  e.table_entries = static_cast<int32_t>(expect.table_entries);
-  char* local = window_->local();
-  stream_flags_->AwaitSlot(
-      options_.cuda_stream,
-      reinterpret_cast<const uint64_t*>(local + layout_.flag_offset(peer, ring)),
-      local + layout_.slot_offset(peer, ring) + layout_.header, device_seqs_ + sends + i, nullptr,
-      e, peer, ring);
-#else
-  (void)expect;
-#endif
-}
-
-void AsyncConnector::SkipAhead(int peer, int ring) {
-  AFD_CHECK(peer >= 0 && peer < num_peers() && ring >= 0 && ring < layout_.ring_depth,
-            "async connector: skip on peer {} ring {} out of range", peer, ring);
-  ++seen_[static_cast<size_t>(peer) * layout_.ring_depth + ring];
 }
 
 void AsyncConnector::AwaitFlagOnHost(int peer, int stage, const Describe& what) {

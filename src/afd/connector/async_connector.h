@@ -162,14 +162,6 @@ class AsyncConnector {
   // timeout, naming a dead peer); a wait still pending when the connector is destroyed is
   // released so that the stream drains. Inline flags (CPU): waits here, bounded the same way.
   void EnqueueWait(int peer, int stage, const ExpectedSlot& expect = {});
-  // Device sequencing, receiver: enqueues on the stream a wait for the next slot of (peer,
-  // ring) by the device's own count of them (every slot received must pass one such wait, in
-  // order) and the check of its header against `expect` (sender and stage are the wait's,
-  // echo_seq 0). Capturable: a graph that begins with it serves whichever slot comes next.
-  void EnqueueAwaitCounted(int peer, int ring, const ExpectedSlot& expect);
-  // Counts the next slot of (peer, ring) as received without the host seeing it: work the host
-  // enqueued ahead of its arrival (behind an EnqueueAwaitCounted). Poll will not return it.
-  void SkipAhead(int peer, int ring);
   // Device sequencing: sends and waits are device kernels (see above).
   bool device_sequenced() const { return device_seqs_ != nullptr; }
   // Device sequencing: throws the first failure of a device wait, naming the peer (call after

@@ -31,14 +31,9 @@ enum SlotFlags : uint16_t {
   // graph bucket's), so the receiver may serve it from a graph of its own; never set by an
   // eager step (seed 000's explicit replay flag).
   kSlotGraph = 1u << 4,
-  // MoE dispatch, with kSlotGraph: the first MoE layer of a graph replay that runs as one
-  // micro-batch: every later MoE layer of the step follows on the same ring, in layer order,
-  // with the same tokens and flags (less this one), so the receiver may enqueue their service
-  // on its device ahead of them.
-  kSlotWholeStep = 1u << 5,
 };
 inline constexpr uint16_t kKnownSlotFlags =
-    kSlotCombine | kSlotShutdown | kSlotPairs | kSlotBf16Rows | kSlotGraph | kSlotWholeStep;
+    kSlotCombine | kSlotShutdown | kSlotPairs | kSlotBf16Rows | kSlotGraph;
 
 // The fixed part of a slot header, followed by int32 expert_counts[num_experts].
 struct SlotHeader {

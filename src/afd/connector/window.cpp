@@ -22,7 +22,7 @@ int WaitForFlags(const Window& w, size_t offset, std::span<const uint64_t> seen,
     w.ReadFlags(offset, now);
     for (int i = 0; i < n; ++i) {
       const int f = (start + i) % n;
-      if (now[f] > seen[f]) return f;
+      if (now[f] != seen[f]) return f;
     }
     ++polls;
     // Spin for the first few microseconds (a reply is often that close), then yield, then give
@@ -48,7 +48,7 @@ int WaitForFlags(const Window& w, size_t offset, std::span<const uint64_t> seen,
       w.ReadFlags(offset, now);
       for (int i = 0; i < n; ++i) {
         const int f = (start + i) % n;
-        if (now[f] > seen[f]) return f;
+        if (now[f] != seen[f]) return f;
       }
       return -1;
     }

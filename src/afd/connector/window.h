@@ -48,8 +48,7 @@ class Window {
   virtual std::string Describe(int peer) const = 0;
 };
 
-// Waits until some flag i of `seen.size()` flags at `offset` of w's copy exceeds seen[i] (flags
-// only grow; a receiver may have counted some ahead, consumed on its device);
+// Waits until some flag i of `seen.size()` flags at `offset` of w's copy differs from seen[i];
 // returns the first such i scanning from `start` (wrapping), or -1 when none changed before
 // `deadline`. Spins briefly, then yields and sleeps (the host's cores are shared). Calls
 // `on_idle` about every `idle_period_s` while waiting (liveness checks; it may throw).

@@ -379,14 +379,9 @@ std::vector<DeploymentResult> RunDeployment(const DeploymentSpec& spec,
                                  st["mixed_steps"].get<int64_t>());
       }
       if (st.value("graph_steps", int64_t{0}) > 0 || st.value("graph_items", int64_t{0}) > 0) {
-        std::cerr << fmt::format(", {} replayed from CUDA graphs ({} captured",
+        std::cerr << fmt::format(", {} replayed from CUDA graphs ({} captured)",
                                  st.value("graph_steps", st.value("graph_items", int64_t{0})),
                                  st["graph_captures"].get<int64_t>());
-        if (st.value("graph_ahead", int64_t{0}) > 0) {
-          std::cerr << fmt::format(", {} enqueued ahead of their arrival",
-                                   st["graph_ahead"].get<int64_t>());
-        }
-        std::cerr << ")";
       }
       if (st.contains("expert_range")) {  // a data-parallel + expert-parallel rank
         std::cerr << fmt::format(", experts [{}, {})", st["expert_range"][0].get<int64_t>(),

@@ -206,7 +206,6 @@ void RunWorker(const WorkerOptions& o) {
       stats["steps"] = worker.Run();  // work items served
       stats["graph_items"] = worker.graph_items();
       stats["graph_captures"] = worker.num_captures();
-      stats["graph_ahead"] = worker.ahead_items();
       stats["rows"] = worker.rows_served();
       stats["experts"] = {worker.expert_begin(), worker.expert_end()};
     } else {

@@ -82,9 +82,6 @@ AsyncAttentionMoe::AsyncAttentionMoe(const model::DeepseekModel& model, comm::Af
     bf16 = l.attn.kv_a_proj.dtype() == DType::kBF16;
     break;
   }
-  for (int64_t l = 0; l < model.config().num_hidden_layers && first_moe_layer_ < 0; ++l) {
-    if (model.config().IsMoeLayer(l)) first_moe_layer_ = l;
-  }
   const bool gpu_bf16 = bf16 && !model.backend().device().is_cpu();
   wire_ = gpu_bf16 ? DType::kBF16 : DType::kF32;
   pairs_ = F > 1 && !gpu_bf16;
@@ -159,9 +156,6 @@ void AsyncAttentionMoe::Start(int64_t layer, int stage, const Tensor& hidden, co
     s.flags = static_cast<uint16_t>((pairs_ ? connector::kSlotPairs : 0) |
                                     (wire_ == DType::kBF16 ? connector::kSlotBf16Rows : 0) |
                                     (connector_.capturing() ? connector::kSlotGraph : 0));
-    if (connector_.capturing() && step_stages_ == 1 && layer == first_moe_layer_) {
-      s.flags |= connector::kSlotWholeStep;  // every later MoE layer follows in order
-    }
     s.in_place = true;
     s.table_entries = 2 * n * k;
     s.routed_count = n;  // an upper bound: the rank's own rows come first, ids -1 after them
@@ -364,7 +358,6 @@ Tensor AsyncAttentionRunner::Eager(const model::ForwardBatch& batch, kv::PagedKv
   // serves it while the other stages attend.
   loop.splits = SplitPoints(batch, ChooseStages(batch.size(), batch.HasPrefill()));
   loop.tp = tp_group_.get();
-  moe_->SetStages(static_cast<int>(loop.splits.size()) - 1);
   const Tensor logits = model_.RunLayers(in, &cache, *moe_, ws, loop);
   model::DeepseekModel::CommitBatch(batch, cache);
   last_dbo_ = loop.splits.size() > 2;
@@ -384,7 +377,6 @@ Tensor AsyncAttentionRunner::Body(const model::StepInputs& in, kv::PagedKvCache&
     if (at > loop.splits.back() && at < in.n) loop.splits.push_back(at);
   }
   loop.splits.push_back(in.n);
-  moe_->SetStages(static_cast<int>(loop.splits.size()) - 1);
   const Tensor logits = model_.RunLayers(in, &cache, *moe_, ws, loop);
   last_dbo_ = loop.splits.size() > 2;
   moe_->EndStep();

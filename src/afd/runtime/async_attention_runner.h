@@ -65,9 +65,6 @@ class AsyncAttentionMoe : public model::MoeBackend {
 
   void RecordRoundTrips() { record_round_trips_ = true; }
   std::vector<double> TakeRoundTrips();
-  // The micro-batches of the step about to run (a captured single-stage step marks its first
-  // MoE layer's dispatches kSlotWholeStep).
-  void SetStages(int stages) { step_stages_ = stages; }
   // Whether replies carry per-pair outputs (kSlotPairs) rather than partial sums.
   bool pairs() const { return pairs_; }
 
@@ -107,8 +104,6 @@ class AsyncAttentionMoe : public model::MoeBackend {
   bool pairs_ = false;
   DType wire_ = DType::kF32;  // the dispatched rows' dtype
   std::vector<Pending> stages_;
-  int step_stages_ = 1;
-  int64_t first_moe_layer_ = -1;
   bool record_round_trips_ = false;
   std::vector<double> round_trips_;
 };

@@ -47,7 +47,7 @@ AsyncFfnWorker::AsyncFfnWorker(const model::DeepseekModel& model, comm::AfdWorld
   }
 }
 
-int64_t AsyncFfnWorker::Serve(const connector::ReceivedSlot& in) {
+void AsyncFfnWorker::Serve(const connector::ReceivedSlot& in) {
   const model::ModelConfig& c = model_.config();
   const connector::SlotHeader& h = in.header;
   const int64_t k = c.num_experts_per_tok;
@@ -67,43 +67,21 @@ int64_t AsyncFfnWorker::Serve(const connector::ReceivedSlot& in) {
             "{}: {} rows, {} table entries, {} shared rows for {} tokens (expected {}, {}, {})",
             from(), h.routed_rows, h.table_entries, S, n, n, 2 * n * k, owned);
   rows_served_ += n;
-  if (graphs_enabled_ && (h.flags & connector::kSlotGraph) && n > 0) return ServeFromGraph(h);
+  if (graphs_enabled_ && (h.flags & connector::kSlotGraph) && n > 0) {
+    ServeFromGraph(h);
+    return;
+  }
   ws_.Reset();
   Compute(h, ws_);
-  return 1;
 }
 
-int64_t AsyncFfnWorker::EnqueueRestOfStep(const connector::SlotHeader& h) {
-  const model::ModelConfig& c = model_.config();
-  const int flags = h.flags & ~connector::kSlotWholeStep;
-  std::vector<Graph*> rest;
-  for (int l = h.layer + 1; l < c.num_hidden_layers; ++l) {
-    if (!c.IsMoeLayer(l)) continue;
-    const auto it = graphs_.find(Key{h.sender, h.stage, l, h.num_tokens, flags});
-    if (it == graphs_.end()) return 0;  // not every layer has its graph yet: the host serves
-    rest.push_back(it->second.get());
-  }
-  for (Graph* g : rest) {  // each graph begins with the device wait for its item
-    connector_.SkipAhead(h.sender, h.stage);
-    g->graph->Replay();
-    connector_.Replayed(g->seqs);
-  }
-  const auto k = static_cast<int64_t>(rest.size());
-  graph_items_ += k;
-  ahead_items_ += k;
-  rows_served_ += k * h.num_tokens;
-  return k;
-}
-
-int64_t AsyncFfnWorker::ServeFromGraph(const connector::SlotHeader& h) {
+void AsyncFfnWorker::ServeFromGraph(const connector::SlotHeader& h) {
   const Key key{h.sender, h.stage, h.layer, h.num_tokens, h.flags};
   if (auto it = graphs_.find(key); it != graphs_.end()) {
     it->second->graph->Replay();
     connector_.Replayed(it->second->seqs);
     ++graph_items_;
-    const bool ahead =
-        (h.flags & connector::kSlotWholeStep) && world_.topology().num_attention() == 1;
-    return 1 + (ahead ? EnqueueRestOfStep(h) : 0);
+    return;
   }
   kernels::Backend& backend = model_.backend();
   std::unique_ptr<GraphMemory>& memory = graph_memory_[h.num_tokens];
@@ -122,7 +100,7 @@ int64_t AsyncFfnWorker::ServeFromGraph(const connector::SlotHeader& h) {
     Compute(h, ws);
     ws.Reset();
     drop_if_grown();
-    return 1;
+    return;
   }
   ws.Reset();
   drop_if_grown();
@@ -147,7 +125,7 @@ int64_t AsyncFfnWorker::ServeFromGraph(const connector::SlotHeader& h) {
     Compute(h, ws);
     ws.Reset();
     drop_if_grown();
-    return 1;
+    return;
   }
   if (memory->chunk_allocations < 0) memory->chunk_allocations = ws.chunk_allocations();
   memory->graphs.push_back(key);
@@ -158,7 +136,6 @@ int64_t AsyncFfnWorker::ServeFromGraph(const connector::SlotHeader& h) {
   connector_.Replayed(g->seqs);
   graphs_[key] = std::move(g);
   ++graph_items_;
-  return 1;
 }
 
 void AsyncFfnWorker::Compute(const connector::SlotHeader& h, Workspace& ws) {
@@ -168,18 +145,6 @@ void AsyncFfnWorker::Compute(const connector::SlotHeader& h, Workspace& ws) {
   const int64_t n = h.num_tokens, S = h.shared_rows;
   const bool pairs = (h.flags & connector::kSlotPairs) != 0;
   const DType wire = (h.flags & connector::kSlotBf16Rows) ? DType::kBF16 : DType::kF32;
-  // Device sequencing: the item's own wait first (it has come when the host serves it; in a
-  // graph enqueued ahead of it, it is what the graph waits for), its header checked there.
-  if (connector_.device_sequenced()) {
-    connector::ExpectedSlot e;
-    e.flags = h.flags;
-    e.layer = h.layer;
-    e.num_tokens = h.num_tokens;
-    e.routed_rows = h.routed_rows;
-    e.shared_rows = h.shared_rows;
-    e.table_entries = h.table_entries;
-    connector_.EnqueueAwaitCounted(h.sender, h.stage, e);
-  }
   // The rows and their routing, read in place in this rank's window; the outputs are written
   // straight into the sender's slot (PeerSlot).
   const connector::AsyncConnector::RowViews mine = connector_.RowsOf(h.sender, h.stage);
@@ -262,8 +227,8 @@ int64_t AsyncFfnWorker::Run() {
       --remaining;
       continue;
     }
-    served += Serve(*in);
-    connector_.CheckDevice();  // the waits enqueued ahead so far
+    Serve(*in);
+    ++served;
   }
   connector_.AnnounceShutdown();
   return served;

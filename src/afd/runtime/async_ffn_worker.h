@@ -18,12 +18,6 @@
 // graph, its echo read on the device). An item without kSlotGraph (a prefill, an eager step)
 // always runs eagerly, whatever its token count.
 //
-// With one attention rank, an item marked kSlotWholeStep (the first MoE layer of a graphed
-// single-micro-batch step) has the rest of its step enqueued at once: for each later MoE layer a
-// device wait for that item (its header checked on the device) and then its graph, so the host
-// is off the critical path for every layer but the step's first. (Several attention ranks share
-// this rank's one stream: their items are served in arrival order, by the host.)
-//
 // Thread safety: one thread.
 #pragma once
 
@@ -52,23 +46,17 @@ class AsyncFfnWorker {
 
   int64_t rows_served() const { return rows_served_; }
   int64_t graph_items() const { return graph_items_; }  // work items replayed from graphs
-  int64_t ahead_items() const { return ahead_items_; }  // of those, enqueued ahead (whole steps)
   int64_t num_captures() const { return num_captures_; }
   int64_t expert_begin() const { return begin_; }
   int64_t expert_end() const { return end_; }
 
  private:
-  // Returns the items served (see ServeFromGraph).
-  int64_t Serve(const connector::ReceivedSlot& in);
+  void Serve(const connector::ReceivedSlot& in);
   // The item's ops and its reply, enqueued (scratch from ws).
   void Compute(const connector::SlotHeader& h, Workspace& ws);
   // Serves a kSlotGraph item: from its graph, captured on its key's second item (the first
   // runs eagerly in the graphs' memory, sizing it).
-  // Returns the items served (1, or 1 + the step's later MoE layers enqueued ahead).
-  int64_t ServeFromGraph(const connector::SlotHeader& h);
-  // kSlotWholeStep: enqueues the step's later MoE layers (device wait, then graph) when every
-  // one has a graph; returns how many (0: the host serves them).
-  int64_t EnqueueRestOfStep(const connector::SlotHeader& h);
+  void ServeFromGraph(const connector::SlotHeader& h);
 
   const model::DeepseekModel& model_;
   comm::AfdWorld& world_;
@@ -85,7 +73,7 @@ class AsyncFfnWorker {
   std::map<Key, std::unique_ptr<Graph>> graphs_;
   std::map<int, std::unique_ptr<GraphMemory>> graph_memory_;  // by token count
   std::set<Key> warmed_;
-  int64_t rows_served_ = 0, graph_items_ = 0, ahead_items_ = 0, num_captures_ = 0;
+  int64_t rows_served_ = 0, graph_items_ = 0, num_captures_ = 0;
 };
 
 }  // namespace afd::runtime

@@ -84,13 +84,10 @@ __device__ void Fail(DeviceSlotStatus* status, uint32_t code, int region, int ri
 __global__ void AwaitSlot(const volatile unsigned long long* flag, const volatile char* header,
                           unsigned long long* seen, const unsigned long long* echo_counter,
                           DeviceSlotExpect e, DeviceSlotStatus* status, int region, int ring,
-                          unsigned long long timeout_ns, unsigned long long explicit_want) {
+                          unsigned long long timeout_ns) {
   const volatile DeviceSlotStatus* vs = status;
-  unsigned long long want = explicit_want;
-  if (seen != nullptr) {
-    want = *seen + 1;
-    *seen = want;
-  }
+  const unsigned long long want = *seen + 1;
+  *seen = want;
   if (vs->code != 0) return;  // the step has failed already: pass
   const unsigned long long start = GlobalNanos();
   unsigned long long v = *flag;
@@ -162,14 +159,13 @@ bool LaunchPublishSlot(void* stream, void* header_dst, uint64_t* flag_dst, const
 
 bool LaunchAwaitSlot(void* stream, const uint64_t* flag, const void* header, uint64_t* seen,
                      const uint64_t* echo_counter, const DeviceSlotExpect& expect,
-                     DeviceSlotStatus* status, int region, int ring, double timeout_s,
-                     uint64_t want) {
+                     DeviceSlotStatus* status, int region, int ring, double timeout_s) {
   const auto timeout_ns = static_cast<unsigned long long>(timeout_s > 0 ? timeout_s * 1e9 : 0);
   AwaitSlot<<<1, 1, 0, static_cast<cudaStream_t>(stream)>>>(
       reinterpret_cast<const volatile unsigned long long*>(flag),
       static_cast<const volatile char*>(header), reinterpret_cast<unsigned long long*>(seen),
       reinterpret_cast<const unsigned long long*>(echo_counter), expect, status, region, ring,
-      timeout_ns, want);
+      timeout_ns);
   return cudaGetLastError() == cudaSuccess;
 }
 

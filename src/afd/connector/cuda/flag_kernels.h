@@ -60,13 +60,11 @@ const char* DeviceSlotFieldName(int32_t field);
 // system-scope fence (every earlier write of the stream first). All addresses device-visible.
 bool LaunchPublishSlot(void* stream, void* header_dst, uint64_t* flag_dst, const void* header,
                        uint64_t* counter, const uint64_t* echo_src);
-// One thread: want = ++*seen (seen null: `want` as given); polls *flag until it reaches want
-// (bounded by timeout_s, and by status->code turning non-zero), then checks the header at
-// `header` against `expect`, seq == want and echo_seq == *echo_counter (when not null); the
-// first failure is recorded in *status.
+// One thread: want = ++*seen; polls *flag until it reaches want (bounded by timeout_s, and by
+// status->code turning non-zero), then checks the header at `header` against `expect`, seq ==
+// want and echo_seq == *echo_counter (when not null); the first failure is recorded in *status.
 bool LaunchAwaitSlot(void* stream, const uint64_t* flag, const void* header, uint64_t* seen,
                      const uint64_t* echo_counter, const DeviceSlotExpect& expect,
-                     DeviceSlotStatus* status, int region, int ring, double timeout_s,
-                     uint64_t want = 0);
+                     DeviceSlotStatus* status, int region, int ring, double timeout_s);
 
 }  // namespace afd::connector

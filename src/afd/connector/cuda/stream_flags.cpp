@@ -97,13 +97,12 @@ void StreamFlags::Publish(void* stream, char* header_dst, uint64_t* flag_dst, co
 
 void StreamFlags::AwaitSlot(void* stream, const uint64_t* flag, const char* header, uint64_t* seen,
                             const uint64_t* echo_counter, const DeviceSlotExpect& expect,
-                            int region, int ring, uint64_t want) const {
+                            int region, int ring) const {
   AFD_CHECK(status_device_ != nullptr, "stream flags: AwaitSlot before DeviceCounters");
-  AFD_CHECK(
-      LaunchAwaitSlot(stream, reinterpret_cast<const uint64_t*>(DeviceAddress(flag)),
-                      reinterpret_cast<const void*>(DeviceAddress(header, 56)), seen, echo_counter,
-                      expect, status_device_, region, ring, wait_timeout_s_, want),
-      "slot wait kernel on cuda:{}: {}", device_, cudaGetErrorString(cudaGetLastError()));
+  AFD_CHECK(LaunchAwaitSlot(stream, reinterpret_cast<const uint64_t*>(DeviceAddress(flag)),
+                            reinterpret_cast<const void*>(DeviceAddress(header, 56)), seen,
+                            echo_counter, expect, status_device_, region, ring, wait_timeout_s_),
+            "slot wait kernel on cuda:{}: {}", device_, cudaGetErrorString(cudaGetLastError()));
 }
 
 void StreamFlags::Abort(int region) {

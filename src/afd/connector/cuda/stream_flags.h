@@ -50,10 +50,9 @@ class StreamFlags {
   void Publish(void* stream, char* header_dst, uint64_t* flag_dst, const void* header,
                uint64_t* counter, const uint64_t* echo_src) const;
   // Enqueues a bounded wait for the next slot of (region, ring) and the check of its header.
-  // seen null: the slot of sequence number `want`.
   void AwaitSlot(void* stream, const uint64_t* flag, const char* header, uint64_t* seen,
-                 const uint64_t* echo_counter, const DeviceSlotExpect& expect, int region, int ring,
-                 uint64_t want = 0) const;
+                 const uint64_t* echo_counter, const DeviceSlotExpect& expect, int region,
+                 int ring) const;
   // The first failure of a device wait (host-mapped; code kOk while none).
   const DeviceSlotStatus& status() const { return *status_; }
   // Host: fails every pending and later device wait (code kAborted naming `region`), unless one
