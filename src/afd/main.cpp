@@ -7,6 +7,7 @@
 #include <string>
 
 #include "afd/cli/commands.h"
+#include "afd/common/env_switches.h"
 #include "afd/common/error.h"
 
 #ifndef AFD_WITH_CUDA
@@ -72,6 +73,13 @@ int main(int argc, char** argv) {
   version += ", " + afd::comm::DescribeNcclVersions();
 #endif
   app.set_version_flag("--version", version + ")");
+  app.add_flag_callback(
+      "--help-env",
+      [] {
+        std::cout << afd::EnvSwitchesHelp();
+        throw CLI::Success();
+      },
+      "Print afd's environment variables (what each takes, its default, its meaning) and exit");
   app.require_subcommand(1);
   int exit_code = 0;
   afd::cli::AddTopologyCommand(app, exit_code);
@@ -99,7 +107,7 @@ int main(int argc, char** argv) {
     return 2;
   } catch (const afd::Error& e) {
     std::cerr << "afd: error: " << e.what() << "\n";
-    if (std::getenv("AFD_DEBUG")) std::cerr << "  (raised at " << e.where() << ")\n";
+    if (afd::EnvValue("AFD_DEBUG")) std::cerr << "  (raised at " << e.where() << ")\n";
     return 1;
   } catch (const std::exception& e) {
     std::cerr << "afd: error: " << e.what() << "\n";

@@ -141,6 +141,10 @@ TEST(Cli, VersionAndHelp) {
   Result r = RunAfd("--version");
   EXPECT_EQ(r.exit_code, 0);
   EXPECT_NE(r.out.find("afd 0."), std::string::npos);
+  r = RunAfd("--help-env");
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("AFD_CPU_GEMM=portable, avx2 or avx512"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("AFD_JOIN_SECRET_FILE="), std::string::npos) << r.out;
   for (const char* sub : {"--help", "topology --help", "config --help", "config check --help"}) {
     r = RunAfd(sub);
     EXPECT_EQ(r.exit_code, 0) << sub;

@@ -125,7 +125,7 @@ TEST(MoePermuteScratch, BlocksOnlyForManySlots) {
 // A forced form from the environment: unset or empty is 0 (the launcher's own choice), 1..max
 // taken, anything else refused with the variable's name.
 TEST(ChoiceCount, TakesOneToMaxAndRefusesTheRest) {
-  constexpr const char* kName = "AFD_TEST_CHOICE_COUNT";
+  constexpr const char* kName = "AFD_MLA_BUFS";  // a registered count of 1..2
   unsetenv(kName);
   EXPECT_EQ(ChoiceCount(kName, 2), 0);
   for (const auto& [v, want] :

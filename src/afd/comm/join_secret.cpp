@@ -10,6 +10,7 @@
 #include <mutex>
 #include <sstream>
 
+#include "afd/common/env_switches.h"
 #include "afd/common/error.h"
 #include "afd/common/sha256.h"
 
@@ -17,11 +18,7 @@ namespace afd::comm {
 
 namespace {
 
-std::optional<std::string> Env(const char* name) {
-  const char* v = std::getenv(name);
-  if (v == nullptr) return std::nullopt;
-  return std::string(v);
-}
+std::optional<std::string> Env(const char* name) { return EnvValue(name); }
 
 std::string ReadSecretFile(const std::string& path) {
   struct stat st;
@@ -81,7 +78,7 @@ std::optional<std::string> ResolveJoinSecret(const std::string& host) {
 }
 
 void EnsureLocalJoinSecret() {
-  if (std::getenv(kJoinSecretEnv) != nullptr || std::getenv(kJoinSecretFileEnv) != nullptr) return;
+  if (EnvValue(kJoinSecretEnv) || EnvValue(kJoinSecretFileEnv)) return;
   setenv(kJoinSecretEnv, ToHex(RandomBytes(32)).c_str(), /*overwrite=*/0);
 }
 

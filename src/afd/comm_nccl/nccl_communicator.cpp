@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "afd/comm/nccl_plan.h"
+#include "afd/common/env_switches.h"
 #include "afd/common/error.h"
 
 namespace afd::comm {
@@ -137,8 +138,8 @@ void CheckNcclRankSetup(Store& store, int rank, int size, const std::vector<std:
   for (const auto& k : keys) gpus.push_back(store.TryGet(k).value_or(""));
   // AFD_NCCL_SKIP_SHARED_GPU_CHECK=1 lets NCCL itself meet the shared GPU (to see how its
   // refusal is reported); nothing else reads it.
-  const char* skip = std::getenv("AFD_NCCL_SKIP_SHARED_GPU_CHECK");
-  if (auto shared = FindSharedGpu(gpus, labels, group); shared && !(skip && *skip == '1')) {
+  const bool skip = EnvValue("AFD_NCCL_SKIP_SHARED_GPU_CHECK") == "1";
+  if (auto shared = FindSharedGpu(gpus, labels, group); shared && !skip) {
     AFD_THROW("{}", *shared);
   }
 }

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "afd/common/dtype_convert.h"
+#include "afd/common/env_switches.h"
 #include "afd/common/error.h"
 
 namespace afd::kernels::cpu {
@@ -198,8 +199,8 @@ GemmIsa BestGemmIsa() {
     // AFD_CPU_GEMM=portable|avx2|avx512 caps the kernel (tests show every cap gives the same
     // bits); anything else, or a kernel this CPU lacks, is refused.
     GemmIsa cap = GemmIsa::kAvx512;
-    if (const char* env = std::getenv("AFD_CPU_GEMM"); env != nullptr && *env != '\0') {
-      const std::string v = env;
+    if (const std::optional<std::string> env = EnvValue("AFD_CPU_GEMM"); env && !env->empty()) {
+      const std::string& v = *env;
       AFD_CHECK(v == "portable" || v == "avx2" || v == "avx512",
                 "AFD_CPU_GEMM={} is not one of portable, avx2, avx512", v);
       cap = v == "portable" ? GemmIsa::kPortable : v == "avx2" ? GemmIsa::kAvx2 : GemmIsa::kAvx512;

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "afd/common/cuda_check.h"
+#include "afd/common/env_switches.h"
 #include "afd/common/error.h"
 #include "afd/kernels/cuda/kernel_trace.h"
 #include "afd/kernels/cuda/launch.cuh"
@@ -230,20 +231,9 @@ CudaBackend::~CudaBackend() {
   if (state_->main) cudaStreamDestroy(state_->main);
 }
 
-bool ChoiceOff(const char* name) {
-  const char* v = std::getenv(name);
-  return v != nullptr && std::string(v) == "0";
-}
+bool ChoiceOff(const char* name) { return EnvOff(name); }
 
-int64_t ChoiceCount(const char* name, int64_t max) {
-  const char* v = std::getenv(name);
-  if (v == nullptr || *v == '\0') return 0;
-  char* end = nullptr;
-  const long long c = std::strtoll(v, &end, 10);
-  AFD_CHECK(*end == '\0' && c >= 1 && c <= max, "{}={}: expected a whole number from 1 to {}", name,
-            v, max);
-  return c;
-}
+int64_t ChoiceCount(const char* name, int64_t max) { return EnvCount(name, max); }
 
 Stream CudaBackend::stream() const { return {state_->main}; }
 
