@@ -351,14 +351,23 @@ TEST(ServerApiOverload, WaitingLimitGives503AndLosesNothing) {
   constexpr int kRequests = 12;
   std::vector<HttpResult> results(kRequests);
   std::vector<std::thread> threads;
+  std::atomic<int> answered{0};
   for (int i = 0; i < kRequests; ++i) {
     threads.emplace_back([&, i] {
       results[i] = h.Post("/v1/completions",
                           json{{"prompt", {i + 1}}, {"max_tokens", 4}, {"temperature", 0}});
+      ++answered;
     });
   }
-  // Let every request reach the server, then run the engine.
-  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  // Every request has reached the server -- answered (503) or in the paused engine -- before
+  // the engine runs (bounded wait on that event, not a sleep).
+  const auto arrived = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (answered + static_cast<int>(h.engine.submitted().size()) < kRequests &&
+         std::chrono::steady_clock::now() < arrived) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  EXPECT_EQ(answered + static_cast<int>(h.engine.submitted().size()), kRequests);
+  const int accepted = static_cast<int>(h.engine.submitted().size());
   h.engine.paused = false;
   for (auto& t : threads) t.join();
   int ok = 0, rejected = 0;
@@ -377,6 +386,7 @@ TEST(ServerApiOverload, WaitingLimitGives503AndLosesNothing) {
   }
   EXPECT_GE(ok, 1);
   EXPECT_GE(rejected, 1);
+  EXPECT_EQ(ok, accepted);  // nothing accepted was lost, nothing rejected ran
   EXPECT_EQ(ok + rejected, kRequests);
   EXPECT_EQ(h.engine.num_live(), 0u);
   // A request stays in flight until the server has seen its last byte written, which can be

@@ -5,6 +5,7 @@
 
 #include "afd/common/error.h"
 #include "afd/kernels/cpu/cpu_backend.h"
+#include "afd/kernels/cpu/sample.h"
 
 #if AFD_WITH_CUDA
 #include "afd/kernels/cuda/cuda_backend.h"
@@ -78,6 +79,8 @@ void Backend::FinishCopyToHost(int64_t ticket, void* dst) {
   if (!buf.empty()) std::memcpy(dst, buf.data(), buf.size());
   CloseCopySlot(slot);
 }
+
+double HostLogSumExp(const float* logits, int64_t vocab) { return cpu::LogSumExp(logits, vocab); }
 
 std::unique_ptr<Backend> MakeBackend(Device device) {
   if (device.is_cpu()) return std::make_unique<cpu::CpuBackend>();

@@ -363,4 +363,8 @@ class Backend : public Allocator {
 // when the device is not available in this build or on this machine.
 std::unique_ptr<Backend> MakeBackend(Device device);
 
+// log(sum(exp(logits))) of one row in host memory, as the CPU reference computes it (a host-side
+// log-softmax then matches the CPU backend's LogSoftmaxAt bit for bit).
+double HostLogSumExp(const float* logits, int64_t vocab);
+
 }  // namespace afd::kernels

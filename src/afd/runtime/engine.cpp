@@ -6,7 +6,6 @@
 #include <numeric>
 
 #include "afd/common/error.h"
-#include "afd/kernels/cpu/sample.h"
 
 namespace afd::runtime {
 
@@ -293,7 +292,7 @@ Engine::Launched Engine::Launch(StepPlan plan) {
     if (top_k[r] == 0) continue;
     row.resize(vocab);
     backend.CopyToHost(row.data(), L.logits.Rows(r, 1));
-    const double log_sum = kernels::cpu::LogSumExp(row.data(), vocab);
+    const double log_sum = kernels::HostLogSumExp(row.data(), vocab);
     L.tops[r] = TopK(row, top_k[r], log_sum);
     L.lps[r] = static_cast<float>(row[targets[r]] - log_sum);
   }
