@@ -15,7 +15,7 @@ MODS="$ROOT/.cache/npm/node_modules"
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 
-python3 - "$ROOT/tests/server/data/tokenizer_corpus.jsonl" "$TMP/lines.jsonl" <<'PY'
+python3 - "$ROOT/tests/text/data/tokenizer_corpus.jsonl" "$TMP/lines.jsonl" <<'PY'
 import json, sys
 texts = [json.loads(l)["text"] for l in open(sys.argv[1], encoding="utf-8").read().split("\n") if l]
 blob = " ".join(t for t in texts if t)

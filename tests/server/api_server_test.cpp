@@ -8,7 +8,7 @@
 
 #include "afd/common/error.h"
 #include "server/api_test_util.h"
-#include "server/reference.h"
+#include "text/reference.h"
 
 namespace afd::server::test {
 namespace {

@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "afd/server/api/api_server.h"
-#include "afd/server/chat_template/chat_template.h"
-#include "afd/server/tokenizer/tokenizer.h"
+#include "afd/text/chat_template/chat_template.h"
+#include "afd/text/tokenizer/tokenizer.h"
 #include "server/fake_engine.h"
 
 namespace afd::server::test {
@@ -29,7 +29,8 @@ struct HttpResult {
 class ApiHarness {
  public:
   ApiHarness(EngineModelInfo info, ApiServerOptions options = {},
-             const Tokenizer* tokenizer = nullptr, const ChatTemplate* chat_template = nullptr,
+             const text::Tokenizer* tokenizer = nullptr,
+             const text::ChatTemplate* chat_template = nullptr,
              std::chrono::microseconds step = std::chrono::microseconds(300))
       : engine(std::move(info), step) {
     options.host = "127.0.0.1";

@@ -6,7 +6,7 @@
 #include <filesystem>
 
 #include "server/api_test_util.h"
-#include "server/reference.h"
+#include "text/reference.h"
 
 namespace afd::server::test {
 namespace {
@@ -18,8 +18,8 @@ class ServerApiTokenizer : public ::testing::Test {
     if (!std::filesystem::exists(dir + "/tokenizer.json")) {
       GTEST_SKIP() << "DeepSeek-V3 tokenizer missing (run scripts/setup_tokenizer_data.sh)";
     }
-    tokenizer_ = Tokenizer::Load(dir);
-    chat_template_ = std::make_unique<ChatTemplate>(tokenizer_->chat_template());
+    tokenizer_ = text::Tokenizer::Load(dir);
+    chat_template_ = std::make_unique<text::ChatTemplate>(tokenizer_->chat_template());
     EngineModelInfo info;
     info.vocab_size = 129280;
     info.max_model_len = 4096;
@@ -45,8 +45,8 @@ class ServerApiTokenizer : public ::testing::Test {
     return text;
   }
 
-  std::unique_ptr<Tokenizer> tokenizer_;
-  std::unique_ptr<ChatTemplate> chat_template_;
+  std::unique_ptr<text::Tokenizer> tokenizer_;
+  std::unique_ptr<text::ChatTemplate> chat_template_;
   std::unique_ptr<ApiHarness> h_;
 };
 

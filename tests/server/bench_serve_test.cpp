@@ -20,7 +20,7 @@
 
 #include "afd/server/client/bench_plot.h"
 #include "afd/server/client/png_writer.h"
-#include "server/reference.h"
+#include "text/reference.h"
 
 namespace afd::server::client {
 namespace {

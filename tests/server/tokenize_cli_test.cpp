@@ -1,7 +1,7 @@
 // `afd tokenize` as a user runs it: one answer per line in order, errors on their line, exit 1.
 #include <gtest/gtest.h>
 
-#include "server/reference.h"
+#include "text/reference.h"
 
 namespace afd::test {
 namespace {

@@ -6,8 +6,8 @@
 
 #include "afd/cli/commands.h"
 #include "afd/common/error.h"
-#include "afd/server/chat_template/chat_template.h"
-#include "afd/server/tokenizer/tokenizer.h"
+#include "afd/text/chat_template/chat_template.h"
+#include "afd/text/tokenizer/tokenizer.h"
 
 namespace afd::cli {
 
@@ -16,7 +16,7 @@ namespace {
 using json = nlohmann::ordered_json;
 
 // Every id must name a token of `tokenizer` (HF's decode drops an unknown id without a word).
-std::vector<uint32_t> IdsField(const json& ids, const server::Tokenizer& tokenizer) {
+std::vector<uint32_t> IdsField(const json& ids, const text::Tokenizer& tokenizer) {
   AFD_CHECK(ids.is_array(), "\"ids\" must be an array of token ids");
   std::vector<uint32_t> out;
   for (const auto& id : ids) {
@@ -35,11 +35,11 @@ std::vector<uint32_t> IdsField(const json& ids, const server::Tokenizer& tokeniz
 // The directory's chat template, parsed once; a template that does not parse fails only the
 // lines that need it.
 struct Template {
-  std::unique_ptr<server::ChatTemplate> parsed;
+  std::unique_ptr<text::ChatTemplate> parsed;
   std::string error;  // why there is none
 };
 
-json Answer(const server::Tokenizer& tokenizer, const Template& chat_template,
+json Answer(const text::Tokenizer& tokenizer, const Template& chat_template,
             const std::string& line, bool add_special_tokens) {
   const json in = json::parse(line);
   AFD_CHECK(in.is_object(), "expected a JSON object");
@@ -92,11 +92,11 @@ void AddTokenizeCommand(CLI::App& app, int& exit_code) {
   cmd->add_flag("--add-special-tokens", args->add_special_tokens,
                 "Apply the post-processor to {\"text\"} lines (e.g. a BOS id in front)");
   cmd->callback([args, &exit_code] {
-    const auto tokenizer = server::Tokenizer::Load(args->dir);
+    const auto tokenizer = text::Tokenizer::Load(args->dir);
     Template chat_template{nullptr, "the tokenizer directory has no chat template"};
     if (!tokenizer->chat_template().empty()) {
       try {
-        chat_template.parsed = std::make_unique<server::ChatTemplate>(tokenizer->chat_template());
+        chat_template.parsed = std::make_unique<text::ChatTemplate>(tokenizer->chat_template());
       } catch (const Error& e) {
         chat_template.error = std::string("the chat template does not parse: ") + e.what();
       }

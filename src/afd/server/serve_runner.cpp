@@ -43,10 +43,10 @@ std::string Listening(const ServeHttpOptions& o, const ApiServer& api) {
 ServingTokenizer LoadServingTokenizer(const std::string& dir) {
   ServingTokenizer t;
   if (dir.empty()) return t;
-  t.tokenizer = Tokenizer::Load(dir);
+  t.tokenizer = text::Tokenizer::Load(dir);
   if (!t.tokenizer->chat_template().empty()) {
     try {
-      t.chat_template = std::make_unique<ChatTemplate>(t.tokenizer->chat_template());
+      t.chat_template = std::make_unique<text::ChatTemplate>(t.tokenizer->chat_template());
     } catch (const Error& e) {
       AFD_THROW("--tokenizer {}: the chat template does not parse: {}", dir, e.what());
     }

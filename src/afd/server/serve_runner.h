@@ -12,9 +12,9 @@
 
 #include "afd/deploy/launcher.h"
 #include "afd/server/api/api_server.h"
-#include "afd/server/chat_template/chat_template.h"
 #include "afd/server/replica_engine_client.h"
-#include "afd/server/tokenizer/tokenizer.h"
+#include "afd/text/chat_template/chat_template.h"
+#include "afd/text/tokenizer/tokenizer.h"
 
 namespace afd::server {
 
@@ -29,8 +29,8 @@ struct ServeHttpOptions {
 // The tokenizer and chat template of `dir` (both null for ""; the template null when the
 // tokenizer has none). Throws afd::Error naming the file for a bad directory or template.
 struct ServingTokenizer {
-  std::unique_ptr<Tokenizer> tokenizer;
-  std::unique_ptr<ChatTemplate> chat_template;
+  std::unique_ptr<text::Tokenizer> tokenizer;
+  std::unique_ptr<text::ChatTemplate> chat_template;
 };
 ServingTokenizer LoadServingTokenizer(const std::string& dir);
 

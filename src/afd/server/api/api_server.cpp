@@ -171,8 +171,8 @@ HandlerResult ApiServer::Impl::Work(const HttpRequest& req) {
   return Serve([&] { return HandlerResult{api::HandleDetokenize(*ctx, req), nullptr}; });
 }
 
-ApiServer::ApiServer(ApiServerOptions options, EngineClient& engine, const Tokenizer* tokenizer,
-                     const ChatTemplate* chat_template)
+ApiServer::ApiServer(ApiServerOptions options, EngineClient& engine,
+                     const text::Tokenizer* tokenizer, const text::ChatTemplate* chat_template)
     : impl_(std::make_unique<Impl>()) {
   options.Validate();
   api::HttpServerOptions h;

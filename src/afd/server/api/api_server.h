@@ -24,10 +24,12 @@
 
 #include "afd/server/engine_client.h"
 
-namespace afd::server {
-
+namespace afd::text {
 class Tokenizer;
 class ChatTemplate;
+}  // namespace afd::text
+
+namespace afd::server {
 
 struct ApiServerOptions {
   std::string host = "127.0.0.1";
@@ -70,8 +72,8 @@ struct ApiServerOptions {
 class ApiServer {
  public:
   // `tokenizer` and `chat_template` may be null (see above).
-  ApiServer(ApiServerOptions options, EngineClient& engine, const Tokenizer* tokenizer,
-            const ChatTemplate* chat_template);
+  ApiServer(ApiServerOptions options, EngineClient& engine, const text::Tokenizer* tokenizer,
+            const text::ChatTemplate* chat_template);
   ~ApiServer();
   ApiServer(const ApiServer&) = delete;
   ApiServer& operator=(const ApiServer&) = delete;

@@ -12,7 +12,7 @@ bool Contains(const std::vector<int32_t>& v, int32_t id) {
 
 }  // namespace
 
-ChoiceState::ChoiceState(const Tokenizer* tokenizer, const SamplingRequest& request,
+ChoiceState::ChoiceState(const text::Tokenizer* tokenizer, const SamplingRequest& request,
                          const EngineModelInfo& info)
     : want_logprobs_(request.logprobs >= 0),
       stop_token_ids_(request.stop_token_ids),

@@ -32,7 +32,7 @@ struct ChoiceDelta {
 
 class ChoiceState {
  public:
-  ChoiceState(const Tokenizer* tokenizer, const SamplingRequest& request,
+  ChoiceState(const text::Tokenizer* tokenizer, const SamplingRequest& request,
               const EngineModelInfo& info);
 
   // Applies one engine output; nullopt when it adds nothing for the client (outputs after the

@@ -4,11 +4,11 @@
 
 namespace afd::server::api {
 
-ChoiceText::ChoiceText(const Tokenizer* tokenizer, std::vector<std::string> stop,
+ChoiceText::ChoiceText(const text::Tokenizer* tokenizer, std::vector<std::string> stop,
                        bool skip_special_tokens)
     : stop_(std::move(stop)) {
   if (tokenizer != nullptr) {
-    detokenizer_ = std::make_unique<IncrementalDetokenizer>(*tokenizer, skip_special_tokens);
+    detokenizer_ = std::make_unique<text::IncrementalDetokenizer>(*tokenizer, skip_special_tokens);
   }
   for (const auto& s : stop_) max_stop_len_ = std::max(max_stop_len_, s.size());
 }

@@ -14,13 +14,14 @@
 #include <string>
 #include <vector>
 
-#include "afd/server/tokenizer/incremental_detokenizer.h"
+#include "afd/text/tokenizer/incremental_detokenizer.h"
 
 namespace afd::server::api {
 
 class ChoiceText {
  public:
-  ChoiceText(const Tokenizer* tokenizer, std::vector<std::string> stop, bool skip_special_tokens);
+  ChoiceText(const text::Tokenizer* tokenizer, std::vector<std::string> stop,
+             bool skip_special_tokens);
 
   // Adds one generated token; returns the newly final text. Call only while !stopped().
   std::string Add(int32_t id);
@@ -37,7 +38,7 @@ class ChoiceText {
   void MatchStop(size_t new_from);
   std::string Release(bool all);
 
-  std::unique_ptr<IncrementalDetokenizer> detokenizer_;  // null without a tokenizer
+  std::unique_ptr<text::IncrementalDetokenizer> detokenizer_;  // null without a tokenizer
   std::vector<std::string> stop_;
   size_t max_stop_len_ = 0;
   std::string text_;

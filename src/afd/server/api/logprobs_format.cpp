@@ -26,12 +26,12 @@ json Bytes(const std::string& s) {
 
 }  // namespace
 
-std::string TokenString(const Tokenizer* tokenizer, int32_t id) {
+std::string TokenString(const text::Tokenizer* tokenizer, int32_t id) {
   if (tokenizer == nullptr) return "token_id:" + std::to_string(id);
   return tokenizer->Decode({static_cast<uint32_t>(id)}, /*skip_special_tokens=*/false);
 }
 
-json CompletionLogprobs(const Tokenizer* tokenizer, const std::vector<int32_t>& ids,
+json CompletionLogprobs(const text::Tokenizer* tokenizer, const std::vector<int32_t>& ids,
                         const std::vector<const runtime::TokenLogprobs*>& logprobs,
                         int64_t* text_offset) {
   json tokens = json::array(), token_logprobs = json::array(), top = json::array(),
@@ -69,7 +69,7 @@ void AppendCompletionLogprobs(json& into, const json& more) {
   }
 }
 
-json ChatLogprobsContent(const Tokenizer* tokenizer, const std::vector<int32_t>& ids,
+json ChatLogprobsContent(const text::Tokenizer* tokenizer, const std::vector<int32_t>& ids,
                          const std::vector<runtime::TokenLogprobs>& logprobs, int32_t num_top) {
   json content = json::array();
   for (size_t i = 0; i < ids.size() && i < logprobs.size(); ++i) {

@@ -11,16 +11,16 @@
 
 #include "afd/runtime/request.h"
 #include "afd/server/api/json_fields.h"
-#include "afd/server/tokenizer/tokenizer.h"
+#include "afd/text/tokenizer/tokenizer.h"
 
 namespace afd::server::api {
 
-std::string TokenString(const Tokenizer* tokenizer, int32_t id);
+std::string TokenString(const text::Tokenizer* tokenizer, int32_t id);
 
 // Completions: {"tokens", "token_logprobs", "top_logprobs", "text_offset"} for `ids`.
 // `logprobs[i]` == nullptr gives null entries (the first prompt token of an echo).
 // `text_offset` is the offset of the first token; it advances past the last.
-json CompletionLogprobs(const Tokenizer* tokenizer, const std::vector<int32_t>& ids,
+json CompletionLogprobs(const text::Tokenizer* tokenizer, const std::vector<int32_t>& ids,
                         const std::vector<const runtime::TokenLogprobs*>& logprobs,
                         int64_t* text_offset);
 
@@ -29,7 +29,7 @@ void AppendCompletionLogprobs(json& into, const json& more);
 
 // Chat: the "content" array [{"token", "logprob", "bytes", "top_logprobs": [...]}], with
 // `num_top` entries of top_logprobs per token.
-json ChatLogprobsContent(const Tokenizer* tokenizer, const std::vector<int32_t>& ids,
+json ChatLogprobsContent(const text::Tokenizer* tokenizer, const std::vector<int32_t>& ids,
                          const std::vector<runtime::TokenLogprobs>& logprobs, int32_t num_top);
 
 }  // namespace afd::server::api

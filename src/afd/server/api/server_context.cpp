@@ -9,7 +9,8 @@
 namespace afd::server::api {
 
 ServerContext::ServerContext(ApiServerOptions options, EngineClient& engine,
-                             const Tokenizer* tokenizer, const ChatTemplate* chat_template)
+                             const text::Tokenizer* tokenizer,
+                             const text::ChatTemplate* chat_template)
     : options_(std::move(options)),
       engine_(engine),
       tokenizer_(tokenizer),

@@ -14,21 +14,21 @@
 
 #include "afd/server/api/api_server.h"
 #include "afd/server/api/serving_metrics.h"
-#include "afd/server/chat_template/chat_template.h"
 #include "afd/server/engine_client.h"
-#include "afd/server/tokenizer/tokenizer.h"
+#include "afd/text/chat_template/chat_template.h"
+#include "afd/text/tokenizer/tokenizer.h"
 
 namespace afd::server::api {
 
 class ServerContext {
  public:
-  ServerContext(ApiServerOptions options, EngineClient& engine, const Tokenizer* tokenizer,
-                const ChatTemplate* chat_template);
+  ServerContext(ApiServerOptions options, EngineClient& engine, const text::Tokenizer* tokenizer,
+                const text::ChatTemplate* chat_template);
 
   const ApiServerOptions& options() const { return options_; }
   EngineClient& engine() const { return engine_; }
-  const Tokenizer* tokenizer() const { return tokenizer_; }
-  const ChatTemplate* chat_template() const { return chat_template_; }
+  const text::Tokenizer* tokenizer() const { return tokenizer_; }
+  const text::ChatTemplate* chat_template() const { return chat_template_; }
   ServingMetrics& metrics() { return metrics_; }
   const std::string& model_name() const { return options_.served_model_names.front(); }
 
@@ -57,8 +57,8 @@ class ServerContext {
  private:
   ApiServerOptions options_;
   EngineClient& engine_;
-  const Tokenizer* tokenizer_;
-  const ChatTemplate* chat_template_;
+  const text::Tokenizer* tokenizer_;
+  const text::ChatTemplate* chat_template_;
   ServingMetrics metrics_;
 
   std::mutex admission_mu_;  // held from a request's admission check to its last Submit

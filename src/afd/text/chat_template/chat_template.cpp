@@ -1,0 +1,24 @@
+#include "afd/text/chat_template/chat_template.h"
+
+#include "afd/common/error.h"
+#include "afd/text/chat_template/builtins.h"
+#include "afd/text/chat_template/interpreter.h"
+#include "afd/text/chat_template/parser.h"
+
+namespace afd::text {
+
+ChatTemplate::ChatTemplate(const std::string& source)
+    : body_(std::make_unique<jinja::Body>(jinja::Parse(jinja::Lex(source)))) {}
+
+ChatTemplate::~ChatTemplate() = default;
+
+std::string ChatTemplate::Render(const nlohmann::ordered_json& context) const {
+  AFD_CHECK(context.is_object(), "chat template context must be a JSON object");
+  jinja::Value globals = jinja::Value::MakeDict();
+  jinja::AddGlobalFunctions(&globals);
+  for (const auto& [k, v] : context.items()) globals.dict().Set(k, jinja::Value::FromJson(v));
+  jinja::Interpreter interpreter(globals);
+  return interpreter.Render(*body_);
+}
+
+}  // namespace afd::text
