@@ -225,8 +225,9 @@ void Run(BenchArgs a, int& exit_code) {
     if (dtype == "bf16") open.weights.matrix_dtype = DType::kBF16;
     if (dtype == "fp32") open.auto_bf16 = false;
     open.kv_cache_dtype = a.kv_cache_dtype;
-    backend = kernels::MakeBackend(cuda ? Device::Cuda(a.cuda_device) : Device::Cpu());
-    model = model::OpenModel(a.model, open, *backend);
+    model::LoadedModel loaded = model::LoadModel(a.model, open, cuda ? a.cuda_device : -1);
+    backend = std::move(loaded.backend);
+    model = std::move(loaded.model);
   } catch (const Error& e) {
     std::cerr << "afd bench decode: " << e.what() << "\n";
     exit_code = 2;

@@ -127,8 +127,10 @@ void Run(RunArgs args, int& exit_code) {
     AFD_CHECK(args.dtype.empty() || !args.gen.bf16 || args.dtype == "bf16",
               "--bf16 and --dtype {} disagree", args.dtype);
     ApplyDtype(args.dtype, cuda, open);
-    backend = kernels::MakeBackend(cuda ? Device::Cuda(args.cuda_device) : Device::Cpu());
-    model = model::OpenModel(args.gen.model, open, *backend);
+    model::LoadedModel loaded =
+        model::LoadModel(args.gen.model, open, cuda ? args.cuda_device : -1);
+    backend = std::move(loaded.backend);
+    model = std::move(loaded.model);
     const model::ModelConfig& c = model->config();
     AFD_CHECK(args.data_parallel_size == 0 || args.enable_expert_parallel,
               "--data-parallel-size {} runs data-parallel ranks with the MoE expert-parallel "

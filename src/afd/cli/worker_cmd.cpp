@@ -375,8 +375,9 @@ int ServeInProcess(RoleArgs& a) {
     CheckMaxModelLen(a.gen, model::PeekModelConfig(a.gen.model, open));
     const bool cuda = a.device == "cuda";
     ApplyDtype(a.dtype, cuda, open);
-    backend = kernels::MakeBackend(cuda ? Device::Cuda(a.cuda_device) : Device::Cpu());
-    model = model::OpenModel(a.gen.model, open, *backend);
+    model::LoadedModel loaded = model::LoadModel(a.gen.model, open, cuda ? a.cuda_device : -1);
+    backend = std::move(loaded.backend);
+    model = std::move(loaded.model);
     if (engine.num_kv_blocks == 0) {
       engine.num_kv_blocks = deploy::ServingKvBlocks(*model, ToKvSizing(a.gen));
     }

@@ -75,9 +75,9 @@ void RunDpEpWorker(const DpEpWorkerOptions& o) {
     const model::ModelConfig config = model::PeekModelConfig(o.model, o.open);
     open.weights.expert_begin = SplitOffset(config.n_routed_experts, o.size, o.rank);
     open.weights.expert_end = SplitOffset(config.n_routed_experts, o.size, o.rank + 1);
-    const std::unique_ptr<kernels::Backend> backend =
-        kernels::MakeBackend(o.cuda_device >= 0 ? Device::Cuda(o.cuda_device) : Device::Cpu());
-    std::unique_ptr<model::DeepseekModel> model = model::OpenModel(o.model, open, *backend);
+    model::LoadedModel loaded = model::LoadModel(o.model, open, o.cuda_device);
+    const std::unique_ptr<kernels::Backend>& backend = loaded.backend;
+    std::unique_ptr<model::DeepseekModel>& model = loaded.model;
     WaitForAllLoaded(store, o.size, o.load_timeout_s);
 
     comm::GroupSpec spec;

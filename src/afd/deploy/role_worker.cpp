@@ -93,9 +93,9 @@ void RunWorker(const WorkerOptions& o) {
     open.weights.expert_begin = SplitOffset(config.n_routed_experts, num_ranks, o.role_rank);
     open.weights.expert_end = SplitOffset(config.n_routed_experts, num_ranks, o.role_rank + 1);
   }
-  const std::unique_ptr<kernels::Backend> backend =
-      kernels::MakeBackend(o.cuda_device >= 0 ? Device::Cuda(o.cuda_device) : Device::Cpu());
-  std::unique_ptr<model::DeepseekModel> model = model::OpenModel(o.model, open, *backend);
+  model::LoadedModel loaded = model::LoadModel(o.model, open, o.cuda_device);
+  const std::unique_ptr<kernels::Backend>& backend = loaded.backend;
+  std::unique_ptr<model::DeepseekModel>& model = loaded.model;
   const model::ModelConfig& mc = model->config();
   comm::JoinRequest request{c, o.role_rank, mc.hidden_size, DType::kF32, {}};
   // Both roles must run the same model layout, or their per-layer exchanges cannot pair up.

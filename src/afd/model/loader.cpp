@@ -258,4 +258,11 @@ DType ResolveKvCacheDType(const std::string& kv_cache_dtype, DType matrix_dtype,
   return matrix_dtype == DType::kBF16 && !device.is_cpu() ? DType::kBF16 : DType::kF32;
 }
 
+LoadedModel LoadModel(const std::string& spec, const OpenOptions& options, int cuda_device) {
+  LoadedModel m;
+  m.backend = kernels::MakeBackend(cuda_device >= 0 ? Device::Cuda(cuda_device) : Device::Cpu());
+  m.model = OpenModel(spec, options, *m.backend);
+  return m;
+}
+
 }  // namespace afd::model

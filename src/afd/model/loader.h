@@ -62,4 +62,14 @@ int64_t LoadedParameterCount(const ModelConfig& config, const WeightOptions& opt
 std::unique_ptr<DeepseekModel> OpenModel(const std::string& spec, const OpenOptions& options,
                                          kernels::Backend& backend);
 
+// A model and the backend it runs on, assembled in one place for every command (`afd run`,
+// `afd bench`, `afd serve`, the rank processes): the backend is declared first, so it outlives
+// the model.
+struct LoadedModel {
+  std::unique_ptr<kernels::Backend> backend;
+  std::unique_ptr<DeepseekModel> model;
+};
+// The backend of CUDA device `cuda_device` (-1: the CPU) and `spec` opened on it (OpenModel).
+LoadedModel LoadModel(const std::string& spec, const OpenOptions& options, int cuda_device);
+
 }  // namespace afd::model
