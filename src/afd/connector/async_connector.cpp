@@ -124,8 +124,12 @@ AsyncConnector::AsyncConnector(comm::AfdWorld& world, const AsyncConnectorOption
       std::string why;
       // The kernel form's own bound comes after the watchdog's (WatchDeviceWaits), which
       // names the peer.
+      // Device sequencing: the kernels' own bound comes first (0.75 of the timeout), so that a
+      // host waiting for the stream (Backend::WatchWaits, whose check calls CheckDevice) names
+      // the peer before its own deadline.
+      const double timeout = world.config().afd_process_group_timeout_s;
       stream_flags_ =
-          StreamFlags::Create(o.cuda_device, &why, 2 * world.config().afd_process_group_timeout_s);
+          StreamFlags::Create(o.cuda_device, &why, o.device_sequenced ? 0.75 * timeout : 2 * timeout);
       if (stream_flags_) {
         rows->UseStream(o.cuda_stream);
         if (o.device_sequenced) {
@@ -290,7 +294,10 @@ void AsyncConnector::Replayed(const Captured& c) {
   AFD_CHECK(c.sends.size() == send_seq_.size() && c.waits.size() == seen_.size(),
             "async connector: a replay of another connector's capture");
   for (size_t i = 0; i < send_seq_.size(); ++i) send_seq_[i] += c.sends[i];
-  for (size_t i = 0; i < seen_.size(); ++i) seen_[i] += c.waits[i];
+  for (size_t i = 0; i < seen_.size(); ++i) {
+    seen_[i] += c.waits[i];
+    waits_enqueued_ += c.waits[i];
+  }
   for (const Captured::Stat& st : c.stats) {
     LayerTransferStats& s = stats_[st.layer];
     s.messages += 1;
@@ -334,8 +341,11 @@ void AsyncConnector::WatchDeviceWaits() {
     if (watchdog_stop_ || device_wait_expired_ || aborted) continue;
     if (device_seqs_) {
 #ifdef AFD_WITH_CUDA
-      // Device sequencing: the kernels bound their own waits; a peer that exited fails them at
-      // once (CheckDevice names it).
+      // Device sequencing: the kernels bound their own waits; a peer that exited while a wait
+      // may still be pending fails them at once (CheckDevice names it). None pending (an FFN
+      // rank, or every reply in): a peer's exit is not this rank's failure.
+      const uint64_t done = __atomic_load_n(&stream_flags_->status().waits_done, __ATOMIC_ACQUIRE);
+      if (waits_enqueued_.load() <= done) continue;
       for (int p = 0; p < num_peers(); ++p) {
         if (finished_[p] || !window_->PeerExited(OppositeWorldRank(p))) continue;
         stream_flags_->Abort(p);
@@ -406,6 +416,7 @@ void AsyncConnector::EnqueueWait(int peer, int stage, const ExpectedSlot& expect
         device_seqs_ + i, e, peer, stage);
 #endif
     ++seen_[i];  // the host's mirror
+    if (!capturing_) ++waits_enqueued_;
     return;
   }
   AFD_CHECK(device_wait_[i] == 0,

@@ -28,7 +28,9 @@
 // right numbers every time; the host keeps a mirror of the counters (captures are counted by
 // Replayed). The first failure of a device wait -- a timeout, a slot overwritten, a header that
 // does not match, a peer that exited (seen by a watchdog thread, which fails the waits at once)
-// -- is recorded in host-mapped memory and thrown by CheckDevice, naming the peer.
+// -- is recorded in host-mapped memory and thrown by CheckDevice, naming the peer. A wait's own
+// bound is 0.75 of afd_process_group_timeout_s, so that a host blocked on the stream whose
+// check calls CheckDevice (Backend::WatchWaits) reports the device's cause first.
 //
 // Thread safety: one thread at a time.
 #pragma once
@@ -255,6 +257,7 @@ class AsyncConnector {
   // Device sequencing: counters in device memory, [peer * ring_depth + ring] sends then waits.
   uint64_t* device_seqs_ = nullptr;
   bool capturing_ = false;
+  std::atomic<uint64_t> waits_enqueued_{0};  // device waits enqueued or replayed (watchdog)
   Captured capture_base_;  // the mirrors when the capture began
   std::vector<Captured::Stat> captured_stats_;
   int poll_start_ = 0;

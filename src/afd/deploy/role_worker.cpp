@@ -125,6 +125,16 @@ void RunWorker(const WorkerOptions& o) {
   // are still open: peers then learn the cause before they see the connection drop.
   std::unique_ptr<connector::P2pConnector> connector_holder;
   std::unique_ptr<connector::AsyncConnector> async_holder;
+  // Destroyed before the connector: the backend's wait check then no longer reaches it.
+  struct WatchGuard {
+    kernels::Backend* backend = nullptr;
+    comm::AfdWorld* world = nullptr;
+    ~WatchGuard() {
+      if (backend == nullptr) return;
+      backend->WatchWaits(world->config().afd_process_group_timeout_s,
+                          [w = world] { w->CheckAbort(); });
+    }
+  } watch_guard;
   std::unique_ptr<runtime::ReplicaRunner> runner_holder;
   std::unique_ptr<runtime::FfnWorker> worker_holder;
   std::unique_ptr<runtime::AsyncFfnWorker> async_worker_holder;
@@ -148,6 +158,15 @@ void RunWorker(const WorkerOptions& o) {
         }
       }
       async_holder = std::make_unique<connector::AsyncConnector>(*world, ao);
+      // A device wait that failed (a peer that exited or went silent, a wrong reply) ends the
+      // host's wait for the stream at once, naming the peer.
+      backend->WatchWaits(c.afd_process_group_timeout_s,
+                          [w = world.get(), conn = async_holder.get()] {
+                            w->CheckAbort();
+                            conn->CheckDevice();
+                          });
+      watch_guard.world = world.get();
+      watch_guard.backend = backend.get();
       if (role == Role::kAttention) {
         runner_holder = std::make_unique<runtime::AsyncAttentionRunner>(
             *model, *world, *async_holder, o.tp, o.dbo, o.graphs);

@@ -85,9 +85,17 @@ __global__ void AwaitSlot(const volatile unsigned long long* flag, const volatil
                           unsigned long long* seen, const unsigned long long* echo_counter,
                           DeviceSlotExpect e, DeviceSlotStatus* status, int region, int ring,
                           unsigned long long timeout_ns) {
-  const volatile DeviceSlotStatus* vs = status;
+  volatile DeviceSlotStatus* vs = status;
   const unsigned long long want = *seen + 1;
   *seen = want;
+  // Counted on every way out, so that the host knows whether a wait may still be pending.
+  struct Done {
+    volatile DeviceSlotStatus* s;
+    __device__ ~Done() {
+      __threadfence_system();
+      s->waits_done = s->waits_done + 1;
+    }
+  } done{vs};
   if (vs->code != 0) return;  // the step has failed already: pass
   const unsigned long long start = GlobalNanos();
   unsigned long long v = *flag;

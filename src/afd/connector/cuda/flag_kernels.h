@@ -38,6 +38,7 @@ struct DeviceSlotStatus {
   int32_t pad;
   uint64_t flag, awaited;  // the flag seen and the seq awaited
   int64_t got, want;       // kHeader: the field's value and the expected one
+  uint64_t waits_done;     // waits that have ended (one stream: incremented in order)
 };
 enum DeviceSlotField : int32_t {
   kFieldMagic = 0,
