@@ -9,6 +9,7 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
+#include "afd/bench_client/bench_serve.h"
 #include "afd/cli/commands.h"
 #include "afd/cli/generation_flags.h"
 #include "afd/cli/validators.h"
@@ -17,7 +18,6 @@
 #include "afd/kernels/backend.h"
 #include "afd/model/loader.h"
 #include "afd/runtime/bench_decode.h"
-#include "afd/server/client/bench_serve.h"
 
 namespace afd::cli {
 
@@ -304,7 +304,7 @@ void Run(BenchArgs a, int& exit_code) {
 
 // The text of a serve flag as the options struct holds it; errors name the flag.
 struct ServeArgs {
-  server::client::BenchServeOptions options;
+  bench_client::BenchServeOptions options;
   std::string request_rate = "inf";
   std::string burstiness = "1.0";
   std::string metric_percentiles = "99";
@@ -337,7 +337,7 @@ std::vector<std::string> SplitCommas(const std::string& text) {
 }
 
 void RunServe(ServeArgs a, int& exit_code) {
-  server::client::BenchServeOptions& o = a.options;
+  bench_client::BenchServeOptions& o = a.options;
   try {
     o.request_rate = ParseNumber("--request-rate", a.request_rate);
     o.burstiness = ParseNumber("--burstiness", a.burstiness);
@@ -352,12 +352,12 @@ void RunServe(ServeArgs a, int& exit_code) {
     exit_code = 2;
     return;
   }
-  exit_code = server::client::BenchServeMain(o, std::cout, std::cerr);
+  exit_code = bench_client::BenchServeMain(o, std::cout, std::cerr);
 }
 
 void AddServeCommand(CLI::App& bench, int& exit_code) {
   auto a = std::make_shared<ServeArgs>();
-  server::client::BenchServeOptions& o = a->options;
+  bench_client::BenchServeOptions& o = a->options;
   auto* serve = bench.add_subcommand(
       "serve", "Load an OpenAI-compatible server (this runtime's or vLLM's) like vllm bench serve");
   serve->add_option("--base-url", o.base_url, "Server URL, e.g. http://127.0.0.1:8000")->required();

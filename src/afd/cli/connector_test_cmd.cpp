@@ -1,5 +1,5 @@
 // `afd connector-test`: flags of one role process of a P2P connector round trip, like
-// nccl-tests; the run itself is deploy::RunConnectorTest (deploy/connector_test.h).
+// nccl-tests; the run itself is deploy::RunConnectorTest (deploy/connector_check.h).
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
@@ -9,7 +9,7 @@
 #include "afd/common/error.h"
 #include "afd/config/afd_config.h"
 #include "afd/connector/control_plane.h"
-#include "afd/deploy/connector_test.h"
+#include "afd/deploy/connector_check.h"
 
 namespace afd::cli {
 

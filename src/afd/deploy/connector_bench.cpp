@@ -5,7 +5,7 @@
 #include <sstream>
 
 #include "afd/common/error.h"
-#include "afd/deploy/connector_test.h"
+#include "afd/deploy/connector_check.h"
 
 namespace afd::deploy {
 

@@ -8,7 +8,7 @@
 #include <string_view>
 #include <vector>
 
-namespace afd::server::client {
+namespace afd::bench_client {
 
 class SseParser {
  public:
@@ -29,4 +29,4 @@ class SseParser {
   bool last_was_cr_ = false;  // a "\r" ended the previous piece: skip a leading "\n"
 };
 
-}  // namespace afd::server::client
+}  // namespace afd::bench_client

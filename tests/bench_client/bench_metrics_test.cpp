@@ -1,16 +1,16 @@
 // `afd bench serve` metric math against hand-computed numbers, arrival times and datasets.
-#include "afd/server/client/bench_metrics.h"
+#include "afd/bench_client/bench_metrics.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <fstream>
 
+#include "afd/bench_client/bench_dataset.h"
+#include "afd/bench_client/bench_serve.h"
 #include "afd/common/error.h"
-#include "afd/server/client/bench_dataset.h"
-#include "afd/server/client/bench_serve.h"
 
-namespace afd::server::client {
+namespace afd::bench_client {
 namespace {
 
 TEST(BenchServeMetrics, PercentileInterpolatesLikeNumpy) {
@@ -216,4 +216,4 @@ TEST(BenchServeDataset, JsonlErrorsNameFileAndLine) {
 }
 
 }  // namespace
-}  // namespace afd::server::client
+}  // namespace afd::bench_client

@@ -1,4 +1,4 @@
-#include "afd/server/client/bench_dataset.h"
+#include "afd/bench_client/bench_dataset.h"
 
 #include <cmath>
 #include <fstream>
@@ -7,7 +7,7 @@
 
 #include "afd/common/error.h"
 
-namespace afd::server::client {
+namespace afd::bench_client {
 
 namespace {
 
@@ -97,4 +97,4 @@ std::vector<BenchPrompt> LoadJsonlDataset(const std::string& path, int64_t num_p
   return prompts;
 }
 
-}  // namespace afd::server::client
+}  // namespace afd::bench_client

@@ -1,10 +1,10 @@
-#include "afd/server/client/png_writer.h"
+#include "afd/bench_client/png_writer.h"
 
 #include <zlib.h>
 
 #include "afd/common/error.h"
 
-namespace afd::server::client {
+namespace afd::bench_client {
 
 namespace {
 
@@ -57,4 +57,4 @@ std::string EncodePng(const RgbImage& image) {
   return png;
 }
 
-}  // namespace afd::server::client
+}  // namespace afd::bench_client

@@ -1,4 +1,4 @@
-#include "afd/server/client/bench_plot.h"
+#include "afd/bench_client/bench_plot.h"
 
 #include <fmt/format.h>
 
@@ -6,10 +6,10 @@
 #include <cmath>
 #include <vector>
 
-#include "afd/server/client/png_writer.h"
-#include "afd/server/client/raster.h"
+#include "afd/bench_client/png_writer.h"
+#include "afd/bench_client/raster.h"
 
-namespace afd::server::client {
+namespace afd::bench_client {
 
 namespace {
 
@@ -132,4 +132,4 @@ std::string BenchServePlotPng(const BenchServeRun& run) {
   return EncodePng(c.image());
 }
 
-}  // namespace afd::server::client
+}  // namespace afd::bench_client

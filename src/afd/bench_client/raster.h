@@ -6,9 +6,9 @@
 #include <cstdint>
 #include <string_view>
 
-#include "afd/server/client/png_writer.h"
+#include "afd/bench_client/png_writer.h"
 
-namespace afd::server::client {
+namespace afd::bench_client {
 
 struct Rgb {
   uint8_t r = 0, g = 0, b = 0;
@@ -38,4 +38,4 @@ class Canvas {
   RgbImage image_;
 };
 
-}  // namespace afd::server::client
+}  // namespace afd::bench_client

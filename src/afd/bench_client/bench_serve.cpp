@@ -1,4 +1,4 @@
-#include "afd/server/client/bench_serve.h"
+#include "afd/bench_client/bench_serve.h"
 
 #include <fmt/format.h>
 
@@ -13,11 +13,11 @@
 #include <random>
 #include <thread>
 
+#include "afd/bench_client/bench_request.h"
+#include "afd/bench_client/http_stream_client.h"
 #include "afd/common/error.h"
-#include "afd/server/client/bench_request.h"
-#include "afd/server/client/http_stream_client.h"
 
-namespace afd::server::client {
+namespace afd::bench_client {
 
 namespace {
 
@@ -241,4 +241,4 @@ BenchServeRun RunBenchServe(const BenchServeOptions& o, const std::vector<BenchP
   return run;
 }
 
-}  // namespace afd::server::client
+}  // namespace afd::bench_client

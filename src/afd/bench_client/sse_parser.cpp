@@ -1,6 +1,6 @@
-#include "afd/server/client/sse_parser.h"
+#include "afd/bench_client/sse_parser.h"
 
-namespace afd::server::client {
+namespace afd::bench_client {
 
 std::vector<std::string> SseParser::Feed(std::string_view bytes) {
   std::vector<std::string> events;
@@ -66,4 +66,4 @@ void SseParser::EndEvent(std::vector<std::string>& events) {
   has_data_ = false;
 }
 
-}  // namespace afd::server::client
+}  // namespace afd::bench_client

@@ -11,10 +11,10 @@
 #include <string>
 #include <vector>
 
-#include "afd/server/client/bench_dataset.h"
-#include "afd/server/client/bench_metrics.h"
+#include "afd/bench_client/bench_dataset.h"
+#include "afd/bench_client/bench_metrics.h"
 
-namespace afd::server::client {
+namespace afd::bench_client {
 
 // Every knob of a run, checked once by ValidateBenchServeOptions (errors name the flag).
 struct BenchServeOptions {
@@ -80,4 +80,4 @@ std::string BenchServeResultJson(const BenchServeOptions& options, const BenchSe
 // invalid options or dataset; messages go to `err`.
 int BenchServeMain(const BenchServeOptions& options, std::ostream& out, std::ostream& err);
 
-}  // namespace afd::server::client
+}  // namespace afd::bench_client

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-namespace afd::server::client {
+namespace afd::bench_client {
 
 struct BenchPrompt {
   std::vector<int64_t> ids;  // the prompt as token ids (sent as an id array), or
@@ -34,4 +34,4 @@ std::vector<BenchPrompt> RandomDataset(const RandomDatasetOptions& options);
 std::vector<BenchPrompt> LoadJsonlDataset(const std::string& path, int64_t num_prompts,
                                           int64_t default_output_len);
 
-}  // namespace afd::server::client
+}  // namespace afd::bench_client

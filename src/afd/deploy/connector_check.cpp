@@ -2,7 +2,7 @@
 // nccl-tests: every row encodes (sender rank, token index, layer, stage, step), the FFN side checks
 // where each row came from and in which order, applies a known function, and the attention side
 // checks the result. With --bench it times round trips instead (docs/perf.md).
-#include "afd/deploy/connector_test.h"
+#include "afd/deploy/connector_check.h"
 
 #include <fmt/format.h>
 #include <signal.h>

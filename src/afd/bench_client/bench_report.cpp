@@ -7,11 +7,11 @@
 #include <nlohmann/json.hpp>
 #include <ostream>
 
+#include "afd/bench_client/bench_plot.h"
+#include "afd/bench_client/bench_serve.h"
 #include "afd/common/error.h"
-#include "afd/server/client/bench_plot.h"
-#include "afd/server/client/bench_serve.h"
 
-namespace afd::server::client {
+namespace afd::bench_client {
 
 namespace {
 
@@ -209,4 +209,4 @@ int BenchServeMain(const BenchServeOptions& o, std::ostream& out, std::ostream& 
   return 0;
 }
 
-}  // namespace afd::server::client
+}  // namespace afd::bench_client

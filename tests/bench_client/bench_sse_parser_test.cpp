@@ -1,9 +1,9 @@
 // The SSE parser of `afd bench serve` on streams split at every byte.
 #include <gtest/gtest.h>
 
-#include "afd/server/client/sse_parser.h"
+#include "afd/bench_client/sse_parser.h"
 
-namespace afd::server::client {
+namespace afd::bench_client {
 namespace {
 
 std::vector<std::string> FeedInPieces(const std::string& stream, size_t piece) {
@@ -51,4 +51,4 @@ TEST(BenchServeSse, CrLfSplitBetweenPiecesIsOneLineEnd) {
 }
 
 }  // namespace
-}  // namespace afd::server::client
+}  // namespace afd::bench_client

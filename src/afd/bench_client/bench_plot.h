@@ -5,9 +5,9 @@
 
 #include <string>
 
-#include "afd/server/client/bench_serve.h"
+#include "afd/bench_client/bench_serve.h"
 
-namespace afd::server::client {
+namespace afd::bench_client {
 
 inline constexpr int kBenchPlotWidth = 1200;
 inline constexpr int kBenchPlotHeight = 900;
@@ -15,4 +15,4 @@ inline constexpr int kBenchPlotHeight = 900;
 // PNG file bytes, kBenchPlotWidth x kBenchPlotHeight. A panel without values says "NO DATA".
 std::string BenchServePlotPng(const BenchServeRun& run);
 
-}  // namespace afd::server::client
+}  // namespace afd::bench_client

@@ -1,9 +1,9 @@
-#include "afd/server/client/bench_metrics.h"
+#include "afd/bench_client/bench_metrics.h"
 
 #include <algorithm>
 #include <cmath>
 
-namespace afd::server::client {
+namespace afd::bench_client {
 
 double Percentile(std::vector<double> values, double p) {
   if (values.empty()) return 0.0;
@@ -131,4 +131,4 @@ ServeMetrics ComputeServeMetrics(const std::vector<RequestOutcome>& outcomes, do
   return m;
 }
 
-}  // namespace afd::server::client
+}  // namespace afd::bench_client

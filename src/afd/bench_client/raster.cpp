@@ -1,11 +1,11 @@
-#include "afd/server/client/raster.h"
+#include "afd/bench_client/raster.h"
 
 #include <array>
 #include <cctype>
 #include <cstdlib>
 #include <string>
 
-namespace afd::server::client {
+namespace afd::bench_client {
 
 namespace {
 
@@ -159,4 +159,4 @@ int Canvas::TextWidth(std::string_view text, int scale) {
   return text.empty() ? 0 : (static_cast<int>(text.size()) * (kGlyphWidth + 1) - 1) * scale;
 }
 
-}  // namespace afd::server::client
+}  // namespace afd::bench_client

@@ -9,7 +9,7 @@
 #include <utility>
 #include <vector>
 
-namespace afd::server::client {
+namespace afd::bench_client {
 
 // One request as the client saw it. Times in seconds.
 struct RequestOutcome {
@@ -59,4 +59,4 @@ LatencyStats SummarizeMs(const std::vector<double>& values_s,
 ServeMetrics ComputeServeMetrics(const std::vector<RequestOutcome>& outcomes, double duration_s,
                                  const std::vector<double>& percentiles);
 
-}  // namespace afd::server::client
+}  // namespace afd::bench_client

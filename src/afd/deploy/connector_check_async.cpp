@@ -1,5 +1,5 @@
 // `afd connector-test` with the asynchronous window connector (AsyncAFDConnector): the check
-// and the round-trip benchmark of connector_test.cpp over windows instead of the P2P API.
+// and the round-trip benchmark of connector_check.cpp over windows instead of the P2P API.
 //
 // Check: attention rank a routes each token of (step, layer, stage) to two experts by a fixed
 // rule, dispatches it (connector/dispatch_plan.h); every row encodes (sender, token, layer,
@@ -17,7 +17,7 @@
 #include "afd/common/error.h"
 #include "afd/connector/async_connector.h"
 #include "afd/connector/dispatch_plan.h"
-#include "afd/deploy/connector_test.h"
+#include "afd/deploy/connector_check.h"
 
 namespace afd::deploy {
 

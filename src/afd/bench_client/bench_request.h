@@ -5,11 +5,11 @@
 
 #include <string>
 
-#include "afd/server/client/bench_dataset.h"
-#include "afd/server/client/bench_metrics.h"
-#include "afd/server/client/http_stream_client.h"
+#include "afd/bench_client/bench_dataset.h"
+#include "afd/bench_client/bench_metrics.h"
+#include "afd/bench_client/http_stream_client.h"
 
-namespace afd::server::client {
+namespace afd::bench_client {
 
 struct CompletionSettings {
   std::string model;
@@ -29,4 +29,4 @@ std::string CompletionRequestBody(const CompletionSettings& settings, const Benc
 RequestOutcome SendCompletion(const HttpStreamClient& client, const std::string& endpoint,
                               const std::string& body, const BenchPrompt& prompt);
 
-}  // namespace afd::server::client
+}  // namespace afd::bench_client

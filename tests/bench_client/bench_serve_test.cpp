@@ -1,6 +1,6 @@
 // `afd bench serve` end to end against an in-test OpenAI-style server on an ephemeral port: it
 // streams one chunk per token, the usage chunk and [DONE], and answers prompts "bad" with a 400.
-#include "afd/server/client/bench_serve.h"
+#include "afd/bench_client/bench_serve.h"
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -18,11 +18,11 @@
 #include <sstream>
 #include <thread>
 
-#include "afd/server/client/bench_plot.h"
-#include "afd/server/client/png_writer.h"
+#include "afd/bench_client/bench_plot.h"
+#include "afd/bench_client/png_writer.h"
 #include "text/reference.h"
 
-namespace afd::server::client {
+namespace afd::bench_client {
 namespace {
 
 using json = nlohmann::json;
@@ -457,4 +457,4 @@ TEST(BenchServeCommand, InvalidFlagsNameTheFlag) {
 }
 
 }  // namespace
-}  // namespace afd::server::client
+}  // namespace afd::bench_client

@@ -8,7 +8,7 @@
 #include <functional>
 #include <string>
 
-namespace afd::server::client {
+namespace afd::bench_client {
 
 // "http://host:port/prefix" split for the HTTP library. Throws afd::Error naming the URL when it
 // is not http(s)://host[:port][/path].
@@ -50,4 +50,4 @@ class HttpStreamClient {
   std::string api_key_;
 };
 
-}  // namespace afd::server::client
+}  // namespace afd::bench_client

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-namespace afd::server::client {
+namespace afd::bench_client {
 
 struct RgbImage {
   int width = 0;
@@ -18,4 +18,4 @@ struct RgbImage {
 // The PNG file bytes. Throws afd::Error for an empty image or a failing compressor.
 std::string EncodePng(const RgbImage& image);
 
-}  // namespace afd::server::client
+}  // namespace afd::bench_client

@@ -1,4 +1,4 @@
-#include "afd/server/client/http_stream_client.h"
+#include "afd/bench_client/http_stream_client.h"
 
 #include <httplib.h>
 
@@ -7,11 +7,11 @@
 #include <cmath>
 #include <memory>
 
+#include "afd/bench_client/sse_parser.h"
 #include "afd/common/deadline.h"
 #include "afd/common/error.h"
-#include "afd/server/client/sse_parser.h"
 
-namespace afd::server::client {
+namespace afd::bench_client {
 
 BaseUrl ParseBaseUrl(const std::string& url) {
   const size_t sep = url.find("://");
@@ -146,4 +146,4 @@ HttpReply HttpStreamClient::Get(const std::string& path) const {
   return reply;
 }
 
-}  // namespace afd::server::client
+}  // namespace afd::bench_client

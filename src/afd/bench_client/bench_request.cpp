@@ -1,11 +1,11 @@
-#include "afd/server/client/bench_request.h"
+#include "afd/bench_client/bench_request.h"
 
 #include <fmt/format.h>
 
 #include <chrono>
 #include <nlohmann/json.hpp>
 
-namespace afd::server::client {
+namespace afd::bench_client {
 
 namespace {
 
@@ -113,4 +113,4 @@ RequestOutcome SendCompletion(const HttpStreamClient& client, const std::string&
   return out;
 }
 
-}  // namespace afd::server::client
+}  // namespace afd::bench_client
