@@ -5,11 +5,13 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
 
+#include "afd/common/dtype_convert.h"
 #include "afd/common/error.h"
 #include "afd/kernels/cpu/cpu_backend.h"
 #include "afd/model/checkpoint.h"
@@ -141,6 +143,140 @@ TEST_P(CheckpointLoadTest, RoundTripIsExact) {
 }
 
 INSTANTIATE_TEST_SUITE_P(DTypes, CheckpointLoadTest, ::testing::Values("F32", "BF16", "F16"));
+
+// An FP8 (E4M3) code of k / 8 for k in [-15, 15] (every such value is exact in E4M3), encoded
+// from the value's binary form -- not by the loader's decoder, which the tests check.
+uint8_t Fp8OfEighths(int k) {
+  if (k == 0) return 0;
+  int e = 0;
+  const double f = std::frexp(std::abs(k) / 8.0, &e);  // |v| = f * 2^e, f in [0.5, 1)
+  const int exponent = e - 1 + 7, mantissa = static_cast<int>((2 * f - 1) * 8);
+  return static_cast<uint8_t>((k < 0 ? 0x80 : 0) | (exponent << 3) | mantissa);
+}
+
+// Linear weights as F8_E4M3 with a float32 weight_scale_inv per [16, 24] block (edge blocks
+// partial: the tiny preset's sizes are not multiples of 24), the scales powers of two, so that
+// every dequantized value k / 8 * 2^-s is exact in fp32 and the model can be built from them
+// directly; other tensors F32.
+class Fp8RecordingSource : public TensorSource {
+ public:
+  static constexpr int64_t kBlockN = 16, kBlockK = 24;
+  void Read(const std::string& name, const std::vector<int64_t>& shape, TensorKind kind,
+            DType dst_type, void* dst) override {
+    EXPECT_EQ(dst_type, DType::kF32);
+    auto* out = static_cast<float*>(dst);
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    uint64_t h = std::hash<std::string>()(name);
+    const auto next = [&] {
+      h = h * 6364136223846793005ull + 1442695040888963407ull;
+      return static_cast<int>((h >> 33) % 31) - 15;
+    };
+    if (kind != TensorKind::kLinear || shape.size() != 2) {
+      TensorToWrite t{name, "F32", shape, std::vector<uint8_t>(4 * n)};
+      for (int64_t i = 0; i < n; ++i) {
+        out[i] = kind == TensorKind::kNorm ? 1.0f + next() / 64.0f : next() / 64.0f;
+        std::memcpy(&t.bytes[4 * i], &out[i], 4);
+      }
+      tensors.push_back(std::move(t));
+      return;
+    }
+    const int64_t rows = shape[0], cols = shape[1];
+    const int64_t sr = (rows + kBlockN - 1) / kBlockN, sc = (cols + kBlockK - 1) / kBlockK;
+    TensorToWrite w{name, "F8_E4M3", shape, std::vector<uint8_t>(n)};
+    TensorToWrite scale{name + "_scale_inv", "F32", {sr, sc}, std::vector<uint8_t>(4 * sr * sc)};
+    std::vector<float> scales(sr * sc);
+    for (int64_t b = 0; b < sr * sc; ++b) {
+      scales[b] = std::ldexp(1.0f, -((next() + 15) % 4));  // 1, 1/2, 1/4 or 1/8
+      std::memcpy(&scale.bytes[4 * b], &scales[b], 4);
+    }
+    for (int64_t i = 0; i < rows; ++i) {
+      for (int64_t j = 0; j < cols; ++j) {
+        const int k = next();
+        w.bytes[i * cols + j] = Fp8OfEighths(k);
+        out[i * cols + j] = k / 8.0f * scales[(i / kBlockN) * sc + j / kBlockK];
+      }
+    }
+    tensors.push_back(std::move(w));
+    tensors.push_back(std::move(scale));
+  }
+  std::vector<TensorToWrite> tensors;
+};
+
+std::string Fp8Config(const ModelConfig& c, const std::string& quantization) {
+  std::string j = ConfigJson(c);
+  j.insert(j.rfind('}'), ", \"quantization_config\": " + quantization);
+  return j;
+}
+
+TEST(Fp8Checkpoint, DecodesE4M3Exactly) {
+  EXPECT_EQ(Fp8E4M3ToF32(0x38), 1.0f);
+  EXPECT_EQ(Fp8E4M3ToF32(0x7e), 448.0f);  // the largest
+  EXPECT_EQ(Fp8E4M3ToF32(0xfe), -448.0f);
+  EXPECT_EQ(Fp8E4M3ToF32(0x08), std::ldexp(1.0f, -6));  // the smallest normal
+  EXPECT_EQ(Fp8E4M3ToF32(0x01), std::ldexp(1.0f, -9));  // the smallest subnormal
+  EXPECT_EQ(Fp8E4M3ToF32(0x07), 7 * std::ldexp(1.0f, -9));
+  EXPECT_EQ(Fp8E4M3ToF32(0x00), 0.0f);
+  EXPECT_TRUE(std::signbit(Fp8E4M3ToF32(0x80)));
+  EXPECT_TRUE(std::isnan(Fp8E4M3ToF32(0x7f)));
+  EXPECT_TRUE(std::isnan(Fp8E4M3ToF32(0xff)));
+  for (int k = -15; k <= 15; ++k) EXPECT_EQ(Fp8E4M3ToF32(Fp8OfEighths(k)), k / 8.0f) << k;
+}
+
+// DeepSeek-V3's format: the loaded model is the model of the dequantized weights, bit for bit;
+// what is quantized is read from the files; a missing scale, a quantized tensor without the
+// config's quantization_config, and other methods are refused by name.
+TEST(Fp8Checkpoint, LoadsAsItsDequantizedWeights) {
+  const fs::path dir = fs::temp_directory_path() / ("afd_fp8_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const ModelConfig config = PresetConfig("tiny");
+  Fp8RecordingSource source;
+  const auto backend = kernels::MakeBackend(Device::Cpu());
+  DeepseekModel direct(config, BuildWeights(config, WeightOptions{}, source), *backend);
+  WriteSafetensors((dir / "model.safetensors").string(), source.tensors);
+  const std::string fp8 = R"({"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                              "weight_block_size": [16, 24]})";
+  std::ofstream(dir / "config.json") << Fp8Config(config, fp8);
+  OpenOptions open;
+  open.auto_bf16 = false;
+  const auto loaded = OpenModel(dir.string(), open, *backend);
+  EXPECT_EQ(loaded->config().fp8_block_n, 16);
+  EXPECT_EQ(loaded->config().fp8_block_k, 24);
+  const std::vector<int32_t> ids = {3, 17, 900, 4, 4, 250};
+  EXPECT_EQ(Logits(*loaded, ids), Logits(direct, ids));
+
+  const auto refused = [&](const std::string& config_json, const std::string& words) {
+    std::ofstream(dir / "config.json") << config_json;
+    try {
+      OpenModel(dir.string(), open, *backend);
+      ADD_FAILURE() << "no error; expected: " << words;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
+    }
+  };
+  refused(ConfigJson(config), "is F8_E4M3, but config.json has no FP8 quantization_config");
+  refused(Fp8Config(config, R"({"quant_method": "awq", "bits": 4})"), "quant_method \"awq\"");
+  refused(Fp8Config(config, R"({"quant_method": "fp8"})"), "weight_block_size must be [n, k]");
+  refused(Fp8Config(config, R"({"quant_method": "fp8", "activation_scheme": "static",
+                                "weight_block_size": [16, 24]})"),
+          "activation_scheme \"static\"");
+  // A scale missing: the weight is named with it.
+  std::vector<TensorToWrite> without;
+  std::string dropped;
+  for (const TensorToWrite& t : source.tensors) {
+    if (dropped.empty() && t.name.size() > 10 &&
+        t.name.compare(t.name.size() - 10, 10, "_scale_inv") == 0) {
+      dropped = t.name;
+      continue;
+    }
+    without.push_back(t);
+  }
+  ASSERT_FALSE(dropped.empty());
+  WriteSafetensors((dir / "model.safetensors").string(), without);
+  refused(Fp8Config(config, fp8), dropped + " are missing");
+  fs::remove_all(dir);
+}
 
 // moe_layer_freq 2 in config.json: files with dense MLPs between the MoE layers (DeepSeek's own
 // code, vLLM) load so; files with experts on every layer (transformers ignores the field) load as

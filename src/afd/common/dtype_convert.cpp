@@ -1,5 +1,8 @@
 #include "afd/common/dtype_convert.h"
 
+#include <cmath>
+#include <limits>
+
 #include "afd/common/error.h"
 
 namespace afd {
@@ -59,6 +62,14 @@ void ConvertToF32(DType src_type, const void* src, int64_t count, float* dst) {
       break;
   }
   AFD_THROW("ConvertToF32: {} is not a floating-point weight type", DTypeName(src_type));
+}
+
+float Fp8E4M3ToF32(uint8_t v) {
+  const float sign = (v & 0x80) ? -1.0f : 1.0f;
+  const int exp = (v >> 3) & 0xf, man = v & 0x7;
+  if (exp == 0xf && man == 0x7) return std::numeric_limits<float>::quiet_NaN();
+  if (exp == 0) return sign * std::ldexp(static_cast<float>(man), -9);  // man / 8 * 2^-6
+  return sign * std::ldexp(static_cast<float>(8 + man), exp - 10);      // (1 + man / 8) * 2^(e-7)
 }
 
 }  // namespace afd

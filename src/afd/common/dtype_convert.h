@@ -21,6 +21,10 @@ uint16_t F32ToBf16(float f);
 // IEEE half -> fp32, exact (subnormals, inf and NaN included).
 float F16ToF32(uint16_t h);
 
+// OCP FP8 E4M3 (safetensors "F8_E4M3", torch.float8_e4m3fn) -> fp32, exact: 1 sign, 4
+// exponent (bias 7) and 3 mantissa bits, subnormals below 2^-6, no infinities, 0x7f / 0xff NaN.
+float Fp8E4M3ToF32(uint8_t v);
+
 // dst[i] = src[i] converted to fp32, for `count` elements of type `src_type`.
 void ConvertToF32(DType src_type, const void* src, int64_t count, float* dst);
 

@@ -137,6 +137,31 @@ ModelConfig ParseModelConfig(const std::string& json_text, const std::string& so
     c.eos_token_ids.push_back(Get<int64_t>(j, "eos_token_id", v3 ? 1 : 2, source));
   }
   c.rope = ParseRope(j, source);
+  if (j.contains("quantization_config") && !j["quantization_config"].is_null()) {
+    const json& q = j["quantization_config"];
+    const std::string where = source + ": quantization_config";
+    AFD_CHECK(q.is_object(), "{} must be an object", where);
+    const std::string method = GetString(q, "quant_method", "", where);
+    AFD_CHECK(method == "fp8",
+              "{}.quant_method \"{}\" is not supported (FP8 block-quantized checkpoints are: "
+              "\"fp8\")",
+              where, method);
+    const std::string fmt = GetString(q, "fmt", "e4m3", where);
+    AFD_CHECK(fmt == "e4m3", "{}.fmt \"{}\" is not supported (e4m3)", where, fmt);
+    const std::string scheme = GetString(q, "activation_scheme", "dynamic", where);
+    AFD_CHECK(scheme == "dynamic",
+              "{}.activation_scheme \"{}\" is not supported (dynamic: activations are not "
+              "quantized with stored scales)",
+              where, scheme);
+    AFD_CHECK(q.contains("weight_block_size") && q["weight_block_size"].is_array() &&
+                  q["weight_block_size"].size() == 2,
+              "{}.weight_block_size must be [n, k] (per-tensor FP8 scales are not supported)",
+              where);
+    c.fp8_block_n = json_fields::GetInt(q["weight_block_size"][0], where + ".weight_block_size[0]",
+                                        1, kMaxDimension);
+    c.fp8_block_k = json_fields::GetInt(q["weight_block_size"][1], where + ".weight_block_size[1]",
+                                        1, kMaxDimension);
+  }
   AFD_CHECK(GetString(j, "hidden_act", "silu", source) == "silu",
             "{}: hidden_act \"{}\" is not supported (only silu)", source,
             GetString(j, "hidden_act", "", source));

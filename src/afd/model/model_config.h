@@ -73,6 +73,10 @@ struct ModelConfig {
   bool tie_word_embeddings = false;
   int64_t bos_token_id = -1;
   std::vector<int64_t> eos_token_ids;
+  // quantization_config {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [n, k],
+  // "activation_scheme": "dynamic"} (DeepSeek-V3's FP8 checkpoints): the weights the files store
+  // as F8_E4M3 come with a weight_scale_inv of one float per [n, k] block. 0: not quantized.
+  int64_t fp8_block_n = 0, fp8_block_k = 0;
 
   int64_t qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }
   bool IsMoeLayer(int64_t layer) const {

@@ -1,8 +1,12 @@
-// LoadWeights: TensorSource reading a memory-mapped checkpoint.
+// LoadWeights: TensorSource reading a memory-mapped checkpoint (F32, BF16, F16; F8_E4M3 with
+// block scales, dequantized).
+#include <fmt/ranges.h>
+
 #include <algorithm>
 #include <cstring>
 #include <vector>
 
+#include "afd/common/dtype_convert.h"
 #include "afd/common/error.h"
 #include "afd/model/checkpoint.h"
 #include "afd/model/weight_builder.h"
@@ -11,12 +15,28 @@ namespace afd::model {
 
 namespace {
 
+// Writes n fp32 values to dst as dst_type (kF32 or kBF16).
+void StoreF32(const float* v, int64_t n, DType dst_type, void* dst) {
+  if (dst_type == DType::kF32) {
+    std::memcpy(dst, v, 4 * n);
+    return;
+  }
+  auto* out = static_cast<uint16_t*>(dst);
+  for (int64_t i = 0; i < n; ++i) out[i] = F32ToBf16(v[i]);
+}
+
 class CheckpointSource : public TensorSource {
  public:
-  explicit CheckpointSource(const Checkpoint& ckpt) : ckpt_(ckpt) {}
+  CheckpointSource(const ModelConfig& config, const Checkpoint& ckpt)
+      : config_(config), ckpt_(ckpt) {}
 
   void Read(const std::string& name, const std::vector<int64_t>& shape, TensorKind, DType dst_type,
             void* dst) override {
+    const TensorInfo* fp8 = ckpt_.Find(name);
+    if (fp8 != nullptr && fp8->dtype_name == "F8_E4M3") {
+      ReadFp8(*fp8, name, shape, dst_type, dst);
+      return;
+    }
     const TensorInfo& t = ckpt_.Get(name, shape);
     const DType src = *t.dtype;
     const int64_t n = t.numel();
@@ -38,6 +58,38 @@ class CheckpointSource : public TensorSource {
   }
 
  private:
+  // An F8_E4M3 weight [N, K] with its weight_scale_inv [ceil(N / bn), ceil(K / bk)]: w[i][j] =
+  // fp8(w[i][j]) * scale_inv[i / bn][j / bk] in fp32 (the edge blocks partial), then dst_type.
+  void ReadFp8(const TensorInfo& t, const std::string& name, const std::vector<int64_t>& shape,
+               DType dst_type, void* dst) const {
+    const int64_t bn = config_.fp8_block_n, bk = config_.fp8_block_k;
+    AFD_CHECK(bn > 0 && bk > 0,
+              "{}: tensor {} is F8_E4M3, but config.json has no FP8 quantization_config (its "
+              "weight_block_size says how the scales apply)",
+              t.file, name);
+    AFD_CHECK(t.shape == shape && shape.size() == 2,
+              "{}: tensor {} has shape {}, the config implies {} (FP8 weights are matrices)",
+              t.file, name, t.ShapeString(), fmt::format("[{}]", fmt::join(shape, ", ")));
+    const std::string scale_name = name + "_scale_inv";
+    const int64_t rows = shape[0], cols = shape[1];
+    const std::vector<int64_t> scale_shape = {(rows + bn - 1) / bn, (cols + bk - 1) / bk};
+    const TensorInfo* s = ckpt_.Find(scale_name);
+    AFD_CHECK(s != nullptr, "{}: tensor {} is F8_E4M3 but its scales {} are missing", t.file, name,
+              scale_name);
+    const TensorInfo& scale = ckpt_.Get(scale_name, scale_shape);
+    std::vector<float> scales(scale.numel());
+    ConvertToF32(*scale.dtype, scale.data, scale.numel(), scales.data());
+    const auto* in = static_cast<const uint8_t*>(t.data);
+    std::vector<float> row(cols);
+    for (int64_t i = 0; i < rows; ++i) {
+      const float* srow = scales.data() + (i / bn) * scale_shape[1];
+      for (int64_t j = 0; j < cols; ++j) row[j] = Fp8E4M3ToF32(in[i * cols + j]) * srow[j / bk];
+      StoreF32(row.data(), cols, dst_type,
+               static_cast<char*>(dst) + i * cols * static_cast<int64_t>(DTypeSize(dst_type)));
+    }
+  }
+
+  const ModelConfig& config_;
   const Checkpoint& ckpt_;
 };
 
@@ -45,7 +97,7 @@ class CheckpointSource : public TensorSource {
 
 ModelWeights LoadWeights(const ModelConfig& config, const Checkpoint& ckpt,
                          const WeightOptions& options) {
-  CheckpointSource source(ckpt);
+  CheckpointSource source(config, ckpt);
   return BuildWeights(config, options, source);
 }
 
