@@ -6,10 +6,12 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <sstream>
 
 #include "afd/common/dtype_convert.h"
 #include "afd/common/error.h"
@@ -245,6 +247,22 @@ TEST(Fp8Checkpoint, LoadsAsItsDequantizedWeights) {
   EXPECT_EQ(loaded->config().fp8_block_k, 24);
   const std::vector<int32_t> ids = {3, 17, 900, 4, 4, 250};
   EXPECT_EQ(Logits(*loaded, ids), Logits(direct, ids));
+  // The AFD roles load their parts the same way: 1A2F (each FFN rank dequantizes its experts)
+  // gives the monolithic output, log-probs included.
+  const auto run = [&](const std::string& extra) {
+    const std::string out = (dir / "run.out").string();
+    const std::string cmd = std::string(AFD_BINARY) + " run --model " + dir.string() +
+                            " --prompt-ids 3,17,900,4 --prompt-ids 250,6 --max-tokens 5 --json " +
+                            extra + " >" + out + " 2>" + out + ".err";
+    EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+    std::ifstream in(out);
+    std::stringstream text;
+    text << in.rdbuf();
+    return text.str();
+  };
+  const std::string mono = run("");
+  EXPECT_NE(mono.find("output_ids"), std::string::npos) << mono;
+  EXPECT_EQ(run("--topology 1A2F"), mono);
 
   const auto refused = [&](const std::string& config_json, const std::string& words) {
     std::ofstream(dir / "config.json") << config_json;
