@@ -27,9 +27,6 @@ const std::map<std::string, std::string>& VllmOnlyFlags() {
       {"--trust-remote-code", "afd runs its own DeepSeek-V2/V3 code, never a checkpoint's"},
       {"--distributed-executor-backend", "afd starts its ranks as processes itself"},
       {"--pipeline-parallel-size", "pipeline parallelism is not implemented"},
-      {"--quantization",
-       "FP8 block-quantized checkpoints load from their config.json; quantizing on load is not "
-       "implemented yet"},
       {"--speculative-config", "speculative decoding is not implemented"},
       {"--enable-prefix-caching", "prefix caching is not implemented"},
       {"--compilation-config", "afd has no torch.compile; CUDA graphs are --cuda-graph-sizes"},

@@ -225,6 +225,48 @@ TEST(Fp8Checkpoint, DecodesE4M3Exactly) {
   for (int k = -15; k <= 15; ++k) EXPECT_EQ(Fp8E4M3ToF32(Fp8OfEighths(k)), k / 8.0f) << k;
 }
 
+TEST(Fp8Checkpoint, EncodesE4M3RoundingToNearestEven) {
+  for (int c = 0; c < 256; ++c) {
+    if (c == 0x7f || c == 0xff) continue;  // NaN
+    EXPECT_EQ(F32ToFp8E4M3(Fp8E4M3ToF32(static_cast<uint8_t>(c))), c) << c;
+  }
+  EXPECT_EQ(F32ToFp8E4M3(1.0625f), 0x38);  // halfway 1 / 1.125: the even mantissa
+  EXPECT_EQ(F32ToFp8E4M3(1.1875f), 0x3a);  // halfway 1.125 / 1.25: 1.25
+  EXPECT_EQ(F32ToFp8E4M3(1.07f), 0x39);
+  EXPECT_EQ(F32ToFp8E4M3(1000.0f), 0x7e);  // saturates at 448
+  EXPECT_EQ(F32ToFp8E4M3(-1000.0f), 0xfe);
+  EXPECT_EQ(F32ToFp8E4M3(std::ldexp(1.0f, -11)), 0x00);          // below half the least subnormal
+  EXPECT_EQ(F32ToFp8E4M3(1.5f * std::ldexp(1.0f, -9)), 0x02);    // halfway 1 / 2 subnormal steps
+  EXPECT_EQ(F32ToFp8E4M3(15.5f * std::ldexp(1.0f, -10)), 0x08);  // carries into the least normal
+  EXPECT_EQ(F32ToFp8E4M3(std::nanf("")), 0x7f);
+}
+
+// --quantization fp8: every Linear weight but the router's is its FP8 round trip in 128 x 128
+// blocks (scale = the block's max |w| / 448); norms, embeddings and the router stay.
+TEST(Fp8OnLoad, LinearWeightsAreRoundedThroughFp8Blocks) {
+  const auto backend = kernels::MakeBackend(Device::Cpu());
+  OpenOptions plain;
+  plain.auto_bf16 = false;
+  OpenOptions fp8 = plain;
+  fp8.weights.fp8_block = 128;
+  const auto a = OpenModel("preset:tiny", plain, *backend);
+  const auto b = OpenModel("preset:tiny", fp8, *backend);
+  const auto values = [](const Tensor& t) {
+    const auto* p = static_cast<const float*>(t.data());
+    return std::vector<float>(p, p + t.numel());
+  };
+  const int64_t moe_layer = a->config().first_k_dense_replace;
+  const LayerWeights& la = a->weights().layers[moe_layer];
+  const LayerWeights& lb = b->weights().layers[moe_layer];
+  std::vector<float> o = values(la.attn.o_proj);
+  RoundThroughFp8Blocks(o.data(), la.attn.o_proj.dim(0), la.attn.o_proj.dim(1), 128, 128);
+  EXPECT_EQ(values(lb.attn.o_proj), o);
+  EXPECT_NE(values(lb.attn.o_proj), values(la.attn.o_proj));  // it did round something
+  EXPECT_EQ(values(lb.moe.gate), values(la.moe.gate));
+  EXPECT_EQ(values(lb.attn.input_norm), values(la.attn.input_norm));
+  EXPECT_EQ(values(b->weights().embed), values(a->weights().embed));
+}
+
 // DeepSeek-V3's format: the loaded model is the model of the dequantized weights, bit for bit;
 // what is quantized is read from the files; a missing scale, a quantized tensor without the
 // config's quantization_config, and other methods are refused by name.

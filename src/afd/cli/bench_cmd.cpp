@@ -28,6 +28,7 @@ struct BenchArgs {
   std::string device = "cpu";
   std::string dtype;
   std::string kv_cache_dtype = "auto";
+  std::string quantization;  // --quantization
   int cuda_device = 0;
   std::string batch = "1,16,64,256";
   std::string cuda_graph_sizes;  // empty: the default capture sizes
@@ -120,6 +121,7 @@ void RunOnTopology(const BenchArgs& a, const std::vector<int64_t>& batches, int&
     g.max_num_batched_tokens = batch * a.options.context;
     g.bf16 = !cuda && a.dtype == "bf16";
     g.kv_cache_dtype = a.kv_cache_dtype;
+    g.quantization = a.quantization;
     std::vector<std::string> flags = GenerationFlagsArgv(g);
     if (a.options.graphs.enforce_eager) flags.push_back("--enforce-eager");
     if (cuda) {
@@ -225,6 +227,7 @@ void Run(BenchArgs a, int& exit_code) {
     if (dtype == "bf16") open.weights.matrix_dtype = DType::kBF16;
     if (dtype == "fp32") open.auto_bf16 = false;
     open.kv_cache_dtype = a.kv_cache_dtype;
+    open.weights.fp8_block = QuantizationBlock(a.quantization);
     model::LoadedModel loaded = model::LoadModel(a.model, open, cuda ? a.cuda_device : -1);
     backend = std::move(loaded.backend);
     model = std::move(loaded.model);
@@ -411,6 +414,7 @@ void AddBenchCommand(CLI::App& app, int& exit_code) {
   decode->add_option("--dtype", a->dtype, "bf16 (cuda default) or fp32")
       ->check(CLI::IsMember({"bf16", "fp32"}));
   AddKvCacheDtypeOption(decode, a->kv_cache_dtype);
+  AddQuantizationOption(decode, a->quantization);
   decode->add_option("--cuda-device", a->cuda_device, "CUDA device ordinal")
       ->check(CLI::NonNegativeNumber);
   decode->add_option("--batch", a->batch, "Batch sizes, comma-separated (default 1,16,64,256)");

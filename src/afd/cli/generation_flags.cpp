@@ -35,6 +35,7 @@ void AddGenerationFlags(CLI::App* cmd, GenerationFlags& f, bool model_required) 
   cmd->add_option("--preset-seed", f.preset_seed, "Seed of preset random weights (default 0)");
   cmd->add_flag("--bf16", f.bf16, "Store weight matrices as bf16 (automatic for big models)");
   AddKvCacheDtypeOption(cmd, f.kv_cache_dtype);
+  AddQuantizationOption(cmd, f.quantization);
   cmd->add_flag("--enable-dbo", f.dbo.enabled,
                 "AFD attention role: big steps run as two pipelined micro-batches (dual-batch "
                 "overlap of attention and FFN)");
@@ -121,6 +122,7 @@ std::vector<std::string> GenerationFlagsArgv(const GenerationFlags& f) {
   if (f.ignore_eos) v.push_back("--ignore-eos");
   if (f.bf16) v.push_back("--bf16");
   v.insert(v.end(), {"--kv-cache-dtype", f.kv_cache_dtype});
+  if (!f.quantization.empty()) v.insert(v.end(), {"--quantization", f.quantization});
   if (f.dbo.enabled) v.push_back("--enable-dbo");
   return v;
 }
@@ -132,8 +134,21 @@ void AddKvCacheDtypeOption(CLI::App* cmd, std::string& kv_cache_dtype) {
       ->check(CLI::IsMember({"auto", "fp32", "bf16"}));
 }
 
+void AddQuantizationOption(CLI::App* cmd, std::string& quantization) {
+  cmd->add_option("--quantization", quantization,
+                  "fp8: quantize every Linear weight but the routers' to FP8 E4M3 on load, in "
+                  "128 x 128 blocks (vLLM's online fp8; held dequantized: the reference of FP8 "
+                  "weights). FP8 checkpoints need no flag: their config.json says so")
+      ->check(CLI::IsMember({"fp8"}));
+}
+
+int64_t QuantizationBlock(const std::string& quantization) {
+  return quantization == "fp8" ? 128 : 0;
+}
+
 model::OpenOptions ToOpenOptions(const GenerationFlags& f) {
   model::OpenOptions open;
+  open.weights.fp8_block = QuantizationBlock(f.quantization);
   open.num_layers = f.num_layers;
   open.preset_seed = f.preset_seed;
   if (f.bf16) open.weights.matrix_dtype = DType::kBF16;

@@ -28,6 +28,7 @@ struct GenerationFlags {
   uint64_t preset_seed = 0;
   bool bf16 = false;
   std::string kv_cache_dtype = "auto";  // --kv-cache-dtype: auto, fp32, bf16 (model::OpenOptions)
+  std::string quantization;             // --quantization: "" or fp8 (WeightOptions::fp8_block)
   runtime::DboOptions dbo;
   bool prompt_logprobs = false;  // log-probabilities of the prompt tokens (afd run --json)
   int64_t num_kv_blocks = 0;     // --num-gpu-blocks-override; 0: room for every prompt
@@ -57,6 +58,10 @@ model::OpenOptions ToOpenOptions(const GenerationFlags& flags);
 // --kv-cache-dtype auto|fp32|bf16 (model::OpenOptions::kv_cache_dtype), for commands that take it
 // outside GenerationFlags.
 void AddKvCacheDtypeOption(CLI::App* cmd, std::string& kv_cache_dtype);
+// --quantization fp8 (vLLM's online FP8), for commands that take it without the generation flags;
+// QuantizationBlock maps it to WeightOptions::fp8_block (0 when not given).
+void AddQuantizationOption(CLI::App* cmd, std::string& quantization);
+int64_t QuantizationBlock(const std::string& quantization);
 // --dtype of a model on `device` ("cpu"/"cuda"): bf16 (the default on cuda) or fp32 weights.
 void ApplyDtype(const std::string& dtype, bool cuda, model::OpenOptions& open);
 

@@ -1,5 +1,6 @@
 #include "afd/common/dtype_convert.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -70,6 +71,28 @@ float Fp8E4M3ToF32(uint8_t v) {
   if (exp == 0xf && man == 0x7) return std::numeric_limits<float>::quiet_NaN();
   if (exp == 0) return sign * std::ldexp(static_cast<float>(man), -9);  // man / 8 * 2^-6
   return sign * std::ldexp(static_cast<float>(8 + man), exp - 10);      // (1 + man / 8) * 2^(e-7)
+}
+
+uint8_t F32ToFp8E4M3(float f) {
+  if (std::isnan(f)) return 0x7f;
+  const uint8_t sign = std::signbit(f) ? 0x80 : 0;
+  const float a = std::min(std::fabs(f), 448.0f);
+  // The E4M3 values are spaced 2^(e-3) in [2^e, 2^(e+1)) for e >= -6, and 2^-9 below 2^-6:
+  // scale to that spacing, round half to even (nearbyint under the default rounding mode), and
+  // rescale; a carry into the next binade lands on its first value, still exact.
+  int e = 0;
+  std::frexp(a, &e);  // a = m * 2^e, m in [0.5, 1): the binade is [2^(e-1), 2^e)
+  const int step = std::max(e - 1, -6) - 3;  // log2 of the spacing
+  const float q = std::nearbyint(std::ldexp(a, -step));
+  const float v = std::ldexp(q, step);
+  if (v == 0.0f) return sign;
+  int ve = 0;
+  const float vm = std::frexp(v, &ve);  // v = vm * 2^ve
+  if (ve - 1 < -6) {                    // subnormal: v = man * 2^-9
+    return static_cast<uint8_t>(sign | static_cast<int>(std::ldexp(v, 9)));
+  }
+  const int mantissa = static_cast<int>((2 * vm - 1) * 8);
+  return static_cast<uint8_t>(sign | ((ve - 1 + 7) << 3) | mantissa);
 }
 
 }  // namespace afd

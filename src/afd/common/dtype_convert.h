@@ -24,6 +24,9 @@ float F16ToF32(uint16_t h);
 // OCP FP8 E4M3 (safetensors "F8_E4M3", torch.float8_e4m3fn) -> fp32, exact: 1 sign, 4
 // exponent (bias 7) and 3 mantissa bits, subnormals below 2^-6, no infinities, 0x7f / 0xff NaN.
 float Fp8E4M3ToF32(uint8_t v);
+// fp32 -> FP8 E4M3, round to nearest even, saturating at +-448 (torch's float8_e4m3fn cast of a
+// clamped value); NaN -> 0x7f.
+uint8_t F32ToFp8E4M3(float f);
 
 // dst[i] = src[i] converted to fp32, for `count` elements of type `src_type`.
 void ConvertToF32(DType src_type, const void* src, int64_t count, float* dst);

@@ -3,8 +3,13 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <vector>
 
+#include "afd/common/dtype_convert.h"
 #include "afd/common/error.h"
 #include "afd/model/loader.h"
 
@@ -163,10 +168,69 @@ class Builder {
 
 }  // namespace
 
+namespace {
+
+// --quantization fp8: each Linear weight (the routers' aside, as vLLM leaves them unquantized)
+// read in fp32, rounded through FP8 E4M3 blocks, then stored as asked.
+class Fp8OnLoadSource : public TensorSource {
+ public:
+  Fp8OnLoadSource(TensorSource& inner, int64_t block) : inner_(inner), block_(block) {}
+  void Read(const std::string& name, const std::vector<int64_t>& shape, TensorKind kind,
+            DType dst_type, void* dst) override {
+    const bool router =
+        name.size() >= 15 && name.compare(name.size() - 15, 15, "mlp.gate.weight") == 0;
+    if (kind != TensorKind::kLinear || shape.size() != 2 || router) {
+      inner_.Read(name, shape, kind, dst_type, dst);
+      return;
+    }
+    const int64_t rows = shape[0], cols = shape[1];
+    std::vector<float> w(rows * cols);
+    inner_.Read(name, shape, kind, DType::kF32, w.data());
+    RoundThroughFp8Blocks(w.data(), rows, cols, block_, block_);
+    if (dst_type == DType::kF32) {
+      std::memcpy(dst, w.data(), 4 * w.size());
+    } else {
+      auto* out = static_cast<uint16_t*>(dst);
+      for (size_t i = 0; i < w.size(); ++i) out[i] = F32ToBf16(w[i]);
+    }
+  }
+
+ private:
+  TensorSource& inner_;
+  int64_t block_;
+};
+
+}  // namespace
+
+void RoundThroughFp8Blocks(float* w, int64_t rows, int64_t cols, int64_t bn, int64_t bk) {
+  for (int64_t r0 = 0; r0 < rows; r0 += bn) {
+    for (int64_t c0 = 0; c0 < cols; c0 += bk) {
+      const int64_t r1 = std::min(rows, r0 + bn), c1 = std::min(cols, c0 + bk);
+      float amax = 0;
+      for (int64_t i = r0; i < r1; ++i) {
+        for (int64_t j = c0; j < c1; ++j) amax = std::max(amax, std::fabs(w[i * cols + j]));
+      }
+      const float scale = amax > 0 ? amax / 448.0f : 1.0f;  // the block's weight_scale_inv
+      for (int64_t i = r0; i < r1; ++i) {
+        for (int64_t j = c0; j < c1; ++j) {
+          float& x = w[i * cols + j];
+          x = Fp8E4M3ToF32(F32ToFp8E4M3(x / scale)) * scale;
+        }
+      }
+    }
+  }
+}
+
 ModelWeights BuildWeights(const ModelConfig& config, const WeightOptions& options,
                           TensorSource& source) {
   AFD_CHECK(options.matrix_dtype == DType::kF32 || options.matrix_dtype == DType::kBF16,
             "weights can be stored as fp32 or bf16 only");
+  AFD_CHECK(options.fp8_block >= 0, "the FP8 block size must be >= 0, got {}", options.fp8_block);
+  // An FP8 checkpoint keeps its own scales (its weights are FP8 values already).
+  if (options.fp8_block > 0 && config.fp8_block_n == 0) {
+    Fp8OnLoadSource fp8(source, options.fp8_block);
+    return Builder(config, options, fp8).Build();
+  }
   return Builder(config, options, source).Build();
 }
 

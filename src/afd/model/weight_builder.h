@@ -25,4 +25,8 @@ class TensorSource {
 ModelWeights BuildWeights(const ModelConfig& config, const WeightOptions& options,
                           TensorSource& source);
 
+// w [rows, cols] (row-major) rounded through FP8 E4M3 in blocks of bn x bk (edge blocks
+// partial): per block scale = max |w| / 448, w = fp8(w / scale) * scale (all in fp32).
+void RoundThroughFp8Blocks(float* w, int64_t rows, int64_t cols, int64_t bn, int64_t bk);
+
 }  // namespace afd::model

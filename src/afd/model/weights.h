@@ -65,6 +65,11 @@ struct WeightOptions {
   bool load_moe = true;        // router and shared experts of MoE layers
   int64_t expert_begin = 0;    // routed experts [expert_begin, expert_end) of MoE layers
   int64_t expert_end = -1;     // -1: up to n_routed_experts
+  // > 0 (`--quantization fp8`, vLLM's online FP8): every Linear weight but the routers' is
+  // quantized on load to FP8 E4M3 in blocks of fp8_block x fp8_block (scale = the block's
+  // largest |w| / 448) and held dequantized (the CPU reference of FP8 weights). Checkpoints that
+  // are FP8 already keep their own scales.
+  int64_t fp8_block = 0;
 };
 
 // Reads every tensor the config implies from `ckpt` (names as in the HF checkpoints; shapes and
