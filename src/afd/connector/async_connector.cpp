@@ -122,14 +122,13 @@ AsyncConnector::AsyncConnector(comm::AfdWorld& world, const AsyncConnectorOption
     }
     if (o.cuda_stream != nullptr) {
       std::string why;
-      // The kernel form's own bound comes after the watchdog's (WatchDeviceWaits), which
-      // names the peer.
-      // Device sequencing: the kernels' own bound comes first (0.75 of the timeout), so that a
-      // host waiting for the stream (Backend::WatchWaits, whose check calls CheckDevice) names
-      // the peer before its own deadline.
+      // Stream flags: the kernel form's own bound comes after the watchdog's (WatchDeviceWaits),
+      // which names the peer. Device sequencing: the kernels' own bound comes first (0.75 of the
+      // timeout), so that a host waiting for the stream (Backend::WatchWaits, whose check calls
+      // CheckDevice) names the peer before its own deadline.
       const double timeout = world.config().afd_process_group_timeout_s;
-      stream_flags_ =
-          StreamFlags::Create(o.cuda_device, &why, o.device_sequenced ? 0.75 * timeout : 2 * timeout);
+      stream_flags_ = StreamFlags::Create(o.cuda_device, &why,
+                                          o.device_sequenced ? 0.75 * timeout : 2 * timeout);
       if (stream_flags_) {
         rows->UseStream(o.cuda_stream);
         if (o.device_sequenced) {
