@@ -16,6 +16,7 @@
 #include "afd/bench_client/bench_request.h"
 #include "afd/bench_client/http_stream_client.h"
 #include "afd/common/error.h"
+#include "afd/common/thread_annotations.h"
 
 namespace afd::bench_client {
 
@@ -45,22 +46,22 @@ class ArrivalQueue {
  public:
   void Push(size_t index) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       queue_.push_back(index);
     }
     cv_.notify_one();
   }
   void Close() {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       closed_ = true;
     }
     cv_.notify_all();
   }
   // The next arrived request, or false once closed and drained.
   bool Pop(size_t& index) {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return closed_ || !queue_.empty(); });
+    MutexLock lock(mu_);
+    while (!closed_ && queue_.empty()) cv_.wait(lock);
     if (queue_.empty()) return false;
     index = queue_.front();
     queue_.pop_front();
@@ -68,10 +69,10 @@ class ArrivalQueue {
   }
 
  private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<size_t> queue_;  // GUARDED_BY(mu_)
-  bool closed_ = false;       // GUARDED_BY(mu_)
+  Mutex mu_;
+  std::condition_variable_any cv_;
+  std::deque<size_t> queue_ AFD_GUARDED_BY(mu_);
+  bool closed_ AFD_GUARDED_BY(mu_) = false;
 };
 
 // "\r 37/100 [#########           ]  37% elapsed 12.3s", redrawn in place.
@@ -179,9 +180,9 @@ BenchServeRun RunBenchServe(const BenchServeOptions& o, const std::vector<BenchP
 
   run.outcomes.resize(prompts.size());
   std::vector<double> arrived_at(prompts.size(), 0.0);
-  std::mutex done_mu;
-  std::condition_variable done_cv;
-  int64_t done = 0;  // GUARDED_BY(done_mu)
+  Mutex done_mu;
+  std::condition_variable_any done_cv;
+  int64_t done AFD_GUARDED_BY(done_mu) = 0;
   ArrivalQueue queue;
   const Clock::time_point start = Clock::now();
 
@@ -204,7 +205,7 @@ BenchServeRun RunBenchServe(const BenchServeOptions& o, const std::vector<BenchP
         outcome.queue_s = sent_at - arrived_at[i];
         run.outcomes[i] = std::move(outcome);
         {
-          std::lock_guard<std::mutex> lock(done_mu);
+          MutexLock lock(done_mu);
           ++done;
         }
         done_cv.notify_all();
@@ -214,7 +215,7 @@ BenchServeRun RunBenchServe(const BenchServeOptions& o, const std::vector<BenchP
   std::thread progress_thread;
   if (progress != nullptr) {
     progress_thread = std::thread([&] {
-      std::unique_lock<std::mutex> lock(done_mu);
+      MutexLock lock(done_mu);
       while (true) {
         const int64_t now_done = done;
         lock.unlock();

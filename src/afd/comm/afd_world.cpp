@@ -6,6 +6,7 @@
 
 #include "afd/comm/join_secret.h"
 #include "afd/common/error.h"
+#include "afd/common/thread_annotations.h"
 
 namespace afd::comm {
 
@@ -143,7 +144,7 @@ AfdWorld::AfdWorld(JoinRequest request, CommunicatorFactory factory)
 // instead: enough for ranks starting late to read the abort, short enough to exit promptly.
 AfdWorld::~AfdWorld() {
   {
-    std::lock_guard<std::mutex> lock(heartbeat_mu_);
+    MutexLock lock(heartbeat_mu_);
     heartbeat_stop_ = true;
   }
   heartbeat_cv_.notify_all();

@@ -37,6 +37,7 @@
 #include "afd/comm/tcp_communicator.h"
 #include "afd/common/dtype.h"
 #include "afd/common/error.h"
+#include "afd/common/thread_annotations.h"
 #include "afd/config/afd_config.h"
 #include "afd/topology/topology.h"
 
@@ -125,9 +126,9 @@ class AfdWorld {
   bool joined_ = false;                // the join completed (rank 0 then lingers for the others)
 
   std::thread heartbeat_;
-  std::mutex heartbeat_mu_;
-  std::condition_variable heartbeat_cv_;
-  bool heartbeat_stop_ = false;  // GUARDED_BY(heartbeat_mu_)
+  Mutex heartbeat_mu_;
+  std::condition_variable_any heartbeat_cv_;
+  bool heartbeat_stop_ AFD_GUARDED_BY(heartbeat_mu_) = false;
 };
 
 // The fingerprint fields in a fixed order, as (name, value) pairs. Exposed for tests.

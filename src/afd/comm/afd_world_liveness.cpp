@@ -6,6 +6,7 @@
 
 #include "afd/comm/afd_world.h"
 #include "afd/common/error.h"
+#include "afd/common/thread_annotations.h"
 
 namespace afd::comm {
 
@@ -56,8 +57,11 @@ void AfdWorld::HeartbeatLoop() {
     } catch (const Error&) {
       return;  // the store is gone: every wait of this rank notices that on its own
     }
-    std::unique_lock<std::mutex> lock(heartbeat_mu_);
-    if (heartbeat_cv_.wait_for(lock, interval, [this] { return heartbeat_stop_; })) return;
+    MutexLock lock(heartbeat_mu_);
+    const auto until = std::chrono::steady_clock::now() + interval;
+    while (!heartbeat_stop_ && heartbeat_cv_.wait_until(lock, until) != std::cv_status::timeout) {
+    }
+    if (heartbeat_stop_) return;
   }
 }
 

@@ -31,7 +31,7 @@ MemoryFabric::MemoryFabric(int size, FaultPlan plan)
       sent_(size, 0) {}
 
 bool MemoryFabric::fault_injected() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return injected_;
 }
 
@@ -114,7 +114,7 @@ void MemoryCommunicator::SendNow(const Op& op) {
       op.bytes,      send_seq_[op.peer]++};
   if (op.bytes > 0) m.payload.assign(op.buf, op.buf + op.bytes);
   m.deliver_at = MemoryFabric::Clock::now();
-  std::lock_guard<std::mutex> lock(f.mu_);
+  MutexLock lock(f.mu_);
   AFD_CHECK(!f.closed_[op.peer], "lost connection to {} while sending: the peer hung up",
             Where(op.peer));
   const uint64_t n = f.sent_[spec_.rank]++;
@@ -147,7 +147,7 @@ void MemoryCommunicator::SendNow(const Op& op) {
 
 void MemoryCommunicator::RecvNow(const Op& op, const Deadline& deadline) {
   MemoryFabric& f = *fabric_;
-  std::unique_lock<std::mutex> lock(f.mu_);
+  MutexLock lock(f.mu_);
   auto& queue = f.Queue(op.peer, spec_.rank);
   while (true) {
     AFD_CHECK(!f.closed_[spec_.rank], "group {}: {} was shut down while receiving", spec_.name,
@@ -181,7 +181,7 @@ bool MemoryCommunicator::WaitReadable(int peer, double timeout_s) {
   CheckUsable(peer);
   MemoryFabric& f = *fabric_;
   const Deadline deadline = Deadline::In(timeout_s);
-  std::unique_lock<std::mutex> lock(f.mu_);
+  MutexLock lock(f.mu_);
   auto& queue = f.Queue(peer, spec_.rank);
   while (true) {
     if (!queue.empty() && queue.front().deliver_at <= MemoryFabric::Clock::now()) return true;
@@ -210,18 +210,18 @@ void MemoryCommunicator::Shutdown() {
   if (shut_down_) return;
   shut_down_ = true;
   pending_.clear();
-  std::lock_guard<std::mutex> lock(fabric_->mu_);
+  MutexLock lock(fabric_->mu_);
   fabric_->closed_[spec_.rank] = true;
   fabric_->cv_.notify_all();
 }
 
 void MemoryFabricRegistry::SetPlan(const std::string& group, FaultPlan plan) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   plans_[group] = plan;
 }
 
 std::shared_ptr<MemoryFabric> MemoryFabricRegistry::Get(const std::string& group, int size) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   auto& fabric = fabrics_[group];
   if (!fabric) {
     auto plan = plans_.find(group);
@@ -234,7 +234,7 @@ std::shared_ptr<MemoryFabric> MemoryFabricRegistry::Get(const std::string& group
 bool MemoryFabricRegistry::FaultInjected(const std::string& group) {
   std::shared_ptr<MemoryFabric> fabric;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     auto it = fabrics_.find(group);
     if (it == fabrics_.end()) return false;
     fabric = it->second;

@@ -24,6 +24,7 @@
 #include "afd/comm/communicator.h"
 #include "afd/comm/tcp_communicator.h"
 #include "afd/comm/wire.h"
+#include "afd/common/thread_annotations.h"
 
 namespace afd::comm {
 
@@ -52,16 +53,18 @@ class MemoryFabric {
     std::vector<char> payload;
     Clock::time_point deliver_at;
   };
-  std::deque<Message>& Queue(int from, int to) { return queues_[from * size_ + to]; }
+  std::deque<Message>& Queue(int from, int to) AFD_REQUIRES(mu_) {
+    return queues_[from * size_ + to];
+  }
 
   const int size_;
   const FaultPlan plan_;
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<std::deque<Message>> queues_;  // GUARDED_BY(mu_), [from * size + to]
-  std::vector<bool> closed_;                 // GUARDED_BY(mu_), per rank
-  std::vector<uint64_t> sent_;               // GUARDED_BY(mu_), messages sent per rank
-  bool injected_ = false;                    // GUARDED_BY(mu_)
+  mutable Mutex mu_;
+  std::condition_variable_any cv_;
+  std::vector<std::deque<Message>> queues_ AFD_GUARDED_BY(mu_);  // [from * size + to]
+  std::vector<bool> closed_ AFD_GUARDED_BY(mu_);                 // per rank
+  std::vector<uint64_t> sent_ AFD_GUARDED_BY(mu_);               // messages sent per rank
+  bool injected_ AFD_GUARDED_BY(mu_) = false;
 };
 
 class MemoryCommunicator : public Communicator {
@@ -120,9 +123,9 @@ class MemoryFabricRegistry {
   bool FaultInjected(const std::string& group);
 
  private:
-  std::mutex mu_;
-  std::map<std::string, FaultPlan> plans_;                        // GUARDED_BY(mu_)
-  std::map<std::string, std::shared_ptr<MemoryFabric>> fabrics_;  // GUARDED_BY(mu_)
+  Mutex mu_;
+  std::map<std::string, FaultPlan> plans_ AFD_GUARDED_BY(mu_);
+  std::map<std::string, std::shared_ptr<MemoryFabric>> fabrics_ AFD_GUARDED_BY(mu_);
 };
 
 }  // namespace afd::comm

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "afd/comm/socket.h"
+#include "afd/common/thread_annotations.h"
 
 namespace afd::comm {
 
@@ -75,12 +76,12 @@ class TcpStoreClient : public Store {
   // Sends one request frame and returns the response payload.
   std::string Request(uint8_t op, const std::vector<std::string>& fields);
   // Reads one frame body (unlocked helper of Request and the handshake).
-  std::string ReadFrame(const Deadline& deadline, uint32_t max_body);
+  std::string ReadFrame(const Deadline& deadline, uint32_t max_body) AFD_REQUIRES(mu_);
 
   std::string where_;  // "rendezvous store at host:port"
   double timeout_s_;
-  std::mutex mu_;
-  Socket socket_;  // GUARDED_BY(mu_)
+  Mutex mu_;
+  Socket socket_ AFD_GUARDED_BY(mu_);
 };
 
 struct StoreServerOptions {
@@ -133,8 +134,8 @@ class TcpStoreServer {
   std::atomic<int> num_clients_{0};
   std::atomic<int> num_accepted_{0};
   std::atomic<int> num_dropped_{0};
-  mutable std::mutex failure_mu_;
-  std::optional<std::string> failure_;  // GUARDED_BY(failure_mu_)
+  mutable Mutex failure_mu_;
+  std::optional<std::string> failure_ AFD_GUARDED_BY(failure_mu_);
 };
 
 }  // namespace afd::comm

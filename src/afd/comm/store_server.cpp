@@ -76,7 +76,7 @@ TcpStoreServer::~TcpStoreServer() {
 }
 
 std::optional<std::string> TcpStoreServer::failure() const {
-  std::lock_guard<std::mutex> lock(failure_mu_);
+  MutexLock lock(failure_mu_);
   return failure_;
 }
 
@@ -106,7 +106,7 @@ void TcpStoreServer::Serve() {
   const auto send = Seconds(options_.send_timeout_s);
   auto fail = [&](const std::string& why) {
     {
-      std::lock_guard<std::mutex> lock(failure_mu_);
+      MutexLock lock(failure_mu_);
       failure_ = why;
     }
     Log("FATAL: " + why + "; the store stops serving and every rank loses it");

@@ -5,6 +5,7 @@
 #include "afd/comm/store_protocol.h"
 #include "afd/common/error.h"
 #include "afd/common/sha256.h"
+#include "afd/common/thread_annotations.h"
 
 namespace afd::comm {
 
@@ -14,6 +15,7 @@ TcpStoreClient::TcpStoreClient(const std::string& host, int port, double timeout
                                std::optional<std::string> secret)
     : where_(fmt::format("rendezvous store at {}:{}", host, port)), timeout_s_(timeout_s) {
   const Deadline deadline = Deadline::In(timeout_s);
+  MutexLock lock(mu_);  // no other thread yet: for the analysis (socket_ is guarded by mu_)
   socket_ = Connect(
       host, port, deadline,
       where_ + " (served by the deployment's first rank: FFN rank 0 of AFD; is it running?)");
@@ -45,7 +47,7 @@ std::string TcpStoreClient::ReadFrame(const Deadline& deadline, uint32_t max_bod
 }
 
 std::string TcpStoreClient::Request(uint8_t op, const std::vector<std::string>& fields) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   AFD_CHECK(socket_.valid(), "{}: the connection was lost earlier", where_);
   const Deadline deadline = Deadline::In(timeout_s_);
   try {

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "afd/common/error.h"
+#include "afd/common/thread_annotations.h"
 #include "afd/connector/shm_window.h"
 #ifdef AFD_WITH_CUDA
 #include "afd/connector/cuda/cuda_ipc_window.h"
@@ -308,7 +309,7 @@ void AsyncConnector::Replayed(const Captured& c) {
 AsyncConnector::~AsyncConnector() {
   if (watchdog_.joinable()) {
     {
-      std::lock_guard<std::mutex> lock(watchdog_mu_);
+      MutexLock lock(watchdog_mu_);
       watchdog_stop_ = true;
     }
     watchdog_cv_.notify_all();
@@ -333,7 +334,7 @@ int64_t SteadyNanos() {
 void AsyncConnector::WatchDeviceWaits() {
   const double timeout = world_.config().afd_process_group_timeout_s;
   const auto timeout_ns = static_cast<int64_t>(timeout * 1e9);
-  std::unique_lock<std::mutex> lock(watchdog_mu_);
+  MutexLock lock(watchdog_mu_);
   bool aborted = false;  // device sequencing: the waits were failed
   while (!watchdog_stop_) {
     watchdog_cv_.wait_for(lock, std::chrono::milliseconds(50));
@@ -386,7 +387,7 @@ void AsyncConnector::WatchDeviceWaits() {
 
 void AsyncConnector::ThrowIfDeviceWaitExpired() const {
   if (!device_wait_expired_.load()) return;
-  std::lock_guard<std::mutex> lock(watchdog_mu_);
+  MutexLock lock(watchdog_mu_);
   AFD_THROW("{}", device_wait_failure_);
 }
 

@@ -49,6 +49,7 @@
 #include <vector>
 
 #include "afd/comm/afd_world.h"
+#include "afd/common/thread_annotations.h"
 #include "afd/connector/async_slot.h"
 #include "afd/connector/p2p_connector.h"
 #include "afd/connector/shm_window.h"
@@ -258,7 +259,7 @@ class AsyncConnector {
   uint64_t* device_seqs_ = nullptr;
   bool capturing_ = false;
   std::atomic<uint64_t> waits_enqueued_{0};  // device waits enqueued or replayed (watchdog)
-  Captured capture_base_;  // the mirrors when the capture began
+  Captured capture_base_;                    // the mirrors when the capture began
   std::vector<Captured::Stat> captured_stats_;
   int poll_start_ = 0;
   std::map<int, LayerTransferStats> stats_;
@@ -268,9 +269,9 @@ class AsyncConnector {
   std::vector<std::string> peer_names_;  // PeerName(p), formatted once for the watchdog
   std::atomic<bool> watchdog_stop_{false};
   std::atomic<bool> device_wait_expired_{false};
-  mutable std::mutex watchdog_mu_;
-  std::condition_variable watchdog_cv_;
-  std::string device_wait_failure_;  // guarded by watchdog_mu_
+  mutable Mutex watchdog_mu_;
+  std::condition_variable_any watchdog_cv_;
+  std::string device_wait_failure_ AFD_GUARDED_BY(watchdog_mu_);
   std::thread watchdog_;
 };
 

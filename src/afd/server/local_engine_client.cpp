@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "afd/common/error.h"
+#include "afd/common/thread_annotations.h"
 
 namespace afd::server {
 
@@ -20,7 +21,7 @@ LocalEngineClient::LocalEngineClient(const model::DeepseekModel& model, runtime:
 
 LocalEngineClient::~LocalEngineClient() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     stop_ = true;
   }
   wake_.notify_all();
@@ -32,7 +33,7 @@ void LocalEngineClient::Submit(uint64_t id, runtime::RequestParams params,
                                OutputCallback on_output) {
   std::string refused;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (!failure_.empty() || stop_) {
       refused = failure_.empty() ? "the engine stopped" : failure_;
     } else {
@@ -50,7 +51,7 @@ void LocalEngineClient::Submit(uint64_t id, runtime::RequestParams params,
 
 void LocalEngineClient::Abort(uint64_t id) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (!callbacks_.count(id)) return;
     inbox_.push_back({id, true, {}});
   }
@@ -58,7 +59,7 @@ void LocalEngineClient::Abort(uint64_t id) {
 }
 
 EngineLoad LocalEngineClient::Load() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   EngineLoad load;
   load.total = stats_;
   // Submitted but not yet seen by the engine: waiting too.
@@ -70,14 +71,14 @@ EngineLoad LocalEngineClient::Load() const {
 }
 
 std::string LocalEngineClient::Failure() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return failure_;
 }
 
 void LocalEngineClient::FailAll(const std::string& why) {
   std::map<uint64_t, OutputCallback> live;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     live.swap(callbacks_);
     inbox_.clear();
   }
@@ -89,7 +90,7 @@ void LocalEngineClient::Loop() {
   while (true) {
     std::deque<Inbound> inbox;
     {
-      std::unique_lock<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       wake_.wait(lock, [&] { return stop_ || !inbox_.empty() || engine_.HasWork(); });
       if (stop_) return;
       inbox.swap(inbox_);
@@ -107,11 +108,11 @@ void LocalEngineClient::Loop() {
       outputs = engine_.Step();
       const double step =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count();
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       step_seconds_ += step;
     } catch (const std::exception& e) {
       {
-        std::lock_guard<std::mutex> lock(mu_);
+        MutexLock lock(mu_);
         failure_ = fmt::format("the engine failed: {}", e.what());
       }
       FailAll(Failure());
@@ -119,7 +120,7 @@ void LocalEngineClient::Loop() {
     }
     const runtime::EngineStats stats = engine_.stats();
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       stats_ = stats;
     }
     // Callbacks run without the lock (they may Submit or Abort); a finished request's
@@ -128,7 +129,7 @@ void LocalEngineClient::Loop() {
     for (const runtime::RequestOutput& o : outputs) {
       OutputCallback callback;
       {
-        std::lock_guard<std::mutex> lock(mu_);
+        MutexLock lock(mu_);
         const auto it = callbacks_.find(o.request_id);
         if (it == callbacks_.end()) continue;
         if (o.finished) {
@@ -142,7 +143,7 @@ void LocalEngineClient::Loop() {
     }
     const double delivery =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - delivery_start).count();
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     delivery_seconds_ += delivery;
   }
 }

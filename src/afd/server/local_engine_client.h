@@ -14,6 +14,7 @@
 #include <string>
 #include <thread>
 
+#include "afd/common/thread_annotations.h"
 #include "afd/runtime/engine.h"
 #include "afd/server/engine_client.h"
 
@@ -48,12 +49,12 @@ class LocalEngineClient : public EngineClient {
   const model::DeepseekModel& model_;
   EngineModelInfo info_;
   runtime::Engine engine_;  // used by the engine thread only (after construction)
-  mutable std::mutex mu_;
-  std::condition_variable wake_;
+  mutable Mutex mu_;
+  std::condition_variable_any wake_;
   std::deque<Inbound> inbox_;
   std::map<uint64_t, OutputCallback> callbacks_;
   runtime::EngineStats stats_;
-  double step_seconds_ = 0, delivery_seconds_ = 0;  // guarded by mu_ (EngineLoad)
+  double step_seconds_ AFD_GUARDED_BY(mu_) = 0, delivery_seconds_ = 0;  // (EngineLoad)
   std::string failure_;
   bool stop_ = false;
   std::thread thread_;

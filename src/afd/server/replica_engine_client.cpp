@@ -11,6 +11,7 @@
 
 #include "afd/common/error.h"
 #include "afd/common/sha256.h"
+#include "afd/common/thread_annotations.h"
 
 namespace afd::server {
 
@@ -39,7 +40,7 @@ ReplicaEngineClient::ReplicaEngineClient(int num_replicas, int first_dp_rank,
 
 ReplicaEngineClient::~ReplicaEngineClient() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     stop_sender_ = true;
   }
   aborts_cv_.notify_all();
@@ -58,7 +59,7 @@ bool ReplicaEngineClient::WaitReady(double timeout_s) {
   }
   std::string missing;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     for (int r = 0; r < num_replicas_; ++r) {
       if (!replicas_[r].said_hello) missing += fmt::format(" {}", first_dp_rank_ + r);
     }
@@ -72,7 +73,7 @@ bool ReplicaEngineClient::WaitReady(double timeout_s) {
 }
 
 bool ReplicaEngineClient::Ready() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (!failure_.empty() || shutting_down_) return false;
   for (const Replica& r : replicas_) {
     if (!r.said_hello) return false;
@@ -81,17 +82,17 @@ bool ReplicaEngineClient::Ready() const {
 }
 
 std::string ReplicaEngineClient::Failure() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return failure_;
 }
 
 int64_t ReplicaEngineClient::num_live() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return static_cast<int64_t>(live_.size());
 }
 
 const EngineModelInfo& ReplicaEngineClient::model_info() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   AFD_CHECK(replicas_[0].said_hello, "the engines are not ready yet");
   return info_;  // set once by the first hello, never changed after
 }
@@ -113,7 +114,7 @@ void ReplicaEngineClient::SetFailure(const std::string& why) {
   std::vector<std::pair<OutputCallback, uint64_t>> failed;
   std::string reason;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     FailLocked(why, failed);
     reason = failure_;
   }
@@ -123,7 +124,7 @@ void ReplicaEngineClient::SetFailure(const std::string& why) {
 void ReplicaEngineClient::Shutdown() {
   std::vector<deploy::FrameConnection*> conns;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     shutting_down_ = true;
     for (Replica& r : replicas_) {
       if (r.conn && !r.left) conns.push_back(r.conn.get());
@@ -147,7 +148,7 @@ void ReplicaEngineClient::Submit(uint64_t id, runtime::RequestParams params,
   std::string refused;
   int chosen = -1;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (!failure_.empty()) {
       refused = failure_;
     } else if (shutting_down_) {
@@ -187,7 +188,7 @@ void ReplicaEngineClient::Abort(uint64_t id) {
   // Queued for the sender thread: an abort comes from the HTTP front end's I/O threads (a client
   // gone, a stop string), which must never wait on a replica's socket.
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     const auto it = live_.find(id);
     if (it == live_.end()) return;
     aborts_.emplace_back(it->second.replica, id);
@@ -196,9 +197,9 @@ void ReplicaEngineClient::Abort(uint64_t id) {
 }
 
 void ReplicaEngineClient::SendAborts() {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   while (true) {
-    aborts_cv_.wait(lock, [&] { return stop_sender_ || !aborts_.empty(); });
+    while (!stop_sender_ && aborts_.empty()) aborts_cv_.wait(lock);
     if (aborts_.empty()) return;  // stopping, nothing left
     const auto [replica, id] = aborts_.front();
     aborts_.pop_front();
@@ -218,7 +219,7 @@ void ReplicaEngineClient::SendAborts() {
 }
 
 EngineLoad ReplicaEngineClient::Load() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   EngineLoad load;
   for (const Replica& r : replicas_) {
     load.engines.push_back(r.stats);
@@ -245,7 +246,7 @@ void ReplicaEngineClient::Handle(size_t connection, deploy::EngineMessage m) {
   std::vector<std::pair<OutputCallback, uint64_t>> failed;
   std::string reason;
   if (m.kind == Kind::kHello) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     const int r = m.hello.dp_rank - first_dp_rank_;
     std::string problem;
     if (r < 0 || r >= num_replicas_) {
@@ -278,7 +279,7 @@ void ReplicaEngineClient::Handle(size_t connection, deploy::EngineMessage m) {
   } else if (m.kind == Kind::kStep) {
     std::vector<std::pair<OutputCallback, runtime::RequestOutput>> calls;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       for (runtime::RequestOutput& o : m.outputs) {
         const auto it = live_.find(o.request_id);
         if (it == live_.end()) continue;  // failed or aborted meanwhile
@@ -328,7 +329,7 @@ constexpr size_t kMaxPendingConnections = 64;
 void ReplicaEngineClient::DropPending(size_t i, const std::string& why, bool tell) {
   std::unique_ptr<deploy::FrameConnection> conn;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     conn = std::move(pending_[i].conn);
   }
   if (!conn) return;
@@ -352,7 +353,7 @@ void ReplicaEngineClient::IoLoop() {
     std::vector<pollfd> fds = {{listener_.fd(), POLLIN, 0}};
     std::vector<std::pair<bool, size_t>> owners;  // (is a replica, index)
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       // Slots of connections that said hello or were dropped go (indices are taken afresh).
       pending_.erase(std::remove_if(pending_.begin(), pending_.end(),
                                     [](const Pending& p) { return !p.conn; }),
@@ -376,7 +377,7 @@ void ReplicaEngineClient::IoLoop() {
     for (size_t i = 0; i < pending_.size(); ++i) {
       bool stale;
       {
-        std::lock_guard<std::mutex> lock(mu_);
+        MutexLock lock(mu_);
         stale = pending_[i].conn &&
                 now - pending_[i].since > std::chrono::duration<double>(kHelloTimeoutSeconds);
       }
@@ -393,7 +394,7 @@ void ReplicaEngineClient::IoLoop() {
         auto conn = std::make_unique<deploy::FrameConnection>(std::move(s), peer);
         size_t waiting = 0;
         {
-          std::lock_guard<std::mutex> lock(mu_);
+          MutexLock lock(mu_);
           for (const Pending& p : pending_) waiting += p.conn ? 1 : 0;
         }
         if (waiting >= kMaxPendingConnections) {
@@ -409,7 +410,7 @@ void ReplicaEngineClient::IoLoop() {
         challenge.challenge.nonce = ToHex(RandomBytes(32));
         challenge.challenge.secret = listen_.secret.has_value();
         conn->Send(deploy::EncodeEngineMessage(challenge), 5.0);
-        std::lock_guard<std::mutex> lock(mu_);
+        MutexLock lock(mu_);
         pending_.push_back({std::move(conn), challenge.challenge.nonce, now});
       } catch (const Error&) {
         // The peer went away before we accepted it, or took no challenge: nothing to serve.
@@ -423,7 +424,7 @@ void ReplicaEngineClient::IoLoop() {
       deploy::FrameConnection* conn;
       std::string nonce;
       {
-        std::lock_guard<std::mutex> lock(mu_);
+        MutexLock lock(mu_);
         conn = is_replica ? replicas_[index].conn.get() : pending_[index].conn.get();
         if (!is_replica) nonce = pending_[index].nonce;
       }
@@ -465,7 +466,7 @@ void ReplicaEngineClient::IoLoop() {
         }
         bool expected;
         {
-          std::lock_guard<std::mutex> lock(mu_);
+          MutexLock lock(mu_);
           expected = shutting_down_;
           replicas_[replica].left = true;
         }

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "afd/comm/socket.h"
+#include "afd/common/thread_annotations.h"
 #include "afd/deploy/engine_wire.h"
 #include "afd/server/engine_client.h"
 
@@ -92,7 +93,7 @@ class ReplicaEngineClient : public EngineClient {
   const int num_replicas_, first_dp_rank_;
   comm::Socket listener_;
   std::string endpoint_;
-  mutable std::mutex mu_;
+  mutable Mutex mu_;
   const EngineListenOptions listen_;
   std::vector<Pending> pending_;   // accepted, no hello yet
   std::vector<Replica> replicas_;  // by dp_rank - first
@@ -103,8 +104,8 @@ class ReplicaEngineClient : public EngineClient {
   bool shutting_down_ = false;
   std::atomic<bool> stop_{false};
   std::deque<std::pair<int, uint64_t>> aborts_;  // (replica, id), guarded by mu_
-  std::condition_variable aborts_cv_;
-  bool stop_sender_ = false;  // guarded by mu_
+  std::condition_variable_any aborts_cv_;
+  bool stop_sender_ AFD_GUARDED_BY(mu_) = false;
   std::thread io_;
   std::thread sender_;
 };

@@ -19,6 +19,7 @@
 #include <unordered_map>
 
 #include "afd/common/error.h"
+#include "afd/common/thread_annotations.h"
 
 namespace afd::server::api {
 
@@ -84,8 +85,8 @@ struct HttpServer::Impl : std::enable_shared_from_this<HttpServer::Impl> {
   std::atomic<int64_t> connections{0};
   std::atomic<bool> stopping{false};
   std::mutex work_mu;  // `stopping` is set, and the pool posted to, under it
-  std::mutex sessions_mu;
-  std::unordered_map<Session*, std::weak_ptr<Session>> sessions;  // guarded by sessions_mu
+  Mutex sessions_mu;
+  std::unordered_map<Session*, std::weak_ptr<Session>> sessions AFD_GUARDED_BY(sessions_mu);
   int port = 0;
   std::mutex mu;
   bool started = false, stopped = false;
@@ -108,7 +109,7 @@ class Session : public std::enable_shared_from_this<Session> {
   ~Session() {
     if (pending_) pending_->ClientGone();
     --server_->connections;
-    std::lock_guard<std::mutex> lock(server_->sessions_mu);
+    MutexLock lock(server_->sessions_mu);
     server_->sessions.erase(this);
   }
 
@@ -545,7 +546,7 @@ void HttpServer::Impl::Accept() {
           ++self->connections;
           auto session = std::make_shared<Session>(std::move(socket), self);
           {
-            std::lock_guard<std::mutex> lock(self->sessions_mu);
+            MutexLock lock(self->sessions_mu);
             self->sessions[session.get()] = session;
           }
           session->Start();
@@ -633,7 +634,7 @@ void HttpServer::Stop() {
   listener_closed.wait_for(std::chrono::seconds(5));
   std::vector<std::shared_ptr<Session>> open;
   {
-    std::lock_guard<std::mutex> l(s.sessions_mu);
+    MutexLock l(s.sessions_mu);
     for (auto& [ptr, weak] : s.sessions) {
       if (auto session = weak.lock()) open.push_back(std::move(session));
     }

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "afd/common/error.h"
+#include "afd/common/thread_annotations.h"
 
 namespace afd::server::api {
 
@@ -55,7 +56,7 @@ void MetricsRegistry::Declare(const std::string& name, Type type, const std::str
   for (size_t i = 1; i < bounds.size(); ++i) {
     AFD_CHECK(bounds[i - 1] < bounds[i], "metric {}: bucket bounds must ascend", name);
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   AFD_CHECK(families_.count(name) == 0, "metric {} is declared twice", name);
   families_[name] = Family{type, help, std::move(bounds), {}};
 }
@@ -87,17 +88,17 @@ MetricsRegistry::Series& MetricsRegistry::Get(const std::string& name, Type type
 
 void MetricsRegistry::Increment(const std::string& name, const MetricLabels& labels, double delta) {
   AFD_CHECK(delta >= 0, "counter {} cannot go down (delta {})", name, delta);
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   Get(name, Type::kCounter, labels).value += delta;
 }
 
 void MetricsRegistry::Set(const std::string& name, const MetricLabels& labels, double value) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   Get(name, Type::kGauge, labels).value = value;
 }
 
 void MetricsRegistry::Observe(const std::string& name, const MetricLabels& labels, double value) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   Series& s = Get(name, Type::kHistogram, labels);
   for (size_t i = 0; i < s.bounds.size(); ++i) {
     if (value <= s.bounds[i]) ++s.cumulative[i];
@@ -114,7 +115,7 @@ void MetricsRegistry::SetHistogram(const std::string& name, const MetricLabels& 
   AFD_CHECK(cumulative.size() == bounds.size() + 1,
             "histogram {}: {} bucket counts for {} bounds (+Inf)", name, cumulative.size(),
             bounds.size());
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   Series& s = Get(name, Type::kHistogram, labels);
   s.bounds = bounds;
   s.cumulative = cumulative;
@@ -123,7 +124,7 @@ void MetricsRegistry::SetHistogram(const std::string& name, const MetricLabels& 
 }
 
 std::string MetricsRegistry::Render() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   std::string out;
   for (const auto& [name, family] : families_) {
     out += "# HELP " + name + " " + family.help + "\n";

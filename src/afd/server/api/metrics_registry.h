@@ -13,6 +13,8 @@
 #include <utility>
 #include <vector>
 
+#include "afd/common/thread_annotations.h"
+
 namespace afd::server::api {
 
 // Label name/value pairs of one series, e.g. {{"model_name", "m"}, {"finished_reason", "stop"}}.
@@ -57,10 +59,10 @@ class MetricsRegistry {
   };
   void Declare(const std::string& name, Type type, const std::string& help,
                std::vector<double> bounds);
-  Series& Get(const std::string& name, Type type, const MetricLabels& labels);
+  Series& Get(const std::string& name, Type type, const MetricLabels& labels) AFD_REQUIRES(mu_);
 
-  mutable std::mutex mu_;
-  std::map<std::string, Family> families_;  // guarded by mu_
+  mutable Mutex mu_;
+  std::map<std::string, Family> families_ AFD_GUARDED_BY(mu_);
 };
 
 }  // namespace afd::server::api

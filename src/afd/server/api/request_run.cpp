@@ -1,5 +1,7 @@
 #include "afd/server/api/request_run.h"
 
+#include "afd/common/thread_annotations.h"
+
 namespace afd::server::api {
 
 namespace {
@@ -31,11 +33,11 @@ struct RequestRun::Shared {
     std::string metrics_reason;  // set when the server ended it (stop string, client gone)
   };
   Clock::time_point arrival = Clock::now();
-  std::mutex mu;
-  std::condition_variable cv;
-  std::deque<std::pair<size_t, runtime::RequestOutput>> outputs;  // guarded by mu
-  std::vector<Sequence> sequences;                                // guarded by mu
-  std::function<void()> notify;                                   // guarded by mu
+  Mutex mu;
+  std::condition_variable_any cv;
+  std::deque<std::pair<size_t, runtime::RequestOutput>> outputs AFD_GUARDED_BY(mu);
+  std::vector<Sequence> sequences AFD_GUARDED_BY(mu);
+  std::function<void()> notify AFD_GUARDED_BY(mu);
 };
 
 RequestRun::RequestRun(std::shared_ptr<ServerContext> ctx, const SamplingRequest& request)
@@ -54,7 +56,7 @@ void RequestRun::Submit(runtime::RequestParams params) {
   prompts_.push_back(params.prompt);
   const uint64_t id = ctx_->RegisterSequence();
   {
-    std::lock_guard<std::mutex> lock(shared_->mu);
+    MutexLock lock(shared_->mu);
     shared_->sequences.push_back({id, false, false, Clock::now(), ""});
   }
   std::shared_ptr<ServerContext> ctx = ctx_;
@@ -62,7 +64,7 @@ void RequestRun::Submit(runtime::RequestParams params) {
   ctx_->engine().Submit(
       id, std::move(params), [ctx, shared, choice](const runtime::RequestOutput& out) {
         const Clock::time_point now = Clock::now();
-        std::unique_lock<std::mutex> lock(shared->mu);
+        MutexLock lock(shared->mu);
         Shared::Sequence& seq = shared->sequences[choice];
         if (seq.finished) return;
         const auto num_tokens = static_cast<int64_t>(out.token_ids.size());
@@ -90,14 +92,14 @@ void RequestRun::Submit(runtime::RequestParams params) {
 }
 
 void RequestRun::SetNotify(std::function<void()> notify) {
-  std::lock_guard<std::mutex> lock(shared_->mu);
+  MutexLock lock(shared_->mu);
   shared_->notify = std::move(notify);
 }
 
 void RequestRun::AbortSequence(size_t choice, const char* metrics_reason) {
   uint64_t id;
   {
-    std::lock_guard<std::mutex> lock(shared_->mu);
+    MutexLock lock(shared_->mu);
     Shared::Sequence& seq = shared_->sequences[choice];
     if (seq.finished) return;
     if (seq.metrics_reason.empty()) seq.metrics_reason = metrics_reason;
@@ -140,8 +142,11 @@ std::optional<std::pair<size_t, ChoiceDelta>> RequestRun::NextDelta(
   while (!done()) {
     std::pair<size_t, runtime::RequestOutput> next;
     {
-      std::unique_lock<std::mutex> lock(shared_->mu);
-      if (!shared_->cv.wait_until(lock, deadline, [&] { return !shared_->outputs.empty(); })) {
+      MutexLock lock(shared_->mu);
+      while (shared_->outputs.empty() &&
+             shared_->cv.wait_until(lock, deadline) != std::cv_status::timeout) {
+      }
+      if (shared_->outputs.empty()) {
         lock.unlock();
         // No output: give up on the engines only when they report a failure.
         const std::string failure = ctx_->engine().Failure();

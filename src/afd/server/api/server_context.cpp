@@ -4,6 +4,7 @@
 
 #include <vector>
 
+#include "afd/common/thread_annotations.h"
 #include "afd/server/api/api_error.h"
 
 namespace afd::server::api {
@@ -27,14 +28,14 @@ void ServerContext::CheckModel(const std::string& name) const {
 }
 
 uint64_t ServerContext::RegisterSequence() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   const uint64_t id = next_id_++;
   live_.insert(id);
   return id;
 }
 
 void ServerContext::SequenceFinished(uint64_t id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   live_.erase(id);
 }
 
@@ -54,19 +55,19 @@ std::unique_lock<std::mutex> ServerContext::AdmitRequest() {
 void ServerContext::AbortAll() {
   std::vector<uint64_t> ids;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     ids.assign(live_.begin(), live_.end());
   }
   for (uint64_t id : ids) engine_.Abort(id);
 }
 
 uint64_t ServerContext::RandomSeed() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return rng_();
 }
 
 std::string ServerContext::RandomId(const std::string& prefix) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return prefix + fmt::format("{:016x}{:016x}", rng_(), rng_());
 }
 

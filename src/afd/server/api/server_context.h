@@ -12,6 +12,7 @@
 #include <set>
 #include <string>
 
+#include "afd/common/thread_annotations.h"
 #include "afd/server/api/api_server.h"
 #include "afd/server/api/serving_metrics.h"
 #include "afd/server/engine_client.h"
@@ -62,10 +63,10 @@ class ServerContext {
   ServingMetrics metrics_;
 
   std::mutex admission_mu_;  // held from a request's admission check to its last Submit
-  mutable std::mutex mu_;
-  uint64_t next_id_ = 1;     // guarded by mu_
-  std::set<uint64_t> live_;  // guarded by mu_
-  std::mt19937_64 rng_;      // guarded by mu_
+  mutable Mutex mu_;
+  uint64_t next_id_ AFD_GUARDED_BY(mu_) = 1;
+  std::set<uint64_t> live_ AFD_GUARDED_BY(mu_);
+  std::mt19937_64 rng_ AFD_GUARDED_BY(mu_);
 };
 
 }  // namespace afd::server::api

@@ -1,5 +1,7 @@
 #include "afd/server/api/serving_metrics.h"
 
+#include "afd/common/thread_annotations.h"
+
 namespace afd::server::api {
 
 namespace {
@@ -102,7 +104,7 @@ std::string ServingMetrics::Render(const EngineLoad& load) {
                     : 0.0);
   {
     // The engines count preemptions since they started; the counter follows that total.
-    std::lock_guard<std::mutex> lock(preemptions_mu_);
+    MutexLock lock(preemptions_mu_);
     if (t.num_preemptions > preemptions_seen_) {
       registry_.Increment("vllm:num_preemptions_total", labels_,
                           static_cast<double>(t.num_preemptions - preemptions_seen_));

@@ -9,6 +9,7 @@
 #include <mutex>
 #include <string>
 
+#include "afd/common/thread_annotations.h"
 #include "afd/server/api/metrics_registry.h"
 #include "afd/server/engine_client.h"
 
@@ -31,8 +32,8 @@ class ServingMetrics {
  private:
   MetricLabels labels_;
   MetricsRegistry registry_;
-  std::mutex preemptions_mu_;
-  int64_t preemptions_seen_ = 0;  // guarded by preemptions_mu_
+  Mutex preemptions_mu_;
+  int64_t preemptions_seen_ AFD_GUARDED_BY(preemptions_mu_) = 0;
 };
 
 }  // namespace afd::server::api

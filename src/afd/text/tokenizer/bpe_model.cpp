@@ -3,6 +3,7 @@
 #include <queue>
 
 #include "afd/common/error.h"
+#include "afd/common/thread_annotations.h"
 #include "afd/text/tokenizer/utf8.h"
 
 namespace afd::text {
@@ -206,7 +207,7 @@ void BpeModel::Tokenize(std::string_view piece, std::vector<uint32_t>* ids) cons
   std::string key;
   if (cacheable) {
     key.assign(piece);
-    std::lock_guard<std::mutex> lock(cache_mu_);
+    MutexLock lock(cache_mu_);
     const auto it = cache_.find(key);
     if (it != cache_.end()) {
       ids->insert(ids->end(), it->second.begin(), it->second.end());
@@ -216,7 +217,7 @@ void BpeModel::Tokenize(std::string_view piece, std::vector<uint32_t>* ids) cons
   const size_t first = ids->size();
   MergeWord(piece, ids);
   if (cacheable) {
-    std::lock_guard<std::mutex> lock(cache_mu_);
+    MutexLock lock(cache_mu_);
     if (cache_.size() < kCacheCapacity) {
       cache_.emplace(std::move(key), std::vector<uint32_t>(ids->begin() + first, ids->end()));
     }

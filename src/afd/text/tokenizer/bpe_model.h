@@ -18,6 +18,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "afd/common/thread_annotations.h"
+
 namespace afd::text {
 
 class BpeModel {
@@ -58,8 +60,8 @@ class BpeModel {
 
   static constexpr size_t kCacheCapacity = 10000;
   static constexpr size_t kMaxCachedWordBytes = 256;
-  mutable std::mutex cache_mu_;
-  mutable std::unordered_map<std::string, std::vector<uint32_t>> cache_;  // GUARDED_BY(cache_mu_)
+  mutable Mutex cache_mu_;
+  mutable std::unordered_map<std::string, std::vector<uint32_t>> cache_ AFD_GUARDED_BY(cache_mu_);
 };
 
 }  // namespace afd::text
