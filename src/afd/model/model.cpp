@@ -37,7 +37,8 @@ DeepseekModel::DeepseekModel(ModelConfig config, ModelWeights weights, kernels::
   // model stays exact.
   for (const LayerWeights& l : weights_.layers) {
     if (l.attn.kv_a_proj.empty()) continue;
-    backend_.AllowTf32(l.attn.kv_a_proj.dtype() == DType::kBF16);
+    bf16_attention_ = l.attn.kv_a_proj.dtype() == DType::kBF16;
+    backend_.AllowTf32(bf16_attention_);
     break;
   }
 }

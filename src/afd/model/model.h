@@ -73,6 +73,9 @@ class DeepseekModel {
   const ModelConfig& config() const { return config_; }
   const ModelWeights& weights() const { return weights_; }
   kernels::Backend& backend() const { return backend_; }
+  // Whether the attention matrices are bf16 (a bf16 model: its activations are rounded to bf16
+  // by every GEMM; an fp32 model stays exact). False where this process holds no attention.
+  bool bf16_attention() const { return bf16_attention_; }
   // The cache shape of this model for `num_blocks` blocks (rows of kv_cache_dtype()).
   kv::CacheShape CacheShape(int64_t num_blocks, int64_t block_size = kv::kDefaultBlockSize) const;
   // The dtype of the latent cache's rows: kF32 (the default, exact) or kBF16 (half the memory
@@ -157,6 +160,7 @@ class DeepseekModel {
                       const Tensor* shared_out, const Tensor& out, Workspace& ws) const;
 
   ModelConfig config_;
+  bool bf16_attention_ = false;
   ModelWeights weights_;
   kernels::Backend& backend_;
   Rope rope_;

@@ -76,13 +76,7 @@ AsyncAttentionMoe::AsyncAttentionMoe(const model::DeepseekModel& model, comm::Af
             kernels::Backend::kMaxAfdRanks);
   // A bf16 model on a GPU: its rows go in bf16 (every expert GEMM rounds its input to bf16
   // anyway), and the replies are partial sums; the CPU and fp32 models stay exact.
-  bool bf16 = false;
-  for (const model::LayerWeights& l : model.weights().layers) {
-    if (l.attn.kv_a_proj.empty()) continue;
-    bf16 = l.attn.kv_a_proj.dtype() == DType::kBF16;
-    break;
-  }
-  const bool gpu_bf16 = bf16 && !model.backend().device().is_cpu();
+  const bool gpu_bf16 = model.bf16_attention() && !model.backend().device().is_cpu();
   wire_ = gpu_bf16 ? DType::kBF16 : DType::kF32;
   pairs_ = F > 1 && !gpu_bf16;
 }
