@@ -5,23 +5,17 @@
 #include <stdlib.h>
 
 #include <filesystem>
-#include <fstream>
 #include <regex>
 #include <set>
-#include <sstream>
 #include <string>
 
 #include "afd/common/error.h"
+#include "testing/files.h"
 
 namespace afd {
 namespace {
 
-std::string ReadFile(const std::filesystem::path& p) {
-  std::ifstream in(p);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+using testing_util::ReadFile;
 
 TEST(EnvSwitches, SortedUniqueAndComplete) {
   std::string last;
@@ -64,7 +58,8 @@ TEST(EnvSwitches, ReadsOnlyRegisteredNames) {
 
 TEST(EnvSwitches, HelpAndDocsListEveryOne) {
   const std::string help = EnvSwitchesHelp();
-  const std::string docs = ReadFile(std::filesystem::path(AFD_SOURCE_DIR) / "docs/config.md");
+  const std::string docs =
+      ReadFile((std::filesystem::path(AFD_SOURCE_DIR) / "docs/config.md").string());
   ASSERT_FALSE(docs.empty());
   for (const EnvSwitch& s : EnvSwitches()) {
     EXPECT_NE(help.find(std::string(s.name) + "="), std::string::npos) << s.name;
@@ -87,7 +82,7 @@ TEST(EnvSwitches, TheRegistryIsTheOnlyReader) {
     const std::string ext = entry.path().extension().string();
     if (ext != ".cpp" && ext != ".h" && ext != ".cu" && ext != ".cuh") continue;
     ++files;
-    const std::string text = ReadFile(entry.path());
+    const std::string text = ReadFile(entry.path().string());
     if (entry.path().filename() != "env_switches.cpp") {
       EXPECT_EQ(text.find("getenv("), std::string::npos)
           << entry.path() << " reads the environment itself (use afd/common/env_switches.h)";

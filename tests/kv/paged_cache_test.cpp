@@ -7,23 +7,12 @@
 
 #include "afd/common/error.h"
 #include "afd/kv/block_allocator.h"
+#include "testing/host_allocator.h"
 
 namespace afd {
 namespace {
 
-class CountingAllocator : public Allocator {
- public:
-  Device device() const override { return Device::Cpu(); }
-  std::shared_ptr<void> Allocate(size_t bytes) override {
-    ++calls;
-    total += bytes;
-    // 256-byte aligned, as the Allocator contract says.
-    return std::shared_ptr<void>(std::aligned_alloc(256, (bytes + 255) / 256 * 256),
-                                 [](void* p) { std::free(p); });
-  }
-  int calls = 0;
-  size_t total = 0;
-};
+using testing_util::CountingAllocator;
 
 TEST(PagedKvCache, BlocksTablesSlotsAndRelease) {
   CountingAllocator alloc;

@@ -11,7 +11,6 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <sstream>
 
 #include "afd/common/dtype_convert.h"
 #include "afd/common/error.h"
@@ -20,6 +19,7 @@
 #include "afd/model/loader.h"
 #include "afd/model/safetensors.h"
 #include "afd/model/weight_builder.h"
+#include "testing/files.h"
 
 namespace afd::model {
 namespace {
@@ -297,10 +297,7 @@ TEST(Fp8Checkpoint, LoadsAsItsDequantizedWeights) {
                             " --prompt-ids 3,17,900,4 --prompt-ids 250,6 --max-tokens 5 --json " +
                             extra + " >" + out + " 2>" + out + ".err";
     EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
-    std::ifstream in(out);
-    std::stringstream text;
-    text << in.rdbuf();
-    return text.str();
+    return testing_util::ReadFile(out);
   };
   const std::string mono = run("");
   EXPECT_NE(mono.find("output_ids"), std::string::npos) << mono;

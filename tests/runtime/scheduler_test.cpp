@@ -8,24 +8,16 @@
 
 #include "afd/common/error.h"
 #include "afd/model/model.h"
+#include "testing/host_allocator.h"
 
 namespace afd::runtime {
 namespace {
-
-class HostAllocator : public Allocator {
- public:
-  Device device() const override { return Device::Cpu(); }
-  std::shared_ptr<void> Allocate(size_t bytes) override {
-    return std::shared_ptr<void>(std::aligned_alloc(256, (bytes + 255) / 256 * 256),
-                                 [](void* p) { std::free(p); });
-  }
-};
 
 // A cache of `blocks` blocks of 4 tokens (1 layer of width 8).
 struct Fixture {
   explicit Fixture(int64_t blocks, SchedulerLimits limits)
       : cache(alloc, kv::CacheShape{1, 8, 4, blocks}), scheduler(limits, cache) {}
-  HostAllocator alloc;
+  testing_util::CountingAllocator alloc;
   kv::PagedKvCache cache;
   Scheduler scheduler;
   // Runs `plan` as the engine does (the forward pass commits the batch's tokens to the cache),
