@@ -95,4 +95,15 @@ uint8_t F32ToFp8E4M3(float f) {
   return static_cast<uint8_t>(sign | ((ve - 1 + 7) << 3) | mantissa);
 }
 
+void ConvertFromF32(const float* src, int64_t count, DType dst_type, void* dst) {
+  if (dst_type == DType::kF32) {
+    std::memcpy(dst, src, 4 * static_cast<size_t>(count));
+    return;
+  }
+  AFD_CHECK(dst_type == DType::kBF16, "fp32 values can be stored as fp32 or bf16, not {}",
+            DTypeName(dst_type));
+  auto* out = static_cast<uint16_t*>(dst);
+  for (int64_t i = 0; i < count; ++i) out[i] = F32ToBf16(src[i]);
+}
+
 }  // namespace afd

@@ -28,6 +28,9 @@ float Fp8E4M3ToF32(uint8_t v);
 // clamped value); NaN -> 0x7f.
 uint8_t F32ToFp8E4M3(float f);
 
+// dst[i] = src[i] (fp32) stored as `dst_type` (kF32, or kBF16 rounded to nearest even).
+void ConvertFromF32(const float* src, int64_t count, DType dst_type, void* dst);
+
 // dst[i] = src[i] converted to fp32, for `count` elements of type `src_type`.
 void ConvertToF32(DType src_type, const void* src, int64_t count, float* dst);
 

@@ -187,12 +187,7 @@ class Fp8OnLoadSource : public TensorSource {
     std::vector<float> w(rows * cols);
     inner_.Read(name, shape, kind, DType::kF32, w.data());
     RoundThroughFp8Blocks(w.data(), rows, cols, block_, block_);
-    if (dst_type == DType::kF32) {
-      std::memcpy(dst, w.data(), 4 * w.size());
-    } else {
-      auto* out = static_cast<uint16_t*>(dst);
-      for (size_t i = 0; i < w.size(); ++i) out[i] = F32ToBf16(w[i]);
-    }
+    ConvertFromF32(w.data(), rows * cols, dst_type, dst);
   }
 
  private:

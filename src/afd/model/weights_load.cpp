@@ -15,16 +15,6 @@ namespace afd::model {
 
 namespace {
 
-// Writes n fp32 values to dst as dst_type (kF32 or kBF16).
-void StoreF32(const float* v, int64_t n, DType dst_type, void* dst) {
-  if (dst_type == DType::kF32) {
-    std::memcpy(dst, v, 4 * n);
-    return;
-  }
-  auto* out = static_cast<uint16_t*>(dst);
-  for (int64_t i = 0; i < n; ++i) out[i] = F32ToBf16(v[i]);
-}
-
 class CheckpointSource : public TensorSource {
  public:
   CheckpointSource(const ModelConfig& config, const Checkpoint& ckpt)
@@ -52,7 +42,7 @@ class CheckpointSource : public TensorSource {
       for (int64_t i = 0; i < n; i += kChunk) {
         const int64_t m = std::min(kChunk, n - i);
         ConvertToF32(src, in + i * DTypeSize(src), m, buf.data());
-        for (int64_t j = 0; j < m; ++j) out[i + j] = F32ToBf16(buf[j]);
+        ConvertFromF32(buf.data(), m, DType::kBF16, out + i);
       }
     }
   }
@@ -84,8 +74,9 @@ class CheckpointSource : public TensorSource {
     for (int64_t i = 0; i < rows; ++i) {
       const float* srow = scales.data() + (i / bn) * scale_shape[1];
       for (int64_t j = 0; j < cols; ++j) row[j] = Fp8E4M3ToF32(in[i * cols + j]) * srow[j / bk];
-      StoreF32(row.data(), cols, dst_type,
-               static_cast<char*>(dst) + i * cols * static_cast<int64_t>(DTypeSize(dst_type)));
+      ConvertFromF32(
+          row.data(), cols, dst_type,
+          static_cast<char*>(dst) + i * cols * static_cast<int64_t>(DTypeSize(dst_type)));
     }
   }
 
