@@ -397,6 +397,10 @@ void AsyncConnector::EnqueueWait(int peer, int stage, const ExpectedSlot& expect
             "async connector: wait for peer {} stage {} out of range", peer, stage);
   const size_t i = static_cast<size_t>(peer) * layout_.ring_depth + stage;
   if (device_seqs_) {
+    AFD_CHECK(expect.flags & kSlotCombine,
+              "async connector: a device-sequenced wait for {} ring {} needs the reply it expects "
+              "(ExpectedSlot)",
+              PeerName(peer), stage);
 #ifdef AFD_WITH_CUDA
     DeviceSlotExpect e;
     e.flags = expect.flags;
