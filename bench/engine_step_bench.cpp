@@ -1,5 +1,5 @@
 // Host time of one decode step of the engine, without the model: a StepRunner that checks the
-// batch as the CUDA graph runner does (DeepseekModel::CheckBatch, PackStepInputs, CommitBatch)
+// batch as the CUDA graph runner does (MoeModel::CheckBatch, PackStepInputs, CommitBatch)
 // and returns ready logits, so what is timed is what the host does around a GPU forward --
 // scheduling and building the batch, packing the graph's inputs, sampling calls (greedy over a
 // tiny vocabulary on the CPU backend: the GPU's sampling kernels are device time), reading the
@@ -17,7 +17,7 @@ namespace {
 
 class ReadyLogitsRunner : public StepRunner {
  public:
-  ReadyLogitsRunner(const model::DeepseekModel& model, int64_t max_rows)
+  ReadyLogitsRunner(const model::MoeModel& model, int64_t max_rows)
       : model_(model),
         mem_(model.backend().Allocate(max_rows * model.config().vocab_size * sizeof(float))),
         logits_(mem_.get(), DType::kF32, {max_rows, model.config().vocab_size},
@@ -31,12 +31,12 @@ class ReadyLogitsRunner : public StepRunner {
       while (width < static_cast<int64_t>(t.size())) width *= 2;
     }
     PackStepInputs(batch, PackedStepInputs{batch.size(), width}, packed_);
-    model::DeepseekModel::CommitBatch(batch, cache);
+    model::MoeModel::CommitBatch(batch, cache);
     return logits_.Rows(0, static_cast<int64_t>(batch.logits_rows.size()));
   }
 
  private:
-  const model::DeepseekModel& model_;
+  const model::MoeModel& model_;
   std::shared_ptr<void> mem_;
   Tensor logits_;
   std::vector<char> packed_;
@@ -54,7 +54,7 @@ void BM_DecodeStepHost(benchmark::State& state) {
   config.max_position_embeddings = 1 << 20;
   model::WeightOptions wo;
   wo.load_moe = false;
-  const model::DeepseekModel model(config, model::RandomWeights(config, 0, wo), cpu);
+  const model::MoeModel model(config, model::RandomWeights(config, 0, wo), cpu);
   ReadyLogitsRunner runner(model, batch);
   EngineOptions eo;
   eo.num_kv_blocks = batch * ((context + kSteps + 63) / 64 + 1);

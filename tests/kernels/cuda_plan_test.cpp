@@ -78,7 +78,8 @@ TEST(GemvF32, TakesFewRowsAndTheRouterGateUpToSixteen) {
 
 // The fused router: up to 8 tokens, K % 4, the router kernel's expert, group and top-k limits.
 TEST(RouterGateTopk, FusedForAFewTokens) {
-  const RouterArgs v2{false, false, 6, 1, 1, false, 1.0f}, v3{true, true, 8, 8, 4, true, 2.5f};
+  const RouterArgs v2{false, false, 6, 1, 1, false, 0.0f, 1.0f},
+      v3{true, true, 8, 8, 4, true, 1e-20f, 2.5f};
   EXPECT_TRUE(RouterGateTopkFits(1, 2048, 64, v2));
   EXPECT_TRUE(RouterGateTopkFits(8, 7168, 256, v3));
   EXPECT_FALSE(RouterGateTopkFits(9, 2048, 64, v2));

@@ -89,7 +89,7 @@ std::string ConfigJson(const ModelConfig& c) {
                      c.rope.factor, c.rope.original_max_position_embeddings);
 }
 
-std::vector<float> Logits(const DeepseekModel& model, const std::vector<int32_t>& ids) {
+std::vector<float> Logits(const MoeModel& model, const std::vector<int32_t>& ids) {
   LocalMoeBackend moe(model);
   kernels::Backend& backend = model.backend();
   kv::PagedKvCache cache(backend, model.CacheShape(4));
@@ -119,7 +119,7 @@ TEST_P(CheckpointLoadTest, RoundTripIsExact) {
   const ModelConfig config = PresetConfig("tiny");
   RecordingSource source(GetParam());
   const auto backend = kernels::MakeBackend(Device::Cpu());
-  DeepseekModel direct(config, BuildWeights(config, WeightOptions{}, source), *backend);
+  MoeModel direct(config, BuildWeights(config, WeightOptions{}, source), *backend);
   // Two shards, without an index: all *.safetensors of the directory are read.
   const size_t half = source.tensors.size() / 2;
   WriteSafetensors((dir_ / "a.safetensors").string(),
@@ -277,7 +277,7 @@ TEST(Fp8Checkpoint, LoadsAsItsDequantizedWeights) {
   const ModelConfig config = PresetConfig("tiny");
   Fp8RecordingSource source;
   const auto backend = kernels::MakeBackend(Device::Cpu());
-  DeepseekModel direct(config, BuildWeights(config, WeightOptions{}, source), *backend);
+  MoeModel direct(config, BuildWeights(config, WeightOptions{}, source), *backend);
   WriteSafetensors((dir / "model.safetensors").string(), source.tensors);
   const std::string fp8 = R"({"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
                               "weight_block_size": [16, 24]})";
@@ -349,7 +349,7 @@ TEST(MoeLayerFreq, TheFilesDecideBetweenTheTwoReadings) {
   between.moe_layer_freq = 2;  // layers 1 and 3 dense
   for (const ModelConfig* written : {&between, &every}) {
     RecordingSource source("F32");
-    DeepseekModel direct(*written, BuildWeights(*written, WeightOptions{}, source), *backend);
+    MoeModel direct(*written, BuildWeights(*written, WeightOptions{}, source), *backend);
     WriteSafetensors((dir / "model.safetensors").string(), source.tensors);
     std::ofstream(dir / "config.json") << ConfigJson(between);  // the field says 2 either way
     const auto loaded = OpenModel(dir.string(), OpenOptions{}, *backend);

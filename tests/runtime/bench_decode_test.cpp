@@ -12,9 +12,9 @@
 namespace afd::runtime {
 namespace {
 
-model::DeepseekModel TinyModel(kernels::Backend& backend) {
+model::MoeModel TinyModel(kernels::Backend& backend) {
   const model::ModelConfig config = model::PresetConfig("tiny");
-  return model::DeepseekModel(config, model::RandomWeights(config, 0, model::WeightOptions{}),
+  return model::MoeModel(config, model::RandomWeights(config, 0, model::WeightOptions{}),
                               backend);
 }
 
@@ -23,7 +23,7 @@ model::DeepseekModel TinyModel(kernels::Backend& backend) {
 // LM head is shared by the prompt's tokens.
 TEST(BenchDecode, PrefillFlopsPerTokenGrowWithThePrefix) {
   kernels::cpu::CpuBackend cpu;
-  const model::DeepseekModel model = TinyModel(cpu);
+  const model::MoeModel model = TinyModel(cpu);
   const model::ModelConfig& c = model.config();
   const double lm = static_cast<double>(c.vocab_size) * static_cast<double>(c.hidden_size);
   const double attn = static_cast<double>(c.num_hidden_layers) * c.num_attention_heads *
@@ -36,7 +36,7 @@ TEST(BenchDecode, PrefillFlopsPerTokenGrowWithThePrefix) {
 
 TEST(BenchDecode, RowsPerBatchWithDeviceTimeWithinTheStep) {
   kernels::cpu::CpuBackend cpu;
-  const model::DeepseekModel model = TinyModel(cpu);
+  const model::MoeModel model = TinyModel(cpu);
   BenchDecodeOptions o;
   o.batch_sizes = {1, 3};
   o.context = 8;
@@ -60,7 +60,7 @@ TEST(BenchDecode, RowsPerBatchWithDeviceTimeWithinTheStep) {
 // still decode the whole batch, and the prefill steps' tokens all count.
 TEST(BenchDecode, PrefillInWavesStillTimesTheWholeBatch) {
   kernels::cpu::CpuBackend cpu;
-  const model::DeepseekModel model = TinyModel(cpu);
+  const model::MoeModel model = TinyModel(cpu);
   BenchDecodeOptions o;
   o.batch_sizes = {5};
   o.context = 8;
@@ -96,7 +96,7 @@ class ProfilingCpu : public kernels::cpu::CpuBackend {
 // --profile: the prefill steps' op times come apart from the decode steps', each per step.
 TEST(BenchDecode, ProfileKeepsThePrefillStepsApart) {
   ProfilingCpu cpu;
-  const model::DeepseekModel model = TinyModel(cpu);
+  const model::MoeModel model = TinyModel(cpu);
   BenchDecodeOptions o;
   o.batch_sizes = {5};
   o.context = 8;
@@ -116,7 +116,7 @@ TEST(BenchDecode, ProfileKeepsThePrefillStepsApart) {
 
 TEST(BenchDecode, RefusesPositionsPastTheModel) {
   kernels::cpu::CpuBackend cpu;
-  const model::DeepseekModel model = TinyModel(cpu);
+  const model::MoeModel model = TinyModel(cpu);
   BenchDecodeOptions o;
   o.batch_sizes = {1};
   o.context =

@@ -13,7 +13,7 @@ namespace {
 // Counts the steps and whether any step mixed decode and prefill tokens.
 class CountingRunner : public StepRunner {
  public:
-  explicit CountingRunner(const model::DeepseekModel& m) : local_(m) {}
+  explicit CountingRunner(const model::MoeModel& m) : local_(m) {}
   Tensor Forward(const model::ForwardBatch& batch, kv::PagedKvCache& cache,
                  Workspace& ws) override {
     bool prefill = false, decode = false;

@@ -69,14 +69,14 @@ TEST(CudaGraphRunner, PacksStepInputsPaddedToTheBucket) {
 TEST(CudaGraphRunner, RejectsNonPositiveSizes) {
   kernels::cpu::CpuBackend cpu;
   const model::ModelConfig config = model::PresetConfig("tiny");
-  model::DeepseekModel model(config, model::RandomWeights(config, 0, model::WeightOptions{}), cpu);
+  model::MoeModel model(config, model::RandomWeights(config, 0, model::WeightOptions{}), cpu);
   EXPECT_THROW(CudaGraphRunner(model, CudaGraphOptions{{4, 0}, false}), Error);
 }
 
 TEST(CudaGraphRunner, EagerOnCpuMatchesGenerator) {
   kernels::cpu::CpuBackend cpu;
   const model::ModelConfig config = model::PresetConfig("tiny");
-  model::DeepseekModel model(config, model::RandomWeights(config, 0, model::WeightOptions{}), cpu);
+  model::MoeModel model(config, model::RandomWeights(config, 0, model::WeightOptions{}), cpu);
   const std::vector<std::vector<int32_t>> prompts = {{10, 20, 30}, {7}, {1, 2, 3, 4, 5}};
   GenerationOptions options;
   options.max_tokens = 6;

@@ -27,7 +27,7 @@ class EngineTest : public testing::Test {
     return p;
   }
   kernels::cpu::CpuBackend cpu_;
-  std::unique_ptr<model::DeepseekModel> model_;
+  std::unique_ptr<model::MoeModel> model_;
 };
 
 // Steps until the engine is idle; every output by request id.

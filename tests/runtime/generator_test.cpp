@@ -15,7 +15,7 @@
 namespace afd::runtime {
 namespace {
 
-using model::DeepseekModel;
+using model::MoeModel;
 
 TEST(Generator, BatchedGreedyMatchesTransformers) {
   for (const std::string name : {"v2_group_limited", "v3_noaux_tc"}) {
@@ -52,7 +52,7 @@ class TinyGeneratorTest : public ::testing::Test {
                                     const std::vector<std::vector<int32_t>>& prompts,
                                     const GenerationOptions& options) {
     kernels::cpu::CpuBackend cpu;
-    DeepseekModel model(config, model::RandomWeights(config, 0, model::WeightOptions{}), cpu);
+    MoeModel model(config, model::RandomWeights(config, 0, model::WeightOptions{}), cpu);
     Generator gen(model);
     return gen.Generate(prompts, options);
   }

@@ -23,7 +23,7 @@ struct Fixture {
   // Runs `plan` as the engine does (the forward pass commits the batch's tokens to the cache),
   // every sampling sequence drawing token 7; `finish`: requests that end with this step.
   void Run(const StepPlan& plan, const std::vector<int64_t>& finish = {}) {
-    model::DeepseekModel::CommitBatch(plan.batch, cache);
+    model::MoeModel::CommitBatch(plan.batch, cache);
     std::vector<int32_t> ids(plan.seqs.size(), 7);
     std::vector<char> done(plan.seqs.size(), Scheduler::kContinues);
     for (size_t i = 0; i < plan.seqs.size(); ++i) {

@@ -23,7 +23,7 @@ class ModelHarness {
         cache_(*backend_, model_->CacheShape(num_blocks, block_size)),
         ws_(*backend_) {}
 
-  model::DeepseekModel& model() { return *model_; }
+  model::MoeModel& model() { return *model_; }
   kv::PagedKvCache& cache() { return cache_; }
   kernels::Backend& backend() { return *backend_; }
   int64_t vocab() const { return model_->config().vocab_size; }
@@ -49,7 +49,7 @@ class ModelHarness {
 
  private:
   std::unique_ptr<kernels::Backend> backend_;
-  std::unique_ptr<model::DeepseekModel> model_;
+  std::unique_ptr<model::MoeModel> model_;
   model::LocalMoeBackend moe_;
   kv::PagedKvCache cache_;
   Workspace ws_;

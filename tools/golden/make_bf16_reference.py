@@ -14,7 +14,7 @@ scored on the same positions: top-1 agreement and mean absolute probability diff
   token score_from + r + 1): score_from = prompt length - 1.
 
 Usage: python3 tools/golden/make_bf16_reference.py --golden tests/data/golden --out DIR
-       [--sequences 8 --prompt-length 8 --generate 128]   (8 x 128 = 1024 scored positions)
+       [--sequences 8 --prompt-length 8 --generate 128] [--cases qwen3_trained,...]   (8 x 128 = 1024 scored positions)
 Needs a CUDA GPU, torch and transformers 5.x. The model runs as transformers loads it with
 dtype=torch.bfloat16, attn_implementation="eager".
 """
@@ -35,9 +35,10 @@ def main():
     ap.add_argument("--sequences", type=int, default=8)
     ap.add_argument("--prompt-length", type=int, default=8)
     ap.add_argument("--generate", type=int, default=128)
+    ap.add_argument("--cases", default=",".join(CASES), help="comma-separated case folders")
     args = ap.parse_args()
     torch.manual_seed(0)
-    for case in CASES:
+    for case in args.cases.split(","):
         d = os.path.join(args.golden, case)
         if not os.path.isdir(d):  # v3_trained until it is made (tools/golden/make_golden.py)
             print(f"{case}: no checkpoint in {args.golden}, skipped")

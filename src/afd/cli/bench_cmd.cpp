@@ -207,7 +207,7 @@ void Run(BenchArgs a, int& exit_code) {
     return;
   }
   std::unique_ptr<kernels::Backend> backend;
-  std::unique_ptr<model::DeepseekModel> model;
+  std::unique_ptr<model::MoeModel> model;
   try {
     AFD_CHECK(a.deployment.cuda_devices.empty(),
               "--cuda-devices places the ranks of --topology; one process takes --cuda-device");

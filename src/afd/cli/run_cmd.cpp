@@ -113,7 +113,7 @@ void Run(RunArgs args, int& exit_code) {
   args.gen.prompt_logprobs = args.gen.prompt_logprobs || args.json;
   std::vector<std::vector<int32_t>> prompts;
   std::unique_ptr<kernels::Backend> backend;
-  std::unique_ptr<model::DeepseekModel> model;
+  std::unique_ptr<model::MoeModel> model;
   runtime::GenerationOptions options;
   const auto load_start = std::chrono::steady_clock::now();
   try {  // everything that depends on user input: exit 2

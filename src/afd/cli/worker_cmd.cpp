@@ -362,7 +362,7 @@ int ServeInProcess(RoleArgs& a) {
   server::ServingTokenizer tok;
   server::ServeHttpOptions http;
   std::unique_ptr<kernels::Backend> backend;
-  std::unique_ptr<model::DeepseekModel> model;
+  std::unique_ptr<model::MoeModel> model;
   runtime::EngineOptions engine;
   try {
     tok = server::LoadServingTokenizer(a.tokenizer);

@@ -78,7 +78,7 @@ class TcpStoreClient : public Store {
   // Reads one frame body (unlocked helper of Request and the handshake).
   std::string ReadFrame(const Deadline& deadline, uint32_t max_body) AFD_REQUIRES(mu_);
 
-  std::string where_;  // "rendezvous store at host:port"
+  std::string where_;  // "rendezvous store at host:port (served by ...)": errors name who serves it
   double timeout_s_;
   Mutex mu_;
   Socket socket_ AFD_GUARDED_BY(mu_);

@@ -13,12 +13,15 @@ using namespace store_wire;
 
 TcpStoreClient::TcpStoreClient(const std::string& host, int port, double timeout_s,
                                std::optional<std::string> secret)
-    : where_(fmt::format("rendezvous store at {}:{}", host, port)), timeout_s_(timeout_s) {
+    : where_(fmt::format("rendezvous store at {}:{} (served by the deployment's first rank: FFN "
+                         "rank 0 of AFD)",
+                         host, port)),
+      timeout_s_(timeout_s) {
   const Deadline deadline = Deadline::In(timeout_s);
   MutexLock lock(mu_);  // no other thread yet: for the analysis (socket_ is guarded by mu_)
   socket_ = Connect(
       host, port, deadline,
-      where_ + " (served by the deployment's first rank: FFN rank 0 of AFD; is it running?)");
+      where_ + " -- is it running?");
   try {
     const std::string challenge = ReadFrame(deadline, kMaxHandshakeBody);
     const std::string client_nonce = RandomBytes(kNonceBytes);

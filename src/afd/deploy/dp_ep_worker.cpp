@@ -77,7 +77,7 @@ void RunDpEpWorker(const DpEpWorkerOptions& o) {
     open.weights.expert_end = SplitOffset(config.n_routed_experts, o.size, o.rank + 1);
     model::LoadedModel loaded = model::LoadModel(o.model, open, o.cuda_device);
     const std::unique_ptr<kernels::Backend>& backend = loaded.backend;
-    std::unique_ptr<model::DeepseekModel>& model = loaded.model;
+    std::unique_ptr<model::MoeModel>& model = loaded.model;
     WaitForAllLoaded(store, o.size, o.load_timeout_s);
 
     comm::GroupSpec spec;

@@ -7,7 +7,7 @@
 
 namespace afd::deploy {
 
-int64_t ServingKvBlocks(const model::DeepseekModel& model, const KvSizing& s) {
+int64_t ServingKvBlocks(const model::MoeModel& model, const KvSizing& s) {
   const model::ModelConfig& c = model.config();
   const kv::CacheShape one = model.CacheShape(1);
   const int64_t max_len = s.max_model_len > 0 ? s.max_model_len : c.max_position_embeddings;
@@ -46,13 +46,13 @@ int64_t ServingKvBlocks(const model::DeepseekModel& model, const KvSizing& s) {
   return blocks;
 }
 
-std::string DescribeKvBlocks(const model::DeepseekModel& model, int64_t blocks) {
+std::string DescribeKvBlocks(const model::MoeModel& model, int64_t blocks) {
   const kv::CacheShape shape = model.CacheShape(blocks);
   return fmt::format("KV cache: {} blocks of {} tokens ({} tokens, {:.2f} GiB)", blocks,
                      shape.block_size, blocks * shape.block_size, shape.bytes() / 1073741824.0);
 }
 
-runtime::EngineOptions SizedServingEngine(const model::DeepseekModel& model,
+runtime::EngineOptions SizedServingEngine(const model::MoeModel& model,
                                           runtime::EngineOptions engine, const KvSizing& sizing,
                                           const std::string& who) {
   if (engine.num_kv_blocks == 0) engine.num_kv_blocks = ServingKvBlocks(model, sizing);

@@ -22,14 +22,14 @@ struct KvSizing {
 };
 
 // Throws afd::Error (naming the flags) when not even one sequence of max_model_len fits.
-int64_t ServingKvBlocks(const model::DeepseekModel& model, const KvSizing& sizing);
+int64_t ServingKvBlocks(const model::MoeModel& model, const KvSizing& sizing);
 
 // One line for the log: blocks, tokens, GiB.
-std::string DescribeKvBlocks(const model::DeepseekModel& model, int64_t blocks);
+std::string DescribeKvBlocks(const model::MoeModel& model, int64_t blocks);
 
 // `engine` with its KV blocks sized by `sizing` when it left them at 0, the result logged on
 // stderr as "<who>: KV cache: ..." (a serving rank's engine).
-runtime::EngineOptions SizedServingEngine(const model::DeepseekModel& model,
+runtime::EngineOptions SizedServingEngine(const model::MoeModel& model,
                                           runtime::EngineOptions engine, const KvSizing& sizing,
                                           const std::string& who);
 

@@ -79,7 +79,7 @@ std::pair<std::string, int> ParseEndpoint(const std::string& endpoint, const std
   return {endpoint.substr(0, colon), port};
 }
 
-void ServeReplica(const model::DeepseekModel& model, comm::AfdWorld* world,
+void ServeReplica(const model::MoeModel& model, comm::AfdWorld* world,
                   runtime::ReplicaRunner& runner, const ReplicaServeOptions& o) {
   runtime::Engine engine(model, runner, o.engine);
   runner.RecordRoundTrips();

@@ -31,7 +31,7 @@ struct ReplicaServeOptions {
 // Returns when the deployment shut down cleanly; throws afd::Error otherwise. `world` forms the
 // replica's TP group (tp > 1); null for a replica of one rank (also outside AFD: a rank of a
 // data-parallel + expert-parallel deployment).
-void ServeReplica(const model::DeepseekModel& model, comm::AfdWorld* world,
+void ServeReplica(const model::MoeModel& model, comm::AfdWorld* world,
                   runtime::ReplicaRunner& runner, const ReplicaServeOptions& options);
 
 // "host:port" -> (host, port); throws afd::Error naming `what`.

@@ -95,16 +95,16 @@ void RunWorker(const WorkerOptions& o) {
   }
   model::LoadedModel loaded = model::LoadModel(o.model, open, o.cuda_device);
   const std::unique_ptr<kernels::Backend>& backend = loaded.backend;
-  std::unique_ptr<model::DeepseekModel>& model = loaded.model;
+  std::unique_ptr<model::MoeModel>& model = loaded.model;
   const model::ModelConfig& mc = model->config();
   comm::JoinRequest request{c, o.role_rank, mc.hidden_size, DType::kF32, {}};
   // Both roles must run the same model layout, or their per-layer exchanges cannot pair up.
+  std::string moe_layers;  // "0" for a dense layer, "1" for a MoE layer, layer by layer
+  for (int64_t l = 0; l < mc.num_hidden_layers; ++l) moe_layers += mc.IsMoeLayer(l) ? '1' : '0';
   request.extra_fields = {
-      {"model_type",
-       mc.model_type == model::ModelType::kDeepseekV3 ? "deepseek_v3" : "deepseek_v2"},
+      {"model_type", mc.model_type_name()},
       {"num_hidden_layers", std::to_string(mc.num_hidden_layers)},
-      {"first_k_dense_replace", std::to_string(mc.first_k_dense_replace)},
-      {"moe_layer_freq", std::to_string(mc.moe_layer_freq)},
+      {"moe_layers", moe_layers},
       {"n_routed_experts", std::to_string(mc.n_routed_experts)},
       {"num_experts_per_tok", std::to_string(mc.num_experts_per_tok)},
       {"vocab_size", std::to_string(mc.vocab_size)}};

@@ -58,7 +58,10 @@ struct RouterSpec {
   int64_t top_k = 1;
   int64_t n_group = 1;
   int64_t topk_group = 1;
-  bool norm_topk_prob = false;  // sigmoid only
+  // The top-k weights divided by (their sum + norm_eps): V3 (sigmoid, 1e-20) and Qwen3 (softmax,
+  // 0); V2 never.
+  bool norm_topk_prob = false;
+  float norm_eps = 1e-20f;
   float routed_scaling_factor = 1.0f;
 };
 
@@ -187,6 +190,23 @@ class Backend : public Allocator {
   virtual void MlaAttention(const Tensor& q, const Tensor& kv_b, const AttentionTokens& tokens,
                             const Tensor& cache, int64_t head_begin, int64_t head_end, int64_t dn,
                             int64_t dv, float scale, const Tensor& out) = 0;
+
+  // ---- GQA over the paged key/value cache (Qwen3) --------------------------------------
+  // qkv: [n, (nh + 2·kvh)·d] = x · W_qkvᵀ (per row: q of every head, then k, then v of every KV
+  // head). Writes q: [n, nh, d] = rope(rmsnorm(q_h, q_norm, eps)) of each head, and for each
+  // token with slot_mapping >= 0 its cache row [rope(rmsnorm(k_g, k_norm, eps)) for each KV head
+  // g | v_g for each g]. The rope rotates all d dims (inv_freq: [d/2]). q_norm, k_norm: [d] f32;
+  // cache: [num_slots, 2·kvh·d] f32, or bf16 (rounded once, after the norm and the rope).
+  virtual void GqaCacheWrite(const Tensor& qkv, const Tensor& q_norm, const Tensor& k_norm,
+                             float eps, const AttentionTokens& tokens, const RopeSpec& rope,
+                             const Tensor& q, const Tensor& cache) = 0;
+  // Attention of heads [head_begin, head_end) of q: [n, nh, d], head h reading KV head
+  // h / (nh / num_kv_heads) of the cache; causal over each token's sequence positions
+  // [0, positions[t]]: out[t, h - head_begin] = Σ_j softmax_j(q·k_j · scale) v_j.
+  // out: [n, (head_end - head_begin)·d].
+  virtual void GqaAttention(const Tensor& q, const AttentionTokens& tokens, const Tensor& cache,
+                            int64_t num_kv_heads, int64_t head_begin, int64_t head_end,
+                            float scale, const Tensor& out) = 0;
 
   // ---- MoE ----------------------------------------------------------------------------
   // logits: [n, E] (h · W_gateᵀ), bias: [E] (sigmoid: e_score_correction_bias) or empty.

@@ -127,6 +127,47 @@ AttentionShape CheckMlaAttention(Device dev, const Tensor& q, const Tensor& kv_b
   return {n, heads, kvr, dr};
 }
 
+GqaShape CheckGqaCacheWrite(Device dev, const Tensor& qkv, const Tensor& q_norm,
+                            const Tensor& k_norm, const AttentionTokens& tokens,
+                            const RopeSpec& rope, const Tensor& q, const Tensor& cache) {
+  On(dev, "GqaCacheWrite", {&qkv, &q_norm, &k_norm, &q, &cache, &rope.inv_freq});
+  AFD_CHECK(q.ndim() == 3, "GqaCacheWrite: q must be [n, heads, d], got {}", q.ToString());
+  const int64_t n = q.dim(0), heads = q.dim(1), d = q.dim(2);
+  AFD_CHECK(d % 2 == 0 && rope.inv_freq.numel() * 2 == d,
+            "GqaCacheWrite: the rope rotates {} dims, the heads have {}", 2 * rope.inv_freq.numel(),
+            d);
+  const int64_t width = cache.ndim() == 2 ? cache.dim(1) : 0;
+  AFD_CHECK(width > 0 && width % (2 * d) == 0,
+            "GqaCacheWrite: cache rows of {} values hold no whole k and v of {}-dim heads", width,
+            d);
+  const int64_t kvh = width / (2 * d);
+  AFD_CHECK(heads % kvh == 0, "GqaCacheWrite: {} heads over {} KV heads", heads, kvh);
+  qkv.Expect("GqaCacheWrite qkv", DType::kF32, {n, (heads + 2 * kvh) * d});
+  q.Expect("GqaCacheWrite q", DType::kF32, {n, heads, d});
+  q_norm.Expect("GqaCacheWrite q_norm", DType::kF32, {d});
+  k_norm.Expect("GqaCacheWrite k_norm", DType::kF32, {d});
+  cache.Expect("GqaCacheWrite cache", CacheDType(cache), {-1, width});
+  CheckTokens(dev, "GqaCacheWrite", tokens, n);
+  return {n, heads, kvh, d};
+}
+
+GqaShape CheckGqaAttention(Device dev, const Tensor& q, const AttentionTokens& tokens,
+                           const Tensor& cache, int64_t num_kv_heads, int64_t head_begin,
+                           int64_t head_end, const Tensor& out) {
+  On(dev, "GqaAttention", {&q, &cache, &out});
+  AFD_CHECK(q.ndim() == 3, "GqaAttention: q must be [n, heads, d], got {}", q.ToString());
+  const int64_t n = q.dim(0), heads = q.dim(1), d = q.dim(2);
+  AFD_CHECK(num_kv_heads >= 1 && heads % num_kv_heads == 0,
+            "GqaAttention: {} heads over {} KV heads", heads, num_kv_heads);
+  q.Expect("GqaAttention q", DType::kF32, {n, heads, d});
+  cache.Expect("GqaAttention cache", CacheDType(cache), {-1, 2 * num_kv_heads * d});
+  AFD_CHECK(0 <= head_begin && head_begin < head_end && head_end <= heads,
+            "GqaAttention: heads [{}, {}) of {}", head_begin, head_end, heads);
+  out.Expect("GqaAttention out", DType::kF32, {n, (head_end - head_begin) * d});
+  CheckTokens(dev, "GqaAttention", tokens, n);
+  return {n, heads, num_kv_heads, d};
+}
+
 RowsShape CheckRouterTopk(Device dev, const Tensor& logits, const Tensor& bias,
                           const RouterSpec& spec, const Tensor& ids, const Tensor& weights) {
   On(dev, "RouterTopk", {&logits, &bias, &ids, &weights});

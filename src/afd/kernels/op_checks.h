@@ -48,6 +48,15 @@ AttentionShape CheckMlaAttention(Device dev, const Tensor& q, const Tensor& kv_b
                                  const AttentionTokens& tokens, const Tensor& cache,
                                  int64_t head_begin, int64_t head_end, int64_t dn, int64_t dv,
                                  const Tensor& out);
+struct GqaShape {
+  int64_t n = 0, heads = 0, kv_heads = 0, d = 0;
+};
+GqaShape CheckGqaCacheWrite(Device dev, const Tensor& qkv, const Tensor& q_norm,
+                            const Tensor& k_norm, const AttentionTokens& tokens,
+                            const RopeSpec& rope, const Tensor& q, const Tensor& cache);
+GqaShape CheckGqaAttention(Device dev, const Tensor& q, const AttentionTokens& tokens,
+                           const Tensor& cache, int64_t num_kv_heads, int64_t head_begin,
+                           int64_t head_end, const Tensor& out);
 RowsShape CheckRouterTopk(Device dev, const Tensor& logits, const Tensor& bias,
                           const RouterSpec& spec, const Tensor& ids,
                           const Tensor& weights);  // d: experts

@@ -1,6 +1,6 @@
 // The tokens of one forward step, on the host. Several sequences may share a step; each
 // contributes tokens at consecutive positions that continue what its KV cache sequence already
-// holds. Built by the scheduler/generator, uploaded by DeepseekModel::Upload.
+// holds. Built by the scheduler/generator, uploaded by MoeModel::Upload.
 #pragma once
 
 #include <cstddef>

@@ -1,5 +1,7 @@
 #include "afd/model/loader.h"
 
+#include <fmt/ranges.h>
+
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -82,6 +84,53 @@ ModelConfig V2LiteConfig() {
   return c;
 }
 
+// Qwen/Qwen3-30B-A3B config.json.
+ModelConfig Qwen3_30bA3bConfig() {
+  ModelConfig c;
+  c.model_type = ModelType::kQwen3Moe;
+  c.vocab_size = 151936;
+  c.hidden_size = 2048;
+  c.intermediate_size = 6144;
+  c.moe_intermediate_size = 768;
+  c.num_hidden_layers = 48;
+  c.num_attention_heads = 32;
+  c.num_key_value_heads = 4;
+  c.head_dim = 128;
+  c.n_routed_experts = 128;
+  c.num_experts_per_tok = 8;
+  c.norm_topk_prob = true;
+  c.decoder_sparse_step = 1;
+  c.topk_method = TopkMethod::kGreedy;
+  c.scoring_func = ScoringFunc::kSoftmax;
+  c.max_position_embeddings = 40960;
+  c.rope.theta = 1000000.0;
+  c.rope_interleave = false;
+  c.bos_token_id = 151643;
+  c.eos_token_ids = {151645};
+  return c;
+}
+
+// A small Qwen3-MoE of the same layout (GQA 4:1, head_dim above hidden / heads, the first layer
+// dense) for the CPU.
+ModelConfig TinyQwen3Config() {
+  ModelConfig c = Qwen3_30bA3bConfig();
+  c.vocab_size = 1024;
+  c.hidden_size = 128;
+  c.intermediate_size = 256;
+  c.moe_intermediate_size = 64;
+  c.num_hidden_layers = 4;
+  c.num_attention_heads = 8;
+  c.num_key_value_heads = 2;
+  c.head_dim = 32;
+  c.n_routed_experts = 8;
+  c.num_experts_per_tok = 2;
+  c.mlp_only_layers = {0};
+  c.max_position_embeddings = 4096;
+  c.bos_token_id = 0;
+  c.eos_token_ids = {1};
+  return c;
+}
+
 // MemAvailable of /proc/meminfo in bytes; -1 when unknown.
 int64_t AvailableMemory() {
   std::ifstream in("/proc/meminfo");
@@ -97,7 +146,9 @@ int64_t AvailableMemory() {
 
 }  // namespace
 
-std::vector<std::string> PresetNames() { return {"tiny", "deepseek-v2-lite"}; }
+std::vector<std::string> PresetNames() {
+  return {"tiny", "deepseek-v2-lite", "tiny-qwen3", "qwen3-30b-a3b"};
+}
 
 ModelConfig PresetConfig(const std::string& name) {
   ModelConfig c;
@@ -105,26 +156,53 @@ ModelConfig PresetConfig(const std::string& name) {
     c = TinyConfig();
   } else if (name == "deepseek-v2-lite") {
     c = V2LiteConfig();
+  } else if (name == "tiny-qwen3") {
+    c = TinyQwen3Config();
+  } else if (name == "qwen3-30b-a3b") {
+    c = Qwen3_30bA3bConfig();
   } else {
-    AFD_THROW("unknown preset \"{}\" (presets: tiny, deepseek-v2-lite)", name);
+    AFD_THROW("unknown preset \"{}\" (presets: {})", name, fmt::join(PresetNames(), ", "));
   }
   c.Validate("preset:" + name);
   return c;
 }
 
-int64_t ParameterCount(const ModelConfig& c) {
+namespace {
+
+// The parameters of the attention role's part: embedding, lm_head, norms, every layer's
+// attention and the dense MLPs.
+int64_t AttentionParameterCount(const ModelConfig& c) {
   const int64_t h = c.hidden_size, nh = c.num_attention_heads;
-  int64_t attn = (c.q_lora_rank == 0 ? nh * c.qk_head_dim() * h
-                                     : c.q_lora_rank * (h + 1 + nh * c.qk_head_dim())) +
-                 (c.kv_lora_rank + c.qk_rope_head_dim) * h + c.kv_lora_rank +
-                 nh * (c.qk_nope_head_dim + c.v_head_dim) * c.kv_lora_rank + h * nh * c.v_head_dim +
-                 2 * h;
-  const int64_t dense = 3 * h * c.intermediate_size;
+  int64_t attn = 2 * h;  // the layer's two norms
+  if (c.attention() == AttentionKind::kGqa) {
+    const int64_t d = c.head_dim;
+    attn += (nh + 2 * c.num_key_value_heads) * d * h + 2 * d + h * nh * d;
+  } else {
+    attn += (c.q_lora_rank == 0 ? nh * c.qk_head_dim() * h
+                                : c.q_lora_rank * (h + 1 + nh * c.qk_head_dim())) +
+            (c.kv_lora_rank + c.qk_rope_head_dim) * h + c.kv_lora_rank +
+            nh * (c.qk_nope_head_dim + c.v_head_dim) * c.kv_lora_rank + h * nh * c.v_head_dim;
+  }
+  int64_t total = 2 * c.vocab_size * h + h;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    total += attn + (c.IsMoeLayer(l) ? 0 : 3 * h * c.intermediate_size);
+  }
+  return total;
+}
+
+int64_t MoeLayerCount(const ModelConfig& c) {
+  int64_t m = 0;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) m += c.IsMoeLayer(l);
+  return m;
+}
+
+}  // namespace
+
+int64_t ParameterCount(const ModelConfig& c) {
+  const int64_t h = c.hidden_size;
   const int64_t moe = c.n_routed_experts * (h + 1) +
                       3 * h * c.moe_intermediate_size * (c.n_routed_experts + c.n_shared_experts);
-  int64_t total = 2 * c.vocab_size * h + h;
-  for (int64_t l = 0; l < c.num_hidden_layers; ++l) total += attn + (c.IsMoeLayer(l) ? moe : dense);
-  return total;
+  return AttentionParameterCount(c) + MoeLayerCount(c) * moe;
 }
 
 namespace {
@@ -182,18 +260,11 @@ ModelConfig PeekModelConfig(const std::string& spec, const OpenOptions& options)
 }
 
 int64_t LoadedParameterCount(const ModelConfig& c, const WeightOptions& o) {
-  ModelConfig attention_only = c, experts_only = c;
-  attention_only.n_routed_experts = 0;
-  attention_only.n_shared_experts = 0;
-  const int64_t h = c.hidden_size, moe_layers = [&c] {
-    int64_t m = 0;
-    for (int64_t l = 0; l < c.num_hidden_layers; ++l) m += c.IsMoeLayer(l);
-    return m;
-  }();
+  const int64_t h = c.hidden_size, moe_layers = MoeLayerCount(c);
   const int64_t expert = 3 * h * c.moe_intermediate_size;
   const int64_t end = o.expert_end < 0 ? c.n_routed_experts : o.expert_end;
   int64_t total = 0;
-  if (o.load_attention) total += ParameterCount(attention_only);
+  if (o.load_attention) total += AttentionParameterCount(c);
   if (o.load_moe)
     total += moe_layers * (c.n_routed_experts * (h + 1) + expert * c.n_shared_experts);
   total += moe_layers * expert * std::max<int64_t>(0, end - o.expert_begin);
@@ -216,7 +287,7 @@ void MoveToDevice(ModelWeights& weights, kernels::Backend& backend) {
   backend.Synchronize();
 }
 
-std::unique_ptr<DeepseekModel> OpenModel(const std::string& spec, const OpenOptions& options,
+std::unique_ptr<MoeModel> OpenModel(const std::string& spec, const OpenOptions& options,
                                          kernels::Backend& backend) {
   const std::string kPrefix = "preset:";
   const bool preset = spec.rfind(kPrefix, 0) == 0;
@@ -244,7 +315,7 @@ std::unique_ptr<DeepseekModel> OpenModel(const std::string& spec, const OpenOpti
   ModelWeights w = preset ? RandomWeights(config, options.preset_seed, weights)
                           : LoadWeights(config, *ckpt, weights);
   MoveToDevice(w, backend);
-  auto model = std::make_unique<DeepseekModel>(std::move(config), std::move(w), backend);
+  auto model = std::make_unique<MoeModel>(std::move(config), std::move(w), backend);
   model->set_kv_cache_dtype(
       ResolveKvCacheDType(options.kv_cache_dtype, weights.matrix_dtype, backend.device()));
   return model;

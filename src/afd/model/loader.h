@@ -1,4 +1,4 @@
-// Building a DeepseekModel from "preset:NAME" (random weights of a named shape) or from a
+// Building a MoeModel from "preset:NAME" (random weights of a named shape) or from a
 // Hugging Face checkpoint directory.
 #pragma once
 
@@ -59,7 +59,7 @@ int64_t LoadedParameterCount(const ModelConfig& config, const WeightOptions& opt
 // `spec` is "preset:NAME" or a checkpoint directory; the weights end up in `backend`'s memory
 // (which must outlive the model). Throws afd::Error on bad input or too little memory for the
 // part this process loads.
-std::unique_ptr<DeepseekModel> OpenModel(const std::string& spec, const OpenOptions& options,
+std::unique_ptr<MoeModel> OpenModel(const std::string& spec, const OpenOptions& options,
                                          kernels::Backend& backend);
 
 // A model and the backend it runs on, assembled in one place for every command (`afd run`,
@@ -67,7 +67,7 @@ std::unique_ptr<DeepseekModel> OpenModel(const std::string& spec, const OpenOpti
 // the model.
 struct LoadedModel {
   std::unique_ptr<kernels::Backend> backend;
-  std::unique_ptr<DeepseekModel> model;
+  std::unique_ptr<MoeModel> model;
 };
 // The backend of CUDA device `cuda_device` (-1: the CPU) and `spec` opened on it (OpenModel).
 LoadedModel LoadModel(const std::string& spec, const OpenOptions& options, int cuda_device);

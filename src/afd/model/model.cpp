@@ -19,7 +19,7 @@ StepInputs StepInputs::Slice(int64_t begin, int64_t count) const {
   return s;
 }
 
-DeepseekModel::DeepseekModel(ModelConfig config, ModelWeights weights, kernels::Backend& backend)
+MoeModel::MoeModel(ModelConfig config, ModelWeights weights, kernels::Backend& backend)
     : config_(std::move(config)),
       weights_(std::move(weights)),
       backend_(backend),
@@ -36,30 +36,30 @@ DeepseekModel::DeepseekModel(ModelConfig config, ModelWeights weights, kernels::
   // A bf16 model's attention products may use TF32 tensor cores (Backend::AllowTf32); an fp32
   // model stays exact.
   for (const LayerWeights& l : weights_.layers) {
-    if (l.attn.kv_a_proj.empty()) continue;
-    bf16_attention_ = l.attn.kv_a_proj.dtype() == DType::kBF16;
+    if (l.attn.o_proj.empty()) continue;
+    bf16_attention_ = l.attn.o_proj.dtype() == DType::kBF16;
     backend_.AllowTf32(bf16_attention_);
     break;
   }
 }
 
-kv::CacheShape DeepseekModel::CacheShape(int64_t num_blocks, int64_t block_size) const {
+kv::CacheShape MoeModel::CacheShape(int64_t num_blocks, int64_t block_size) const {
   kv::CacheShape s;
   s.num_layers = config_.num_hidden_layers;
-  s.row_width = config_.kv_lora_rank + config_.qk_rope_head_dim;
+  s.row_width = config_.cache_row_width();
   s.block_size = block_size;
   s.num_blocks = num_blocks;
   s.dtype = kv_cache_dtype_;
   return s;
 }
 
-void DeepseekModel::set_kv_cache_dtype(DType dtype) {
+void MoeModel::set_kv_cache_dtype(DType dtype) {
   AFD_CHECK(dtype == DType::kF32 || dtype == DType::kBF16,
-            "kv cache dtype {}: the latent cache holds fp32 or bf16 rows", DTypeName(dtype));
+            "kv cache dtype {}: the cache holds fp32 or bf16 rows", DTypeName(dtype));
   kv_cache_dtype_ = dtype;
 }
 
-void DeepseekModel::CheckBatch(const ForwardBatch& b, const kv::PagedKvCache& cache) const {
+void MoeModel::CheckBatch(const ForwardBatch& b, const kv::PagedKvCache& cache) const {
   const int64_t n = b.size();
   AFD_CHECK(static_cast<int64_t>(b.positions.size()) == n &&
                 static_cast<int64_t>(b.seq_index.size()) == n &&
@@ -110,7 +110,7 @@ void DeepseekModel::CheckBatch(const ForwardBatch& b, const kv::PagedKvCache& ca
             "forward batch: logits rows outside the {} tokens", n);
 }
 
-void DeepseekModel::CommitBatch(const ForwardBatch& b, kv::PagedKvCache& cache) {
+void MoeModel::CommitBatch(const ForwardBatch& b, kv::PagedKvCache& cache) {
   // A row's tokens are consecutive positions: the last of each run sets the length.
   for (int64_t i = 0; i < b.size(); ++i) {
     if (i + 1 < b.size() && b.seq_index[i + 1] == b.seq_index[i]) continue;
@@ -118,7 +118,7 @@ void DeepseekModel::CommitBatch(const ForwardBatch& b, kv::PagedKvCache& cache) 
   }
 }
 
-StepInputs DeepseekModel::Upload(const ForwardBatch& b, Workspace& ws) const {
+StepInputs MoeModel::Upload(const ForwardBatch& b, Workspace& ws) const {
   StepInputs in;
   in.n = b.size();
   auto put = [&](const auto& v, DType dtype, std::vector<int64_t> shape) {
@@ -147,11 +147,11 @@ StepInputs DeepseekModel::Upload(const ForwardBatch& b, Workspace& ws) const {
   return in;
 }
 
-void DeepseekModel::Embed(const StepInputs& in, const Tensor& x) const {
+void MoeModel::Embed(const StepInputs& in, const Tensor& x) const {
   backend_.Embedding(weights_.embed, in.token_ids, x);
 }
 
-void DeepseekModel::Mlp(const MlpWeights& w, const Tensor& x, const Tensor& out,
+void MoeModel::Mlp(const MlpWeights& w, const Tensor& x, const Tensor& out,
                         Workspace& ws) const {
   const int64_t n = x.dim(0), inter = w.down.dim(1);
   const Tensor gate_up = ws.Take(DType::kF32, {n, 2 * inter});
@@ -161,13 +161,13 @@ void DeepseekModel::Mlp(const MlpWeights& w, const Tensor& x, const Tensor& out,
   backend_.Linear(act, w.down, out);
 }
 
-void DeepseekModel::DenseMlp(int64_t layer, const Tensor& mlp_in, const Tensor& out,
+void MoeModel::DenseMlp(int64_t layer, const Tensor& mlp_in, const Tensor& out,
                              Workspace& ws) const {
   AFD_CHECK(!config_.IsMoeLayer(layer), "layer {} is a MoE layer", layer);
   Mlp(weights_.layers[layer].dense, mlp_in, out, ws);
 }
 
-Tensor DeepseekModel::Logits(const Tensor& x, const StepInputs& in, Workspace& ws) const {
+Tensor MoeModel::Logits(const Tensor& x, const StepInputs& in, Workspace& ws) const {
   const int64_t m = in.logits_rows.numel(), h = config_.hidden_size;
   const Tensor rows = ws.Take(DType::kF32, {m, h});
   backend_.GatherRows(x, in.logits_rows, rows);
@@ -177,7 +177,7 @@ Tensor DeepseekModel::Logits(const Tensor& x, const StepInputs& in, Workspace& w
   return logits;
 }
 
-Tensor DeepseekModel::Forward(const ForwardBatch& batch, kv::PagedKvCache& cache, MoeBackend& moe,
+Tensor MoeModel::Forward(const ForwardBatch& batch, kv::PagedKvCache& cache, MoeBackend& moe,
                               Workspace& ws) const {
   CheckBatch(batch, cache);
   const StepInputs in = Upload(batch, ws);
@@ -186,7 +186,7 @@ Tensor DeepseekModel::Forward(const ForwardBatch& batch, kv::PagedKvCache& cache
   return logits;
 }
 
-Tensor DeepseekModel::RunLayers(const StepInputs& in, kv::PagedKvCache* cache, MoeBackend& moe,
+Tensor MoeModel::RunLayers(const StepInputs& in, kv::PagedKvCache* cache, MoeBackend& moe,
                                 Workspace& ws, const LayerLoop& loop) const {
   const int64_t n = in.n, h = config_.hidden_size;
   const std::vector<int64_t> splits =

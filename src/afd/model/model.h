@@ -1,6 +1,7 @@
-// A DeepSeek-V2/V3 causal LM written once against the backend op interface: embedding, decoder
-// layers (MLA attention over the paged latent cache, then a dense MLP or a MoE block), final
-// norm and lm_head. Hidden states are fp32 [n, H], token-major, in the backend's memory; a
+// A MoE causal LM -- DeepSeek-V2/V3 or Qwen3-MoE -- written once against the backend op
+// interface: embedding, decoder layers (attention over the paged cache: DeepSeek's MLA over the
+// latent cache, or Qwen3's GQA over keys and values per KV head; then a dense MLP or a MoE
+// block), final norm and lm_head. Hidden states are fp32 [n, H], token-major, in the backend's memory; a
 // step's scratch tensors come from a Workspace (nothing is allocated inside a step).
 //
 // RunLayers is the only loop over layers, for every deployment: in process (LocalMoeBackend),
@@ -63,12 +64,12 @@ struct LayerLoop {
   HeadParallel* tp = nullptr;  // attention tensor parallelism; null: all heads here
 };
 
-class DeepseekModel {
+class MoeModel {
  public:
   // `backend` must outlive the model; the weights must be in its memory.
-  DeepseekModel(ModelConfig config, ModelWeights weights, kernels::Backend& backend);
-  DeepseekModel(const DeepseekModel&) = delete;
-  DeepseekModel& operator=(const DeepseekModel&) = delete;
+  MoeModel(ModelConfig config, ModelWeights weights, kernels::Backend& backend);
+  MoeModel(const MoeModel&) = delete;
+  MoeModel& operator=(const MoeModel&) = delete;
 
   const ModelConfig& config() const { return config_; }
   const ModelWeights& weights() const { return weights_; }
@@ -78,9 +79,9 @@ class DeepseekModel {
   bool bf16_attention() const { return bf16_attention_; }
   // The cache shape of this model for `num_blocks` blocks (rows of kv_cache_dtype()).
   kv::CacheShape CacheShape(int64_t num_blocks, int64_t block_size = kv::kDefaultBlockSize) const;
-  // The dtype of the latent cache's rows: kF32 (the default, exact) or kBF16 (half the memory
-  // and the bytes a decode step reads; the latent and rope key are rounded when written, as a
-  // bf16 model's activations are). Set before any cache is made.
+  // The dtype of the cache's rows: kF32 (the default, exact) or kBF16 (half the memory and the
+  // bytes a decode step reads; the rows are rounded when written, as a bf16 model's activations
+  // are). Set before any cache is made.
   DType kv_cache_dtype() const { return kv_cache_dtype_; }
   void set_kv_cache_dtype(DType dtype);
 
@@ -151,6 +152,13 @@ class DeepseekModel {
     Tensor offsets, src_row, row_of_slot;
   };
   void Mlp(const MlpWeights& w, const Tensor& x, const Tensor& out, Workspace& ws) const;
+  // The attention of each kind (Attention's contract, after the input norm).
+  void MlaAttention(int64_t layer, const StepInputs& in, kv::PagedKvCache& cache,
+                    const Tensor& normed, const Tensor& heads_out, int64_t h0, int64_t h1,
+                    Workspace& ws) const;
+  void GqaAttention(int64_t layer, const StepInputs& in, kv::PagedKvCache& cache,
+                    const Tensor& normed, const Tensor& heads_out, int64_t h0, int64_t h1,
+                    Workspace& ws) const;
   // The router of MoE `layer`, checked to be here.
   const MoeWeights& RouterOf(int64_t layer) const;
   Grouping TakeGrouping(int64_t layer, int64_t n, Workspace& ws) const;
@@ -166,7 +174,7 @@ class DeepseekModel {
   Rope rope_;
   kernels::RopeSpec rope_spec_;
   kernels::RouterSpec router_spec_;
-  Tensor inv_freq_;  // [dr/2] on the device
+  Tensor inv_freq_;  // [rope_dim/2] on the device
   DType kv_cache_dtype_ = DType::kF32;
 };
 

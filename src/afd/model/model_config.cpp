@@ -86,33 +86,84 @@ RopeConfig ParseRope(const json& j, const std::string& source) {
   return rope;
 }
 
-}  // namespace
+// The experts' count of a Qwen3-MoE config: num_experts (published checkpoints) or
+// num_local_experts (transformers 5); both present must agree.
+int64_t Qwen3Experts(const json& j, const std::string& source) {
+  const int64_t a = Get<int64_t>(j, "num_experts", -1, source);
+  const int64_t b = Get<int64_t>(j, "num_local_experts", -1, source);
+  AFD_CHECK(a < 0 || b < 0 || a == b,
+            "{}: \"num_experts\" ({}) and \"num_local_experts\" ({}) disagree (one count of "
+            "routed experts)",
+            source, a, b);
+  return a >= 0 ? a : (b >= 0 ? b : 128);  // transformers' default
+}
 
-ModelConfig ParseModelConfig(const std::string& json_text, const std::string& source) {
-  const json j = json_fields::ParseStrict(json_text, source);
-  AFD_CHECK(j.is_object(), "{}: config must be a JSON object", source);
-  ModelConfig c;
-  const std::string model_type = GetString(j, "model_type", "", source);
-  const bool v3 = model_type == "deepseek_v3";
-  AFD_CHECK(model_type == "deepseek_v2" || v3,
-            "{}: model_type \"{}\" is not supported (supported: deepseek_v2, deepseek_v3)", source,
-            model_type);
-  c.model_type = v3 ? ModelType::kDeepseekV3 : ModelType::kDeepseekV2;
+// The fields of a Qwen3-MoE config (qwen3_moe) after the common ones, with transformers'
+// defaults; what this runtime does not implement is refused by name.
+void ParseQwen3Moe(const json& j, const std::string& source, ModelConfig& c) {
+  AFD_CHECK(!Get<bool>(j, "use_sliding_window", false, source),
+            "{}: \"use_sliding_window\": true is not supported (sliding-window attention); "
+            "Qwen3-MoE checkpoints attend to the whole context",
+            source);
+  if (j.contains("layer_types") && j["layer_types"].is_array()) {
+    for (size_t l = 0; l < j["layer_types"].size(); ++l) {
+      const json& t = j["layer_types"][l];
+      AFD_CHECK(t.is_string() && t.get<std::string>() == "full_attention",
+                "{}: \"layer_types\"[{}] is {}; only \"full_attention\" is supported", source, l,
+                t.dump());
+    }
+  }
+  const double partial = Get<double>(j, "partial_rotary_factor", 1.0, source);
+  AFD_CHECK(partial == 1.0,
+            "{}: \"partial_rotary_factor\" {} is not supported (the rope rotates all of "
+            "head_dim)",
+            source, partial);
+  c.num_key_value_heads = Get<int64_t>(j, "num_key_value_heads", c.num_attention_heads, source);
+  c.head_dim = Get<int64_t>(
+      j, "head_dim", c.num_attention_heads > 0 ? c.hidden_size / c.num_attention_heads : 0,
+      source);
+  c.n_routed_experts = Qwen3Experts(j, source);
+  c.n_shared_experts = 0;
+  c.num_experts_per_tok = Get<int64_t>(j, "num_experts_per_tok", 8, source);
+  c.moe_intermediate_size = Get<int64_t>(j, "moe_intermediate_size", 768, source);
+  c.norm_topk_prob = Get<bool>(j, "norm_topk_prob", false, source);
+  c.decoder_sparse_step = Get<int64_t>(j, "decoder_sparse_step", 1, source);
+  AFD_CHECK(c.decoder_sparse_step >= 1 && c.decoder_sparse_step <= kMaxLayers,
+            "{}: \"decoder_sparse_step\" must be in 1..{}, got {}", source, kMaxLayers,
+            c.decoder_sparse_step);
+  if (j.contains("mlp_only_layers") && !j["mlp_only_layers"].is_null()) {
+    const json& m = j["mlp_only_layers"];
+    AFD_CHECK(m.is_array(), "{}: \"mlp_only_layers\" must be a list of layer indices, got {}",
+              source, json_fields::Describe(m));
+    for (size_t i = 0; i < m.size(); ++i) {
+      c.mlp_only_layers.push_back(json_fields::GetInt(
+          m[i], fmt::format("{}: \"mlp_only_layers\"[{}]", source, i), 0, kMaxLayers - 1));
+    }
+  }
+  if (c.n_routed_experts == 0) {  // transformers: no experts, every layer a dense MLP
+    for (int64_t l = 0; l < c.num_hidden_layers; ++l) c.mlp_only_layers.push_back(l);
+  }
+  c.first_k_dense_replace = 0;
+  c.moe_layer_freq = 1;
+  c.topk_method = TopkMethod::kGreedy;
+  c.scoring_func = ScoringFunc::kSoftmax;
+  c.n_group = 1;
+  c.topk_group = 1;
+  c.routed_scaling_factor = 1.0;
+  c.rope_interleave = false;  // rotate_half: pairs (x[i], x[i + d/2])
+}
+
+// DeepSeek-V2 / V3's own fields.
+void ParseDeepseek(const json& j, const std::string& source, bool v3, ModelConfig& c) {
   auto req = [&](const char* key) {
     AFD_CHECK(j.contains(key), "{}: \"{}\" is missing", source, key);
     return json_fields::GetInt(j[key], fmt::format("{}: \"{}\"", source, key), INT64_MIN,
                                INT64_MAX);
   };
-  c.vocab_size = req("vocab_size");
-  c.hidden_size = req("hidden_size");
-  c.intermediate_size = req("intermediate_size");
-  c.num_hidden_layers = req("num_hidden_layers");
-  c.num_attention_heads = req("num_attention_heads");
   c.kv_lora_rank = req("kv_lora_rank");
   c.qk_nope_head_dim = req("qk_nope_head_dim");
   c.qk_rope_head_dim = req("qk_rope_head_dim");
   c.v_head_dim = req("v_head_dim");
-  c.max_position_embeddings = req("max_position_embeddings");
   c.q_lora_rank = Get<int64_t>(j, "q_lora_rank", 0, source);
   c.moe_intermediate_size = Get<int64_t>(j, "moe_intermediate_size", 0, source);
   c.n_routed_experts = Get<int64_t>(j, "n_routed_experts", 0, source);
@@ -124,9 +175,74 @@ ModelConfig ParseModelConfig(const std::string& json_text, const std::string& so
   c.topk_group = Get<int64_t>(j, "topk_group", v3 ? 4 : 1, source);
   c.routed_scaling_factor = Get<double>(j, "routed_scaling_factor", v3 ? 2.5 : 1.0, source);
   c.norm_topk_prob = Get<bool>(j, "norm_topk_prob", v3, source);
+  if (v3) {
+    // transformers' DeepseekV3 ignores scoring_func / topk_method: always sigmoid + noaux_tc.
+    c.topk_method = TopkMethod::kNoauxTc;
+    c.scoring_func = ScoringFunc::kSigmoid;
+    c.rope_interleave = Get<bool>(j, "rope_interleave", true, source);
+  } else {
+    const std::string method = GetString(j, "topk_method", "greedy", source);
+    if (method == "greedy") {
+      c.topk_method = TopkMethod::kGreedy;
+    } else if (method == "group_limited_greedy") {
+      c.topk_method = TopkMethod::kGroupLimitedGreedy;
+    } else {
+      AFD_THROW(
+          "{}: topk_method \"{}\" is not supported for deepseek_v2 (greedy, "
+          "group_limited_greedy)",
+          source, method);
+    }
+    c.scoring_func = ScoringFunc::kSoftmax;
+    c.rope_interleave = true;  // V2 rotates (x[2i], x[2i+1]) as complex numbers
+  }
+}
+
+}  // namespace
+
+const char* ModelConfig::model_type_name() const {
+  switch (model_type) {
+    case ModelType::kDeepseekV2:
+      return "deepseek_v2";
+    case ModelType::kDeepseekV3:
+      return "deepseek_v3";
+    case ModelType::kQwen3Moe:
+      return "qwen3_moe";
+  }
+  return "?";
+}
+
+ModelConfig ParseModelConfig(const std::string& json_text, const std::string& source) {
+  const json j = json_fields::ParseStrict(json_text, source);
+  AFD_CHECK(j.is_object(), "{}: config must be a JSON object", source);
+  ModelConfig c;
+  const std::string model_type = GetString(j, "model_type", "", source);
+  const bool v3 = model_type == "deepseek_v3", qwen3 = model_type == "qwen3_moe";
+  AFD_CHECK(model_type == "deepseek_v2" || v3 || qwen3,
+            "{}: model_type \"{}\" is not supported (supported: deepseek_v2, deepseek_v3, "
+            "qwen3_moe)",
+            source, model_type);
+  c.model_type = qwen3 ? ModelType::kQwen3Moe
+                       : (v3 ? ModelType::kDeepseekV3 : ModelType::kDeepseekV2);
+  auto req = [&](const char* key) {
+    AFD_CHECK(j.contains(key), "{}: \"{}\" is missing", source, key);
+    return json_fields::GetInt(j[key], fmt::format("{}: \"{}\"", source, key), INT64_MIN,
+                               INT64_MAX);
+  };
+  c.vocab_size = req("vocab_size");
+  c.hidden_size = req("hidden_size");
+  c.num_hidden_layers = req("num_hidden_layers");
+  c.num_attention_heads = req("num_attention_heads");
+  if (qwen3) {
+    // Needed by dense layers only (mlp_only_layers, decoder_sparse_step): Validate checks it.
+    c.intermediate_size = Get<int64_t>(j, "intermediate_size", 0, source);
+    c.max_position_embeddings = Get<int64_t>(j, "max_position_embeddings", 32768, source);
+  } else {
+    c.intermediate_size = req("intermediate_size");
+    c.max_position_embeddings = req("max_position_embeddings");
+  }
   c.rms_norm_eps = static_cast<float>(Get<double>(j, "rms_norm_eps", 1e-6, source));
   c.tie_word_embeddings = Get<bool>(j, "tie_word_embeddings", false, source);
-  c.bos_token_id = Get<int64_t>(j, "bos_token_id", v3 ? 0 : 1, source);
+  c.bos_token_id = Get<int64_t>(j, "bos_token_id", qwen3 ? -1 : (v3 ? 0 : 1), source);
   if (j.contains("eos_token_id") && j["eos_token_id"].is_array()) {
     for (size_t i = 0; i < j["eos_token_id"].size(); ++i) {
       c.eos_token_ids.push_back(json_fields::GetInt(
@@ -134,7 +250,9 @@ ModelConfig ParseModelConfig(const std::string& json_text, const std::string& so
           INT64_MAX));
     }
   } else {
-    c.eos_token_ids.push_back(Get<int64_t>(j, "eos_token_id", v3 ? 1 : 2, source));
+    // Qwen3's config class has no default EOS (generation_config.json has them).
+    const int64_t eos = Get<int64_t>(j, "eos_token_id", qwen3 ? -1 : (v3 ? 1 : 2), source);
+    if (eos >= 0 || !qwen3) c.eos_token_ids.push_back(eos);
   }
   c.rope = ParseRope(j, source);
   if (j.contains("quantization_config") && !j["quantization_config"].is_null()) {
@@ -168,25 +286,10 @@ ModelConfig ParseModelConfig(const std::string& json_text, const std::string& so
   AFD_CHECK(
       !Get<bool>(j, "attention_bias", false, source) && !Get<bool>(j, "mlp_bias", false, source),
       "{}: attention_bias / mlp_bias = true is not supported", source);
-  if (v3) {
-    // transformers' DeepseekV3 ignores scoring_func / topk_method: always sigmoid + noaux_tc.
-    c.topk_method = TopkMethod::kNoauxTc;
-    c.scoring_func = ScoringFunc::kSigmoid;
-    c.rope_interleave = Get<bool>(j, "rope_interleave", true, source);
+  if (qwen3) {
+    ParseQwen3Moe(j, source, c);
   } else {
-    const std::string method = GetString(j, "topk_method", "greedy", source);
-    if (method == "greedy") {
-      c.topk_method = TopkMethod::kGreedy;
-    } else if (method == "group_limited_greedy") {
-      c.topk_method = TopkMethod::kGroupLimitedGreedy;
-    } else {
-      AFD_THROW(
-          "{}: topk_method \"{}\" is not supported for deepseek_v2 (greedy, "
-          "group_limited_greedy)",
-          source, method);
-    }
-    c.scoring_func = ScoringFunc::kSoftmax;
-    c.rope_interleave = true;  // V2 rotates (x[2i], x[2i+1]) as complex numbers
+    ParseDeepseek(j, source, v3, c);
   }
   c.Validate(source);
   return c;
@@ -203,18 +306,34 @@ void ModelConfig::Validate(const std::string& source) const {
   positive(hidden_size, "hidden_size");
   positive(num_hidden_layers, "num_hidden_layers");
   positive(num_attention_heads, "num_attention_heads");
-  positive(kv_lora_rank, "kv_lora_rank");
-  positive(qk_nope_head_dim, "qk_nope_head_dim");
-  positive(v_head_dim, "v_head_dim");
   positive(max_position_embeddings, "max_position_embeddings");
-  AFD_CHECK(qk_rope_head_dim > 0 && qk_rope_head_dim % 2 == 0 && qk_rope_head_dim <= 512,
-            "{}: qk_rope_head_dim must be even and in [2, 512], got {}", source, qk_rope_head_dim);
-  AFD_CHECK(q_lora_rank >= 0 && q_lora_rank <= kMaxDimension,
-            "{}: q_lora_rank must be in 0..{} or null, got {}", source, kMaxDimension, q_lora_rank);
+  if (attention() == AttentionKind::kGqa) {
+    AFD_CHECK(num_key_value_heads >= 1 && num_key_value_heads <= num_attention_heads &&
+                  num_attention_heads % num_key_value_heads == 0,
+              "{}: \"num_key_value_heads\" must divide num_attention_heads = {}, got {}", source,
+              num_attention_heads, num_key_value_heads);
+    AFD_CHECK(head_dim > 0 && head_dim % 2 == 0 && head_dim <= 512,
+              "{}: \"head_dim\" must be even and in [2, 512], got {}", source, head_dim);
+  } else {
+    positive(kv_lora_rank, "kv_lora_rank");
+    positive(qk_nope_head_dim, "qk_nope_head_dim");
+    positive(v_head_dim, "v_head_dim");
+    AFD_CHECK(qk_rope_head_dim > 0 && qk_rope_head_dim % 2 == 0 && qk_rope_head_dim <= 512,
+              "{}: qk_rope_head_dim must be even and in [2, 512], got {}", source,
+              qk_rope_head_dim);
+    AFD_CHECK(q_lora_rank >= 0 && q_lora_rank <= kMaxDimension,
+              "{}: q_lora_rank must be in 0..{} or null, got {}", source, kMaxDimension,
+              q_lora_rank);
+  }
+  for (int64_t l : mlp_only_layers) {
+    AFD_CHECK(l >= 0 && l < num_hidden_layers,
+              "{}: \"mlp_only_layers\" names layer {}, outside the {} layers", source, l,
+              num_hidden_layers);
+  }
   AFD_CHECK(num_hidden_layers <= kMaxLayers, "{}: \"num_hidden_layers\" must be at most {}, got {}",
             source, kMaxLayers, num_hidden_layers);
   AFD_CHECK(n_routed_experts >= 0 && n_routed_experts <= kMaxExperts,
-            "{}: \"n_routed_experts\" must be in 0..{}, got {}", source, kMaxExperts,
+            "{}: the routed experts' count must be in 0..{}, got {}", source, kMaxExperts,
             n_routed_experts);
   AFD_CHECK(n_shared_experts <= kMaxExperts, "{}: \"n_shared_experts\" must be at most {}", source,
             kMaxExperts);
@@ -237,7 +356,8 @@ void ModelConfig::Validate(const std::string& source) const {
     (IsMoeLayer(l) ? moe_layers : dense_layers) = true;
   if (dense_layers) positive(intermediate_size, "intermediate_size");
   if (moe_layers) {
-    positive(n_routed_experts, "n_routed_experts");
+    positive(n_routed_experts,
+             attention() == AttentionKind::kGqa ? "num_experts" : "n_routed_experts");
     positive(moe_intermediate_size, "moe_intermediate_size");
     AFD_CHECK(num_experts_per_tok > 0 && num_experts_per_tok <= n_routed_experts,
               "{}: num_experts_per_tok must be in [1, n_routed_experts = {}], got {}", source,

@@ -1,10 +1,10 @@
-// The MoE block of DeepseekModel on this process's experts, and the in-process MoeBackend.
+// The MoE block of MoeModel on this process's experts, and the in-process MoeBackend.
 #include "afd/common/error.h"
 #include "afd/model/model.h"
 
 namespace afd::model {
 
-void DeepseekModel::Route(int64_t layer, const Tensor& hidden, const Tensor& ids,
+void MoeModel::Route(int64_t layer, const Tensor& hidden, const Tensor& ids,
                           const Tensor& weights, Workspace& ws) const {
   const MoeWeights& w = RouterOf(layer);
   const Tensor logits = ws.Take(DType::kF32, {hidden.dim(0), config_.n_routed_experts});
@@ -12,21 +12,21 @@ void DeepseekModel::Route(int64_t layer, const Tensor& hidden, const Tensor& ids
                           weights);
 }
 
-const MoeWeights& DeepseekModel::RouterOf(int64_t layer) const {
+const MoeWeights& MoeModel::RouterOf(int64_t layer) const {
   AFD_CHECK(config_.IsMoeLayer(layer), "layer {} is not a MoE layer", layer);
   const MoeWeights& w = weights_.layers[layer].moe;
   AFD_CHECK(!w.gate.empty(), "the router of layer {} is not loaded in this process", layer);
   return w;
 }
 
-DeepseekModel::Grouping DeepseekModel::TakeGrouping(int64_t layer, int64_t n, Workspace& ws) const {
+MoeModel::Grouping MoeModel::TakeGrouping(int64_t layer, int64_t n, Workspace& ws) const {
   const int64_t local = weights_.layers[layer].moe.experts.num_experts();
   const int64_t k = config_.num_experts_per_tok;
   return {ws.Take(DType::kI32, {local + 1}), ws.Take(DType::kI32, {n * k}),
           ws.Take(DType::kI32, {n, k})};
 }
 
-void DeepseekModel::RoutedExperts(int64_t layer, const Tensor& hidden, const Tensor& ids,
+void MoeModel::RoutedExperts(int64_t layer, const Tensor& hidden, const Tensor& ids,
                                   const Tensor& weights, const Tensor& out, Workspace& ws) const {
   const kernels::ExpertWeights& experts = weights_.layers[layer].moe.experts;
   const Grouping g = TakeGrouping(layer, hidden.dim(0), ws);
@@ -35,7 +35,7 @@ void DeepseekModel::RoutedExperts(int64_t layer, const Tensor& hidden, const Ten
   GroupedExperts(layer, hidden, weights, g, nullptr, out, ws);
 }
 
-void DeepseekModel::RouteAndRoutedExperts(int64_t layer, const Tensor& hidden, const Tensor& ids,
+void MoeModel::RouteAndRoutedExperts(int64_t layer, const Tensor& hidden, const Tensor& ids,
                                           const Tensor& weights, const Tensor* shared_out,
                                           const Tensor& out, Workspace& ws) const {
   const MoeWeights& w = RouterOf(layer);
@@ -47,7 +47,7 @@ void DeepseekModel::RouteAndRoutedExperts(int64_t layer, const Tensor& hidden, c
   GroupedExperts(layer, hidden, weights, g, shared_out, out, ws);
 }
 
-void DeepseekModel::GroupedExperts(int64_t layer, const Tensor& hidden, const Tensor& weights,
+void MoeModel::GroupedExperts(int64_t layer, const Tensor& hidden, const Tensor& weights,
                                    const Grouping& g, const Tensor* shared_out, const Tensor& out,
                                    Workspace& ws) const {
   const kernels::ExpertWeights& experts = weights_.layers[layer].moe.experts;
@@ -64,7 +64,7 @@ void DeepseekModel::GroupedExperts(int64_t layer, const Tensor& hidden, const Te
   backend_.MoeCombineAdd(expert_out, g.row_of_slot, weights, *shared_out, out);
 }
 
-void DeepseekModel::SharedExperts(int64_t layer, const Tensor& hidden, const Tensor& out,
+void MoeModel::SharedExperts(int64_t layer, const Tensor& hidden, const Tensor& out,
                                   Workspace& ws) const {
   const MlpWeights& shared = weights_.layers[layer].moe.shared;
   AFD_CHECK(!shared.empty(), "layer {} has no shared experts loaded in this process", layer);
@@ -72,7 +72,7 @@ void DeepseekModel::SharedExperts(int64_t layer, const Tensor& hidden, const Ten
   Mlp(shared, hidden, out, ws);
 }
 
-void DeepseekModel::AddSharedExperts(int64_t layer, const Tensor& hidden, const Tensor& out,
+void MoeModel::AddSharedExperts(int64_t layer, const Tensor& hidden, const Tensor& out,
                                      Workspace& ws) const {
   const MlpWeights& shared = weights_.layers[layer].moe.shared;
   if (shared.empty() || hidden.dim(0) == 0) return;

@@ -1,5 +1,5 @@
 // The seam between the attention part of a decoder layer and its MoE part (router, routed
-// experts, shared experts). The model's layer loop (DeepseekModel::RunLayers, the only loop over
+// experts, shared experts). The model's layer loop (MoeModel::RunLayers, the only loop over
 // layers) starts every MoE layer of a micro-batch with MoeBackend::Start and completes it with
 // Finish before that micro-batch's next attention: the local implementation does everything in
 // Start; the AFD attention role plugs in backends that ship the rows to the FFN role in Start
@@ -13,7 +13,7 @@
 
 namespace afd::model {
 
-class DeepseekModel;
+class MoeModel;
 
 class MoeBackend {
  public:
@@ -40,12 +40,12 @@ class MoeBackend {
 // The model must hold every routed expert. Thread safety: one Forward at a time.
 class LocalMoeBackend : public MoeBackend {
  public:
-  explicit LocalMoeBackend(const DeepseekModel& model) : model_(model) {}
+  explicit LocalMoeBackend(const MoeModel& model) : model_(model) {}
   void Start(int64_t layer, int stage, const Tensor& hidden, const Tensor& out,
              Workspace& ws) override;
 
  private:
-  const DeepseekModel& model_;
+  const MoeModel& model_;
 };
 
 }  // namespace afd::model

@@ -10,7 +10,7 @@ double YarnMscale(double factor, double m) {
 }
 
 Rope::Rope(const ModelConfig& config)
-    : dim_(config.qk_rope_head_dim), interleave_(config.rope_interleave) {
+    : dim_(config.rope_dim()), interleave_(config.rope_interleave) {
   const RopeConfig& r = config.rope;
   const int64_t half = dim_ / 2;
   const float base = static_cast<float>(r.theta);
@@ -19,7 +19,8 @@ Rope::Rope(const ModelConfig& config)
     pos_freqs[i] = std::pow(base, static_cast<float>(2 * i) / static_cast<float>(dim_));
   }
   inv_freq_.resize(half);
-  softmax_scale_ = static_cast<float>(1.0 / std::sqrt(static_cast<double>(config.qk_head_dim())));
+  softmax_scale_ =
+      static_cast<float>(1.0 / std::sqrt(static_cast<double>(config.score_head_dim())));
   if (r.type == RopeType::kDefault) {
     for (int64_t i = 0; i < half; ++i) inv_freq_[i] = 1.0f / pos_freqs[i];
     return;
@@ -57,7 +58,8 @@ Rope::Rope(const ModelConfig& config)
   } else {
     attention_factor_ = static_cast<float>(YarnMscale(factor, 1.0));
   }
-  if (r.mscale_all_dim != 0.0) {
+  // DeepSeek's attention scales its softmax by mscale(f, mscale_all_dim)²; Qwen3's keeps d^-0.5.
+  if (r.mscale_all_dim != 0.0 && config.attention() == AttentionKind::kMla) {
     const double m = YarnMscale(factor, r.mscale_all_dim);
     softmax_scale_ = static_cast<float>(softmax_scale_ * m * m);
   }

@@ -1,10 +1,12 @@
-// Rotary position embedding of the MLA rope dims (qk_rope_head_dim = dr), default or YaRN, with
-// the transformers 5.17 semantics (docs/model.md):
+// Rotary position embedding of the rotated dims dr (ModelConfig::rope_dim: MLA's
+// qk_rope_head_dim, all of a GQA head_dim), default or YaRN, with the transformers 5.17
+// semantics (docs/model.md):
 //  * inv_freq[i] = 1 / theta^(2i/dr) (fp32); YaRN blends extrapolated and interpolated
 //    frequencies with a linear ramp over [low, high] from beta_fast / beta_slow.
 //  * cos and sin are multiplied by attention_factor (YaRN: mscale(f, mscale) /
 //    mscale(f, mscale_all_dim), or rope_parameters["attention_factor"]).
-//  * The softmax scale is (dn+dr)^-0.5, times mscale(f, mscale_all_dim)² for YaRN.
+//  * The softmax scale is score_head_dim^-0.5 (MLA: dn+dr; GQA: d), for MLA with YaRN times
+//    mscale(f, mscale_all_dim)² (DeepSeek's attention; Qwen3's does not).
 // Pairing: interleaved rotates (x[2i], x[2i+1]) by angle pos·inv_freq[i] (V2, and V3 with
 // rope_interleave; V3 then stores the result de-interleaved, which leaves every q·k product
 // unchanged, so this runtime keeps the interleaved layout); otherwise (x[i], x[i + dr/2]).

@@ -10,7 +10,9 @@ kernels::RouterSpec RouterSpecOf(const ModelConfig& c) {
   s.top_k = c.num_experts_per_tok;
   s.n_group = c.n_group;
   s.topk_group = c.topk_group;
-  s.norm_topk_prob = c.norm_topk_prob;
+  // transformers' DeepseekV2 never renormalises; V3 divides by (Σ + 1e-20), Qwen3 by Σ.
+  s.norm_topk_prob = c.model_type != ModelType::kDeepseekV2 && c.norm_topk_prob;
+  s.norm_eps = c.model_type == ModelType::kQwen3Moe ? 0.0f : 1e-20f;
   s.routed_scaling_factor = static_cast<float>(c.routed_scaling_factor);
   return s;
 }

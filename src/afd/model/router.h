@@ -7,6 +7,8 @@
 //    topk_group groups with the largest sum of their top-2 choice scores, others -inf; top-k of
 //    choice. Weight = s (unbiased), divided by (Σ + 1e-20) if norm_topk_prob, then always
 //    · routed_scaling_factor.
+//  * Qwen3 (softmax over all experts, greedy top-k): weight = score, divided by Σ (no epsilon)
+//    if norm_topk_prob; no scaling factor.
 // Ties are broken towards the lower index; NaN scores rank below every number. Per token, the
 // k selected ids are returned in ascending order with their weights. Each token is routed
 // alone (batch-invariant). The top-k itself is the backend op RouterTopk.

@@ -87,7 +87,28 @@ class Builder {
     return w;
   }
 
+  // Qwen3's q_proj, k_proj, v_proj read into one [(nH + 2·nKV)·d, H] matrix.
+  AttentionWeights GqaAttention(const std::string& p) {
+    const int64_t h = c_.hidden_size, nh = c_.num_attention_heads;
+    const int64_t kvh = c_.num_key_value_heads, d = c_.head_dim;
+    AttentionWeights a;
+    a.qkv_proj = Tensor::HostZeros(o_.matrix_dtype, {(nh + 2 * kvh) * d, h});
+    char* base = static_cast<char*>(a.qkv_proj.data());
+    const int64_t row_bytes = h * static_cast<int64_t>(DTypeSize(o_.matrix_dtype));
+    s_.Read(p + "q_proj.weight", {nh * d, h}, TensorKind::kLinear, o_.matrix_dtype, base);
+    s_.Read(p + "k_proj.weight", {kvh * d, h}, TensorKind::kLinear, o_.matrix_dtype,
+            base + nh * d * row_bytes);
+    s_.Read(p + "v_proj.weight", {kvh * d, h}, TensorKind::kLinear, o_.matrix_dtype,
+            base + (nh + kvh) * d * row_bytes);
+    progress_.Add(a.qkv_proj.nbytes());
+    a.q_norm = Vector(p + "q_norm.weight", d, TensorKind::kNorm);
+    a.k_norm = Vector(p + "k_norm.weight", d, TensorKind::kNorm);
+    a.o_proj = Mat(p + "o_proj.weight", h, nh * d, TensorKind::kLinear);
+    return a;
+  }
+
   AttentionWeights Attention(const std::string& p) {
+    if (c_.attention() == AttentionKind::kGqa) return GqaAttention(p);
     const int64_t h = c_.hidden_size, nh = c_.num_attention_heads;
     AttentionWeights a;
     if (c_.q_lora_rank == 0) {
@@ -242,7 +263,7 @@ void ForEachTensor(ModelWeights& w, const std::function<void(Tensor&)>& fn) {
   visit(w.lm_head);
   for (LayerWeights& l : w.layers) {
     for (Tensor* t :
-         {&l.attn.input_norm, &l.attn.q_proj, &l.attn.q_a_proj, &l.attn.q_a_norm, &l.attn.q_b_proj,
+         {&l.attn.input_norm, &l.attn.qkv_proj, &l.attn.q_norm, &l.attn.k_norm, &l.attn.q_proj, &l.attn.q_a_proj, &l.attn.q_a_norm, &l.attn.q_b_proj,
           &l.attn.kv_a_proj, &l.attn.kv_a_norm, &l.attn.kv_b_proj, &l.attn.o_proj,
           &l.post_attention_norm, &l.moe.gate, &l.moe.e_score_correction_bias}) {
       visit(*t);

@@ -1,5 +1,5 @@
-// The weights of a DeepSeek-V2/V3 model as Tensors in a backend's memory, and how they are read
-// from a checkpoint. Linear weights are [out, in] (y = x · Wᵀ). Big matrices are stored as
+// The weights of a DeepSeek-V2/V3 or Qwen3-MoE model as Tensors in a backend's memory, and how
+// they are read from a checkpoint. Linear weights are [out, in] (y = x · Wᵀ). Big matrices are stored as
 // `matrix_dtype` (fp32, or bf16 to halve memory); norms, kv_b_proj, the router gate and its bias
 // are always fp32: attention reads kv_b_proj per head and the router is tiny.
 #pragma once
@@ -20,6 +20,11 @@ class Checkpoint;
 
 struct AttentionWeights {
   Tensor input_norm;  // [H]
+  // GQA (Qwen3): q_proj, k_proj, v_proj stacked into one [(nH + 2·nKV)·d, H] matrix (rows: q of
+  // every head, then k, then v of every KV head); q_norm, k_norm [d] fp32; o_proj [H, nH·d].
+  Tensor qkv_proj;
+  Tensor q_norm, k_norm;
+  // MLA (DeepSeek):
   Tensor q_proj;      // [nH·(dn+dr), H], when q_lora_rank == 0
   Tensor q_a_proj;    // [q_lora, H], when q_lora_rank > 0
   Tensor q_a_norm;    // [q_lora]
@@ -27,7 +32,7 @@ struct AttentionWeights {
   Tensor kv_a_proj;   // [kv_lora + dr, H]
   Tensor kv_a_norm;   // [kv_lora]
   Tensor kv_b_proj;   // [nH·(dn+dv), kv_lora], fp32; per head: dn key rows, dv value rows
-  Tensor o_proj;      // [H, nH·dv]
+  Tensor o_proj;      // [H, nH·dv] (MLA), [H, nH·d] (GQA)
 };
 
 // gate/up fused: rows [0, I) are gate_proj, rows [I, 2I) up_proj.

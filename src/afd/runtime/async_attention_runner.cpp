@@ -8,7 +8,7 @@
 
 namespace afd::runtime {
 
-AsyncAttentionRunner::AsyncAttentionRunner(const model::DeepseekModel& model, comm::AfdWorld& world,
+AsyncAttentionRunner::AsyncAttentionRunner(const model::MoeModel& model, comm::AfdWorld& world,
                                            connector::AsyncConnector& connector, int tp,
                                            DboOptions dbo, CudaGraphOptions graphs)
     : model_(model), world_(world), connector_(connector), tp_(tp), dbo_(dbo) {
@@ -40,7 +40,7 @@ AsyncAttentionRunner::AsyncAttentionRunner(const model::DeepseekModel& model, co
     for (int i = 0; i < tp; ++i)
       replica.push_back(t.WorldRank({Role::kAttention, dp_rank * tp + i}));
     tp_comm_ = world.CreateGroup(fmt::format("attention_tp_{}", dp_rank), replica);
-    tp_group_ = std::make_unique<TpGroup>(*tp_comm_, heads, model.config().v_head_dim);
+    tp_group_ = std::make_unique<TpGroup>(*tp_comm_, heads, model.config().value_head_dim());
   }
   AFD_CHECK(!dbo.enabled || o.ring_depth >= 2,
             "--enable-dbo with {} needs two ring slots per peer: "
@@ -61,7 +61,7 @@ AsyncAttentionRunner::~AsyncAttentionRunner() = default;
 int64_t AsyncAttentionRunner::graph_steps() const { return graphs_ ? graphs_->graph_steps() : 0; }
 int64_t AsyncAttentionRunner::num_captures() const { return graphs_ ? graphs_->num_captures() : 0; }
 
-AsyncAttentionMoe::AsyncAttentionMoe(const model::DeepseekModel& model, comm::AfdWorld& world,
+AsyncAttentionMoe::AsyncAttentionMoe(const model::MoeModel& model, comm::AfdWorld& world,
                                      connector::AsyncConnector& connector, int tp, int tp_rank,
                                      TpGroup* tp_group)
     : model_(model),
@@ -353,7 +353,7 @@ Tensor AsyncAttentionRunner::Eager(const model::ForwardBatch& batch, kv::PagedKv
   loop.splits = SplitPoints(batch, ChooseStages(batch.size(), batch.HasPrefill()));
   loop.tp = tp_group_.get();
   const Tensor logits = model_.RunLayers(in, &cache, *moe_, ws, loop);
-  model::DeepseekModel::CommitBatch(batch, cache);
+  model::MoeModel::CommitBatch(batch, cache);
   last_dbo_ = loop.splits.size() > 2;
   moe_->EndStep();
   return logits;

@@ -53,7 +53,7 @@ namespace afd::runtime {
 class AsyncAttentionMoe : public model::MoeBackend {
  public:
   // All must outlive this; tp_group: null without tensor parallelism.
-  AsyncAttentionMoe(const model::DeepseekModel& model, comm::AfdWorld& world,
+  AsyncAttentionMoe(const model::MoeModel& model, comm::AfdWorld& world,
                     connector::AsyncConnector& connector, int tp, int tp_rank, TpGroup* tp_group);
 
   void Start(int64_t layer, int stage, const Tensor& hidden, const Tensor& out,
@@ -96,7 +96,7 @@ class AsyncAttentionMoe : public model::MoeBackend {
   // Rows of FFN rank f's reply: per-pair outputs (pairs) or one partial sum per row.
   int64_t ReplyRows(int f, int64_t n) const;
 
-  const model::DeepseekModel& model_;
+  const model::MoeModel& model_;
   comm::AfdWorld& world_;
   connector::AsyncConnector& connector_;
   int tp_, tp_rank_;
@@ -118,7 +118,7 @@ class AsyncAttentionRunner : public ReplicaRunner, private GraphedStep {
  public:
   // `model`, `world` and `connector` must outlive the runner. tp: the attention ranks of one
   // replica (tensor parallelism; > 1 on CPU ranks only).
-  AsyncAttentionRunner(const model::DeepseekModel& model, comm::AfdWorld& world,
+  AsyncAttentionRunner(const model::MoeModel& model, comm::AfdWorld& world,
                        connector::AsyncConnector& connector, int tp, DboOptions dbo = {},
                        CudaGraphOptions graphs = {});
   ~AsyncAttentionRunner() override;
@@ -149,7 +149,7 @@ class AsyncAttentionRunner : public ReplicaRunner, private GraphedStep {
   int EndCapture() override;
   void Replayed(int token) override;
 
-  const model::DeepseekModel& model_;
+  const model::MoeModel& model_;
   comm::AfdWorld& world_;
   connector::AsyncConnector& connector_;
   int tp_ = 1, tp_rank_ = 0;

@@ -21,7 +21,7 @@ struct AsyncFfnWorker::GraphMemory {
 
 AsyncFfnWorker::~AsyncFfnWorker() = default;
 
-AsyncFfnWorker::AsyncFfnWorker(const model::DeepseekModel& model, comm::AfdWorld& world,
+AsyncFfnWorker::AsyncFfnWorker(const model::MoeModel& model, comm::AfdWorld& world,
                                connector::AsyncConnector& connector, bool graphs)
     : model_(model),
       world_(world),

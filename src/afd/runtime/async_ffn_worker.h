@@ -37,7 +37,7 @@ class AsyncFfnWorker {
  public:
   // `model` must hold this rank's routed experts [expert_begin, expert_end) of the connector
   // and the shared experts. All arguments must outlive the worker.
-  AsyncFfnWorker(const model::DeepseekModel& model, comm::AfdWorld& world,
+  AsyncFfnWorker(const model::MoeModel& model, comm::AfdWorld& world,
                  connector::AsyncConnector& connector, bool graphs = true);
   ~AsyncFfnWorker();
 
@@ -58,7 +58,7 @@ class AsyncFfnWorker {
   // runs eagerly in the graphs' memory, sizing it).
   void ServeFromGraph(const connector::SlotHeader& h);
 
-  const model::DeepseekModel& model_;
+  const model::MoeModel& model_;
   comm::AfdWorld& world_;
   connector::AsyncConnector& connector_;
   int64_t begin_, end_;

@@ -15,7 +15,7 @@ constexpr int kTopkWeightsChannel = 2;
 
 }  // namespace
 
-P2pAttentionMoe::P2pAttentionMoe(const model::DeepseekModel& model, comm::AfdWorld& world,
+P2pAttentionMoe::P2pAttentionMoe(const model::MoeModel& model, comm::AfdWorld& world,
                                  connector::P2pConnector& connector, int tp, int tp_rank,
                                  TpGroup* tp_group)
     : model_(model),
@@ -93,7 +93,7 @@ std::vector<double> P2pAttentionMoe::TakeRoundTrips() {
   return out;
 }
 
-AttentionRunner::AttentionRunner(const model::DeepseekModel& model, comm::AfdWorld& world,
+AttentionRunner::AttentionRunner(const model::MoeModel& model, comm::AfdWorld& world,
                                  connector::P2pConnector& connector, int tp, DboOptions dbo)
     : model_(model),
       world_(world),
@@ -126,7 +126,7 @@ AttentionRunner::AttentionRunner(const model::DeepseekModel& model, comm::AfdWor
       replica.push_back(t.WorldRank({Role::kAttention, dp_rank * tp + i}));
     }
     tp_comm_ = world.CreateGroup(fmt::format("attention_tp_{}", dp_rank), replica);
-    tp_group_ = std::make_unique<TpGroup>(*tp_comm_, heads, model.config().v_head_dim);
+    tp_group_ = std::make_unique<TpGroup>(*tp_comm_, heads, model.config().value_head_dim());
   }
   moe_ = std::make_unique<P2pAttentionMoe>(model, world, connector, tp, tp_rank_, tp_group_.get());
 }
@@ -184,7 +184,7 @@ Tensor AttentionRunner::Forward(const model::ForwardBatch& batch, kv::PagedKvCac
   SendMetadata(v, stages, 0);
   const model::StepInputs in = batch.size() > 0 ? model_.Upload(batch, ws) : model::StepInputs{};
   Tensor logits = RunLayers(in, &cache, stages, ws);
-  model::DeepseekModel::CommitBatch(batch, cache);
+  model::MoeModel::CommitBatch(batch, cache);
   ++steps_;
   dbo_steps_ += stages > 1;
   return logits;

@@ -55,7 +55,7 @@ struct DboOptions {
 class P2pAttentionMoe : public model::MoeBackend {
  public:
   // All must outlive this; tp_group: null without tensor parallelism.
-  P2pAttentionMoe(const model::DeepseekModel& model, comm::AfdWorld& world,
+  P2pAttentionMoe(const model::MoeModel& model, comm::AfdWorld& world,
                   connector::P2pConnector& connector, int tp, int tp_rank, TpGroup* tp_group);
 
   void Start(int64_t layer, int stage, const Tensor& hidden, const Tensor& out,
@@ -77,7 +77,7 @@ class P2pAttentionMoe : public model::MoeBackend {
   };
   InFlight& StageState(int stage);
 
-  const model::DeepseekModel& model_;
+  const model::MoeModel& model_;
   comm::AfdWorld& world_;
   connector::P2pConnector& connector_;
   int tp_, tp_rank_;
@@ -93,7 +93,7 @@ class AttentionRunner : public ReplicaRunner {
  public:
   // Collective: forms the attention-world group (all attention ranks) and this replica's TP
   // group. `model`, `world` and `connector` must outlive the runner. tp: ranks per replica.
-  AttentionRunner(const model::DeepseekModel& model, comm::AfdWorld& world,
+  AttentionRunner(const model::MoeModel& model, comm::AfdWorld& world,
                   connector::P2pConnector& connector, int tp, DboOptions dbo = {});
 
   Tensor Forward(const model::ForwardBatch& batch, kv::PagedKvCache& cache, Workspace& ws) override;
@@ -123,7 +123,7 @@ class AttentionRunner : public ReplicaRunner {
   // micro-batches of SplitSizes(n, stages).
   Tensor RunLayers(const model::StepInputs& in, kv::PagedKvCache* cache, int stages, Workspace& ws);
 
-  const model::DeepseekModel& model_;
+  const model::MoeModel& model_;
   comm::AfdWorld& world_;
   connector::P2pConnector& connector_;
   int tp_, tp_rank_;

@@ -21,7 +21,7 @@ double Now() {
 double Bytes(const Tensor& t) { return t.empty() ? 0.0 : static_cast<double>(t.nbytes()); }
 
 // Bytes a decode step of `batch` sequences reads from the weights.
-double WeightBytes(const model::DeepseekModel& m, int64_t batch) {
+double WeightBytes(const model::MoeModel& m, int64_t batch) {
   const model::ModelConfig& c = m.config();
   const model::ModelWeights& w = m.weights();
   double total =
@@ -113,14 +113,14 @@ constexpr int64_t kWarmupSteps = 2;
 
 }  // namespace
 
-double PrefillFlopsPerToken(const model::DeepseekModel& m, int64_t context) {
+double PrefillFlopsPerToken(const model::MoeModel& m, int64_t context) {
   const model::ModelConfig& c = m.config();
   const model::ModelWeights& w = m.weights();
   double macs = static_cast<double>(w.lm_head.numel()) / static_cast<double>(context);
   const double mean_prefix = (static_cast<double>(context) + 1.0) / 2.0;
   for (const model::LayerWeights& l : w.layers) {
-    for (const Tensor* t : {&l.attn.q_proj, &l.attn.q_a_proj, &l.attn.q_b_proj, &l.attn.kv_a_proj,
-                            &l.attn.kv_b_proj, &l.attn.o_proj, &l.dense.gate_up, &l.dense.down,
+    for (const Tensor* t : {&l.attn.qkv_proj, &l.attn.q_proj, &l.attn.q_a_proj, &l.attn.q_b_proj,
+                            &l.attn.kv_a_proj, &l.attn.kv_b_proj, &l.attn.o_proj, &l.dense.gate_up, &l.dense.down,
                             &l.moe.gate, &l.moe.shared.gate_up, &l.moe.shared.down}) {
       macs += static_cast<double>(t->numel());
     }
@@ -128,8 +128,12 @@ double PrefillFlopsPerToken(const model::DeepseekModel& m, int64_t context) {
       macs += static_cast<double>(c.num_experts_per_tok) *
               static_cast<double>(l.moe.experts.gate_up[0].numel() + l.moe.experts.down[0].numel());
     }
-    macs += static_cast<double>(c.num_attention_heads) * mean_prefix *
-            static_cast<double>(2 * c.kv_lora_rank + c.qk_rope_head_dim);
+    // Scores and P·V per head over the mean prefix: MLA's absorbed form reads the latent twice
+    // and the rope key once; GQA's q·k and p·v are d each.
+    const double per_head = c.attention() == model::AttentionKind::kGqa
+                                ? 2.0 * static_cast<double>(c.head_dim)
+                                : static_cast<double>(2 * c.kv_lora_rank + c.qk_rope_head_dim);
+    macs += static_cast<double>(c.num_attention_heads) * mean_prefix * per_head;
   }
   return 2.0 * macs;
 }
@@ -152,7 +156,7 @@ double MeasureCopyBandwidth(kernels::Backend& backend) {
   return best;
 }
 
-BenchDecodeResult BenchDecode(const model::DeepseekModel& model, const BenchDecodeOptions& o) {
+BenchDecodeResult BenchDecode(const model::MoeModel& model, const BenchDecodeOptions& o) {
   const model::ModelConfig& c = model.config();
   AFD_CHECK(!o.batch_sizes.empty(), "bench decode: no batch sizes");
   AFD_CHECK(o.context >= 1 && o.steps >= 1,

@@ -47,7 +47,7 @@ struct BenchDecodeOptions {
 // the multiply-adds of the weight matrices a token goes through (absorbed MLA's W_k and W_v, the
 // top-k routed and the shared experts, the router), of attention over its prefix (scores over
 // kv_lora + rope dims, P·V over kv_lora) and of the LM head once per prompt.
-double PrefillFlopsPerToken(const model::DeepseekModel& model, int64_t context);
+double PrefillFlopsPerToken(const model::MoeModel& model, int64_t context);
 
 struct BenchDecodeRow {
   int64_t batch = 0;
@@ -87,6 +87,6 @@ struct BenchDecodeResult {
 double MeasureCopyBandwidth(kernels::Backend& backend);
 
 // The model must hold every expert. Throws afd::Error for bad options.
-BenchDecodeResult BenchDecode(const model::DeepseekModel& model, const BenchDecodeOptions& options);
+BenchDecodeResult BenchDecode(const model::MoeModel& model, const BenchDecodeOptions& options);
 
 }  // namespace afd::runtime

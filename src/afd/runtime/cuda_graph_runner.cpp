@@ -62,7 +62,7 @@ void PackStepInputs(const model::ForwardBatch& batch, const PackedStepInputs& la
   }
 }
 
-CudaGraphRunner::CudaGraphRunner(const model::DeepseekModel& model, CudaGraphOptions options)
+CudaGraphRunner::CudaGraphRunner(const model::MoeModel& model, CudaGraphOptions options)
     : model_(model),
       local_(std::make_unique<LocalStep>(model)),
       step_(*local_),
@@ -73,7 +73,7 @@ CudaGraphRunner::CudaGraphRunner(const model::DeepseekModel& model, CudaGraphOpt
   sizes_.erase(std::unique(sizes_.begin(), sizes_.end()), sizes_.end());
 }
 
-CudaGraphRunner::CudaGraphRunner(const model::DeepseekModel& model, GraphedStep& step,
+CudaGraphRunner::CudaGraphRunner(const model::MoeModel& model, GraphedStep& step,
                                  CudaGraphOptions options)
     : model_(model),
       step_(step),
@@ -179,7 +179,7 @@ Tensor CudaGraphRunner::Forward(const model::ForwardBatch& batch, kv::PagedKvCac
   }
   g.graph->Replay();
   step_.Replayed(g.token);
-  model::DeepseekModel::CommitBatch(batch, cache);
+  model::MoeModel::CommitBatch(batch, cache);
   ++graph_steps_;  // ws is not used: the graph's tensors live in its own workspace
   return g.logits.Rows(0, n);
 }

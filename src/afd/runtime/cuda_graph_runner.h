@@ -78,9 +78,9 @@ class GraphedStep {
 class CudaGraphRunner : public StepRunner {
  public:
   // `model` must outlive the runner and hold every expert. Throws afd::Error for a size < 1.
-  CudaGraphRunner(const model::DeepseekModel& model, CudaGraphOptions options);
+  CudaGraphRunner(const model::MoeModel& model, CudaGraphOptions options);
   // The graphs capture `step` (which must outlive the runner) instead of the in-process model.
-  CudaGraphRunner(const model::DeepseekModel& model, GraphedStep& step, CudaGraphOptions options);
+  CudaGraphRunner(const model::MoeModel& model, GraphedStep& step, CudaGraphOptions options);
   ~CudaGraphRunner() override;
 
   Tensor Forward(const model::ForwardBatch& batch, kv::PagedKvCache& cache, Workspace& ws) override;
@@ -99,7 +99,7 @@ class CudaGraphRunner : public StepRunner {
   // The in-process step (the default GraphedStep).
   class LocalStep : public GraphedStep {
    public:
-    explicit LocalStep(const model::DeepseekModel& model) : model_(model), moe_(model) {}
+    explicit LocalStep(const model::MoeModel& model) : model_(model), moe_(model) {}
     Tensor Eager(const model::ForwardBatch& batch, kv::PagedKvCache& cache,
                  Workspace& ws) override {
       return model_.Forward(batch, cache, moe_, ws);
@@ -109,11 +109,11 @@ class CudaGraphRunner : public StepRunner {
     }
 
    private:
-    const model::DeepseekModel& model_;
+    const model::MoeModel& model_;
     model::LocalMoeBackend moe_;
   };
 
-  const model::DeepseekModel& model_;
+  const model::MoeModel& model_;
   std::unique_ptr<LocalStep> local_;  // null when a step was given
   GraphedStep& step_;
   std::vector<int64_t> sizes_;  // ascending, unique

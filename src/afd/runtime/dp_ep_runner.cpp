@@ -16,7 +16,7 @@ void ExpertParallelMoeBackend::Start(int64_t layer, int /*stage*/, const Tensor&
 }
 
 DataParallelExpertParallelRunner::DataParallelExpertParallelRunner(
-    const model::DeepseekModel& model, comm::Communicator& group, comm::Communicator& rows)
+    const model::MoeModel& model, comm::Communicator& group, comm::Communicator& rows)
     : model_(model),
       group_(group),
       ep_(model, group, rows),

@@ -33,7 +33,7 @@ namespace afd::runtime {
 // The MoE of one rank of a DP+EP deployment: the router here, then ExpertParallelMoe.
 class ExpertParallelMoeBackend : public model::MoeBackend {
  public:
-  ExpertParallelMoeBackend(const model::DeepseekModel& model, ExpertParallelMoe& ep)
+  ExpertParallelMoeBackend(const model::MoeModel& model, ExpertParallelMoe& ep)
       : model_(model), ep_(ep) {}
   void Start(int64_t layer, int stage, const Tensor& hidden, const Tensor& out,
              Workspace& ws) override;
@@ -41,7 +41,7 @@ class ExpertParallelMoeBackend : public model::MoeBackend {
   bool RunsEmptySteps() const override { return true; }
 
  private:
-  const model::DeepseekModel& model_;
+  const model::MoeModel& model_;
   ExpertParallelMoe& ep_;
 };
 
@@ -49,7 +49,7 @@ class DataParallelExpertParallelRunner : public ReplicaRunner {
  public:
   // Collective over `group` (all ranks): `rows` carries the MoE rows (the same group on the CPU,
   // a device communicator on a GPU; ExpertParallelMoe). All must outlive the runner.
-  DataParallelExpertParallelRunner(const model::DeepseekModel& model, comm::Communicator& group,
+  DataParallelExpertParallelRunner(const model::MoeModel& model, comm::Communicator& group,
                                    comm::Communicator& rows);
 
   // One step of this rank's sequences, in lockstep with the other ranks' steps.
@@ -72,7 +72,7 @@ class DataParallelExpertParallelRunner : public ReplicaRunner {
   std::pair<int64_t, int64_t> Exchange(bool has_tokens, bool active);
   void EmptyStep();
 
-  const model::DeepseekModel& model_;
+  const model::MoeModel& model_;
   comm::Communicator& group_;
   ExpertParallelMoe ep_;
   ExpertParallelMoeBackend moe_;

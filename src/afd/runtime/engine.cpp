@@ -53,7 +53,7 @@ std::vector<TopLogprob> TopK(const std::vector<float>& row, int64_t k, double lo
 
 }  // namespace
 
-Engine::Engine(const model::DeepseekModel& model, StepRunner& runner, const EngineOptions& options)
+Engine::Engine(const model::MoeModel& model, StepRunner& runner, const EngineOptions& options)
     : model_(model), runner_(runner), ws_(model.backend()) {
   const model::ModelConfig& c = model.config();
   AFD_CHECK(options.num_kv_blocks > 0, "the engine needs KV cache blocks (num_kv_blocks {})",

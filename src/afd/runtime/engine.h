@@ -75,7 +75,7 @@ struct GenerationStats {
 class Engine {
  public:
   // `model` and `runner` must outlive the engine. Throws afd::Error for bad options.
-  Engine(const model::DeepseekModel& model, StepRunner& runner, const EngineOptions& options);
+  Engine(const model::MoeModel& model, StepRunner& runner, const EngineOptions& options);
   ~Engine();
 
   // Queues a request under `id` (unique among live requests). Bad parameters (empty prompt,
@@ -136,7 +136,7 @@ class Engine {
   void Finish(int64_t index, FinishReason reason, std::vector<RequestOutput>& out,
               const std::string& error = {});
 
-  const model::DeepseekModel& model_;
+  const model::MoeModel& model_;
   StepRunner& runner_;
   int64_t max_model_len_ = 0;
   std::unique_ptr<kv::PagedKvCache> cache_;

@@ -8,7 +8,7 @@
 
 namespace afd::runtime {
 
-ExpertParallelMoe::ExpertParallelMoe(const model::DeepseekModel& model, comm::Communicator& ep,
+ExpertParallelMoe::ExpertParallelMoe(const model::MoeModel& model, comm::Communicator& ep,
                                      comm::Communicator& ep_rows)
     : model_(model), ep_(ep), ep_rows_(ep_rows) {
   AFD_CHECK(ep_rows.size() == ep.size() && ep_rows.rank() == ep.rank(),

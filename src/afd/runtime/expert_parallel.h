@@ -33,7 +33,7 @@ class ExpertParallelMoe {
   // `model`, `ep` and `ep_rows` (same group, same ranks; may be `ep` itself) must outlive this.
   // The experts this rank owns (and the shared experts) must be loaded in the model. Collective
   // over `ep`: checks that every rank has the same number of routed experts (throws naming it).
-  ExpertParallelMoe(const model::DeepseekModel& model, comm::Communicator& ep,
+  ExpertParallelMoe(const model::MoeModel& model, comm::Communicator& ep,
                     comm::Communicator& ep_rows);
 
   int64_t expert_begin() const { return begin_; }
@@ -45,7 +45,7 @@ class ExpertParallelMoe {
                const Tensor& out, Workspace& ws);
 
  private:
-  const model::DeepseekModel& model_;
+  const model::MoeModel& model_;
   comm::Communicator& ep_;
   comm::Communicator& ep_rows_;
   std::vector<int> owner_;  // [E] owning EP rank of each expert

@@ -14,7 +14,7 @@ constexpr int kTopkWeightsChannel = 2;
 constexpr double kIdlePollSeconds = 0.2;
 }  // namespace
 
-FfnWorker::FfnWorker(const model::DeepseekModel& model, comm::AfdWorld& world,
+FfnWorker::FfnWorker(const model::MoeModel& model, comm::AfdWorld& world,
                      connector::P2pConnector& connector)
     : model_(model), world_(world), connector_(connector), ws_(model.backend()) {
   AFD_CHECK(world.self().role == Role::kFfn, "FfnWorker on an attention rank");

@@ -21,7 +21,7 @@ namespace afd::runtime {
 class FfnWorker {
  public:
   // Collective over the FFN ranks: forms the expert-parallel group "ffn_ep".
-  FfnWorker(const model::DeepseekModel& model, comm::AfdWorld& world,
+  FfnWorker(const model::MoeModel& model, comm::AfdWorld& world,
             connector::P2pConnector& connector);
 
   // Serves steps until the shutdown step. Returns the number of steps served.
@@ -33,7 +33,7 @@ class FfnWorker {
  private:
   void MoeLayer(int64_t layer, int stage, const connector::StepMetadata& meta);
 
-  const model::DeepseekModel& model_;
+  const model::MoeModel& model_;
   comm::AfdWorld& world_;
   connector::P2pConnector& connector_;
   std::unique_ptr<comm::Communicator> ep_group_;       // counts (host transport)

@@ -32,10 +32,10 @@ void Validate(const model::ModelConfig& c, const std::vector<std::vector<int32_t
 
 }  // namespace
 
-Generator::Generator(const model::DeepseekModel& model)
+Generator::Generator(const model::MoeModel& model)
     : model_(model), local_(std::make_unique<LocalStepRunner>(model)), runner_(*local_) {}
 
-Generator::Generator(const model::DeepseekModel& model, StepRunner& runner)
+Generator::Generator(const model::MoeModel& model, StepRunner& runner)
     : model_(model), runner_(runner) {}
 
 std::vector<GenerationResult> Generator::Generate(const std::vector<std::vector<int32_t>>& prompts,

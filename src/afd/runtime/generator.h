@@ -1,4 +1,4 @@
-// Generation of a fixed set of prompts on one DeepseekModel: every prompt is queued at once on
+// Generation of a fixed set of prompts on one MoeModel: every prompt is queued at once on
 // a serving engine (runtime/engine.h: continuous batching over the paged latent cache) that
 // steps until all are done. Stops a sequence at max_tokens or after it emits EOS (unless
 // ignore_eos). Every token is computed alone, so results do not depend on how sequences were
@@ -52,9 +52,9 @@ struct GenerationResult {
 class Generator {
  public:
   // In process. `model` must outlive the generator.
-  explicit Generator(const model::DeepseekModel& model);
+  explicit Generator(const model::MoeModel& model);
   // Steps run through `runner`, which must outlive the generator.
-  Generator(const model::DeepseekModel& model, StepRunner& runner);
+  Generator(const model::MoeModel& model, StepRunner& runner);
 
   // Throws afd::Error for an empty prompt, ids outside the vocabulary, bad sampling parameters,
   // or prompt + max_tokens beyond max_position_embeddings.
@@ -63,7 +63,7 @@ class Generator {
                                          GenerationStats* stats = nullptr);
 
  private:
-  const model::DeepseekModel& model_;
+  const model::MoeModel& model_;
   std::unique_ptr<LocalStepRunner> local_;  // set by the first constructor only
   StepRunner& runner_;
 };

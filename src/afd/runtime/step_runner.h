@@ -47,15 +47,15 @@ class ReplicaRunner : public StepRunner {
 class LocalStepRunner : public StepRunner {
  public:
   // `model` must outlive the runner; it must hold every expert.
-  explicit LocalStepRunner(const model::DeepseekModel& model) : model_(model), moe_(model) {}
+  explicit LocalStepRunner(const model::MoeModel& model) : model_(model), moe_(model) {}
   Tensor Forward(const model::ForwardBatch& batch, kv::PagedKvCache& cache,
                  Workspace& ws) override {
     return model_.Forward(batch, cache, moe_, ws);
   }
-  bool TakesDeviceIds() const override { return true; }  // DeepseekModel::Upload takes them
+  bool TakesDeviceIds() const override { return true; }  // MoeModel::Upload takes them
 
  private:
-  const model::DeepseekModel& model_;
+  const model::MoeModel& model_;
   model::LocalMoeBackend moe_;
 };
 

@@ -8,7 +8,7 @@
 
 namespace afd::server {
 
-LocalEngineClient::LocalEngineClient(const model::DeepseekModel& model, runtime::StepRunner& runner,
+LocalEngineClient::LocalEngineClient(const model::MoeModel& model, runtime::StepRunner& runner,
                                      const runtime::EngineOptions& options)
     : model_(model), engine_(model, runner, options) {
   const model::ModelConfig& c = model.config();

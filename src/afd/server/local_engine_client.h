@@ -24,7 +24,7 @@ class LocalEngineClient : public EngineClient {
  public:
   // `model` and `runner` must outlive the client. Starts the engine thread. Throws
   // afd::Error for bad options.
-  LocalEngineClient(const model::DeepseekModel& model, runtime::StepRunner& runner,
+  LocalEngineClient(const model::MoeModel& model, runtime::StepRunner& runner,
                     const runtime::EngineOptions& options);
   // Stops the thread; requests still live get an error output ("the engine stopped").
   ~LocalEngineClient() override;
@@ -46,7 +46,7 @@ class LocalEngineClient : public EngineClient {
   // Ends every live request with an error output (callbacks called without the lock held).
   void FailAll(const std::string& why);
 
-  const model::DeepseekModel& model_;
+  const model::MoeModel& model_;
   EngineModelInfo info_;
   runtime::Engine engine_;  // used by the engine thread only (after construction)
   mutable Mutex mu_;

@@ -8,6 +8,7 @@
 #include "afd/common/error.h"
 #include "afd/kernels/afd_exchange.h"
 #include "afd/kernels/cpu/gemm.h"
+#include "afd/kernels/cpu/gqa.h"
 #include "afd/kernels/cpu/mla.h"
 #include "afd/kernels/cpu/moe.h"
 #include "afd/kernels/cpu/ops.h"
@@ -35,6 +36,33 @@ PagedTokens Paged(const AttentionTokens& t) {
 RopeParams Params(const RopeSpec& r) {
   return {r.inv_freq.data_as<const float>(), 2 * r.inv_freq.numel(), r.attention_factor,
           r.interleave};
+}
+
+// Every token's cache slot (negative: none) inside the cache of `slots` rows.
+void CheckSlots(const char* op, const AttentionTokens& tokens, int64_t n, int64_t slots) {
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t slot = tokens.slot_mapping.data_as<const int64_t>()[i];
+    AFD_CHECK(slot < slots, "{}: slot {} outside the cache of {}", op, slot, slots);
+  }
+}
+
+// Every token's sequence row and position inside the block tables, and the blocks of its
+// context inside the cache of `slots` rows.
+void CheckContext(const char* op, const AttentionTokens& tokens, int64_t n, int64_t slots) {
+  const int64_t max_blocks = tokens.block_tables.dim(1);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t pos = tokens.positions.data_as<const int64_t>()[i];
+    const int32_t seq = tokens.seq_index.data_as<const int32_t>()[i];
+    AFD_CHECK(seq >= 0 && seq < tokens.block_tables.dim(0) && pos >= 0 &&
+                  pos < max_blocks * tokens.block_size,
+              "{}: token {} (sequence row {}, position {}) outside the block tables {}", op, i,
+              seq, pos, tokens.block_tables.ToString());
+    for (int64_t b = 0; b <= pos / tokens.block_size; ++b) {
+      const int32_t block = tokens.block_tables.data_as<const int32_t>()[seq * max_blocks + b];
+      AFD_CHECK(block >= 0 && (block + 1) * tokens.block_size <= slots,
+                "{}: block {} outside the cache of {} slots", op, block, slots);
+    }
+  }
 }
 
 }  // namespace
@@ -129,11 +157,7 @@ void CpuBackend::MlaCacheWrite(const Tensor& ckv, const Tensor& norm_w, float ep
                                const AttentionTokens& tokens, const RopeSpec& rope,
                                const Tensor& cache) {
   const auto [n, kvr, width] = CheckMlaCacheWrite(kCpu, ckv, norm_w, tokens, rope, cache);
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t slot = tokens.slot_mapping.data_as<const int64_t>()[i];
-    AFD_CHECK(slot < cache.dim(0), "MlaCacheWrite: slot {} outside the cache of {}", slot,
-              cache.dim(0));
-  }
+  CheckSlots("MlaCacheWrite", tokens, n, cache.dim(0));
   cpu::MlaCacheWrite(ckv.data_as<const float>(), n, kvr, norm_w.data_as<const float>(), eps,
                      Paged(tokens), Params(rope), cache.data(), cache.dtype() == DType::kBF16);
 }
@@ -143,23 +167,32 @@ void CpuBackend::MlaAttention(const Tensor& q, const Tensor& kv_b, const Attenti
                               int64_t dv, float scale, const Tensor& out) {
   const auto [n, heads, kvr, dr] =
       CheckMlaAttention(kCpu, q, kv_b, tokens, cache, head_begin, head_end, dn, dv, out);
-  const int64_t slots = cache.dim(0), max_blocks = tokens.block_tables.dim(1);
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t pos = tokens.positions.data_as<const int64_t>()[i];
-    const int32_t seq = tokens.seq_index.data_as<const int32_t>()[i];
-    AFD_CHECK(seq >= 0 && seq < tokens.block_tables.dim(0) && pos >= 0 &&
-                  pos < max_blocks * tokens.block_size,
-              "MlaAttention: token {} (sequence row {}, position {}) outside the block tables {}",
-              i, seq, pos, tokens.block_tables.ToString());
-    for (int64_t b = 0; b <= pos / tokens.block_size; ++b) {
-      const int32_t block = tokens.block_tables.data_as<const int32_t>()[seq * max_blocks + b];
-      AFD_CHECK(block >= 0 && (block + 1) * tokens.block_size <= slots,
-                "MlaAttention: block {} outside the cache of {} slots", block, slots);
-    }
-  }
+  CheckContext("MlaAttention", tokens, n, cache.dim(0));
   cpu::MlaAttention(q.data_as<const float>(), n, heads, kv_b.data_as<const float>(), kvr, dn, dr,
                     dv, Paged(tokens), cache.data(), cache.dtype() == DType::kBF16, head_begin,
                     head_end, scale, out.data_as<float>());
+}
+
+void CpuBackend::GqaCacheWrite(const Tensor& qkv, const Tensor& q_norm, const Tensor& k_norm,
+                               float eps, const AttentionTokens& tokens, const RopeSpec& rope,
+                               const Tensor& q, const Tensor& cache) {
+  const auto [n, heads, kvh, d] =
+      CheckGqaCacheWrite(kCpu, qkv, q_norm, k_norm, tokens, rope, q, cache);
+  CheckSlots("GqaCacheWrite", tokens, n, cache.dim(0));
+  cpu::GqaCacheWrite(qkv.data_as<const float>(), n, heads, kvh, d, q_norm.data_as<const float>(),
+                     k_norm.data_as<const float>(), eps, Paged(tokens), Params(rope),
+                     q.data_as<float>(), cache.data(), cache.dtype() == DType::kBF16);
+}
+
+void CpuBackend::GqaAttention(const Tensor& q, const AttentionTokens& tokens, const Tensor& cache,
+                              int64_t num_kv_heads, int64_t head_begin, int64_t head_end,
+                              float scale, const Tensor& out) {
+  const auto [n, heads, kvh, d] =
+      CheckGqaAttention(kCpu, q, tokens, cache, num_kv_heads, head_begin, head_end, out);
+  CheckContext("GqaAttention", tokens, n, cache.dim(0));
+  cpu::GqaAttention(q.data_as<const float>(), n, heads, kvh, d, Paged(tokens), cache.data(),
+                    cache.dtype() == DType::kBF16, head_begin, head_end, scale,
+                    out.data_as<float>());
 }
 
 void CpuBackend::RouterTopk(const Tensor& logits, const Tensor& bias, const RouterSpec& spec,

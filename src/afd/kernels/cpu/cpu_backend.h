@@ -35,6 +35,12 @@ class CpuBackend : public Backend {
   void MlaAttention(const Tensor& q, const Tensor& kv_b, const AttentionTokens& tokens,
                     const Tensor& cache, int64_t head_begin, int64_t head_end, int64_t dn,
                     int64_t dv, float scale, const Tensor& out) override;
+  void GqaCacheWrite(const Tensor& qkv, const Tensor& q_norm, const Tensor& k_norm, float eps,
+                     const AttentionTokens& tokens, const RopeSpec& rope, const Tensor& q,
+                     const Tensor& cache) override;
+  void GqaAttention(const Tensor& q, const AttentionTokens& tokens, const Tensor& cache,
+                    int64_t num_kv_heads, int64_t head_begin, int64_t head_end, float scale,
+                    const Tensor& out) override;
   void RouterTopk(const Tensor& logits, const Tensor& bias, const RouterSpec& spec,
                   const Tensor& ids, const Tensor& weights) override;
   void MoePermute(const Tensor& ids, int64_t begin, int64_t num_local, const Tensor& offsets,

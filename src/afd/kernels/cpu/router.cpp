@@ -86,10 +86,10 @@ void RouterTopk(const float* logits, int64_t n, int64_t num_experts, const float
       // V2 keeps the (masked) softmax score, which equals the score for a kept expert.
       wt[j] = scores[ids[j]];
     }
-    if (spec.scoring == RouterScoring::kSigmoid && spec.norm_topk_prob) {
+    if (spec.norm_topk_prob) {
       float sum = 0.0f;
       for (int64_t j = 0; j < k; ++j) sum += wt[j];
-      for (int64_t j = 0; j < k; ++j) wt[j] /= (sum + 1e-20f);
+      for (int64_t j = 0; j < k; ++j) wt[j] /= (sum + spec.norm_eps);
     }
     for (int64_t j = 0; j < k; ++j) wt[j] *= spec.routed_scaling_factor;
   }

@@ -132,6 +132,7 @@ enum ScratchSlot {
   kMlaPrefillKv,
   kPermuteCounts,  // MoePermute over many slots: per-block expert counts
   kSampleReduce,
+  kGqaPartial,
   kNumSlots
 };
 
@@ -774,10 +775,41 @@ RouterArgs ToRouterArgs(const RouterSpec& spec) {
           spec.n_group,
           spec.topk_group,
           spec.norm_topk_prob,
+          spec.norm_eps,
           spec.routed_scaling_factor};
 }
 
 }  // namespace
+
+void CudaBackend::GqaCacheWrite(const Tensor& qkv, const Tensor& q_norm, const Tensor& k_norm,
+                                float eps, const AttentionTokens& tokens, const RopeSpec& rope,
+                                const Tensor& q, const Tensor& cache) {
+  const auto [n, heads, kvh, d] =
+      CheckGqaCacheWrite(device(), qkv, q_norm, k_norm, tokens, rope, q, cache);
+  const OpScope scope(*this, "GqaCacheWrite", {n, heads + kvh});
+  LaunchGqaCacheWrite(qkv.data_as<const float>(), n, heads, kvh, d, q_norm.data_as<const float>(),
+                      k_norm.data_as<const float>(), eps, Paged(tokens), cuda::Rope(rope),
+                      q.data_as<float>(), cache.data(), cache.dtype() == DType::kBF16,
+                      state_->stream);
+}
+
+void CudaBackend::GqaAttention(const Tensor& q, const AttentionTokens& tokens,
+                               const Tensor& cache, int64_t num_kv_heads, int64_t head_begin,
+                               int64_t head_end, float scale, const Tensor& out) {
+  const auto [n, heads, kvh, d] =
+      CheckGqaAttention(device(), q, tokens, cache, num_kv_heads, head_begin, head_end, out);
+  const OpScope scope(*this, "GqaAttention", {n, head_end - head_begin});
+  const int64_t max_context =
+      tokens.max_context > 0 ? tokens.max_context : tokens.block_tables.dim(1) * tokens.block_size;
+  const int64_t splits =
+      GqaSplits(n, heads, kvh, head_begin, head_end, max_context, state_->sm_count);
+  const int64_t floats = GqaPartialFloats(n, head_end - head_begin, splits, d);
+  float* partial =
+      floats > 0 ? static_cast<float*>(Scratch(kGqaPartial, floats * sizeof(float))) : nullptr;
+  LaunchGqaAttention(q.data_as<const float>(), n, heads, kvh, d, Paged(tokens), cache.data(),
+                     cache.dtype() == DType::kBF16, head_begin, head_end, scale, splits, partial,
+                     out.data_as<float>(), state_->stream);
+}
 
 void CudaBackend::RouterTopk(const Tensor& logits, const Tensor& bias, const RouterSpec& spec,
                              const Tensor& ids, const Tensor& weights) {

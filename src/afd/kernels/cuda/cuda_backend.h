@@ -60,6 +60,12 @@ class CudaBackend : public Backend {
   void MlaAttention(const Tensor& q, const Tensor& kv_b, const AttentionTokens& tokens,
                     const Tensor& cache, int64_t head_begin, int64_t head_end, int64_t dn,
                     int64_t dv, float scale, const Tensor& out) override;
+  void GqaCacheWrite(const Tensor& qkv, const Tensor& q_norm, const Tensor& k_norm, float eps,
+                     const AttentionTokens& tokens, const RopeSpec& rope, const Tensor& q,
+                     const Tensor& cache) override;
+  void GqaAttention(const Tensor& q, const AttentionTokens& tokens, const Tensor& cache,
+                    int64_t num_kv_heads, int64_t head_begin, int64_t head_end, float scale,
+                    const Tensor& out) override;
   void RouterTopk(const Tensor& logits, const Tensor& bias, const RouterSpec& spec,
                   const Tensor& ids, const Tensor& weights) override;
   void RouterGateTopk(const Tensor& hidden, const Tensor& gate, const Tensor& bias,

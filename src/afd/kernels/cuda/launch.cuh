@@ -160,6 +160,24 @@ void LaunchMlaPrefill(const float* q, int64_t n, int64_t heads, int64_t h0, int6
                       const void* ctx, int64_t width, int64_t kvr, int64_t max_context, float scale,
                       float* out, cudaStream_t s);
 
+// gqa.cu: GQA over the paged key/value cache (kernels/backend.h GqaCacheWrite, GqaAttention);
+// head_dim <= kGqaMaxHeadDim.
+inline constexpr int64_t kGqaMaxHeadDim = 256;
+void LaunchGqaCacheWrite(const float* qkv, int64_t n, int64_t heads, int64_t kvh, int64_t d,
+                         const float* q_norm, const float* k_norm, float eps, const PagedArgs& t,
+                         const RopeArgs& rope, float* q, void* cache, bool bf16_cache,
+                         cudaStream_t s);
+// Context splits for n tokens over heads [h0, h1) of a max_context-long context (fixed in a
+// captured graph; each token's own length is split the same way on the device).
+int64_t GqaSplits(int64_t n, int64_t heads, int64_t kvh, int64_t h0, int64_t h1,
+                  int64_t max_context, int sm_count);
+int64_t GqaPartialFloats(int64_t n, int64_t nh, int64_t splits, int64_t d);
+// partial: GqaPartialFloats(...) floats of device scratch (unused for one split).
+void LaunchGqaAttention(const float* q, int64_t n, int64_t heads, int64_t kvh, int64_t d,
+                        const PagedArgs& t, const void* cache, bool bf16_cache, int64_t h0,
+                        int64_t h1, float scale, int64_t splits, float* partial, float* out,
+                        cudaStream_t s);
+
 // router.cu: one warp per token; num_experts <= kMaxRouterExperts.
 inline constexpr int kMaxRouterExperts = 512;
 struct RouterArgs {
@@ -167,6 +185,7 @@ struct RouterArgs {
   bool group_limited;
   int64_t top_k, n_group, topk_group;
   bool norm_topk_prob;
+  float norm_eps;
   float scaling;
 };
 void LaunchRouterTopk(const float* logits, int64_t n, int64_t num_experts, const float* bias,

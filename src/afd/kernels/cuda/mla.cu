@@ -15,29 +15,11 @@
 #include "afd/kernels/cuda/launch.cuh"
 #include "afd/kernels/cuda/mma.cuh"
 #include "afd/kernels/cuda/pdl.cuh"
+#include "afd/kernels/cuda/rope.cuh"
 
 namespace afd::kernels::cuda {
 
 namespace {
-
-// cos/sin of the pair i at position pos, computed like the CPU reference (fp32 angle, double
-// trig, fp32 result times the attention factor).
-__device__ void RopeCosSin(const RopeArgs& r, int64_t pos, int64_t i, float* c, float* s) {
-  const float angle = static_cast<float>(pos) * r.inv_freq[i];
-  *c = static_cast<float>(cos(static_cast<double>(angle))) * r.factor;
-  *s = static_cast<float>(sin(static_cast<double>(angle))) * r.factor;
-}
-
-__device__ void RotatePair(float* v, const RopeArgs& r, int64_t pos, int64_t i) {
-  const int64_t half = r.dim / 2;
-  float c, s;
-  RopeCosSin(r, pos, i, &c, &s);
-  float* a = r.interleave ? &v[2 * i] : &v[i];
-  float* b = r.interleave ? &v[2 * i + 1] : &v[i + half];
-  const float x1 = *a, x2 = *b;
-  *a = x1 * c - x2 * s;
-  *b = x2 * c + x1 * s;
-}
 
 __global__ void Rope(float* x, int64_t heads, int64_t width, int64_t offset, const int64_t* pos,
                      RopeArgs r) {

@@ -134,10 +134,10 @@ __device__ void RouteToken(const float* lt, int e, const float* bias, const Rout
     ids[t * a.top_k + j] = picked[j];
     wt[j] = sc.score[picked[j]];
   }
-  if (a.sigmoid && a.norm_topk_prob) {
+  if (a.norm_topk_prob) {
     float sum = 0.0f;
     for (int j = 0; j < a.top_k; ++j) sum += wt[j];
-    for (int j = 0; j < a.top_k; ++j) wt[j] /= (sum + 1e-20f);
+    for (int j = 0; j < a.top_k; ++j) wt[j] /= (sum + a.norm_eps);
   }
   for (int j = 0; j < a.top_k; ++j) wt[j] *= a.scaling;
 }
