@@ -586,6 +586,159 @@ Result MlaDecodePerf(Ctx& c, int64_t seqs, int64_t ctx, bool tf32 = false,
 // Prefill attention perf: every position of `seqs` sequences of `len` tokens, 16 heads, 512 +
 // 64 latent, 128 + 64 / 128 head dims, bf16 cache (random rows), TF32 allowed (a bf16 model).
 // FLOPs of the expanded form: k_nope, v per context row and head, then the causal products.
+// A paged GQA setup (Qwen3): `seqs` sequences of `len` positions, blocks scattered over the
+// pool, every position written by one GqaCacheWrite (prefill), checked against the double
+// reference of the normed, roped q and cache rows.
+struct GqaSetup {
+  int64_t heads = 8, kvh = 2, d = 16, block = 4;
+  DType cache_dtype = DType::kF32;
+  std::vector<float> inv, q_norm, k_norm;
+  std::vector<double> q_ref, cache_ref;  // [n, heads, d], [n, 2·kvh·d] for token n = seq·len + p
+  Tensor cache, q;                        // q: every token's, as GqaCacheWrite wrote it
+  AttentionTokens last, all;
+  RopeSpec rope;
+};
+
+GqaSetup MakeGqa(Ctx& c, int64_t seqs, int64_t len, Result* write_check, GqaSetup s) {
+  const int64_t width = 2 * s.kvh * s.d, in_width = (s.heads + 2 * s.kvh) * s.d;
+  const int64_t blocks_per_seq = (len + s.block - 1) / s.block;
+  const int64_t num_blocks = seqs * blocks_per_seq + 3;
+  s.inv.resize(s.d / 2);
+  for (int64_t i = 0; i < s.d / 2; ++i) s.inv[i] = std::pow(1e6f, -2.0f * i / s.d);
+  s.q_norm = c.Randn(s.d, 0.2f);
+  s.k_norm = c.Randn(s.d, 0.2f);
+  for (float& w : s.q_norm) w += 1.0f;
+  for (float& w : s.k_norm) w += 1.0f;
+  s.rope = {c.Up(s.inv, DType::kF32, {s.d / 2}), 1.0f, false};
+  s.cache = c.Alloc(s.cache_dtype, {num_blocks * s.block, width});
+  std::vector<int32_t> perm(num_blocks);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), c.rng);
+  std::vector<int32_t> tables(perm.begin(), perm.begin() + seqs * blocks_per_seq);
+  const Tensor tables_t = c.Up(tables, DType::kI32, {seqs, blocks_per_seq});
+  const int64_t n = seqs * len;
+  std::vector<float> qkv = c.Randn(n * in_width);
+  std::vector<int64_t> pos(n), slots(n);
+  std::vector<int32_t> seq_index(n);
+  for (int64_t q = 0; q < seqs; ++q) {
+    for (int64_t p = 0; p < len; ++p) {
+      const int64_t i = q * len + p;
+      pos[i] = p;
+      seq_index[i] = static_cast<int32_t>(q);
+      slots[i] = tables[q * blocks_per_seq + p / s.block] * s.block + p % s.block;
+    }
+  }
+  s.all = {c.Up(pos, DType::kI64, {n}), c.Up(seq_index, DType::kI32, {n}),
+           c.Up(slots, DType::kI64, {n}), tables_t, s.block};
+  s.q = c.Alloc(DType::kF32, {n, s.heads, s.d});
+  c.b.GqaCacheWrite(c.Up(qkv, DType::kF32, {n, in_width}), c.Up(s.q_norm, DType::kF32, {s.d}),
+                    c.Up(s.k_norm, DType::kF32, {s.d}), 1e-6f, s.all, s.rope, s.q, s.cache);
+  s.q_ref.resize(n * s.heads * s.d);
+  s.cache_ref.resize(n * width);
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t h = 0; h < s.heads + s.kvh; ++h) {
+      std::vector<double> v(qkv.begin() + i * in_width + h * s.d,
+                            qkv.begin() + i * in_width + (h + 1) * s.d);
+      v = RefRmsNorm(v, h < s.heads ? s.q_norm : s.k_norm, 1, s.d, 1e-6);
+      RefRope(v.data(), s.d, pos[i], s.inv, 1.0, false);
+      double* dst = h < s.heads ? &s.q_ref[(i * s.heads + h) * s.d]
+                                : &s.cache_ref[i * width + (h - s.heads) * s.d];
+      std::copy(v.begin(), v.end(), dst);
+    }
+    for (int64_t j = 0; j < s.kvh * s.d; ++j) {
+      s.cache_ref[i * width + s.kvh * s.d + j] = qkv[i * in_width + (s.heads + s.kvh) * s.d + j];
+    }
+  }
+  const bool bf16 = s.cache_dtype == DType::kBF16;
+  if (bf16) {
+    for (double& v : s.cache_ref) v = Bf16ToF32(F32ToBf16(static_cast<float>(v)));
+  }
+  if (write_check) {
+    std::vector<float> got_cache;
+    if (bf16) {
+      for (uint16_t v : c.Down<uint16_t>(s.cache)) got_cache.push_back(Bf16ToF32(v));
+    } else {
+      got_cache = c.Down<float>(s.cache);
+    }
+    std::vector<float> got(n * width);
+    for (int64_t i = 0; i < n; ++i) {
+      std::copy(got_cache.begin() + slots[i] * width, got_cache.begin() + (slots[i] + 1) * width,
+                got.begin() + i * width);
+    }
+    const double q_err = RelErr(c.Down<float>(s.q), s.q_ref);
+    *write_check = Result(std::max(q_err, RelErr(got, s.cache_ref)), bf16 ? 8e-3 : 1e-5);
+  }
+  std::vector<int64_t> lpos(seqs, len - 1), lslots(seqs);
+  std::vector<int32_t> lseq(seqs);
+  for (int64_t q = 0; q < seqs; ++q) {
+    lseq[q] = static_cast<int32_t>(q);
+    lslots[q] = slots[q * len + len - 1];
+  }
+  s.last = {c.Up(lpos, DType::kI64, {seqs}), c.Up(lseq, DType::kI32, {seqs}),
+            c.Up(lslots, DType::kI64, {seqs}), tables_t, s.block};
+  return s;
+}
+
+Result GqaCacheWrite(Ctx& c, GqaSetup shapes) {
+  Result r;
+  MakeGqa(c, 3, 9, &r, std::move(shapes));
+  return r;
+}
+
+// Heads [h0, h1) of `seqs` sequences of `len`: the last token of each (decode), or every token
+// (prefill: each position over its causal prefix), against the double reference over the
+// expected cache rows and q.
+Result GqaAttention(Ctx& c, int64_t h0, int64_t h1, int64_t seqs, int64_t len, GqaSetup shapes,
+                    bool prefill = false) {
+  GqaSetup s = MakeGqa(c, seqs, len, nullptr, std::move(shapes));
+  const int64_t width = 2 * s.kvh * s.d, nh = h1 - h0, group = s.heads / s.kvh;
+  const int64_t n = prefill ? seqs * len : seqs;
+  const float scale = 1.0f / std::sqrt(float(s.d));
+  // The queries: the written q of each token (prefill), or of each sequence's last token.
+  std::vector<float> q_all = c.Down<float>(s.q), q(n * s.heads * s.d);
+  for (int64_t t = 0; t < n; ++t) {
+    const int64_t src = prefill ? t : t * len + len - 1;
+    std::copy(q_all.begin() + src * s.heads * s.d, q_all.begin() + (src + 1) * s.heads * s.d,
+              q.begin() + t * s.heads * s.d);
+  }
+  const Tensor out = c.Alloc(DType::kF32, {n, nh * s.d});
+  c.b.GqaAttention(c.Up(q, DType::kF32, {n, s.heads, s.d}), prefill ? s.all : s.last, s.cache,
+                   s.kvh, h0, h1, scale, out);
+  std::vector<double> want(n * nh * s.d);
+  for (int64_t t = 0; t < n; ++t) {
+    const int64_t seq = prefill ? t / len : t, p_last = prefill ? t % len : len - 1;
+    for (int64_t h = h0; h < h1; ++h) {
+      const int64_t g = h / group;
+      const float* qh = &q[(t * s.heads + h) * s.d];
+      std::vector<double> score(p_last + 1);
+      for (int64_t j = 0; j <= p_last; ++j) {
+        const double* row = &s.cache_ref[(seq * len + j) * width + g * s.d];
+        double acc = 0;
+        for (int64_t e = 0; e < s.d; ++e) acc += double(qh[e]) * row[e];
+        score[j] = acc * scale;
+      }
+      const double mx = *std::max_element(score.begin(), score.end());
+      double sum = 0;
+      for (double& v : score) sum += (v = std::exp(v - mx));
+      for (int64_t e = 0; e < s.d; ++e) {
+        double o = 0;
+        for (int64_t j = 0; j <= p_last; ++j) {
+          o += score[j] / sum * s.cache_ref[(seq * len + j) * width + (s.kvh + g) * s.d + e];
+        }
+        want[(t * nh + (h - h0)) * s.d + e] = o;
+      }
+    }
+  }
+  return Result(RelErr(c.Down<float>(out), want),
+                s.cache_dtype == DType::kBF16 ? 1e-3 : 1e-4);
+}
+
+GqaSetup Gqa(int64_t heads, int64_t kvh, int64_t d, int64_t block, DType cache = DType::kF32) {
+  GqaSetup s;
+  s.heads = heads, s.kvh = kvh, s.d = d, s.block = block, s.cache_dtype = cache;
+  return s;
+}
+
 Result MlaPrefillPerf(Ctx& c, int64_t seqs, int64_t len) {
   const int64_t heads = 16, dn = 128, dr = 64, dv = 128, kvr = 512, block = 64, width = kvr + dr;
   const int64_t blocks = (len + block - 1) / block, n = seqs * len;
@@ -619,9 +772,25 @@ Result MlaPrefillPerf(Ctx& c, int64_t seqs, int64_t len) {
   return res;
 }
 
-Result Router(Ctx& c, RouterScoring scoring, bool group_limited) {
+// A router spec by field: renormalised top-k weights as V3 (sigmoid, + 1e-20) or Qwen3 (softmax,
+// no epsilon) do.
+RouterSpec Spec(RouterScoring scoring, bool group_limited, int64_t k, int64_t n_group,
+                int64_t topk_group, bool norm, float scaling) {
+  RouterSpec spec;
+  spec.scoring = scoring;
+  spec.group_limited = group_limited;
+  spec.top_k = k;
+  spec.n_group = n_group;
+  spec.topk_group = topk_group;
+  spec.norm_topk_prob = norm;
+  spec.norm_eps = scoring == RouterScoring::kSigmoid ? 1e-20f : 0.0f;
+  spec.routed_scaling_factor = scaling;
+  return spec;
+}
+
+Result Router(Ctx& c, RouterScoring scoring, bool group_limited, bool norm) {
   const int64_t n = 6, e = 16, k = 4;
-  RouterSpec spec{scoring, group_limited, k, 4, 2, scoring == RouterScoring::kSigmoid, 2.5f};
+  const RouterSpec spec = Spec(scoring, group_limited, k, 4, 2, norm, 2.5f);
   std::vector<float> logits = c.Randn(n * e, 2.0f), bias = c.Randn(e, 0.1f);
   const bool use_bias = scoring == RouterScoring::kSigmoid;
   const Tensor ids = c.Alloc(DType::kI32, {n, k}), w = c.Alloc(DType::kF32, {n, k});
@@ -669,10 +838,12 @@ Result Router(Ctx& c, RouterScoring scoring, bool group_limited) {
 // The router in one op (RouterGateTopk: the CUDA backend fuses the fp32 gate GEMV and the top-k
 // for up to 8 tokens) against Linear then RouterTopk on the same backend: the same ids, weights
 // within 1e-6 (the same gate arithmetic; only the fusion differs).
-Result RouterGate(Ctx& c, int64_t n, int64_t e, RouterScoring scoring, bool group_limited) {
+Result RouterGate(Ctx& c, int64_t n, int64_t e, RouterScoring scoring, bool group_limited,
+                  bool renormalised = false) {
   const int64_t h = 2048, k = 6;
   const bool sigmoid = scoring == RouterScoring::kSigmoid, grouped = sigmoid || group_limited;
-  RouterSpec spec{scoring, group_limited, k, grouped ? 8 : 1, grouped ? 3 : 1, sigmoid, 2.5f};
+  const RouterSpec spec = Spec(scoring, group_limited, k, grouped ? 8 : 1, grouped ? 3 : 1,
+                               sigmoid || renormalised, 2.5f);
   const Tensor x = c.Up(c.Randn(n * h), DType::kF32, {n, h});
   const Tensor gate = c.Up(c.Randn(e * h, 0.05f), DType::kF32, {e, h});
   const Tensor bias =
@@ -697,7 +868,8 @@ Result RouterGate(Ctx& c, int64_t n, int64_t e, RouterScoring scoring, bool grou
 Result RouteAndPermute(Ctx& c, int64_t n, int64_t e, int64_t k, RouterScoring scoring,
                        bool group_limited, int64_t begin, int64_t local) {
   const int64_t h = 2048;
-  RouterSpec spec{scoring, group_limited, k, 8, 3, scoring == RouterScoring::kSigmoid, 2.5f};
+  const RouterSpec spec =
+      Spec(scoring, group_limited, k, 8, 3, scoring == RouterScoring::kSigmoid, 2.5f);
   const Tensor x = c.Up(c.Randn(n * h), DType::kF32, {n, h});
   const Tensor gate = c.Up(c.Randn(e * h, 0.05f), DType::kF32, {e, h});
   const Tensor bias =
@@ -1125,6 +1297,31 @@ std::vector<Case> CheckCases() {
       {"GatherRows", "5 of 7x33", Gather},
       {"MlaCacheWrite", "3 seqs x 9, block 4", [](Ctx& c) { return MlaCacheWrite(c); }},
       {"MlaCacheWrite", "bf16 cache", [](Ctx& c) { return MlaCacheWrite(c, DType::kBF16); }},
+      {"GqaCacheWrite", "8 heads / 2 KV, d 16, block 4",
+       [](Ctx& c) { return GqaCacheWrite(c, Gqa(8, 2, 16, 4)); }},
+      {"GqaCacheWrite", "bf16 cache, 32 / 4, d 128",
+       [](Ctx& c) { return GqaCacheWrite(c, Gqa(32, 4, 128, 16, DType::kBF16)); }},
+      {"GqaAttention", "8 / 2, d 16, all heads",
+       [](Ctx& c) { return GqaAttention(c, 0, 8, 3, 11, Gqa(8, 2, 16, 4)); }},
+      // A head range that splits a KV group (attention TP 3 of 8 heads), MHA and MQA.
+      {"GqaAttention", "8 / 2, heads [3, 6)",
+       [](Ctx& c) { return GqaAttention(c, 3, 6, 3, 11, Gqa(8, 2, 16, 4)); }},
+      {"GqaAttention", "4 / 4 (MHA), d 32",
+       [](Ctx& c) { return GqaAttention(c, 0, 4, 2, 9, Gqa(4, 4, 32, 4)); }},
+      {"GqaAttention", "4 / 1 (MQA), d 48",
+       [](Ctx& c) { return GqaAttention(c, 0, 4, 2, 9, Gqa(4, 1, 48, 4)); }},
+      // Qwen3-30B-A3B's heads (32 / 4, d 128: two blocks of 8 heads per KV head), a long context
+      // (the GPU splits it and merges), 40 sequences, a bf16 cache.
+      {"GqaAttention", "32 / 4, d 128, 2 seqs x 700",
+       [](Ctx& c) { return GqaAttention(c, 0, 32, 2, 700, Gqa(32, 4, 128, 64)); }},
+      {"GqaAttention", "32 / 4, d 128, 40 seqs x 37",
+       [](Ctx& c) { return GqaAttention(c, 0, 32, 40, 37, Gqa(32, 4, 128, 16)); }},
+      {"GqaAttention", "bf16 cache, 16 / 4, d 256, 2 x 300",
+       [](Ctx& c) {
+         return GqaAttention(c, 0, 16, 2, 300, Gqa(16, 4, 256, 64, DType::kBF16));
+       }},
+      {"GqaAttention", "prefill: 2 seqs x 40, 8 / 2, d 64",
+       [](Ctx& c) { return GqaAttention(c, 0, 8, 2, 40, Gqa(8, 2, 64, 16), true); }},
       {"MlaAttention", "all heads", [](Ctx& c) { return MlaAttention(c, 0, 4); }},
       {"MlaAttention", "heads [1, 3)", [](Ctx& c) { return MlaAttention(c, 1, 3); }},
       // Long contexts: the GPU splits them over several blocks and merges the partials.
@@ -1214,11 +1411,17 @@ std::vector<Case> CheckCases() {
       {"MlaAttention", "bf16 cache: 20 heads, 512 + 64, 2 x 150",
        [](Ctx& c) { return MlaAttention(c, 0, 20, 2, 150, WideBf16Mla(20, 64)); }},
       {"RouterTopk", "softmax greedy",
-       [](Ctx& c) { return Router(c, RouterScoring::kSoftmax, false); }},
+       [](Ctx& c) { return Router(c, RouterScoring::kSoftmax, false, false); }},
+      {"RouterTopk", "softmax greedy, renormalised (Qwen3)",
+       [](Ctx& c) { return Router(c, RouterScoring::kSoftmax, false, true); }},
       {"RouterTopk", "softmax group-limited",
-       [](Ctx& c) { return Router(c, RouterScoring::kSoftmax, true); }},
+       [](Ctx& c) { return Router(c, RouterScoring::kSoftmax, true, false); }},
       {"RouterTopk", "sigmoid noaux_tc",
-       [](Ctx& c) { return Router(c, RouterScoring::kSigmoid, false); }},
+       [](Ctx& c) { return Router(c, RouterScoring::kSigmoid, false, true); }},
+      {"RouterGateTopk", "4 tokens, 128 experts, softmax renormalised (Qwen3)",
+       [](Ctx& c) { return RouterGate(c, 4, 128, RouterScoring::kSoftmax, false, true); }},
+      {"RouterGateTopk", "100 tokens (row blocks), 128 experts, softmax renormalised",
+       [](Ctx& c) { return RouterGate(c, 100, 128, RouterScoring::kSoftmax, false, true); }},
       {"RouterGateTopk", "1 token, 64 experts, softmax",
        [](Ctx& c) { return RouterGate(c, 1, 64, RouterScoring::kSoftmax, false); }},
       {"RouterGateTopk", "5 tokens, 160 experts, softmax group-limited",

@@ -13,8 +13,11 @@ namespace {
 
 using testing_util::ModelHarness;
 
-TEST(BatchInvarianceTest, BatchedEqualsAlone) {
-  ModelHarness alone("preset:tiny"), together("preset:tiny");
+// Both attention kinds: DeepSeek's MLA (preset:tiny) and Qwen3's GQA (preset:tiny-qwen3).
+class BatchInvarianceTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(BatchInvarianceTest, BatchedEqualsAlone) {
+  ModelHarness alone(GetParam()), together(GetParam());
   const int64_t v = alone.vocab();
   const std::vector<int32_t> a = {5, 9, 300, 1000, 42, 17, 17}, b = {8, 7, 6};
   ForwardBatch ba, bb;
@@ -32,8 +35,8 @@ TEST(BatchInvarianceTest, BatchedEqualsAlone) {
   EXPECT_EQ(0, std::memcmp(l.data() + b.size() * v, la.data(), la.size() * sizeof(float)));
 }
 
-TEST(BatchInvarianceTest, DecodeEqualsPrefill) {
-  ModelHarness h("preset:tiny");
+TEST_P(BatchInvarianceTest, DecodeEqualsPrefill) {
+  ModelHarness h(GetParam());
   const int64_t v = h.vocab();
   const std::vector<int32_t> ids = {3, 1, 4, 1, 5, 9, 2, 6, 5, 3};
   ForwardBatch full;
@@ -54,8 +57,8 @@ TEST(BatchInvarianceTest, DecodeEqualsPrefill) {
   EXPECT_EQ(0, std::memcmp(got.data(), ref.data(), ref.size() * sizeof(float)));
 }
 
-TEST(BatchInvarianceTest, OnlyTheAskedLogitsRowsAreComputedAndEqual) {
-  ModelHarness h("preset:tiny");
+TEST_P(BatchInvarianceTest, OnlyTheAskedLogitsRowsAreComputedAndEqual) {
+  ModelHarness h(GetParam());
   const int64_t v = h.vocab();
   const std::vector<int32_t> ids = {3, 1, 4, 1, 5};
   ForwardBatch all;
@@ -68,8 +71,8 @@ TEST(BatchInvarianceTest, OnlyTheAskedLogitsRowsAreComputedAndEqual) {
   EXPECT_EQ(0, std::memcmp(got.data(), ref.data() + 4 * v, v * sizeof(float)));
 }
 
-TEST(BatchInvarianceTest, RejectsBatchesThatDoNotContinueTheCache) {
-  ModelHarness h("preset:tiny");
+TEST_P(BatchInvarianceTest, RejectsBatchesThatDoNotContinueTheCache) {
+  ModelHarness h(GetParam());
   const int64_t seq = h.NewSequence(4);
   ForwardBatch gap;
   h.Add(gap, seq, {1, 2}, 1);  // must start at 0
@@ -80,6 +83,13 @@ TEST(BatchInvarianceTest, RejectsBatchesThatDoNotContinueTheCache) {
   h.Add(bad_id, seq, {1024}, 0);  // vocab 1024
   EXPECT_THROW(h.Run(bad_id), Error);
 }
+
+INSTANTIATE_TEST_SUITE_P(Models, BatchInvarianceTest,
+                         ::testing::Values("preset:tiny", "preset:tiny-qwen3"),
+                         [](const auto& info) {
+                           return info.param == "preset:tiny" ? std::string("mla")
+                                                              : std::string("gqa");
+                         });
 
 }  // namespace
 }  // namespace afd::model

@@ -7,7 +7,7 @@
 # run. MODE bench: `afd bench decode` of preset:deepseek-v2-lite (27 layers, bf16, context 128)
 # monolithic vs 1A1F (graphs and eager) and 2A1F, then the torch peer.
 # MODE all: the prefill check and the bench; quick: check, and the bench of monolithic vs 1A1F.
-# Usage (repo root there): tools/device/afd_graph_check.sh BIN_DIR OUT_DIR check|bench|all
+# Usage (repo root there): [GOLDEN=checkpoint dir] tools/device/afd_graph_check.sh BIN_DIR OUT_DIR check|bench|all
 set -u
 BIN=$(readlink -f "$1")
 OUT=$2
@@ -38,7 +38,7 @@ print(f"{label}: ids identical {same} ({agree}/{total}), max |dlogprob| {d:.2e} 
 PYEOF
 }
 if [ "$MODE" = check ] || [ "$MODE" = quick ]; then
-  M=tests/data/golden/v3_noaux_tc
+  M=${GOLDEN:-tests/data/golden/v3_noaux_tc}
   P=(--prompt-ids 1,2,3,4,5,6,7,8 --prompt-ids 90,80,70 --prompt-ids 5 --prompt-ids 11,12 --max-tokens 16 --ignore-eos --json --device cuda)
   for dt in fp32 bf16; do
     "$BIN/afd" run --model $M "${P[@]}" --dtype $dt >/tmp/mono_$dt.json 2>/tmp/err || tail -3 /tmp/err
@@ -62,7 +62,7 @@ if [ "$MODE" = check ] || [ "$MODE" = all ] || [ "$MODE" = quick ]; then
   # Without --json (which asks for every prompt row's log-probs, so prefills are graphed too):
   # the prefill chunks of 4 tokens run eagerly, the 4-sequence decode steps from graphs; the
   # FFN must replay only the latter (its graph count), and the text must be the monolithic one.
-  M=tests/data/golden/v3_noaux_tc
+  M=${GOLDEN:-tests/data/golden/v3_noaux_tc}
   C=(--prompt-ids 1,2,3,4 --prompt-ids 5,6,7,8 --prompt-ids 9,10,11,12 --prompt-ids 13,14,15,16 --max-tokens 12 --ignore-eos --device cuda --dtype fp32 --max-num-batched-tokens 4 --enable-chunked-prefill)
   "$BIN/afd" run --model $M "${C[@]}" >/tmp/mono_c.txt 2>/tmp/err || tail -3 /tmp/err
   timeout 120 "$BIN/afd" run --model $M "${C[@]}" --topology 1A1F --additional-config "$ASYNC" --stats >/tmp/g.txt 2>/tmp/err || tail -8 /tmp/err
