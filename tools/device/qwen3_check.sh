@@ -7,7 +7,8 @@
 #      both roles, fp32 == monolithic, bf16 graphs == eager);
 #   4. qwen3_trained scored in bf16 and fp32 against transformers' bf16 (score_bf16.py);
 #   5. MODE bench: `afd bench decode` of preset:qwen3-30b-a3b (bf16) at contexts 128 and 4096,
-#      and the PyTorch peer bench/qwen3_torch_peer.py in the same call (LAYERS: layers of both).
+#      and the PyTorch peer bench/qwen3_torch_peer.py in the same call (LAYERS: layers of both;
+#      PROFILE=B: also the per-op profile of batch B).
 # Usage (repo root there): tools/device/qwen3_check.sh BIN_DIR OUT_DIR [check|bench|all]
 set -u
 BIN=$(readlink -f "$1")
@@ -63,5 +64,9 @@ if [ "$MODE" != check ]; then
     timeout 200 $PY bench/qwen3_torch_peer.py "$OUT/peer_$ctx.json" $ctx $B $LAYERS 2>&1 | tail -4 |
       tee -a "$REPORT"
   done
+  if [ -n "${PROFILE:-}" ]; then  # per-op device time (eager) of a 12-layer model at PROFILE batch
+    timeout 200 "$AFD" bench decode --model preset:qwen3-30b-a3b --device cuda --num-layers 12 \
+      --batch "$PROFILE" --context 128 --profile 2>&1 | head -40 | tee -a "$REPORT"
+  fi
 fi
 exit $status
