@@ -226,5 +226,40 @@ TEST_F(ServerApiTokenizer, IdsPastTheModelsVocabularyAreABadRequest) {
   EXPECT_TRUE(saw) << s.raw;
 }
 
+// Qwen3's tokenizer and template (the second model family): chat_template_kwargs reach the
+// template as variables (enable_thinking: false writes the empty think block), as vLLM passes
+// them.
+TEST(ServerApiQwen3, ChatTemplateKwargsReachTheTemplate) {
+  const std::string dir = afd::test::Qwen3Dir();
+  if (!std::filesystem::exists(dir + "/tokenizer.json")) {
+    GTEST_SKIP() << "Qwen3 tokenizer missing (run scripts/setup_tokenizer_data.sh)";
+  }
+  auto tokenizer = text::Tokenizer::Load(dir);
+  auto chat_template = std::make_unique<text::ChatTemplate>(tokenizer->chat_template());
+  EngineModelInfo info;
+  info.vocab_size = 151936;
+  info.max_model_len = 4096;
+  info.eos_token_ids = {151645};
+  ApiHarness h(info, ApiServerOptions{}, tokenizer.get(), chat_template.get());
+  const json messages = json::array({{{"role", "user"}, {"content", "Hi"}}});
+  auto prompt_text = [&](const json& req) {
+    const HttpResult r = h.Post("/v1/chat/completions", req);
+    EXPECT_EQ(r.status, 200) << r.raw;
+    std::vector<uint32_t> ids;
+    for (const auto& t : r.body["prompt_token_ids"]) ids.push_back(t);
+    return tokenizer->Decode(ids, false);
+  };
+  json req = {{"messages", messages}, {"max_tokens", 2}, {"return_token_ids", true}};
+  const std::string thinking = prompt_text(req);
+  EXPECT_EQ(thinking, "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+  req["chat_template_kwargs"] = {{"enable_thinking", false}};
+  EXPECT_EQ(prompt_text(req),
+            "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n");
+  req["chat_template_kwargs"] = "enable_thinking=false";
+  const HttpResult bad = h.Post("/v1/chat/completions", req);
+  EXPECT_EQ(bad.status, 400);
+  EXPECT_NE(bad.raw.find("chat_template_kwargs"), std::string::npos) << bad.raw;
+}
+
 }  // namespace
 }  // namespace afd::server::test
