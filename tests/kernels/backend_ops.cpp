@@ -688,8 +688,10 @@ Result GqaCacheWrite(Ctx& c, GqaSetup shapes) {
 // Heads [h0, h1) of `seqs` sequences of `len`: the last token of each (decode), or every token
 // (prefill: each position over its causal prefix), against the double reference over the
 // expected cache rows and q.
+// tf32: with Backend::AllowTf32 (a bf16 model): with a bf16 cache and head_dim 64 / 128 / 256
+// the GPU runs the bf16 tensor-core form (q and P rounded to bf16), hence 1e-2.
 Result GqaAttention(Ctx& c, int64_t h0, int64_t h1, int64_t seqs, int64_t len, GqaSetup shapes,
-                    bool prefill = false) {
+                    bool prefill = false, bool tf32 = false) {
   GqaSetup s = MakeGqa(c, seqs, len, nullptr, std::move(shapes));
   const int64_t width = 2 * s.kvh * s.d, nh = h1 - h0, group = s.heads / s.kvh;
   const int64_t n = prefill ? seqs * len : seqs;
@@ -702,8 +704,15 @@ Result GqaAttention(Ctx& c, int64_t h0, int64_t h1, int64_t seqs, int64_t len, G
               q.begin() + t * s.heads * s.d);
   }
   const Tensor out = c.Alloc(DType::kF32, {n, nh * s.d});
-  c.b.GqaAttention(c.Up(q, DType::kF32, {n, s.heads, s.d}), prefill ? s.all : s.last, s.cache,
-                   s.kvh, h0, h1, scale, out);
+  c.b.AllowTf32(tf32);
+  try {
+    c.b.GqaAttention(c.Up(q, DType::kF32, {n, s.heads, s.d}), prefill ? s.all : s.last, s.cache,
+                     s.kvh, h0, h1, scale, out);
+  } catch (...) {
+    c.b.AllowTf32(false);
+    throw;
+  }
+  c.b.AllowTf32(false);
   std::vector<double> want(n * nh * s.d);
   for (int64_t t = 0; t < n; ++t) {
     const int64_t seq = prefill ? t / len : t, p_last = prefill ? t % len : len - 1;
@@ -730,7 +739,7 @@ Result GqaAttention(Ctx& c, int64_t h0, int64_t h1, int64_t seqs, int64_t len, G
     }
   }
   return Result(RelErr(c.Down<float>(out), want),
-                s.cache_dtype == DType::kBF16 ? 1e-3 : 1e-4);
+                tf32 ? 1e-2 : (s.cache_dtype == DType::kBF16 ? 1e-3 : 1e-4));
 }
 
 GqaSetup Gqa(int64_t heads, int64_t kvh, int64_t d, int64_t block, DType cache = DType::kF32) {
@@ -1322,6 +1331,28 @@ std::vector<Case> CheckCases() {
        }},
       {"GqaAttention", "prefill: 2 seqs x 40, 8 / 2, d 64",
        [](Ctx& c) { return GqaAttention(c, 0, 8, 2, 40, Gqa(8, 2, 64, 16), true); }},
+      // A bf16 model's form (tensor cores on the GPU): 8 of a tile's 16 rows (32 / 4), all 16
+      // (64 / 4), a head range inside a group, a split context, a prefill, head dims 64 / 256.
+      {"GqaAttention", "tf32, bf16 cache: 32 / 4, d 128, 2 x 700",
+       [](Ctx& c) {
+         return GqaAttention(c, 0, 32, 2, 700, Gqa(32, 4, 128, 64, DType::kBF16), false, true);
+       }},
+      {"GqaAttention", "tf32, bf16 cache: 64 / 4, d 128, 40 x 37",
+       [](Ctx& c) {
+         return GqaAttention(c, 0, 64, 40, 37, Gqa(64, 4, 128, 16, DType::kBF16), false, true);
+       }},
+      {"GqaAttention", "tf32, bf16 cache: 32 / 4 heads [5, 29), d 128, 3 x 150",
+       [](Ctx& c) {
+         return GqaAttention(c, 5, 29, 3, 150, Gqa(32, 4, 128, 64, DType::kBF16), false, true);
+       }},
+      {"GqaAttention", "tf32, bf16 cache: prefill 2 x 70, 8 / 2, d 64",
+       [](Ctx& c) {
+         return GqaAttention(c, 0, 8, 2, 70, Gqa(8, 2, 64, 16, DType::kBF16), true, true);
+       }},
+      {"GqaAttention", "tf32, bf16 cache: 16 / 4, d 256, 2 x 300",
+       [](Ctx& c) {
+         return GqaAttention(c, 0, 16, 2, 300, Gqa(16, 4, 256, 64, DType::kBF16), false, true);
+       }},
       {"MlaAttention", "all heads", [](Ctx& c) { return MlaAttention(c, 0, 4); }},
       {"MlaAttention", "heads [1, 3)", [](Ctx& c) { return MlaAttention(c, 1, 3); }},
       // Long contexts: the GPU splits them over several blocks and merges the partials.

@@ -13,6 +13,7 @@
 
 #include "afd/common/error.h"
 #include "afd/kernels/cuda/launch.cuh"
+#include "afd/kernels/cuda/mma.cuh"
 #include "afd/kernels/cuda/pdl.cuh"
 #include "afd/kernels/cuda/rope.cuh"
 
@@ -77,9 +78,10 @@ __global__ void __launch_bounds__(kWriteThreads)
 
 // The heads of attention block `b` (of the blocks over heads [h0, h1)): [*hs, *he), all of one
 // KV head *g. Blocks cover the KV groups in chunks of up to kHeadsPerBlock heads.
+template <int kMaxHeads = kHeadsPerBlock>
 __device__ __forceinline__ void BlockHeads(int64_t b, int64_t group, int64_t h0, int64_t h1,
                                            int64_t* g, int64_t* hs, int64_t* he) {
-  const int64_t chunk = group < kHeadsPerBlock ? group : kHeadsPerBlock;
+  const int64_t chunk = group < kMaxHeads ? group : kMaxHeads;
   const int64_t per_group = (group + chunk - 1) / chunk;
   const int64_t first = (h0 / group) * per_group + (h0 % group) / chunk;
   const int64_t id = first + b;
@@ -365,6 +367,209 @@ __global__ void __launch_bounds__(kAttendWarps * 32)
   }
 }
 
+// GqaAttend on bf16 tensor cores, for a bf16 model (Backend::AllowTf32) with a bf16 cache: the
+// same blocks and outputs, up to 16 heads of one KV head per block (the mma's 16 rows; fewer
+// heads leave rows idle). Each warp takes chunks of 32 positions (chunk c of the split to warp
+// c mod 4), copies the chunk's k and v rows into its own shared memory (cp.async), then
+// S = q·kᵀ (16 x 32: 4 n-tiles x D/16 k-steps of m16n8k16), the online softmax on S's fragments
+// (a row's 8 values per lane, its 4 lanes a quad), and O += P·v with P's fragments reused as
+// the A operand (bf16) and v's read by ldmatrix.trans. q and P are rounded to bf16 as the
+// model's own tensors are; accumulation in fp32. The warps merge in shared memory at the end.
+constexpr int kMmaRows = 16;
+
+// Row stride of a staged k / v chunk (bf16): 16 bytes of padding, so that the 8 rows an
+// ldmatrix or a fragment load reads start in different banks.
+template <int D>
+__host__ __device__ constexpr int MmaStride() {
+  return D + 8;
+}
+template <int D>
+size_t MmaSmemBytes() {
+  const size_t stage = 2 * kChunk * MmaStride<D>() * 2;  // k and v of one chunk
+  const size_t merge = (2 * kMmaRows + kMmaRows * D) * sizeof(float);
+  return kAttendWarps * (stage > merge ? stage : merge);
+}
+
+__device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+template <int D>
+__global__ void __launch_bounds__(kAttendWarps * 32)
+    GqaAttendMma(const float* q, int64_t heads, int64_t kvh, PagedArgs t,
+                 const __nv_bfloat16* cache, int64_t h0, int64_t h1, float scale, int64_t splits,
+                 float* partial, float* out) {
+  constexpr int kSteps = D / 16, kTiles = D / 8, kStride = MmaStride<D>();
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  PdlStart();
+  const int64_t tok = blockIdx.x, split = blockIdx.z, group = heads / kvh, nh = h1 - h0;
+  int64_t g, hs, he;
+  BlockHeads<kMmaRows>(blockIdx.y, group, h0, h1, &g, &hs, &he);
+  const int count = static_cast<int>(he - hs);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gid = lane >> 2, tq = lane & 3;
+  constexpr size_t kStage = 2 * kChunk * kStride * 2;
+  constexpr size_t kMerge = (2 * kMmaRows + kMmaRows * D) * sizeof(float);
+  unsigned char* mine = smem_raw + warp * (kStage > kMerge ? kStage : kMerge);
+  __nv_bfloat16* k_s = reinterpret_cast<__nv_bfloat16*>(mine);
+  __nv_bfloat16* v_s = k_s + kChunk * kStride;
+  // q of rows gid and gid + 8 (heads hs + row), pre-scaled, as A fragments.
+  uint32_t qa[kSteps][4];
+  {
+    const float* q0 = q + (tok * heads + hs + gid) * D;
+    const float* q1 = q0 + 8 * D;
+    const bool r0 = gid < count, r1 = gid + 8 < count;
+#pragma unroll
+    for (int kk = 0; kk < kSteps; ++kk) {
+      const int c = kk * 16 + 2 * tq;
+      qa[kk][0] = r0 ? PackBf16(q0[c] * scale, q0[c + 1] * scale) : 0u;
+      qa[kk][1] = r1 ? PackBf16(q1[c] * scale, q1[c + 1] * scale) : 0u;
+      qa[kk][2] = r0 ? PackBf16(q0[c + 8] * scale, q0[c + 9] * scale) : 0u;
+      qa[kk][3] = r1 ? PackBf16(q1[c + 8] * scale, q1[c + 9] * scale) : 0u;
+    }
+  }
+  const int64_t len = t.positions[tok] + 1;
+  const int64_t span = (len + splits - 1) / splits;
+  const int64_t lo = split * span, hi = min(len, lo + span);
+  const int32_t* table = t.block_tables + t.seq_index[tok] * t.max_blocks;
+  const int64_t width = 2 * kvh * D;
+  float o[kTiles][4];
+#pragma unroll
+  for (int n = 0; n < kTiles; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  constexpr int kVecs = D / 8;  // 16-byte pieces of a row
+  for (int64_t base = lo + warp * kChunk; base < hi; base += kAttendWarps * kChunk) {
+    // Stage the chunk's rows (positions past hi as zeros); lane r finds row r's slot.
+    const int64_t jl = base + lane;
+    const int64_t lane_slot =
+        jl < hi ? static_cast<int64_t>(table[jl / t.block_size]) * t.block_size + jl % t.block_size
+                : 0;
+    for (int i = lane; i < kChunk * kVecs; i += 32) {
+      const int r = i / kVecs, piece = i % kVecs;
+      const bool valid = base + r < hi;
+      const int64_t slot = __shfl_sync(0xffffffffu, lane_slot, r);
+      const __nv_bfloat16* row = cache + slot * width;
+      CopyAsync16Or0(k_s + r * kStride + piece * 8, row + g * D + piece * 8, valid);
+      CopyAsync16Or0(v_s + r * kStride + piece * 8, row + (kvh + g) * D + piece * 8, valid);
+    }
+    CopyAsyncWaitAll();
+    __syncwarp();
+    // S = q·kᵀ: 4 n-tiles of 8 positions.
+    float sc[4][4];
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt) {
+      sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.0f;
+      const __nv_bfloat16* krow = k_s + (nt * 8 + gid) * kStride + 2 * tq;
+#pragma unroll
+      for (int kk = 0; kk < kSteps; ++kk) {
+        const uint32_t b0 = *reinterpret_cast<const uint32_t*>(krow + kk * 16);
+        const uint32_t b1 = *reinterpret_cast<const uint32_t*>(krow + kk * 16 + 8);
+        MmaBf16(sc[nt], qa[kk][0], qa[kk][1], qa[kk][2], qa[kk][3], b0, b1);
+      }
+    }
+    // Online softmax: rows gid (c0, c1) and gid + 8 (c2, c3); position nt·8 + 2·tq + {0, 1}.
+    float corr[2];
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const bool valid = base + nt * 8 + 2 * tq + e < hi;
+          float& v = sc[nt][2 * half + e];
+          v = valid ? v : -INFINITY;
+          mx = fmaxf(mx, v);
+        }
+      }
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float m_new = fmaxf(m[half], mx);
+      corr[half] = expf(m[half] - m_new);
+      float sum = 0.0f;
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float& v = sc[nt][2 * half + e];
+          v = v == -INFINITY ? 0.0f : expf(v - m_new);
+          sum += v;
+        }
+      }
+      l[half] = l[half] * corr[half] + sum;
+      m[half] = m_new;
+    }
+#pragma unroll
+    for (int n = 0; n < kTiles; ++n) {
+      o[n][0] *= corr[0], o[n][1] *= corr[0], o[n][2] *= corr[1], o[n][3] *= corr[1];
+    }
+    // O += P·v: 2 k-steps of 16 positions; v's B fragments by ldmatrix.trans, two n-tiles a call.
+#pragma unroll
+    for (int ks = 0; ks < 2; ++ks) {
+      const uint32_t a0 = PackBf16(sc[2 * ks][0], sc[2 * ks][1]);
+      const uint32_t a1 = PackBf16(sc[2 * ks][2], sc[2 * ks][3]);
+      const uint32_t a2 = PackBf16(sc[2 * ks + 1][0], sc[2 * ks + 1][1]);
+      const uint32_t a3 = PackBf16(sc[2 * ks + 1][2], sc[2 * ks + 1][3]);
+      const int mat = lane >> 3, r = lane & 7;
+      const __nv_bfloat16* vrow =
+          v_s + (ks * 16 + (mat & 1) * 8 + r) * kStride + (mat >> 1) * 8;
+#pragma unroll
+      for (int n = 0; n < kTiles; n += 2) {
+        uint32_t b[4];
+        Ldsm4T(b, vrow + n * 8);
+        MmaBf16(o[n], a0, a1, a2, a3, b[0], b[1]);
+        MmaBf16(o[n + 1], a0, a1, a2, a3, b[2], b[3]);
+      }
+    }
+    __syncwarp();
+  }
+  // Each row's sum over its quad; then the warps merge: m, l, O per row in shared memory.
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    l[half] += __shfl_xor_sync(0xffffffffu, l[half], 1);
+    l[half] += __shfl_xor_sync(0xffffffffu, l[half], 2);
+  }
+  __syncthreads();  // every warp is done with its stage buffers
+  float* merge = reinterpret_cast<float*>(mine);  // [m 16 | l 16 | O 16 x D]
+  if (tq == 0) {
+    merge[gid] = m[0], merge[gid + 8] = m[1];
+    merge[kMmaRows + gid] = l[0], merge[kMmaRows + gid + 8] = l[1];
+  }
+  float* om = merge + 2 * kMmaRows;
+#pragma unroll
+  for (int n = 0; n < kTiles; ++n) {
+    const int c = n * 8 + 2 * tq;
+    om[gid * D + c] = o[n][0], om[gid * D + c + 1] = o[n][1];
+    om[(gid + 8) * D + c] = o[n][2], om[(gid + 8) * D + c + 1] = o[n][3];
+  }
+  __syncthreads();
+  constexpr size_t kWarpFloats = (kStage > kMerge ? kStage : kMerge) / sizeof(float);
+  const float* all = reinterpret_cast<const float*>(smem_raw);
+  for (int idx = threadIdx.x; idx < count * D; idx += blockDim.x) {
+    const int row = idx / D, e = idx % D;
+    float mx = -INFINITY;
+    for (int w = 0; w < kAttendWarps; ++w) mx = fmaxf(mx, all[w * kWarpFloats + row]);
+    float total = 0.0f, acc = 0.0f;
+    for (int w = 0; w < kAttendWarps; ++w) {
+      const float* mw = all + w * kWarpFloats;
+      const float f = mw[row] == -INFINITY ? 0.0f : expf(mw[row] - mx);
+      total += mw[kMmaRows + row] * f;
+      acc += mw[2 * kMmaRows + row * D + e] * f;
+    }
+    const int64_t h = hs + row - h0;
+    if (splits == 1) {
+      out[(tok * nh + h) * D + e] = acc / total;
+    } else {
+      float* part = partial + ((tok * nh + h) * splits + split) * (D + 2);
+      if (e == 0) {
+        part[0] = mx;
+        part[1] = total;
+      }
+      part[2 + e] = acc;
+    }
+  }
+}
+
 // Block (token, head): out = Σ_s e^{m_s - M} o_s / Σ_s e^{m_s - M} l_s over the splits (empty
 // splits, m = -inf, weigh nothing).
 __global__ void GqaMerge(int64_t d, int64_t nh, int64_t splits, const float* partial,
@@ -390,8 +595,9 @@ __global__ void GqaMerge(int64_t d, int64_t nh, int64_t splits, const float* par
 }
 
 // Attention blocks over heads [h0, h1) (BlockHeads' numbering).
-int64_t HeadBlocks(int64_t heads, int64_t kvh, int64_t h0, int64_t h1) {
-  const int64_t group = heads / kvh, chunk = std::min<int64_t>(group, kHeadsPerBlock);
+int64_t HeadBlocks(int64_t heads, int64_t kvh, int64_t h0, int64_t h1,
+                   int64_t max_heads = kHeadsPerBlock) {
+  const int64_t group = heads / kvh, chunk = std::min<int64_t>(group, max_heads);
   const int64_t per_group = (group + chunk - 1) / chunk;
   const auto id = [&](int64_t h) { return (h / group) * per_group + (h % group) / chunk; };
   return id(h1 - 1) - id(h0) + 1;
@@ -424,9 +630,14 @@ void LaunchGqaCacheWrite(const float* qkv, int64_t n, int64_t heads, int64_t kvh
   CheckLaunch("GqaCacheWrite");
 }
 
+bool GqaTensorCoresFit(int64_t d, bool bf16_cache, bool tf32) {
+  return tf32 && bf16_cache && (d == 64 || d == 128 || d == 256);
+}
+
 int64_t GqaSplits(int64_t n, int64_t heads, int64_t kvh, int64_t h0, int64_t h1,
-                  int64_t max_context, int sm_count) {
-  const int64_t blocks = n * HeadBlocks(heads, kvh, h0, h1);
+                  int64_t max_context, bool tensor_cores, int sm_count) {
+  const int64_t blocks =
+      n * HeadBlocks(heads, kvh, h0, h1, tensor_cores ? kMmaRows : kHeadsPerBlock);
   // Enough blocks for two waves of the device, each split at least 128 positions long (a chunk
   // of 32 for each of a block's warps).
   const int64_t want = (2 * static_cast<int64_t>(sm_count) + blocks - 1) / blocks;
@@ -440,13 +651,27 @@ int64_t GqaPartialFloats(int64_t n, int64_t nh, int64_t splits, int64_t d) {
 
 void LaunchGqaAttention(const float* q, int64_t n, int64_t heads, int64_t kvh, int64_t d,
                         const PagedArgs& t, const void* cache, bool bf16_cache, int64_t h0,
-                        int64_t h1, float scale, int64_t splits, float* partial, float* out,
-                        cudaStream_t s) {
+                        int64_t h1, float scale, int64_t splits, bool tensor_cores,
+                        float* partial, float* out, cudaStream_t s) {
   if (n == 0) return;
   AFD_CHECK(d <= kGqaMaxHeadDim, "GqaAttention on cuda: head_dim {} above {}", d, kGqaMaxHeadDim);
   const dim3 grid(static_cast<unsigned>(n),
-                  static_cast<unsigned>(HeadBlocks(heads, kvh, h0, h1)),
+                  static_cast<unsigned>(HeadBlocks(heads, kvh, h0, h1,
+                                                   tensor_cores ? kMmaRows : kHeadsPerBlock)),
                   static_cast<unsigned>(splits));
+  const auto mma = [&](auto dim) {
+    constexpr int kD = decltype(dim)::value;
+    const size_t smem = MmaSmemBytes<kD>();
+    static const bool configured = [smem] {
+      AFD_CUDA_CHECK(cudaFuncSetAttribute(GqaAttendMma<kD>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          static_cast<int>(smem)));
+      return true;
+    }();
+    (void)configured;
+    LaunchPdl(GqaAttendMma<kD>, grid, kAttendWarps * 32, smem, s, q, heads, kvh, t,
+              static_cast<const __nv_bfloat16*>(cache), h0, h1, scale, splits, partial, out);
+  };
   const auto chunks = [&](auto dim) {
     constexpr int kD = decltype(dim)::value;
     if (bf16_cache) {
@@ -467,7 +692,18 @@ void LaunchGqaAttention(const float* q, int64_t n, int64_t heads, int64_t kvh, i
                           out);
     }
   };
-  if (d == 32) {
+  if (tensor_cores) {
+    AFD_CHECK(GqaTensorCoresFit(d, bf16_cache, true),
+              "GqaAttention on cuda: no tensor-core form for head_dim {} (bf16 cache {})", d,
+              bf16_cache);
+    if (d == 64) {
+      mma(std::integral_constant<int, 64>{});
+    } else if (d == 128) {
+      mma(std::integral_constant<int, 128>{});
+    } else {
+      mma(std::integral_constant<int, 256>{});
+    }
+  } else if (d == 32) {
     chunks(std::integral_constant<int, 32>{});
   } else if (d == 64) {
     chunks(std::integral_constant<int, 64>{});

@@ -167,16 +167,20 @@ void LaunchGqaCacheWrite(const float* qkv, int64_t n, int64_t heads, int64_t kvh
                          const float* q_norm, const float* k_norm, float eps, const PagedArgs& t,
                          const RopeArgs& rope, float* q, void* cache, bool bf16_cache,
                          cudaStream_t s);
+// The bf16 tensor-core form (q and P rounded to bf16, as a bf16 model's tensors; fp32
+// accumulation): for a bf16 model (tf32: Backend::AllowTf32) with a bf16 cache and head_dim 64,
+// 128 or 256. Otherwise the fp32 CUDA-core kernels (exact up to summation order).
+bool GqaTensorCoresFit(int64_t d, bool bf16_cache, bool tf32);
 // Context splits for n tokens over heads [h0, h1) of a max_context-long context (fixed in a
 // captured graph; each token's own length is split the same way on the device).
 int64_t GqaSplits(int64_t n, int64_t heads, int64_t kvh, int64_t h0, int64_t h1,
-                  int64_t max_context, int sm_count);
+                  int64_t max_context, bool tensor_cores, int sm_count);
 int64_t GqaPartialFloats(int64_t n, int64_t nh, int64_t splits, int64_t d);
 // partial: GqaPartialFloats(...) floats of device scratch (unused for one split).
 void LaunchGqaAttention(const float* q, int64_t n, int64_t heads, int64_t kvh, int64_t d,
                         const PagedArgs& t, const void* cache, bool bf16_cache, int64_t h0,
-                        int64_t h1, float scale, int64_t splits, float* partial, float* out,
-                        cudaStream_t s);
+                        int64_t h1, float scale, int64_t splits, bool tensor_cores,
+                        float* partial, float* out, cudaStream_t s);
 
 // router.cu: one warp per token; num_experts <= kMaxRouterExperts.
 inline constexpr int kMaxRouterExperts = 512;
