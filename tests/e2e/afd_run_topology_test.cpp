@@ -519,7 +519,10 @@ TEST(AfdRunTopologyFailures, KillingADataParallelExpertParallelRankEndsTheRunNam
 // asserted: on a loaded host the 2 s can pass first.)
 TEST(AfdRunTopologyFailures, AFailingDataParallelRankIsNamedAsTheCause) {
   std::string prompt = "2";
-  for (int i = 3; i < 200; ++i) prompt += "," + std::to_string(i);
+  for (int i = 3; i < 200; ++i) {
+    prompt += ',';
+    prompt += std::to_string(i);
+  }
   const Output o = RunAfd(
       {"run", "--model", "preset:tiny", "--prompt-ids", prompt, "--max-tokens", "4",
        "--num-gpu-blocks-override", "1", "--data-parallel-size", "2", "--enable-expert-parallel"},

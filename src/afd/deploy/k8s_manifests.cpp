@@ -116,7 +116,10 @@ std::vector<ojson> K8sManifests(const K8sOptions& o) {
     if (o.gpus_per_pod > 0) gpus = o.gpus_per_pod;
     if (cuda && ranks > 1) {
       std::string devices;
-      for (int r = 0; r < ranks; ++r) devices += (r ? "," : "") + std::to_string(r % gpus);
+      for (int r = 0; r < ranks; ++r) {
+        if (r > 0) devices += ',';
+        devices += std::to_string(r % gpus);
+      }
       command.insert(command.end(), {"--cuda-devices", devices});
     }
     if (!api) command.insert(command.end(), {"--ready-file", kReadyFile});
@@ -219,7 +222,9 @@ void Emit(const ojson& v, int indent, std::string& out) {
         out += "\n";
         Emit(c, indent + 2, out);
       } else {
-        out += " " + (IsEmptyCollection(c) ? c.dump() : Scalar(c)) + "\n";
+        out += ' ';
+        out += IsEmptyCollection(c) ? c.dump() : Scalar(c);
+        out += '\n';
       }
     }
   } else if (v.is_array()) {
