@@ -1349,6 +1349,15 @@ std::vector<Case> CheckCases() {
        [](Ctx& c) {
          return GqaAttention(c, 0, 8, 2, 70, Gqa(8, 2, 64, 16, DType::kBF16), true, true);
        }},
+      // Prefill with an odd length: token pairs that straddle two sequences, a last lone token.
+      {"GqaAttention", "tf32, bf16 cache: prefill 3 x 33, 32 / 4, d 128",
+       [](Ctx& c) {
+         return GqaAttention(c, 0, 32, 3, 33, Gqa(32, 4, 128, 16, DType::kBF16), true, true);
+       }},
+      {"GqaAttention", "tf32, bf16 cache: prefill 2 x 301 heads [4, 12), 16 / 2, d 128",
+       [](Ctx& c) {
+         return GqaAttention(c, 4, 12, 2, 301, Gqa(16, 2, 128, 64, DType::kBF16), true, true);
+       }},
       {"GqaAttention", "tf32, bf16 cache: 16 / 4, d 256, 2 x 300",
        [](Ctx& c) {
          return GqaAttention(c, 0, 16, 2, 300, Gqa(16, 4, 256, 64, DType::kBF16), false, true);

@@ -8,7 +8,7 @@
 #   4. qwen3_trained scored in bf16 and fp32 against transformers' bf16 (score_bf16.py);
 #   5. MODE bench: `afd bench decode` of preset:qwen3-30b-a3b (bf16) at contexts 128 and 4096,
 #      and the PyTorch peer bench/qwen3_torch_peer.py in the same call (LAYERS: layers of both;
-#      PROFILE=B: also the per-op profile of batch B).
+#      PROFILE=B: also the per-op profile of batch B; CONTEXTS: the contexts, default "128 4096").
 # Usage (repo root there): tools/device/qwen3_check.sh BIN_DIR OUT_DIR [check|bench|all]
 set -u
 BIN=$(readlink -f "$1")
@@ -56,7 +56,7 @@ if [ "$MODE" != bench ]; then
 fi
 if [ "$MODE" != check ]; then
   echo "== 5. decode bench, preset:qwen3-30b-a3b, $LAYERS layers" | tee -a "$REPORT"
-  for ctx in 128 4096; do
+  for ctx in ${CONTEXTS:-128 4096}; do
     B=1,16,64,256
     [ $ctx = 4096 ] && B=1,16,64
     timeout 280 "$AFD" bench decode --model preset:qwen3-30b-a3b --device cuda --num-layers $LAYERS \

@@ -802,14 +802,14 @@ void CudaBackend::GqaAttention(const Tensor& q, const AttentionTokens& tokens,
   const int64_t max_context =
       tokens.max_context > 0 ? tokens.max_context : tokens.block_tables.dim(1) * tokens.block_size;
   const bool bf16_cache = cache.dtype() == DType::kBF16;
-  const bool tensor_cores = GqaTensorCoresFit(d, bf16_cache, tf32_);
-  const int64_t splits = GqaSplits(n, heads, kvh, head_begin, head_end, max_context,
-                                   tensor_cores, state_->sm_count);
+  const GqaForm form = GqaChooseForm(d, bf16_cache, tf32_, n, tokens.block_tables.dim(0));
+  const int64_t splits =
+      GqaSplits(n, heads, kvh, head_begin, head_end, max_context, form, state_->sm_count);
   const int64_t floats = GqaPartialFloats(n, head_end - head_begin, splits, d);
   float* partial =
       floats > 0 ? static_cast<float*>(Scratch(kGqaPartial, floats * sizeof(float))) : nullptr;
   LaunchGqaAttention(q.data_as<const float>(), n, heads, kvh, d, Paged(tokens), cache.data(),
-                     bf16_cache, head_begin, head_end, scale, splits, tensor_cores, partial,
+                     bf16_cache, head_begin, head_end, scale, splits, form, partial,
                      out.data_as<float>(), state_->stream);
 }
 

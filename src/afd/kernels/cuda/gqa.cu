@@ -395,30 +395,33 @@ __device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
+// The rows of an mma tile: half 0 (rows 0-7) and half 1 (rows 8-15), each `count` heads from
+// `head` of one token (count 0: idle), both tokens of one sequence (they share its k / v rows).
+struct TileHalf {
+  int64_t token = 0, head = 0;
+  int count = 0;
+};
+
+// One tile's attention over split `split` of its context (GqaAttendMma's contract), the results
+// of its rows written to out (one split) or partial.
 template <int D>
-__global__ void __launch_bounds__(kAttendWarps * 32)
-    GqaAttendMma(const float* q, int64_t heads, int64_t kvh, PagedArgs t,
-                 const __nv_bfloat16* cache, int64_t h0, int64_t h1, float scale, int64_t splits,
-                 float* partial, float* out) {
+__device__ __forceinline__ void MmaTile(const float* q, int64_t heads, int64_t kvh, const PagedArgs& t,
+                        const __nv_bfloat16* cache, int64_t g, int64_t h0, int64_t nh,
+                        float scale, int64_t split, int64_t splits, const TileHalf (&half)[2],
+                        unsigned char* smem_raw, float* partial, float* out) {
   constexpr int kSteps = D / 16, kTiles = D / 8, kStride = MmaStride<D>();
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  PdlStart();
-  const int64_t tok = blockIdx.x, split = blockIdx.z, group = heads / kvh, nh = h1 - h0;
-  int64_t g, hs, he;
-  BlockHeads<kMmaRows>(blockIdx.y, group, h0, h1, &g, &hs, &he);
-  const int count = static_cast<int>(he - hs);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gid = lane >> 2, tq = lane & 3;
   constexpr size_t kStage = 2 * kChunk * kStride * 2;
   constexpr size_t kMerge = (2 * kMmaRows + kMmaRows * D) * sizeof(float);
   unsigned char* mine = smem_raw + warp * (kStage > kMerge ? kStage : kMerge);
   __nv_bfloat16* k_s = reinterpret_cast<__nv_bfloat16*>(mine);
   __nv_bfloat16* v_s = k_s + kChunk * kStride;
-  // q of rows gid and gid + 8 (heads hs + row), pre-scaled, as A fragments.
+  // q of rows gid (half 0) and gid + 8 (half 1), pre-scaled, as A fragments.
   uint32_t qa[kSteps][4];
   {
-    const float* q0 = q + (tok * heads + hs + gid) * D;
-    const float* q1 = q0 + 8 * D;
-    const bool r0 = gid < count, r1 = gid + 8 < count;
+    const bool r0 = gid < half[0].count, r1 = gid < half[1].count;
+    const float* q0 = q + (half[0].token * heads + half[0].head + gid) * D;
+    const float* q1 = q + (half[1].token * heads + half[1].head + gid) * D;
 #pragma unroll
     for (int kk = 0; kk < kSteps; ++kk) {
       const int c = kk * 16 + 2 * tq;
@@ -428,10 +431,15 @@ __global__ void __launch_bounds__(kAttendWarps * 32)
       qa[kk][3] = r1 ? PackBf16(q1[c + 8] * scale, q1[c + 9] * scale) : 0u;
     }
   }
-  const int64_t len = t.positions[tok] + 1;
+  // Each half masks its own causal length; the split's range is cut from the longer one.
+  const int64_t len0 = t.positions[half[0].token] + 1;
+  const int64_t len1 = half[1].count > 0 ? t.positions[half[1].token] + 1 : 0;
+  const int64_t len = max(len0, len1);
   const int64_t span = (len + splits - 1) / splits;
-  const int64_t lo = split * span, hi = min(len, lo + span);
-  const int32_t* table = t.block_tables + t.seq_index[tok] * t.max_blocks;
+  const int64_t lo = split * span;
+  const int64_t hi_half[2] = {min(len0, lo + span), min(len1, lo + span)};
+  const int64_t hi = max(hi_half[0], hi_half[1]);
+  const int32_t* table = t.block_tables + t.seq_index[half[0].token] * t.max_blocks;
   const int64_t width = 2 * kvh * D;
   float o[kTiles][4];
 #pragma unroll
@@ -467,37 +475,39 @@ __global__ void __launch_bounds__(kAttendWarps * 32)
         MmaBf16(sc[nt], qa[kk][0], qa[kk][1], qa[kk][2], qa[kk][3], b0, b1);
       }
     }
-    // Online softmax: rows gid (c0, c1) and gid + 8 (c2, c3); position nt·8 + 2·tq + {0, 1}.
+    // Online softmax: rows gid (c0, c1: half 0) and gid + 8 (c2, c3: half 1); position
+    // nt·8 + 2·tq + {0, 1}, masked past its half's length.
     float corr[2];
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
+    for (int hf = 0; hf < 2; ++hf) {
       float mx = -INFINITY;
 #pragma unroll
       for (int nt = 0; nt < 4; ++nt) {
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          const bool valid = base + nt * 8 + 2 * tq + e < hi;
-          float& v = sc[nt][2 * half + e];
+          const bool valid = base + nt * 8 + 2 * tq + e < hi_half[hf];
+          float& v = sc[nt][2 * hf + e];
           v = valid ? v : -INFINITY;
           mx = fmaxf(mx, v);
         }
       }
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float m_new = fmaxf(m[half], mx);
-      corr[half] = expf(m[half] - m_new);
+      const float m_new = fmaxf(m[hf], mx);
+      // A half with nothing in this chunk (past its length) keeps its state.
+      corr[hf] = m_new == -INFINITY ? 1.0f : expf(m[hf] - m_new);
       float sum = 0.0f;
 #pragma unroll
       for (int nt = 0; nt < 4; ++nt) {
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          float& v = sc[nt][2 * half + e];
+          float& v = sc[nt][2 * hf + e];
           v = v == -INFINITY ? 0.0f : expf(v - m_new);
           sum += v;
         }
       }
-      l[half] = l[half] * corr[half] + sum;
-      m[half] = m_new;
+      l[hf] = l[hf] * corr[hf] + sum;
+      m[hf] = m_new;
     }
 #pragma unroll
     for (int n = 0; n < kTiles; ++n) {
@@ -525,9 +535,9 @@ __global__ void __launch_bounds__(kAttendWarps * 32)
   }
   // Each row's sum over its quad; then the warps merge: m, l, O per row in shared memory.
 #pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    l[half] += __shfl_xor_sync(0xffffffffu, l[half], 1);
-    l[half] += __shfl_xor_sync(0xffffffffu, l[half], 2);
+  for (int hf = 0; hf < 2; ++hf) {
+    l[hf] += __shfl_xor_sync(0xffffffffu, l[hf], 1);
+    l[hf] += __shfl_xor_sync(0xffffffffu, l[hf], 2);
   }
   __syncthreads();  // every warp is done with its stage buffers
   float* merge = reinterpret_cast<float*>(mine);  // [m 16 | l 16 | O 16 x D]
@@ -545,8 +555,9 @@ __global__ void __launch_bounds__(kAttendWarps * 32)
   __syncthreads();
   constexpr size_t kWarpFloats = (kStage > kMerge ? kStage : kMerge) / sizeof(float);
   const float* all = reinterpret_cast<const float*>(smem_raw);
-  for (int idx = threadIdx.x; idx < count * D; idx += blockDim.x) {
-    const int row = idx / D, e = idx % D;
+  for (int idx = threadIdx.x; idx < kMmaRows * D; idx += blockDim.x) {
+    const int row = idx / D, e = idx % D, hf = row / 8;
+    if (row % 8 >= half[hf].count) continue;
     float mx = -INFINITY;
     for (int w = 0; w < kAttendWarps; ++w) mx = fmaxf(mx, all[w * kWarpFloats + row]);
     float total = 0.0f, acc = 0.0f;
@@ -556,7 +567,7 @@ __global__ void __launch_bounds__(kAttendWarps * 32)
       total += mw[kMmaRows + row] * f;
       acc += mw[2 * kMmaRows + row * D + e] * f;
     }
-    const int64_t h = hs + row - h0;
+    const int64_t tok = half[hf].token, h = half[hf].head + row % 8 - h0;
     if (splits == 1) {
       out[(tok * nh + h) * D + e] = acc / total;
     } else {
@@ -566,6 +577,46 @@ __global__ void __launch_bounds__(kAttendWarps * 32)
         part[1] = total;
       }
       part[2 + e] = acc;
+    }
+  }
+  __syncthreads();  // the merge buffers are read before a next tile stages into them
+}
+
+// Block (token, or two tokens when kPair, head block of up to 16 heads of one KV head, split).
+// kPair (prefill steps, at most 8 heads a block): the two tokens' heads fill the tile's two
+// halves when both are of one sequence (they share its k / v rows); tokens of two sequences run
+// one after the other.
+template <int D, bool kPair>
+__global__ void __launch_bounds__(kAttendWarps * 32)
+    GqaAttendMma(const float* q, int64_t n, int64_t heads, int64_t kvh, PagedArgs t,
+                 const __nv_bfloat16* cache, int64_t h0, int64_t h1, float scale, int64_t splits,
+                 float* partial, float* out) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  PdlStart();
+  const int64_t split = blockIdx.z, group = heads / kvh, nh = h1 - h0;
+  int64_t g, hs, he;
+  BlockHeads<kPair ? 8 : kMmaRows>(blockIdx.y, group, h0, h1, &g, &hs, &he);
+  const int count = static_cast<int>(he - hs);
+  if constexpr (!kPair) {
+    const int64_t tok = blockIdx.x;
+    const TileHalf half[2] = {{tok, hs, min(count, 8)}, {tok, hs + 8, max(count - 8, 0)}};
+    MmaTile<D>(q, heads, kvh, t, cache, g, h0, nh, scale, split, splits, half, smem_raw, partial,
+               out);
+  } else {
+    const int64_t a = 2 * static_cast<int64_t>(blockIdx.x), b = a + 1;
+    if (b < n && t.seq_index[a] == t.seq_index[b]) {
+      const TileHalf half[2] = {{a, hs, count}, {b, hs, count}};
+      MmaTile<D>(q, heads, kvh, t, cache, g, h0, nh, scale, split, splits, half, smem_raw,
+                 partial, out);
+    } else {
+      const TileHalf first[2] = {{a, hs, count}, {a, hs, 0}};
+      MmaTile<D>(q, heads, kvh, t, cache, g, h0, nh, scale, split, splits, first, smem_raw,
+                 partial, out);
+      if (b < n) {
+        const TileHalf second[2] = {{b, hs, count}, {b, hs, 0}};
+        MmaTile<D>(q, heads, kvh, t, cache, g, h0, nh, scale, split, splits, second, smem_raw,
+                   partial, out);
+      }
     }
   }
 }
@@ -630,14 +681,27 @@ void LaunchGqaCacheWrite(const float* qkv, int64_t n, int64_t heads, int64_t kvh
   CheckLaunch("GqaCacheWrite");
 }
 
-bool GqaTensorCoresFit(int64_t d, bool bf16_cache, bool tf32) {
-  return tf32 && bf16_cache && (d == 64 || d == 128 || d == 256);
+GqaForm GqaChooseForm(int64_t d, bool bf16_cache, bool tf32, int64_t n, int64_t seqs) {
+  GqaForm f;
+  f.tensor_cores = tf32 && bf16_cache && (d == 64 || d == 128 || d == 256);
+  f.pairs = f.tensor_cores && d <= 128 && n >= 2 * seqs;  // (256: the pair form spills)
+  return f;
 }
 
+namespace {
+
+// Blocks along x (tokens, or token pairs) and y (head blocks) of a form.
+int64_t TokenBlocks(int64_t n, const GqaForm& f) { return f.pairs ? (n + 1) / 2 : n; }
+int64_t FormHeadBlocks(int64_t heads, int64_t kvh, int64_t h0, int64_t h1, const GqaForm& f) {
+  return HeadBlocks(heads, kvh, h0, h1,
+                    f.tensor_cores ? (f.pairs ? kMmaRows / 2 : kMmaRows) : kHeadsPerBlock);
+}
+
+}  // namespace
+
 int64_t GqaSplits(int64_t n, int64_t heads, int64_t kvh, int64_t h0, int64_t h1,
-                  int64_t max_context, bool tensor_cores, int sm_count) {
-  const int64_t blocks =
-      n * HeadBlocks(heads, kvh, h0, h1, tensor_cores ? kMmaRows : kHeadsPerBlock);
+                  int64_t max_context, const GqaForm& form, int sm_count) {
+  const int64_t blocks = TokenBlocks(n, form) * FormHeadBlocks(heads, kvh, h0, h1, form);
   // Enough blocks for two waves of the device, each split at least 128 positions long (a chunk
   // of 32 for each of a block's warps).
   const int64_t want = (2 * static_cast<int64_t>(sm_count) + blocks - 1) / blocks;
@@ -651,26 +715,36 @@ int64_t GqaPartialFloats(int64_t n, int64_t nh, int64_t splits, int64_t d) {
 
 void LaunchGqaAttention(const float* q, int64_t n, int64_t heads, int64_t kvh, int64_t d,
                         const PagedArgs& t, const void* cache, bool bf16_cache, int64_t h0,
-                        int64_t h1, float scale, int64_t splits, bool tensor_cores,
+                        int64_t h1, float scale, int64_t splits, const GqaForm& form,
                         float* partial, float* out, cudaStream_t s) {
   if (n == 0) return;
   AFD_CHECK(d <= kGqaMaxHeadDim, "GqaAttention on cuda: head_dim {} above {}", d, kGqaMaxHeadDim);
-  const dim3 grid(static_cast<unsigned>(n),
-                  static_cast<unsigned>(HeadBlocks(heads, kvh, h0, h1,
-                                                   tensor_cores ? kMmaRows : kHeadsPerBlock)),
+  const bool tensor_cores = form.tensor_cores;
+  const dim3 grid(static_cast<unsigned>(TokenBlocks(n, form)),
+                  static_cast<unsigned>(FormHeadBlocks(heads, kvh, h0, h1, form)),
                   static_cast<unsigned>(splits));
-  const auto mma = [&](auto dim) {
+  const auto mma = [&](auto dim, auto pairs) {
     constexpr int kD = decltype(dim)::value;
+    constexpr bool kPairs = decltype(pairs)::value;
     const size_t smem = MmaSmemBytes<kD>();
     static const bool configured = [smem] {
-      AFD_CUDA_CHECK(cudaFuncSetAttribute(GqaAttendMma<kD>,
+      AFD_CUDA_CHECK(cudaFuncSetAttribute(GqaAttendMma<kD, kPairs>,
                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           static_cast<int>(smem)));
       return true;
     }();
     (void)configured;
-    LaunchPdl(GqaAttendMma<kD>, grid, kAttendWarps * 32, smem, s, q, heads, kvh, t,
+    LaunchPdl(GqaAttendMma<kD, kPairs>, grid, kAttendWarps * 32, smem, s, q, n, heads, kvh, t,
               static_cast<const __nv_bfloat16*>(cache), h0, h1, scale, splits, partial, out);
+  };
+  const auto mma_dims = [&](auto pairs) {
+    if (d == 64) {
+      mma(std::integral_constant<int, 64>{}, pairs);
+    } else if (d == 128) {
+      mma(std::integral_constant<int, 128>{}, pairs);
+    } else if constexpr (!decltype(pairs)::value) {
+      mma(std::integral_constant<int, 256>{}, pairs);
+    }
   };
   const auto chunks = [&](auto dim) {
     constexpr int kD = decltype(dim)::value;
@@ -693,15 +767,14 @@ void LaunchGqaAttention(const float* q, int64_t n, int64_t heads, int64_t kvh, i
     }
   };
   if (tensor_cores) {
-    AFD_CHECK(GqaTensorCoresFit(d, bf16_cache, true),
+    AFD_CHECK(GqaChooseForm(d, bf16_cache, true, 1, 1).tensor_cores,
               "GqaAttention on cuda: no tensor-core form for head_dim {} (bf16 cache {})", d,
               bf16_cache);
-    if (d == 64) {
-      mma(std::integral_constant<int, 64>{});
-    } else if (d == 128) {
-      mma(std::integral_constant<int, 128>{});
+    if (form.pairs) {
+      AFD_CHECK(d <= 128, "GqaAttention on cuda: no token-pair form for head_dim {}", d);
+      mma_dims(std::true_type{});
     } else {
-      mma(std::integral_constant<int, 256>{});
+      mma_dims(std::false_type{});
     }
   } else if (d == 32) {
     chunks(std::integral_constant<int, 32>{});
