@@ -71,6 +71,12 @@ Engine::Engine(const model::MoeModel& model, StepRunner& runner, const EngineOpt
                       options.chunked_prefill},
       *cache_);
   gen_stats_.kv_blocks = shape.num_blocks;
+  AFD_CHECK(options.kv_hold_timeout_s > 0, "kv_hold_timeout_s must be > 0, got {}",
+            options.kv_hold_timeout_s);
+  kv_hold_timeout_ = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+      std::chrono::duration<double>(options.kv_hold_timeout_s));
+  scheduler_->SetImportHook(
+      [this](int64_t index, int64_t seq, int64_t cached) { ImportRows(index, seq, cached); });
   async_ = runner.TakesDeviceIds() && (options.async_scheduling == AsyncScheduling::kOn ||
                                        (options.async_scheduling == AsyncScheduling::kAuto &&
                                         model.backend().RunsAsynchronously()));
@@ -115,11 +121,113 @@ std::string Engine::Check(const RequestParams& p) const {
   } catch (const Error& e) {
     return e.what();
   }
+  if (const KvRows* kv = p.imported_kv.get()) {
+    const kv::CacheShape& shape = cache_->shape();
+    if (p.prompt_logprobs >= 0 || p.keep_prompt_logits) {
+      return "imported KV rows: prompt log-probabilities need the prompt computed here";
+    }
+    if (kv->num_layers != shape.num_layers || kv->row_width != shape.row_width ||
+        kv->dtype != shape.dtype) {
+      return fmt::format(
+          "imported KV rows: {} layers of {}-wide {} rows, this model's cache has {} layers of "
+          "{}-wide {} rows",
+          kv->num_layers, kv->row_width, DTypeName(kv->dtype), shape.num_layers, shape.row_width,
+          DTypeName(shape.dtype));
+    }
+    if (kv->positions < 0 || kv->positions > len) {
+      return fmt::format("imported KV rows: {} positions for a prompt of {} tokens",
+                         kv->positions, len);
+    }
+    if (static_cast<int64_t>(kv->bytes.size()) != kv->expected_bytes()) {
+      return fmt::format("imported KV rows: {} bytes, {} positions x {} layers need {}",
+                         kv->bytes.size(), kv->positions, kv->num_layers, kv->expected_bytes());
+    }
+  }
   return {};
+}
+
+namespace {
+
+// Calls fn(layer offset of the position run in the rows, first slot, count) for each block's run
+// of positions [0, positions) of `blocks` (block_size each), one layer's worth.
+template <typename Fn>
+void ForEachBlockRun(const std::vector<int32_t>& blocks, int64_t block_size, int64_t positions,
+                     Fn fn) {
+  for (int64_t p = 0; p < positions; p += block_size) {
+    const int64_t count = std::min(block_size, positions - p);
+    fn(p, static_cast<int64_t>(blocks[p / block_size]) * block_size, count);
+  }
+}
+
+}  // namespace
+
+void Engine::ImportRows(int64_t index, int64_t seq, int64_t cached) {
+  Live& live = live_.at(index);
+  const KvRows& kv = *live.params.imported_kv;
+  const kv::CacheShape& shape = cache_->shape();
+  const int64_t row_bytes = shape.row_width * static_cast<int64_t>(DTypeSize(shape.dtype));
+  kernels::Backend& backend = model_.backend();
+  const std::vector<int32_t>& blocks = cache_->block_table(seq);
+  for (int64_t l = 0; l < shape.num_layers; ++l) {
+    const Tensor layer = cache_->Layer(l);
+    const char* rows = kv.bytes.data() + l * kv.positions * row_bytes;
+    ForEachBlockRun(blocks, shape.block_size, cached, [&](int64_t p, int64_t slot, int64_t n) {
+      backend.CopyToDevice(layer.Rows(slot, n), rows + p * row_bytes);
+    });
+  }
+  cache_->Extend(seq, cached);
+  live.params.imported_kv.reset();  // written: the host copy is not needed any more
+}
+
+KvRows Engine::ExportHeldKv(uint64_t id) const {
+  const auto it = held_.find(id);
+  AFD_CHECK(it != held_.end(),
+            "request {} holds no KV rows (unknown, already released, or past the {:.0f} s hold "
+            "timeout)",
+            id, std::chrono::duration<double>(kv_hold_timeout_).count());
+  const kv::CacheShape& shape = cache_->shape();
+  KvRows kv;
+  kv.num_layers = shape.num_layers;
+  kv.row_width = shape.row_width;
+  kv.positions = it->second.positions;
+  kv.dtype = shape.dtype;
+  kv.bytes.resize(kv.expected_bytes());
+  const int64_t row_bytes = shape.row_width * static_cast<int64_t>(DTypeSize(shape.dtype));
+  kernels::Backend& backend = model_.backend();
+  const std::vector<int32_t>& blocks = cache_->block_table(it->second.cache_seq);
+  for (int64_t l = 0; l < shape.num_layers; ++l) {
+    const Tensor layer = cache_->Layer(l);
+    char* rows = kv.bytes.data() + l * kv.positions * row_bytes;
+    ForEachBlockRun(blocks, shape.block_size, kv.positions,
+                    [&](int64_t p, int64_t slot, int64_t n) {
+                      backend.CopyToHost(rows + p * row_bytes, layer.Rows(slot, n));
+                    });
+  }
+  return kv;
+}
+
+void Engine::ReleaseHeldKv(uint64_t id) {
+  const auto it = held_.find(id);
+  if (it == held_.end()) return;
+  cache_->Release(it->second.cache_seq);
+  held_.erase(it);
+}
+
+void Engine::ExpireHeldKv() {
+  const auto now = std::chrono::steady_clock::now();
+  for (auto it = held_.begin(); it != held_.end();) {
+    if (it->second.deadline > now) {
+      ++it;
+      continue;
+    }
+    cache_->Release(it->second.cache_seq);
+    it = held_.erase(it);
+  }
 }
 
 void Engine::Add(uint64_t id, RequestParams params) {
   AFD_CHECK(!index_of_.count(id), "request id {} is already live", id);
+  if (!held_.empty()) ExpireHeldKv();  // a new request may need the blocks
   const std::string problem = Check(params);
   if (!problem.empty()) {
     pending_.push_back(RequestOutput::Rejected(id, problem));
@@ -128,7 +236,12 @@ void Engine::Add(uint64_t id, RequestParams params) {
   }
   const int64_t index = next_index_++;
   const bool all_rows = params.prompt_logprobs >= 0 || params.keep_prompt_logits;
-  scheduler_->Add(index, params.prompt, all_rows);
+  const int64_t cached =
+      params.imported_kv
+          ? std::min(params.imported_kv->positions, static_cast<int64_t>(params.prompt.size()) - 1)
+          : 0;
+  if (cached == 0) params.imported_kv.reset();
+  scheduler_->Add(index, params.prompt, all_rows, cached, params.hold_kv);
   const Sampler sampler(params.sampling, params.sampler_stream);
   index_of_[id] = index;
   live_.emplace(index, Live{id, std::move(params), sampler, 0, {}, {}});
@@ -165,12 +278,14 @@ EngineStats Engine::stats() const {
   s.kv_blocks_total = cache_->shape().num_blocks;
   s.num_preemptions = scheduler_->num_preemptions();
   s.steps = steps_;
+  s.kv_held = static_cast<int64_t>(held_.size());
   return s;
 }
 
 std::vector<RequestOutput> Engine::Step() {
   std::vector<RequestOutput> out = std::move(pending_);
   pending_.clear();
+  if (!held_.empty()) ExpireHeldKv();
   const auto start = std::chrono::steady_clock::now();
   if (!inflight_) {
     if (!scheduler_->HasWork()) return out;
@@ -316,6 +431,7 @@ void Engine::Complete(Launched& L, std::vector<RequestOutput>& out,
   std::vector<int32_t> next(plan.seqs.size(), 0);
   std::vector<char> finished(plan.seqs.size(), Scheduler::kContinues);
   std::vector<int64_t> done;
+  std::vector<std::pair<int64_t, size_t>> held_outputs;  // (request index, its output in out)
   int64_t gone_decodes = 0;
   for (size_t i = 0; i < plan.seqs.size(); ++i) {
     const ScheduledSeq& e = plan.seqs[i];
@@ -374,10 +490,21 @@ void Engine::Complete(Launched& L, std::vector<RequestOutput>& out,
       o.finished = true;
       finished[i] = Scheduler::kFinished;
       done.push_back(e.request);
+      if (p.hold_kv) held_outputs.emplace_back(e.request, out.size());
     }
     out.push_back(std::move(o));
   }
   scheduler_->Update(plan, next, finished);
+  for (const auto& [index, at] : held_outputs) {
+    const std::optional<Scheduler::HeldCache> h = scheduler_->TakeHeld(index);
+    if (!h) continue;
+    RequestOutput& o = out[at];
+    held_[o.request_id] = {h->cache_seq, h->positions,
+                           std::chrono::steady_clock::now() + kv_hold_timeout_};
+    o.kv_held = true;
+    o.kv_positions = h->positions;
+    o.kv_block_ids = cache_->block_table(h->cache_seq);
+  }
   for (int64_t index : done) {
     index_of_.erase(live_.at(index).id);
     live_.erase(index);

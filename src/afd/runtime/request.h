@@ -3,12 +3,28 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "afd/runtime/sampler.h"
+#include "afd/tensor/tensor.h"
 
 namespace afd::runtime {
+
+// The cache rows of one sequence's first `positions` positions in every layer: what a KV
+// transfer carries from a prefill instance to a decode instance (prefill/decode
+// disaggregation). bytes: [num_layers][positions][row_width] values of dtype (the cache's).
+struct KvRows {
+  int64_t num_layers = 0;
+  int64_t row_width = 0;
+  int64_t positions = 0;
+  DType dtype = DType::kF32;
+  std::vector<char> bytes;
+  int64_t expected_bytes() const {
+    return num_layers * positions * row_width * static_cast<int64_t>(DTypeSize(dtype));
+  }
+};
 
 // One sequence to generate (an OpenAI request with n > 1 is n of these).
 struct RequestParams {
@@ -27,6 +43,13 @@ struct RequestParams {
   int32_t prompt_logprobs = -1;
   // The raw logits of every prompt position on the first output (`afd run --dump-logits`).
   bool keep_prompt_logits = false;
+  // A prefill instance's request (a KV producer): when it finishes, its cache rows stay held
+  // for Engine::ExportHeldKv until Engine::ReleaseHeldKv or the hold timeout.
+  bool hold_kv = false;
+  // A decode instance's request (a KV consumer): the cache rows of its first prompt positions,
+  // computed elsewhere (at most prompt size - 1 are used: the last prompt token is computed
+  // here and gives the first output token). Not with prompt log-probabilities.
+  std::shared_ptr<const KvRows> imported_kv;
 };
 
 struct TopLogprob {
@@ -64,6 +87,11 @@ struct RequestOutput {
   // vocabulary, more tokens than the model or the cache holds...): nothing ran, and the API
   // answers 400, not 500.
   bool rejected = false;
+  // The final output of a request with hold_kv: its cache rows are held (kv_positions of them,
+  // in the blocks kv_block_ids) for Engine::ExportHeldKv.
+  bool kv_held = false;
+  int64_t kv_positions = 0;
+  std::vector<int32_t> kv_block_ids;
 
   // The final output of a request that failed: reason kError, `why`.
   static RequestOutput Failed(uint64_t id, std::string why) {
@@ -90,6 +118,7 @@ struct EngineStats {
   int64_t kv_blocks_total = 0;
   int64_t num_preemptions = 0;  // since start
   int64_t steps = 0;            // since start
+  int64_t kv_held = 0;          // finished requests whose cache rows are held for a transfer
 };
 
 }  // namespace afd::runtime

@@ -16,8 +16,15 @@ Scheduler::Scheduler(SchedulerLimits limits, kv::PagedKvCache& cache)
             limits.max_num_batched_tokens);
 }
 
-void Scheduler::Add(int64_t request, std::vector<int32_t> prompt, bool prompt_logprobs) {
+void Scheduler::Add(int64_t request, std::vector<int32_t> prompt, bool prompt_logprobs,
+                    int64_t cached, bool hold) {
   AFD_CHECK(!prompt.empty(), "request {}: empty prompt", request);
+  AFD_CHECK(cached >= 0 && cached < static_cast<int64_t>(prompt.size()),
+            "request {}: {} imported positions of a {}-token prompt (at least its last token is "
+            "computed here)",
+            request, cached, prompt.size());
+  AFD_CHECK(cached == 0 || import_, "request {}: imported positions without an import hook",
+            request);
   const int64_t blocks = cache_.shape().BlocksFor(static_cast<int64_t>(prompt.size()) + 1);
   AFD_CHECK(blocks <= cache_.shape().num_blocks,
             "request {}: a prompt of {} tokens needs {} KV cache blocks, the cache has {}", request,
@@ -27,7 +34,17 @@ void Scheduler::Add(int64_t request, std::vector<int32_t> prompt, bool prompt_lo
   s.prompt_len = static_cast<int64_t>(prompt.size());
   s.tokens = std::move(prompt);
   s.prompt_logprobs = prompt_logprobs;
+  s.cached = cached;
+  s.hold = hold;
   waiting_.push_back(std::move(s));
+}
+
+std::optional<Scheduler::HeldCache> Scheduler::TakeHeld(int64_t request) {
+  const auto it = held_.find(request);
+  if (it == held_.end()) return std::nullopt;
+  const HeldCache h = it->second;
+  held_.erase(it);
+  return h;
 }
 
 Scheduler::Seq* Scheduler::Find(int64_t request) {
@@ -58,6 +75,7 @@ void Scheduler::Preempt(size_t i) {
   cache_.Release(s.cache_seq);
   s.cache_seq = -1;
   s.computed = 0;
+  s.cached = 0;  // the imported rows went with the blocks: recompute everything
   waiting_.push_front(std::move(s));
   ++preemptions_;
 }
@@ -124,24 +142,28 @@ StepPlan Scheduler::Schedule() {
   while (!waiting_.empty() && running_.size() < max_seqs) {
     Seq& s = waiting_.front();
     const int64_t len = static_cast<int64_t>(s.tokens.size());
-    int64_t count = len;
+    // Imported positions need their blocks now, with the tokens computed here.
+    const int64_t todo = len - s.cached;
+    int64_t count = todo;
     if (limits_.chunked_prefill) {
-      count = std::min(len, left());
+      count = std::min(todo, left());
       if (count <= 0) break;
-    } else if (plan.batch.size() > 0 && len > left()) {
+    } else if (plan.batch.size() > 0 && todo > left()) {
       break;  // waits for a step with room
     }
     const int64_t seq = cache_.AddSequence();
     // Room for the tokens plus the next one, so that the first decode rarely preempts.
-    if (!(count == len && cache_.Reserve(seq, len + 1)) && !cache_.Reserve(seq, count)) {
+    if (!(count == todo && cache_.Reserve(seq, len + 1)) &&
+        !cache_.Reserve(seq, s.cached + count)) {
       cache_.Release(seq);
       AFD_CHECK(!running_.empty() || plan.batch.size() > 0,
                 "request {}: {} tokens do not fit in the free KV cache blocks ({} free)", s.request,
-                count, cache_.num_free_blocks());
+                s.cached + count, cache_.num_free_blocks());
       break;
     }
+    if (s.cached > 0) import_(s.request, seq, s.cached);
     s.cache_seq = seq;
-    s.computed = 0;
+    s.computed = s.cached;
     running_.push_back(std::move(s));
     waiting_.pop_front();
     Plan(running_.back(), count, plan);
@@ -229,7 +251,19 @@ void Scheduler::Update(const StepPlan& plan, const std::vector<int32_t>& next_id
       s->tokens.push_back(next_ids[i]);
     }
   }
-  for (int64_t request : done) Abort(request);
+  for (int64_t request : done) {
+    Seq* s = Find(request);
+    if (s != nullptr && s->hold && s->cache_seq >= 0) {
+      held_[request] = {s->cache_seq, s->computed};
+      s->cache_seq = -1;  // kept: Abort below must not release it
+      const int64_t seq_request = s->request;
+      running_.erase(std::remove_if(running_.begin(), running_.end(),
+                                    [seq_request](const Seq& r) { return r.request == seq_request; }),
+                     running_.end());
+      continue;
+    }
+    Abort(request);
+  }
 }
 
 }  // namespace afd::runtime

@@ -15,11 +15,18 @@
 // to compute (it samples); with prompt_logprobs, every prompt token of its first computation too.
 // Asynchronous scheduling (ScheduleAhead): the next step of pure decodes is planned while the
 // step before it still runs, its ids taken on the device from that step's samples.
+// KV transfers (prefill/decode disaggregation): a request may arrive with the cache rows of its
+// first `cached` prompt positions computed elsewhere (written into its blocks by the import hook
+// when it is admitted; it computes the rest), and a finished request may keep its cache
+// sequence (hold) until TakeHeld hands it to the engine. A preempted request recomputes
+// everything (its imported rows are gone with its blocks).
 // Thread safety: none; one thread schedules and updates.
 #pragma once
 
 #include <cstdint>
 #include <deque>
+#include <functional>
+#include <map>
 #include <optional>
 #include <vector>
 
@@ -64,8 +71,21 @@ class Scheduler {
   Scheduler(SchedulerLimits limits, kv::PagedKvCache& cache);
 
   // Queues a request; prompt_logprobs: the first prefill returns logits of every prompt token.
-  // Throws afd::Error when the prompt alone cannot ever fit in the cache.
-  void Add(int64_t request, std::vector<int32_t> prompt, bool prompt_logprobs);
+  // cached (< prompt size): leading prompt positions whose rows the import hook writes at
+  // admission; hold: when it finishes, its cache sequence is kept for TakeHeld. Throws
+  // afd::Error when the prompt alone cannot ever fit in the cache.
+  void Add(int64_t request, std::vector<int32_t> prompt, bool prompt_logprobs,
+           int64_t cached = 0, bool hold = false);
+  // Writes the rows of positions [0, cached) of `request` into cache sequence `cache_seq` (its
+  // blocks reserved) and extends its length to `cached`; called at admission.
+  using ImportHook = std::function<void(int64_t request, int64_t cache_seq, int64_t cached)>;
+  void SetImportHook(ImportHook hook) { import_ = std::move(hook); }
+  // The cache sequence a finished request with hold kept (its positions written), once.
+  struct HeldCache {
+    int64_t cache_seq = -1;
+    int64_t positions = 0;
+  };
+  std::optional<HeldCache> TakeHeld(int64_t request);
   // Removes a request wherever it is (its blocks are freed).
   void Abort(int64_t request);
   bool HasWork() const { return !running_.empty() || !waiting_.empty(); }
@@ -109,6 +129,8 @@ class Scheduler {
     bool prefilled = false;   // its prompt's logits were produced once
     int64_t computed = 0;     // tokens in the cache (running)
     bool id_pending = false;  // tokens.back() is a placeholder for an id not yet Updated
+    int64_t cached = 0;       // prompt positions the import hook writes at admission
+    bool hold = false;        // keep the cache sequence when finished
   };
   // Schedules `s` (running, holding a cache sequence) for `count` of its uncomputed tokens.
   void Plan(Seq& s, int64_t count, StepPlan& plan);
@@ -121,6 +143,8 @@ class Scheduler {
   std::deque<Seq> waiting_;
   std::vector<Seq> running_;  // admission order
   int64_t preemptions_ = 0;
+  ImportHook import_;
+  std::map<int64_t, HeldCache> held_;  // finished requests' kept caches, by request
 };
 
 }  // namespace afd::runtime
