@@ -12,7 +12,12 @@
 #include <utility>
 #include <vector>
 
+#include "afd/kernels/cuda/gemv.cuh"
+#include "afd/kernels/cuda/gqa.cuh"
 #include "afd/kernels/cuda/launch.cuh"
+#include "afd/kernels/cuda/mla.cuh"
+#include "afd/kernels/cuda/moe.cuh"
+#include "afd/kernels/cuda/router.cuh"
 
 namespace afd::kernels::cuda {
 namespace {

@@ -19,6 +19,14 @@
 #include "afd/common/error.h"
 #include "afd/kernels/cuda/kernel_trace.h"
 #include "afd/kernels/cuda/launch.cuh"
+#include "afd/kernels/cuda/afd.cuh"
+#include "afd/kernels/cuda/elementwise.cuh"
+#include "afd/kernels/cuda/gemv.cuh"
+#include "afd/kernels/cuda/gqa.cuh"
+#include "afd/kernels/cuda/mla.cuh"
+#include "afd/kernels/cuda/moe.cuh"
+#include "afd/kernels/cuda/router.cuh"
+#include "afd/kernels/cuda/sample.cuh"
 #include "afd/kernels/op_checks.h"
 
 namespace afd::kernels::cuda {

@@ -13,6 +13,7 @@
 
 #include "afd/common/cuda_check.h"
 #include "afd/kernels/cuda/launch.cuh"
+#include "afd/kernels/cuda/mla.cuh"
 #include "afd/kernels/cuda/mma.cuh"
 #include "afd/kernels/cuda/pdl.cuh"
 #include "afd/kernels/cuda/rope.cuh"

@@ -18,7 +18,8 @@
 #include <utility>
 
 #include "afd/common/cuda_check.h"
-#include "afd/kernels/cuda/launch.cuh"  // PdlEnabled, ChoiceOff
+#include "afd/kernels/cuda/elementwise.cuh"  // PdlEnabled
+#include "afd/kernels/cuda/launch.cuh"       // ChoiceOff
 
 namespace afd::kernels::cuda {
 

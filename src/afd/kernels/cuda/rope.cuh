@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-#include "afd/kernels/cuda/launch.cuh"  // RopeArgs
+#include "afd/kernels/cuda/attention_args.cuh"  // RopeArgs
 
 namespace afd::kernels::cuda {
 

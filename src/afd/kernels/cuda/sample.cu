@@ -6,6 +6,7 @@
 
 #include "afd/common/cuda_check.h"
 #include "afd/kernels/cuda/launch.cuh"
+#include "afd/kernels/cuda/sample.cuh"
 #include "afd/kernels/cuda/pdl.cuh"
 
 namespace afd::kernels::cuda {
