@@ -1,0 +1,174 @@
+// The KV transfer's TCP transport (runtime/kv_transport.h): rows served by a producer and pulled
+// by a consumer arrive whole and are released once; the join secret, the model and the cache
+// layout are checked on both sides, each failure named; a silent producer costs the consumer
+// its timeout, not a hang; a stalled client does not wedge the producer. End to end: a prefill
+// engine's held rows pulled over TCP into a decode engine give the colocated run's tokens.
+#include "afd/runtime/kv_transport.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <map>
+#include <mutex>
+
+#include "afd/common/error.h"
+#include "afd/kernels/cpu/cpu_backend.h"
+#include "afd/model/loader.h"
+#include "afd/runtime/engine.h"
+
+namespace afd::runtime {
+namespace {
+
+const std::string kSecret = "a secret of more than sixteen bytes";
+
+KvRows SomeRows(int64_t positions) {
+  KvRows r;
+  r.num_layers = 3;
+  r.row_width = 40;
+  r.positions = positions;
+  r.dtype = DType::kF32;
+  r.bytes.resize(r.expected_bytes());
+  for (size_t i = 0; i < r.bytes.size(); ++i) r.bytes[i] = static_cast<char>(i * 7 + 3);
+  return r;
+}
+KvLayout LayoutOf(const KvRows& r, std::string model = "m") {
+  return {std::move(model), r.num_layers, r.row_width, r.dtype};
+}
+
+// A producer holding request 11's rows.
+struct Producer {
+  KvRows rows = SomeRows(70);
+  std::mutex mu;
+  std::vector<uint64_t> released;
+  KvTransferServer server;
+  explicit Producer(std::optional<std::string> secret = kSecret, std::string model = "m")
+      : server(
+            "127.0.0.1", 0, std::move(secret), std::move(model),
+            [this](uint64_t id) {
+              AFD_CHECK(id == 11, "request {} holds no KV rows", id);
+              return rows;
+            },
+            [this](uint64_t id) {
+              std::lock_guard<std::mutex> lock(mu);
+              released.push_back(id);
+            },
+            2.0) {}
+};
+
+std::string FetchError(int port, uint64_t id, const KvLayout& layout,
+                       const std::optional<std::string>& secret, double timeout = 3.0) {
+  try {
+    FetchKvRows("127.0.0.1", port, id, layout, secret, timeout);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(KvTransport, RowsArriveWholeAndAreReleasedOnce) {
+  Producer p;
+  const KvRows got = FetchKvRows("127.0.0.1", p.server.port(), 11, LayoutOf(p.rows), kSecret, 5);
+  EXPECT_EQ(got.positions, 70);
+  EXPECT_EQ(got.bytes, p.rows.bytes);
+  for (int i = 0; i < 200 && p.server.transfers_done() == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));  // the release follows the DONE
+  }
+  std::lock_guard<std::mutex> lock(p.mu);
+  EXPECT_EQ(p.released, std::vector<uint64_t>{11});
+}
+
+TEST(KvTransport, EveryMismatchIsNamed) {
+  Producer p;
+  const int port = p.server.port();
+  EXPECT_NE(FetchError(port, 12, LayoutOf(p.rows), kSecret).find("request 12 holds no KV rows"),
+            std::string::npos);
+  EXPECT_NE(FetchError(port, 11, LayoutOf(p.rows), std::string("another secret, also long"))
+                .find("different secrets"),
+            std::string::npos);
+  EXPECT_NE(FetchError(port, 11, LayoutOf(p.rows), std::nullopt).find("requires the join secret"),
+            std::string::npos);
+  EXPECT_NE(FetchError(port, 11, LayoutOf(p.rows, "other"), kSecret)
+                .find("the producer serves model 'm', the consumer 'other'"),
+            std::string::npos);
+  KvLayout wide = LayoutOf(p.rows);
+  wide.row_width = 41;
+  const std::string e = FetchError(port, 11, wide, kSecret);
+  EXPECT_NE(e.find("40-wide float32 rows, this instance's cache has 3 layers of 41-wide"),
+            std::string::npos)
+      << e;
+  EXPECT_NE(e.find("127.0.0.1:" + std::to_string(port)), std::string::npos) << e;
+  std::lock_guard<std::mutex> lock(p.mu);
+  EXPECT_TRUE(p.released.empty());  // nothing was delivered
+}
+
+TEST(KvTransport, ASilentProducerCostsTheTimeoutNotAHang) {
+  comm::Socket listener = comm::Listen("127.0.0.1", 0);  // accepts (backlog), never speaks
+  const auto start = std::chrono::steady_clock::now();
+  const std::string e = FetchError(comm::LocalPort(listener), 11, LayoutOf(SomeRows(1)), kSecret,
+                                   0.3);
+  const double s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_NE(e.find("timed out"), std::string::npos) << e;
+  EXPECT_LT(s, 5.0);
+}
+
+TEST(KvTransport, AStalledClientDoesNotWedgeTheProducer) {
+  Producer p;
+  comm::Socket stalled =
+      comm::Connect("127.0.0.1", p.server.port(), Deadline::In(2), "the producer");
+  // It never answers the challenge; another client is served meanwhile.
+  const KvRows got = FetchKvRows("127.0.0.1", p.server.port(), 11, LayoutOf(p.rows), kSecret, 5);
+  EXPECT_EQ(got.bytes, p.rows.bytes);
+}
+
+TEST(KvTransport, HeldEngineRowsOverTcpGiveTheColocatedTokens) {
+  kernels::cpu::CpuBackend cpu;
+  std::unique_ptr<model::MoeModel> model =
+      model::OpenModel("preset:tiny-qwen3", model::OpenOptions{}, cpu);
+  LocalStepRunner runner(*model);
+  RequestParams params;
+  params.prompt = {4, 8, 15, 16, 23, 42, 108, 3, 7, 9};
+  params.max_tokens = 10;
+  params.ignore_eos = true;
+  auto drain = [](Engine& e) {
+    std::vector<int32_t> ids;
+    std::vector<RequestOutput> last;
+    while (e.HasWork()) {
+      for (RequestOutput& o : e.Step()) {
+        ids.insert(ids.end(), o.token_ids.begin(), o.token_ids.end());
+        last.push_back(std::move(o));
+      }
+    }
+    return std::make_pair(ids, last);
+  };
+  Engine colocated(*model, runner, {0, 0, false, 16, 0});
+  colocated.Add(1, params);
+  const std::vector<int32_t> want = drain(colocated).first;
+
+  Engine producer(*model, runner, {0, 0, false, 16, 0});
+  RequestParams prefill = params;
+  prefill.max_tokens = 1;
+  prefill.hold_kv = true;
+  producer.Add(11, prefill);
+  ASSERT_TRUE(drain(producer).second.back().kv_held);
+  // The server's threads reach the engine only while this thread waits in FetchKvRows.
+  KvTransferServer server(
+      "127.0.0.1", 0, kSecret, "tiny-qwen3",
+      [&producer](uint64_t id) { return producer.ExportHeldKv(id); },
+      [&producer](uint64_t id) { producer.ReleaseHeldKv(id); }, 2.0);
+  const KvLayout layout{"tiny-qwen3", model->config().num_hidden_layers, producer.kv_row_width(),
+                        producer.kv_dtype()};
+  RequestParams decode = params;
+  decode.imported_kv = std::make_shared<const KvRows>(
+      FetchKvRows("127.0.0.1", server.port(), 11, layout, kSecret, 5));
+  for (int i = 0; i < 200 && server.transfers_done() == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(producer.stats().kv_held, 0);  // released after the DONE
+  Engine consumer(*model, runner, {0, 0, false, 16, 0});
+  consumer.Add(21, decode);
+  EXPECT_EQ(drain(consumer).first, want);
+}
+
+}  // namespace
+}  // namespace afd::runtime
