@@ -1,6 +1,7 @@
 #include "afd/server/local_engine_client.h"
 
 #include <chrono>
+#include <future>
 #include <vector>
 
 #include "afd/common/error.h"
@@ -16,7 +17,38 @@ LocalEngineClient::LocalEngineClient(const model::MoeModel& model, runtime::Step
   info_.max_model_len = engine_.max_model_len();
   for (int64_t id : c.eos_token_ids) info_.eos_token_ids.push_back(static_cast<int32_t>(id));
   stats_ = engine_.stats();
+  kv_layout_ = {c.num_hidden_layers, engine_.kv_row_width(), engine_.kv_dtype()};
   thread_ = std::thread([this] { Loop(); });
+}
+
+runtime::KvRows LocalEngineClient::ExportHeldKv(uint64_t id, double timeout_s) {
+  auto result = std::make_shared<std::promise<runtime::KvRows>>();
+  std::future<runtime::KvRows> done = result->get_future();
+  {
+    MutexLock lock(mu_);
+    AFD_CHECK(failure_.empty() && !stop_, "request {}: no KV rows to export: {}", id,
+              failure_.empty() ? "the engine stopped" : failure_);
+    tasks_.push_back([this, id, result] {
+      try {
+        result->set_value(engine_.ExportHeldKv(id));
+      } catch (...) {
+        result->set_exception(std::current_exception());
+      }
+    });
+  }
+  wake_.notify_all();
+  AFD_CHECK(done.wait_for(std::chrono::duration<double>(timeout_s)) == std::future_status::ready,
+            "request {}: the engine did not export its KV rows within {} s", id, timeout_s);
+  return done.get();
+}
+
+void LocalEngineClient::ReleaseHeldKv(uint64_t id) {
+  {
+    MutexLock lock(mu_);
+    if (stop_) return;
+    tasks_.push_back([this, id] { engine_.ReleaseHeldKv(id); });
+  }
+  wake_.notify_all();
 }
 
 LocalEngineClient::~LocalEngineClient() {
@@ -89,14 +121,25 @@ void LocalEngineClient::Loop() {
   model_.backend().BindThread();
   while (true) {
     std::deque<Inbound> inbox;
+    std::deque<std::function<void()>> tasks;
     {
       MutexLock lock(mu_);
-      wake_.wait(lock, [&] { return stop_ || !inbox_.empty() || engine_.HasWork(); });
+      const auto ready = [&] {
+        return stop_ || !inbox_.empty() || !tasks_.empty() || engine_.HasWork();
+      };
+      if (stats_.kv_held > 0) {
+        // Held KV rows expire in Engine::Step: wake for it now and then while idle.
+        wake_.wait_for(lock, std::chrono::seconds(1), ready);
+      } else {
+        wake_.wait(lock, ready);
+      }
       if (stop_) return;
       inbox.swap(inbox_);
+      tasks.swap(tasks_);
     }
     std::vector<runtime::RequestOutput> outputs;
     try {
+      for (std::function<void()>& task : tasks) task();
       for (Inbound& in : inbox) {
         if (in.abort) {
           engine_.Abort(in.id);

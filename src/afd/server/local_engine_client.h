@@ -9,6 +9,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <string>
@@ -35,6 +36,10 @@ class LocalEngineClient : public EngineClient {
   EngineLoad Load() const override;
   bool Ready() const override { return Failure().empty(); }
   std::string Failure() const override;
+  bool SupportsKvTransfer() const override { return true; }
+  runtime::KvRows ExportHeldKv(uint64_t id, double timeout_s) override;
+  void ReleaseHeldKv(uint64_t id) override;
+  KvCacheLayout kv_cache_layout() const override { return kv_layout_; }
 
  private:
   struct Inbound {
@@ -52,6 +57,9 @@ class LocalEngineClient : public EngineClient {
   mutable Mutex mu_;
   std::condition_variable_any wake_;
   std::deque<Inbound> inbox_;
+  // Work for the engine's thread besides requests (KV exports and releases), run before them.
+  std::deque<std::function<void()>> tasks_;
+  KvCacheLayout kv_layout_;
   std::map<uint64_t, OutputCallback> callbacks_;
   runtime::EngineStats stats_;
   double step_seconds_ AFD_GUARDED_BY(mu_) = 0, delivery_seconds_ = 0;  // (EngineLoad)

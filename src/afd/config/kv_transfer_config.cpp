@@ -1,0 +1,69 @@
+#include "afd/config/kv_transfer_config.h"
+
+#include "afd/common/error.h"
+#include "afd/config/json_fields.h"
+
+namespace afd {
+
+KvTransferConfig ParseKvTransferConfig(const std::string& json_text) {
+  using json_fields::GetInt;
+  using json_fields::GetNumber;
+  using json_fields::GetString;
+  const std::string where = "kv_transfer_config";
+  const nlohmann::json j = json_fields::ParseStrict(json_text, where);
+  AFD_CHECK(j.is_object(), "{} must be a JSON object, got {}", where, json_fields::Describe(j));
+  KvTransferConfig c;
+  bool has_connector = false, has_role = false;
+  for (const auto& [key, value] : j.items()) {
+    const std::string path = where + "." + key;
+    if (key == "kv_connector") {
+      const std::string v = GetString(value, path);
+      AFD_CHECK(v == "AfdKvConnector",
+                "{}: connector '{}' is not supported (this runtime's is 'AfdKvConnector')", path,
+                v);
+      has_connector = true;
+    } else if (key == "kv_role") {
+      const std::string v = GetString(value, path);
+      if (v == "kv_producer") {
+        c.role = KvTransferConfig::Role::kProducer;
+      } else if (v == "kv_consumer") {
+        c.role = KvTransferConfig::Role::kConsumer;
+      } else if (v == "kv_both") {
+        c.role = KvTransferConfig::Role::kBoth;
+      } else {
+        AFD_THROW("{}: '{}' is not a role (kv_producer, kv_consumer, kv_both)", path, v);
+      }
+      has_role = true;
+    } else if (key == "kv_ip") {
+      c.kv_ip = GetString(value, path);
+      AFD_CHECK(!c.kv_ip.empty(), "{}: must not be empty", path);
+    } else if (key == "kv_port") {
+      c.kv_port = static_cast<int>(GetInt(value, path, 1, 65535));
+    } else if (key == "engine_id") {
+      c.engine_id = GetString(value, path);
+    } else if (key == "kv_connector_extra_config") {
+      AFD_CHECK(value.is_object(), "{} must be an object, got {}", path,
+                json_fields::Describe(value));
+      for (const auto& [k, v] : value.items()) {
+        const std::string p = path + "." + k;
+        if (k == "hold_timeout_s") {
+          c.hold_timeout_s = GetNumber(v, p, 1e-3, 1e7);
+        } else if (k == "transfer_timeout_s") {
+          c.transfer_timeout_s = GetNumber(v, p, 1e-3, 1e7);
+        } else {
+          AFD_THROW("{}: unknown field (hold_timeout_s, transfer_timeout_s)", p);
+        }
+      }
+    } else {
+      AFD_THROW(
+          "{}: unknown field (kv_connector, kv_role, kv_ip, kv_port, engine_id, "
+          "kv_connector_extra_config)",
+          path);
+    }
+  }
+  AFD_CHECK(has_connector, "{}.kv_connector is required ('AfdKvConnector')", where);
+  AFD_CHECK(has_role, "{}.kv_role is required (kv_producer, kv_consumer, kv_both)", where);
+  return c;
+}
+
+}  // namespace afd

@@ -1,0 +1,29 @@
+// `--kv-transfer-config` (vLLM's flag) for prefill/decode disaggregation (docs/pd.md):
+//   {"kv_connector": "AfdKvConnector", "kv_role": "kv_producer" | "kv_consumer" | "kv_both",
+//    "kv_ip": "127.0.0.1", "kv_port": 14579, "engine_id": "...",
+//    "kv_connector_extra_config": {"hold_timeout_s": 480, "transfer_timeout_s": 60}}
+// Unknown fields, connectors and roles are refused by name.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace afd {
+
+struct KvTransferConfig {
+  enum class Role { kProducer, kConsumer, kBoth };
+  Role role = Role::kBoth;
+  std::string kv_ip = "127.0.0.1";  // where this instance's KV server listens (a producer)
+  int kv_port = 14579;              // vLLM NixlConnector's default side channel port
+  std::string engine_id;            // remote_engine_id a producer announces ("" : generated)
+  double hold_timeout_s = 480.0;    // held rows freed after this (vLLM's abort timeout)
+  double transfer_timeout_s = 60.0;  // a consumer's pull, connect to last byte
+
+  bool produces() const { return role != Role::kConsumer; }
+  bool consumes() const { return role != Role::kProducer; }
+};
+
+// Parses the flag's JSON; throws afd::Error naming the field ("kv_transfer_config.kv_role: ...").
+KvTransferConfig ParseKvTransferConfig(const std::string& json_text);
+
+}  // namespace afd

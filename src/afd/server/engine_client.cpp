@@ -1,0 +1,18 @@
+#include "afd/server/engine_client.h"
+
+#include "afd/common/error.h"
+
+namespace afd::server {
+
+runtime::KvRows EngineClient::ExportHeldKv(uint64_t id, double /*timeout_s*/) {
+  AFD_THROW(
+      "request {}: KV transfers are not supported by this server's engines (the attention "
+      "replicas of a deployment do not hold KV rows for transfer yet)",
+      id);
+}
+
+void EngineClient::ReleaseHeldKv(uint64_t /*id*/) {}
+
+EngineClient::KvCacheLayout EngineClient::kv_cache_layout() const { return {}; }
+
+}  // namespace afd::server

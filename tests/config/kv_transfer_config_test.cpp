@@ -1,0 +1,58 @@
+// `--kv-transfer-config` (vLLM's flag): the fields this runtime reads, and every bad input
+// refused naming its field.
+#include "afd/config/kv_transfer_config.h"
+
+#include <gtest/gtest.h>
+
+#include "afd/common/error.h"
+
+namespace afd {
+namespace {
+
+TEST(KvTransferConfig, ReadsTheFields) {
+  const KvTransferConfig c = ParseKvTransferConfig(
+      R"({"kv_connector": "AfdKvConnector", "kv_role": "kv_producer", "kv_ip": "10.0.0.2",
+          "kv_port": 15000, "engine_id": "p0",
+          "kv_connector_extra_config": {"hold_timeout_s": 30, "transfer_timeout_s": 5}})");
+  EXPECT_EQ(c.role, KvTransferConfig::Role::kProducer);
+  EXPECT_TRUE(c.produces());
+  EXPECT_FALSE(c.consumes());
+  EXPECT_EQ(c.kv_ip, "10.0.0.2");
+  EXPECT_EQ(c.kv_port, 15000);
+  EXPECT_EQ(c.engine_id, "p0");
+  EXPECT_EQ(c.hold_timeout_s, 30);
+  EXPECT_EQ(c.transfer_timeout_s, 5);
+  const KvTransferConfig d =
+      ParseKvTransferConfig(R"({"kv_connector": "AfdKvConnector", "kv_role": "kv_both"})");
+  EXPECT_TRUE(d.produces() && d.consumes());
+  EXPECT_EQ(d.kv_port, 14579);
+  EXPECT_EQ(d.hold_timeout_s, 480);
+}
+
+TEST(KvTransferConfig, BadInputIsRefusedByName) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {R"({"kv_connector": "NixlConnector", "kv_role": "kv_both"})", "kv_connector"},
+      {R"({"kv_connector": "AfdKvConnector", "kv_role": "kv_decoder"})", "kv_role"},
+      {R"({"kv_connector": "AfdKvConnector"})", "kv_role is required"},
+      {R"({"kv_role": "kv_both"})", "kv_connector is required"},
+      {R"({"kv_connector": "AfdKvConnector", "kv_role": "kv_both", "kv_port": 70000})",
+       "kv_port"},
+      {R"({"kv_connector": "AfdKvConnector", "kv_role": "kv_both", "kv_buffer_size": 1})",
+       "kv_buffer_size: unknown field"},
+      {R"({"kv_connector": "AfdKvConnector", "kv_role": "kv_both",
+           "kv_connector_extra_config": {"hold_s": 1}})",
+       "kv_connector_extra_config.hold_s: unknown field"},
+      {R"([1])", "must be a JSON object"},
+  };
+  for (const auto& [text, says] : cases) {
+    try {
+      ParseKvTransferConfig(text);
+      ADD_FAILURE() << text << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
+    }
+  }
+}
+
+}  // namespace
+}  // namespace afd
