@@ -24,6 +24,7 @@
 #include "afd/cli/generation_flags.h"
 #include "afd/cli/validators.h"
 #include "afd/comm/join_secret.h"
+#include "afd/config/kv_transfer_config.h"
 #include "afd/common/error.h"
 #include "afd/common/stop_signals.h"
 #include "afd/common/temp_dir.h"
@@ -36,6 +37,7 @@
 #include "afd/deploy/transport.h"
 #include "afd/kernels/backend.h"
 #include "afd/runtime/cuda_graph_runner.h"
+#include "afd/runtime/kv_transport.h"
 #include "afd/server/local_engine_client.h"
 #include "afd/server/serve_runner.h"
 
@@ -63,6 +65,7 @@ struct RoleArgs {
   std::string http_host = "0.0.0.0";
   int http_port = 8000;
   std::string api_key, tokenizer;
+  std::string kv_transfer_config;  // serve: prefill/decode disaggregation (docs/pd.md)
   std::vector<std::string> served_model_names;
   int32_t max_logprobs = 20;
   int64_t max_waiting_requests = 0;
@@ -96,6 +99,7 @@ const char* FirstGiven(const RoleArgs& a, std::initializer_list<const char*> fla
 // The flags of the OpenAI API, which only a command that answers it may take.
 constexpr std::initializer_list<const char*> kApiOnlyFlags = {"--api-key",
                                                               "--served-model-name",
+                                                              "--kv-transfer-config",
                                                               "--max-logprobs",
                                                               "--max-waiting-requests",
                                                               "--max-request-body-bytes",
@@ -196,6 +200,11 @@ void AddHttpFlags(CLI::App* cmd, RoleArgs& a) {
                   "Largest request body; a larger one gets 413 before it is read (default 8 "
                   "MiB)")
       ->check(CLI::Range(int64_t{1024}, int64_t{1} << 40));
+  cmd->add_option("--kv-transfer-config", a.kv_transfer_config,
+                  "Prefill/decode disaggregation, vLLM's flag: {\"kv_connector\": "
+                  "\"AfdKvConnector\", \"kv_role\": \"kv_producer\" | \"kv_consumer\" | "
+                  "\"kv_both\", \"kv_ip\": ..., \"kv_port\": ...} (docs/pd.md; a model served "
+                  "in this process)");
   cmd->add_option("--max-connections", a.max_connections,
                   "Open HTTP connections at most; past it a connection gets 503 (default 16384)")
       ->check(Positive());
@@ -310,6 +319,10 @@ server::ServeHttpOptions ToHttpOptions(const RoleArgs& a) {
   if (a.Given("--top-k")) o.api.defaults.top_k = a.gen.sampling.top_k;
   if (a.Given("--seed")) o.api.defaults.seed = a.gen.sampling.seed;
   o.api.defaults.ignore_eos = a.gen.ignore_eos;
+  if (!a.kv_transfer_config.empty()) {
+    o.api.kv_transfer = ParseKvTransferConfig(a.kv_transfer_config);
+    o.api.kv_secret = comm::ResolveJoinSecret(o.api.kv_transfer->kv_ip);
+  }
   o.tokenizer_dir = a.tokenizer;
   o.shutdown_timeout_s = a.shutdown_timeout_s;
   o.api.Validate();
@@ -357,6 +370,11 @@ void CheckInProcessFlags(const RoleArgs& a) {
             "--cuda-device");
 }
 
+constexpr const char* kKvTransferInProcessOnly =
+    "--kv-transfer-config: the replicas of a deployment do not hold KV rows for transfer yet; "
+    "serve each prefill and decode instance as a model in one process (afd serve MODEL "
+    "--kv-transfer-config ...)";
+
 // `afd serve` of a model in this process.
 int ServeInProcess(RoleArgs& a) {
   server::ServingTokenizer tok;
@@ -390,6 +408,10 @@ int ServeInProcess(RoleArgs& a) {
             << std::endl;
   // On cuda, decode steps replay CUDA graphs (unless --enforce-eager); on cpu all is eager.
   runtime::CudaGraphRunner runner(*model, {a.cuda_graph_sizes, a.enforce_eager});
+  if (http.api.kv_transfer) {
+    http.api.kv_model = runtime::KvModelFingerprint(*model);
+    engine.kv_hold_timeout_s = http.api.kv_transfer->hold_timeout_s;
+  }
   server::LocalEngineClient client(*model, runner, engine);
   try {
     return server::ServeEngine(http, client, tok);
@@ -420,6 +442,10 @@ int ServeCommand(RoleArgs& a) {
     // plus a share of the routed experts, the MoE expert-parallel over them (afd launch's).
     if (a.dp > 1) return LaunchCommand(a);
     return ServeInProcess(a);
+  }
+  if (!a.kv_transfer_config.empty()) {
+    std::cerr << "afd serve: " << kKvTransferInProcessOnly << std::endl;
+    return 2;
   }
   deploy::WorkerOptions base;
   server::ServingTokenizer tok;
@@ -551,6 +577,11 @@ int ServeCommand(RoleArgs& a) {
 
 int LaunchCommand(RoleArgs& a) {
   BlockStopSignals();
+  if (!a.kv_transfer_config.empty()) {
+    std::cerr << "afd " << (a.dp > 1 ? "serve" : "launch") << ": " << kKvTransferInProcessOnly
+              << std::endl;
+    return 2;
+  }
   server::ServingTokenizer tok;
   server::ServeHttpOptions http;
   deploy::DeploymentSpec spec;

@@ -202,6 +202,15 @@ void KvTransferServer::Serve(comm::Socket s) {
   }
 }
 
+std::string KvModelFingerprint(const model::MoeModel& model) {
+  const model::ModelConfig& c = model.config();
+  return fmt::format("{} layers {} hidden {} heads {} vocab {} experts {} top {} cache rows {} {}",
+                     c.model_type_name(), c.num_hidden_layers, c.hidden_size,
+                     c.num_attention_heads, c.vocab_size, c.n_routed_experts,
+                     c.num_experts_per_tok, c.cache_row_width(),
+                     DTypeName(model.kv_cache_dtype()));
+}
+
 KvRows FetchKvRows(const std::string& host, int port, uint64_t request_id, const KvLayout& expect,
                    const std::optional<std::string>& secret, double timeout_s) {
   const std::string what = fmt::format("the KV producer at {}:{}", host, port);

@@ -19,6 +19,7 @@
 
 #include "afd/comm/socket.h"
 #include "afd/common/thread_annotations.h"
+#include "afd/model/model.h"
 #include "afd/runtime/request.h"
 
 namespace afd::runtime {
@@ -73,6 +74,10 @@ class KvTransferServer {
   std::list<Connection> connections_ AFD_GUARDED_BY(mu_);
   std::thread acceptor_;
 };
+
+// What the two sides of a transfer compare: the model's type and shapes and its cache rows'
+// layout (two checkpoints of the same shapes are not told apart).
+std::string KvModelFingerprint(const model::MoeModel& model);
 
 // Pulls the rows request `request_id` holds on the producer at host:port, checking them against
 // `expect`; then tells the producer to release them. Throws afd::Error naming the producer and

@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "afd/common/error.h"
+#include "afd/runtime/kv_transport.h"
 #include "afd/server/api/handlers.h"
 #include "afd/server/api/http_server.h"
 #include "afd/server/api/http_util.h"
@@ -52,6 +53,7 @@ using api::json;
 struct ApiServer::Impl {
   std::shared_ptr<api::ServerContext> ctx;
   std::unique_ptr<api::HttpServer> http;
+  std::unique_ptr<runtime::KvTransferServer> kv_server;  // a KV producer's
   std::mutex stop_mu;
   bool started = false;
   bool stopped = false;
@@ -204,9 +206,25 @@ ApiServer::~ApiServer() { Stop(); }
 void ApiServer::Start() {
   std::lock_guard<std::mutex> lock(impl_->stop_mu);
   AFD_CHECK(!impl_->started, "api server: Start called twice");
+  const ApiServerOptions& o = impl_->ctx->options();
+  if (o.kv_transfer && o.kv_transfer->produces()) {
+    EngineClient& engine = impl_->ctx->engine();
+    AFD_CHECK(engine.SupportsKvTransfer(),
+              "--kv-transfer-config: kv_role {} needs engines that hold KV rows for transfer; "
+              "an AFD deployment's attention replicas do not yet (a monolithic afd serve does)",
+              o.kv_transfer->role == KvTransferConfig::Role::kBoth ? "kv_both" : "kv_producer");
+    const double timeout = o.kv_transfer->transfer_timeout_s;
+    impl_->kv_server = std::make_unique<runtime::KvTransferServer>(
+        o.kv_transfer->kv_ip, o.kv_transfer->kv_port, o.kv_secret, o.kv_model,
+        [&engine, timeout](uint64_t id) { return engine.ExportHeldKv(id, timeout); },
+        [&engine](uint64_t id) { engine.ReleaseHeldKv(id); }, timeout);
+    impl_->ctx->kv_port = impl_->kv_server->port();
+  }
   impl_->http->Start();
   impl_->started = true;
 }
+
+int ApiServer::kv_port() const { return impl_->kv_server ? impl_->kv_server->port() : 0; }
 
 int ApiServer::port() const { return impl_->http->port(); }
 
@@ -229,6 +247,7 @@ void ApiServer::Stop() {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   } while (std::chrono::steady_clock::now() < deadline);
   impl_->http->Stop();
+  impl_->kv_server.reset();
 }
 
 }  // namespace afd::server

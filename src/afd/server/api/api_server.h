@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "afd/config/kv_transfer_config.h"
 #include "afd/server/engine_client.h"
 
 namespace afd::text {
@@ -65,6 +66,14 @@ struct ApiServerOptions {
   int64_t max_connections = 16384;  // past it: 503 and close
   // How long Stop() lets aborted requests send their error before closing connections.
   int shutdown_grace_ms = 5000;
+  // Prefill/decode disaggregation (`--kv-transfer-config`, docs/pd.md): a producer holds the
+  // rows of requests with kv_transfer_params.do_remote_decode and serves them on kv_ip:kv_port
+  // (kv_port 0: a free port, for tests); a consumer pulls them for requests with
+  // do_remote_prefill. kv_model: both sides' fingerprint of the model (KvModelFingerprint);
+  // kv_secret: the join secret transfers authenticate with (nullopt: none, loopback only).
+  std::optional<KvTransferConfig> kv_transfer;
+  std::string kv_model;
+  std::optional<std::string> kv_secret;
   // Throws afd::Error naming the bad field.
   void Validate() const;
 };
@@ -92,6 +101,8 @@ class ApiServer {
   void Stop();
   // Requests being answered now (for tests and shutdown logic).
   int64_t num_in_flight() const;
+  // The KV transfer server's port (a producer after Start), else 0.
+  int kv_port() const;
 
  private:
   struct Impl;

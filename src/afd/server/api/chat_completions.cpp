@@ -27,7 +27,7 @@ HandlerResult HandleChatCompletions(const std::shared_ptr<ServerContext>& ctx,
   };
 
   if (!r.stream) {
-    auto complete = [r, run, id, created, model, prompt, logprobs_of] {
+    auto complete = [ctx, r, run, id, created, model, prompt, logprobs_of] {
       json choices = json::array();
       for (size_t c = 0; c < run->num_choices(); ++c) {
         const ChoiceState& choice = run->choice(c);
@@ -43,6 +43,7 @@ HandlerResult HandleChatCompletions(const std::shared_ptr<ServerContext>& ctx,
           {"id", id},       {"object", "chat.completion"},   {"created", created},
           {"model", model}, {"choices", std::move(choices)}, {"usage", Usage(*run, 1, r.n)}};
       if (r.return_token_ids) response["prompt_token_ids"] = prompt.ids;
+      if (r.kv.remote_decode) response["kv_transfer_params"] = KvTransferResponse(*ctx, *run);
       return response;
     };
     return {{}, std::make_shared<GenerationResponse>(ctx, run, std::move(complete))};

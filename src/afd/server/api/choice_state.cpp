@@ -65,6 +65,11 @@ std::optional<ChoiceDelta> ChoiceState::Apply(const runtime::RequestOutput& outp
       break;
     }
   }
+  if (output.finished && output.kv_held) {
+    kv_held_ = true;
+    kv_positions_ = output.kv_positions;
+    kv_block_ids_ = output.kv_block_ids;
+  }
   if (!done_ && output.finished) {
     delta.text += text_state_.Finish();
     done_ = true;

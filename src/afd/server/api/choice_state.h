@@ -54,6 +54,10 @@ class ChoiceState {
   const std::vector<int32_t>& token_ids() const { return token_ids_; }
   const std::vector<runtime::TokenLogprobs>& logprobs() const { return logprobs_; }
   const std::vector<runtime::TokenLogprobs>& prompt_logprobs() const { return prompt_logprobs_; }
+  // The engine held the choice's KV rows when it finished (the prefill leg of a transfer).
+  bool kv_held() const { return kv_held_; }
+  int64_t kv_positions() const { return kv_positions_; }
+  const std::vector<int32_t>& kv_block_ids() const { return kv_block_ids_; }
 
  private:
   bool want_logprobs_;
@@ -71,6 +75,9 @@ class ChoiceState {
   std::vector<int32_t> token_ids_;
   std::vector<runtime::TokenLogprobs> logprobs_;
   std::vector<runtime::TokenLogprobs> prompt_logprobs_;
+  bool kv_held_ = false;
+  int64_t kv_positions_ = 0;
+  std::vector<int32_t> kv_block_ids_;
 };
 
 }  // namespace afd::server::api

@@ -113,12 +113,14 @@ HandlerResult HandleCompletions(const std::shared_ptr<ServerContext>& ctx, const
         }
         choices.push_back(std::move(out));
       }
-      return json{{"id", id},
-                  {"object", "text_completion"},
-                  {"created", created},
-                  {"model", model},
-                  {"choices", std::move(choices)},
-                  {"usage", Usage(*run, num_prompts, r.n)}};
+      json response = {{"id", id},
+                       {"object", "text_completion"},
+                       {"created", created},
+                       {"model", model},
+                       {"choices", std::move(choices)},
+                       {"usage", Usage(*run, num_prompts, r.n)}};
+      if (r.kv.remote_decode) response["kv_transfer_params"] = KvTransferResponse(*ctx, *run);
+      return response;
     };
     return {{}, std::make_shared<GenerationResponse>(ctx, run, std::move(complete))};
   }

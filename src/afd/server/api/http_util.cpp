@@ -2,7 +2,25 @@
 
 #include <chrono>
 
+#include "afd/common/error.h"
+#include "afd/runtime/kv_transport.h"
+
 namespace afd::server::api {
+
+json KvTransferResponse(const ServerContext& ctx, const RequestRun& run) {
+  if (run.num_choices() != 1 || !run.choice(0).kv_held()) return nullptr;
+  const ChoiceState& c = run.choice(0);
+  const ApiServerOptions& o = ctx.options();
+  return {{"do_remote_prefill", true},
+          {"do_remote_decode", false},
+          {"remote_engine_id", ctx.kv_engine_id()},
+          {"remote_request_id", run.sequence_id(0)},
+          {"remote_block_ids", c.kv_block_ids()},
+          {"remote_host", o.kv_transfer->kv_ip},
+          {"remote_port", ctx.kv_port.load()},
+          {"tp_size", 1},
+          {"num_positions", c.kv_positions()}};
+}
 
 std::string Dump(const json& value) {
   return value.dump(-1, ' ', false, json::error_handler_t::replace);
@@ -135,6 +153,25 @@ std::shared_ptr<RequestRun> SubmitChoices(const std::shared_ptr<ServerContext>& 
   std::vector<runtime::RequestParams> params;
   for (const auto& prompt : prompts) {
     for (int64_t j = 0; j < r.n; ++j) params.push_back(MakeRequestParams(r, prompt, j, seed, *ctx));
+  }
+  if ((r.kv.remote_decode || r.kv.remote_prefill) && params.size() != 1) {
+    ThrowBadRequest("kv_transfer_params", "KV transfers take one prompt, got {}", prompts.size());
+  }
+  if (r.kv.remote_prefill) {
+    // The decode leg: pull the prompt's rows from the producer (on this worker thread; the
+    // engine steps on), then compute only what they do not cover.
+    const ApiServerOptions& o = ctx->options();
+    const EngineClient::KvCacheLayout cache = ctx->engine().kv_cache_layout();
+    const runtime::KvLayout expect{o.kv_model, cache.num_layers, cache.row_width, cache.dtype};
+    try {
+      params[0].imported_kv = std::make_shared<const runtime::KvRows>(runtime::FetchKvRows(
+          r.kv.remote_host, r.kv.remote_port, r.kv.remote_request_id, expect, o.kv_secret,
+          o.kv_transfer->transfer_timeout_s));
+    } catch (const Error& e) {
+      throw ApiError(502, fmt::format("the KV transfer from the prefill instance failed: {}",
+                                      e.what()),
+                     "kv_transfer_params");
+    }
   }
   auto run = std::make_shared<RequestRun>(ctx, r);
   const std::unique_lock<std::mutex> admitted = ctx->AdmitRequest();

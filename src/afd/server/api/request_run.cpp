@@ -91,6 +91,11 @@ void RequestRun::Submit(runtime::RequestParams params) {
       });
 }
 
+uint64_t RequestRun::sequence_id(size_t i) const {
+  MutexLock lock(shared_->mu);
+  return shared_->sequences.at(i).id;
+}
+
 void RequestRun::SetNotify(std::function<void()> notify) {
   MutexLock lock(shared_->mu);
   shared_->notify = std::move(notify);

@@ -57,6 +57,8 @@ class RequestRun {
   void SetNotify(std::function<void()> notify);
 
   size_t num_choices() const { return choices_.size(); }
+  // The engine's id of choice i's sequence.
+  uint64_t sequence_id(size_t i) const;
   const ChoiceState& choice(size_t i) const { return choices_[i]; }
   const std::vector<int32_t>& prompt(size_t i) const { return prompts_[i]; }
 

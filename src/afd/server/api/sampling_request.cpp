@@ -175,6 +175,62 @@ SamplingRequest ParseSamplingRequest(const json& body, Endpoint endpoint,
     r.include_usage = BoolField(*options, "include_usage", false);
   }
   r.return_token_ids = BoolField(body, "return_token_ids", false);
+  if (const json* kv = FindField(body, "kv_transfer_params"); kv != nullptr) {
+    if (!kv->is_object()) {
+      ThrowBadRequest("kv_transfer_params", "'kv_transfer_params' must be an object");
+    }
+    r.kv.remote_decode = BoolField(*kv, "do_remote_decode", false);
+    r.kv.remote_prefill = BoolField(*kv, "do_remote_prefill", false);
+    const std::optional<KvTransferConfig>& config = ctx.options().kv_transfer;
+    if (r.kv.remote_decode && r.kv.remote_prefill) {
+      ThrowBadRequest("kv_transfer_params",
+                      "do_remote_decode and do_remote_prefill cannot both be true");
+    }
+    if ((r.kv.remote_decode || r.kv.remote_prefill) && r.n != 1) {
+      ThrowBadRequest("kv_transfer_params", "KV transfers take n = 1, got {}", r.n);
+    }
+    if (r.kv.remote_decode) {
+      if (!config || !config->produces()) {
+        ThrowBadRequest("kv_transfer_params.do_remote_decode",
+                        "this server is not a KV producer (--kv-transfer-config kv_role "
+                        "kv_producer or kv_both)");
+      }
+      if (r.stream) {
+        ThrowBadRequest("kv_transfer_params.do_remote_decode",
+                        "the prefill leg of a KV transfer is not streamed (stream false)");
+      }
+    }
+    if (r.kv.remote_prefill) {
+      if (!config || !config->consumes()) {
+        ThrowBadRequest("kv_transfer_params.do_remote_prefill",
+                        "this server is not a KV consumer (--kv-transfer-config kv_role "
+                        "kv_consumer or kv_both)");
+      }
+      r.kv.remote_engine_id = StringField(*kv, "remote_engine_id", "");
+      r.kv.remote_host = StringField(*kv, "remote_host", "");
+      if (r.kv.remote_host.empty()) {
+        ThrowBadRequest("kv_transfer_params.remote_host",
+                        "'remote_host' is required with do_remote_prefill");
+      }
+      const int64_t port = IntField(*kv, "remote_port", 0);
+      if (port < 1 || port > 65535) {
+        ThrowBadRequest("kv_transfer_params.remote_port",
+                        "'remote_port' must be a port number (1-65535), got {}", port);
+      }
+      r.kv.remote_port = static_cast<int>(port);
+      const json* id = FindField(*kv, "remote_request_id");
+      if (id == nullptr || !id->is_number_unsigned()) {
+        ThrowBadRequest("kv_transfer_params.remote_request_id",
+                        "'remote_request_id' (the producer's response gives it) must be a "
+                        "non-negative integer");
+      }
+      r.kv.remote_request_id = id->get<uint64_t>();
+      if (IntField(*kv, "tp_size", 1) != 1) {
+        ThrowBadRequest("kv_transfer_params.tp_size",
+                        "rows from a tensor-parallel producer are not supported (tp_size 1)");
+      }
+    }
+  }
   return r;
 }
 
@@ -212,6 +268,7 @@ runtime::RequestParams MakeRequestParams(const SamplingRequest& request, const P
   p.ignore_eos = request.ignore_eos;
   p.logprobs = request.logprobs;
   if (request.echo && request.logprobs >= 0) p.prompt_logprobs = request.logprobs;
+  p.hold_kv = request.kv.remote_decode;  // the prefill leg of a KV transfer
   return p;
 }
 

@@ -22,6 +22,16 @@ enum class Endpoint { kCompletions, kChat };
 // server has no --max-tokens; chat requests get the rest of the context.
 inline constexpr int64_t kCompletionsDefaultMaxTokens = 16;
 
+// A request's kv_transfer_params (vLLM's fields; docs/pd.md): the prefill leg asks the rows held
+// (do_remote_decode), the decode leg names where to pull them from (do_remote_prefill).
+struct KvTransferParams {
+  bool remote_decode = false;
+  bool remote_prefill = false;
+  std::string remote_engine_id, remote_host;
+  int remote_port = 0;
+  uint64_t remote_request_id = 0;
+};
+
 struct SamplingRequest {
   std::string model;  // as named by the request ("" when absent)
   int64_t n = 1;
@@ -37,6 +47,7 @@ struct SamplingRequest {
   bool stream = false;
   bool include_usage = false;
   bool return_token_ids = false;
+  KvTransferParams kv;
 };
 
 // One prompt: its ids, and its text as echoed (the request's string, or the ids' decoding;

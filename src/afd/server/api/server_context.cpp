@@ -17,7 +17,13 @@ ServerContext::ServerContext(ApiServerOptions options, EngineClient& engine,
       tokenizer_(tokenizer),
       chat_template_(chat_template),
       metrics_(options_.served_model_names.front()),
-      rng_(std::random_device{}()) {}
+      rng_(std::random_device{}()) {
+  if (options_.kv_transfer && !options_.kv_transfer->engine_id.empty()) {
+    kv_engine_id_ = options_.kv_transfer->engine_id;
+  } else {
+    kv_engine_id_ = RandomId("afd-");
+  }
+}
 
 void ServerContext::CheckModel(const std::string& name) const {
   if (name.empty()) return;

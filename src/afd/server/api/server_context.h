@@ -54,6 +54,10 @@ class ServerContext {
 
   std::atomic<bool> shutting_down{false};
   std::atomic<int64_t> in_flight{0};  // requests being answered
+  // A KV producer's: the port its transfer server listens on (set by ApiServer::Start) and the
+  // engine id its responses announce (kv_transfer_config.engine_id, else a random one).
+  std::atomic<int> kv_port{0};
+  const std::string& kv_engine_id() const { return kv_engine_id_; }
 
  private:
   ApiServerOptions options_;
@@ -61,6 +65,7 @@ class ServerContext {
   const text::Tokenizer* tokenizer_;
   const text::ChatTemplate* chat_template_;
   ServingMetrics metrics_;
+  std::string kv_engine_id_;
 
   std::mutex admission_mu_;  // held from a request's admission check to its last Submit
   mutable Mutex mu_;

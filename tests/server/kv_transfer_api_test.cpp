@@ -1,0 +1,174 @@
+// Prefill/decode disaggregation through the OpenAI API (docs/pd.md), as vLLM's proxy drives it:
+// the prefill leg (max_tokens 1, kv_transfer_params.do_remote_decode) on a producer server
+// returns kv_transfer_params; the decode leg with them on a consumer server pulls the rows over
+// the KV port and answers what a colocated server answers. Bad parameters are 400s naming the
+// field; a pull that fails is a 502 for that request, and the consumer goes on serving.
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <chrono>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "afd/comm/socket.h"
+#include "afd/kernels/cpu/cpu_backend.h"
+#include "afd/model/loader.h"
+#include "afd/server/api/api_server.h"
+#include "afd/server/local_engine_client.h"
+
+namespace afd::server {
+namespace {
+
+using json = nlohmann::ordered_json;
+
+const std::string kSecret = "the deployment's secret, long enough";
+
+// One server over its own model, backend and engine.
+struct Instance {
+  kernels::cpu::CpuBackend cpu;
+  std::unique_ptr<model::MoeModel> model;
+  std::unique_ptr<runtime::LocalStepRunner> runner;
+  std::unique_ptr<LocalEngineClient> engine;
+  std::unique_ptr<ApiServer> server;
+
+  explicit Instance(std::optional<KvTransferConfig::Role> role) {
+    model = model::OpenModel("preset:tiny", model::OpenOptions{}, cpu);
+    runner = std::make_unique<runtime::LocalStepRunner>(*model);
+    engine = std::make_unique<LocalEngineClient>(*model, *runner,
+                                                 runtime::EngineOptions{0, 0, false, 64, 0});
+    ApiServerOptions o;
+    o.host = "127.0.0.1";
+    o.port = 0;
+    if (role) {
+      KvTransferConfig kv;
+      kv.role = *role;
+      kv.kv_port = 0;
+      kv.transfer_timeout_s = 2;
+      o.kv_transfer = kv;
+      o.kv_model = "preset:tiny";
+      o.kv_secret = kSecret;
+    }
+    server = std::make_unique<ApiServer>(o, *engine, nullptr, nullptr);
+    server->Start();
+  }
+  ~Instance() { server->Stop(); }
+
+  std::pair<int, json> Post(const std::string& path, const json& body) const {
+    httplib::Client c("127.0.0.1", server->port());
+    c.set_read_timeout(30, 0);
+    auto r = c.Post(path.c_str(), body.dump(), "application/json");
+    if (!r) return {0, nullptr};
+    return {r->status, json::parse(r->body, nullptr, false)};
+  }
+};
+
+json Request(const std::vector<int32_t>& prompt, int max_tokens) {
+  return {{"prompt", prompt},         {"max_tokens", max_tokens}, {"temperature", 0},
+          {"ignore_eos", true},       {"logprobs", 2},            {"return_token_ids", true}};
+}
+
+std::vector<int32_t> Prompt(int n) {
+  std::vector<int32_t> p;
+  for (int i = 0; i < n; ++i) p.push_back((i * 53 + 7) % 1000 + 2);
+  return p;
+}
+
+TEST(KvTransferApi, ProxyFlowGivesTheColocatedAnswer) {
+  Instance colocated(std::nullopt), producer(KvTransferConfig::Role::kProducer),
+      consumer(KvTransferConfig::Role::kConsumer);
+  for (int len : {5, 70, 150}) {
+    const json req = Request(Prompt(len), 12);
+    const auto [ref_status, ref] = colocated.Post("/v1/completions", req);
+    ASSERT_EQ(ref_status, 200) << ref.dump();
+    // Prefill leg.
+    json prefill = req;
+    prefill["max_tokens"] = 1;
+    prefill["kv_transfer_params"] = {{"do_remote_decode", true}, {"do_remote_prefill", false},
+                                     {"remote_engine_id", nullptr}, {"remote_host", nullptr}};
+    const auto [p_status, p] = producer.Post("/v1/completions", prefill);
+    ASSERT_EQ(p_status, 200) << p.dump();
+    const json& params = p["kv_transfer_params"];
+    ASSERT_TRUE(params.is_object()) << p.dump();
+    EXPECT_EQ(params["do_remote_prefill"], true);
+    EXPECT_EQ(params["remote_port"], producer.server->kv_port());
+    EXPECT_EQ(params["num_positions"], len);
+    EXPECT_EQ(params["tp_size"], 1);
+    EXPECT_FALSE(params["remote_block_ids"].empty());
+    EXPECT_EQ(p["choices"][0]["token_ids"][0], ref["choices"][0]["token_ids"][0]);
+    // Decode leg.
+    json decode = req;
+    decode["kv_transfer_params"] = params;
+    const auto [d_status, d] = consumer.Post("/v1/completions", decode);
+    ASSERT_EQ(d_status, 200) << d.dump();
+    EXPECT_EQ(d["choices"][0]["token_ids"], ref["choices"][0]["token_ids"]) << "prompt " << len;
+    EXPECT_EQ(d["choices"][0]["logprobs"], ref["choices"][0]["logprobs"]) << "prompt " << len;
+    EXPECT_EQ(d["choices"][0]["text"], ref["choices"][0]["text"]);
+    // The rows were pulled once: pulling them again fails (502), naming the request.
+    const auto [again_status, again] = consumer.Post("/v1/completions", decode);
+    EXPECT_EQ(again_status, 502) << again.dump();
+    EXPECT_NE(again.dump().find("holds no KV rows"), std::string::npos) << again.dump();
+    EXPECT_EQ(again["error"]["param"], "kv_transfer_params");
+  }
+  // Every held row was released on the producer.
+  for (int i = 0; i < 200 && producer.engine->Load().total.kv_held > 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(producer.engine->Load().total.kv_held, 0);
+  // The consumer still serves plain requests.
+  EXPECT_EQ(consumer.Post("/v1/completions", Request(Prompt(4), 3)).first, 200);
+}
+
+TEST(KvTransferApi, BadParametersAre400sNamingTheField) {
+  Instance producer(KvTransferConfig::Role::kProducer), consumer(KvTransferConfig::Role::kConsumer),
+      plain(std::nullopt);
+  auto error_param = [](const Instance& s, json body) {
+    const auto [status, r] = s.Post("/v1/completions", body);
+    EXPECT_EQ(status, 400) << r.dump();
+    return r["error"]["param"].is_string() ? r["error"]["param"].get<std::string>() : "";
+  };
+  json req = Request(Prompt(8), 1);
+  req["kv_transfer_params"] = {{"do_remote_decode", true}};
+  EXPECT_EQ(error_param(plain, req), "kv_transfer_params.do_remote_decode");  // not a producer
+  EXPECT_EQ(error_param(consumer, req), "kv_transfer_params.do_remote_decode");
+  json streamed = req;
+  streamed["stream"] = true;
+  EXPECT_EQ(error_param(producer, streamed), "kv_transfer_params.do_remote_decode");
+  json two = req;
+  two["n"] = 2;
+  EXPECT_EQ(error_param(producer, two), "kv_transfer_params");
+  json decode = Request(Prompt(8), 4);
+  decode["kv_transfer_params"] = {{"do_remote_prefill", true}, {"remote_host", "127.0.0.1"},
+                                  {"remote_port", 70000}, {"remote_request_id", 1}};
+  EXPECT_EQ(error_param(consumer, decode), "kv_transfer_params.remote_port");
+  decode["kv_transfer_params"]["remote_port"] = 1;
+  decode["kv_transfer_params"]["remote_request_id"] = "one";
+  EXPECT_EQ(error_param(consumer, decode), "kv_transfer_params.remote_request_id");
+  decode["kv_transfer_params"].erase("remote_host");
+  decode["kv_transfer_params"]["remote_request_id"] = 1;
+  EXPECT_EQ(error_param(consumer, decode), "kv_transfer_params.remote_host");
+  EXPECT_EQ(error_param(producer, decode), "kv_transfer_params.do_remote_prefill");
+  json object = Request(Prompt(8), 4);
+  object["kv_transfer_params"] = "do_remote_prefill";
+  EXPECT_EQ(error_param(consumer, object), "kv_transfer_params");
+}
+
+TEST(KvTransferApi, AnUnreachableProducerFailsTheRequestNotTheServer) {
+  Instance consumer(KvTransferConfig::Role::kConsumer);
+  afd::comm::Socket taken = afd::comm::Listen("127.0.0.1", 0);
+  const int closed_port = afd::comm::LocalPort(taken);
+  taken.Close();  // nothing listens there now
+  json decode = Request(Prompt(8), 4);
+  decode["kv_transfer_params"] = {{"do_remote_prefill", true}, {"remote_host", "127.0.0.1"},
+                                  {"remote_port", closed_port}, {"remote_request_id", 1}};
+  const auto start = std::chrono::steady_clock::now();
+  const auto [status, r] = consumer.Post("/v1/completions", decode);
+  EXPECT_EQ(status, 502) << r.dump();
+  EXPECT_NE(r.dump().find("127.0.0.1:" + std::to_string(closed_port)), std::string::npos)
+      << r.dump();
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 20);
+  EXPECT_EQ(consumer.Post("/v1/completions", Request(Prompt(4), 3)).first, 200);
+}
+
+}  // namespace
+}  // namespace afd::server
