@@ -12,70 +12,13 @@
 #include <thread>
 
 #include "afd/comm/socket.h"
-#include "afd/kernels/cpu/cpu_backend.h"
-#include "afd/model/loader.h"
-#include "afd/server/api/api_server.h"
-#include "afd/server/local_engine_client.h"
+#include "server/kv_instance.h"
 
-namespace afd::server {
+namespace afd::server::test {
 namespace {
 
-using json = nlohmann::ordered_json;
-
-const std::string kSecret = "the deployment's secret, long enough";
-
-// One server over its own model, backend and engine.
-struct Instance {
-  kernels::cpu::CpuBackend cpu;
-  std::unique_ptr<model::MoeModel> model;
-  std::unique_ptr<runtime::LocalStepRunner> runner;
-  std::unique_ptr<LocalEngineClient> engine;
-  std::unique_ptr<ApiServer> server;
-
-  explicit Instance(std::optional<KvTransferConfig::Role> role) {
-    model = model::OpenModel("preset:tiny", model::OpenOptions{}, cpu);
-    runner = std::make_unique<runtime::LocalStepRunner>(*model);
-    engine = std::make_unique<LocalEngineClient>(*model, *runner,
-                                                 runtime::EngineOptions{0, 0, false, 64, 0});
-    ApiServerOptions o;
-    o.host = "127.0.0.1";
-    o.port = 0;
-    if (role) {
-      KvTransferConfig kv;
-      kv.role = *role;
-      kv.kv_port = 0;
-      kv.transfer_timeout_s = 2;
-      o.kv_transfer = kv;
-      o.kv_model = "preset:tiny";
-      o.kv_secret = kSecret;
-    }
-    server = std::make_unique<ApiServer>(o, *engine, nullptr, nullptr);
-    server->Start();
-  }
-  ~Instance() { server->Stop(); }
-
-  std::pair<int, json> Post(const std::string& path, const json& body) const {
-    httplib::Client c("127.0.0.1", server->port());
-    c.set_read_timeout(30, 0);
-    auto r = c.Post(path.c_str(), body.dump(), "application/json");
-    if (!r) return {0, nullptr};
-    return {r->status, json::parse(r->body, nullptr, false)};
-  }
-};
-
-json Request(const std::vector<int32_t>& prompt, int max_tokens) {
-  return {{"prompt", prompt},         {"max_tokens", max_tokens}, {"temperature", 0},
-          {"ignore_eos", true},       {"logprobs", 2},            {"return_token_ids", true}};
-}
-
-std::vector<int32_t> Prompt(int n) {
-  std::vector<int32_t> p;
-  for (int i = 0; i < n; ++i) p.push_back((i * 53 + 7) % 1000 + 2);
-  return p;
-}
-
 TEST(KvTransferApi, ProxyFlowGivesTheColocatedAnswer) {
-  Instance colocated(std::nullopt), producer(KvTransferConfig::Role::kProducer),
+  KvInstance colocated(std::nullopt), producer(KvTransferConfig::Role::kProducer),
       consumer(KvTransferConfig::Role::kConsumer);
   for (int len : {5, 70, 150}) {
     const json req = Request(Prompt(len), 12);
@@ -120,9 +63,9 @@ TEST(KvTransferApi, ProxyFlowGivesTheColocatedAnswer) {
 }
 
 TEST(KvTransferApi, BadParametersAre400sNamingTheField) {
-  Instance producer(KvTransferConfig::Role::kProducer), consumer(KvTransferConfig::Role::kConsumer),
+  KvInstance producer(KvTransferConfig::Role::kProducer), consumer(KvTransferConfig::Role::kConsumer),
       plain(std::nullopt);
-  auto error_param = [](const Instance& s, json body) {
+  auto error_param = [](const KvInstance& s, json body) {
     const auto [status, r] = s.Post("/v1/completions", body);
     EXPECT_EQ(status, 400) << r.dump();
     return r["error"]["param"].is_string() ? r["error"]["param"].get<std::string>() : "";
@@ -154,7 +97,7 @@ TEST(KvTransferApi, BadParametersAre400sNamingTheField) {
 }
 
 TEST(KvTransferApi, AnUnreachableProducerFailsTheRequestNotTheServer) {
-  Instance consumer(KvTransferConfig::Role::kConsumer);
+  KvInstance consumer(KvTransferConfig::Role::kConsumer);
   afd::comm::Socket taken = afd::comm::Listen("127.0.0.1", 0);
   const int closed_port = afd::comm::LocalPort(taken);
   taken.Close();  // nothing listens there now
@@ -171,4 +114,4 @@ TEST(KvTransferApi, AnUnreachableProducerFailsTheRequestNotTheServer) {
 }
 
 }  // namespace
-}  // namespace afd::server
+}  // namespace afd::server::test

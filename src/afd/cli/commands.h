@@ -27,6 +27,8 @@ void AddBenchCommand(CLI::App& app, int& exit_code);
 void AddTokenizeCommand(CLI::App& app, int& exit_code);
 // `afd k8s`: Kubernetes manifests of a multi-pod deployment.
 void AddK8sCommand(CLI::App& app, int& exit_code);
+// `afd proxy`: prefill/decode disaggregation's endpoint (proxy_cmd.cpp).
+void AddProxyCommand(CLI::App& app, int& exit_code);
 
 }  // namespace cli
 }  // namespace afd
