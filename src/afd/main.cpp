@@ -22,9 +22,9 @@ namespace {
 // vLLM flags a recipe may carry that afd has no counterpart for, and what to do instead.
 const std::map<std::string, std::string>& VllmOnlyFlags() {
   static const std::map<std::string, std::string> flags = {
-      {"--kv-transfer-config", "prefill/decode disaggregation is not implemented yet"},
       {"--data-parallel-backend", "afd starts its DP ranks as processes itself"},
-      {"--trust-remote-code", "afd runs its own DeepSeek-V2/V3 code, never a checkpoint's"},
+      {"--trust-remote-code",
+       "afd runs its own model code (DeepSeek-V2/V3, Qwen3-MoE), never a checkpoint's"},
       {"--distributed-executor-backend", "afd starts its ranks as processes itself"},
       {"--pipeline-parallel-size", "pipeline parallelism is not implemented"},
       {"--speculative-config", "speculative decoding is not implemented"},

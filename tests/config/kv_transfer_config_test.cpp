@@ -43,6 +43,8 @@ TEST(KvTransferConfig, BadInputIsRefusedByName) {
            "kv_connector_extra_config": {"hold_s": 1}})",
        "kv_connector_extra_config.hold_s: unknown field"},
       {R"([1])", "must be a JSON object"},
+      {R"({"kv_connector": "AfdKvConnector", "kv_role": "kv_both", "kv_ip": "0.0.0.0"})",
+       "the address consumers reach"},
   };
   for (const auto& [text, says] : cases) {
     try {

@@ -36,7 +36,11 @@ KvTransferConfig ParseKvTransferConfig(const std::string& json_text) {
       has_role = true;
     } else if (key == "kv_ip") {
       c.kv_ip = GetString(value, path);
-      AFD_CHECK(!c.kv_ip.empty(), "{}: must not be empty", path);
+      // Bound and announced to consumers (remote_host): a wildcard would reach no one.
+      AFD_CHECK(!c.kv_ip.empty() && c.kv_ip != "0.0.0.0",
+                "{}: '{}' -- give the address consumers reach this producer at (it is bound "
+                "and announced as remote_host)",
+                path, c.kv_ip);
     } else if (key == "kv_port") {
       c.kv_port = static_cast<int>(GetInt(value, path, 1, 65535));
     } else if (key == "engine_id") {

@@ -13,7 +13,8 @@ namespace afd {
 struct KvTransferConfig {
   enum class Role { kProducer, kConsumer, kBoth };
   Role role = Role::kBoth;
-  std::string kv_ip = "127.0.0.1";  // where this instance's KV server listens (a producer)
+  // Where a producer's KV server listens, announced to consumers as remote_host.
+  std::string kv_ip = "127.0.0.1";
   int kv_port = 14579;              // vLLM NixlConnector's default side channel port
   std::string engine_id;            // remote_engine_id a producer announces ("" : generated)
   double hold_timeout_s = 480.0;    // held rows freed after this (vLLM's abort timeout)
