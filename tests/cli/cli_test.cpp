@@ -348,8 +348,7 @@ TEST(Cli, FlagsAServerCannotHonourAreRefusedByName) {
                 "afd serve: --data-parallel-backend is not supported by afd (a vLLM flag");
   ExpectRefused(serve + "--trust-remote-code", "--trust-remote-code is not supported by afd");
   // vLLM's prefill/decode flag is afd serve's own (docs/pd.md): its JSON is checked by name.
-  ExpectRefused(serve + "--kv-transfer-config '{}'",
-                "kv_transfer_config.kv_connector is required");
+  ExpectRefused(serve + "--kv-transfer-config '{}'", "kv_transfer_config.kv_connector is required");
   ExpectRefused(serve + "--no-such-flag=3",
                 "--no-such-flag is not supported by afd (`afd serve --help`");
   ExpectRefused("run --model preset:tiny --prompt-ids 1 --bogus",

@@ -331,20 +331,25 @@ std::vector<Case> Cases() {
   // TP over KV-head groups (8 heads over TP 3 splits a group), DBO, DP + EP.
   const std::string tiny_qwen3 = "preset:tiny-qwen3";
   cases.push_back({"tiny_qwen3_3A2F", tiny_qwen3, {"--topology", "3A2F"}});
-  cases.push_back({"tiny_qwen3_6A4F_dp2tp3", tiny_qwen3,
+  cases.push_back({"tiny_qwen3_6A4F_dp2tp3",
+                   tiny_qwen3,
                    {"--topology", "6A4F", "--attention-dp", "2", "--attention-tp", "3"}});
-  cases.push_back({"tiny_qwen3_2A2F_dp1tp2_async", tiny_qwen3,
-                   {"--topology", "2A2F", "--attention-tp", "2", "--additional-config",
-                    async_tp(2, "")}});
+  cases.push_back(
+      {"tiny_qwen3_2A2F_dp1tp2_async",
+       tiny_qwen3,
+       {"--topology", "2A2F", "--attention-tp", "2", "--additional-config", async_tp(2, "")}});
   std::vector<std::string> qwen3_dbo = {"--topology", "1A2F", "--additional-config", kGate};
   qwen3_dbo.insert(qwen3_dbo.end(), dbo.begin(), dbo.end());
   cases.push_back({"qwen3_gqa_1A2F_dbo_gate_on_attention", Golden("qwen3_gqa"), qwen3_dbo});
-  cases.push_back({"qwen3_sparse_tied_2A5F_async", Golden("qwen3_sparse_tied"),
+  cases.push_back({"qwen3_sparse_tied_2A5F_async",
+                   Golden("qwen3_sparse_tied"),
                    {"--topology", "2A5F", "--additional-config", async}});
-  cases.push_back({"qwen3_trained_2A1F_async_dbo", Golden("qwen3_trained"),
+  cases.push_back({"qwen3_trained_2A1F_async_dbo",
+                   Golden("qwen3_trained"),
                    {"--topology", "2A1F", "--enable-dbo", "--dbo-decode-token-threshold", "1",
                     "--dbo-prefill-token-threshold", "1", "--additional-config", async}});
-  cases.push_back({"qwen3_sparse_tied_dp3_ep", Golden("qwen3_sparse_tied"),
+  cases.push_back({"qwen3_sparse_tied_dp3_ep",
+                   Golden("qwen3_sparse_tied"),
                    {"--data-parallel-size", "3", "--enable-expert-parallel"}});
   return cases;
 }

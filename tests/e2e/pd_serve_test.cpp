@@ -26,8 +26,8 @@ int LoggedPort(const std::string& path, const std::string& prefix, double timeou
   PollUntil(timeout_s, [&] {
     const std::string log = testing_util::ReadFile(path);
     const size_t at = log.find(prefix);
-    if (at == std::string::npos || log.find_first_of(" \n", at + prefix.size()) ==
-                                       std::string::npos) {
+    if (at == std::string::npos ||
+        log.find_first_of(" \n", at + prefix.size()) == std::string::npos) {
       return false;
     }
     port = std::stoi(log.substr(at + prefix.size()));
@@ -49,23 +49,23 @@ TEST(PdServe, TwoPrefillersADecoderAndTheProxy) {
     const std::string kv = R"({"kv_connector": "AfdKvConnector", "kv_role": "kv_producer", )"
                            R"("kv_port": )" +
                            std::to_string(comm::PickRendezvousPort()) + "}";
-    procs.push_back(Start({"serve", "preset:tiny", "--host", "127.0.0.1", "--port", "0",
-                           "--kv-transfer-config", kv},
-                          dir + "/p" + std::to_string(i) + ".log"));
+    procs.push_back(Start(
+        {"serve", "preset:tiny", "--host", "127.0.0.1", "--port", "0", "--kv-transfer-config", kv},
+        dir + "/p" + std::to_string(i) + ".log"));
   }
-  procs.push_back(Start({"serve", "preset:tiny", "--host", "127.0.0.1", "--port", "0",
-                         "--kv-transfer-config",
-                         R"({"kv_connector": "AfdKvConnector", "kv_role": "kv_consumer"})"},
-                        dir + "/d.log"));
+  procs.push_back(
+      Start({"serve", "preset:tiny", "--host", "127.0.0.1", "--port", "0", "--kv-transfer-config",
+             R"({"kv_connector": "AfdKvConnector", "kv_role": "kv_consumer"})"},
+            dir + "/d.log"));
   for (const char* name : {"p0", "p1", "d"}) {
     const std::string log = dir + "/" + name + ".log";
     api_ports.push_back(LoggedPort(log, kUp, 60));
     ASSERT_GT(api_ports.back(), 0) << testing_util::ReadFile(log);
   }
-  procs.push_back(Start({"proxy", "--port", "0", "--prefiller-ports",
-                         std::to_string(api_ports[0]), std::to_string(api_ports[1]),
-                         "--decoder-ports", std::to_string(api_ports[2])},
-                        dir + "/proxy.log"));
+  procs.push_back(
+      Start({"proxy", "--port", "0", "--prefiller-ports", std::to_string(api_ports[0]),
+             std::to_string(api_ports[1]), "--decoder-ports", std::to_string(api_ports[2])},
+            dir + "/proxy.log"));
   const int proxy = LoggedPort(dir + "/proxy.log", "listening on http://127.0.0.1:", 30);
   ASSERT_GT(proxy, 0) << testing_util::ReadFile(dir + "/proxy.log");
 

@@ -594,7 +594,7 @@ struct GqaSetup {
   DType cache_dtype = DType::kF32;
   std::vector<float> inv, q_norm, k_norm;
   std::vector<double> q_ref, cache_ref;  // [n, heads, d], [n, 2·kvh·d] for token n = seq·len + p
-  Tensor cache, q;                        // q: every token's, as GqaCacheWrite wrote it
+  Tensor cache, q;                       // q: every token's, as GqaCacheWrite wrote it
   AttentionTokens last, all;
   RopeSpec rope;
 };
@@ -1326,9 +1326,7 @@ std::vector<Case> CheckCases() {
       {"GqaAttention", "32 / 4, d 128, 40 seqs x 37",
        [](Ctx& c) { return GqaAttention(c, 0, 32, 40, 37, Gqa(32, 4, 128, 16)); }},
       {"GqaAttention", "bf16 cache, 16 / 4, d 256, 2 x 300",
-       [](Ctx& c) {
-         return GqaAttention(c, 0, 16, 2, 300, Gqa(16, 4, 256, 64, DType::kBF16));
-       }},
+       [](Ctx& c) { return GqaAttention(c, 0, 16, 2, 300, Gqa(16, 4, 256, 64, DType::kBF16)); }},
       {"GqaAttention", "prefill: 2 seqs x 40, 8 / 2, d 64",
        [](Ctx& c) { return GqaAttention(c, 0, 8, 2, 40, Gqa(8, 2, 64, 16), true); }},
       // A bf16 model's form (tensor cores on the GPU): 8 of a tile's 16 rows (32 / 4), all 16

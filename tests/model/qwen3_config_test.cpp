@@ -112,7 +112,7 @@ TEST(Qwen3Config, SparseStepAndMlpOnlyLayersMakeTheLayout) {
   std::string layout;
   for (int64_t l = 0; l < 6; ++l) layout += c.IsMoeLayer(l) ? 'M' : 'D';
   EXPECT_EQ(layout, "DMDDDM");  // (l + 1) % 2 == 0, but layer 3 dense
-  j["num_experts"] = 0;  // transformers: no experts, every layer dense
+  j["num_experts"] = 0;         // transformers: no experts, every layer dense
   const ModelConfig dense = ParseModelConfig(j.dump(), "config.json");
   for (int64_t l = 0; l < 6; ++l) EXPECT_FALSE(dense.IsMoeLayer(l)) << l;
   EXPECT_EQ(ParameterCount(dense) > 0, true);
@@ -144,10 +144,15 @@ TEST(Qwen3Config, UnsupportedFeaturesAreRefusedByName) {
       {R"("rope_scaling": null)", R"("partial_rotary_factor": 0.5)"},
       {R"("max_window_layers": 48)", R"("layer_types": ["sliding_attention"])"},
   };
-  const std::vector<std::string> named = {
-      "use_sliding_window", "attention_bias", "num_key_value_heads", "head_dim",
-      "mlp_only_layers",    "decoder_sparse_step", "dynamic", "partial_rotary_factor",
-      "layer_types"};
+  const std::vector<std::string> named = {"use_sliding_window",
+                                          "attention_bias",
+                                          "num_key_value_heads",
+                                          "head_dim",
+                                          "mlp_only_layers",
+                                          "decoder_sparse_step",
+                                          "dynamic",
+                                          "partial_rotary_factor",
+                                          "layer_types"};
   for (size_t i = 0; i < cases.size(); ++i) {
     std::string text = kQwen3_30bA3bJson;
     const size_t at = text.find(cases[i].first);

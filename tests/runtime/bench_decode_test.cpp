@@ -14,8 +14,7 @@ namespace {
 
 model::MoeModel TinyModel(kernels::Backend& backend) {
   const model::ModelConfig config = model::PresetConfig("tiny");
-  return model::MoeModel(config, model::RandomWeights(config, 0, model::WeightOptions{}),
-                              backend);
+  return model::MoeModel(config, model::RandomWeights(config, 0, model::WeightOptions{}), backend);
 }
 
 // Prefill FLOPs per token: the weights' part does not depend on the prompt length, attention

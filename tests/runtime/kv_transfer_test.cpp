@@ -121,9 +121,9 @@ TEST_P(KvTransfer, DecodeFromImportedRowsEqualsTheColocatedRun) {
   EXPECT_EQ(consumer.stats().kv_blocks_used, 0);
   // The first output's computation was one token (the prompt's last): the decode engine never
   // prefilled the imported positions.
-  EXPECT_EQ(consumer.generation_stats().prefill_tokens +
-                consumer.generation_stats().mixed_prefill_tokens,
-            0);
+  EXPECT_EQ(
+      consumer.generation_stats().prefill_tokens + consumer.generation_stats().mixed_prefill_tokens,
+      0);
 }
 
 TEST_P(KvTransfer, BadRowsAreRejectedNamingTheMismatch) {
@@ -184,8 +184,7 @@ TEST_P(KvTransfer, HeldRowsExpireAfterTheTimeout) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, KvTransfer,
-                         ::testing::Values("preset:tiny", "preset:tiny-qwen3"),
+INSTANTIATE_TEST_SUITE_P(Models, KvTransfer, ::testing::Values("preset:tiny", "preset:tiny-qwen3"),
                          [](const auto& info) {
                            return info.param == "preset:tiny" ? std::string("mla")
                                                               : std::string("gqa");

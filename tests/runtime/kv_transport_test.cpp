@@ -104,10 +104,9 @@ TEST(KvTransport, EveryMismatchIsNamed) {
 TEST(KvTransport, ASilentProducerCostsTheTimeoutNotAHang) {
   comm::Socket listener = comm::Listen("127.0.0.1", 0);  // accepts (backlog), never speaks
   const auto start = std::chrono::steady_clock::now();
-  const std::string e = FetchError(comm::LocalPort(listener), 11, LayoutOf(SomeRows(1)), kSecret,
-                                   0.3);
-  const double s =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const std::string e =
+      FetchError(comm::LocalPort(listener), 11, LayoutOf(SomeRows(1)), kSecret, 0.3);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   EXPECT_NE(e.find("timed out"), std::string::npos) << e;
   EXPECT_LT(s, 5.0);
 }

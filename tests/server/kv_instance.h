@@ -60,8 +60,8 @@ struct KvInstance {
 };
 
 inline json Request(const std::vector<int32_t>& prompt, int max_tokens) {
-  return {{"prompt", prompt},         {"max_tokens", max_tokens}, {"temperature", 0},
-          {"ignore_eos", true},       {"logprobs", 2},            {"return_token_ids", true}};
+  return {{"prompt", prompt}, {"max_tokens", max_tokens}, {"temperature", 0}, {"ignore_eos", true},
+          {"logprobs", 2},    {"return_token_ids", true}};
 }
 
 inline std::vector<int32_t> Prompt(int n) {

@@ -27,8 +27,10 @@ TEST(KvTransferApi, ProxyFlowGivesTheColocatedAnswer) {
     // Prefill leg.
     json prefill = req;
     prefill["max_tokens"] = 1;
-    prefill["kv_transfer_params"] = {{"do_remote_decode", true}, {"do_remote_prefill", false},
-                                     {"remote_engine_id", nullptr}, {"remote_host", nullptr}};
+    prefill["kv_transfer_params"] = {{"do_remote_decode", true},
+                                     {"do_remote_prefill", false},
+                                     {"remote_engine_id", nullptr},
+                                     {"remote_host", nullptr}};
     const auto [p_status, p] = producer.Post("/v1/completions", prefill);
     ASSERT_EQ(p_status, 200) << p.dump();
     const json& params = p["kv_transfer_params"];
@@ -63,8 +65,8 @@ TEST(KvTransferApi, ProxyFlowGivesTheColocatedAnswer) {
 }
 
 TEST(KvTransferApi, BadParametersAre400sNamingTheField) {
-  KvInstance producer(KvTransferConfig::Role::kProducer), consumer(KvTransferConfig::Role::kConsumer),
-      plain(std::nullopt);
+  KvInstance producer(KvTransferConfig::Role::kProducer),
+      consumer(KvTransferConfig::Role::kConsumer), plain(std::nullopt);
   auto error_param = [](const KvInstance& s, json body) {
     const auto [status, r] = s.Post("/v1/completions", body);
     EXPECT_EQ(status, 400) << r.dump();
@@ -81,8 +83,10 @@ TEST(KvTransferApi, BadParametersAre400sNamingTheField) {
   two["n"] = 2;
   EXPECT_EQ(error_param(producer, two), "kv_transfer_params");
   json decode = Request(Prompt(8), 4);
-  decode["kv_transfer_params"] = {{"do_remote_prefill", true}, {"remote_host", "127.0.0.1"},
-                                  {"remote_port", 70000}, {"remote_request_id", 1}};
+  decode["kv_transfer_params"] = {{"do_remote_prefill", true},
+                                  {"remote_host", "127.0.0.1"},
+                                  {"remote_port", 70000},
+                                  {"remote_request_id", 1}};
   EXPECT_EQ(error_param(consumer, decode), "kv_transfer_params.remote_port");
   decode["kv_transfer_params"]["remote_port"] = 1;
   decode["kv_transfer_params"]["remote_request_id"] = "one";
@@ -102,8 +106,10 @@ TEST(KvTransferApi, AnUnreachableProducerFailsTheRequestNotTheServer) {
   const int closed_port = afd::comm::LocalPort(taken);
   taken.Close();  // nothing listens there now
   json decode = Request(Prompt(8), 4);
-  decode["kv_transfer_params"] = {{"do_remote_prefill", true}, {"remote_host", "127.0.0.1"},
-                                  {"remote_port", closed_port}, {"remote_request_id", 1}};
+  decode["kv_transfer_params"] = {{"do_remote_prefill", true},
+                                  {"remote_host", "127.0.0.1"},
+                                  {"remote_port", closed_port},
+                                  {"remote_request_id", 1}};
   const auto start = std::chrono::steady_clock::now();
   const auto [status, r] = consumer.Post("/v1/completions", decode);
   EXPECT_EQ(status, 502) << r.dump();

@@ -77,8 +77,9 @@ TEST(PdProxy, AnswersAsAColocatedServerDoes) {
     EXPECT_NE(r->body.find("data: [DONE]"), std::string::npos) << r->body;
     EXPECT_EQ(json(StreamedIds(r->body)), ref["choices"][0]["token_ids"]);
   }
-  for (int i = 0; i < 200 && (p1.engine->Load().total.kv_held > 0 ||
-                              p2.engine->Load().total.kv_held > 0); ++i) {
+  for (int i = 0;
+       i < 200 && (p1.engine->Load().total.kv_held > 0 || p2.engine->Load().total.kv_held > 0);
+       ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   EXPECT_EQ(p1.engine->Load().total.kv_held + p2.engine->Load().total.kv_held, 0);
@@ -95,8 +96,7 @@ TEST(PdProxy, FailingInstancesAreNamedNotWaitedForEver) {
     const auto [status, r] = proxy.Post("/v1/completions", Request(Prompt(5), 4));
     EXPECT_EQ(status, 502) << r.dump();
     EXPECT_NE(r.dump().find("127.0.0.1:" + std::to_string(down)), std::string::npos) << r.dump();
-    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
-              20);
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 20);
   }
   {
     Proxied proxy({At(plain)}, {At(decoder)});  // not a KV producer: its 400 comes through

@@ -14,12 +14,12 @@ namespace {
 
 // hosts x ports as instances: as many hosts as ports, or one host for every port.
 std::vector<server::PdProxyOptions::Instance> Instances(const std::vector<std::string>& hosts,
-                                                       const std::vector<int>& ports,
-                                                       const char* what) {
+                                                        const std::vector<int>& ports,
+                                                        const char* what) {
   AFD_CHECK(!ports.empty(), "--{}-ports: give at least one port", what);
   AFD_CHECK(hosts.size() == ports.size() || hosts.size() == 1,
-            "--{}-hosts gives {} hosts for {} --{}-ports (one host for all, or one per port)",
-            what, hosts.size(), ports.size(), what);
+            "--{}-hosts gives {} hosts for {} --{}-ports (one host for all, or one per port)", what,
+            hosts.size(), ports.size(), what);
   std::vector<server::PdProxyOptions::Instance> out;
   for (size_t i = 0; i < ports.size(); ++i) {
     out.push_back({hosts.size() == 1 ? hosts[0] : hosts[i], ports[i]});
@@ -49,8 +49,7 @@ void AddProxyCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("--prefiller-ports", a->prefiller_ports, "Ports of the prefill instances")
       ->required();
   cmd->add_option("--decoder-hosts", a->decoder_hosts, "Hosts of the decode instances");
-  cmd->add_option("--decoder-ports", a->decoder_ports, "Ports of the decode instances")
-      ->required();
+  cmd->add_option("--decoder-ports", a->decoder_ports, "Ports of the decode instances")->required();
   cmd->add_option("--timeout-s", a->timeout_s, "Each leg of a request, at most (default 600)")
       ->check(CLI::PositiveNumber);
   cmd->callback([a, &exit_code] {

@@ -24,10 +24,10 @@
 #include "afd/cli/generation_flags.h"
 #include "afd/cli/validators.h"
 #include "afd/comm/join_secret.h"
-#include "afd/config/kv_transfer_config.h"
 #include "afd/common/error.h"
 #include "afd/common/stop_signals.h"
 #include "afd/common/temp_dir.h"
+#include "afd/config/kv_transfer_config.h"
 #include "afd/deploy/deployment_run.h"
 #include "afd/deploy/dp_ep_worker.h"
 #include "afd/deploy/kv_sizing.h"
@@ -97,13 +97,10 @@ const char* FirstGiven(const RoleArgs& a, std::initializer_list<const char*> fla
 }
 
 // The flags of the OpenAI API, which only a command that answers it may take.
-constexpr std::initializer_list<const char*> kApiOnlyFlags = {"--api-key",
-                                                              "--served-model-name",
-                                                              "--kv-transfer-config",
-                                                              "--max-logprobs",
-                                                              "--max-waiting-requests",
-                                                              "--max-request-body-bytes",
-                                                              "--max-connections"};
+constexpr std::initializer_list<const char*> kApiOnlyFlags = {
+    "--api-key",        "--served-model-name",    "--kv-transfer-config",
+    "--max-logprobs",   "--max-waiting-requests", "--max-request-body-bytes",
+    "--max-connections"};
 // Flags of one `afd run`-style batch that a server takes from each request instead.
 constexpr std::initializer_list<const char*> kBatchOnlyFlags = {"--prompt-logprobs"};
 

@@ -19,9 +19,7 @@ TcpStoreClient::TcpStoreClient(const std::string& host, int port, double timeout
       timeout_s_(timeout_s) {
   const Deadline deadline = Deadline::In(timeout_s);
   MutexLock lock(mu_);  // no other thread yet: for the analysis (socket_ is guarded by mu_)
-  socket_ = Connect(
-      host, port, deadline,
-      where_ + " -- is it running?");
+  socket_ = Connect(host, port, deadline, where_ + " -- is it running?");
   try {
     const std::string challenge = ReadFrame(deadline, kMaxHandshakeBody);
     const std::string client_nonce = RandomBytes(kNonceBytes);

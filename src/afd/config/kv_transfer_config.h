@@ -15,9 +15,9 @@ struct KvTransferConfig {
   Role role = Role::kBoth;
   // Where a producer's KV server listens, announced to consumers as remote_host.
   std::string kv_ip = "127.0.0.1";
-  int kv_port = 14579;              // vLLM NixlConnector's default side channel port
-  std::string engine_id;            // remote_engine_id a producer announces ("" : generated)
-  double hold_timeout_s = 480.0;    // held rows freed after this (vLLM's abort timeout)
+  int kv_port = 14579;               // vLLM NixlConnector's default side channel port
+  std::string engine_id;             // remote_engine_id a producer announces ("" : generated)
+  double hold_timeout_s = 480.0;     // held rows freed after this (vLLM's abort timeout)
   double transfer_timeout_s = 60.0;  // a consumer's pull, connect to last byte
 
   bool produces() const { return role != Role::kConsumer; }

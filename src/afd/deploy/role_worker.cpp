@@ -101,13 +101,12 @@ void RunWorker(const WorkerOptions& o) {
   // Both roles must run the same model layout, or their per-layer exchanges cannot pair up.
   std::string moe_layers;  // "0" for a dense layer, "1" for a MoE layer, layer by layer
   for (int64_t l = 0; l < mc.num_hidden_layers; ++l) moe_layers += mc.IsMoeLayer(l) ? '1' : '0';
-  request.extra_fields = {
-      {"model_type", mc.model_type_name()},
-      {"num_hidden_layers", std::to_string(mc.num_hidden_layers)},
-      {"moe_layers", moe_layers},
-      {"n_routed_experts", std::to_string(mc.n_routed_experts)},
-      {"num_experts_per_tok", std::to_string(mc.num_experts_per_tok)},
-      {"vocab_size", std::to_string(mc.vocab_size)}};
+  request.extra_fields = {{"model_type", mc.model_type_name()},
+                          {"num_hidden_layers", std::to_string(mc.num_hidden_layers)},
+                          {"moe_layers", moe_layers},
+                          {"n_routed_experts", std::to_string(mc.n_routed_experts)},
+                          {"num_experts_per_tok", std::to_string(mc.num_experts_per_tok)},
+                          {"vocab_size", std::to_string(mc.vocab_size)}};
   // GPU ranks of the P2P connector: its data plane (and the FFN role's expert-parallel rows)
   // over NCCL on the backend's stream; the async connector brings its own windows.
   DeviceContext device;

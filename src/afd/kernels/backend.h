@@ -205,8 +205,8 @@ class Backend : public Allocator {
   // [0, positions[t]]: out[t, h - head_begin] = Σ_j softmax_j(q·k_j · scale) v_j.
   // out: [n, (head_end - head_begin)·d].
   virtual void GqaAttention(const Tensor& q, const AttentionTokens& tokens, const Tensor& cache,
-                            int64_t num_kv_heads, int64_t head_begin, int64_t head_end,
-                            float scale, const Tensor& out) = 0;
+                            int64_t num_kv_heads, int64_t head_begin, int64_t head_end, float scale,
+                            const Tensor& out) = 0;
 
   // ---- MoE ----------------------------------------------------------------------------
   // logits: [n, E] (h · W_gateᵀ), bias: [E] (sigmoid: e_score_correction_bias) or empty.

@@ -288,7 +288,7 @@ void MoveToDevice(ModelWeights& weights, kernels::Backend& backend) {
 }
 
 std::unique_ptr<MoeModel> OpenModel(const std::string& spec, const OpenOptions& options,
-                                         kernels::Backend& backend) {
+                                    kernels::Backend& backend) {
   const std::string kPrefix = "preset:";
   const bool preset = spec.rfind(kPrefix, 0) == 0;
   ModelConfig config;

@@ -60,7 +60,7 @@ int64_t LoadedParameterCount(const ModelConfig& config, const WeightOptions& opt
 // (which must outlive the model). Throws afd::Error on bad input or too little memory for the
 // part this process loads.
 std::unique_ptr<MoeModel> OpenModel(const std::string& spec, const OpenOptions& options,
-                                         kernels::Backend& backend);
+                                    kernels::Backend& backend);
 
 // A model and the backend it runs on, assembled in one place for every command (`afd run`,
 // `afd bench`, `afd serve`, the rank processes): the backend is declared first, so it outlives

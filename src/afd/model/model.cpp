@@ -151,8 +151,7 @@ void MoeModel::Embed(const StepInputs& in, const Tensor& x) const {
   backend_.Embedding(weights_.embed, in.token_ids, x);
 }
 
-void MoeModel::Mlp(const MlpWeights& w, const Tensor& x, const Tensor& out,
-                        Workspace& ws) const {
+void MoeModel::Mlp(const MlpWeights& w, const Tensor& x, const Tensor& out, Workspace& ws) const {
   const int64_t n = x.dim(0), inter = w.down.dim(1);
   const Tensor gate_up = ws.Take(DType::kF32, {n, 2 * inter});
   const Tensor act = ws.Take(DType::kF32, {n, inter});
@@ -162,7 +161,7 @@ void MoeModel::Mlp(const MlpWeights& w, const Tensor& x, const Tensor& out,
 }
 
 void MoeModel::DenseMlp(int64_t layer, const Tensor& mlp_in, const Tensor& out,
-                             Workspace& ws) const {
+                        Workspace& ws) const {
   AFD_CHECK(!config_.IsMoeLayer(layer), "layer {} is a MoE layer", layer);
   Mlp(weights_.layers[layer].dense, mlp_in, out, ws);
 }
@@ -178,7 +177,7 @@ Tensor MoeModel::Logits(const Tensor& x, const StepInputs& in, Workspace& ws) co
 }
 
 Tensor MoeModel::Forward(const ForwardBatch& batch, kv::PagedKvCache& cache, MoeBackend& moe,
-                              Workspace& ws) const {
+                         Workspace& ws) const {
   CheckBatch(batch, cache);
   const StepInputs in = Upload(batch, ws);
   const Tensor logits = ForwardInputs(in, cache, moe, ws);
@@ -187,7 +186,7 @@ Tensor MoeModel::Forward(const ForwardBatch& batch, kv::PagedKvCache& cache, Moe
 }
 
 Tensor MoeModel::RunLayers(const StepInputs& in, kv::PagedKvCache* cache, MoeBackend& moe,
-                                Workspace& ws, const LayerLoop& loop) const {
+                           Workspace& ws, const LayerLoop& loop) const {
   const int64_t n = in.n, h = config_.hidden_size;
   const std::vector<int64_t> splits =
       loop.splits.empty() ? std::vector<int64_t>{0, n} : loop.splits;

@@ -1,8 +1,8 @@
 // A MoE causal LM -- DeepSeek-V2/V3 or Qwen3-MoE -- written once against the backend op
 // interface: embedding, decoder layers (attention over the paged cache: DeepSeek's MLA over the
 // latent cache, or Qwen3's GQA over keys and values per KV head; then a dense MLP or a MoE
-// block), final norm and lm_head. Hidden states are fp32 [n, H], token-major, in the backend's memory; a
-// step's scratch tensors come from a Workspace (nothing is allocated inside a step).
+// block), final norm and lm_head. Hidden states are fp32 [n, H], token-major, in the backend's
+// memory; a step's scratch tensors come from a Workspace (nothing is allocated inside a step).
 //
 // RunLayers is the only loop over layers, for every deployment: in process (LocalMoeBackend),
 // the AFD attention role (a MoeBackend that ships the rows to the FFN role, with a head range

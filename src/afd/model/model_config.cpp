@@ -120,8 +120,7 @@ void ParseQwen3Moe(const json& j, const std::string& source, ModelConfig& c) {
             source, partial);
   c.num_key_value_heads = Get<int64_t>(j, "num_key_value_heads", c.num_attention_heads, source);
   c.head_dim = Get<int64_t>(
-      j, "head_dim", c.num_attention_heads > 0 ? c.hidden_size / c.num_attention_heads : 0,
-      source);
+      j, "head_dim", c.num_attention_heads > 0 ? c.hidden_size / c.num_attention_heads : 0, source);
   c.n_routed_experts = Qwen3Experts(j, source);
   c.n_shared_experts = 0;
   c.num_experts_per_tok = Get<int64_t>(j, "num_experts_per_tok", 8, source);
@@ -221,8 +220,8 @@ ModelConfig ParseModelConfig(const std::string& json_text, const std::string& so
             "{}: model_type \"{}\" is not supported (supported: deepseek_v2, deepseek_v3, "
             "qwen3_moe)",
             source, model_type);
-  c.model_type = qwen3 ? ModelType::kQwen3Moe
-                       : (v3 ? ModelType::kDeepseekV3 : ModelType::kDeepseekV2);
+  c.model_type =
+      qwen3 ? ModelType::kQwen3Moe : (v3 ? ModelType::kDeepseekV3 : ModelType::kDeepseekV2);
   auto req = [&](const char* key) {
     AFD_CHECK(j.contains(key), "{}: \"{}\" is missing", source, key);
     return json_fields::GetInt(j[key], fmt::format("{}: \"{}\"", source, key), INT64_MIN,

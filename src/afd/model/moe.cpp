@@ -4,8 +4,8 @@
 
 namespace afd::model {
 
-void MoeModel::Route(int64_t layer, const Tensor& hidden, const Tensor& ids,
-                          const Tensor& weights, Workspace& ws) const {
+void MoeModel::Route(int64_t layer, const Tensor& hidden, const Tensor& ids, const Tensor& weights,
+                     Workspace& ws) const {
   const MoeWeights& w = RouterOf(layer);
   const Tensor logits = ws.Take(DType::kF32, {hidden.dim(0), config_.n_routed_experts});
   backend_.RouterGateTopk(hidden, w.gate, w.e_score_correction_bias, router_spec_, logits, ids,
@@ -27,7 +27,7 @@ MoeModel::Grouping MoeModel::TakeGrouping(int64_t layer, int64_t n, Workspace& w
 }
 
 void MoeModel::RoutedExperts(int64_t layer, const Tensor& hidden, const Tensor& ids,
-                                  const Tensor& weights, const Tensor& out, Workspace& ws) const {
+                             const Tensor& weights, const Tensor& out, Workspace& ws) const {
   const kernels::ExpertWeights& experts = weights_.layers[layer].moe.experts;
   const Grouping g = TakeGrouping(layer, hidden.dim(0), ws);
   backend_.MoePermute(ids, experts.expert_begin, experts.num_experts(), g.offsets, g.src_row,
@@ -36,8 +36,8 @@ void MoeModel::RoutedExperts(int64_t layer, const Tensor& hidden, const Tensor& 
 }
 
 void MoeModel::RouteAndRoutedExperts(int64_t layer, const Tensor& hidden, const Tensor& ids,
-                                          const Tensor& weights, const Tensor* shared_out,
-                                          const Tensor& out, Workspace& ws) const {
+                                     const Tensor& weights, const Tensor* shared_out,
+                                     const Tensor& out, Workspace& ws) const {
   const MoeWeights& w = RouterOf(layer);
   const Tensor logits = ws.Take(DType::kF32, {hidden.dim(0), config_.n_routed_experts});
   const Grouping g = TakeGrouping(layer, hidden.dim(0), ws);
@@ -48,8 +48,8 @@ void MoeModel::RouteAndRoutedExperts(int64_t layer, const Tensor& hidden, const 
 }
 
 void MoeModel::GroupedExperts(int64_t layer, const Tensor& hidden, const Tensor& weights,
-                                   const Grouping& g, const Tensor* shared_out, const Tensor& out,
-                                   Workspace& ws) const {
+                              const Grouping& g, const Tensor* shared_out, const Tensor& out,
+                              Workspace& ws) const {
   const kernels::ExpertWeights& experts = weights_.layers[layer].moe.experts;
   const int64_t n = hidden.dim(0), k = config_.num_experts_per_tok, h = config_.hidden_size;
   // Every slot may land here: size the grouped rows for all of them.
@@ -65,7 +65,7 @@ void MoeModel::GroupedExperts(int64_t layer, const Tensor& hidden, const Tensor&
 }
 
 void MoeModel::SharedExperts(int64_t layer, const Tensor& hidden, const Tensor& out,
-                                  Workspace& ws) const {
+                             Workspace& ws) const {
   const MlpWeights& shared = weights_.layers[layer].moe.shared;
   AFD_CHECK(!shared.empty(), "layer {} has no shared experts loaded in this process", layer);
   if (hidden.dim(0) == 0) return;
@@ -73,7 +73,7 @@ void MoeModel::SharedExperts(int64_t layer, const Tensor& hidden, const Tensor& 
 }
 
 void MoeModel::AddSharedExperts(int64_t layer, const Tensor& hidden, const Tensor& out,
-                                     Workspace& ws) const {
+                                Workspace& ws) const {
   const MlpWeights& shared = weights_.layers[layer].moe.shared;
   if (shared.empty() || hidden.dim(0) == 0) return;
   const Tensor y = ws.Take(DType::kF32, {hidden.dim(0), config_.hidden_size});

@@ -262,10 +262,10 @@ void ForEachTensor(ModelWeights& w, const std::function<void(Tensor&)>& fn) {
   visit(w.final_norm);
   visit(w.lm_head);
   for (LayerWeights& l : w.layers) {
-    for (Tensor* t :
-         {&l.attn.input_norm, &l.attn.qkv_proj, &l.attn.q_norm, &l.attn.k_norm, &l.attn.q_proj, &l.attn.q_a_proj, &l.attn.q_a_norm, &l.attn.q_b_proj,
-          &l.attn.kv_a_proj, &l.attn.kv_a_norm, &l.attn.kv_b_proj, &l.attn.o_proj,
-          &l.post_attention_norm, &l.moe.gate, &l.moe.e_score_correction_bias}) {
+    for (Tensor* t : {&l.attn.input_norm, &l.attn.qkv_proj, &l.attn.q_norm, &l.attn.k_norm,
+                      &l.attn.q_proj, &l.attn.q_a_proj, &l.attn.q_a_norm, &l.attn.q_b_proj,
+                      &l.attn.kv_a_proj, &l.attn.kv_a_norm, &l.attn.kv_b_proj, &l.attn.o_proj,
+                      &l.post_attention_norm, &l.moe.gate, &l.moe.e_score_correction_bias}) {
       visit(*t);
     }
     mlp(l.dense);

@@ -1,7 +1,7 @@
 // The weights of a DeepSeek-V2/V3 or Qwen3-MoE model as Tensors in a backend's memory, and how
-// they are read from a checkpoint. Linear weights are [out, in] (y = x · Wᵀ). Big matrices are stored as
-// `matrix_dtype` (fp32, or bf16 to halve memory); norms, kv_b_proj, the router gate and its bias
-// are always fp32: attention reads kv_b_proj per head and the router is tiny.
+// they are read from a checkpoint. Linear weights are [out, in] (y = x · Wᵀ). Big matrices are
+// stored as `matrix_dtype` (fp32, or bf16 to halve memory); norms, kv_b_proj, the router gate and
+// its bias are always fp32: attention reads kv_b_proj per head and the router is tiny.
 #pragma once
 
 #include <cstdint>
@@ -25,14 +25,14 @@ struct AttentionWeights {
   Tensor qkv_proj;
   Tensor q_norm, k_norm;
   // MLA (DeepSeek):
-  Tensor q_proj;      // [nH·(dn+dr), H], when q_lora_rank == 0
-  Tensor q_a_proj;    // [q_lora, H], when q_lora_rank > 0
-  Tensor q_a_norm;    // [q_lora]
-  Tensor q_b_proj;    // [nH·(dn+dr), q_lora]
-  Tensor kv_a_proj;   // [kv_lora + dr, H]
-  Tensor kv_a_norm;   // [kv_lora]
-  Tensor kv_b_proj;   // [nH·(dn+dv), kv_lora], fp32; per head: dn key rows, dv value rows
-  Tensor o_proj;      // [H, nH·dv] (MLA), [H, nH·d] (GQA)
+  Tensor q_proj;     // [nH·(dn+dr), H], when q_lora_rank == 0
+  Tensor q_a_proj;   // [q_lora, H], when q_lora_rank > 0
+  Tensor q_a_norm;   // [q_lora]
+  Tensor q_b_proj;   // [nH·(dn+dr), q_lora]
+  Tensor kv_a_proj;  // [kv_lora + dr, H]
+  Tensor kv_a_norm;  // [kv_lora]
+  Tensor kv_b_proj;  // [nH·(dn+dv), kv_lora], fp32; per head: dn key rows, dv value rows
+  Tensor o_proj;     // [H, nH·dv] (MLA), [H, nH·d] (GQA)
 };
 
 // gate/up fused: rows [0, I) are gate_proj, rows [I, 2I) up_proj.

@@ -119,9 +119,10 @@ double PrefillFlopsPerToken(const model::MoeModel& m, int64_t context) {
   double macs = static_cast<double>(w.lm_head.numel()) / static_cast<double>(context);
   const double mean_prefix = (static_cast<double>(context) + 1.0) / 2.0;
   for (const model::LayerWeights& l : w.layers) {
-    for (const Tensor* t : {&l.attn.qkv_proj, &l.attn.q_proj, &l.attn.q_a_proj, &l.attn.q_b_proj,
-                            &l.attn.kv_a_proj, &l.attn.kv_b_proj, &l.attn.o_proj, &l.dense.gate_up, &l.dense.down,
-                            &l.moe.gate, &l.moe.shared.gate_up, &l.moe.shared.down}) {
+    for (const Tensor* t :
+         {&l.attn.qkv_proj, &l.attn.q_proj, &l.attn.q_a_proj, &l.attn.q_b_proj, &l.attn.kv_a_proj,
+          &l.attn.kv_b_proj, &l.attn.o_proj, &l.dense.gate_up, &l.dense.down, &l.moe.gate,
+          &l.moe.shared.gate_up, &l.moe.shared.down}) {
       macs += static_cast<double>(t->numel());
     }
     if (!l.moe.experts.gate_up.empty()) {

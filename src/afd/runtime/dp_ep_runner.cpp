@@ -15,8 +15,9 @@ void ExpertParallelMoeBackend::Start(int64_t layer, int /*stage*/, const Tensor&
   ep_.Forward(layer, hidden, ids, weights, out, ws);
 }
 
-DataParallelExpertParallelRunner::DataParallelExpertParallelRunner(
-    const model::MoeModel& model, comm::Communicator& group, comm::Communicator& rows)
+DataParallelExpertParallelRunner::DataParallelExpertParallelRunner(const model::MoeModel& model,
+                                                                   comm::Communicator& group,
+                                                                   comm::Communicator& rows)
     : model_(model),
       group_(group),
       ep_(model, group, rows),

@@ -135,8 +135,8 @@ std::string Engine::Check(const RequestParams& p) const {
           DTypeName(shape.dtype));
     }
     if (kv->positions < 0 || kv->positions > len) {
-      return fmt::format("imported KV rows: {} positions for a prompt of {} tokens",
-                         kv->positions, len);
+      return fmt::format("imported KV rows: {} positions for a prompt of {} tokens", kv->positions,
+                         len);
     }
     if (static_cast<int64_t>(kv->bytes.size()) != kv->expected_bytes()) {
       return fmt::format("imported KV rows: {} bytes, {} positions x {} layers need {}",

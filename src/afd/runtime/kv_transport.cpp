@@ -12,7 +12,7 @@ namespace afd::runtime {
 
 namespace {
 
-constexpr uint32_t kMagic = 0x4b444641;   // "AFDK"
+constexpr uint32_t kMagic = 0x4b444641;      // "AFDK"
 constexpr uint32_t kMaxFrameBody = 1 << 16;  // frames carry metadata; the rows follow raw
 constexpr size_t kNonceBytes = 32;
 enum Code : uint8_t {
@@ -174,10 +174,10 @@ void KvTransferServer::Serve(comm::Socket s) {
         Expect(RecvFrame(s, Deadline::In(io_timeout_s_), what), kFetch, 2, what);
     const uint64_t id = static_cast<uint64_t>(ToInt(fetch[0], what));
     if (fetch[1] != model_) {
-      SendFrame(s, kFailed,
-                {fmt::format("the producer serves model '{}', the consumer '{}'", model_,
-                             fetch[1])},
-                Deadline::In(io_timeout_s_), what);
+      SendFrame(
+          s, kFailed,
+          {fmt::format("the producer serves model '{}', the consumer '{}'", model_, fetch[1])},
+          Deadline::In(io_timeout_s_), what);
       return;
     }
     KvRows rows;
@@ -205,9 +205,8 @@ void KvTransferServer::Serve(comm::Socket s) {
 std::string KvModelFingerprint(const model::MoeModel& model) {
   const model::ModelConfig& c = model.config();
   return fmt::format("{} layers {} hidden {} heads {} vocab {} experts {} top {} cache rows {} {}",
-                     c.model_type_name(), c.num_hidden_layers, c.hidden_size,
-                     c.num_attention_heads, c.vocab_size, c.n_routed_experts,
-                     c.num_experts_per_tok, c.cache_row_width(),
+                     c.model_type_name(), c.num_hidden_layers, c.hidden_size, c.num_attention_heads,
+                     c.vocab_size, c.n_routed_experts, c.num_experts_per_tok, c.cache_row_width(),
                      DTypeName(model.kv_cache_dtype()));
 }
 

@@ -257,9 +257,10 @@ void Scheduler::Update(const StepPlan& plan, const std::vector<int32_t>& next_id
       held_[request] = {s->cache_seq, s->computed};
       s->cache_seq = -1;  // kept: Abort below must not release it
       const int64_t seq_request = s->request;
-      running_.erase(std::remove_if(running_.begin(), running_.end(),
-                                    [seq_request](const Seq& r) { return r.request == seq_request; }),
-                     running_.end());
+      running_.erase(
+          std::remove_if(running_.begin(), running_.end(),
+                         [seq_request](const Seq& r) { return r.request == seq_request; }),
+          running_.end());
       continue;
     }
     Abort(request);

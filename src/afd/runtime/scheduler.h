@@ -74,8 +74,8 @@ class Scheduler {
   // cached (< prompt size): leading prompt positions whose rows the import hook writes at
   // admission; hold: when it finishes, its cache sequence is kept for TakeHeld. Throws
   // afd::Error when the prompt alone cannot ever fit in the cache.
-  void Add(int64_t request, std::vector<int32_t> prompt, bool prompt_logprobs,
-           int64_t cached = 0, bool hold = false);
+  void Add(int64_t request, std::vector<int32_t> prompt, bool prompt_logprobs, int64_t cached = 0,
+           bool hold = false);
   // Writes the rows of positions [0, cached) of `request` into cache sequence `cache_seq` (its
   // blocks reserved) and extends its length to `cached`; called at admission.
   using ImportHook = std::function<void(int64_t request, int64_t cache_seq, int64_t cached)>;

@@ -76,10 +76,12 @@ class StreamRelay : public api::PendingResponse {
 
 void PdProxyOptions::Validate() const {
   AFD_CHECK(port >= 0 && port <= 65535, "afd proxy: --port {} is not in [0, 65535]", port);
-  AFD_CHECK(!prefillers.empty(), "afd proxy: no prefill instance (--prefiller-hosts / "
-                                 "--prefiller-ports)");
-  AFD_CHECK(!decoders.empty(), "afd proxy: no decode instance (--decoder-hosts / "
-                               "--decoder-ports)");
+  AFD_CHECK(!prefillers.empty(),
+            "afd proxy: no prefill instance (--prefiller-hosts / "
+            "--prefiller-ports)");
+  AFD_CHECK(!decoders.empty(),
+            "afd proxy: no decode instance (--decoder-hosts / "
+            "--decoder-ports)");
   for (const auto* list : {&prefillers, &decoders}) {
     for (const Instance& i : *list) {
       AFD_CHECK(!i.host.empty() && i.port >= 1 && i.port <= 65535,
@@ -107,12 +109,12 @@ struct PdProxy::Impl {
     if (chat && prefill.contains("max_completion_tokens")) prefill["max_completion_tokens"] = 1;
     prefill["stream"] = false;
     prefill.erase("stream_options");
-    prefill["kv_transfer_params"] = {{"do_remote_decode", true},  {"do_remote_prefill", false},
+    prefill["kv_transfer_params"] = {{"do_remote_decode", true},    {"do_remote_prefill", false},
                                      {"remote_engine_id", nullptr}, {"remote_block_ids", nullptr},
                                      {"remote_host", nullptr},      {"remote_port", nullptr}};
     const PdProxyOptions::Instance& p = o.prefillers[next_prefiller++ % o.prefillers.size()];
-    const httplib::Result pr = Client(p, o.timeout_s)->Post(req.path, prefill.dump(),
-                                                             "application/json");
+    const httplib::Result pr =
+        Client(p, o.timeout_s)->Post(req.path, prefill.dump(), "application/json");
     if (!pr) {
       return {ErrorOf(ApiError(502, fmt::format("the prefill instance {} did not answer: {}",
                                                 Name(p), httplib::to_string(pr.error())))),
@@ -196,11 +198,12 @@ struct PdProxy::Impl {
         if (status_set && !r && !shared->cancelled) {
           // The decoder went away mid-stream: an error event, then the end.
           shared->bytes += "data: " +
-                           json{{"error", {{"message", fmt::format("the decode instance {}:{} "
-                                                                   "stopped answering",
-                                                                   d.host, d.port)},
-                                           {"type", "BadGatewayError"},
-                                           {"code", 502}}}}
+                           json{{"error",
+                                 {{"message", fmt::format("the decode instance {}:{} "
+                                                          "stopped answering",
+                                                          d.host, d.port)},
+                                  {"type", "BadGatewayError"},
+                                  {"code", 502}}}}
                                .dump() +
                            "\n\ndata: [DONE]\n\n";
         }
@@ -212,8 +215,7 @@ struct PdProxy::Impl {
     const int code = status_future.get();  // bounded by the leg's timeout
     if (code == 200) return {{}, std::make_shared<StreamRelay>(shared)};
     if (code == 0) {
-      return {ErrorOf(ApiError(502, fmt::format("the decode instance {} did not answer",
-                                                Name(d)))),
+      return {ErrorOf(ApiError(502, fmt::format("the decode instance {} did not answer", Name(d)))),
               nullptr};
     }
     // The thread has finished reading the error body once it ended the relay.
@@ -269,10 +271,10 @@ void PdProxy::Stop() { impl_->http->Stop(); }
 int RunPdProxy(const PdProxyOptions& options) {
   PdProxy proxy(options);
   proxy.Start();
-  std::cerr << fmt::format("afd proxy: listening on http://{}:{} ({} prefill, {} decode "
-                           "instances)",
-                           options.host, proxy.port(), options.prefillers.size(),
-                           options.decoders.size())
+  std::cerr << fmt::format(
+                   "afd proxy: listening on http://{}:{} ({} prefill, {} decode "
+                   "instances)",
+                   options.host, proxy.port(), options.prefillers.size(), options.decoders.size())
             << std::endl;
   while (true) {
     if (const int sig = WaitStopSignal(0.5)) {

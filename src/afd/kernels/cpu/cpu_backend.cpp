@@ -55,8 +55,8 @@ void CheckContext(const char* op, const AttentionTokens& tokens, int64_t n, int6
     const int32_t seq = tokens.seq_index.data_as<const int32_t>()[i];
     AFD_CHECK(seq >= 0 && seq < tokens.block_tables.dim(0) && pos >= 0 &&
                   pos < max_blocks * tokens.block_size,
-              "{}: token {} (sequence row {}, position {}) outside the block tables {}", op, i,
-              seq, pos, tokens.block_tables.ToString());
+              "{}: token {} (sequence row {}, position {}) outside the block tables {}", op, i, seq,
+              pos, tokens.block_tables.ToString());
     for (int64_t b = 0; b <= pos / tokens.block_size; ++b) {
       const int32_t block = tokens.block_tables.data_as<const int32_t>()[seq * max_blocks + b];
       AFD_CHECK(block >= 0 && (block + 1) * tokens.block_size <= slots,

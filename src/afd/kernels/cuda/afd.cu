@@ -6,8 +6,8 @@
 #include <cub/block/block_scan.cuh>
 
 #include "afd/kernels/afd_exchange.h"
-#include "afd/kernels/cuda/launch.cuh"
 #include "afd/kernels/cuda/afd.cuh"
+#include "afd/kernels/cuda/launch.cuh"
 #include "afd/kernels/cuda/pdl.cuh"
 
 namespace afd::kernels::cuda {

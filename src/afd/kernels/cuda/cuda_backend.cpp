@@ -17,12 +17,12 @@
 #include "afd/common/cuda_check.h"
 #include "afd/common/env_switches.h"
 #include "afd/common/error.h"
-#include "afd/kernels/cuda/kernel_trace.h"
-#include "afd/kernels/cuda/launch.cuh"
 #include "afd/kernels/cuda/afd.cuh"
 #include "afd/kernels/cuda/elementwise.cuh"
 #include "afd/kernels/cuda/gemv.cuh"
 #include "afd/kernels/cuda/gqa.cuh"
+#include "afd/kernels/cuda/kernel_trace.h"
+#include "afd/kernels/cuda/launch.cuh"
 #include "afd/kernels/cuda/mla.cuh"
 #include "afd/kernels/cuda/moe.cuh"
 #include "afd/kernels/cuda/router.cuh"
@@ -801,9 +801,9 @@ void CudaBackend::GqaCacheWrite(const Tensor& qkv, const Tensor& q_norm, const T
                       state_->stream);
 }
 
-void CudaBackend::GqaAttention(const Tensor& q, const AttentionTokens& tokens,
-                               const Tensor& cache, int64_t num_kv_heads, int64_t head_begin,
-                               int64_t head_end, float scale, const Tensor& out) {
+void CudaBackend::GqaAttention(const Tensor& q, const AttentionTokens& tokens, const Tensor& cache,
+                               int64_t num_kv_heads, int64_t head_begin, int64_t head_end,
+                               float scale, const Tensor& out) {
   const auto [n, heads, kvh, d] =
       CheckGqaAttention(device(), q, tokens, cache, num_kv_heads, head_begin, head_end, out);
   const OpScope scope(*this, "GqaAttention", {n, head_end - head_begin});

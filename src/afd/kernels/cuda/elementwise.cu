@@ -7,8 +7,8 @@
 #include <type_traits>
 
 #include "afd/common/cuda_check.h"
-#include "afd/kernels/cuda/launch.cuh"
 #include "afd/kernels/cuda/elementwise.cuh"
+#include "afd/kernels/cuda/launch.cuh"
 #include "afd/kernels/cuda/pdl.cuh"
 
 namespace afd::kernels::cuda {

@@ -10,9 +10,9 @@
 
 #include "afd/common/cuda_check.h"
 #include "afd/kernels/cuda/bf16_vec.cuh"
+#include "afd/kernels/cuda/gemv.cuh"
 #include "afd/kernels/cuda/gemv_f32.cuh"
 #include "afd/kernels/cuda/launch.cuh"
-#include "afd/kernels/cuda/gemv.cuh"
 #include "afd/kernels/cuda/pdl.cuh"
 
 namespace afd::kernels::cuda {

@@ -12,8 +12,8 @@
 #include <cstdint>
 
 #include "afd/common/error.h"
-#include "afd/kernels/cuda/launch.cuh"
 #include "afd/kernels/cuda/gqa.cuh"
+#include "afd/kernels/cuda/launch.cuh"
 #include "afd/kernels/cuda/mma.cuh"
 #include "afd/kernels/cuda/pdl.cuh"
 #include "afd/kernels/cuda/rope.cuh"
@@ -127,8 +127,8 @@ __global__ void __launch_bounds__(kAttendWarps * 32)
     }
   }
   for (int64_t j = lo + warp; j < hi; j += kAttendWarps) {
-    const int64_t slot = static_cast<int64_t>(table[j / t.block_size]) * t.block_size +
-                         j % t.block_size;
+    const int64_t slot =
+        static_cast<int64_t>(table[j / t.block_size]) * t.block_size + j % t.block_size;
     const T* row = cache + slot * width;
     float kv[PER], vv[PER];
 #pragma unroll
@@ -406,10 +406,11 @@ struct TileHalf {
 // One tile's attention over split `split` of its context (GqaAttendMma's contract), the results
 // of its rows written to out (one split) or partial.
 template <int D>
-__device__ __forceinline__ void MmaTile(const float* q, int64_t heads, int64_t kvh, const PagedArgs& t,
-                        const __nv_bfloat16* cache, int64_t g, int64_t h0, int64_t nh,
-                        float scale, int64_t split, int64_t splits, const TileHalf (&half)[2],
-                        unsigned char* smem_raw, float* partial, float* out) {
+__device__ __forceinline__ void MmaTile(const float* q, int64_t heads, int64_t kvh,
+                                        const PagedArgs& t, const __nv_bfloat16* cache, int64_t g,
+                                        int64_t h0, int64_t nh, float scale, int64_t split,
+                                        int64_t splits, const TileHalf (&half)[2],
+                                        unsigned char* smem_raw, float* partial, float* out) {
   constexpr int kSteps = D / 16, kTiles = D / 8, kStride = MmaStride<D>();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gid = lane >> 2, tq = lane & 3;
   constexpr size_t kStage = 2 * kChunk * kStride * 2;
@@ -522,8 +523,7 @@ __device__ __forceinline__ void MmaTile(const float* q, int64_t heads, int64_t k
       const uint32_t a2 = PackBf16(sc[2 * ks + 1][0], sc[2 * ks + 1][1]);
       const uint32_t a3 = PackBf16(sc[2 * ks + 1][2], sc[2 * ks + 1][3]);
       const int mat = lane >> 3, r = lane & 7;
-      const __nv_bfloat16* vrow =
-          v_s + (ks * 16 + (mat & 1) * 8 + r) * kStride + (mat >> 1) * 8;
+      const __nv_bfloat16* vrow = v_s + (ks * 16 + (mat & 1) * 8 + r) * kStride + (mat >> 1) * 8;
 #pragma unroll
       for (int n = 0; n < kTiles; n += 2) {
         uint32_t b[4];
@@ -540,7 +540,7 @@ __device__ __forceinline__ void MmaTile(const float* q, int64_t heads, int64_t k
     l[hf] += __shfl_xor_sync(0xffffffffu, l[hf], 1);
     l[hf] += __shfl_xor_sync(0xffffffffu, l[hf], 2);
   }
-  __syncthreads();  // every warp is done with its stage buffers
+  __syncthreads();                                // every warp is done with its stage buffers
   float* merge = reinterpret_cast<float*>(mine);  // [m 16 | l 16 | O 16 x D]
   if (tq == 0) {
     merge[gid] = m[0], merge[gid + 8] = m[1];
@@ -607,12 +607,12 @@ __global__ void __launch_bounds__(kAttendWarps * 32)
     const int64_t a = 2 * static_cast<int64_t>(blockIdx.x), b = a + 1;
     if (b < n && t.seq_index[a] == t.seq_index[b]) {
       const TileHalf half[2] = {{a, hs, count}, {b, hs, count}};
-      MmaTile<D>(q, heads, kvh, t, cache, g, h0, nh, scale, split, splits, half, smem_raw,
-                 partial, out);
+      MmaTile<D>(q, heads, kvh, t, cache, g, h0, nh, scale, split, splits, half, smem_raw, partial,
+                 out);
     } else {
       const TileHalf first[2] = {{a, hs, count}, {a, hs, 0}};
-      MmaTile<D>(q, heads, kvh, t, cache, g, h0, nh, scale, split, splits, first, smem_raw,
-                 partial, out);
+      MmaTile<D>(q, heads, kvh, t, cache, g, h0, nh, scale, split, splits, first, smem_raw, partial,
+                 out);
       if (b < n) {
         const TileHalf second[2] = {{b, hs, count}, {b, hs, 0}};
         MmaTile<D>(q, heads, kvh, t, cache, g, h0, nh, scale, split, splits, second, smem_raw,
@@ -624,8 +624,7 @@ __global__ void __launch_bounds__(kAttendWarps * 32)
 
 // Block (token, head): out = Σ_s e^{m_s - M} o_s / Σ_s e^{m_s - M} l_s over the splits (empty
 // splits, m = -inf, weigh nothing).
-__global__ void GqaMerge(int64_t d, int64_t nh, int64_t splits, const float* partial,
-                         float* out) {
+__global__ void GqaMerge(int64_t d, int64_t nh, int64_t splits, const float* partial, float* out) {
   PdlStart();
   const int64_t tok = blockIdx.x, h = blockIdx.y;
   const float* part = partial + (tok * nh + h) * splits * (d + 2);
@@ -750,8 +749,8 @@ void LaunchGqaAttention(const float* q, int64_t n, int64_t heads, int64_t kvh, i
   const auto chunks = [&](auto dim) {
     constexpr int kD = decltype(dim)::value;
     if (bf16_cache) {
-      LaunchPdl(GqaAttendChunks<kD, __nv_bfloat16>, grid, kAttendWarps * 32, 0, s, q, heads, kvh,
-                t, static_cast<const __nv_bfloat16*>(cache), h0, h1, scale, splits, partial, out);
+      LaunchPdl(GqaAttendChunks<kD, __nv_bfloat16>, grid, kAttendWarps * 32, 0, s, q, heads, kvh, t,
+                static_cast<const __nv_bfloat16*>(cache), h0, h1, scale, splits, partial, out);
     } else {
       LaunchPdl(GqaAttendChunks<kD, float>, grid, kAttendWarps * 32, 0, s, q, heads, kvh, t,
                 static_cast<const float*>(cache), h0, h1, scale, splits, partial, out);
@@ -763,8 +762,7 @@ void LaunchGqaAttention(const float* q, int64_t n, int64_t heads, int64_t kvh, i
       Attend<kPer, __nv_bfloat16>(grid, s, q, heads, kvh, d, t, cache, h0, h1, scale, splits,
                                   partial, out);
     } else {
-      Attend<kPer, float>(grid, s, q, heads, kvh, d, t, cache, h0, h1, scale, splits, partial,
-                          out);
+      Attend<kPer, float>(grid, s, q, heads, kvh, d, t, cache, h0, h1, scale, splits, partial, out);
     }
   };
   if (tensor_cores) {

@@ -12,8 +12,8 @@
 #include "afd/common/cuda_check.h"
 #include "afd/kernels/cuda/bf16_vec.cuh"
 #include "afd/kernels/cuda/launch.cuh"
-#include "afd/kernels/cuda/moe.cuh"
 #include "afd/kernels/cuda/mma.cuh"
+#include "afd/kernels/cuda/moe.cuh"
 #include "afd/kernels/cuda/pdl.cuh"
 
 namespace afd::kernels::cuda {

@@ -7,8 +7,8 @@
 #include "afd/common/cuda_check.h"
 #include "afd/kernels/cuda/gemv_f32.cuh"
 #include "afd/kernels/cuda/launch.cuh"
-#include "afd/kernels/cuda/router.cuh"
 #include "afd/kernels/cuda/pdl.cuh"
+#include "afd/kernels/cuda/router.cuh"
 
 namespace afd::kernels::cuda {
 

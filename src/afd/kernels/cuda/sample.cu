@@ -6,8 +6,8 @@
 
 #include "afd/common/cuda_check.h"
 #include "afd/kernels/cuda/launch.cuh"
-#include "afd/kernels/cuda/sample.cuh"
 #include "afd/kernels/cuda/pdl.cuh"
+#include "afd/kernels/cuda/sample.cuh"
 
 namespace afd::kernels::cuda {
 

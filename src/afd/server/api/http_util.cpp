@@ -164,12 +164,12 @@ std::shared_ptr<RequestRun> SubmitChoices(const std::shared_ptr<ServerContext>& 
     const EngineClient::KvCacheLayout cache = ctx->engine().kv_cache_layout();
     const runtime::KvLayout expect{o.kv_model, cache.num_layers, cache.row_width, cache.dtype};
     try {
-      params[0].imported_kv = std::make_shared<const runtime::KvRows>(runtime::FetchKvRows(
-          r.kv.remote_host, r.kv.remote_port, r.kv.remote_request_id, expect, o.kv_secret,
-          o.kv_transfer->transfer_timeout_s));
+      params[0].imported_kv = std::make_shared<const runtime::KvRows>(
+          runtime::FetchKvRows(r.kv.remote_host, r.kv.remote_port, r.kv.remote_request_id, expect,
+                               o.kv_secret, o.kv_transfer->transfer_timeout_s));
     } catch (const Error& e) {
-      throw ApiError(502, fmt::format("the KV transfer from the prefill instance failed: {}",
-                                      e.what()),
+      throw ApiError(502,
+                     fmt::format("the KV transfer from the prefill instance failed: {}", e.what()),
                      "kv_transfer_params");
     }
   }
