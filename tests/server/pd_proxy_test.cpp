@@ -85,6 +85,32 @@ TEST(PdProxy, AnswersAsAColocatedServerDoes) {
   EXPECT_EQ(p1.engine->Load().total.kv_held + p2.engine->Load().total.kv_held, 0);
 }
 
+// 50 prompts of 1 to 2,000 tokens, streamed and not, each equal to the colocated answer.
+TEST(PdProxy, FiftyPromptsOfOneToTwoThousandTokens) {
+  KvInstance colocated(std::nullopt), p1(KvTransferConfig::Role::kProducer),
+      p2(KvTransferConfig::Role::kProducer), decoder(KvTransferConfig::Role::kConsumer);
+  Proxied proxy({At(p1), At(p2)}, {At(decoder)});
+  for (int i = 0; i < 50; ++i) {
+    const int len = 1 + (i * 1999) / 49;  // 1 .. 2000
+    const json req = Request(Prompt(len), 4);
+    const auto [ref_status, ref] = colocated.Post("/v1/completions", req);
+    ASSERT_EQ(ref_status, 200) << len;
+    if (i % 2 == 0) {
+      const auto [status, got] = proxy.Post("/v1/completions", req);
+      ASSERT_EQ(status, 200) << len << " " << got.dump();
+      EXPECT_EQ(got["choices"][0]["token_ids"], ref["choices"][0]["token_ids"]) << len;
+      EXPECT_EQ(got["choices"][0]["logprobs"], ref["choices"][0]["logprobs"]) << len;
+    } else {
+      json streamed = req;
+      streamed["stream"] = true;
+      auto r = proxy.Client().Post("/v1/completions", streamed.dump(), "application/json");
+      ASSERT_TRUE(r) << len;
+      ASSERT_EQ(r->status, 200) << len << " " << r->body;
+      EXPECT_EQ(json(StreamedIds(r->body)), ref["choices"][0]["token_ids"]) << len;
+    }
+  }
+}
+
 TEST(PdProxy, FailingInstancesAreNamedNotWaitedForEver) {
   KvInstance plain(std::nullopt), decoder(KvTransferConfig::Role::kConsumer);
   afd::comm::Socket taken = afd::comm::Listen("127.0.0.1", 0);

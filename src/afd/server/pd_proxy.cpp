@@ -102,7 +102,8 @@ struct PdProxy::Impl {
       return {ErrorOf(ApiError(400, "the request body must be a JSON object")), nullptr};
     }
     const bool chat = req.path == "/v1/chat/completions";
-    const bool stream = body.value("stream", false);
+    const bool stream = body.contains("stream") && body["stream"].is_boolean() &&
+                        body["stream"].get<bool>();
     // The prefill leg.
     json prefill = body;
     prefill["max_tokens"] = 1;
