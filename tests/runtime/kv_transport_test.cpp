@@ -111,6 +111,47 @@ TEST(KvTransport, ASilentProducerCostsTheTimeoutNotAHang) {
   EXPECT_LT(s, 5.0);
 }
 
+// A producer that dies mid-transfer (announces the rows, sends half, closes): the consumer's
+// pull fails at once naming it, and nothing of the half is kept.
+TEST(KvTransport, AProducerDyingMidTransferFailsThePull) {
+  comm::Socket listener = comm::Listen("127.0.0.1", 0);
+  const int port = comm::LocalPort(listener);
+  const KvRows rows = SomeRows(70);
+  std::thread producer([&] {
+    const Deadline d = Deadline::In(5);
+    comm::Socket s = comm::Accept(listener, d, "the consumer");
+    auto frame = [&](uint8_t code, const std::vector<std::string>& fields) {
+      std::string body(1, static_cast<char>(code));
+      for (const std::string& f : fields) {
+        const uint32_t len = static_cast<uint32_t>(f.size());
+        body.append(reinterpret_cast<const char*>(&len), 4).append(f);
+      }
+      const uint32_t header[2] = {0x4b444641u, static_cast<uint32_t>(body.size())};
+      s.SendAll(header, sizeof(header), d, "the consumer");
+      s.SendAll(body.data(), body.size(), d, "the consumer");
+    };
+    auto skip_frame = [&] {
+      uint32_t header[2];
+      s.RecvAll(header, sizeof(header), d, "the consumer");
+      std::string body(header[1], '\0');
+      s.RecvAll(body.data(), body.size(), d, "the consumer");
+    };
+    frame(1, {std::string(32, 'n'), std::string(1, '\0')});  // CHALLENGE, no secret
+    skip_frame();                                            // AUTH
+    frame(3, {""});                                          // AUTH_OK
+    skip_frame();                                            // FETCH
+    frame(6, {"3", "40", "float32", "70", std::to_string(rows.bytes.size())});  // ROWS
+    s.SendAll(rows.bytes.data(), rows.bytes.size() / 2, d, "the consumer");
+    s.Close();  // dies
+  });
+  const auto start = std::chrono::steady_clock::now();
+  const std::string e = FetchError(port, 11, LayoutOf(rows), std::nullopt, 10);
+  producer.join();
+  EXPECT_NE(e.find("127.0.0.1:" + std::to_string(port)), std::string::npos) << e;
+  EXPECT_NE(e.find("closed the connection"), std::string::npos) << e;
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 5);
+}
+
 TEST(KvTransport, AStalledClientDoesNotWedgeTheProducer) {
   Producer p;
   comm::Socket stalled =
