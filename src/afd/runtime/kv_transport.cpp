@@ -183,7 +183,7 @@ void KvTransferServer::Serve(comm::Socket s) {
     KvRows rows;
     try {
       rows = provide_(id);
-    } catch (const Error& e) {
+    } catch (const std::exception& e) {  // afd::Error, or the engine going away (future_error)
       SendFrame(s, kFailed, {e.what()}, Deadline::In(io_timeout_s_), what);
       return;
     }
@@ -196,9 +196,9 @@ void KvTransferServer::Serve(comm::Socket s) {
     Expect(RecvFrame(s, Deadline::In(io_timeout_s_), what), kDone, 0, what);
     release_(id);
     ++transfers_done_;
-  } catch (const Error&) {
-    // The client went away or broke the protocol: its rows stay held (until the hold timeout or
-    // a retry).
+  } catch (const std::exception&) {
+    // The client went away or broke the protocol (or the engine did): its rows stay held (until
+    // the hold timeout or a retry).
   }
 }
 
