@@ -125,6 +125,17 @@ TEST(PdProxy, FailingInstancesAreNamedNotWaitedForEver) {
     EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 20);
   }
   {
+    // A decoder that is not a KV consumer refuses a streamed decode leg: its 400, whole.
+    KvInstance producer(KvTransferConfig::Role::kProducer);
+    Proxied proxy({At(producer)}, {At(plain)});
+    json streamed = Request(Prompt(5), 4);
+    streamed["stream"] = true;
+    auto r = proxy.Client().Post("/v1/completions", streamed.dump(), "application/json");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 400) << r->body;
+    EXPECT_NE(r->body.find("not a KV consumer"), std::string::npos) << r->body;
+  }
+  {
     Proxied proxy({At(plain)}, {At(decoder)});  // not a KV producer: its 400 comes through
     const auto [status, r] = proxy.Post("/v1/completions", Request(Prompt(5), 4));
     EXPECT_EQ(status, 400) << r.dump();

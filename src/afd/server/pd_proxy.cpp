@@ -102,8 +102,8 @@ struct PdProxy::Impl {
       return {ErrorOf(ApiError(400, "the request body must be a JSON object")), nullptr};
     }
     const bool chat = req.path == "/v1/chat/completions";
-    const bool stream = body.contains("stream") && body["stream"].is_boolean() &&
-                        body["stream"].get<bool>();
+    const bool stream =
+        body.contains("stream") && body["stream"].is_boolean() && body["stream"].get<bool>();
     // The prefill leg.
     json prefill = body;
     prefill["max_tokens"] = 1;
@@ -219,14 +219,7 @@ struct PdProxy::Impl {
       return {ErrorOf(ApiError(502, fmt::format("the decode instance {} did not answer", Name(d)))),
               nullptr};
     }
-    // The thread has finished reading the error body once it ended the relay.
-    for (int i = 0; i < 1000; ++i) {
-      {
-        std::lock_guard<std::mutex> lock(shared->mu);
-        if (shared->ended) break;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    }
+    // The status of a failed answer is set after its whole body was read (the future orders it).
     HttpResponse r;
     r.status = code;
     r.body = *error_body;
