@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cmath>
 #include <map>
 #include <thread>
 
@@ -85,7 +86,7 @@ TEST_P(KvTransfer, DecodeFromImportedRowsEqualsTheColocatedRun) {
   Engine producer(*model_, runner, {0, 0, false, 32, 0});
   for (size_t i = 0; i < kPrompts.size(); ++i) {
     RequestParams p = Params(kPrompts[i], 1);
-    p.hold_kv = true;
+    p.hold_kv_s = 480;
     producer.Add(100 + i, p);
   }
   std::map<uint64_t, std::vector<RequestOutput>> prefilled = Drain(producer);
@@ -157,16 +158,23 @@ TEST_P(KvTransfer, BadRowsAreRejectedNamingTheMismatch) {
   short_bytes.bytes.resize(10);
   reject(short_bytes, false, "10 bytes");
   reject(ok, true, "prompt log-probabilities");
+  for (double hold : {-1.0, std::nan(""), 1e300}) {
+    RequestParams p = Params({1, 2, 3, 4}, 1);
+    p.hold_kv_s = hold;
+    e.Add(2, p);
+    const std::vector<RequestOutput> out = e.Step();
+    ASSERT_EQ(out.size(), 1u);
+    EXPECT_TRUE(out[0].rejected);
+    EXPECT_NE(out[0].error.find("hold_kv_s"), std::string::npos) << out[0].error;
+  }
   EXPECT_EQ(e.stats().kv_blocks_used, 0);
 }
 
 TEST_P(KvTransfer, HeldRowsExpireAfterTheTimeout) {
   LocalStepRunner runner(*model_);
-  EngineOptions o{0, 0, false, 16, 0};
-  o.kv_hold_timeout_s = 0.05;
-  Engine e(*model_, runner, o);
+  Engine e(*model_, runner, {0, 0, false, 16, 0});
   RequestParams p = Params({1, 2, 3, 4, 5}, 1);
-  p.hold_kv = true;
+  p.hold_kv_s = 0.05;
   e.Add(7, p);
   Drain(e);
   EXPECT_EQ(e.stats().kv_held, 1);

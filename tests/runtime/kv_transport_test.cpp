@@ -188,7 +188,7 @@ TEST(KvTransport, HeldEngineRowsOverTcpGiveTheColocatedTokens) {
   Engine producer(*model, runner, {0, 0, false, 16, 0});
   RequestParams prefill = params;
   prefill.max_tokens = 1;
-  prefill.hold_kv = true;
+  prefill.hold_kv_s = 480;
   producer.Add(11, prefill);
   ASSERT_TRUE(drain(producer).second.back().kv_held);
   // The server's threads reach the engine only while this thread waits in FetchKvRows.

@@ -42,7 +42,6 @@ struct KvInstance {
       kv.kv_port = 0;
       kv.transfer_timeout_s = 2;
       o.kv_transfer = kv;
-      o.kv_model = "preset:tiny";
       o.kv_secret = kSecret;
     }
     server = std::make_unique<ApiServer>(o, *engine, nullptr, nullptr);

@@ -1,6 +1,7 @@
 // `afd proxy` (server/pd_proxy.h) in front of two KV producers and a KV consumer: streamed and
 // whole answers equal a colocated server's; a prefiller that is down, or is not a producer,
-// gives the client an error naming it, within the timeout; the proxy's own routes.
+// gives the client an error naming it, within the timeout; instances that are down are passed
+// over; the proxy's own routes.
 #include "afd/server/pd_proxy.h"
 
 #include <gtest/gtest.h>
@@ -140,6 +141,27 @@ TEST(PdProxy, FailingInstancesAreNamedNotWaitedForEver) {
     const auto [status, r] = proxy.Post("/v1/completions", Request(Prompt(5), 4));
     EXPECT_EQ(status, 400) << r.dump();
     EXPECT_NE(r.dump().find("not a KV producer"), std::string::npos) << r.dump();
+  }
+}
+
+// A prefiller or decoder that is down (refuses connections) is passed over: every request is
+// answered by the live ones, as a colocated server answers it.
+TEST(PdProxy, InstancesThatAreDownArePassedOver) {
+  KvInstance colocated(std::nullopt), producer(KvTransferConfig::Role::kProducer),
+      decoder(KvTransferConfig::Role::kConsumer);
+  std::vector<int> down;
+  for (int i = 0; i < 2; ++i) {
+    afd::comm::Socket taken = afd::comm::Listen("127.0.0.1", 0);
+    down.push_back(afd::comm::LocalPort(taken));
+  }  // closed: nothing listens there now
+  Proxied proxy({{"127.0.0.1", down[0]}, At(producer)}, {{"127.0.0.1", down[1]}, At(decoder)});
+  for (int i = 0; i < 4; ++i) {  // both round-robin positions of each list
+    const json body = Request(Prompt(7 + i), 4);
+    const auto [want_status, want] = colocated.Post("/v1/completions", body);
+    ASSERT_EQ(want_status, 200);
+    const auto [status, got] = proxy.Post("/v1/completions", body);
+    ASSERT_EQ(status, 200) << got.dump();
+    EXPECT_EQ(got["choices"][0]["token_ids"], want["choices"][0]["token_ids"]) << i;
   }
 }
 

@@ -1,7 +1,8 @@
 // The engine channel and the frontend's client of the attention replicas, against replicas
 // played by the test over real sockets: frames survive any split, requests go to the replica
 // with the fewest live ones, outputs reach their callbacks, and a replica that vanishes ends
-// every live request with an error naming it.
+// every live request with an error naming it. KV transfers: held rows are exported by the
+// replica that holds them and released there; imported rows travel attached to the submit.
 #include "afd/server/replica_engine_client.h"
 
 #include <gtest/gtest.h>
@@ -103,6 +104,10 @@ TEST(EngineWire, EveryMessageRoundTrips) {
   EXPECT_EQ(deploy::DecodeEngineMessage(deploy::EncodeEngineMessage(hello), "t").hello.proof,
             hello.hello.proof);
 
+  EXPECT_EQ(
+      deploy::DecodeEngineMessage(deploy::EncodeEngineMessage(hello), "t").hello.kv_layout.dtype,
+      DType::kF32);
+
   EXPECT_THROW(deploy::DecodeEngineMessage("{\"kind\": \"submit\"}", "replica 3"), Error);
   EXPECT_THROW(deploy::DecodeEngineMessage("not json", "replica 3"), Error);
   try {
@@ -116,11 +121,102 @@ TEST(EngineWire, EveryMessageRoundTrips) {
   EXPECT_EQ(deploy::ParseEndpoint("127.0.0.1:5", "x").second, 5);
 }
 
+runtime::KvRows Rows(int64_t positions) {
+  runtime::KvRows kv;
+  kv.num_layers = 2;
+  kv.row_width = 3;
+  kv.positions = positions;
+  kv.dtype = DType::kBF16;
+  kv.bytes.resize(kv.expected_bytes());
+  for (size_t i = 0; i < kv.bytes.size(); ++i) kv.bytes[i] = static_cast<char>(i * 37);  // NULs too
+  return kv;
+}
+
+std::string Why(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+TEST(EngineWire, KvRowsTravelAttachedToTheirMessages) {
+  EngineMessage submit;
+  submit.kind = Kind::kSubmit;
+  submit.id = 5;
+  submit.params.prompt = {1, 2, 3, 4, 5};
+  submit.params.hold_kv_s = 12.5;
+  submit.params.imported_kv = std::make_shared<const runtime::KvRows>(Rows(4));
+  const std::string frame = deploy::EncodeEngineMessage(submit);
+  const EngineMessage s = deploy::DecodeEngineMessage(frame, "t");
+  EXPECT_EQ(s.params.hold_kv_s, 12.5);
+  ASSERT_TRUE(s.params.imported_kv);
+  EXPECT_EQ(s.params.imported_kv->positions, 4);
+  EXPECT_EQ(s.params.imported_kv->num_layers, 2);
+  EXPECT_EQ(s.params.imported_kv->row_width, 3);
+  EXPECT_EQ(s.params.imported_kv->dtype, DType::kBF16);
+  EXPECT_EQ(s.params.imported_kv->bytes, submit.params.imported_kv->bytes);
+  submit.params.imported_kv.reset();
+  submit.params.hold_kv_s = 0;
+  const EngineMessage plain = deploy::DecodeEngineMessage(deploy::EncodeEngineMessage(submit), "t");
+  EXPECT_FALSE(plain.params.imported_kv);
+  EXPECT_EQ(plain.params.hold_kv_s, 0);
+
+  for (Kind k : {Kind::kExportKv, Kind::kReleaseKv}) {
+    EngineMessage m;
+    m.kind = k;
+    m.id = 77;
+    const EngineMessage d = deploy::DecodeEngineMessage(deploy::EncodeEngineMessage(m), "t");
+    EXPECT_EQ(d.kind, k);
+    EXPECT_EQ(d.id, 77u);
+  }
+  EngineMessage rows;
+  rows.kind = Kind::kKvRows;
+  rows.id = 8;
+  rows.kv = std::make_shared<runtime::KvRows>(Rows(6));
+  const EngineMessage r = deploy::DecodeEngineMessage(deploy::EncodeEngineMessage(rows), "t");
+  ASSERT_TRUE(r.kv);
+  EXPECT_EQ(r.kv->bytes, rows.kv->bytes);
+  EngineMessage none;
+  none.kind = Kind::kKvRows;
+  none.id = 8;
+  none.why = "request 8 holds no KV rows";
+  const EngineMessage n = deploy::DecodeEngineMessage(deploy::EncodeEngineMessage(none), "t");
+  EXPECT_FALSE(n.kv);
+  EXPECT_EQ(n.why, none.why);
+
+  // A frame whose attachment is not the size its layout says, or that nothing reads, is refused
+  // naming the sender.
+  const std::string good = deploy::EncodeEngineMessage(rows);
+  EXPECT_NE(Why([&] {
+              deploy::DecodeEngineMessage(good.substr(0, good.size() - 1), "replica 2");
+            }).find("replica 2"),
+            std::string::npos);
+  EXPECT_NE(Why([&] { deploy::DecodeEngineMessage(good + "x", "r"); }).find("need 72 bytes"),
+            std::string::npos);
+  std::string stray = deploy::EncodeEngineMessage(none);
+  stray += std::string("\0abc", 4);
+  EXPECT_NE(Why([&] { deploy::DecodeEngineMessage(stray, "r"); }).find("does not use"),
+            std::string::npos);
+  const std::string bad_dtype =
+      R"({"kind": "kv_rows", "id": 1, "kv": {"layers": 1, "width": 1, "positions": 1, "dtype": 9}})";
+  EXPECT_NE(Why([&] {
+              deploy::DecodeEngineMessage(bad_dtype + std::string(1, '\0') + "ab", "r");
+            }).find("dtype 9"),
+            std::string::npos);
+  const std::string huge =
+      R"({"kind": "kv_rows", "id": 1, "kv": {"layers": 2147483647, "width": 2147483647, )"
+      R"("positions": 2147483647, "dtype": 5}})";
+  EXPECT_THROW(deploy::DecodeEngineMessage(huge + std::string(1, '\0'), "r"), Error);
+}
+
 // A replica played by the test: connects, says hello, answers as told.
 class FakeReplica {
  public:
   FakeReplica(const std::string& endpoint, int dp_rank,
-              const std::optional<std::string>& secret = std::nullopt) {
+              const std::optional<std::string>& secret = std::nullopt,
+              const runtime::KvLayout& layout = {"tiny", 2, 3, DType::kBF16}) {
     const auto [host, port] = deploy::ParseEndpoint(endpoint, "endpoint");
     conn_ = std::make_unique<deploy::FrameConnection>(
         comm::Connect(host, port, Deadline::In(10), "frontend"), "frontend");
@@ -134,6 +230,7 @@ class FakeReplica {
     hello.hello.max_model_len = 512;
     hello.hello.eos_token_ids = {2};
     hello.hello.kv_blocks = 64;
+    hello.hello.kv_layout = layout;
     hello.hello.proof = deploy::EngineHelloProof(secret, challenge.challenge.nonce, dp_rank);
     conn_->Send(deploy::EncodeEngineMessage(hello), 10);
   }
@@ -152,6 +249,7 @@ class FakeReplica {
     step.round_trips.bucket_counts[3] = 2;
     conn_->Send(deploy::EncodeEngineMessage(step), 10);
   }
+  void Send(const EngineMessage& m) { conn_->Send(deploy::EncodeEngineMessage(m), 10); }
   void Close() { conn_->Close(); }
 
  private:
@@ -304,6 +402,118 @@ TEST(ReplicaEngineClient, AReplicaWithAnotherDpRankIsRefused) {
   FakeReplica stranger(client.endpoint(), 3);
   EXPECT_FALSE(client.WaitReady(10));
   EXPECT_NE(client.Failure().find("DP rank 3"), std::string::npos) << client.Failure();
+}
+
+// A producer's held rows: the frontend remembers which replica holds a request's rows, asks it
+// for them (export_kv, answered kv_rows) and tells it to release them; what a replica answers
+// (rows, a reason, nothing) reaches the caller of ExportHeldKv within its timeout.
+TEST(ReplicaEngineClient, ExportsHeldRowsFromTheReplicaThatHoldsThem) {
+  ReplicaEngineClient client(2, 0);
+  FakeReplica r0(client.endpoint(), 0), r1(client.endpoint(), 1);
+  ASSERT_TRUE(client.WaitReady(10));
+  EXPECT_TRUE(client.SupportsKvTransfer());
+  const runtime::KvLayout layout = client.kv_cache_layout();
+  EXPECT_EQ(layout.model, "tiny");
+  EXPECT_EQ(layout.row_width, 3);
+  EXPECT_EQ(layout.dtype, DType::kBF16);
+
+  runtime::RequestParams p;
+  p.prompt = {1, 2, 3};
+  p.max_tokens = 1;
+  client.Submit(20, p, [](const runtime::RequestOutput&) {});  // replica 0, not held
+  EXPECT_EQ(r0.Next().id, 20u);
+  p.hold_kv_s = 30;
+  std::promise<runtime::RequestOutput> prefilled;
+  client.Submit(21, p, [&](const runtime::RequestOutput& o) {
+    if (o.finished) prefilled.set_value(o);
+  });
+  const EngineMessage sent = r1.Next();  // the least loaded
+  EXPECT_EQ(sent.id, 21u);
+  EXPECT_EQ(sent.params.hold_kv_s, 30);
+  runtime::RequestOutput done = Out(21, 9, true);
+  done.kv_held = true;
+  done.kv_positions = 3;
+  done.kv_block_ids = {7};
+  r1.Reply({done}, 0);
+  const runtime::RequestOutput held = prefilled.get_future().get();
+  EXPECT_TRUE(held.kv_held);
+  EXPECT_EQ(held.kv_positions, 3);
+  EXPECT_EQ(held.kv_block_ids, std::vector<int32_t>{7});
+
+  auto exported = std::async(std::launch::async, [&] { return client.ExportHeldKv(21, 10); });
+  const EngineMessage ask = r1.Next();
+  EXPECT_EQ(ask.kind, Kind::kExportKv);
+  EXPECT_EQ(ask.id, 21u);
+  EngineMessage rows;
+  rows.kind = Kind::kKvRows;
+  rows.id = 21;
+  rows.kv = std::make_shared<runtime::KvRows>(Rows(3));
+  r1.Send(rows);
+  EXPECT_EQ(exported.get().bytes, Rows(3).bytes);
+
+  // The replica's reason, when it holds none (expired there), is the caller's error.
+  auto refused =
+      std::async(std::launch::async, [&] { return Why([&] { client.ExportHeldKv(21, 10); }); });
+  EXPECT_EQ(r1.Next().kind, Kind::kExportKv);
+  EngineMessage none;
+  none.kind = Kind::kKvRows;
+  none.id = 21;
+  none.why = "request 21 holds no KV rows (past its hold timeout)";
+  r1.Send(none);
+  EXPECT_EQ(refused.get(), none.why);
+
+  // A replica that does not answer: the caller's timeout, naming the replica.
+  const std::string silent = Why([&] { client.ExportHeldKv(21, 0.2); });
+  EXPECT_NE(silent.find("attention replica 1 did not send its KV rows within"), std::string::npos)
+      << silent;
+  EXPECT_EQ(r1.Next().kind, Kind::kExportKv);
+
+  client.ReleaseHeldKv(21);
+  const EngineMessage release = r1.Next();
+  EXPECT_EQ(release.kind, Kind::kReleaseKv);
+  EXPECT_EQ(release.id, 21u);
+  // Released, a request not held, an unknown one: nothing to ask any replica for.
+  for (uint64_t id : {21u, 20u, 99u}) {
+    EXPECT_NE(Why([&] { client.ExportHeldKv(id, 1); }).find("holds no KV rows"), std::string::npos);
+  }
+
+  // Imported rows go to the replica with the submit (replica 1: the least loaded).
+  runtime::RequestParams decode;
+  decode.prompt = {1, 2, 3, 4};
+  decode.imported_kv = std::make_shared<const runtime::KvRows>(Rows(3));
+  client.Submit(22, decode, [](const runtime::RequestOutput&) {});
+  const EngineMessage with_rows = r1.Next();
+  ASSERT_TRUE(with_rows.params.imported_kv);
+  EXPECT_EQ(with_rows.params.imported_kv->bytes, Rows(3).bytes);
+  client.Shutdown();
+}
+
+TEST(ReplicaEngineClient, AnExportWaitingOnALostReplicaFailsAtOnce) {
+  ReplicaEngineClient client(1, 0);
+  FakeReplica r0(client.endpoint(), 0);
+  ASSERT_TRUE(client.WaitReady(10));
+  runtime::RequestParams p;
+  p.prompt = {1, 2};
+  p.hold_kv_s = 30;
+  client.Submit(3, p, [](const runtime::RequestOutput&) {});
+  EXPECT_EQ(r0.Next().id, 3u);
+  auto exported =
+      std::async(std::launch::async, [&] { return Why([&] { client.ExportHeldKv(3, 30); }); });
+  EXPECT_EQ(r0.Next().kind, Kind::kExportKv);
+  const auto start = std::chrono::steady_clock::now();
+  r0.Close();
+  const std::string why = exported.get();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
+  EXPECT_NE(why.find("attention replica 0 lost its engine connection"), std::string::npos) << why;
+}
+
+TEST(ReplicaEngineClient, ReplicasWithAnotherKvLayoutAreRefused) {
+  ReplicaEngineClient client(2, 0);
+  FakeReplica r0(client.endpoint(), 0);
+  FakeReplica r1(client.endpoint(), 1, std::nullopt, {"tiny", 2, 3, DType::kF32});
+  EXPECT_FALSE(client.WaitReady(10));
+  EXPECT_NE(client.Failure().find("keeps its KV cache as \"tiny\" (3-wide"), std::string::npos)
+      << client.Failure();
 }
 
 }  // namespace

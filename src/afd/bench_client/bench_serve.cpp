@@ -180,9 +180,11 @@ BenchServeRun RunBenchServe(const BenchServeOptions& o, const std::vector<BenchP
 
   run.outcomes.resize(prompts.size());
   std::vector<double> arrived_at(prompts.size(), 0.0);
-  Mutex done_mu;
-  std::condition_variable_any done_cv;
-  int64_t done AFD_GUARDED_BY(done_mu) = 0;
+  struct Done {
+    Mutex mu;
+    std::condition_variable_any cv;
+    int64_t count AFD_GUARDED_BY(mu) = 0;
+  } done;
   ArrivalQueue queue;
   const Clock::time_point start = Clock::now();
 
@@ -205,24 +207,24 @@ BenchServeRun RunBenchServe(const BenchServeOptions& o, const std::vector<BenchP
         outcome.queue_s = sent_at - arrived_at[i];
         run.outcomes[i] = std::move(outcome);
         {
-          MutexLock lock(done_mu);
-          ++done;
+          MutexLock lock(done.mu);
+          ++done.count;
         }
-        done_cv.notify_all();
+        done.cv.notify_all();
       }
     });
   }
   std::thread progress_thread;
   if (progress != nullptr) {
     progress_thread = std::thread([&] {
-      MutexLock lock(done_mu);
+      MutexLock lock(done.mu);
       while (true) {
-        const int64_t now_done = done;
+        const int64_t now_done = done.count;
         lock.unlock();
         DrawProgress(*progress, now_done, n, Since(start));
         lock.lock();
         if (now_done == n) break;
-        done_cv.wait_for(lock, std::chrono::milliseconds(200));
+        done.cv.wait_for(lock, std::chrono::milliseconds(200));
       }
       *progress << "\n" << std::flush;
     });

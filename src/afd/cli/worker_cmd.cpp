@@ -201,7 +201,7 @@ void AddHttpFlags(CLI::App* cmd, RoleArgs& a) {
                   "Prefill/decode disaggregation, vLLM's flag: {\"kv_connector\": "
                   "\"AfdKvConnector\", \"kv_role\": \"kv_producer\" | \"kv_consumer\" | "
                   "\"kv_both\", \"kv_ip\": ..., \"kv_port\": ...} (docs/pd.md; a model served "
-                  "in this process)");
+                  "in this process, or the attention role's API server of a deployment)");
   cmd->add_option("--max-connections", a.max_connections,
                   "Open HTTP connections at most; past it a connection gets 503 (default 16384)")
       ->check(Positive());
@@ -367,11 +367,6 @@ void CheckInProcessFlags(const RoleArgs& a) {
             "--cuda-device");
 }
 
-constexpr const char* kKvTransferInProcessOnly =
-    "--kv-transfer-config: the replicas of a deployment do not hold KV rows for transfer yet; "
-    "serve each prefill and decode instance as a model in one process (afd serve MODEL "
-    "--kv-transfer-config ...)";
-
 // `afd serve` of a model in this process.
 int ServeInProcess(RoleArgs& a) {
   server::ServingTokenizer tok;
@@ -405,10 +400,6 @@ int ServeInProcess(RoleArgs& a) {
             << std::endl;
   // On cuda, decode steps replay CUDA graphs (unless --enforce-eager); on cpu all is eager.
   runtime::CudaGraphRunner runner(*model, {a.cuda_graph_sizes, a.enforce_eager});
-  if (http.api.kv_transfer) {
-    http.api.kv_model = runtime::KvModelFingerprint(*model);
-    engine.kv_hold_timeout_s = http.api.kv_transfer->hold_timeout_s;
-  }
   server::LocalEngineClient client(*model, runner, engine);
   try {
     return server::ServeEngine(http, client, tok);
@@ -439,10 +430,6 @@ int ServeCommand(RoleArgs& a) {
     // plus a share of the routed experts, the MoE expert-parallel over them (afd launch's).
     if (a.dp > 1) return LaunchCommand(a);
     return ServeInProcess(a);
-  }
-  if (!a.kv_transfer_config.empty()) {
-    std::cerr << "afd serve: " << kKvTransferInProcessOnly << std::endl;
-    return 2;
   }
   deploy::WorkerOptions base;
   server::ServingTokenizer tok;
@@ -574,11 +561,6 @@ int ServeCommand(RoleArgs& a) {
 
 int LaunchCommand(RoleArgs& a) {
   BlockStopSignals();
-  if (!a.kv_transfer_config.empty()) {
-    std::cerr << "afd " << (a.dp > 1 ? "serve" : "launch") << ": " << kKvTransferInProcessOnly
-              << std::endl;
-    return 2;
-  }
   server::ServingTokenizer tok;
   server::ServeHttpOptions http;
   deploy::DeploymentSpec spec;

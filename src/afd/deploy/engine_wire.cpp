@@ -7,6 +7,7 @@
 #include <cstring>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <string_view>
 #include <type_traits>
 
 #include "afd/common/error.h"
@@ -132,7 +133,50 @@ std::vector<runtime::TokenLogprobs> LogprobsFrom(const json& a) {
   return v;
 }
 
-const char* KindName(EngineMessage::Kind k) {
+// KV rows: their layout in the JSON, their bytes in the frame's attachment.
+json KvRowsJson(const runtime::KvRows& kv) {
+  return {{"layers", kv.num_layers},
+          {"width", kv.row_width},
+          {"positions", kv.positions},
+          {"dtype", static_cast<int>(kv.dtype)}};
+}
+
+DType DTypeFrom(const json& v) {
+  const int d = Int<int>(v);
+  AFD_CHECK(d >= static_cast<int>(DType::kF32) && d <= static_cast<int>(DType::kU8),
+            "dtype {} is not one of the wire's element types", d);
+  return static_cast<DType>(d);
+}
+
+// The attachment's bytes as rows of the layout in `j`; they must be exactly that many.
+std::shared_ptr<runtime::KvRows> KvRowsFrom(const json& j, std::string_view attachment) {
+  auto kv = std::make_shared<runtime::KvRows>();
+  kv->num_layers = Int<int64_t>(j.at("layers"));
+  kv->row_width = Int<int64_t>(j.at("width"));
+  kv->positions = Int<int64_t>(j.at("positions"));
+  kv->dtype = DTypeFrom(j.at("dtype"));
+  // Each factor below 2^31: their product (times the element size) fits 128 bits.
+  constexpr int64_t kMaxDimension = int64_t{1} << 31;
+  AFD_CHECK(kv->num_layers >= 0 && kv->num_layers < kMaxDimension && kv->row_width >= 0 &&
+                kv->row_width < kMaxDimension && kv->positions >= 0 &&
+                kv->positions < kMaxDimension,
+            "KV rows of {} layers x {} positions x {} are out of range", kv->num_layers,
+            kv->positions, kv->row_width);
+  const unsigned __int128 want = static_cast<unsigned __int128>(kv->num_layers) *
+                                 static_cast<unsigned __int128>(kv->positions) *
+                                 static_cast<unsigned __int128>(kv->row_width) *
+                                 DTypeSize(kv->dtype);
+  AFD_CHECK(want == attachment.size(),
+            "KV rows of {} layers x {} positions x {} {} need {} bytes, the frame carries {}",
+            kv->num_layers, kv->positions, kv->row_width, DTypeName(kv->dtype),
+            static_cast<uint64_t>(want), attachment.size());
+  kv->bytes.assign(attachment.begin(), attachment.end());
+  return kv;
+}
+
+}  // namespace
+
+const char* EngineMessageKindName(EngineMessage::Kind k) {
   switch (k) {
     case EngineMessage::Kind::kSubmit:
       return "submit";
@@ -148,11 +192,15 @@ const char* KindName(EngineMessage::Kind k) {
       return "challenge";
     case EngineMessage::Kind::kRefused:
       return "refused";
+    case EngineMessage::Kind::kExportKv:
+      return "export_kv";
+    case EngineMessage::Kind::kReleaseKv:
+      return "release_kv";
+    case EngineMessage::Kind::kKvRows:
+      return "kv_rows";
   }
   return "?";
 }
-
-}  // namespace
 
 std::string EngineHelloProof(const std::optional<std::string>& secret, const std::string& nonce,
                              int dp_rank) {
@@ -163,7 +211,8 @@ std::string EngineHelloProof(const std::optional<std::string>& secret, const std
 }
 
 std::string EncodeEngineMessage(const EngineMessage& m) {
-  json j = {{"kind", KindName(m.kind)}};
+  json j = {{"kind", EngineMessageKindName(m.kind)}};
+  const runtime::KvRows* attach = nullptr;
   switch (m.kind) {
     case EngineMessage::Kind::kSubmit: {
       const runtime::RequestParams& p = m.params;
@@ -179,10 +228,26 @@ std::string EncodeEngineMessage(const EngineMessage& m) {
       j["ignore_eos"] = p.ignore_eos;
       j["logprobs"] = p.logprobs;
       j["prompt_logprobs"] = p.prompt_logprobs;
+      if (p.hold_kv_s > 0) j["hold_kv_s"] = p.hold_kv_s;
+      if (p.imported_kv) {
+        j["kv"] = KvRowsJson(*p.imported_kv);
+        attach = p.imported_kv.get();
+      }
       break;
     }
     case EngineMessage::Kind::kAbort:
+    case EngineMessage::Kind::kExportKv:
+    case EngineMessage::Kind::kReleaseKv:
       j["id"] = m.id;
+      break;
+    case EngineMessage::Kind::kKvRows:
+      j["id"] = m.id;
+      if (m.kv) {
+        j["kv"] = KvRowsJson(*m.kv);
+        attach = m.kv.get();
+      } else {
+        j["why"] = m.why;
+      }
       break;
     case EngineMessage::Kind::kShutdown:
       break;
@@ -200,6 +265,10 @@ std::string EncodeEngineMessage(const EngineMessage& m) {
       j["max_model_len"] = m.hello.max_model_len;
       j["eos_token_ids"] = m.hello.eos_token_ids;
       j["kv_blocks"] = m.hello.kv_blocks;
+      j["kv_layout"] = {{"model", m.hello.kv_layout.model},
+                        {"layers", m.hello.kv_layout.num_layers},
+                        {"width", m.hello.kv_layout.row_width},
+                        {"dtype", static_cast<int>(m.hello.kv_layout.dtype)}};
       break;
     case EngineMessage::Kind::kStep: {
       json outs = json::array();
@@ -214,6 +283,7 @@ std::string EncodeEngineMessage(const EngineMessage& m) {
         if (!o.prompt_logprobs.empty()) e["prompt_lps"] = LogprobsJson(o.prompt_logprobs);
         if (!o.error.empty()) e["error"] = o.error;
         if (o.rejected) e["rejected"] = true;
+        if (o.kv_held) e["kv_held"] = {{"positions", o.kv_positions}, {"blocks", o.kv_block_ids}};
         outs.push_back(std::move(e));
       }
       j["outputs"] = std::move(outs);
@@ -226,13 +296,29 @@ std::string EncodeEngineMessage(const EngineMessage& m) {
       break;
     }
   }
-  return j.dump();
+  std::string body = j.dump();  // JSON text holds no NUL: the attachment follows one
+  if (attach != nullptr) {
+    AFD_CHECK(static_cast<int64_t>(attach->bytes.size()) == attach->expected_bytes(),
+              "KV rows of {} bytes for {} positions x {} layers (expected {})",
+              attach->bytes.size(), attach->positions, attach->num_layers,
+              attach->expected_bytes());
+    body.reserve(body.size() + 1 + attach->bytes.size());
+    body.push_back('\0');
+    body.append(attach->bytes.data(), attach->bytes.size());
+  }
+  return body;
 }
 
 EngineMessage DecodeEngineMessage(const std::string& body, const std::string& from) {
   EngineMessage m;
   try {
-    const json j = json::parse(body);
+    const size_t nul = body.find('\0');
+    const std::string_view text =
+        nul == std::string::npos ? std::string_view(body) : std::string_view(body).substr(0, nul);
+    const std::string_view attachment =
+        nul == std::string::npos ? std::string_view() : std::string_view(body).substr(nul + 1);
+    const json j = json::parse(text);
+    bool attached = false;  // the attachment was read as KV rows
     const std::string kind = j.at("kind").get<std::string>();
     if (kind == "submit") {
       m.kind = EngineMessage::Kind::kSubmit;
@@ -249,9 +335,29 @@ EngineMessage DecodeEngineMessage(const std::string& body, const std::string& fr
       p.ignore_eos = j.at("ignore_eos").get<bool>();
       p.logprobs = Int<int32_t>(j.at("logprobs"));
       p.prompt_logprobs = Int<int32_t>(j.at("prompt_logprobs"));
+      if (j.contains("hold_kv_s")) p.hold_kv_s = Real(j.at("hold_kv_s"));
+      if (j.contains("kv")) {
+        p.imported_kv = KvRowsFrom(j.at("kv"), attachment);
+        attached = true;
+      }
     } else if (kind == "abort") {
       m.kind = EngineMessage::Kind::kAbort;
       m.id = Int<uint64_t>(j.at("id"));
+    } else if (kind == "export_kv") {
+      m.kind = EngineMessage::Kind::kExportKv;
+      m.id = Int<uint64_t>(j.at("id"));
+    } else if (kind == "release_kv") {
+      m.kind = EngineMessage::Kind::kReleaseKv;
+      m.id = Int<uint64_t>(j.at("id"));
+    } else if (kind == "kv_rows") {
+      m.kind = EngineMessage::Kind::kKvRows;
+      m.id = Int<uint64_t>(j.at("id"));
+      if (j.contains("kv")) {
+        m.kv = KvRowsFrom(j.at("kv"), attachment);
+        attached = true;
+      } else {
+        m.why = j.at("why").get<std::string>();
+      }
     } else if (kind == "shutdown") {
       m.kind = EngineMessage::Kind::kShutdown;
     } else if (kind == "challenge") {
@@ -269,6 +375,11 @@ EngineMessage DecodeEngineMessage(const std::string& body, const std::string& fr
       m.hello.max_model_len = Int<int64_t>(j.at("max_model_len"));
       m.hello.eos_token_ids = Ints<int32_t>(j.at("eos_token_ids"));
       m.hello.kv_blocks = Int<int64_t>(j.at("kv_blocks"));
+      const json& layout = j.at("kv_layout");
+      m.hello.kv_layout.model = layout.at("model").get<std::string>();
+      m.hello.kv_layout.num_layers = Int<int64_t>(layout.at("layers"));
+      m.hello.kv_layout.row_width = Int<int64_t>(layout.at("width"));
+      m.hello.kv_layout.dtype = DTypeFrom(layout.at("dtype"));
     } else if (kind == "step") {
       m.kind = EngineMessage::Kind::kStep;
       for (const json& e : j.at("outputs")) {
@@ -286,6 +397,11 @@ EngineMessage DecodeEngineMessage(const std::string& body, const std::string& fr
         if (e.contains("prompt_lps")) o.prompt_logprobs = LogprobsFrom(e["prompt_lps"]);
         if (e.contains("error")) o.error = e["error"].get<std::string>();
         o.rejected = e.value("rejected", false);
+        if (e.contains("kv_held")) {
+          o.kv_held = true;
+          o.kv_positions = Int<int64_t>(e["kv_held"].at("positions"));
+          o.kv_block_ids = Ints<int32_t>(e["kv_held"].at("blocks"));
+        }
         m.outputs.push_back(std::move(o));
       }
       const auto s = Ints<int64_t>(j.at("stats"));
@@ -297,6 +413,8 @@ EngineMessage DecodeEngineMessage(const std::string& body, const std::string& fr
     } else {
       AFD_THROW("unknown message kind \"{}\"", kind);
     }
+    AFD_CHECK(attached || nul == std::string::npos,
+              "a {} message with {} bytes attached that it does not use", kind, attachment.size());
   } catch (const json::exception& e) {
     AFD_THROW("malformed engine message from {}: {}", from, e.what());
   } catch (const Error& e) {

@@ -1,14 +1,17 @@
 // The engine channel between the OpenAI frontend (server/replica_engine_client.h) and the
-// attention replicas it feeds (deploy/replica_serve.h): one TCP connection per replica on this
-// host, frames of [u32 little-endian body length][JSON body]. docs/wire_formats.md lists the
-// messages. Frontend -> replica: challenge (once, on accept), then submit, abort, shutdown, or
-// refused (a hello that did not prove the join secret). Replica -> frontend: hello (once, after
-// the challenge), step (the outputs of one engine step and the replica's load).
+// attention replicas it feeds (deploy/replica_serve.h): one TCP connection per replica, frames
+// of [u32 little-endian body length][JSON body][optional: NUL, binary attachment (KV rows)].
+// docs/wire_formats.md lists the messages. Frontend -> replica: challenge (once, on accept),
+// then submit (with imported KV rows attached, for a KV consumer), abort, export_kv and
+// release_kv (a KV producer's held rows), shutdown, or refused (a hello that did not prove the
+// join secret). Replica -> frontend: hello (once, after the challenge), step (the outputs of one
+// engine step and the replica's load), kv_rows (the answer to export_kv).
 // Thread safety: FrameConnection's Send may be called from several threads (it locks); Poll
 // from one thread at a time.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -19,7 +22,8 @@
 
 namespace afd::deploy {
 
-inline constexpr uint32_t kMaxEngineFrameBytes = 256u << 20;
+// Large enough for the KV rows of a long prompt (DeepSeek-V2-Lite's bf16 rows: 31 KB per token).
+inline constexpr uint32_t kMaxEngineFrameBytes = 1u << 30;
 
 // A framed connection with a receive buffer.
 class FrameConnection {
@@ -67,6 +71,7 @@ struct ReplicaHello {
   int64_t max_model_len = 0;
   std::vector<int32_t> eos_token_ids;
   int64_t kv_blocks = 0;
+  runtime::KvLayout kv_layout;  // what imported KV rows must be (model fingerprint, rows)
 };
 
 // Per-MoE-layer connector round trips since the previous report: counts in fixed buckets.
@@ -80,18 +85,31 @@ const std::vector<double>& RoundTripBounds();
 
 struct EngineMessage {
   // challenge / refused: frontend -> replica, before and instead of serving it.
-  enum class Kind { kSubmit, kAbort, kShutdown, kHello, kStep, kChallenge, kRefused };
+  enum class Kind {
+    kSubmit,
+    kAbort,
+    kShutdown,
+    kHello,
+    kStep,
+    kChallenge,
+    kRefused,
+    kExportKv,   // frontend -> replica: send the rows request `id` holds
+    kReleaseKv,  // frontend -> replica: free them (the consumer has them)
+    kKvRows,     // replica -> frontend: the rows (kv), or why there are none (why)
+  };
   Kind kind = Kind::kSubmit;
-  uint64_t id = 0;                              // submit, abort
-  runtime::RequestParams params;                // submit
+  uint64_t id = 0;                              // submit, abort, export_kv, release_kv, kv_rows
+  runtime::RequestParams params;                // submit (imported_kv attached)
+  std::shared_ptr<runtime::KvRows> kv;          // kv_rows (null: see why)
   ReplicaHello hello;                           // hello
   std::vector<runtime::RequestOutput> outputs;  // step
   runtime::EngineStats stats;                   // step
   RoundTripReport round_trips;                  // step
   EngineChallenge challenge;                    // challenge
-  std::string why;                              // refused
+  std::string why;                              // refused, kv_rows without rows
 };
 
+const char* EngineMessageKindName(EngineMessage::Kind kind);  // "submit", ...
 std::string EncodeEngineMessage(const EngineMessage& m);
 // Throws afd::Error naming `from` for malformed input.
 EngineMessage DecodeEngineMessage(const std::string& body, const std::string& from);

@@ -6,6 +6,7 @@
 #include "afd/comm/join_secret.h"
 #include "afd/common/error.h"
 #include "afd/deploy/engine_wire.h"
+#include "afd/runtime/kv_transport.h"
 
 namespace afd::deploy {
 
@@ -128,6 +129,8 @@ void ServeReplica(const model::MoeModel& model, comm::AfdWorld* world,
       hello.hello.eos_token_ids.push_back(static_cast<int32_t>(id));
     }
     hello.hello.kv_blocks = engine.stats().kv_blocks_total;
+    hello.hello.kv_layout = {runtime::KvModelFingerprint(model), model.config().num_hidden_layers,
+                             engine.kv_row_width(), engine.kv_dtype()};
     conn->Send(EncodeEngineMessage(hello), kSendTimeoutSeconds);
   }
   bool shutting_down = false, everyone_idle = false;
@@ -154,14 +157,30 @@ void ServeReplica(const model::MoeModel& model, comm::AfdWorld* world,
         case EngineMessage::Kind::kAbort:
           engine.Abort(m.id);
           break;
+        case EngineMessage::Kind::kExportKv: {
+          // Every TP rank's cache holds every row: rank 0 answers.
+          if (!conn) break;
+          EngineMessage rows;
+          rows.kind = EngineMessage::Kind::kKvRows;
+          rows.id = m.id;
+          try {
+            rows.kv = std::make_shared<runtime::KvRows>(engine.ExportHeldKv(m.id));
+          } catch (const Error& e) {
+            rows.why = e.what();
+          }
+          conn->Send(EncodeEngineMessage(rows), kSendTimeoutSeconds);
+          break;
+        }
+        case EngineMessage::Kind::kReleaseKv:
+          engine.ReleaseHeldKv(m.id);
+          break;
         case EngineMessage::Kind::kShutdown:
           shutting_down = true;
           break;
         case EngineMessage::Kind::kRefused:
           AFD_THROW("the frontend refused this replica: {}", m.why);
         default:
-          AFD_THROW("the frontend sent an unexpected {} message",
-                    m.kind == EngineMessage::Kind::kHello ? "hello" : "step");
+          AFD_THROW("the frontend sent an unexpected {} message", EngineMessageKindName(m.kind));
       }
     }
     const bool forward = engine.HasScheduledWork();

@@ -11,7 +11,7 @@ namespace afd::runtime {
 AsyncAttentionRunner::AsyncAttentionRunner(const model::MoeModel& model, comm::AfdWorld& world,
                                            connector::AsyncConnector& connector, int tp,
                                            DboOptions dbo, CudaGraphOptions graphs)
-    : model_(model), world_(world), connector_(connector), tp_(tp), dbo_(dbo) {
+    : model_(model), world_(world), connector_(connector), dbo_(dbo) {
   AFD_CHECK(world.self().role == Role::kAttention, "AsyncAttentionRunner on an FFN rank");
   AFD_CHECK(model.backend().device().is_cpu() != connector.device_rows(),
             "{}: the attention role runs on {} but the connector's rows are in {} memory",

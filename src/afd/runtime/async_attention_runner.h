@@ -152,7 +152,7 @@ class AsyncAttentionRunner : public ReplicaRunner, private GraphedStep {
   const model::MoeModel& model_;
   comm::AfdWorld& world_;
   connector::AsyncConnector& connector_;
-  int tp_ = 1, tp_rank_ = 0;
+  int tp_rank_ = 0;
   std::unique_ptr<comm::Communicator> tp_comm_;  // null when tp == 1
   std::unique_ptr<TpGroup> tp_group_;            // null when tp == 1
   std::unique_ptr<AsyncAttentionMoe> moe_;

@@ -27,6 +27,8 @@ const char* FinishReasonName(FinishReason r) {
 
 namespace {
 
+constexpr double kMaxKvHoldSeconds = 86400;
+
 double Seconds(std::chrono::steady_clock::time_point since) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
 }
@@ -71,10 +73,6 @@ Engine::Engine(const model::MoeModel& model, StepRunner& runner, const EngineOpt
                       options.chunked_prefill},
       *cache_);
   gen_stats_.kv_blocks = shape.num_blocks;
-  AFD_CHECK(options.kv_hold_timeout_s > 0, "kv_hold_timeout_s must be > 0, got {}",
-            options.kv_hold_timeout_s);
-  kv_hold_timeout_ = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-      std::chrono::duration<double>(options.kv_hold_timeout_s));
   scheduler_->SetImportHook(
       [this](int64_t index, int64_t seq, int64_t cached) { ImportRows(index, seq, cached); });
   async_ = runner.TakesDeviceIds() && (options.async_scheduling == AsyncScheduling::kOn ||
@@ -120,6 +118,9 @@ std::string Engine::Check(const RequestParams& p) const {
     ValidateSamplingParams(p.sampling);
   } catch (const Error& e) {
     return e.what();
+  }
+  if (!(p.hold_kv_s >= 0 && p.hold_kv_s <= kMaxKvHoldSeconds)) {
+    return fmt::format("hold_kv_s {} must be in [0, {}] seconds", p.hold_kv_s, kMaxKvHoldSeconds);
   }
   if (const KvRows* kv = p.imported_kv.get()) {
     const kv::CacheShape& shape = cache_->shape();
@@ -182,9 +183,8 @@ void Engine::ImportRows(int64_t index, int64_t seq, int64_t cached) {
 KvRows Engine::ExportHeldKv(uint64_t id) const {
   const auto it = held_.find(id);
   AFD_CHECK(it != held_.end(),
-            "request {} holds no KV rows (unknown, already released, or past the {:.0f} s hold "
-            "timeout)",
-            id, std::chrono::duration<double>(kv_hold_timeout_).count());
+            "request {} holds no KV rows (unknown, already released, or past its hold timeout)",
+            id);
   const kv::CacheShape& shape = cache_->shape();
   KvRows kv;
   kv.num_layers = shape.num_layers;
@@ -241,7 +241,7 @@ void Engine::Add(uint64_t id, RequestParams params) {
           ? std::min(params.imported_kv->positions, static_cast<int64_t>(params.prompt.size()) - 1)
           : 0;
   if (cached == 0) params.imported_kv.reset();
-  scheduler_->Add(index, params.prompt, all_rows, cached, params.hold_kv);
+  scheduler_->Add(index, params.prompt, all_rows, cached, params.hold_kv_s > 0);
   const Sampler sampler(params.sampling, params.sampler_stream);
   index_of_[id] = index;
   live_.emplace(index, Live{id, std::move(params), sampler, 0, {}, {}});
@@ -490,7 +490,7 @@ void Engine::Complete(Launched& L, std::vector<RequestOutput>& out,
       o.finished = true;
       finished[i] = Scheduler::kFinished;
       done.push_back(e.request);
-      if (p.hold_kv) held_outputs.emplace_back(e.request, out.size());
+      if (p.hold_kv_s > 0) held_outputs.emplace_back(e.request, out.size());
     }
     out.push_back(std::move(o));
   }
@@ -499,8 +499,9 @@ void Engine::Complete(Launched& L, std::vector<RequestOutput>& out,
     const std::optional<Scheduler::HeldCache> h = scheduler_->TakeHeld(index);
     if (!h) continue;
     RequestOutput& o = out[at];
-    held_[o.request_id] = {h->cache_seq, h->positions,
-                           std::chrono::steady_clock::now() + kv_hold_timeout_};
+    const auto hold = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+        std::chrono::duration<double>(live_.at(index).params.hold_kv_s));
+    held_[o.request_id] = {h->cache_seq, h->positions, std::chrono::steady_clock::now() + hold};
     o.kv_held = true;
     o.kv_positions = h->positions;
     o.kv_block_ids = cache_->block_table(h->cache_seq);

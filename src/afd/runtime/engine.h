@@ -39,9 +39,6 @@ struct EngineOptions {
   bool chunked_prefill = false;        // needs max_num_batched_tokens > 0
   int64_t num_kv_blocks = 0;           // cache blocks (kv::kDefaultBlockSize tokens); > 0
   int64_t max_model_len = 0;           // prompt + new tokens at most; 0: the model's limit
-  // How long the cache rows of a finished hold_kv request stay held for a transfer before they
-  // are freed (vLLM's VLLM_NIXL_ABORT_REQUEST_TIMEOUT: 480 s).
-  double kv_hold_timeout_s = 480.0;
   // Plan and launch a step of pure decodes before the previous step's ids reach the host (its
   // ids go from the device's samples straight into the step's inputs), so that the host's
   // work of a step (results, stop checks, scheduling, uploads) overlaps the device's. The same
@@ -99,9 +96,9 @@ class Engine {
   // Runs one step when anything is scheduled; returns every output produced (possibly none).
   std::vector<RequestOutput> Step();
 
-  // KV transfers (prefill/decode disaggregation). The cache rows a finished hold_kv request
-  // keeps, read back (the producer's side of a transfer; waits for the device). Throws
-  // afd::Error naming the request when it holds none (unknown, released or expired).
+  // KV transfers (prefill/decode disaggregation). The cache rows a finished request with
+  // hold_kv_s > 0 keeps, read back (the producer's side of a transfer; waits for the device).
+  // Throws afd::Error naming the request when it holds none (unknown, released or expired).
   KvRows ExportHeldKv(uint64_t id) const;
   // Frees a held request's rows (after the consumer read them); unknown ids are ignored.
   void ReleaseHeldKv(uint64_t id);
@@ -157,7 +154,6 @@ class Engine {
     std::chrono::steady_clock::time_point deadline;
   };
   std::map<uint64_t, Held> held_;  // by request id
-  std::chrono::steady_clock::duration kv_hold_timeout_{};
   void Finish(int64_t index, FinishReason reason, std::vector<RequestOutput>& out,
               const std::string& error = {});
 

@@ -24,15 +24,6 @@
 
 namespace afd::runtime {
 
-// What a consumer expects of the rows: the model (a fingerprint both sides compute the same way,
-// KvModelFingerprint) and the cache's row layout.
-struct KvLayout {
-  std::string model;
-  int64_t num_layers = 0;
-  int64_t row_width = 0;
-  DType dtype = DType::kF32;
-};
-
 class KvTransferServer {
  public:
   // The held rows of a request (throws afd::Error with the reason when it holds none), and

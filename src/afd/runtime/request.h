@@ -26,6 +26,15 @@ struct KvRows {
   }
 };
 
+// What a consumer expects of imported rows: the model (a fingerprint both sides compute the same
+// way, runtime::KvModelFingerprint) and the cache's row layout.
+struct KvLayout {
+  std::string model;
+  int64_t num_layers = 0;
+  int64_t row_width = 0;
+  DType dtype = DType::kF32;
+};
+
 // One sequence to generate (an OpenAI request with n > 1 is n of these).
 struct RequestParams {
   std::vector<int32_t> prompt;
@@ -43,9 +52,10 @@ struct RequestParams {
   int32_t prompt_logprobs = -1;
   // The raw logits of every prompt position on the first output (`afd run --dump-logits`).
   bool keep_prompt_logits = false;
-  // A prefill instance's request (a KV producer): when it finishes, its cache rows stay held
-  // for Engine::ExportHeldKv until Engine::ReleaseHeldKv or the hold timeout.
-  bool hold_kv = false;
+  // > 0: a prefill instance's request (a KV producer): when it finishes, its cache rows stay
+  // held for Engine::ExportHeldKv until Engine::ReleaseHeldKv or for this many seconds (vLLM's
+  // VLLM_NIXL_ABORT_REQUEST_TIMEOUT: 480 s); 0: freed when it finishes.
+  double hold_kv_s = 0;
   // A decode instance's request (a KV consumer): the cache rows of its first prompt positions,
   // computed elsewhere (at most prompt size - 1 are used: the last prompt token is computed
   // here and gives the first output token). Not with prompt log-probabilities.
@@ -87,8 +97,8 @@ struct RequestOutput {
   // vocabulary, more tokens than the model or the cache holds...): nothing ran, and the API
   // answers 400, not 500.
   bool rejected = false;
-  // The final output of a request with hold_kv: its cache rows are held (kv_positions of them,
-  // in the blocks kv_block_ids) for Engine::ExportHeldKv.
+  // The final output of a request with hold_kv_s > 0: its cache rows are held (kv_positions of
+  // them, in the blocks kv_block_ids) for Engine::ExportHeldKv.
   bool kv_held = false;
   int64_t kv_positions = 0;
   std::vector<int32_t> kv_block_ids;

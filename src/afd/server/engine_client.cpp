@@ -5,14 +5,11 @@
 namespace afd::server {
 
 runtime::KvRows EngineClient::ExportHeldKv(uint64_t id, double /*timeout_s*/) {
-  AFD_THROW(
-      "request {}: KV transfers are not supported by this server's engines (the attention "
-      "replicas of a deployment do not hold KV rows for transfer yet)",
-      id);
+  AFD_THROW("request {}: KV transfers are not supported by this server's engines", id);
 }
 
 void EngineClient::ReleaseHeldKv(uint64_t /*id*/) {}
 
-EngineClient::KvCacheLayout EngineClient::kv_cache_layout() const { return {}; }
+runtime::KvLayout EngineClient::kv_cache_layout() const { return {}; }
 
 }  // namespace afd::server

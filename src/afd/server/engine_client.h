@@ -65,19 +65,14 @@ class EngineClient {
   virtual std::string Failure() const = 0;
 
   // KV transfers (prefill/decode disaggregation, docs/pd.md): whether this client's engines can
-  // hold and export rows (in process: yes; the replicas of a deployment: not yet), the rows a
-  // finished hold_kv request keeps (read on the engine's thread within timeout_s; throws
-  // afd::Error naming the request when it holds none), their release, and the cache layout
-  // imported rows must have.
+  // hold and export rows (an engine in this process and a deployment's replicas can), the rows
+  // a finished request with hold_kv_s > 0 keeps (read on the engine's thread within timeout_s;
+  // throws afd::Error naming the request when it holds none), their release, and the model
+  // and cache layout imported rows must have (valid once Ready()).
   virtual bool SupportsKvTransfer() const { return false; }
   virtual runtime::KvRows ExportHeldKv(uint64_t id, double timeout_s);
   virtual void ReleaseHeldKv(uint64_t id);
-  struct KvCacheLayout {
-    int64_t num_layers = 0;
-    int64_t row_width = 0;
-    DType dtype = DType::kF32;
-  };
-  virtual KvCacheLayout kv_cache_layout() const;
+  virtual runtime::KvLayout kv_cache_layout() const;
 };
 
 }  // namespace afd::server

@@ -39,7 +39,7 @@ class LocalEngineClient : public EngineClient {
   bool SupportsKvTransfer() const override { return true; }
   runtime::KvRows ExportHeldKv(uint64_t id, double timeout_s) override;
   void ReleaseHeldKv(uint64_t id) override;
-  KvCacheLayout kv_cache_layout() const override { return kv_layout_; }
+  runtime::KvLayout kv_cache_layout() const override { return kv_layout_; }
 
  private:
   struct Inbound {
@@ -59,7 +59,7 @@ class LocalEngineClient : public EngineClient {
   std::deque<Inbound> inbox_;
   // Work for the engine's thread besides requests (KV exports and releases), run before them.
   std::deque<std::function<void()>> tasks_;
-  KvCacheLayout kv_layout_;
+  runtime::KvLayout kv_layout_;
   std::map<uint64_t, OutputCallback> callbacks_;
   runtime::EngineStats stats_;
   double step_seconds_ AFD_GUARDED_BY(mu_) = 0, delivery_seconds_ = 0;  // (EngineLoad)

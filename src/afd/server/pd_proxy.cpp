@@ -96,6 +96,20 @@ struct PdProxy::Impl {
   std::unique_ptr<api::HttpServer> http;
   std::atomic<uint64_t> next_prefiller{0}, next_decoder{0};
 
+  // POSTs to the next instance of `list` in round-robin order; one that refuses the connection
+  // (nothing was sent: it is down) is passed over for the next, each tried once. `*used`: the
+  // instance that answered, or the last one tried.
+  httplib::Result PostToNext(const std::vector<PdProxyOptions::Instance>& list,
+                             std::atomic<uint64_t>& next, const std::string& path,
+                             const std::string& payload, const PdProxyOptions::Instance** used) {
+    const uint64_t first = next++;
+    for (size_t k = 0;; ++k) {
+      *used = &list[(first + k) % list.size()];
+      httplib::Result r = Client(**used, o.timeout_s)->Post(path, payload, "application/json");
+      if (r || r.error() != httplib::Error::Connection || k + 1 == list.size()) return r;
+    }
+  }
+
   HandlerResult Relay(const HttpRequest& req) {
     const json body = json::parse(req.body, nullptr, false);
     if (!body.is_object()) {
@@ -113,9 +127,10 @@ struct PdProxy::Impl {
     prefill["kv_transfer_params"] = {{"do_remote_decode", true},    {"do_remote_prefill", false},
                                      {"remote_engine_id", nullptr}, {"remote_block_ids", nullptr},
                                      {"remote_host", nullptr},      {"remote_port", nullptr}};
-    const PdProxyOptions::Instance& p = o.prefillers[next_prefiller++ % o.prefillers.size()];
+    const PdProxyOptions::Instance* used = nullptr;
     const httplib::Result pr =
-        Client(p, o.timeout_s)->Post(req.path, prefill.dump(), "application/json");
+        PostToNext(o.prefillers, next_prefiller, req.path, prefill.dump(), &used);
+    const PdProxyOptions::Instance& p = *used;
     if (!pr) {
       return {ErrorOf(ApiError(502, fmt::format("the prefill instance {} did not answer: {}",
                                                 Name(p), httplib::to_string(pr.error())))),
@@ -138,10 +153,10 @@ struct PdProxy::Impl {
     // The decode leg.
     json decode = body;
     decode["kv_transfer_params"] = answer["kv_transfer_params"];
-    const PdProxyOptions::Instance& d = o.decoders[next_decoder++ % o.decoders.size()];
     if (!stream) {
       const httplib::Result dr =
-          Client(d, o.timeout_s)->Post(req.path, decode.dump(), "application/json");
+          PostToNext(o.decoders, next_decoder, req.path, decode.dump(), &used);
+      const PdProxyOptions::Instance& d = *used;
       if (!dr) {
         return {ErrorOf(ApiError(502, fmt::format("the decode instance {} did not answer: {}",
                                                   Name(d), httplib::to_string(dr.error())))),
@@ -153,7 +168,8 @@ struct PdProxy::Impl {
       return {r, nullptr};
     }
     // Streamed: wait for the decoder's status; a 200 is relayed event by event, anything else
-    // answered whole.
+    // answered whole. (One decoder, round-robin: a streamed leg is not retried elsewhere.)
+    const PdProxyOptions::Instance& d = o.decoders[next_decoder++ % o.decoders.size()];
     auto shared = std::make_shared<StreamRelay::Shared>();
     auto status = std::make_shared<std::promise<int>>();
     std::future<int> status_future = status->get_future();

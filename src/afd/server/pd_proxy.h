@@ -3,9 +3,11 @@
 // request: the prompt goes to a prefill instance (round robin) with max_tokens 1, stream false
 // and kv_transfer_params.do_remote_decode; the kv_transfer_params of its answer go with the
 // original request to a decode instance (round robin), whose answer -- streamed or not -- is
-// relayed to the client. A prefiller or decoder that fails, refuses or does not answer within
-// the timeout gives the client an OpenAI-style error (its status, or 502 naming the instance),
-// never a hang; a client that leaves a stream closes the decoder's (which aborts the request).
+// relayed to the client. An instance that refuses the connection (down: nothing was sent) is
+// passed over for the next one of its kind (not for a streamed decode leg); one that fails or
+// does not answer within the timeout gives the client an OpenAI-style error (its status, or 502
+// naming the instance), never a hang; a client that leaves a stream closes the decoder's
+// (which aborts the request).
 // GET /healthcheck and /health answer 200.
 // Thread safety: Start once; port and Stop from any thread.
 #pragma once

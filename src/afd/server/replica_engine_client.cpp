@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 
 #include "afd/common/error.h"
@@ -35,7 +36,7 @@ ReplicaEngineClient::ReplicaEngineClient(int num_replicas, int first_dp_rank,
   round_trips_.bucket_bounds_s = bounds;
   round_trips_.bucket_counts.assign(bounds.size() + 1, 0);
   io_ = std::thread([this] { IoLoop(); });
-  sender_ = std::thread([this] { SendAborts(); });
+  sender_ = std::thread([this] { SendQueued(); });
 }
 
 ReplicaEngineClient::~ReplicaEngineClient() {
@@ -43,7 +44,7 @@ ReplicaEngineClient::~ReplicaEngineClient() {
     MutexLock lock(mu_);
     stop_sender_ = true;
   }
-  aborts_cv_.notify_all();
+  outgoing_cv_.notify_all();
   sender_.join();
   stop_ = true;
   io_.join();
@@ -103,6 +104,13 @@ void ReplicaEngineClient::FailLocked(const std::string& why,
   for (auto& [id, l] : live_) out.emplace_back(std::move(l.callback), id);
   live_.clear();
   for (Replica& r : replicas_) r.live = 0;
+  // Exports waiting for a replica's answer get none now.
+  for (auto& [id, result] : exports_) {
+    result->set_exception(std::make_exception_ptr(Error(
+        fmt::format("request {}: no KV rows to export: {}", id, failure_), __FILE__, __LINE__)));
+  }
+  exports_.clear();
+  held_.clear();
 }
 
 void ReplicaEngineClient::Deliver(std::vector<std::pair<OutputCallback, uint64_t>>& failed,
@@ -167,6 +175,18 @@ void ReplicaEngineClient::Submit(uint64_t id, runtime::RequestParams params,
       live_[id] = {chosen, std::move(on_output)};
       ++replicas_[chosen].live;
       conn = replicas_[chosen].conn.get();
+      const auto now = std::chrono::steady_clock::now();
+      // Rows nobody fetched are freed by their replica at their deadline: forget them too.
+      for (auto it = held_.begin(); it != held_.end();) {
+        it = it->second.until < now ? held_.erase(it) : std::next(it);
+      }
+      if (params.hold_kv_s > 0 && std::isfinite(params.hold_kv_s)) {
+        // (The engine checks the range; a minute of slack for the prefill itself.)
+        held_[id] = {
+            chosen,
+            now + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                      std::chrono::duration<double>(std::min(params.hold_kv_s, 86400.0) + 60))};
+      }
     }
   }
   if (!refused.empty()) {
@@ -187,28 +207,92 @@ void ReplicaEngineClient::Submit(uint64_t id, runtime::RequestParams params,
 void ReplicaEngineClient::Abort(uint64_t id) {
   // Queued for the sender thread: an abort comes from the HTTP front end's I/O threads (a client
   // gone, a stop string), which must never wait on a replica's socket.
+  int replica = 0;
   {
     MutexLock lock(mu_);
     const auto it = live_.find(id);
     if (it == live_.end()) return;
-    aborts_.emplace_back(it->second.replica, id);
+    replica = it->second.replica;
   }
-  aborts_cv_.notify_one();
+  Queue({replica, id, deploy::EngineMessage::Kind::kAbort});
 }
 
-void ReplicaEngineClient::SendAborts() {
+void ReplicaEngineClient::Queue(Outgoing frame) {
+  {
+    MutexLock lock(mu_);
+    outgoing_.push_back(frame);
+  }
+  outgoing_cv_.notify_one();
+}
+
+runtime::KvLayout ReplicaEngineClient::kv_cache_layout() const {
+  MutexLock lock(mu_);
+  return kv_layout_;
+}
+
+runtime::KvRows ReplicaEngineClient::ExportHeldKv(uint64_t id, double timeout_s) {
+  auto result = std::make_shared<std::promise<runtime::KvRows>>();
+  std::future<runtime::KvRows> done = result->get_future();
+  deploy::FrameConnection* conn = nullptr;
+  int replica = 0;
+  {
+    MutexLock lock(mu_);
+    AFD_CHECK(failure_.empty(), "request {}: no KV rows to export: {}", id, failure_);
+    const auto it = held_.find(id);
+    AFD_CHECK(it != held_.end(),
+              "request {} holds no KV rows (unknown, already released, or past its hold timeout)",
+              id);
+    AFD_CHECK(!exports_.count(id), "request {}: its KV rows are being exported already", id);
+    replica = it->second.replica;
+    AFD_CHECK(replicas_[replica].conn && !replicas_[replica].left,
+              "request {}: attention replica {} has left", id, first_dp_rank_ + replica);
+    conn = replicas_[replica].conn.get();
+    exports_[id] = result;
+  }
+  deploy::EngineMessage m;
+  m.kind = deploy::EngineMessage::Kind::kExportKv;
+  m.id = id;
+  try {
+    conn->Send(deploy::EncodeEngineMessage(m), kSendTimeoutSeconds);
+  } catch (const Error& e) {
+    SetFailure(fmt::format("attention replica {}: {}", first_dp_rank_ + replica, e.what()));
+  }
+  if (done.wait_for(std::chrono::duration<double>(timeout_s)) != std::future_status::ready) {
+    MutexLock lock(mu_);
+    const auto it = exports_.find(id);
+    if (it != exports_.end() && it->second == result) exports_.erase(it);
+    AFD_THROW("request {}: attention replica {} did not send its KV rows within {} s", id,
+              first_dp_rank_ + replica, timeout_s);
+  }
+  return done.get();
+}
+
+void ReplicaEngineClient::ReleaseHeldKv(uint64_t id) {
+  int replica = 0;
+  {
+    MutexLock lock(mu_);
+    const auto it = held_.find(id);
+    if (it == held_.end()) return;
+    replica = it->second.replica;
+    held_.erase(it);
+  }
+  Queue({replica, id, deploy::EngineMessage::Kind::kReleaseKv});
+}
+
+void ReplicaEngineClient::SendQueued() {
   MutexLock lock(mu_);
   while (true) {
-    while (!stop_sender_ && aborts_.empty()) aborts_cv_.wait(lock);
-    if (aborts_.empty()) return;  // stopping, nothing left
-    const auto [replica, id] = aborts_.front();
-    aborts_.pop_front();
+    while (!stop_sender_ && outgoing_.empty()) outgoing_cv_.wait(lock);
+    if (outgoing_.empty()) return;  // stopping, nothing left
+    const Outgoing next = outgoing_.front();
+    outgoing_.pop_front();
+    const int replica = next.replica;
     deploy::FrameConnection* conn = replicas_[replica].conn.get();
     if (conn == nullptr || replicas_[replica].left) continue;
     lock.unlock();
     deploy::EngineMessage m;
-    m.kind = deploy::EngineMessage::Kind::kAbort;
-    m.id = id;
+    m.kind = next.kind;
+    m.id = next.id;
     try {
       conn->Send(deploy::EncodeEngineMessage(m), kSendTimeoutSeconds);
     } catch (const Error& e) {
@@ -254,6 +338,15 @@ void ReplicaEngineClient::Handle(size_t connection, deploy::EngineMessage m) {
                             m.hello.dp_rank, first_dp_rank_, first_dp_rank_ + num_replicas_ - 1);
     } else if (replicas_[r].said_hello) {
       problem = fmt::format("two processes said they are attention replica {}", m.hello.dp_rank);
+    } else if (info_.vocab_size != 0 && (kv_layout_.model != m.hello.kv_layout.model ||
+                                         kv_layout_.row_width != m.hello.kv_layout.row_width ||
+                                         kv_layout_.dtype != m.hello.kv_layout.dtype)) {
+      problem = fmt::format(
+          "attention replica {} keeps its KV cache as \"{}\" ({}-wide {} rows), the others as "
+          "\"{}\" ({}-wide {} rows)",
+          m.hello.dp_rank, m.hello.kv_layout.model, m.hello.kv_layout.row_width,
+          DTypeName(m.hello.kv_layout.dtype), kv_layout_.model, kv_layout_.row_width,
+          DTypeName(kv_layout_.dtype));
     } else if (info_.vocab_size != 0 && (info_.vocab_size != m.hello.vocab_size ||
                                          info_.max_model_len != m.hello.max_model_len)) {
       problem = fmt::format(
@@ -274,6 +367,7 @@ void ReplicaEngineClient::Handle(size_t connection, deploy::EngineMessage m) {
         info_.vocab_size = m.hello.vocab_size;
         info_.max_model_len = m.hello.max_model_len;
         info_.eos_token_ids = m.hello.eos_token_ids;
+        kv_layout_ = m.hello.kv_layout;
       }
     }
   } else if (m.kind == Kind::kStep) {
@@ -281,6 +375,7 @@ void ReplicaEngineClient::Handle(size_t connection, deploy::EngineMessage m) {
     {
       MutexLock lock(mu_);
       for (runtime::RequestOutput& o : m.outputs) {
+        if (o.finished && !o.kv_held) held_.erase(o.request_id);
         const auto it = live_.find(o.request_id);
         if (it == live_.end()) continue;  // failed or aborted meanwhile
         if (o.finished) {
@@ -300,6 +395,27 @@ void ReplicaEngineClient::Handle(size_t connection, deploy::EngineMessage m) {
     }
     for (auto& [callback, o] : calls) callback(o);
     return;
+  } else if (m.kind == Kind::kKvRows) {
+    std::shared_ptr<std::promise<runtime::KvRows>> result;
+    {
+      MutexLock lock(mu_);
+      const auto it = exports_.find(m.id);
+      if (it == exports_.end()) return;  // its caller gave up waiting
+      result = std::move(it->second);
+      exports_.erase(it);
+    }
+    if (m.kv) {
+      result->set_value(std::move(*m.kv));
+    } else {
+      result->set_exception(std::make_exception_ptr(Error(m.why, __FILE__, __LINE__)));
+    }
+    return;
+  } else {
+    MutexLock lock(mu_);
+    FailLocked(fmt::format("an attention replica sent an unexpected {} message",
+                           deploy::EngineMessageKindName(m.kind)),
+               failed);
+    reason = failure_;
   }
   Deliver(failed, reason);
 }

@@ -6,7 +6,10 @@
 // request to the replica with the fewest live requests (ties: the lowest DP rank), and runs one
 // I/O thread that reads every replica's step frames and calls the requests' callbacks. A lost
 // replica connection, or SetFailure (the launcher saw a process die), ends every live request
-// with an error output and makes Failure() say why.
+// with an error output and makes Failure() say why. KV transfers: a request with hold_kv_s > 0
+// is remembered with its replica; ExportHeldKv asks that replica for the rows (export_kv, its
+// answer kv_rows read by the I/O thread), ReleaseHeldKv tells it to free them; imported rows
+// travel in the submit frame.
 // Thread safety: every method may be called from any thread.
 #pragma once
 
@@ -14,6 +17,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <future>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -64,6 +68,10 @@ class ReplicaEngineClient : public EngineClient {
   EngineLoad Load() const override;
   bool Ready() const override;
   std::string Failure() const override;
+  bool SupportsKvTransfer() const override { return true; }
+  runtime::KvRows ExportHeldKv(uint64_t id, double timeout_s) override;
+  void ReleaseHeldKv(uint64_t id) override;
+  runtime::KvLayout kv_cache_layout() const override;
 
  private:
   struct Replica {
@@ -77,17 +85,30 @@ class ReplicaEngineClient : public EngineClient {
     int replica = 0;
     OutputCallback callback;
   };
+  // A request whose rows its replica holds (or will, once it finishes), until `until`.
+  struct Held {
+    int replica = 0;
+    std::chrono::steady_clock::time_point until;
+  };
+  // A frame for the sender thread: an abort or a release_kv.
+  struct Outgoing {
+    int replica = 0;
+    uint64_t id = 0;
+    deploy::EngineMessage::Kind kind = deploy::EngineMessage::Kind::kAbort;
+  };
   struct Pending {
     std::unique_ptr<deploy::FrameConnection> conn;
     std::string nonce;  // hex, of the challenge sent
     std::chrono::steady_clock::time_point since;
   };
   void IoLoop();
-  void SendAborts();  // the sender thread: the queued aborts, in order
+  void SendQueued();  // the sender thread: the queued aborts and releases, in order
+  void Queue(Outgoing frame);
   // Drops pending connection `i` with a log line (and a refusal frame when `tell`).
   void DropPending(size_t i, const std::string& why, bool tell);
   void Handle(size_t connection, deploy::EngineMessage m);
-  void FailLocked(const std::string& why, std::vector<std::pair<OutputCallback, uint64_t>>& out);
+  void FailLocked(const std::string& why, std::vector<std::pair<OutputCallback, uint64_t>>& out)
+      AFD_REQUIRES(mu_);
   void Deliver(std::vector<std::pair<OutputCallback, uint64_t>>& failed, const std::string& why);
 
   const int num_replicas_, first_dp_rank_;
@@ -103,8 +124,12 @@ class ReplicaEngineClient : public EngineClient {
   std::string failure_;
   bool shutting_down_ = false;
   std::atomic<bool> stop_{false};
-  std::deque<std::pair<int, uint64_t>> aborts_;  // (replica, id), guarded by mu_
-  std::condition_variable_any aborts_cv_;
+  std::deque<Outgoing> outgoing_ AFD_GUARDED_BY(mu_);
+  std::condition_variable_any outgoing_cv_;
+  std::map<uint64_t, Held> held_ AFD_GUARDED_BY(mu_);
+  // ExportHeldKv calls waiting for their kv_rows answer, by request id.
+  std::map<uint64_t, std::shared_ptr<std::promise<runtime::KvRows>>> exports_ AFD_GUARDED_BY(mu_);
+  runtime::KvLayout kv_layout_ AFD_GUARDED_BY(mu_);  // of the first hello
   bool stop_sender_ AFD_GUARDED_BY(mu_) = false;
   std::thread io_;
   std::thread sender_;

@@ -69,10 +69,9 @@ struct ApiServerOptions {
   // Prefill/decode disaggregation (`--kv-transfer-config`, docs/pd.md): a producer holds the
   // rows of requests with kv_transfer_params.do_remote_decode and serves them on kv_ip:kv_port
   // (kv_port 0: a free port, for tests); a consumer pulls them for requests with
-  // do_remote_prefill. kv_model: both sides' fingerprint of the model (KvModelFingerprint);
+  // do_remote_prefill; both sides compare the engines' EngineClient::kv_cache_layout().
   // kv_secret: the join secret transfers authenticate with (nullopt: none, loopback only).
   std::optional<KvTransferConfig> kv_transfer;
-  std::string kv_model;
   std::optional<std::string> kv_secret;
   // Throws afd::Error naming the bad field.
   void Validate() const;

@@ -161,8 +161,7 @@ std::shared_ptr<RequestRun> SubmitChoices(const std::shared_ptr<ServerContext>& 
     // The decode leg: pull the prompt's rows from the producer (on this worker thread; the
     // engine steps on), then compute only what they do not cover.
     const ApiServerOptions& o = ctx->options();
-    const EngineClient::KvCacheLayout cache = ctx->engine().kv_cache_layout();
-    const runtime::KvLayout expect{o.kv_model, cache.num_layers, cache.row_width, cache.dtype};
+    const runtime::KvLayout expect = ctx->engine().kv_cache_layout();
     try {
       params[0].imported_kv = std::make_shared<const runtime::KvRows>(
           runtime::FetchKvRows(r.kv.remote_host, r.kv.remote_port, r.kv.remote_request_id, expect,

@@ -268,7 +268,8 @@ runtime::RequestParams MakeRequestParams(const SamplingRequest& request, const P
   p.ignore_eos = request.ignore_eos;
   p.logprobs = request.logprobs;
   if (request.echo && request.logprobs >= 0) p.prompt_logprobs = request.logprobs;
-  p.hold_kv = request.kv.remote_decode;  // the prefill leg of a KV transfer
+  // The prefill leg of a KV transfer: its rows stay held for the consumer.
+  if (request.kv.remote_decode) p.hold_kv_s = ctx.options().kv_transfer->hold_timeout_s;
   return p;
 }
 
