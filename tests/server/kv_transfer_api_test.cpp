@@ -62,6 +62,24 @@ TEST(KvTransferApi, ProxyFlowGivesTheColocatedAnswer) {
   EXPECT_EQ(producer.engine->Load().total.kv_held, 0);
   // The consumer still serves plain requests.
   EXPECT_EQ(consumer.Post("/v1/completions", Request(Prompt(4), 3)).first, 200);
+  // Its metrics count the three pulls (5 + 70 + 150 positions of every layer's rows) and the
+  // three that failed.
+  httplib::Client c("127.0.0.1", consumer.server->port());
+  const auto m = c.Get("/metrics");
+  ASSERT_TRUE(m);
+  const runtime::KvLayout layout = consumer.engine->kv_cache_layout();
+  const int64_t row_bytes =
+      layout.num_layers * layout.row_width * static_cast<int64_t>(DTypeSize(layout.dtype));
+  auto value = [&](const std::string& series) {
+    const size_t at = m->body.find("\n" + series + "{");
+    if (at == std::string::npos) return -1.0;
+    const size_t end = m->body.find('\n', at + 1);
+    return std::stod(m->body.substr(m->body.rfind(' ', end) + 1, end));
+  };
+  EXPECT_EQ(value("afd:kv_transfer_positions_total"), 225) << m->body;
+  EXPECT_EQ(value("afd:kv_transfer_bytes_total"), 225.0 * row_bytes) << m->body;
+  EXPECT_EQ(value("afd:kv_transfer_seconds_count"), 3) << m->body;
+  EXPECT_EQ(value("afd:kv_transfer_failures_total"), 3) << m->body;
 }
 
 TEST(KvTransferApi, BadParametersAre400sNamingTheField) {

@@ -163,10 +163,16 @@ std::shared_ptr<RequestRun> SubmitChoices(const std::shared_ptr<ServerContext>& 
     const ApiServerOptions& o = ctx->options();
     const runtime::KvLayout expect = ctx->engine().kv_cache_layout();
     try {
-      params[0].imported_kv = std::make_shared<const runtime::KvRows>(
+      const auto start = std::chrono::steady_clock::now();
+      auto rows = std::make_shared<const runtime::KvRows>(
           runtime::FetchKvRows(r.kv.remote_host, r.kv.remote_port, r.kv.remote_request_id, expect,
                                o.kv_secret, o.kv_transfer->transfer_timeout_s));
+      ctx->metrics().OnKvPull(
+          static_cast<int64_t>(rows->bytes.size()), rows->positions,
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+      params[0].imported_kv = std::move(rows);
     } catch (const Error& e) {
+      ctx->metrics().OnKvPullFailed();
       throw ApiError(502,
                      fmt::format("the KV transfer from the prefill instance failed: {}", e.what()),
                      "kv_transfer_params");

@@ -16,6 +16,9 @@ const std::vector<double> kE2eBounds = {0.3,  0.5,   0.8,   1.0,   1.5,   2.0,  
                                         5.0,  10.0,  15.0,  20.0,  30.0,  40.0,   50.0,
                                         60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
 
+const std::vector<double> kKvPullBounds = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                                           0.25,  0.5,    1.0,   2.5,  5.0,   10.0, 30.0};
+
 constexpr const char* kItl = "vllm:inter_token_latency_seconds";
 constexpr const char* kTpot = "vllm:time_per_output_token_seconds";
 
@@ -51,6 +54,15 @@ ServingMetrics::ServingMetrics(std::string model_name)
   registry_.DeclareHistogram("afd:connector_round_trip_seconds",
                              "Per-MoE-layer connector round trip, attention -> FFN -> attention.",
                              {});
+  registry_.DeclareCounter("afd:kv_transfer_bytes_total",
+                           "Bytes of KV rows this consumer pulled from prefill instances.");
+  registry_.DeclareCounter("afd:kv_transfer_positions_total",
+                           "Prompt positions (tokens) whose KV rows this consumer pulled.");
+  registry_.DeclareCounter("afd:kv_transfer_failures_total",
+                           "Pulls of KV rows that failed (the request got a 502).");
+  registry_.DeclareHistogram("afd:kv_transfer_seconds",
+                             "Time of one pull of a request's KV rows, connect to last byte.",
+                             kKvPullBounds);
   // Every series exists from the start (a scrape before the first request sees zeros).
   for (const char* reason : {"stop", "length", "abort", "error"}) {
     MetricLabels l = labels_;
@@ -68,6 +80,21 @@ ServingMetrics::ServingMetrics(std::string model_name)
                          0, 0.0);
   registry_.SetHistogram("vllm:e2e_request_latency_seconds", labels_, kE2eBounds,
                          std::vector<int64_t>(kE2eBounds.size() + 1, 0), 0, 0.0);
+  registry_.Increment("afd:kv_transfer_bytes_total", labels_, 0.0);
+  registry_.Increment("afd:kv_transfer_positions_total", labels_, 0.0);
+  registry_.Increment("afd:kv_transfer_failures_total", labels_, 0.0);
+  registry_.SetHistogram("afd:kv_transfer_seconds", labels_, kKvPullBounds,
+                         std::vector<int64_t>(kKvPullBounds.size() + 1, 0), 0, 0.0);
+}
+
+void ServingMetrics::OnKvPull(int64_t bytes, int64_t positions, double seconds) {
+  registry_.Increment("afd:kv_transfer_bytes_total", labels_, static_cast<double>(bytes));
+  registry_.Increment("afd:kv_transfer_positions_total", labels_, static_cast<double>(positions));
+  registry_.Observe("afd:kv_transfer_seconds", labels_, seconds);
+}
+
+void ServingMetrics::OnKvPullFailed() {
+  registry_.Increment("afd:kv_transfer_failures_total", labels_);
 }
 
 void ServingMetrics::OnFirstOutput(double ttft_s, int64_t num_prompt_tokens, int64_t num_tokens) {

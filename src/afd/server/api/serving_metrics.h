@@ -25,6 +25,10 @@ class ServingMetrics {
   void OnNextOutput(double gap_s, int64_t num_tokens);
   // `reason`: "stop", "length", "abort" or "error".
   void OnFinished(const std::string& reason, double e2e_s);
+  // A KV consumer's pull from a producer (prefill/decode disaggregation): its bytes, the
+  // positions they hold and its seconds, connect to last byte; or its failure.
+  void OnKvPull(int64_t bytes, int64_t positions, double seconds);
+  void OnKvPullFailed();
 
   // The text exposition, with the gauges and the connector histogram taken from `load`.
   std::string Render(const EngineLoad& load);
