@@ -180,6 +180,23 @@ TEST(PdProxy, OwnRoutes) {
   auto nowhere = c.Get("/v2/models");
   ASSERT_TRUE(nowhere);
   EXPECT_EQ(nowhere->status, 404);
+  auto no_decoder = c.Get("/v1/models");  // nothing listens on port 2
+  ASSERT_TRUE(no_decoder);
+  EXPECT_EQ(no_decoder->status, 502);
+}
+
+// GET /v1/models is the decoders' list (what `afd bench serve` and OpenAI clients ask first).
+TEST(PdProxy, ListsTheDecodersModels) {
+  KvInstance producer(KvTransferConfig::Role::kProducer),
+      decoder(KvTransferConfig::Role::kConsumer);
+  Proxied proxy({At(producer)}, {At(decoder)});
+  auto r = proxy.Client().Get("/v1/models");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200) << r->body;
+  httplib::Client direct("127.0.0.1", decoder.server->port());
+  auto want = direct.Get("/v1/models");
+  ASSERT_TRUE(want);
+  EXPECT_EQ(json::parse(r->body)["data"][0]["id"], json::parse(want->body)["data"][0]["id"]);
 }
 
 }  // namespace

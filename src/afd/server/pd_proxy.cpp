@@ -96,21 +96,39 @@ struct PdProxy::Impl {
   std::unique_ptr<api::HttpServer> http;
   std::atomic<uint64_t> next_prefiller{0}, next_decoder{0};
 
-  // POSTs to the next instance of `list` in round-robin order; one that refuses the connection
-  // (nothing was sent: it is down) is passed over for the next, each tried once. `*used`: the
-  // instance that answered, or the last one tried.
+  // POSTs `payload` (GETs when it is null) to the next instance of `list` in round-robin
+  // order; one that refuses the connection (nothing was sent: it is down) is passed over for the
+  // next, each tried once. `*used`: the instance that answered, or the last one tried.
   httplib::Result PostToNext(const std::vector<PdProxyOptions::Instance>& list,
                              std::atomic<uint64_t>& next, const std::string& path,
-                             const std::string& payload, const PdProxyOptions::Instance** used) {
+                             const std::string* payload, const PdProxyOptions::Instance** used) {
     const uint64_t first = next++;
     for (size_t k = 0;; ++k) {
       *used = &list[(first + k) % list.size()];
-      httplib::Result r = Client(**used, o.timeout_s)->Post(path, payload, "application/json");
+      auto client = Client(**used, o.timeout_s);
+      httplib::Result r =
+          payload ? client->Post(path, *payload, "application/json") : client->Get(path);
       if (r || r.error() != httplib::Error::Connection || k + 1 == list.size()) return r;
     }
   }
 
+  // GET /v1/models: the decoders' answer (they serve the model the client names).
+  HandlerResult Models(const HttpRequest& req) {
+    const PdProxyOptions::Instance* used = nullptr;
+    const httplib::Result r = PostToNext(o.decoders, next_decoder, req.path, nullptr, &used);
+    if (!r) {
+      return {ErrorOf(ApiError(502, fmt::format("the decode instance {} did not answer: {}",
+                                                Name(*used), httplib::to_string(r.error())))),
+              nullptr};
+    }
+    HttpResponse out;
+    out.status = r->status;
+    out.body = r->body;
+    return {out, nullptr};
+  }
+
   HandlerResult Relay(const HttpRequest& req) {
+    if (req.method == "GET") return Models(req);
     const json body = json::parse(req.body, nullptr, false);
     if (!body.is_object()) {
       return {ErrorOf(ApiError(400, "the request body must be a JSON object")), nullptr};
@@ -128,8 +146,9 @@ struct PdProxy::Impl {
                                      {"remote_engine_id", nullptr}, {"remote_block_ids", nullptr},
                                      {"remote_host", nullptr},      {"remote_port", nullptr}};
     const PdProxyOptions::Instance* used = nullptr;
+    const std::string prefill_body = prefill.dump();
     const httplib::Result pr =
-        PostToNext(o.prefillers, next_prefiller, req.path, prefill.dump(), &used);
+        PostToNext(o.prefillers, next_prefiller, req.path, &prefill_body, &used);
     const PdProxyOptions::Instance& p = *used;
     if (!pr) {
       return {ErrorOf(ApiError(502, fmt::format("the prefill instance {} did not answer: {}",
@@ -154,8 +173,9 @@ struct PdProxy::Impl {
     json decode = body;
     decode["kv_transfer_params"] = answer["kv_transfer_params"];
     if (!stream) {
+      const std::string decode_body = decode.dump();
       const httplib::Result dr =
-          PostToNext(o.decoders, next_decoder, req.path, decode.dump(), &used);
+          PostToNext(o.decoders, next_decoder, req.path, &decode_body, &used);
       const PdProxyOptions::Instance& d = *used;
       if (!dr) {
         return {ErrorOf(ApiError(502, fmt::format("the decode instance {} did not answer: {}",
@@ -258,6 +278,7 @@ PdProxy::PdProxy(PdProxyOptions options) : impl_(std::make_shared<Impl>()) {
       out->response.body = R"({"status":"ok"})";
       return true;
     }
+    if (req.method == "GET" && req.path == "/v1/models") return false;  // the decoders'
     const bool relayed = req.path == "/v1/completions" || req.path == "/v1/chat/completions";
     if (relayed && req.method == "POST") return false;
     *out = {ErrorOf(ApiError(relayed ? 405 : 404,

@@ -8,7 +8,7 @@
 // does not answer within the timeout gives the client an OpenAI-style error (its status, or 502
 // naming the instance), never a hang; a client that leaves a stream closes the decoder's
 // (which aborts the request).
-// GET /healthcheck and /health answer 200.
+// GET /healthcheck and /health answer 200; GET /v1/models is a decoder's answer.
 // Thread safety: Start once; port and Stop from any thread.
 #pragma once
 
