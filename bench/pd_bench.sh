@@ -156,7 +156,7 @@ EOF
     "$PY" -c "
 b, p, s, n = $b1 - $b0, $p1 - $p0, $s1 - $s0, $n1 - $n0
 print(f'[pd_2p1a1f in ${load%%:*} out ${load##*:}] KV transfers: {n:.0f} pulls, {b / 1e6:.1f} MB, '
-      f'{b / max(p, 1):.0f} B per prompt token, {b / max(s, 1e-9) / 1e9:.2f} GB/s per pull '
+      f'{b / max(p, 1):.0f} B per prompt token, {b / max(s, 1e-9) / 1e6:.1f} MB/s per pull '
       f'(mean pull {s / max(n, 1) * 1e3:.1f} ms), failures so far {$f:.0f}')"
   done
 fi

@@ -472,6 +472,36 @@ TEST(ServeE2eServe, InProcessModelEqualsAfdRun) {
   EXPECT_EQ(s.Wait(30), std::optional<int>(0)) << s.Log();
 }
 
+// As vLLM: a checkpoint directory that holds a tokenizer.json is served with it when --tokenizer
+// is left out (text prompts, /tokenize); one without, or --tokenizer given, as before.
+TEST(ServeE2eServe, ACheckpointsOwnTokenizerIsTheDefault) {
+  if (!std::filesystem::exists(DeepSeekV3Dir() + "/tokenizer.json")) {
+    GTEST_SKIP() << "no DeepSeek-V3 tokenizer data (scripts/setup_tokenizer_data.sh)";
+  }
+  const std::string dir = ::testing::TempDir() + "/ckpt_tok_" + std::to_string(getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::string golden = SourcePath("tests/data/golden/v2_greedy_yarn");
+  for (const char* f : {"config.json", "model.safetensors"}) {
+    std::filesystem::create_symlink(golden + "/" + f, dir + "/" + f);
+  }
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json"}) {
+    std::filesystem::copy_file(DeepSeekV3Dir() + "/" + f, dir + "/" + f);
+  }
+  ServedProcess s("own_tokenizer", {"serve", dir});
+  ASSERT_TRUE(s.up()) << s.Log();
+  EXPECT_EQ(s.Log().find("token-id prompts only"), std::string::npos) << s.Log();
+  const Reply r = PostJson(s.port(), "/tokenize", {{"prompt", "Hello world"}});
+  ASSERT_EQ(r.status, 200) << r.raw;
+  EXPECT_FALSE(r.body["tokens"].empty()) << r.raw;
+  s.Signal(SIGTERM);
+  EXPECT_EQ(s.Wait(30), std::optional<int>(0)) << s.Log();
+  ServedProcess plain("no_tokenizer", {"serve", golden});
+  ASSERT_TRUE(plain.up()) << plain.Log();
+  EXPECT_NE(plain.Log().find("token-id prompts only"), std::string::npos) << plain.Log();
+  std::filesystem::remove_all(dir);
+}
+
 // `afd serve --data-parallel-size 2 --enable-expert-parallel` with no AFD role: vLLM's DP + EP
 // replicas (afd launch's, no AFD), not one plain engine that ignores the flags.
 TEST(ServeE2eServe, DataParallelExpertParallelServeStartsReplicas) {

@@ -1521,7 +1521,7 @@ std::vector<Case> CheckCases() {
       {"MoePermute+GroupedExpertMlp+MoeCombine", "~70 rows/expert, one of 140",
        [](Ctx& c) { return Moe(c, 140, 12, 4, 64, 96, 2, 8, 6); }},
       // The mma.sync path's x staged in K pieces: ~20 rows per expert (2 m tiles per pass, 16
-      // warps) with K = 2560 in two pieces of 1280 (three of 864 with AFD_MOE_WIDE=0); ~1.5 rows
+      // warps) with K = 2560 in two pieces of 1280; ~1.5 rows
       // per expert (1 tile) with K = 2304 in three of 768.
       {"MoePermute+GroupedExpertMlp+MoeCombine", "~20 rows/expert, K 2560 in 2 pieces",
        [](Ctx& c) { return Moe(c, 40, 8, 4, 2560, 96, 0, 8); }},

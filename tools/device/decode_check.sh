@@ -2,7 +2,7 @@
 # One device call after a change to the decode kernels: gpu_check.sh (backend_ops_test, fp32 vs
 # the CPU and bf16 graph vs eager on the goldens, v3_trained vs transformers bf16, afd bench decode
 # at context 128 and 1024; the torch peer unless SKIP_PEER=1), its summary printed, then
-# `afd bench decode` again under AB_ENV (e.g. "AFD_MOE_HALVES=0": a kernel choice turned off, to
+# `afd bench decode` again under AB_ENV (e.g. "AFD_MOE_WGMMA=0": a kernel choice turned off, to
 # compare in the same call) and/or with AB_ARGS (e.g. "--no-async-scheduling") at AB_BATCH
 # (default 1,16,64); PREFILL=1: also the 8 x 1024 prefill with its per-op profile (issue 11's
 # prefill target); SYNC_CHECK=1: afd run's JSON with and without asynchronous scheduling.

@@ -117,6 +117,14 @@ void ResolveModel(RoleArgs& a) {
             "works, as `vllm serve MODEL`)");
 }
 
+// As vLLM: without --tokenizer, a checkpoint directory that holds a tokenizer.json is its own.
+void DefaultTokenizer(RoleArgs& a) {
+  if (a.tokenizer.empty() && a.gen.model.rfind("preset:", 0) != 0 &&
+      std::filesystem::is_regular_file(std::filesystem::path(a.gen.model) / "tokenizer.json")) {
+    a.tokenizer = a.gen.model;
+  }
+}
+
 // A rank process (`afd worker`, `afd dp-ep-worker`) ends at once on SIGINT / SIGTERM, exit 0:
 // it holds nothing a drain would save (its launcher drains the requests first, and its peers
 // name it when it leaves). A thread waits for the signals, blocked in every other thread; call
@@ -185,7 +193,8 @@ void AddHttpFlags(CLI::App* cmd, RoleArgs& a) {
   cmd->add_option("--api-key", a.api_key, "Require \"Authorization: Bearer KEY\" on /v1/*");
   cmd->add_option("--tokenizer", a.tokenizer,
                   "Directory with tokenizer.json (and tokenizer_config.json): text prompts and "
-                  "chat; a preset model takes its vocabulary size and EOS from it");
+                  "chat; a preset model takes its vocabulary size and EOS from it (default: the "
+                  "model's directory when it holds a tokenizer.json)");
   cmd->add_option("--served-model-name", a.served_model_names,
                   "Model name(s) the API answers to (default: --model)");
   cmd->add_option("--max-logprobs", a.max_logprobs, "Largest logprobs / top_logprobs (default 20)")
@@ -415,6 +424,7 @@ int ServeCommand(RoleArgs& a) {
   BlockStopSignals();  // before any thread starts: the serve loop waits for them
   try {
     ResolveModel(a);
+    DefaultTokenizer(a);
     if (a.additional_config.empty()) {
       AFD_CHECK(a.prompts_file.empty() && a.output_file.empty(),
                 "--prompts-file and --output-file belong to an AFD role: give "
@@ -561,6 +571,7 @@ int ServeCommand(RoleArgs& a) {
 
 int LaunchCommand(RoleArgs& a) {
   BlockStopSignals();
+  DefaultTokenizer(a);
   server::ServingTokenizer tok;
   server::ServeHttpOptions http;
   deploy::DeploymentSpec spec;

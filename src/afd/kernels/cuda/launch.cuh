@@ -15,7 +15,7 @@ namespace afd::kernels::cuda {
 
 // Throws afd::Error naming `what` when the last launch failed.
 void CheckLaunch(const char* what);
-// A kernel choice turned off by the environment: NAME=0 (AFD_MLA_TILES, AFD_MOE_HALVES,
+// A kernel choice turned off by the environment: NAME=0 (AFD_MLA_TILES, AFD_MOE_WGMMA,
 // AFD_SIDE_STREAM), to measure a form against the one it replaced in the same run.
 bool ChoiceOff(const char* name);
 // A form forced by the environment: NAME=c, a whole number from 1 to max (AFD_MLA_SPLITS,

@@ -1525,10 +1525,9 @@ void LaunchMlaAttention(const float* q, int64_t n, int64_t heads, const float* q
     const int64_t tiles = (max_context + kTileRows - 1) / kTileRows;
     const int64_t span = (tiles + splits - 1) / splits * kTileRows;
     constexpr float kLog2e = 1.4426950408889634f;
-    // Tile rows by bulk copies (the TMA engine) where the device runs sm_90+ code, unless
-    // AFD_MLA_BULK=0 (16-byte cp.async pieces).
-    static const bool bulk_off = ChoiceOff("AFD_MLA_BULK");
-    const bool bulk = !bulk_off && ProbeRunningCode().arch >= 900;
+    // Tile rows by bulk copies (the TMA engine) where the device runs sm_90+ code, else
+    // 16-byte cp.async pieces.
+    const bool bulk = ProbeRunningCode().arch >= 900;
     const auto go = [&](auto tokens, auto bufs) {
       constexpr int kTok = decltype(tokens)::value, kBufs = decltype(bufs)::value;
       const auto kernel =
@@ -1549,7 +1548,6 @@ void LaunchMlaAttention(const float* q, int64_t n, int64_t heads, const float* q
                 dn, t, static_cast<const __nv_bfloat16*>(cache), h0, nh, scale * kLog2e, span,
                 partial, counters, o_lat);
     };
-    static const bool pairs_off = ChoiceOff("AFD_MLA_PAIRS");  // one query token per block
     // One tile buffer and two blocks per SM once the grid is more than one block per SM: a
     // block's next tile then loads while the other block computes (AFD_MLA_BUFS=1|2 forces a
     // form).
@@ -1567,7 +1565,7 @@ void LaunchMlaAttention(const float* q, int64_t n, int64_t heads, const float* q
     static const bool wg_off = ChoiceOff("AFD_MLA_WG");
     static const bool wg_always = !wg_off && ChoiceCount("AFD_MLA_WG", 1) == 1;
     const bool wg_on = !wg_off && (wg_always || span / kTileRows >= kWgMinTiles);
-    const bool pairs = splits == 1 && n >= kTilePairMinTokens && !pairs_off;
+    const bool pairs = splits == 1 && n >= kTilePairMinTokens;
     if (!pairs && wg_on && ProbeRunningCode().sm90a && t.block_size % kTileRows == 0) {
       const CUtensorMap map = CacheTensorMap(cache, cache_rows);
       const auto go_wg = [&](auto bufs) {

@@ -1103,8 +1103,7 @@ bool MmaFits(int64_t m, int64_t k, int64_t n_out, int64_t num_local) {
 // The tiled path's (GroupedTiled): more rows per expert on average, 16-byte rows, even N (pairs
 // of outputs per store).
 bool TiledFits(int64_t m, int64_t k, int64_t n_out, int64_t num_local) {
-  static const bool off = ChoiceOff("AFD_MOE_TILED");  // the WMMA path instead
-  return !off && k % 8 == 0 && n_out % 2 == 0 && m > kMmaMaxAvgRows * num_local &&
+  return k % 8 == 0 && n_out % 2 == 0 && m > kMmaMaxAvgRows * num_local &&
          (m + kTileM - 1) / kTileM + num_local <= 65535;  // grid.y
 }
 
@@ -1127,9 +1126,9 @@ void LaunchRowsToBf16(const float* x, int64_t n, __nv_bfloat16* xb, cudaStream_t
 // pass (2 when experts average over 16 rows), the K piece staged at a time in shared memory
 // (equal pieces, multiples of 32, each fitting kMmaTileStageBytes per m tile), the grid (column
 // tiles x row slices x experts) and the shared memory bytes.
+// Two m tiles run 16 warps a block: one block per SM, twice the x stage per tile.
 struct MmaLaunch {
   int tiles, halves, warps, piece;
-  bool wide;  // 16 warps a block (two m tiles): one block per SM, twice the x stage per tile
   dim3 grid;
   size_t smem;
 };
@@ -1140,17 +1139,15 @@ MmaLaunch PlanMma(int64_t m, int64_t k, int64_t n_out, bool swiglu, int64_t num_
   p.tiles = avg_rows > 16 ? 2 : 1;
   // Two m tiles: 16 warps a block, one block per SM (twice the columns per block, so x is
   // staged half as often; K in one piece up to 2272).
-  static const bool wide_off = ChoiceOff("AFD_MOE_WIDE");  // 8 warps, two blocks per SM
-  p.wide = p.tiles == 2 && !wide_off;
+  const bool wide = p.tiles == 2;
   const int64_t pass_rows = 16 * p.tiles;
-  const int64_t max_piece = ((p.wide ? 2 : 1) * kMmaTileStageBytes / 32 - 32) / 32 * 32;
+  const int64_t max_piece = ((wide ? 2 : 1) * kMmaTileStageBytes / 32 - 32) / 32 * 32;
   const int64_t pieces = (k + max_piece - 1) / max_piece;
   p.piece = static_cast<int>((k / 32 + pieces - 1) / pieces * 32);
   // One m tile over more than one piece: two halves of warps over K (GroupedMma, kHalves).
-  static const bool halves_off = ChoiceOff("AFD_MOE_HALVES");  // one chain over K
-  p.halves = p.tiles == 1 && pieces > 1 && !halves_off ? 2 : 1;
+  p.halves = p.tiles == 1 && pieces > 1 ? 2 : 1;
   p.smem = static_cast<size_t>(p.halves * pass_rows) * MmaStride(p.piece) * sizeof(__nv_bfloat16);
-  p.warps = (p.wide ? 8 : 4) * p.tiles * p.halves;
+  p.warps = (wide ? 8 : 4) * p.tiles * p.halves;
   // Experts: at most m have rows (ActiveExpert maps z to the z-th of them).
   const int64_t experts = num_local <= kMaxActiveScanExperts ? std::min(num_local, m) : num_local;
   const int64_t cols = p.warps / p.halves * (swiglu ? 8 : 16);
@@ -1187,10 +1184,8 @@ void LaunchMma(const __nv_bfloat16* x, int64_t m, int64_t k, const void* const* 
   };
   using One = std::integral_constant<int, 1>;
   using Two = std::integral_constant<int, 2>;
-  if (p.tiles == 2 && p.wide) {
+  if (p.tiles == 2) {
     go(Two{}, One{}, Two{});
-  } else if (p.tiles == 2) {
-    go(Two{}, One{}, One{});
   } else if (p.halves == 2) {
     go(One{}, Two{}, One{});
   } else {
@@ -1201,11 +1196,9 @@ void LaunchMma(const __nv_bfloat16* x, int64_t m, int64_t k, const void* const* 
 }  // namespace
 
 int64_t MoePermuteScratchInts(int64_t n, int64_t k, int64_t num_local) {
-  static const bool off = ChoiceOff("AFD_PERMUTE_BLOCKS");  // one block whatever the slots
   const int64_t chunks = (n * k + kPermuteThreads - 1) / kPermuteThreads;
-  return !off && chunks >= kPermuteMultiMinChunks && num_local <= kFastPermuteExperts
-             ? chunks * num_local
-             : 0;
+  return chunks >= kPermuteMultiMinChunks && num_local <= kFastPermuteExperts ? chunks * num_local
+                                                                              : 0;
 }
 
 void LaunchMoePermute(const int32_t* ids, int64_t n, int64_t k, int64_t begin, int64_t num_local,

@@ -11,7 +11,7 @@ namespace afd::kernels::cuda {
 
 // moe.cu
 // MoePermute's scratch (ints) for n x k slots: 0 when one block groups them (decode sizes), else
-// per-block counts (AFD_PERMUTE_BLOCKS=0: one block always). scratch: at least that many ints.
+// per-block counts. scratch: at least that many ints.
 int64_t MoePermuteScratchInts(int64_t n, int64_t k, int64_t num_local);
 void LaunchMoePermute(const int32_t* ids, int64_t n, int64_t k, int64_t begin, int64_t num_local,
                       int32_t* offsets, int32_t* src_row, int32_t* row_of_slot, int32_t* scratch,
