@@ -82,49 +82,92 @@ TEST_P(KvTransfer, DecodeFromImportedRowsEqualsTheColocatedRun) {
     e.Add(i, Params(kPrompts[i], 12));
     want[i] = Of(Drain(e)[i]);
   }
-  // Prefill engine: max_tokens 1 with the rows held (vLLM's proxy sends max_tokens 1).
-  Engine producer(*model_, runner, {0, 0, false, 32, 0});
-  for (size_t i = 0; i < kPrompts.size(); ++i) {
-    RequestParams p = Params(kPrompts[i], 1);
-    p.hold_kv_s = 480;
-    producer.Add(100 + i, p);
+  // Prefill engine: max_tokens 1 with the rows held (vLLM's proxy sends max_tokens 1), staged in
+  // host memory (the default) or left in the cache's blocks (no staging budget).
+  for (const int64_t stage : {EngineOptions{}.kv_stage_bytes, int64_t{0}}) {
+    SCOPED_TRACE(stage > 0 ? "staged rows" : "rows in the cache's blocks");
+    EngineOptions po{0, 0, false, 32, 0};
+    po.kv_stage_bytes = stage;
+    Engine producer(*model_, runner, po);
+    for (size_t i = 0; i < kPrompts.size(); ++i) {
+      RequestParams p = Params(kPrompts[i], 1);
+      p.hold_kv_s = 480;
+      producer.Add(100 + i, p);
+    }
+    std::map<uint64_t, std::vector<RequestOutput>> prefilled = Drain(producer);
+    EXPECT_EQ(producer.stats().kv_held, static_cast<int64_t>(kPrompts.size()));
+    if (stage > 0) {
+      EXPECT_EQ(producer.stats().kv_blocks_used, 0);  // copied out: the blocks are free
+      EXPECT_EQ(producer.staged_kv().count(), static_cast<int64_t>(kPrompts.size()));
+    } else {
+      EXPECT_GT(producer.stats().kv_blocks_used, 0);
+      EXPECT_EQ(producer.staged_kv().count(), 0);
+    }
+    std::map<uint64_t, std::shared_ptr<const KvRows>> rows;
+    for (size_t i = 0; i < kPrompts.size(); ++i) {
+      const RequestOutput& last = prefilled[100 + i].back();
+      ASSERT_TRUE(last.finished);
+      EXPECT_TRUE(last.kv_held);
+      EXPECT_EQ(last.kv_positions, static_cast<int64_t>(kPrompts[i].size()));
+      EXPECT_GE(static_cast<int64_t>(last.kv_block_ids.size()),
+                (last.kv_positions + kv::kDefaultBlockSize - 1) / kv::kDefaultBlockSize);
+      // The producer's own first token is the colocated run's.
+      EXPECT_EQ(last.token_ids.at(0), want[i].ids.at(0));
+      rows[i] = producer.ExportHeldKv(100 + i);
+      producer.ReleaseHeldKv(100 + i);
+    }
+    EXPECT_EQ(producer.stats().kv_held, 0);
+    EXPECT_EQ(producer.stats().kv_blocks_used, 0);
+    EXPECT_THROW(producer.ExportHeldKv(100), Error);  // released
+    // Decode engine: the requests arrive with the rows, concurrently, in chunks of 3 tokens.
+    Engine consumer(*model_, runner, {0, 3, true, 32, 0});
+    for (size_t i = 0; i < kPrompts.size(); ++i) {
+      RequestParams p = Params(kPrompts[i], 12);
+      p.imported_kv = rows[i];
+      consumer.Add(200 + i, p);
+    }
+    std::map<uint64_t, std::vector<RequestOutput>> got = Drain(consumer);
+    for (size_t i = 0; i < kPrompts.size(); ++i) {
+      EXPECT_EQ(Of(got[200 + i]), want[i]) << "prompt " << i;
+    }
+    EXPECT_EQ(consumer.stats().kv_blocks_used, 0);
+    // The first output's computation was one token (the prompt's last): the decode engine never
+    // prefilled the imported positions.
+    EXPECT_EQ(consumer.generation_stats().prefill_tokens +
+                  consumer.generation_stats().mixed_prefill_tokens,
+              0);
   }
-  std::map<uint64_t, std::vector<RequestOutput>> prefilled = Drain(producer);
-  EXPECT_EQ(producer.stats().kv_held, static_cast<int64_t>(kPrompts.size()));
-  EXPECT_GT(producer.stats().kv_blocks_used, 0);
-  std::map<uint64_t, std::shared_ptr<const KvRows>> rows;
-  for (size_t i = 0; i < kPrompts.size(); ++i) {
-    const RequestOutput& last = prefilled[100 + i].back();
-    ASSERT_TRUE(last.finished);
-    EXPECT_TRUE(last.kv_held);
-    EXPECT_EQ(last.kv_positions, static_cast<int64_t>(kPrompts[i].size()));
-    EXPECT_GE(static_cast<int64_t>(last.kv_block_ids.size()),
-              (last.kv_positions + kv::kDefaultBlockSize - 1) / kv::kDefaultBlockSize);
-    // The producer's own first token is the colocated run's.
-    EXPECT_EQ(last.token_ids.at(0), want[i].ids.at(0));
-    rows[i] = std::make_shared<const KvRows>(producer.ExportHeldKv(100 + i));
-    producer.ReleaseHeldKv(100 + i);
+}
+
+// Past the staging budget a request's rows stay in the cache's blocks; both kinds export and
+// release alike.
+TEST_P(KvTransfer, TheStagingBudgetSpillsToTheBlocks) {
+  LocalStepRunner runner(*model_);
+  const std::vector<int32_t> prompt = {9, 8, 7, 6, 5, 4, 3};
+  EngineOptions o{0, 0, false, 16, 0};
+  {
+    Engine probe(*model_, runner, o);
+    o.kv_stage_bytes = model_->config().num_hidden_layers * static_cast<int64_t>(prompt.size()) *
+                       probe.kv_row_width() * static_cast<int64_t>(DTypeSize(probe.kv_dtype()));
   }
-  EXPECT_EQ(producer.stats().kv_held, 0);
-  EXPECT_EQ(producer.stats().kv_blocks_used, 0);
-  EXPECT_THROW(producer.ExportHeldKv(100), Error);  // released
-  // Decode engine: the requests arrive with the rows, concurrently, in chunks of 3 tokens.
-  Engine consumer(*model_, runner, {0, 3, true, 32, 0});
-  for (size_t i = 0; i < kPrompts.size(); ++i) {
-    RequestParams p = Params(kPrompts[i], 12);
-    p.imported_kv = rows[i];
-    consumer.Add(200 + i, p);
+  Engine e(*model_, runner, o);  // room for one request's rows
+  for (uint64_t id : {1u, 2u}) {
+    RequestParams p = Params(prompt, 1);
+    p.hold_kv_s = 60;
+    e.Add(id, p);
   }
-  std::map<uint64_t, std::vector<RequestOutput>> got = Drain(consumer);
-  for (size_t i = 0; i < kPrompts.size(); ++i) {
-    EXPECT_EQ(Of(got[200 + i]), want[i]) << "prompt " << i;
-  }
-  EXPECT_EQ(consumer.stats().kv_blocks_used, 0);
-  // The first output's computation was one token (the prompt's last): the decode engine never
-  // prefilled the imported positions.
-  EXPECT_EQ(
-      consumer.generation_stats().prefill_tokens + consumer.generation_stats().mixed_prefill_tokens,
-      0);
+  Drain(e);
+  EXPECT_EQ(e.stats().kv_held, 2);
+  EXPECT_EQ(e.staged_kv().count(), 1);
+  EXPECT_EQ(e.staged_kv().bytes(), o.kv_stage_bytes);
+  EXPECT_GT(e.stats().kv_blocks_used, 0);  // the other one's
+  const std::shared_ptr<const KvRows> a = e.ExportHeldKv(1), b = e.ExportHeldKv(2);
+  EXPECT_EQ(a->bytes, b->bytes);  // the same prompt: the same rows, either way
+  e.ReleaseHeldKv(1);
+  e.ReleaseHeldKv(2);
+  EXPECT_EQ(e.stats().kv_held, 0);
+  EXPECT_EQ(e.stats().kv_blocks_used, 0);
+  EXPECT_EQ(e.staged_kv().bytes(), 0);
 }
 
 TEST_P(KvTransfer, BadRowsAreRejectedNamingTheMismatch) {
@@ -171,24 +214,29 @@ TEST_P(KvTransfer, BadRowsAreRejectedNamingTheMismatch) {
 }
 
 TEST_P(KvTransfer, HeldRowsExpireAfterTheTimeout) {
-  LocalStepRunner runner(*model_);
-  Engine e(*model_, runner, {0, 0, false, 16, 0});
-  RequestParams p = Params({1, 2, 3, 4, 5}, 1);
-  p.hold_kv_s = 0.05;
-  e.Add(7, p);
-  Drain(e);
-  EXPECT_EQ(e.stats().kv_held, 1);
-  EXPECT_GT(e.stats().kv_blocks_used, 0);
-  std::this_thread::sleep_for(std::chrono::milliseconds(80));  // past the timeout
-  e.Add(8, Params({6, 7}, 1));  // the next request (its Add frees expired rows)
-  Drain(e);
-  EXPECT_EQ(e.stats().kv_held, 0);
-  EXPECT_EQ(e.stats().kv_blocks_used, 0);
-  try {
-    e.ExportHeldKv(7);
-    FAIL();
-  } catch (const Error& err) {
-    EXPECT_NE(std::string(err.what()).find("request 7 holds no KV rows"), std::string::npos);
+  for (const int64_t stage : {EngineOptions{}.kv_stage_bytes, int64_t{0}}) {
+    SCOPED_TRACE(stage > 0 ? "staged rows" : "rows in the cache's blocks");
+    LocalStepRunner runner(*model_);
+    EngineOptions o{0, 0, false, 16, 0};
+    o.kv_stage_bytes = stage;
+    Engine e(*model_, runner, o);
+    RequestParams p = Params({1, 2, 3, 4, 5}, 1);
+    p.hold_kv_s = 0.05;
+    e.Add(7, p);
+    Drain(e);
+    EXPECT_EQ(e.stats().kv_held, 1);
+    EXPECT_EQ(e.stats().kv_blocks_used > 0, stage == 0);
+    std::this_thread::sleep_for(std::chrono::milliseconds(80));  // past the timeout
+    e.Add(8, Params({6, 7}, 1));  // the next request (its Add frees expired rows)
+    Drain(e);
+    EXPECT_EQ(e.stats().kv_held, 0);
+    EXPECT_EQ(e.stats().kv_blocks_used, 0);
+    try {
+      e.ExportHeldKv(7);
+      FAIL();
+    } catch (const Error& err) {
+      EXPECT_NE(std::string(err.what()).find("request 7 holds no KV rows"), std::string::npos);
+    }
   }
 }
 

@@ -46,7 +46,7 @@ struct Producer {
             "127.0.0.1", 0, std::move(secret), std::move(model),
             [this](uint64_t id) {
               AFD_CHECK(id == 11, "request {} holds no KV rows", id);
-              return rows;
+              return std::make_shared<const KvRows>(rows);
             },
             [this](uint64_t id) {
               std::lock_guard<std::mutex> lock(mu);

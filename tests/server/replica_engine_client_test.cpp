@@ -449,7 +449,7 @@ TEST(ReplicaEngineClient, ExportsHeldRowsFromTheReplicaThatHoldsThem) {
   rows.id = 21;
   rows.kv = std::make_shared<runtime::KvRows>(Rows(3));
   r1.Send(rows);
-  EXPECT_EQ(exported.get().bytes, Rows(3).bytes);
+  EXPECT_EQ(exported.get()->bytes, Rows(3).bytes);
 
   // The replica's reason, when it holds none (expired there), is the caller's error.
   auto refused =

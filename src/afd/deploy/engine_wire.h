@@ -100,7 +100,7 @@ struct EngineMessage {
   Kind kind = Kind::kSubmit;
   uint64_t id = 0;                              // submit, abort, export_kv, release_kv, kv_rows
   runtime::RequestParams params;                // submit (imported_kv attached)
-  std::shared_ptr<runtime::KvRows> kv;          // kv_rows (null: see why)
+  std::shared_ptr<const runtime::KvRows> kv;    // kv_rows (null: see why)
   ReplicaHello hello;                           // hello
   std::vector<runtime::RequestOutput> outputs;  // step
   runtime::EngineStats stats;                   // step

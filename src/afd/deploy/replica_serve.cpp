@@ -1,10 +1,14 @@
 #include "afd/deploy/replica_serve.h"
 
 #include <algorithm>
+#include <condition_variable>
 #include <cstdio>
+#include <deque>
+#include <thread>
 
 #include "afd/comm/join_secret.h"
 #include "afd/common/error.h"
+#include "afd/common/thread_annotations.h"
 #include "afd/deploy/engine_wire.h"
 #include "afd/runtime/kv_transport.h"
 
@@ -48,6 +52,61 @@ std::vector<std::string> ShareFrames(comm::Communicator* tp_comm, int tp_rank,
   }
   return frames;
 }
+
+// Sends kv_rows answers off the serve loop: encoding and sending the rows of a long prompt (up
+// to hundreds of MB) must not hold the engine's steps. FrameConnection::Send locks, so these
+// frames and the loop's step frames go whole, in either order (the frontend reads each kind on
+// its own). A send that fails is the loop's error at its next turn.
+class RowSender {
+ public:
+  explicit RowSender(FrameConnection& conn) : conn_(conn), thread_([this] { Run(); }) {}
+  ~RowSender() {  // sends what is queued, then ends
+    {
+      MutexLock lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  void Queue(EngineMessage m) {
+    {
+      MutexLock lock(mu_);
+      queue_.push_back(std::move(m));
+    }
+    cv_.notify_one();
+  }
+  void ThrowIfFailed() {
+    MutexLock lock(mu_);
+    if (!failure_.empty()) AFD_THROW("sending KV rows to the frontend: {}", failure_);
+  }
+
+ private:
+  void Run() {
+    MutexLock lock(mu_);
+    while (true) {
+      while (!stop_ && queue_.empty()) cv_.wait(lock);
+      if (queue_.empty()) return;
+      EngineMessage m = std::move(queue_.front());
+      queue_.pop_front();
+      lock.unlock();
+      std::string why;
+      try {
+        conn_.Send(EncodeEngineMessage(m), kSendTimeoutSeconds);
+      } catch (const Error& e) {
+        why = e.what();
+      }
+      lock.lock();
+      if (!why.empty() && failure_.empty()) failure_ = why;
+    }
+  }
+  FrameConnection& conn_;
+  Mutex mu_;
+  std::condition_variable_any cv_;
+  std::deque<EngineMessage> queue_ AFD_GUARDED_BY(mu_);
+  bool stop_ AFD_GUARDED_BY(mu_) = false;
+  std::string failure_ AFD_GUARDED_BY(mu_);
+  std::thread thread_;
+};
 
 RoundTripReport Histogram(const std::vector<double>& samples) {
   const std::vector<double>& bounds = RoundTripBounds();
@@ -133,6 +192,8 @@ void ServeReplica(const model::MoeModel& model, comm::AfdWorld* world,
                              engine.kv_row_width(), engine.kv_dtype()};
     conn->Send(EncodeEngineMessage(hello), kSendTimeoutSeconds);
   }
+  std::unique_ptr<RowSender> row_sender;
+  if (conn) row_sender = std::make_unique<RowSender>(*conn);
   bool shutting_down = false, everyone_idle = false;
   int64_t submitted = 0;  // sequences the frontend sent this replica
   runtime::EngineStats reported;
@@ -146,6 +207,7 @@ void ServeReplica(const model::MoeModel& model, comm::AfdWorld* world,
         wait = 0;
       }
     }
+    if (row_sender) row_sender->ThrowIfFailed();
     frames = ShareFrames(tp_comm.get(), o.tp_rank, std::move(frames));
     for (const std::string& f : frames) {
       EngineMessage m = DecodeEngineMessage(f, "the frontend");
@@ -158,17 +220,18 @@ void ServeReplica(const model::MoeModel& model, comm::AfdWorld* world,
           engine.Abort(m.id);
           break;
         case EngineMessage::Kind::kExportKv: {
-          // Every TP rank's cache holds every row: rank 0 answers.
+          // Every TP rank's cache holds every row: rank 0 answers (staged rows at once; rows
+          // left in the cache's blocks are read back here, between steps).
           if (!conn) break;
           EngineMessage rows;
           rows.kind = EngineMessage::Kind::kKvRows;
           rows.id = m.id;
           try {
-            rows.kv = std::make_shared<runtime::KvRows>(engine.ExportHeldKv(m.id));
+            rows.kv = engine.ExportHeldKv(m.id);
           } catch (const Error& e) {
             rows.why = e.what();
           }
-          conn->Send(EncodeEngineMessage(rows), kSendTimeoutSeconds);
+          row_sender->Queue(std::move(rows));
           break;
         }
         case EngineMessage::Kind::kReleaseKv:

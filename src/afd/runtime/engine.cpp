@@ -56,7 +56,7 @@ std::vector<TopLogprob> TopK(const std::vector<float>& row, int64_t k, double lo
 }  // namespace
 
 Engine::Engine(const model::MoeModel& model, StepRunner& runner, const EngineOptions& options)
-    : model_(model), runner_(runner), ws_(model.backend()) {
+    : staged_(options.kv_stage_bytes), model_(model), runner_(runner), ws_(model.backend()) {
   const model::ModelConfig& c = model.config();
   AFD_CHECK(options.num_kv_blocks > 0, "the engine needs KV cache blocks (num_kv_blocks {})",
             options.num_kv_blocks);
@@ -180,33 +180,38 @@ void Engine::ImportRows(int64_t index, int64_t seq, int64_t cached) {
   live.params.imported_kv.reset();  // written: the host copy is not needed any more
 }
 
-KvRows Engine::ExportHeldKv(uint64_t id) const {
-  const auto it = held_.find(id);
-  AFD_CHECK(it != held_.end(),
-            "request {} holds no KV rows (unknown, already released, or past its hold timeout)",
-            id);
+std::shared_ptr<const KvRows> Engine::ReadRows(int64_t cache_seq, int64_t positions) const {
   const kv::CacheShape& shape = cache_->shape();
-  KvRows kv;
-  kv.num_layers = shape.num_layers;
-  kv.row_width = shape.row_width;
-  kv.positions = it->second.positions;
-  kv.dtype = shape.dtype;
-  kv.bytes.resize(kv.expected_bytes());
+  auto kv = std::make_shared<KvRows>();
+  kv->num_layers = shape.num_layers;
+  kv->row_width = shape.row_width;
+  kv->positions = positions;
+  kv->dtype = shape.dtype;
+  kv->bytes.resize(kv->expected_bytes());
   const int64_t row_bytes = shape.row_width * static_cast<int64_t>(DTypeSize(shape.dtype));
   kernels::Backend& backend = model_.backend();
-  const std::vector<int32_t>& blocks = cache_->block_table(it->second.cache_seq);
+  const std::vector<int32_t>& blocks = cache_->block_table(cache_seq);
   for (int64_t l = 0; l < shape.num_layers; ++l) {
     const Tensor layer = cache_->Layer(l);
-    char* rows = kv.bytes.data() + l * kv.positions * row_bytes;
-    ForEachBlockRun(blocks, shape.block_size, kv.positions,
-                    [&](int64_t p, int64_t slot, int64_t n) {
-                      backend.CopyToHost(rows + p * row_bytes, layer.Rows(slot, n));
-                    });
+    char* rows = kv->bytes.data() + l * positions * row_bytes;
+    ForEachBlockRun(blocks, shape.block_size, positions, [&](int64_t p, int64_t slot, int64_t n) {
+      backend.CopyToHost(rows + p * row_bytes, layer.Rows(slot, n));
+    });
   }
   return kv;
 }
 
+std::shared_ptr<const KvRows> Engine::ExportHeldKv(uint64_t id) {
+  if (std::shared_ptr<const KvRows> staged = staged_.Find(id)) return staged;
+  const auto it = held_.find(id);
+  AFD_CHECK(it != held_.end(),
+            "request {} holds no KV rows (unknown, already released, or past its hold timeout)",
+            id);
+  return ReadRows(it->second.cache_seq, it->second.positions);
+}
+
 void Engine::ReleaseHeldKv(uint64_t id) {
+  if (staged_.Erase(id)) return;
   const auto it = held_.find(id);
   if (it == held_.end()) return;
   cache_->Release(it->second.cache_seq);
@@ -214,6 +219,7 @@ void Engine::ReleaseHeldKv(uint64_t id) {
 }
 
 void Engine::ExpireHeldKv() {
+  staged_.Expire();
   const auto now = std::chrono::steady_clock::now();
   for (auto it = held_.begin(); it != held_.end();) {
     if (it->second.deadline > now) {
@@ -227,7 +233,7 @@ void Engine::ExpireHeldKv() {
 
 void Engine::Add(uint64_t id, RequestParams params) {
   AFD_CHECK(!index_of_.count(id), "request id {} is already live", id);
-  if (!held_.empty()) ExpireHeldKv();  // a new request may need the blocks
+  ExpireHeldKv();  // a new request may need the blocks
   const std::string problem = Check(params);
   if (!problem.empty()) {
     pending_.push_back(RequestOutput::Rejected(id, problem));
@@ -278,14 +284,14 @@ EngineStats Engine::stats() const {
   s.kv_blocks_total = cache_->shape().num_blocks;
   s.num_preemptions = scheduler_->num_preemptions();
   s.steps = steps_;
-  s.kv_held = static_cast<int64_t>(held_.size());
+  s.kv_held = static_cast<int64_t>(held_.size()) + staged_.count();
   return s;
 }
 
 std::vector<RequestOutput> Engine::Step() {
   std::vector<RequestOutput> out = std::move(pending_);
   pending_.clear();
-  if (!held_.empty()) ExpireHeldKv();
+  ExpireHeldKv();
   const auto start = std::chrono::steady_clock::now();
   if (!inflight_) {
     if (!scheduler_->HasWork()) return out;
@@ -501,10 +507,20 @@ void Engine::Complete(Launched& L, std::vector<RequestOutput>& out,
     RequestOutput& o = out[at];
     const auto hold = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
         std::chrono::duration<double>(live_.at(index).params.hold_kv_s));
-    held_[o.request_id] = {h->cache_seq, h->positions, std::chrono::steady_clock::now() + hold};
+    const auto deadline = std::chrono::steady_clock::now() + hold;
+    const kv::CacheShape& shape = cache_->shape();
+    const int64_t bytes = shape.num_layers * h->positions * shape.row_width *
+                          static_cast<int64_t>(DTypeSize(shape.dtype));
     o.kv_held = true;
     o.kv_positions = h->positions;
-    o.kv_block_ids = cache_->block_table(h->cache_seq);
+    o.kv_block_ids = cache_->block_table(h->cache_seq);  // (informative, as vLLM's block ids)
+    if (staged_.Fits(bytes)) {
+      // Staged in host memory: transfers need not wait for this thread, the blocks are free.
+      staged_.Put(o.request_id, ReadRows(h->cache_seq, h->positions), deadline);
+      cache_->Release(h->cache_seq);
+    } else {
+      held_[o.request_id] = {h->cache_seq, h->positions, deadline};
+    }
   }
   for (int64_t index : done) {
     index_of_.erase(live_.at(index).id);

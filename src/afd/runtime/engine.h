@@ -18,6 +18,7 @@
 
 #include "afd/kv/paged_cache.h"
 #include "afd/model/model.h"
+#include "afd/runtime/held_kv.h"
 #include "afd/runtime/request.h"
 #include "afd/runtime/sampler.h"
 #include "afd/runtime/scheduler.h"
@@ -45,6 +46,11 @@ struct EngineOptions {
   // outputs either way; only with a runner that takes ids from the device
   // (StepRunner::TakesDeviceIds). vLLM's --async-scheduling.
   AsyncScheduling async_scheduling = AsyncScheduling::kAuto;
+  // Host memory for the rows of finished prefill-leg requests (hold_kv_s > 0): a request's rows
+  // are copied out when it finishes, and its blocks freed, while the staged rows stay within
+  // this many bytes (HeldKvStore); past it they stay in the cache's blocks until released.
+  // 4 GiB, as vLLM's CPU KV space default.
+  int64_t kv_stage_bytes = int64_t{4} << 30;
 };
 
 // Wall time and tokens by kind of step, and the cache's use.
@@ -97,11 +103,15 @@ class Engine {
   std::vector<RequestOutput> Step();
 
   // KV transfers (prefill/decode disaggregation). The cache rows a finished request with
-  // hold_kv_s > 0 keeps, read back (the producer's side of a transfer; waits for the device).
-  // Throws afd::Error naming the request when it holds none (unknown, released or expired).
-  KvRows ExportHeldKv(uint64_t id) const;
+  // hold_kv_s > 0 keeps: staged ones at once, those left in the cache's blocks read back (waits
+  // for the device). Throws afd::Error naming the request when it holds none (unknown, released
+  // or expired).
+  std::shared_ptr<const KvRows> ExportHeldKv(uint64_t id);
   // Frees a held request's rows (after the consumer read them); unknown ids are ignored.
   void ReleaseHeldKv(uint64_t id);
+  // The staged rows, for transfers on other threads (thread-safe; rows still in the cache's
+  // blocks are not in it: those need ExportHeldKv on the engine's thread).
+  HeldKvStore& staged_kv() { return staged_; }
   // The cache's row layout: what an imported KvRows must match.
   int64_t kv_row_width() const { return cache_->shape().row_width; }
   DType kv_dtype() const { return cache_->shape().dtype; }
@@ -148,12 +158,15 @@ class Engine {
   void ImportRows(int64_t index, int64_t seq, int64_t cached);
   // Frees the held rows whose timeout passed.
   void ExpireHeldKv();
+  // Cache sequence `seq`'s first `positions` rows of every layer, read back (waits for the device).
+  std::shared_ptr<const KvRows> ReadRows(int64_t cache_seq, int64_t positions) const;
   struct Held {
     int64_t cache_seq = -1;
     int64_t positions = 0;
     std::chrono::steady_clock::time_point deadline;
   };
-  std::map<uint64_t, Held> held_;  // by request id
+  std::map<uint64_t, Held> held_;  // in the cache's blocks, by request id
+  HeldKvStore staged_;             // copied out of the cache
   void Finish(int64_t index, FinishReason reason, std::vector<RequestOutput>& out,
               const std::string& error = {});
 

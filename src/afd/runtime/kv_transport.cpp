@@ -180,13 +180,15 @@ void KvTransferServer::Serve(comm::Socket s) {
           Deadline::In(io_timeout_s_), what);
       return;
     }
-    KvRows rows;
+    std::shared_ptr<const KvRows> held;
     try {
-      rows = provide_(id);
+      held = provide_(id);
+      AFD_CHECK(held != nullptr, "request {} holds no KV rows", id);
     } catch (const std::exception& e) {  // afd::Error, or the engine going away (future_error)
       SendFrame(s, kFailed, {e.what()}, Deadline::In(io_timeout_s_), what);
       return;
     }
+    const KvRows& rows = *held;
     SendFrame(s, kRows,
               {std::to_string(rows.num_layers), std::to_string(rows.row_width),
                std::string(DTypeName(rows.dtype)), std::to_string(rows.positions),

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <functional>
 #include <list>
+#include <memory>
 #include <optional>
 #include <string>
 #include <thread>
@@ -28,7 +29,7 @@ class KvTransferServer {
  public:
   // The held rows of a request (throws afd::Error with the reason when it holds none), and
   // their release after the consumer received them. Both run on the server's threads.
-  using Provide = std::function<KvRows(uint64_t request_id)>;
+  using Provide = std::function<std::shared_ptr<const KvRows>(uint64_t request_id)>;
   using Release = std::function<void(uint64_t request_id)>;
   // Listens on bind_host:port (0: a free port); secret: nullopt accepts any client (loopback
   // tests); model: this instance's fingerprint. io_timeout_s bounds every read and write of a

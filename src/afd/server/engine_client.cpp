@@ -4,7 +4,8 @@
 
 namespace afd::server {
 
-runtime::KvRows EngineClient::ExportHeldKv(uint64_t id, double /*timeout_s*/) {
+std::shared_ptr<const runtime::KvRows> EngineClient::ExportHeldKv(uint64_t id,
+                                                                 double /*timeout_s*/) {
   AFD_THROW("request {}: KV transfers are not supported by this server's engines", id);
 }
 

@@ -70,7 +70,7 @@ class EngineClient {
   // throws afd::Error naming the request when it holds none), their release, and the model
   // and cache layout imported rows must have (valid once Ready()).
   virtual bool SupportsKvTransfer() const { return false; }
-  virtual runtime::KvRows ExportHeldKv(uint64_t id, double timeout_s);
+  virtual std::shared_ptr<const runtime::KvRows> ExportHeldKv(uint64_t id, double timeout_s);
   virtual void ReleaseHeldKv(uint64_t id);
   virtual runtime::KvLayout kv_cache_layout() const;
 };

@@ -23,9 +23,12 @@ LocalEngineClient::LocalEngineClient(const model::MoeModel& model, runtime::Step
   thread_ = std::thread([this] { Loop(); });
 }
 
-runtime::KvRows LocalEngineClient::ExportHeldKv(uint64_t id, double timeout_s) {
-  auto result = std::make_shared<std::promise<runtime::KvRows>>();
-  std::future<runtime::KvRows> done = result->get_future();
+std::shared_ptr<const runtime::KvRows> LocalEngineClient::ExportHeldKv(uint64_t id,
+                                                                      double timeout_s) {
+  // Staged rows at once, from this thread; rows left in the cache's blocks on the engine's.
+  if (std::shared_ptr<const runtime::KvRows> staged = engine_.staged_kv().Find(id)) return staged;
+  auto result = std::make_shared<std::promise<std::shared_ptr<const runtime::KvRows>>>();
+  std::future<std::shared_ptr<const runtime::KvRows>> done = result->get_future();
   {
     MutexLock lock(mu_);
     AFD_CHECK(failure_.empty() && !stop_, "request {}: no KV rows to export: {}", id,
@@ -45,6 +48,7 @@ runtime::KvRows LocalEngineClient::ExportHeldKv(uint64_t id, double timeout_s) {
 }
 
 void LocalEngineClient::ReleaseHeldKv(uint64_t id) {
+  if (engine_.staged_kv().Erase(id)) return;  // (thread-safe)
   {
     MutexLock lock(mu_);
     if (stop_) return;

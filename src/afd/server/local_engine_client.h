@@ -37,7 +37,7 @@ class LocalEngineClient : public EngineClient {
   bool Ready() const override { return Failure().empty(); }
   std::string Failure() const override;
   bool SupportsKvTransfer() const override { return true; }
-  runtime::KvRows ExportHeldKv(uint64_t id, double timeout_s) override;
+  std::shared_ptr<const runtime::KvRows> ExportHeldKv(uint64_t id, double timeout_s) override;
   void ReleaseHeldKv(uint64_t id) override;
   runtime::KvLayout kv_cache_layout() const override { return kv_layout_; }
 
@@ -53,7 +53,8 @@ class LocalEngineClient : public EngineClient {
 
   const model::MoeModel& model_;
   EngineModelInfo info_;
-  runtime::Engine engine_;  // used by the engine thread only (after construction)
+  // Used by the engine thread only (after construction), but for its thread-safe staged_kv().
+  runtime::Engine engine_;
   mutable Mutex mu_;
   std::condition_variable_any wake_;
   std::deque<Inbound> inbox_;

@@ -230,9 +230,10 @@ runtime::KvLayout ReplicaEngineClient::kv_cache_layout() const {
   return kv_layout_;
 }
 
-runtime::KvRows ReplicaEngineClient::ExportHeldKv(uint64_t id, double timeout_s) {
-  auto result = std::make_shared<std::promise<runtime::KvRows>>();
-  std::future<runtime::KvRows> done = result->get_future();
+std::shared_ptr<const runtime::KvRows> ReplicaEngineClient::ExportHeldKv(uint64_t id,
+                                                                        double timeout_s) {
+  auto result = std::make_shared<std::promise<std::shared_ptr<const runtime::KvRows>>>();
+  std::future<std::shared_ptr<const runtime::KvRows>> done = result->get_future();
   deploy::FrameConnection* conn = nullptr;
   int replica = 0;
   {
@@ -396,7 +397,7 @@ void ReplicaEngineClient::Handle(size_t connection, deploy::EngineMessage m) {
     for (auto& [callback, o] : calls) callback(o);
     return;
   } else if (m.kind == Kind::kKvRows) {
-    std::shared_ptr<std::promise<runtime::KvRows>> result;
+    std::shared_ptr<std::promise<std::shared_ptr<const runtime::KvRows>>> result;
     {
       MutexLock lock(mu_);
       const auto it = exports_.find(m.id);
@@ -405,7 +406,7 @@ void ReplicaEngineClient::Handle(size_t connection, deploy::EngineMessage m) {
       exports_.erase(it);
     }
     if (m.kv) {
-      result->set_value(std::move(*m.kv));
+      result->set_value(std::move(m.kv));
     } else {
       result->set_exception(std::make_exception_ptr(Error(m.why, __FILE__, __LINE__)));
     }

@@ -69,7 +69,7 @@ class ReplicaEngineClient : public EngineClient {
   bool Ready() const override;
   std::string Failure() const override;
   bool SupportsKvTransfer() const override { return true; }
-  runtime::KvRows ExportHeldKv(uint64_t id, double timeout_s) override;
+  std::shared_ptr<const runtime::KvRows> ExportHeldKv(uint64_t id, double timeout_s) override;
   void ReleaseHeldKv(uint64_t id) override;
   runtime::KvLayout kv_cache_layout() const override;
 
@@ -128,7 +128,8 @@ class ReplicaEngineClient : public EngineClient {
   std::condition_variable_any outgoing_cv_;
   std::map<uint64_t, Held> held_ AFD_GUARDED_BY(mu_);
   // ExportHeldKv calls waiting for their kv_rows answer, by request id.
-  std::map<uint64_t, std::shared_ptr<std::promise<runtime::KvRows>>> exports_ AFD_GUARDED_BY(mu_);
+  std::map<uint64_t, std::shared_ptr<std::promise<std::shared_ptr<const runtime::KvRows>>>> exports_
+      AFD_GUARDED_BY(mu_);
   runtime::KvLayout kv_layout_ AFD_GUARDED_BY(mu_);  // of the first hello
   bool stop_sender_ AFD_GUARDED_BY(mu_) = false;
   std::thread io_;
