@@ -7,6 +7,7 @@
 #include <httplib.h>
 
 #include <chrono>
+#include <future>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <thread>
@@ -135,6 +136,55 @@ TEST(KvTransferApi, AnUnreachableProducerFailsTheRequestNotTheServer) {
       << r.dump();
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 20);
   EXPECT_EQ(consumer.Post("/v1/completions", Request(Prompt(4), 3)).first, 200);
+}
+
+// Decode legs whose producer never answers wait on the pull threads, not on the endpoint
+// workers: with more of them in flight than there are workers, a plain request is still answered;
+// each leg ends within the transfer timeout -- a whole one as a 502, a streamed one (already
+// answered 200) as an error event and [DONE].
+TEST(KvTransferApi, SlowPullsDoNotHoldTheEndpointWorkers) {
+  KvInstance consumer(KvTransferConfig::Role::kConsumer, /*transfer_timeout_s=*/6);
+  afd::comm::Socket silent = afd::comm::Listen("127.0.0.1", 0);  // accepts, never speaks
+  json decode = Request(Prompt(8), 4);
+  decode["kv_transfer_params"] = {{"do_remote_prefill", true},
+                                  {"remote_host", "127.0.0.1"},
+                                  {"remote_port", afd::comm::LocalPort(silent)},
+                                  {"remote_request_id", 1}};
+  std::vector<std::future<std::pair<int, json>>> legs;
+  for (int i = 0; i < 6; ++i) {  // more than the 4 endpoint workers
+    legs.push_back(
+        std::async(std::launch::async, [&] { return consumer.Post("/v1/completions", decode); }));
+  }
+  json streamed = decode;
+  streamed["stream"] = true;
+  auto streamed_leg = std::async(std::launch::async, [&] {
+    httplib::Client c("127.0.0.1", consumer.server->port());
+    c.set_read_timeout(30, 0);
+    return c.Post("/v1/completions", streamed.dump(), "application/json");
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // (the legs reach their pulls)
+  // Answered long before the pulls time out (a worker is free): its own read timeout is 3 s.
+  httplib::Client plain("127.0.0.1", consumer.server->port());
+  plain.set_read_timeout(3, 0);
+  const auto r = plain.Post("/v1/completions", Request(Prompt(4), 3).dump(), "application/json");
+  ASSERT_TRUE(r) << "a plain request waited for the pulls";
+  EXPECT_EQ(r->status, 200) << r->body;
+  for (auto& leg : legs) {
+    const auto [status, body] = leg.get();
+    EXPECT_EQ(status, 502) << body.dump();
+    EXPECT_EQ(body["error"]["param"], "kv_transfer_params") << body.dump();
+  }
+  const auto s = streamed_leg.get();
+  ASSERT_TRUE(s);
+  EXPECT_EQ(s->status, 200);
+  EXPECT_NE(s->body.find("the KV transfer from the prefill instance failed"), std::string::npos)
+      << s->body;
+  EXPECT_NE(s->body.find("data: [DONE]"), std::string::npos) << s->body;
+  // Nothing is left in flight (every deferred response gave its count back).
+  for (int i = 0; i < 100 && consumer.server->num_in_flight() > 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_EQ(consumer.server->num_in_flight(), 0);
 }
 
 }  // namespace

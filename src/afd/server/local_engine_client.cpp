@@ -48,7 +48,9 @@ std::shared_ptr<const runtime::KvRows> LocalEngineClient::ExportHeldKv(uint64_t 
 }
 
 void LocalEngineClient::ReleaseHeldKv(uint64_t id) {
-  if (engine_.staged_kv().Erase(id)) return;  // (thread-safe)
+  // Staged rows are freed here at once (thread-safe); the engine's thread then frees rows left in
+  // its blocks, and its load report (kv_held) follows either way.
+  engine_.staged_kv().Erase(id);
   {
     MutexLock lock(mu_);
     if (stop_) return;

@@ -11,6 +11,7 @@
 #include "afd/server/api/handlers.h"
 #include "afd/server/api/http_server.h"
 #include "afd/server/api/http_util.h"
+#include "afd/server/api/kv_pulls.h"
 #include "afd/server/api/server_context.h"
 
 namespace afd::server {
@@ -44,6 +45,10 @@ void ApiServerOptions::Validate() const {
   AFD_CHECK(shutdown_grace_ms >= 0, "api server: shutdown_grace_ms is negative");
 }
 
+// A KV consumer's pulls at once, and those that may wait for one (past it: 503).
+constexpr int kKvPullThreads = 8;
+constexpr size_t kMaxQueuedKvPulls = 4096;
+
 using api::ApiError;
 using api::HandlerResult;
 using api::HttpRequest;
@@ -54,6 +59,7 @@ struct ApiServer::Impl {
   std::shared_ptr<api::ServerContext> ctx;
   std::unique_ptr<api::HttpServer> http;
   std::unique_ptr<runtime::KvTransferServer> kv_server;  // a KV producer's
+  std::unique_ptr<api::KvPullPool> kv_pulls;             // a KV consumer's
   std::mutex stop_mu;
   bool started = false;
   bool stopped = false;
@@ -189,6 +195,12 @@ ApiServer::ApiServer(ApiServerOptions options, EngineClient& engine,
   h.max_connections = options.max_connections;
   impl_->ctx =
       std::make_shared<api::ServerContext>(std::move(options), engine, tokenizer, chat_template);
+  const ApiServerOptions& o = impl_->ctx->options();
+  if (o.kv_transfer && o.kv_transfer->consumes()) {
+    // Decode legs pull their rows here, not on the endpoint workers (kv_pulls.h).
+    impl_->kv_pulls = std::make_unique<api::KvPullPool>(kKvPullThreads, kMaxQueuedKvPulls);
+    impl_->ctx->kv_pulls = impl_->kv_pulls.get();
+  }
   api::HttpHandlers handlers;
   Impl* impl = impl_.get();
   handlers.inline_route = [impl](const HttpRequest& req, HandlerResult* out) {
@@ -211,7 +223,7 @@ void ApiServer::Start() {
     EngineClient& engine = impl_->ctx->engine();
     AFD_CHECK(engine.SupportsKvTransfer(),
               "--kv-transfer-config: kv_role {} needs engines that hold KV rows for transfer; "
-              "an AFD deployment's attention replicas do not yet (a monolithic afd serve does)",
+              "this server's do not",
               o.kv_transfer->role == KvTransferConfig::Role::kBoth ? "kv_both" : "kv_producer");
     const double timeout = o.kv_transfer->transfer_timeout_s;
     impl_->kv_server = std::make_unique<runtime::KvTransferServer>(
@@ -247,6 +259,7 @@ void ApiServer::Stop() {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   } while (std::chrono::steady_clock::now() < deadline);
   impl_->http->Stop();
+  if (impl_->kv_pulls) impl_->kv_pulls->Stop();  // a pull under way ends within its timeout
   impl_->kv_server.reset();
 }
 

@@ -5,17 +5,18 @@
 #include "afd/server/api/chat_prompt.h"
 #include "afd/server/api/handlers.h"
 #include "afd/server/api/http_util.h"
+#include "afd/server/api/kv_pulls.h"
 #include "afd/server/api/logprobs_format.h"
 #include "afd/server/api/sampling_request.h"
 
 namespace afd::server::api {
 
-HandlerResult HandleChatCompletions(const std::shared_ptr<ServerContext>& ctx,
-                                    const HttpRequest& req) {
-  const json body = ParseBody(req.body);
-  const SamplingRequest r = ParseSamplingRequest(body, Endpoint::kChat, *ctx);
-  const PromptInput prompt = ChatPrompt(*ctx, body, /*default_add_special_tokens=*/false);
-  const std::shared_ptr<RequestRun> run = SubmitChoices(ctx, r, {prompt});
+namespace {
+
+// The request submitted (with a decode leg's pulled rows) and its response.
+HandlerResult Respond(const std::shared_ptr<ServerContext>& ctx, const SamplingRequest& r,
+                      const PromptInput& prompt, std::shared_ptr<const runtime::KvRows> imported) {
+  const std::shared_ptr<RequestRun> run = SubmitChoices(ctx, r, {prompt}, std::move(imported));
 
   const std::string id = ctx->RandomId("chatcmpl-");
   const int64_t created = static_cast<int64_t>(std::time(nullptr));
@@ -85,6 +86,18 @@ HandlerResult HandleChatCompletions(const std::shared_ptr<ServerContext>& ctx,
     return chunk;
   };
   return {{}, std::make_shared<GenerationResponse>(ctx, run, std::move(format), r.include_usage)};
+}
+
+}  // namespace
+
+HandlerResult HandleChatCompletions(const std::shared_ptr<ServerContext>& ctx,
+                                    const HttpRequest& req) {
+  const json body = ParseBody(req.body);
+  const SamplingRequest r = ParseSamplingRequest(body, Endpoint::kChat, *ctx);
+  const PromptInput prompt = ChatPrompt(*ctx, body, /*default_add_special_tokens=*/false);
+  return RunWithKvRows(ctx, r, 1, [ctx, r, prompt](std::shared_ptr<const runtime::KvRows> rows) {
+    return Respond(ctx, r, prompt, std::move(rows));
+  });
 }
 
 }  // namespace afd::server::api

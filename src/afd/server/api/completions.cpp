@@ -3,6 +3,7 @@
 
 #include "afd/server/api/handlers.h"
 #include "afd/server/api/http_util.h"
+#include "afd/server/api/kv_pulls.h"
 #include "afd/server/api/logprobs_format.h"
 #include "afd/server/api/sampling_request.h"
 
@@ -83,13 +84,11 @@ struct StreamChoice {
   int64_t text_offset = 0;
 };
 
-}  // namespace
-
-HandlerResult HandleCompletions(const std::shared_ptr<ServerContext>& ctx, const HttpRequest& req) {
-  const json body = ParseBody(req.body);
-  const SamplingRequest r = ParseSamplingRequest(body, Endpoint::kCompletions, *ctx);
-  const std::vector<PromptInput> prompts = ParsePrompts(*ctx, body);
-  const std::shared_ptr<RequestRun> run = SubmitChoices(ctx, r, prompts);
+// The request submitted (with a decode leg's pulled rows) and its response.
+HandlerResult Respond(const std::shared_ptr<ServerContext>& ctx, const SamplingRequest& r,
+                      const std::vector<PromptInput>& prompts,
+                      std::shared_ptr<const runtime::KvRows> imported) {
+  const std::shared_ptr<RequestRun> run = SubmitChoices(ctx, r, prompts, std::move(imported));
 
   const std::string id = ctx->RandomId("cmpl-");
   const int64_t created = static_cast<int64_t>(std::time(nullptr));
@@ -171,6 +170,18 @@ HandlerResult HandleCompletions(const std::shared_ptr<ServerContext>& ctx, const
     return chunk;
   };
   return {{}, std::make_shared<GenerationResponse>(ctx, run, std::move(format), r.include_usage)};
+}
+
+}  // namespace
+
+HandlerResult HandleCompletions(const std::shared_ptr<ServerContext>& ctx, const HttpRequest& req) {
+  const json body = ParseBody(req.body);
+  const SamplingRequest r = ParseSamplingRequest(body, Endpoint::kCompletions, *ctx);
+  const std::vector<PromptInput> prompts = ParsePrompts(*ctx, body);
+  return RunWithKvRows(ctx, r, prompts.size(),
+                       [ctx, r, prompts](std::shared_ptr<const runtime::KvRows> rows) {
+                         return Respond(ctx, r, prompts, std::move(rows));
+                       });
 }
 
 }  // namespace afd::server::api

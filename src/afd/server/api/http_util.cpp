@@ -3,7 +3,6 @@
 #include <chrono>
 
 #include "afd/common/error.h"
-#include "afd/runtime/kv_transport.h"
 
 namespace afd::server::api {
 
@@ -148,7 +147,8 @@ bool GenerationResponse::Pump(std::string* out, HttpResponse* response) {
 
 std::shared_ptr<RequestRun> SubmitChoices(const std::shared_ptr<ServerContext>& ctx,
                                           const SamplingRequest& r,
-                                          const std::vector<PromptInput>& prompts) {
+                                          const std::vector<PromptInput>& prompts,
+                                          std::shared_ptr<const runtime::KvRows> imported) {
   const uint64_t seed = ctx->RandomSeed();
   std::vector<runtime::RequestParams> params;
   for (const auto& prompt : prompts) {
@@ -157,27 +157,10 @@ std::shared_ptr<RequestRun> SubmitChoices(const std::shared_ptr<ServerContext>& 
   if ((r.kv.remote_decode || r.kv.remote_prefill) && params.size() != 1) {
     ThrowBadRequest("kv_transfer_params", "KV transfers take one prompt, got {}", prompts.size());
   }
-  if (r.kv.remote_prefill) {
-    // The decode leg: pull the prompt's rows from the producer (on this worker thread; the
-    // engine steps on), then compute only what they do not cover.
-    const ApiServerOptions& o = ctx->options();
-    const runtime::KvLayout expect = ctx->engine().kv_cache_layout();
-    try {
-      const auto start = std::chrono::steady_clock::now();
-      auto rows = std::make_shared<const runtime::KvRows>(
-          runtime::FetchKvRows(r.kv.remote_host, r.kv.remote_port, r.kv.remote_request_id, expect,
-                               o.kv_secret, o.kv_transfer->transfer_timeout_s));
-      ctx->metrics().OnKvPull(
-          static_cast<int64_t>(rows->bytes.size()), rows->positions,
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-      params[0].imported_kv = std::move(rows);
-    } catch (const Error& e) {
-      ctx->metrics().OnKvPullFailed();
-      throw ApiError(502,
-                     fmt::format("the KV transfer from the prefill instance failed: {}", e.what()),
-                     "kv_transfer_params");
-    }
-  }
+  // The decode leg: only what the pulled rows do not cover is computed.
+  AFD_CHECK(!r.kv.remote_prefill || imported != nullptr,
+            "a decode leg submitted without its rows (RunWithKvRows pulls them)");
+  if (r.kv.remote_prefill) params[0].imported_kv = std::move(imported);
   auto run = std::make_shared<RequestRun>(ctx, r);
   const std::unique_lock<std::mutex> admitted = ctx->AdmitRequest();
   for (auto& p : params) run->Submit(std::move(p));

@@ -26,14 +26,16 @@ HttpResponse JsonResponse(int status, const json& body);
 HttpResponse ErrorResponse(const ApiError& error, int retry_after_s);
 
 // Checks every choice's parameters, then submits n choices of each prompt (choice index =
-// prompt * n + j) in one admission.
+// prompt * n + j) in one admission; a decode leg's with its pulled rows (`imported`,
+// RunWithKvRows).
 // The kv_transfer_params a KV producer's response carries (vLLM NixlConnector's fields, plus
 // remote_request_id and num_positions): where and what to pull; null when the run held no rows.
 json KvTransferResponse(const ServerContext& ctx, const RequestRun& run);
 
-std::shared_ptr<RequestRun> SubmitChoices(const std::shared_ptr<ServerContext>& ctx,
-                                          const SamplingRequest& r,
-                                          const std::vector<PromptInput>& prompts);
+std::shared_ptr<RequestRun> SubmitChoices(
+    const std::shared_ptr<ServerContext>& ctx, const SamplingRequest& r,
+    const std::vector<PromptInput>& prompts,
+    std::shared_ptr<const runtime::KvRows> imported = nullptr);
 
 // The ApiError for a run whose choice failed: 400 for a request the engine refused, 503 when
 // the server is shutting down, else 500.

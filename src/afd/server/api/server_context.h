@@ -21,6 +21,8 @@
 
 namespace afd::server::api {
 
+class KvPullPool;
+
 class ServerContext {
  public:
   ServerContext(ApiServerOptions options, EngineClient& engine, const text::Tokenizer* tokenizer,
@@ -58,6 +60,9 @@ class ServerContext {
   // engine id its responses announce (kv_transfer_config.engine_id, else a random one).
   std::atomic<int> kv_port{0};
   const std::string& kv_engine_id() const { return kv_engine_id_; }
+  // A KV consumer's pull threads (kv_pulls.h; set by ApiServer before it starts, null for other
+  // servers).
+  KvPullPool* kv_pulls = nullptr;
 
  private:
   ApiServerOptions options_;
