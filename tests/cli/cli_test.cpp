@@ -304,6 +304,24 @@ TEST(Cli, BenchDecodeOnATopology) {
   EXPECT_NE(shape.out.find("expected xAyF"), std::string::npos) << shape.out;
 }
 
+// --context-mix: one batch of COUNTxTOKENS sequences, in the report's header; malformed, or
+// beside --batch or --topology, refused naming it.
+TEST(Cli, BenchDecodeContextMix) {
+  const Result ok = RunAfd("bench decode --model preset:tiny --context-mix 1x40,2x8 --steps 2");
+  EXPECT_EQ(ok.exit_code, 0) << ok.out;
+  EXPECT_NE(ok.out.find("context mix 1x40+2x8"), std::string::npos) << ok.out;
+  const Result json =
+      RunAfd("bench decode --model preset:tiny --context-mix 1x40,2x8 --steps 2 --json");
+  EXPECT_NE(json.out.find("\"context_mix\":[[1,40],[2,8]]"), std::string::npos) << json.out;
+  EXPECT_NE(json.out.find("\"batch\":3"), std::string::npos) << json.out;
+  for (const char* bad : {"--context-mix 1y40", "--context-mix 0x40", "--context-mix 1x40,",
+                          "--context-mix 1x40 --batch 3", "--context-mix 1x40 --topology 1A1F"}) {
+    const Result r = RunAfd(std::string("bench decode --model preset:tiny ") + bad);
+    EXPECT_EQ(r.exit_code, 2) << bad << ": " << r.out;
+    EXPECT_NE(r.out.find("--context-mix"), std::string::npos) << bad << ": " << r.out;
+  }
+}
+
 // --kernel-trace follows CUDA graph replays: the CPU backend (no kernels) and eager steps are
 // refused with the reason.
 TEST(Cli, KernelTraceNeedsGraphReplays) {

@@ -77,6 +77,44 @@ TEST(BenchDecode, PrefillInWavesStillTimesTheWholeBatch) {
   EXPECT_THROW(BenchDecode(model, o), Error);
 }
 
+// --context-mix: one row of sequences of different lengths (prefilled in waves like any batch);
+// the floor's bytes count each sequence's own cache: a mix of 1 x 200 + 3 x 10 reads 190 rows
+// per layer more a step than 4 x 10, the same weights; the prefill FLOPs weighted by tokens.
+TEST(BenchDecode, AContextMixIsOneBatchOfItsLengths) {
+  kernels::cpu::CpuBackend cpu;
+  const model::MoeModel model = TinyModel(cpu);
+  BenchDecodeOptions o;
+  o.steps = 3;
+  o.prefill_tokens_per_step = 64;  // the long prompt a wave of its own
+  o.context_mix = {{1, 200}, {3, 10}};
+  const BenchDecodeResult mix = BenchDecode(model, o);
+  ASSERT_EQ(mix.rows.size(), 1u);
+  EXPECT_EQ(mix.rows[0].batch, 4);
+  EXPECT_NEAR(mix.rows[0].tokens_per_s, 1e3 * 4 / mix.rows[0].ms_per_step,
+              1e-6 * mix.rows[0].tokens_per_s);
+  o.context_mix.clear();
+  o.batch_sizes = {4};
+  o.context = 10;
+  const BenchDecodeResult uniform = BenchDecode(model, o);
+  const kv::CacheShape shape = model.CacheShape(1);
+  const double row_bytes = static_cast<double>(shape.row_width) * DTypeSize(shape.dtype) *
+                           model.config().num_hidden_layers;
+  EXPECT_NEAR(mix.rows[0].bytes_per_step - uniform.rows[0].bytes_per_step, 190 * row_bytes, 1e-6);
+  const double flops =
+      (200 * PrefillFlopsPerToken(model, 200) + 30 * PrefillFlopsPerToken(model, 10)) / 230;
+  EXPECT_NEAR(mix.rows[0].prefill_tflops, mix.rows[0].prefill_tokens_per_s * flops / 1e12,
+              1e-9 * mix.rows[0].prefill_tflops);
+  o.context_mix = {{1, 5000}};  // past tiny's 4,096 positions
+  try {
+    BenchDecode(model, o);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("a prompt of 5000 tokens"), std::string::npos) << e.what();
+  }
+  o.context_mix = {{0, 10}};
+  EXPECT_THROW(BenchDecode(model, o), Error);
+}
+
 // A CPU backend that reports one op of 2 ms for every forward profiled (each turns it on).
 class ProfilingCpu : public kernels::cpu::CpuBackend {
  public:

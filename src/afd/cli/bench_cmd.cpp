@@ -31,6 +31,8 @@ struct BenchArgs {
   std::string quantization;  // --quantization
   int cuda_device = 0;
   std::string batch = "1,16,64,256";
+  bool batch_given = false;
+  std::string context_mix;       // --context-mix COUNTxLEN,...
   std::string cuda_graph_sizes;  // empty: the default capture sizes
   int64_t num_layers = 0;
   runtime::BenchDecodeOptions options;
@@ -42,6 +44,33 @@ struct BenchArgs {
   int data_parallel_size = 0;
   bool enable_expert_parallel = false;
 };
+
+// --context-mix "1x16384,63x128": (count, prompt tokens) pairs.
+std::vector<std::pair<int64_t, int64_t>> ParseContextMix(const std::string& text) {
+  std::vector<std::pair<int64_t, int64_t>> mix;
+  size_t pos = 0;
+  while (pos <= text.size()) {
+    const size_t comma = text.find(',', pos);
+    const std::string item = text.substr(pos, comma == std::string::npos ? comma : comma - pos);
+    const size_t x = item.find('x');
+    long long count = 0, len = 0;
+    size_t used_count = 0, used_len = 0;
+    try {
+      AFD_CHECK(x != std::string::npos, "no x");
+      count = std::stoll(item.substr(0, x), &used_count);
+      len = std::stoll(item.substr(x + 1), &used_len);
+    } catch (const std::exception&) {
+      AFD_THROW("--context-mix \"{}\": \"{}\" is not COUNTxTOKENS (e.g. 1x16384,63x128)", text,
+                item);
+    }
+    AFD_CHECK(used_count == x && used_len == item.size() - x - 1 && count >= 1 && len >= 1,
+              "--context-mix \"{}\": \"{}\" is not COUNTxTOKENS with both >= 1", text, item);
+    mix.emplace_back(count, len);
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
+  }
+  return mix;
+}
 
 std::vector<int64_t> ParseList(const std::string& text, const char* flag) {
   std::vector<int64_t> v;
@@ -95,6 +124,7 @@ nlohmann::ordered_json JsonHead(const BenchArgs& a, const std::string& device) {
   j["model"] = a.model;
   j["device"] = device;
   j["context"] = a.options.context;
+  if (!a.options.context_mix.empty()) j["context_mix"] = a.options.context_mix;
   j["steps"] = a.options.steps;
   return j;
 }
@@ -193,6 +223,9 @@ void Run(BenchArgs a, int& exit_code) {
   if (!a.deployment.topology.empty() || a.deployment.expert_parallel_size > 0) {
     std::vector<int64_t> batches;
     try {
+      AFD_CHECK(a.context_mix.empty(),
+                "--context-mix is a one-process option (for now): leave it "
+                "out with --topology or --data-parallel-size");
       batches = ParseList(a.batch, "--batch");
       AFD_CHECK(!a.options.profile && !a.options.kernel_trace && a.kernel_trace_csv.empty() &&
                     a.cuda_graph_sizes.empty(),
@@ -212,6 +245,10 @@ void Run(BenchArgs a, int& exit_code) {
     AFD_CHECK(a.deployment.cuda_devices.empty(),
               "--cuda-devices places the ranks of --topology; one process takes --cuda-device");
     a.options.batch_sizes = ParseList(a.batch, "--batch");
+    if (!a.context_mix.empty()) {
+      AFD_CHECK(!a.batch_given, "--context-mix sets the batch: leave out --batch");
+      a.options.context_mix = ParseContextMix(a.context_mix);
+    }
     if (!a.kernel_trace_csv.empty()) {
       a.options.kernel_trace = true;
       AFD_CHECK(std::ofstream(a.kernel_trace_csv).good(),
@@ -258,8 +295,16 @@ void Run(BenchArgs a, int& exit_code) {
     }
     std::cout << j.dump() << "\n";
   } else {
-    std::cout << fmt::format("{} | {} | context {} | copy {:.0f} GB/s\n", a.model, r.device,
-                             a.options.context, r.copy_gb_per_s);
+    std::string context = fmt::format("context {}", a.options.context);
+    if (!a.options.context_mix.empty()) {
+      context = "context mix ";
+      for (size_t i = 0; i < a.options.context_mix.size(); ++i) {
+        context += fmt::format("{}{}x{}", i == 0 ? "" : "+", a.options.context_mix[i].first,
+                               a.options.context_mix[i].second);
+      }
+    }
+    std::cout << fmt::format("{} | {} | {} | copy {:.0f} GB/s\n", a.model, r.device, context,
+                             r.copy_gb_per_s);
     // host ms: the step's time not spent in its forward on the device (scheduling, uploads,
     // sampling, reading the ids back: with graphs, the host time not overlapped with the GPU).
     std::cout << "batch  ms/step  host ms  tokens/s  GB/step  floor ms  x floor  prefill tok/s"
@@ -417,7 +462,11 @@ void AddBenchCommand(CLI::App& app, int& exit_code) {
   AddQuantizationOption(decode, a->quantization);
   decode->add_option("--cuda-device", a->cuda_device, "CUDA device ordinal")
       ->check(CLI::NonNegativeNumber);
-  decode->add_option("--batch", a->batch, "Batch sizes, comma-separated (default 1,16,64,256)");
+  decode->add_option("--batch", a->batch, "Batch sizes, comma-separated (default 1,16,64,256)")
+      ->each([a](const std::string&) { a->batch_given = true; });
+  decode->add_option("--context-mix", a->context_mix,
+                     "One batch of sequences of different lengths instead of --batch x "
+                     "--context: COUNTxTOKENS, comma-separated (e.g. 1x16384,63x128)");
   decode->add_option("--context", a->options.context, "Prompt tokens per sequence (default 128)")
       ->check(Positive());
   decode->add_option("--steps", a->options.steps, "Timed decode steps (default 32)")

@@ -157,22 +157,57 @@ double MeasureCopyBandwidth(kernels::Backend& backend) {
   return best;
 }
 
+namespace {
+
+// The prefill waves of a batch's prompts (lengths in order): whole prompts, as many as fit
+// `budget` tokens a wave (at least one); each wave's tokens.
+std::vector<int64_t> Waves(const std::vector<int64_t>& lengths, int64_t budget) {
+  std::vector<int64_t> waves;
+  for (int64_t len : lengths) {
+    if (waves.empty() || (waves.back() + len > budget)) {
+      waves.push_back(len);
+    } else {
+      waves.back() += len;
+    }
+  }
+  return waves;
+}
+
+}  // namespace
+
 BenchDecodeResult BenchDecode(const model::MoeModel& model, const BenchDecodeOptions& o) {
   const model::ModelConfig& c = model.config();
-  AFD_CHECK(!o.batch_sizes.empty(), "bench decode: no batch sizes");
   AFD_CHECK(o.context >= 1 && o.steps >= 1,
             "bench decode: --context {} and --steps {} must be >= 1", o.context, o.steps);
   AFD_CHECK(o.prefill_tokens_per_step >= 1, "bench decode: prefill_tokens_per_step {} must be >= 1",
             o.prefill_tokens_per_step);
-  // Prompts per prefill wave; a sequence of an early wave decodes one token in each later wave.
-  const int64_t per_wave = std::max<int64_t>(1, o.prefill_tokens_per_step / o.context);
-  int64_t most_waves = 1;
-  for (int64_t b : o.batch_sizes) most_waves = std::max(most_waves, (b + per_wave - 1) / per_wave);
-  AFD_CHECK(o.context + kWarmupSteps + o.steps + most_waves + 1 <= c.max_position_embeddings,
-            "bench decode: --context {} + --steps {} (+ {} warm-up steps, + {} tokens decoded "
-            "while later prompts prefill, + 2: the prefill's token and the step after the "
-            "timed ones) exceed max_position_embeddings {}",
-            o.context, o.steps, kWarmupSteps, most_waves - 1, c.max_position_embeddings);
+  // Each row's batch: its sequences' prompt lengths.
+  std::vector<std::vector<int64_t>> batches;
+  if (o.context_mix.empty()) {
+    AFD_CHECK(!o.batch_sizes.empty(), "bench decode: no batch sizes");
+    for (int64_t b : o.batch_sizes) {
+      AFD_CHECK(b >= 1, "bench decode: batch size {} must be >= 1", b);
+      batches.emplace_back(b, o.context);
+    }
+  } else {
+    std::vector<int64_t> mix;
+    for (const auto& [count, len] : o.context_mix) {
+      AFD_CHECK(count >= 1 && len >= 1,
+                "bench decode: --context-mix {}x{}: counts and lengths must be >= 1", count, len);
+      mix.insert(mix.end(), count, len);
+    }
+    batches.push_back(std::move(mix));
+  }
+  // A sequence of an early prefill wave decodes one token in each later wave.
+  for (const std::vector<int64_t>& lengths : batches) {
+    const int64_t waves = static_cast<int64_t>(Waves(lengths, o.prefill_tokens_per_step).size());
+    const int64_t longest = *std::max_element(lengths.begin(), lengths.end());
+    AFD_CHECK(longest + kWarmupSteps + o.steps + waves + 1 <= c.max_position_embeddings,
+              "bench decode: a prompt of {} tokens + --steps {} (+ {} warm-up steps, + {} tokens "
+              "decoded while later prompts prefill, + 2: the prefill's token and the step after "
+              "the timed ones) exceed max_position_embeddings {}",
+              longest, o.steps, kWarmupSteps, waves - 1, c.max_position_embeddings);
+  }
   AFD_CHECK(!o.kernel_trace || (!o.profile && !o.graphs.enforce_eager),
             "bench decode: a kernel trace follows the CUDA graph replays of the timed steps: "
             "not with --profile or --enforce-eager (eager steps)");
@@ -188,22 +223,29 @@ BenchDecodeResult BenchDecode(const model::MoeModel& model, const BenchDecodeOpt
   const kv::CacheShape shape = model.CacheShape(1);
   const double kv_row_bytes = static_cast<double>(shape.row_width) * DTypeSize(shape.dtype) *
                               static_cast<double>(c.num_hidden_layers);
-  for (int64_t b : o.batch_sizes) {
-    AFD_CHECK(b >= 1, "bench decode: batch size {} must be >= 1", b);
-    const int64_t waves = (b + per_wave - 1) / per_wave;
+  for (const std::vector<int64_t>& lengths : batches) {
+    const int64_t b = static_cast<int64_t>(lengths.size());
+    const std::vector<int64_t> wave_tokens = Waves(lengths, o.prefill_tokens_per_step);
+    const int64_t waves = static_cast<int64_t>(wave_tokens.size());
     EngineOptions eo;
-    eo.num_kv_blocks = b * shape.BlocksFor(o.context + kWarmupSteps + o.steps + waves + 1);
-    // Room for a wave's prompts beside every running sequence's decode token.
-    eo.max_num_batched_tokens = per_wave * o.context + b;
+    eo.num_kv_blocks = 0;
+    for (int64_t len : lengths) {
+      eo.num_kv_blocks += shape.BlocksFor(len + kWarmupSteps + o.steps + waves + 1);
+    }
+    // Room for a wave's prompts beside every running sequence's decode token (the engine admits
+    // prompts in order while they fit, so it never takes more waves than these).
+    eo.max_num_batched_tokens = *std::max_element(wave_tokens.begin(), wave_tokens.end()) + b;
     eo.async_scheduling = o.async_scheduling;
     {
       // A first wave's prefill, untimed: the first launch of each kernel a prefill needs loads
       // its module (CUDA's lazy loading: ~40 ms for a cuBLAS GEMM's the first time), which a
       // server pays once, not per prefill.
       Engine warm_engine(model, runner, eo);
-      for (int64_t s = 0; s < std::min(b, per_wave); ++s) {
+      int64_t first_wave = 0;
+      for (int64_t s = 0; s < b && first_wave + lengths[s] <= wave_tokens[0]; ++s) {
+        first_wave += lengths[s];
         RequestParams p;
-        p.prompt.resize(o.context);
+        p.prompt.resize(lengths[s]);
         for (int32_t& t : p.prompt) t = id(rng);
         p.max_tokens = 1;
         p.ignore_eos = true;
@@ -224,7 +266,7 @@ BenchDecodeResult BenchDecode(const model::MoeModel& model, const BenchDecodeOpt
     Engine engine(model, runner, eo);
     for (int64_t s = 0; s < b; ++s) {
       RequestParams p;
-      p.prompt.resize(o.context);
+      p.prompt.resize(lengths[s]);
       for (int32_t& t : p.prompt) t = id(rng);
       // The first token comes from the prefill step, then the warm-up and the timed steps.
       // Long enough for the first wave, which decodes while the later ones prefill, and for
@@ -291,13 +333,19 @@ BenchDecodeResult BenchDecode(const model::MoeModel& model, const BenchDecodeOpt
     row.device_ms_per_step = 1e3 * model.backend().TakeTimedSeconds() / static_cast<double>(steps);
     row.tokens_per_s = (st.decode_tokens - warm.decode_tokens) / std::max(seconds, 1e-12);
     // KV read by the average timed step: each sequence's cache at mid-run length.
-    row.bytes_per_step =
-        WeightBytes(model, b) + b * (o.context + kWarmupSteps + o.steps / 2.0) * kv_row_bytes;
+    row.bytes_per_step = WeightBytes(model, b);
+    double prompt_tokens = 0, prefill_flops = 0;
+    for (int64_t len : lengths) {
+      row.bytes_per_step += (len + kWarmupSteps + o.steps / 2.0) * kv_row_bytes;
+      prompt_tokens += static_cast<double>(len);
+      prefill_flops += static_cast<double>(len) * PrefillFlopsPerToken(model, len);
+    }
     row.floor_ms = 1e3 * row.bytes_per_step / (result.copy_gb_per_s * 1e9);
     // Prefill steps, and the mixed ones of later waves (their few decode tokens included).
     row.prefill_tokens_per_s = (st.prefill_tokens + st.mixed_prefill_tokens) /
                                std::max(st.prefill_seconds + st.mixed_seconds, 1e-12);
-    row.prefill_tflops = row.prefill_tokens_per_s * PrefillFlopsPerToken(model, o.context) / 1e12;
+    // (FLOPs per token: the prompts' own, weighted by their tokens.)
+    row.prefill_tflops = row.prefill_tokens_per_s * prefill_flops / prompt_tokens / 1e12;
     result.rows.push_back(row);
   }
   return result;

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "afd/kernels/backend.h"
@@ -24,7 +25,11 @@ namespace afd::runtime {
 
 struct BenchDecodeOptions {
   std::vector<int64_t> batch_sizes = {1, 16, 64, 256};
-  int64_t context = 128;    // prompt tokens of each sequence
+  int64_t context = 128;  // prompt tokens of each sequence
+  // Sequences of different lengths in one batch, as (count, prompt tokens) pairs (e.g. 1 of
+  // 16,384 and 63 of 128: a long chat beside short ones): one row of that batch, instead of
+  // batch_sizes x context. The floor counts each sequence's own cache.
+  std::vector<std::pair<int64_t, int64_t>> context_mix;
   int64_t steps = 32;       // timed decode steps
   uint64_t seed = 0;        // prompt ids
   CudaGraphOptions graphs;  // decode steps replay CUDA graphs unless graphs.enforce_eager
