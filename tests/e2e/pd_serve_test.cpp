@@ -227,6 +227,52 @@ TEST(PdServe, AnAfdDeploymentPrefills) {
   std::filesystem::remove_all(dir);
 }
 
+// Attention tensor parallelism on both sides: a 2A1F producer and a 2A1F consumer, each one
+// replica of TP 2. The producer's TP rank 0 exports (every rank's cache holds every row) and
+// all its ranks release; the consumer's rows reach both of its ranks in the submit frame.
+TEST(PdServe, TensorParallelReplicasProduceAndConsume) {
+  const std::string dir = ::testing::TempDir() + "/pd_tp_" + std::to_string(getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  unsetenv("AFD_JOIN_SECRET");
+  unsetenv("AFD_JOIN_SECRET_FILE");
+  const std::string kUp = "the OpenAI API is up on http://127.0.0.1:";
+  std::vector<std::unique_ptr<Subprocess>> procs;
+  const std::string producer = R"({"kv_connector": "AfdKvConnector", "kv_role": "kv_producer", )"
+                               R"("kv_port": )" +
+                               std::to_string(comm::PickRendezvousPort()) + "}";
+  procs.push_back(
+      Start({"launch", "--model", "preset:tiny", "--topology", "2A1F", "--attention-tp", "2",
+             "--host", "127.0.0.1", "--port", "0", "--kv-transfer-config", producer},
+            dir + "/p.log"));
+  procs.push_back(Start({"launch", "--model", "preset:tiny", "--topology", "2A1F", "--attention-tp",
+                         "2", "--host", "127.0.0.1", "--port", "0", "--kv-transfer-config",
+                         R"({"kv_connector": "AfdKvConnector", "kv_role": "kv_consumer"})"},
+                        dir + "/d.log"));
+  std::vector<int> api_ports;
+  for (const char* name : {"p", "d"}) {
+    const std::string log = dir + "/" + name + ".log";
+    api_ports.push_back(LoggedPort(log, kUp, 120));
+    ASSERT_GT(api_ports.back(), 0) << testing_util::ReadFile(log);
+  }
+  procs.push_back(Start({"proxy", "--port", "0", "--prefiller-ports", std::to_string(api_ports[0]),
+                         "--decoder-ports", std::to_string(api_ports[1])},
+                        dir + "/proxy.log"));
+  const int proxy = LoggedPort(dir + "/proxy.log", "listening on http://127.0.0.1:", 30);
+  ASSERT_GT(proxy, 0) << testing_util::ReadFile(dir + "/proxy.log");
+  ExpectReferenceOutputs(proxy, Prompts(6));
+  for (int port : api_ports) {
+    EXPECT_TRUE(PollUntil(10, [&] {
+      return Metric(Get(port, "/metrics").raw, "vllm:kv_cache_usage_perc") == 0;
+    })) << Get(port, "/metrics").raw;
+  }
+  for (size_t i = procs.size(); i-- > 0;) procs[i]->Kill(SIGTERM);
+  for (size_t i = 0; i < procs.size(); ++i) {
+    EXPECT_EQ(procs[i]->Wait(Deadline::In(60)), std::optional<int>(0)) << "process " << i;
+  }
+  std::filesystem::remove_all(dir);
+}
+
 // Seed 004's 2P1A1F on this host through recipes/pd_2p1a1f.sh, on the CPU: five processes,
 // the decoder a 1A1F deployment; SIGTERM to the script stops them all, exit 0.
 TEST(PdServe, TheTwoPrefillOneAttentionOneFfnRecipe) {
