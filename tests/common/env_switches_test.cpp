@@ -32,24 +32,24 @@ TEST(EnvSwitches, SortedUniqueAndComplete) {
 
 TEST(EnvSwitches, ReadsOnlyRegisteredNames) {
   EXPECT_THROW(EnvValue("AFD_NO_SUCH_SWITCH"), Error);
-  ::unsetenv("AFD_MLA_SPLITS");
-  EXPECT_EQ(EnvValue("AFD_MLA_SPLITS"), std::nullopt);
-  EXPECT_EQ(EnvCount("AFD_MLA_SPLITS", 64), 0);
-  ::setenv("AFD_MLA_SPLITS", "7", 1);
-  EXPECT_EQ(EnvCount("AFD_MLA_SPLITS", 64), 7);
-  EXPECT_FALSE(EnvOff("AFD_MLA_SPLITS"));
+  ::unsetenv("AFD_MLA_WG");
+  EXPECT_EQ(EnvValue("AFD_MLA_WG"), std::nullopt);
+  EXPECT_EQ(EnvCount("AFD_MLA_WG", 64), 0);
+  ::setenv("AFD_MLA_WG", "7", 1);
+  EXPECT_EQ(EnvCount("AFD_MLA_WG", 64), 7);
+  EXPECT_FALSE(EnvOff("AFD_MLA_WG"));
   for (const char* bad : {"0", "65", "3x", "-1"}) {
-    ::setenv("AFD_MLA_SPLITS", bad, 1);
+    ::setenv("AFD_MLA_WG", bad, 1);
     try {
-      EnvCount("AFD_MLA_SPLITS", 64);
+      EnvCount("AFD_MLA_WG", 64);
       ADD_FAILURE() << bad << " accepted";
     } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("AFD_MLA_SPLITS"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("AFD_MLA_WG"), std::string::npos) << e.what();
     }
   }
-  ::setenv("AFD_MLA_SPLITS", "", 1);
-  EXPECT_EQ(EnvCount("AFD_MLA_SPLITS", 64), 0);  // empty: as unset
-  ::unsetenv("AFD_MLA_SPLITS");
+  ::setenv("AFD_MLA_WG", "", 1);
+  EXPECT_EQ(EnvCount("AFD_MLA_WG", 64), 0);  // empty: as unset
+  ::unsetenv("AFD_MLA_WG");
   ::setenv("AFD_PDL", "0", 1);
   EXPECT_TRUE(EnvOff("AFD_PDL"));
   ::unsetenv("AFD_PDL");

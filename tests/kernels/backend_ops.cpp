@@ -1620,7 +1620,7 @@ std::vector<Case> PerfCases() {
                  [seqs](Ctx& c) { return MlaDecodePerf(c, seqs, 1024, true, DType::kBF16); }});
   }
   // The tiled kernel (bf16 cache) at small batch and short contexts, where the split count
-  // trades a merge for parallel tiles (AFD_MLA_SPLITS forces one).
+  // trades a merge for parallel tiles (--mla-splits forces one).
   for (int64_t seqs : {1, 4, 16}) {
     for (int64_t ctx : {129, 256, 512}) {
       v.push_back(
@@ -1661,6 +1661,7 @@ int Main(int argc, char** argv) {
   bool perf = false;
   int iters = 20;
   std::string only_op, only_case, only_backend;
+  Backend::FormOverrides forms;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--perf") {
@@ -1673,10 +1674,16 @@ int Main(int argc, char** argv) {
       only_case = argv[++i];
     } else if (a == "--backend" && i + 1 < argc) {
       only_backend = argv[++i];
+    } else if (a == "--mla-splits" && i + 1 < argc) {
+      forms.mla_splits = std::atoi(argv[++i]);
+    } else if (a == "--mla-bufs" && i + 1 < argc) {
+      forms.mla_bufs = std::atoi(argv[++i]);
     } else {
       std::fprintf(stderr,
                    "usage: backend_ops_test [--perf [--iters N]] [--op NAME] [--case TEXT] "
-                   "[--backend cpu|cuda]\n(--op, --case: the cases whose op / shape contain it)\n");
+                   "[--backend cpu|cuda] [--mla-splits N] [--mla-bufs N]\n(--op, --case: the "
+                   "cases whose op / shape contain it; --mla-*: forms forced, "
+                   "Backend::FormOverrides)\n");
       return 2;
     }
   }
@@ -1694,6 +1701,7 @@ int Main(int argc, char** argv) {
     // Checks: the launch mode of a small decode step (a GPU's programmatic dependent launch,
     // where a kernel reading before its predecessor finished would show); perf: the plain one.
     if (!perf) backend->SetStepRows(1);
+    backend->SetFormOverrides(forms);
     Ctx ctx{*backend};
     ctx.perf = perf;
     ctx.iters = iters;

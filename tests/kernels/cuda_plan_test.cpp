@@ -61,6 +61,16 @@ TEST(MlaSplitsTiles, FewTokensSpreadLongContextsManyTokensDoNot) {
   EXPECT_EQ(MlaSplits(8192, 16, 1024, true, kSms), 1);
 }
 
+// A forced count (Backend::FormOverrides: bench flags) is taken, but never past one split per
+// tile or chunk, nor past 64.
+TEST(MlaSplitsForced, TakenWithinTheTilesOrChunks) {
+  EXPECT_EQ(MlaSplits(1, 16, 1024, true, kSms, 3), 3);
+  EXPECT_EQ(MlaSplits(256, 16, 1024, true, kSms, 4), 4);  // where the choice would be 1
+  EXPECT_EQ(MlaSplits(1, 16, 100, true, kSms, 8), 2);     // two 64-row tiles
+  EXPECT_EQ(MlaSplits(1, 16, 100, false, kSms, 64), 7);   // seven 16-row chunks
+  EXPECT_EQ(MlaSplits(1, 16, 100000, false, kSms, 64), 64);
+}
+
 TEST(MlaSplitsChunks, AtMostTheChunksAndSixtyFour) {
   EXPECT_EQ(MlaSplits(1, 16, 16, false, kSms), 1);  // one 16-row chunk
   EXPECT_EQ(MlaSplits(1, 16, 100000, false, kSms), 64);
@@ -131,7 +141,7 @@ TEST(MoePermuteScratch, BlocksOnlyForManySlots) {
 // A forced form from the environment: unset or empty is 0 (the launcher's own choice), 1..max
 // taken, anything else refused with the variable's name.
 TEST(ChoiceCount, TakesOneToMaxAndRefusesTheRest) {
-  constexpr const char* kName = "AFD_MLA_BUFS";  // a registered count of 1..2
+  constexpr const char* kName = "AFD_MLA_WG";  // a registered count (1: the form wherever it runs)
   unsetenv(kName);
   EXPECT_EQ(ChoiceCount(kName, 2), 0);
   for (const auto& [v, want] :

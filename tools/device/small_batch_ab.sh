@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call for decode at small batch, each choice against its alternative in the same
 # call: backend_ops_test (cpu + cuda); the tiled MLA kernel's split count (`--perf --op
-# MlaAttention` at 1-16 tokens x context 129-1024, the default choice, then AFD_MLA_SPLITS=s
+# MlaAttention` at 1-16 tokens x context 129-1024, the default choice, then --mla-splits s
 # forced); the fp32 GEMV of 9-16 rows (the router gate) against cuBLAS (AFD_GEMV_F32_CHUNKS=0);
 # `afd bench decode` (graphs) by default, with AFD_GEMV_F32_CHUNKS=0 and with AFD_ROUTER_PERMUTE=0
 # (the router's grouping of the slots off; a binary without it runs the default again: the
@@ -17,16 +17,16 @@ HERE=$(dirname "$(readlink -f "$0")")
 DEV=${DEVICE:-cuda}
 echo "== backend_ops_test"
 "$BIN/backend_ops_test" 2>&1 | grep -vE " OK $" | tail -6
-mla() {
-  "$BIN/backend_ops_test" --perf --op MlaAttention --backend "$DEV" 2>&1 |
+mla() {  # [backend_ops_test flags]
+  "$BIN/backend_ops_test" --perf --op MlaAttention --backend "$DEV" "$@" 2>&1 |
     grep -E "decode (1|4|16) x ctx (129|256|512|1024), 16 heads, tf32, bf16 cache" |
     sed -E 's/ +MlaAttention +decode/  decode/; s/, 16 heads, tf32, bf16 cache//'
 }
 echo "== MlaAttention (tiles), splits by the cost model"
 mla
 for s in ${SPLITS:-1 2 3 4 8}; do
-  echo "== MlaAttention (tiles), AFD_MLA_SPLITS=$s"
-  AFD_MLA_SPLITS=$s mla
+  echo "== MlaAttention (tiles), --mla-splits $s"
+  mla --mla-splits "$s"
 done
 for chunks in "" 0; do
   echo "== Linear f32 (router gate)${chunks:+, AFD_GEMV_F32_CHUNKS=0 (cuBLAS above 8 rows)}"

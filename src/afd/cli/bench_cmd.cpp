@@ -32,8 +32,9 @@ struct BenchArgs {
   int cuda_device = 0;
   std::string batch = "1,16,64,256";
   bool batch_given = false;
-  std::string context_mix;       // --context-mix COUNTxLEN,...
-  std::string cuda_graph_sizes;  // empty: the default capture sizes
+  std::string context_mix;                // --context-mix COUNTxLEN,...
+  kernels::Backend::FormOverrides forms;  // --mla-splits, --mla-bufs
+  std::string cuda_graph_sizes;           // empty: the default capture sizes
   int64_t num_layers = 0;
   runtime::BenchDecodeOptions options;
   bool json = false;
@@ -223,9 +224,9 @@ void Run(BenchArgs a, int& exit_code) {
   if (!a.deployment.topology.empty() || a.deployment.expert_parallel_size > 0) {
     std::vector<int64_t> batches;
     try {
-      AFD_CHECK(a.context_mix.empty(),
-                "--context-mix is a one-process option (for now): leave it "
-                "out with --topology or --data-parallel-size");
+      AFD_CHECK(a.context_mix.empty() && a.forms.mla_splits == 0 && a.forms.mla_bufs == 0,
+                "--context-mix, --mla-splits and --mla-bufs are one-process options (for now): "
+                "leave them out with --topology or --data-parallel-size");
       batches = ParseList(a.batch, "--batch");
       AFD_CHECK(!a.options.profile && !a.options.kernel_trace && a.kernel_trace_csv.empty() &&
                     a.cuda_graph_sizes.empty(),
@@ -268,6 +269,7 @@ void Run(BenchArgs a, int& exit_code) {
     model::LoadedModel loaded = model::LoadModel(a.model, open, cuda ? a.cuda_device : -1);
     backend = std::move(loaded.backend);
     model = std::move(loaded.model);
+    backend->SetFormOverrides(a.forms);
   } catch (const Error& e) {
     std::cerr << "afd bench decode: " << e.what() << "\n";
     exit_code = 2;
@@ -471,6 +473,16 @@ void AddBenchCommand(CLI::App& app, int& exit_code) {
       ->check(Positive());
   decode->add_option("--steps", a->options.steps, "Timed decode steps (default 32)")
       ->check(Positive());
+  decode
+      ->add_option("--mla-splits", a->forms.mla_splits,
+                   "CUDA: MLA decode context splits forced to this count (1..64, at most one per "
+                   "tile or chunk), to measure the backend's choice against others")
+      ->check(CLI::Range(1, 64));
+  decode
+      ->add_option("--mla-bufs", a->forms.mla_bufs,
+                   "CUDA: the tiled MLA decode kernel's tile buffers forced (1 or 2; chosen by "
+                   "the grid otherwise)")
+      ->check(CLI::Range(1, 2));
   decode->add_option("--num-layers", a->num_layers, "Keep only the first N decoder layers");
   decode->add_flag("--json", a->json, "One JSON object");
   decode->add_option("--cuda-graph-sizes", a->cuda_graph_sizes,

@@ -329,6 +329,14 @@ class Backend : public Allocator {
   // graphs keep the choice made when they were captured.
   virtual void SetStepRows(int64_t /*rows*/) {}
   virtual void AllowTf32(bool /*on*/) {}
+  // Forms forced for measurements (`afd bench decode --mla-splits / --mla-bufs`,
+  // `backend_ops_test`), 0 each: the backend's own choice. The CUDA backend's MLA decode takes
+  // them (splits 1..64, tile buffers 1..2, where they apply); others have no such forms.
+  struct FormOverrides {
+    int64_t mla_splits = 0;
+    int64_t mla_bufs = 0;
+  };
+  virtual void SetFormOverrides(const FormOverrides& /*forms*/) {}
 
   // ---- Graphs and profiling (the CUDA backend; the CPU backend has neither) ---------------
   virtual bool SupportsGraphs() const { return false; }

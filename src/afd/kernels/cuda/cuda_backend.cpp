@@ -42,6 +42,7 @@ constexpr size_t kStagingBytes = size_t{16} << 20;
 constexpr size_t kCublasWorkspaceBytes = size_t{64} << 20;
 // Beside with more rows runs in place (prefill: its GEMMs fill the GPU alone).
 constexpr int64_t kBesideMaxRows = 1024;
+constexpr int64_t kMaxMlaSplitsForced = 64;  // kMaxMlaSplits (mla_decode.cuh)
 
 // A captured CUDA graph, replayed on the backend's stream.
 class CudaGraph : public OpGraph {
@@ -121,6 +122,14 @@ bool ChoiceOff(const char* name) { return EnvOff(name); }
 int64_t ChoiceCount(const char* name, int64_t max) { return EnvCount(name, max); }
 
 Stream CudaBackend::stream() const { return {state_->main}; }
+
+void CudaBackend::SetFormOverrides(const FormOverrides& forms) {
+  AFD_CHECK(forms.mla_splits >= 0 && forms.mla_splits <= kMaxMlaSplitsForced,
+            "MLA decode splits {}: 0 (chosen) or 1..{}", forms.mla_splits, kMaxMlaSplitsForced);
+  AFD_CHECK(forms.mla_bufs >= 0 && forms.mla_bufs <= 2,
+            "MLA decode tile buffers {}: 0 (chosen), 1 or 2", forms.mla_bufs);
+  forms_ = forms;
+}
 
 void CudaBackend::Beside(FunctionRef<void()> fn, int64_t rows) {
   static const bool one_stream = ChoiceOff("AFD_SIDE_STREAM");

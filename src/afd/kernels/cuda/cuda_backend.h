@@ -106,6 +106,7 @@ class CudaBackend : public Backend {
   void BeginCapture() override;
   std::unique_ptr<OpGraph> EndCapture() override;
   void AllowTf32(bool on) override { tf32_ = on; }
+  void SetFormOverrides(const FormOverrides& forms) override;
   void SetProfiling(bool on, bool profiler_range = true) override;
   std::vector<OpTime> TakeProfile() override;
   void SetKernelTrace(bool on) override;
@@ -136,7 +137,8 @@ class CudaBackend : public Backend {
 
   int device_;
   std::string name_;
-  bool tf32_ = false;  // AllowTf32
+  bool tf32_ = false;    // AllowTf32
+  FormOverrides forms_;  // SetFormOverrides
   std::unique_ptr<State> state_;
 };
 

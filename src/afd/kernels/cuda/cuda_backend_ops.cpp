@@ -194,7 +194,7 @@ void CudaBackend::MlaAttention(const Tensor& q, const Tensor& kv_b, const Attent
                      scale, out.data_as<float>(), state_->stream);
     return;
   }
-  const int64_t splits = MlaSplits(n, nh, max_context, tiles, state_->sm_count);
+  const int64_t splits = MlaSplits(n, nh, max_context, tiles, state_->sm_count, forms_.mla_splits);
   // The tiled kernel with one split writes o_lat directly: no partials (at prefill they would
   // take n x heads x (kvr + 2) floats).
   auto* partial = tiles && splits == 1
@@ -217,7 +217,7 @@ void CudaBackend::MlaAttention(const Tensor& q, const Tensor& kv_b, const Attent
     LaunchMlaAttention(q.data_as<const float>(), n, heads, q_lat, kvr, dn, dr, Paged(tokens),
                        cache.data(), cache.dim(0), cache.dtype() == DType::kBF16, head_begin,
                        head_end, scale, max_context, splits, tf32_, partial, counters, o_lat,
-                       state_->sm_count, state_->stream);
+                       state_->sm_count, forms_.mla_bufs, state_->stream);
     LaunchMlaOut(o_lat, n, dn, dv, kv_b.data_as<const float>(), head_begin, head_end, kvr,
                  out.data_as<float>(), state_->stream);
     return;
@@ -232,7 +232,7 @@ void CudaBackend::MlaAttention(const Tensor& q, const Tensor& kv_b, const Attent
   LaunchMlaAttention(q.data_as<const float>(), n, heads, q_lat, kvr, dn, dr, Paged(tokens),
                      cache.data(), cache.dim(0), cache.dtype() == DType::kBF16, head_begin,
                      head_end, scale, max_context, splits, tf32_, partial, counters, o_lat,
-                     state_->sm_count, state_->stream);
+                     state_->sm_count, forms_.mla_bufs, state_->stream);
   // out_h [n, dv] = o_lat_h [n, kvr] · W_v[h]ᵀ (W_v[h]: [dv, kvr]).
   AFD_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
       state_->cublas, CUBLAS_OP_T, CUBLAS_OP_N, dv, n, kvr, &one, w_v, CUDA_R_32F, kvr,

@@ -18,8 +18,9 @@ void CheckLaunch(const char* what);
 // A kernel choice turned off by the environment: NAME=0 (AFD_MLA_TILES, AFD_MOE_WGMMA,
 // AFD_SIDE_STREAM), to measure a form against the one it replaced in the same run.
 bool ChoiceOff(const char* name);
-// A form forced by the environment: NAME=c, a whole number from 1 to max (AFD_MLA_SPLITS,
-// AFD_MLA_BUFS); 0 when NAME is unset or empty. Anything else is an error naming NAME.
+// A form forced by the environment: NAME=c, a whole number from 1 to max (AFD_MLA_WG); 0 when
+// NAME is unset or empty. Anything else is an error naming NAME. (Forms forced only for
+// benchmarks are Backend::FormOverrides, set by flags.)
 int64_t ChoiceCount(const char* name, int64_t max);
 
 }  // namespace afd::kernels::cuda

@@ -30,11 +30,11 @@ bool MlaTilesFit(int64_t kvr, int64_t dr, bool bf16_cache, bool tf32) {
   return !disabled && bf16_cache && tf32 && kvr == kTileLatent && dr == kTileRope;
 }
 
-int64_t MlaSplits(int64_t n, int64_t nh, int64_t max_context, bool tiles, int sm_count) {
+int64_t MlaSplits(int64_t n, int64_t nh, int64_t max_context, bool tiles, int sm_count,
+                  int64_t forced) {
   const int64_t blocks = std::max<int64_t>(n * ((nh + kGroup - 1) / kGroup), 1);
-  // AFD_MLA_SPLITS=s: s splits (at most one per tile or chunk, at most 64), to measure the
-  // choice below against others (backend_ops_test --perf --op MlaAttention).
-  static const int64_t forced = ChoiceCount("AFD_MLA_SPLITS", kMaxMlaSplits);
+  // Forced (afd bench decode --mla-splits, backend_ops_test --perf --mla-splits): at most one
+  // split per tile or chunk, at most 64.
   if (forced > 0) {
     const int64_t rows = tiles ? kTileRows : kRows;
     return std::min<int64_t>({forced, (max_context + rows - 1) / rows, kMaxMlaSplits});
@@ -74,7 +74,8 @@ void LaunchMlaAttention(const float* q, int64_t n, int64_t heads, const float* q
                         int64_t dn, int64_t dr, const PagedArgs& t, const void* cache,
                         int64_t cache_rows, bool bf16_cache, int64_t h0, int64_t h1, float scale,
                         int64_t max_context, int64_t splits, bool tf32, float* partial,
-                        int* counters, float* o_lat, int sm_count, cudaStream_t s) {
+                        int* counters, float* o_lat, int sm_count, int64_t forced_bufs,
+                        cudaStream_t s) {
   if (n == 0) return;
   AFD_CHECK(kvr <= kMaxLatent && kvr % 4 == 0 && dr % 4 == 0 && dn % 4 == 0 &&
                 kvr + dr <= kMaxWidth && reinterpret_cast<uintptr_t>(q) % 16 == 0 &&
@@ -95,9 +96,8 @@ void LaunchMlaAttention(const float* q, int64_t n, int64_t heads, const float* q
         q,  n,  heads,          q_lat, dn,      t,        static_cast<const __nv_bfloat16*>(cache),
         h0, nh, scale * kLog2e, span,  partial, counters, o_lat};
     // One tile buffer and two blocks per SM once the grid is more than one block per SM: a
-    // block's next tile then loads while the other block computes (AFD_MLA_BUFS=1|2 forces a
+    // block's next tile then loads while the other block computes (forced_bufs 1 or 2: that
     // form).
-    static const int64_t forced_bufs = ChoiceCount("AFD_MLA_BUFS", 2);
     const int64_t blocks = n * ((nh + kGroup - 1) / kGroup) * splits;
     const bool one_buf =
         forced_bufs > 0 ? forced_bufs == 1 : blocks > int64_t(std::max(sm_count, 1));

@@ -36,17 +36,22 @@ void LaunchMlaOut(const float* o_lat, int64_t n, int64_t dn, int64_t dv, const f
 // The tiled bf16 kernel runs for kvr 512 + dr 64, a bf16 cache and tf32 (bf16 models): q and P
 // then rounded to bf16 like the model's own tensors (AFD_MLA_TILES=0 turns it off, to compare).
 bool MlaTilesFit(int64_t kvr, int64_t dr, bool bf16_cache, bool tf32);
-// Context splits per (token, head group) for the kernel that will run (`tiles`: MlaTilesFit).
-int64_t MlaSplits(int64_t n, int64_t nh, int64_t max_context, bool tiles, int sm_count);
+// Context splits per (token, head group) for the kernel that will run (`tiles`: MlaTilesFit);
+// forced > 0: that many (at most one per tile or chunk, at most 64), to measure the choice
+// against others (Backend::FormOverrides).
+int64_t MlaSplits(int64_t n, int64_t nh, int64_t max_context, bool tiles, int sm_count,
+                  int64_t forced = 0);
 int64_t MlaPartialFloats(int64_t n, int64_t nh, int64_t splits, int64_t kvr);
 // counters: MlaCounters(...) ints, zero before the first launch (the kernels leave them zero).
 int64_t MlaCounters(int64_t n, int64_t nh);
-// cache_rows: the layer cache's rows (slots).
+// cache_rows: the layer cache's rows (slots). forced_bufs 1 or 2: the tiled kernel's tile
+// buffers (Backend::FormOverrides); 0: chosen by the grid.
 void LaunchMlaAttention(const float* q, int64_t n, int64_t heads, const float* q_lat, int64_t kvr,
                         int64_t dn, int64_t dr, const PagedArgs& t, const void* cache,
                         int64_t cache_rows, bool bf16_cache, int64_t h0, int64_t h1, float scale,
                         int64_t max_context, int64_t splits, bool tf32, float* partial,
-                        int* counters, float* o_lat, int sm_count, cudaStream_t s);
+                        int* counters, float* o_lat, int sm_count, int64_t forced_bufs,
+                        cudaStream_t s);
 
 // mla_prefill.cu: MLA for a step of mostly new tokens in the expanded form (k_nope, v
 // decompressed once per context row and head; flash attention over 128 + 64 / 128 dims), for a
