@@ -488,6 +488,30 @@ TEST(ReplicaEngineClient, ExportsHeldRowsFromTheReplicaThatHoldsThem) {
   client.Shutdown();
 }
 
+// Imported rows past what one engine frame carries fail their request alone (a 400 for the API),
+// never the deployment.
+TEST(ReplicaEngineClient, RowsTooLargeForAFrameFailTheirRequestOnly) {
+  ReplicaEngineClient client(1, 0);
+  FakeReplica r0(client.endpoint(), 0);
+  ASSERT_TRUE(client.WaitReady(10));
+  auto huge = std::make_shared<runtime::KvRows>();
+  huge->num_layers = 1;
+  huge->row_width = 1;
+  huge->dtype = DType::kU8;
+  huge->positions = static_cast<int64_t>(deploy::kMaxKvAttachmentBytes) + 1;
+  huge->bytes.resize(huge->expected_bytes());
+  runtime::RequestParams p;
+  p.prompt.assign(8, 1);
+  p.imported_kv = huge;
+  std::promise<runtime::RequestOutput> out;
+  client.Submit(5, p, [&](const runtime::RequestOutput& o) { out.set_value(o); });
+  const runtime::RequestOutput o = out.get_future().get();
+  EXPECT_TRUE(o.rejected);
+  EXPECT_NE(o.error.find("exceed"), std::string::npos) << o.error;
+  EXPECT_TRUE(client.Failure().empty()) << client.Failure();
+  EXPECT_TRUE(client.Ready());
+}
+
 TEST(ReplicaEngineClient, AnExportWaitingOnALostReplicaFailsAtOnce) {
   ReplicaEngineClient client(1, 0);
   FakeReplica r0(client.endpoint(), 0);

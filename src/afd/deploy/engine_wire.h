@@ -24,6 +24,8 @@ namespace afd::deploy {
 
 // Large enough for the KV rows of a long prompt (DeepSeek-V2-Lite's bf16 rows: 31 KB per token).
 inline constexpr uint32_t kMaxEngineFrameBytes = 1u << 30;
+// The largest KV rows a frame carries (the rest of the frame's room: its JSON, a prompt's ids).
+inline constexpr size_t kMaxKvAttachmentBytes = kMaxEngineFrameBytes - (size_t{32} << 20);
 
 // A framed connection with a receive buffer.
 class FrameConnection {

@@ -228,7 +228,12 @@ void ServeReplica(const model::MoeModel& model, comm::AfdWorld* world,
           rows.id = m.id;
           try {
             rows.kv = engine.ExportHeldKv(m.id);
+            AFD_CHECK(rows.kv->bytes.size() <= kMaxKvAttachmentBytes,
+                      "request {}'s KV rows of {} bytes exceed the {} bytes an engine frame "
+                      "carries",
+                      m.id, rows.kv->bytes.size(), kMaxKvAttachmentBytes);
           } catch (const Error& e) {
+            rows.kv.reset();
             rows.why = e.what();
           }
           row_sender->Queue(std::move(rows));

@@ -155,6 +155,14 @@ void ReplicaEngineClient::Submit(uint64_t id, runtime::RequestParams params,
   deploy::FrameConnection* conn = nullptr;
   std::string refused;
   int chosen = -1;
+  if (params.imported_kv && params.imported_kv->bytes.size() > deploy::kMaxKvAttachmentBytes) {
+    // Past what one engine frame carries: this request alone fails, the deployment goes on.
+    on_output(runtime::RequestOutput::Rejected(
+        id, fmt::format("imported KV rows of {} bytes exceed the {} bytes an engine frame carries "
+                        "to a deployment's replica",
+                        params.imported_kv->bytes.size(), deploy::kMaxKvAttachmentBytes)));
+    return;
+  }
   {
     MutexLock lock(mu_);
     if (!failure_.empty()) {
@@ -231,7 +239,7 @@ runtime::KvLayout ReplicaEngineClient::kv_cache_layout() const {
 }
 
 std::shared_ptr<const runtime::KvRows> ReplicaEngineClient::ExportHeldKv(uint64_t id,
-                                                                        double timeout_s) {
+                                                                         double timeout_s) {
   auto result = std::make_shared<std::promise<std::shared_ptr<const runtime::KvRows>>>();
   std::future<std::shared_ptr<const runtime::KvRows>> done = result->get_future();
   deploy::FrameConnection* conn = nullptr;
