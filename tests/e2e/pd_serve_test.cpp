@@ -7,6 +7,7 @@
 // with exit 0.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <future>
 #include <thread>
@@ -86,39 +87,83 @@ void ExpectReferenceOutputs(int port, const std::vector<std::vector<int>>& promp
   }
 }
 
-TEST(PdServe, TwoPrefillersADecoderAndTheProxy) {
-  const std::string dir = ::testing::TempDir() + "/pd_serve_" + std::to_string(getpid());
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  unsetenv("AFD_JOIN_SECRET");
-  unsetenv("AFD_JOIN_SECRET_FILE");
-  const std::string kUp = "the OpenAI API is up on http://127.0.0.1:";
-  std::vector<std::unique_ptr<Subprocess>> procs;
-  std::vector<int> api_ports;
-  for (int i = 0; i < 2; ++i) {
-    const std::string kv = R"({"kv_connector": "AfdKvConnector", "kv_role": "kv_producer", )"
-                           R"("kv_port": )" +
-                           std::to_string(comm::PickRendezvousPort()) + "}";
-    procs.push_back(Start(
-        {"serve", "preset:tiny", "--host", "127.0.0.1", "--port", "0", "--kv-transfer-config", kv},
-        dir + "/p" + std::to_string(i) + ".log"));
-  }
-  procs.push_back(
-      Start({"serve", "preset:tiny", "--host", "127.0.0.1", "--port", "0", "--kv-transfer-config",
-             R"({"kv_connector": "AfdKvConnector", "kv_role": "kv_consumer"})"},
-            dir + "/d.log"));
-  for (const char* name : {"p0", "p1", "d"}) {
-    const std::string log = dir + "/" + name + ".log";
-    api_ports.push_back(LoggedPort(log, kUp, 60));
-    ASSERT_GT(api_ports.back(), 0) << testing_util::ReadFile(log);
-  }
-  procs.push_back(
-      Start({"proxy", "--port", "0", "--prefiller-ports", std::to_string(api_ports[0]),
-             std::to_string(api_ports[1]), "--decoder-ports", std::to_string(api_ports[2])},
-            dir + "/proxy.log"));
-  const int proxy = LoggedPort(dir + "/proxy.log", "listening on http://127.0.0.1:", 30);
-  ASSERT_GT(proxy, 0) << testing_util::ReadFile(dir + "/proxy.log");
+// KV producers and consumers (each `afd serve` / `afd launch` argv, --host, --port and its
+// --kv-transfer-config added), then `afd proxy` in front of them, every one a process of this
+// host; Stop() ends them with SIGTERM, each exiting 0.
+struct PdProcesses {
+  std::string dir;
+  std::vector<std::unique_ptr<Subprocess>> procs;  // producers, consumers, then the proxy
+  std::vector<int> api_ports;                      // producers', then consumers'
+  int proxy = 0;
 
+  PdProcesses(const std::string& tag, const std::vector<std::vector<std::string>>& producers,
+              const std::vector<std::vector<std::string>>& consumers) {
+    dir = ::testing::TempDir() + "/pd_" + tag + "_" + std::to_string(getpid());
+    std::filesystem::remove_all(dir);
+    std::filesystem::create_directories(dir);
+    unsetenv("AFD_JOIN_SECRET");
+    unsetenv("AFD_JOIN_SECRET_FILE");
+    std::vector<std::string> logs;
+    auto start = [&](std::vector<std::string> argv, const std::string& kv) {
+      argv.insert(argv.end(), {"--host", "127.0.0.1", "--port", "0", "--kv-transfer-config", kv});
+      logs.push_back(dir + "/" + std::to_string(logs.size()) + ".log");
+      procs.push_back(Start(std::move(argv), logs.back()));
+    };
+    for (const auto& argv : producers) {
+      start(argv, R"({"kv_connector": "AfdKvConnector", "kv_role": "kv_producer", "kv_port": )" +
+                      std::to_string(comm::PickRendezvousPort()) + "}");
+    }
+    for (const auto& argv : consumers) {
+      start(argv, R"({"kv_connector": "AfdKvConnector", "kv_role": "kv_consumer"})");
+    }
+    for (const std::string& log : logs) {
+      api_ports.push_back(LoggedPort(log, "the OpenAI API is up on http://127.0.0.1:", 120));
+      if (api_ports.back() == 0) {
+        ADD_FAILURE() << testing_util::ReadFile(log);
+        return;
+      }
+    }
+    std::vector<std::string> proxy_argv = {"proxy", "--port", "0", "--prefiller-ports"};
+    for (size_t i = 0; i < producers.size(); ++i)
+      proxy_argv.push_back(std::to_string(api_ports[i]));
+    proxy_argv.push_back("--decoder-ports");
+    for (size_t i = producers.size(); i < api_ports.size(); ++i) {
+      proxy_argv.push_back(std::to_string(api_ports[i]));
+    }
+    procs.push_back(Start(proxy_argv, dir + "/proxy.log"));
+    proxy = LoggedPort(dir + "/proxy.log", "listening on http://127.0.0.1:", 30);
+    if (proxy == 0) ADD_FAILURE() << testing_util::ReadFile(dir + "/proxy.log");
+  }
+  bool up() const { return proxy > 0; }
+  // SIGTERM to every process still running (the proxy first); each exits 0. `gone`: processes
+  // already ended (killed by the test).
+  void Stop(const std::vector<size_t>& gone = {}) {
+    for (size_t i = procs.size(); i-- > 0;) {
+      if (std::find(gone.begin(), gone.end(), i) == gone.end()) procs[i]->Kill(SIGTERM);
+    }
+    for (size_t i = 0; i < procs.size(); ++i) {
+      if (std::find(gone.begin(), gone.end(), i) != gone.end()) {
+        procs[i]->Wait(Deadline::In(10));
+        continue;
+      }
+      EXPECT_EQ(procs[i]->Wait(Deadline::In(60)), std::optional<int>(0)) << "process " << i;
+    }
+    std::filesystem::remove_all(dir);
+  }
+  // Every held row released on the instance behind api_ports[i].
+  void ExpectCacheFreed(size_t i) const {
+    EXPECT_TRUE(PollUntil(10, [&] {
+      return Metric(Get(api_ports[i], "/metrics").raw, "vllm:kv_cache_usage_perc") == 0;
+    })) << Get(api_ports[i], "/metrics").raw;
+  }
+};
+
+TEST(PdServe, TwoPrefillersADecoderAndTheProxy) {
+  const std::vector<std::string> serve = {"serve", "preset:tiny"};
+  PdProcesses pd("two", {serve, serve}, {serve});
+  ASSERT_TRUE(pd.up());
+  const int proxy = pd.proxy;
+  const std::vector<int>& api_ports = pd.api_ports;
   ExpectReferenceOutputs(proxy, {{1, 2, 3}, {4, 5}, {6}, {7, 8, 9, 10, 11, 12}});
 
   // Prefiller 0 killed (SIGKILL) while long prompts are in flight, some mid-transfer: every
@@ -146,7 +191,7 @@ TEST(PdServe, TwoPrefillersADecoderAndTheProxy) {
     }));
   }
   std::this_thread::sleep_for(std::chrono::milliseconds(150));
-  procs[0]->Kill(SIGKILL);
+  pd.procs[0]->Kill(SIGKILL);
   int answered = 0, failed = 0;
   for (size_t i = 0; i < replies.size(); ++i) {
     const Reply r = replies[i].get();
@@ -172,105 +217,34 @@ TEST(PdServe, TwoPrefillersADecoderAndTheProxy) {
     ASSERT_EQ(r.status, 200) << r.raw;
     EXPECT_EQ(r.body["choices"][0]["token_ids"].get<std::vector<int>>(), want[i]);
   }
-  EXPECT_TRUE(PollUntil(10, [&] {
-    return Metric(Get(api_ports[2], "/metrics").raw, "vllm:kv_cache_usage_perc") == 0;
-  }));
-  procs[0]->Wait(Deadline::In(10));
-  for (size_t i = procs.size(); i-- > 1;) procs[i]->Kill(SIGTERM);
-  for (size_t i = 1; i < procs.size(); ++i) {
-    EXPECT_EQ(procs[i]->Wait(Deadline::In(60)), std::optional<int>(0)) << "process " << i;
-  }
-  std::filesystem::remove_all(dir);
+  pd.ExpectCacheFreed(2);
+  pd.Stop({0});
 }
 
 // An AFD deployment as the prefill instance: `afd launch --topology 2A1F` (two attention
 // replicas) holds each prompt's rows in the replica that prefilled it and exports them from
 // there; a monolithic decoder pulls them through the deployment's API server.
 TEST(PdServe, AnAfdDeploymentPrefills) {
-  const std::string dir = ::testing::TempDir() + "/pd_afd_" + std::to_string(getpid());
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  unsetenv("AFD_JOIN_SECRET");
-  unsetenv("AFD_JOIN_SECRET_FILE");
-  const std::string kUp = "the OpenAI API is up on http://127.0.0.1:";
-  std::vector<std::unique_ptr<Subprocess>> procs;
-  const std::string producer = R"({"kv_connector": "AfdKvConnector", "kv_role": "kv_producer", )"
-                               R"("kv_port": )" +
-                               std::to_string(comm::PickRendezvousPort()) + "}";
-  procs.push_back(Start({"launch", "--model", "preset:tiny", "--topology", "2A1F", "--host",
-                         "127.0.0.1", "--port", "0", "--kv-transfer-config", producer},
-                        dir + "/p.log"));
-  procs.push_back(
-      Start({"serve", "preset:tiny", "--host", "127.0.0.1", "--port", "0", "--kv-transfer-config",
-             R"({"kv_connector": "AfdKvConnector", "kv_role": "kv_consumer"})"},
-            dir + "/d.log"));
-  std::vector<int> api_ports;
-  for (const char* name : {"p", "d"}) {
-    const std::string log = dir + "/" + name + ".log";
-    api_ports.push_back(LoggedPort(log, kUp, 120));
-    ASSERT_GT(api_ports.back(), 0) << testing_util::ReadFile(log);
-  }
-  procs.push_back(Start({"proxy", "--port", "0", "--prefiller-ports", std::to_string(api_ports[0]),
-                         "--decoder-ports", std::to_string(api_ports[1])},
-                        dir + "/proxy.log"));
-  const int proxy = LoggedPort(dir + "/proxy.log", "listening on http://127.0.0.1:", 30);
-  ASSERT_GT(proxy, 0) << testing_util::ReadFile(dir + "/proxy.log");
-  ExpectReferenceOutputs(proxy, Prompts(8));
-  // Every transfer released its rows on the producer's replicas.
-  EXPECT_TRUE(PollUntil(10, [&] {
-    return Metric(Get(api_ports[0], "/metrics").raw, "vllm:kv_cache_usage_perc") == 0;
-  })) << Get(api_ports[0], "/metrics").raw;
-  for (size_t i = procs.size(); i-- > 0;) procs[i]->Kill(SIGTERM);
-  for (size_t i = 0; i < procs.size(); ++i) {
-    EXPECT_EQ(procs[i]->Wait(Deadline::In(60)), std::optional<int>(0)) << "process " << i;
-  }
-  std::filesystem::remove_all(dir);
+  PdProcesses pd("afd", {{"launch", "--model", "preset:tiny", "--topology", "2A1F"}},
+                 {{"serve", "preset:tiny"}});
+  ASSERT_TRUE(pd.up());
+  ExpectReferenceOutputs(pd.proxy, Prompts(8));
+  pd.ExpectCacheFreed(0);  // every transfer released its rows on the producer's replicas
+  pd.Stop();
 }
 
 // Attention tensor parallelism on both sides: a 2A1F producer and a 2A1F consumer, each one
 // replica of TP 2. The producer's TP rank 0 exports (every rank's cache holds every row) and
 // all its ranks release; the consumer's rows reach both of its ranks in the submit frame.
 TEST(PdServe, TensorParallelReplicasProduceAndConsume) {
-  const std::string dir = ::testing::TempDir() + "/pd_tp_" + std::to_string(getpid());
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  unsetenv("AFD_JOIN_SECRET");
-  unsetenv("AFD_JOIN_SECRET_FILE");
-  const std::string kUp = "the OpenAI API is up on http://127.0.0.1:";
-  std::vector<std::unique_ptr<Subprocess>> procs;
-  const std::string producer = R"({"kv_connector": "AfdKvConnector", "kv_role": "kv_producer", )"
-                               R"("kv_port": )" +
-                               std::to_string(comm::PickRendezvousPort()) + "}";
-  procs.push_back(
-      Start({"launch", "--model", "preset:tiny", "--topology", "2A1F", "--attention-tp", "2",
-             "--host", "127.0.0.1", "--port", "0", "--kv-transfer-config", producer},
-            dir + "/p.log"));
-  procs.push_back(Start({"launch", "--model", "preset:tiny", "--topology", "2A1F", "--attention-tp",
-                         "2", "--host", "127.0.0.1", "--port", "0", "--kv-transfer-config",
-                         R"({"kv_connector": "AfdKvConnector", "kv_role": "kv_consumer"})"},
-                        dir + "/d.log"));
-  std::vector<int> api_ports;
-  for (const char* name : {"p", "d"}) {
-    const std::string log = dir + "/" + name + ".log";
-    api_ports.push_back(LoggedPort(log, kUp, 120));
-    ASSERT_GT(api_ports.back(), 0) << testing_util::ReadFile(log);
-  }
-  procs.push_back(Start({"proxy", "--port", "0", "--prefiller-ports", std::to_string(api_ports[0]),
-                         "--decoder-ports", std::to_string(api_ports[1])},
-                        dir + "/proxy.log"));
-  const int proxy = LoggedPort(dir + "/proxy.log", "listening on http://127.0.0.1:", 30);
-  ASSERT_GT(proxy, 0) << testing_util::ReadFile(dir + "/proxy.log");
-  ExpectReferenceOutputs(proxy, Prompts(6));
-  for (int port : api_ports) {
-    EXPECT_TRUE(PollUntil(10, [&] {
-      return Metric(Get(port, "/metrics").raw, "vllm:kv_cache_usage_perc") == 0;
-    })) << Get(port, "/metrics").raw;
-  }
-  for (size_t i = procs.size(); i-- > 0;) procs[i]->Kill(SIGTERM);
-  for (size_t i = 0; i < procs.size(); ++i) {
-    EXPECT_EQ(procs[i]->Wait(Deadline::In(60)), std::optional<int>(0)) << "process " << i;
-  }
-  std::filesystem::remove_all(dir);
+  const std::vector<std::string> tp2 = {
+      "launch", "--model", "preset:tiny", "--topology", "2A1F", "--attention-tp", "2"};
+  PdProcesses pd("tp", {tp2}, {tp2});
+  ASSERT_TRUE(pd.up());
+  ExpectReferenceOutputs(pd.proxy, Prompts(6));
+  pd.ExpectCacheFreed(0);
+  pd.ExpectCacheFreed(1);
+  pd.Stop();
 }
 
 // Seed 004's 2P1A1F on this host through recipes/pd_2p1a1f.sh, on the CPU: five processes,
