@@ -28,7 +28,8 @@ struct KvInstance {
   std::unique_ptr<LocalEngineClient> engine;
   std::unique_ptr<ApiServer> server;
 
-  explicit KvInstance(std::optional<KvTransferConfig::Role> role, double transfer_timeout_s = 2) {
+  explicit KvInstance(std::optional<KvTransferConfig::Role> role, double transfer_timeout_s = 2,
+                      double hold_timeout_s = 480) {
     model = model::OpenModel("preset:tiny", model::OpenOptions{}, cpu);
     runner = std::make_unique<runtime::LocalStepRunner>(*model);
     engine = std::make_unique<LocalEngineClient>(*model, *runner,
@@ -41,6 +42,7 @@ struct KvInstance {
       kv.role = *role;
       kv.kv_port = 0;
       kv.transfer_timeout_s = transfer_timeout_s;
+      kv.hold_timeout_s = hold_timeout_s;
       o.kv_transfer = kv;
       o.kv_secret = kSecret;
     }

@@ -138,6 +138,29 @@ TEST(KvTransferApi, AnUnreachableProducerFailsTheRequestNotTheServer) {
   EXPECT_EQ(consumer.Post("/v1/completions", Request(Prompt(4), 3)).first, 200);
 }
 
+// Rows not pulled within the producer's hold timeout are freed there: a late decode leg gets a
+// 502 naming the request, and the producer's cache holds nothing.
+TEST(KvTransferApi, AnExpiredTransferIsA502AndFreesTheRows) {
+  KvInstance producer(KvTransferConfig::Role::kProducer, 2, /*hold_timeout_s=*/0.2),
+      consumer(KvTransferConfig::Role::kConsumer);
+  json prefill = Request(Prompt(40), 1);
+  prefill["kv_transfer_params"] = {{"do_remote_decode", true}};
+  const auto [p_status, p] = producer.Post("/v1/completions", prefill);
+  ASSERT_EQ(p_status, 200) << p.dump();
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));  // past the hold timeout
+  json decode = Request(Prompt(40), 4);
+  decode["kv_transfer_params"] = p["kv_transfer_params"];
+  const auto [status, r] = consumer.Post("/v1/completions", decode);
+  EXPECT_EQ(status, 502) << r.dump();
+  EXPECT_NE(r.dump().find("holds no KV rows"), std::string::npos) << r.dump();
+  EXPECT_EQ(r["error"]["param"], "kv_transfer_params");
+  for (int i = 0; i < 300 && producer.engine->Load().total.kv_held > 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(producer.engine->Load().total.kv_held, 0);
+  EXPECT_EQ(producer.engine->Load().total.kv_blocks_used, 0);
+}
+
 // Decode legs whose producer never answers wait on the pull threads, not on the endpoint
 // workers: with more of them in flight than there are workers, a plain request is still answered;
 // each leg ends within the transfer timeout -- a whole one as a 502, a streamed one (already
