@@ -77,6 +77,23 @@ TEST(KvTransport, RowsArriveWholeAndAreReleasedOnce) {
   EXPECT_EQ(p.released, std::vector<uint64_t>{11});
 }
 
+// A release without a pull (the decode leg will not come): the rows are freed at once; only a
+// client with the secret may ask.
+TEST(KvTransport, ReleaseWithoutAPullFreesTheRows) {
+  Producer p;
+  EXPECT_THROW(
+      ReleaseKvRows("127.0.0.1", p.server.port(), 11, std::string("another secret, also long"), 5),
+      Error);
+  {
+    std::lock_guard<std::mutex> lock(p.mu);
+    EXPECT_TRUE(p.released.empty());
+  }
+  ReleaseKvRows("127.0.0.1", p.server.port(), 11, kSecret, 5);
+  std::lock_guard<std::mutex> lock(p.mu);
+  EXPECT_EQ(p.released, std::vector<uint64_t>{11});
+  EXPECT_EQ(p.server.transfers_done(), 0);  // nothing was transferred
+}
+
 TEST(KvTransport, EveryMismatchIsNamed) {
   Producer p;
   const int port = p.server.port();

@@ -8,6 +8,7 @@
 #include <httplib.h>
 
 #include <chrono>
+#include <thread>
 
 #include "afd/comm/socket.h"
 #include "server/kv_instance.h"
@@ -183,6 +184,41 @@ TEST(PdProxy, OwnRoutes) {
   auto no_decoder = c.Get("/v1/models");  // nothing listens on port 2
   ASSERT_TRUE(no_decoder);
   EXPECT_EQ(no_decoder->status, 502);
+}
+
+// A decode leg that no decoder takes (the only one is down) frees the prefiller's held rows at
+// once, not after its hold timeout (480 s).
+TEST(PdProxy, AnUntakenDecodeLegFreesThePrefillersRows) {
+  KvInstance producer(KvTransferConfig::Role::kProducer);
+  int down = 0;
+  {
+    afd::comm::Socket taken = afd::comm::Listen("127.0.0.1", 0);
+    down = afd::comm::LocalPort(taken);
+  }
+  PdProxyOptions o;
+  o.port = 0;
+  o.prefillers = {At(producer)};
+  o.decoders = {{"127.0.0.1", down}};
+  o.timeout_s = 3;
+  o.kv_secret = kSecret;  // the producer's (KvInstance's)
+  PdProxy proxy(o);
+  proxy.Start();
+  for (bool stream : {false, true}) {
+    json body = Request(Prompt(30), 4);
+    body["stream"] = stream;
+    httplib::Client c("127.0.0.1", proxy.port());
+    c.set_read_timeout(30, 0);
+    auto r = c.Post("/v1/completions", body.dump(), "application/json");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 502) << r->body;
+    bool freed = false;
+    for (int i = 0; i < 500 && !freed; ++i) {
+      freed = producer.engine->Load().total.kv_held == 0;
+      if (!freed) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    EXPECT_TRUE(freed) << (stream ? "streamed" : "whole");
+  }
+  proxy.Stop();
 }
 
 // GET /v1/models is the decoders' list (what `afd bench serve` and OpenAI clients ask first).

@@ -4,6 +4,7 @@
 #include <iostream>
 
 #include "afd/cli/commands.h"
+#include "afd/comm/join_secret.h"
 #include "afd/common/error.h"
 #include "afd/common/stop_signals.h"
 #include "afd/server/pd_proxy.h"
@@ -60,6 +61,7 @@ void AddProxyCommand(CLI::App& app, int& exit_code) {
       o.prefillers = Instances(a->prefiller_hosts, a->prefiller_ports, "prefiller");
       o.decoders = Instances(a->decoder_hosts, a->decoder_ports, "decoder");
       o.timeout_s = a->timeout_s;
+      o.kv_secret = comm::LoadJoinSecret();
       o.Validate();
     } catch (const Error& e) {
       std::cerr << "afd proxy: " << e.what() << std::endl;

@@ -24,6 +24,7 @@ enum Code : uint8_t {
   kRows = 6,
   kFailed = 7,
   kDone = 8,
+  kRelease = 9,  // client -> server after the handshake, instead of kFetch: free the rows
 };
 constexpr std::string_view kClientLabel = "afd-kv-v1 client";
 constexpr std::string_view kServerLabel = "afd-kv-v1 server";
@@ -169,9 +170,15 @@ void KvTransferServer::Serve(comm::Socket s) {
     }
     SendFrame(s, kAuthOk, {secret_ ? Mac(*secret_, kServerLabel, auth[0], nonce) : ""},
               Deadline::In(io_timeout_s_), what);
-    // The fetch.
-    const std::vector<std::string> fetch =
-        Expect(RecvFrame(s, Deadline::In(io_timeout_s_), what), kFetch, 2, what);
+    // The fetch (or a release without one: the decode leg will not come).
+    const Frame request = RecvFrame(s, Deadline::In(io_timeout_s_), what);
+    if (request.code == kRelease) {
+      const std::vector<std::string> release = Expect(request, kRelease, 1, what);
+      release_(static_cast<uint64_t>(ToInt(release[0], what)));
+      SendFrame(s, kDone, {}, Deadline::In(io_timeout_s_), what);
+      return;
+    }
+    const std::vector<std::string> fetch = Expect(request, kFetch, 2, what);
     const uint64_t id = static_cast<uint64_t>(ToInt(fetch[0], what));
     if (fetch[1] != model_) {
       SendFrame(
@@ -212,10 +219,13 @@ std::string KvModelFingerprint(const model::MoeModel& model) {
                      DTypeName(model.kv_cache_dtype()));
 }
 
-KvRows FetchKvRows(const std::string& host, int port, uint64_t request_id, const KvLayout& expect,
-                   const std::optional<std::string>& secret, double timeout_s) {
-  const std::string what = fmt::format("the KV producer at {}:{}", host, port);
-  const Deadline deadline = Deadline::In(timeout_s);
+namespace {
+
+// The client's side of the handshake: a connection to the producer at host:port whose secret
+// both sides proved.
+comm::Socket ConnectToProducer(const std::string& host, int port,
+                               const std::optional<std::string>& secret, const Deadline& deadline,
+                               const std::string& what) {
   comm::Socket s = comm::Connect(host, port, deadline, what);
   const std::vector<std::string> challenge =
       Expect(RecvFrame(s, deadline, what), kChallenge, 2, what);
@@ -235,6 +245,16 @@ KvRows FetchKvRows(const std::string& host, int port, uint64_t request_id, const
     AFD_CHECK(DigestsEqual(ok[0], Mac(*secret, kServerLabel, nonce, challenge[0])),
               "{} did not prove it holds the join secret", what);
   }
+  return s;
+}
+
+}  // namespace
+
+KvRows FetchKvRows(const std::string& host, int port, uint64_t request_id, const KvLayout& expect,
+                   const std::optional<std::string>& secret, double timeout_s) {
+  const std::string what = fmt::format("the KV producer at {}:{}", host, port);
+  const Deadline deadline = Deadline::In(timeout_s);
+  comm::Socket s = ConnectToProducer(host, port, secret, deadline, what);
   SendFrame(s, kFetch, {std::to_string(request_id), expect.model}, deadline, what);
   const std::vector<std::string> head = Expect(RecvFrame(s, deadline, what), kRows, 5, what);
   KvRows rows;
@@ -257,6 +277,15 @@ KvRows FetchKvRows(const std::string& host, int port, uint64_t request_id, const
   s.RecvAll(rows.bytes.data(), rows.bytes.size(), deadline, what);
   SendFrame(s, kDone, {}, deadline, what);
   return rows;
+}
+
+void ReleaseKvRows(const std::string& host, int port, uint64_t request_id,
+                   const std::optional<std::string>& secret, double timeout_s) {
+  const std::string what = fmt::format("the KV producer at {}:{}", host, port);
+  const Deadline deadline = Deadline::In(timeout_s);
+  comm::Socket s = ConnectToProducer(host, port, secret, deadline, what);
+  SendFrame(s, kRelease, {std::to_string(request_id)}, deadline, what);
+  Expect(RecvFrame(s, deadline, what), kDone, 0, what);
 }
 
 }  // namespace afd::runtime

@@ -78,4 +78,10 @@ std::string KvModelFingerprint(const model::MoeModel& model);
 KvRows FetchKvRows(const std::string& host, int port, uint64_t request_id, const KvLayout& expect,
                    const std::optional<std::string>& secret, double timeout_s);
 
+// Tells the producer to free request `request_id`'s rows without pulling them (the decode leg
+// will not come: `afd proxy` when no decoder took it). Unknown or released ids are no error.
+// Throws afd::Error naming the producer when it cannot be reached or refuses the secret.
+void ReleaseKvRows(const std::string& host, int port, uint64_t request_id,
+                   const std::optional<std::string>& secret, double timeout_s);
+
 }  // namespace afd::runtime

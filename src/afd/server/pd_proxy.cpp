@@ -12,6 +12,7 @@
 
 #include "afd/common/error.h"
 #include "afd/common/stop_signals.h"
+#include "afd/runtime/kv_transport.h"
 #include "afd/server/api/api_error.h"
 #include "afd/server/api/http_server.h"
 #include "afd/server/api/http_util.h"
@@ -19,6 +20,8 @@
 namespace afd::server {
 
 namespace {
+
+constexpr double kReleaseTimeoutSeconds = 10;
 
 using json = nlohmann::ordered_json;
 using api::ApiError;
@@ -96,6 +99,31 @@ struct PdProxy::Impl {
   std::unique_ptr<api::HttpServer> http;
   std::atomic<uint64_t> next_prefiller{0}, next_decoder{0};
 
+  // A decode leg that no decoder took: the prefiller's held rows are freed now, not at its hold
+  // timeout (off the request's thread: its error goes to the client at once; best effort, a
+  // producer that is gone has nothing to free).
+  void ReleaseHeld(const json& params) const {
+    const json* host =
+        params.is_object() && params.contains("remote_host") ? &params["remote_host"] : nullptr;
+    if (host == nullptr || !host->is_string() || !params.contains("remote_port") ||
+        !params["remote_port"].is_number_integer() || !params.contains("remote_request_id") ||
+        !params["remote_request_id"].is_number_unsigned()) {
+      return;
+    }
+    const std::string h = host->get<std::string>();
+    const int port = params["remote_port"].get<int>();
+    const uint64_t id = params["remote_request_id"].get<uint64_t>();
+    const std::optional<std::string> secret = o.kv_secret;
+    std::thread([h, port, id, secret] {
+      try {
+        runtime::ReleaseKvRows(h, port, id, secret, kReleaseTimeoutSeconds);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "afd proxy: could not free request %llu's KV rows at %s:%d: %s\n",
+                     static_cast<unsigned long long>(id), h.c_str(), port, e.what());
+      }
+    }).detach();
+  }
+
   // POSTs `payload` (GETs when it is null) to the next instance of `list` in round-robin
   // order; one that refuses the connection (nothing was sent: it is down) is passed over for the
   // next, each tried once. `*used`: the instance that answered, or the last one tried.
@@ -172,16 +200,19 @@ struct PdProxy::Impl {
     // The decode leg.
     json decode = body;
     decode["kv_transfer_params"] = answer["kv_transfer_params"];
+    const json held = answer["kv_transfer_params"];
     if (!stream) {
       const std::string decode_body = decode.dump();
       const httplib::Result dr =
           PostToNext(o.decoders, next_decoder, req.path, &decode_body, &used);
       const PdProxyOptions::Instance& d = *used;
       if (!dr) {
+        ReleaseHeld(held);
         return {ErrorOf(ApiError(502, fmt::format("the decode instance {} did not answer: {}",
                                                   Name(d), httplib::to_string(dr.error())))),
                 nullptr};
       }
+      if (dr->status != 200) ReleaseHeld(held);  // (a no-op for rows the decoder pulled)
       HttpResponse r;
       r.status = dr->status;
       r.body = dr->body;
@@ -251,6 +282,7 @@ struct PdProxy::Impl {
     }).detach();
     const int code = status_future.get();  // bounded by the leg's timeout
     if (code == 200) return {{}, std::make_shared<StreamRelay>(shared)};
+    ReleaseHeld(held);
     if (code == 0) {
       return {ErrorOf(ApiError(502, fmt::format("the decode instance {} did not answer", Name(d)))),
               nullptr};

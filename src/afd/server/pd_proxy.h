@@ -6,13 +6,15 @@
 // relayed to the client. An instance that refuses the connection (down: nothing was sent) is
 // passed over for the next one of its kind (not for a streamed decode leg); one that fails or
 // does not answer within the timeout gives the client an OpenAI-style error (its status, or 502
-// naming the instance), never a hang; a client that leaves a stream closes the decoder's
+// naming the instance), never a hang; a decode leg no decoder took frees the prefiller's held
+// rows at once (not at its hold timeout); a client that leaves a stream closes the decoder's
 // (which aborts the request).
 // GET /healthcheck and /health answer 200; GET /v1/models is a decoder's answer.
 // Thread safety: Start once; port and Stop from any thread.
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -29,6 +31,9 @@ struct PdProxyOptions {
   double timeout_s = 600;  // each leg, connect to last byte
   int io_threads = 2;
   int work_threads = 16;  // requests being relayed at once before others queue
+  // The join secret (AFD_JOIN_SECRET / AFD_JOIN_SECRET_FILE) the prefillers' KV servers take:
+  // a decode leg that no decoder took frees its rows there (nullopt: producers without one).
+  std::optional<std::string> kv_secret;
   // Throws afd::Error naming the bad field.
   void Validate() const;
 };
