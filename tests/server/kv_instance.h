@@ -1,5 +1,5 @@
-// One OpenAI server over its own preset:tiny model and engine, optionally a KV producer or
-// consumer (prefill/decode disaggregation tests: kv_transfer_api_test, pd_proxy_test).
+// One OpenAI server over its own model (preset:tiny unless told) and engine, optionally a KV
+// producer or consumer (prefill/decode disaggregation tests: kv_transfer_api_test, pd_proxy_test).
 #pragma once
 
 #include <gtest/gtest.h>
@@ -29,8 +29,8 @@ struct KvInstance {
   std::unique_ptr<ApiServer> server;
 
   explicit KvInstance(std::optional<KvTransferConfig::Role> role, double transfer_timeout_s = 2,
-                      double hold_timeout_s = 480) {
-    model = model::OpenModel("preset:tiny", model::OpenOptions{}, cpu);
+                      double hold_timeout_s = 480, const std::string& model_name = "preset:tiny") {
+    model = model::OpenModel(model_name, model::OpenOptions{}, cpu);
     runner = std::make_unique<runtime::LocalStepRunner>(*model);
     engine = std::make_unique<LocalEngineClient>(*model, *runner,
                                                  runtime::EngineOptions{0, 0, false, 64, 0});

@@ -161,6 +161,29 @@ TEST(KvTransferApi, AnExpiredTransferIsA502AndFreesTheRows) {
   EXPECT_EQ(producer.engine->Load().total.kv_blocks_used, 0);
 }
 
+// A consumer that cannot use the rows (another model: the pull fails at the handshake) frees
+// them on the producer at once: the producer holds nothing soon after the 502.
+TEST(KvTransferApi, AFailedPullFreesTheProducersRows) {
+  KvInstance producer(KvTransferConfig::Role::kProducer),
+      consumer(KvTransferConfig::Role::kConsumer, 2, 480, "preset:tiny-qwen3");
+  json prefill = Request(Prompt(40), 1);
+  prefill["kv_transfer_params"] = {{"do_remote_decode", true}};
+  const auto [p_status, p] = producer.Post("/v1/completions", prefill);
+  ASSERT_EQ(p_status, 200) << p.dump();
+  EXPECT_EQ(producer.engine->Load().total.kv_held, 1);
+  json decode = Request(Prompt(40), 4);
+  decode["kv_transfer_params"] = p["kv_transfer_params"];
+  const auto [status, r] = consumer.Post("/v1/completions", decode);
+  EXPECT_EQ(status, 502) << r.dump();
+  EXPECT_NE(r.dump().find("serves model"), std::string::npos) << r.dump();
+  bool freed = false;
+  for (int i = 0; i < 500 && !freed; ++i) {
+    freed = producer.engine->Load().total.kv_held == 0;
+    if (!freed) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_TRUE(freed);
+}
+
 // Decode legs whose producer never answers wait on the pull threads, not on the endpoint
 // workers: with more of them in flight than there are workers, a plain request is still answered;
 // each leg ends within the transfer timeout -- a whole one as a 502, a streamed one (already

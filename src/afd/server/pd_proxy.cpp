@@ -21,7 +21,8 @@ namespace afd::server {
 
 namespace {
 
-constexpr double kReleaseTimeoutSeconds = 10;
+constexpr double kReleaseTimeoutSeconds =
+    2;  // (best effort: a producer that is gone or slow keeps them to its timeout)
 
 using json = nlohmann::ordered_json;
 using api::ApiError;

@@ -9,6 +9,11 @@
 
 namespace afd::server::api {
 
+namespace {
+constexpr double kReleaseTimeoutSeconds =
+    2;  // (best effort: a producer that is gone or slow keeps them to its timeout)
+}  // namespace
+
 KvPullPool::KvPullPool(int threads, size_t max_queued) : max_queued_(max_queued) {
   AFD_CHECK(threads >= 1, "a KV pull pool needs a thread, got {}", threads);
   for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { Run(); });
@@ -152,6 +157,17 @@ std::shared_ptr<const runtime::KvRows> PullKvRows(ServerContext& ctx, const Samp
     return rows;
   } catch (const Error& e) {
     ctx.metrics().OnKvPullFailed();
+    // Rows this instance will not take are freed on the producer now, not at its hold timeout
+    // (best effort, on the pull threads: a producer that is gone has nothing to free).
+    if (ctx.kv_pulls != nullptr) {
+      ctx.kv_pulls->Post([host = r.kv.remote_host, port = r.kv.remote_port,
+                          id = r.kv.remote_request_id, secret = o.kv_secret] {
+        try {
+          runtime::ReleaseKvRows(host, port, id, secret, kReleaseTimeoutSeconds);
+        } catch (const Error&) {
+        }
+      });
+    }
     throw ApiError(502,
                    fmt::format("the KV transfer from the prefill instance failed: {}", e.what()),
                    "kv_transfer_params");
