@@ -21,8 +21,8 @@ namespace afd::server {
 
 namespace {
 
-constexpr double kReleaseTimeoutSeconds =
-    2;  // (best effort: a producer that is gone or slow keeps them to its timeout)
+// A release of held rows is best effort: a producer gone or slow keeps them to its timeout.
+constexpr double kReleaseTimeoutSeconds = 2;
 
 using json = nlohmann::ordered_json;
 using api::ApiError;

@@ -10,8 +10,8 @@
 namespace afd::server::api {
 
 namespace {
-constexpr double kReleaseTimeoutSeconds =
-    2;  // (best effort: a producer that is gone or slow keeps them to its timeout)
+// A release of held rows is best effort: a producer gone or slow keeps them to its timeout.
+constexpr double kReleaseTimeoutSeconds = 2;
 }  // namespace
 
 KvPullPool::KvPullPool(int threads, size_t max_queued) : max_queued_(max_queued) {
