@@ -143,6 +143,17 @@ bool DeferredResponse::Pump(std::string* out, HttpResponse* response) {
   return true;
 }
 
+void ReleaseUnpulled(ServerContext& ctx, const SamplingRequest& r) {
+  if (ctx.kv_pulls == nullptr) return;
+  ctx.kv_pulls->Post([host = r.kv.remote_host, port = r.kv.remote_port, id = r.kv.remote_request_id,
+                      secret = ctx.options().kv_secret] {
+    try {
+      runtime::ReleaseKvRows(host, port, id, secret, kReleaseTimeoutSeconds);
+    } catch (const Error&) {
+    }
+  });
+}
+
 std::shared_ptr<const runtime::KvRows> PullKvRows(ServerContext& ctx, const SamplingRequest& r) {
   const ApiServerOptions& o = ctx.options();
   const runtime::KvLayout expect = ctx.engine().kv_cache_layout();
@@ -157,17 +168,7 @@ std::shared_ptr<const runtime::KvRows> PullKvRows(ServerContext& ctx, const Samp
     return rows;
   } catch (const Error& e) {
     ctx.metrics().OnKvPullFailed();
-    // Rows this instance will not take are freed on the producer now, not at its hold timeout
-    // (best effort, on the pull threads: a producer that is gone has nothing to free).
-    if (ctx.kv_pulls != nullptr) {
-      ctx.kv_pulls->Post([host = r.kv.remote_host, port = r.kv.remote_port,
-                          id = r.kv.remote_request_id, secret = o.kv_secret] {
-        try {
-          runtime::ReleaseKvRows(host, port, id, secret, kReleaseTimeoutSeconds);
-        } catch (const Error&) {
-        }
-      });
-    }
+    ReleaseUnpulled(ctx, r);
     throw ApiError(502,
                    fmt::format("the KV transfer from the prefill instance failed: {}", e.what()),
                    "kv_transfer_params");
@@ -186,7 +187,10 @@ HandlerResult RunWithKvRows(const std::shared_ptr<ServerContext>& ctx, const Sam
   std::weak_ptr<DeferredResponse> weak = deferred;
   const bool queued = pool->Post([ctx, r, finish = std::move(finish), weak] {
     const std::shared_ptr<DeferredResponse> d = weak.lock();
-    if (!d || d->gone()) return;  // the client left before its pull started
+    if (!d || d->gone()) {  // the client left before its pull started
+      ReleaseUnpulled(*ctx, r);
+      return;
+    }
     HandlerResult result;
     try {
       if (ctx->shutting_down) throw ApiError(503, "the server is shutting down");

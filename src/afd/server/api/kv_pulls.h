@@ -87,7 +87,11 @@ HandlerResult RunWithKvRows(const std::shared_ptr<ServerContext>& ctx, const Sam
                             size_t num_prompts, WithKvRows finish);
 
 // The decode leg's pull of r's rows from its producer (502 naming kv_transfer_params when it
-// fails), counted in the metrics.
+// fails, after ReleaseUnpulled), counted in the metrics.
 std::shared_ptr<const runtime::KvRows> PullKvRows(ServerContext& ctx, const SamplingRequest& r);
+// Asks r's producer to free the rows this instance will not take, now rather than at its hold
+// timeout (a RELEASE queued on ctx's pull threads; best effort, 2 s: a producer that is gone
+// has nothing to free).
+void ReleaseUnpulled(ServerContext& ctx, const SamplingRequest& r);
 
 }  // namespace afd::server::api
