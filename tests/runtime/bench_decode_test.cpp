@@ -77,6 +77,29 @@ TEST(BenchDecode, PrefillInWavesStillTimesTheWholeBatch) {
   EXPECT_THROW(BenchDecode(model, o), Error);
 }
 
+// A prompt longer than a step's prefill budget (long contexts: 131,072 on a GPU) is prefilled in
+// chunks beside the decodes of the sequences already running; the timed steps still decode the
+// whole batch.
+TEST(BenchDecode, PromptsPastAStepsBudgetArePrefilledInChunks) {
+  kernels::cpu::CpuBackend cpu;
+  const model::MoeModel model = TinyModel(cpu);
+  BenchDecodeOptions o;
+  o.batch_sizes = {2};
+  o.context = 300;
+  o.steps = 3;
+  o.prefill_tokens_per_step = 64;  // each prompt takes five steps
+  const BenchDecodeResult r = BenchDecode(model, o);
+  ASSERT_EQ(r.rows.size(), 1u);
+  EXPECT_EQ(r.rows[0].batch, 2);
+  EXPECT_NEAR(r.rows[0].tokens_per_s, 1e3 * 2 / r.rows[0].ms_per_step,
+              1e-6 * r.rows[0].tokens_per_s);
+  EXPECT_GT(r.rows[0].prefill_tokens_per_s, 0.0);
+  o.context_mix = {{1, 700}, {3, 20}};  // a long chat beside short ones, the long one chunked
+  const BenchDecodeResult mix = BenchDecode(model, o);
+  ASSERT_EQ(mix.rows.size(), 1u);
+  EXPECT_EQ(mix.rows[0].batch, 4);
+}
+
 // --context-mix: one row of sequences of different lengths (prefilled in waves like any batch);
 // the floor's bytes count each sequence's own cache: a mix of 1 x 200 + 3 x 10 reads 190 rows
 // per layer more a step than 4 x 10, the same weights; the prefill FLOPs weighted by tokens.

@@ -173,6 +173,35 @@ std::vector<int64_t> Waves(const std::vector<int64_t>& lengths, int64_t budget) 
   return waves;
 }
 
+// How a batch's prompts are prefilled: whole prompts in waves of up to `per_step` tokens; or, when
+// one prompt alone is longer (long contexts), chunked prefill of `per_step` tokens a step beside
+// the running sequences' decodes.
+struct PrefillPlan {
+  bool chunked = false;
+  int64_t waves = 1;        // prefill steps at most before every sequence runs
+  int64_t max_batched = 0;  // EngineOptions::max_num_batched_tokens
+};
+
+PrefillPlan PlanPrefill(const std::vector<int64_t>& lengths, int64_t per_step) {
+  const int64_t b = static_cast<int64_t>(lengths.size());
+  PrefillPlan p;
+  if (*std::max_element(lengths.begin(), lengths.end()) <= per_step) {
+    const std::vector<int64_t> waves = Waves(lengths, per_step);
+    p.waves = static_cast<int64_t>(waves.size());
+    // Room for a wave's prompts beside every running sequence's decode token (the engine admits
+    // prompts in order while they fit, so it never takes more waves than these).
+    p.max_batched = *std::max_element(waves.begin(), waves.end()) + b;
+  } else {
+    // Each step carries at least per_step prompt tokens (the budget less the decodes).
+    int64_t total = 0;
+    for (int64_t len : lengths) total += len;
+    p.chunked = true;
+    p.waves = (total + per_step - 1) / per_step;
+    p.max_batched = per_step + b;
+  }
+  return p;
+}
+
 }  // namespace
 
 BenchDecodeResult BenchDecode(const model::MoeModel& model, const BenchDecodeOptions& o) {
@@ -200,7 +229,7 @@ BenchDecodeResult BenchDecode(const model::MoeModel& model, const BenchDecodeOpt
   }
   // A sequence of an early prefill wave decodes one token in each later wave.
   for (const std::vector<int64_t>& lengths : batches) {
-    const int64_t waves = static_cast<int64_t>(Waves(lengths, o.prefill_tokens_per_step).size());
+    const int64_t waves = PlanPrefill(lengths, o.prefill_tokens_per_step).waves;
     const int64_t longest = *std::max_element(lengths.begin(), lengths.end());
     AFD_CHECK(longest + kWarmupSteps + o.steps + waves + 1 <= c.max_position_embeddings,
               "bench decode: a prompt of {} tokens + --steps {} (+ {} warm-up steps, + {} tokens "
@@ -225,27 +254,31 @@ BenchDecodeResult BenchDecode(const model::MoeModel& model, const BenchDecodeOpt
                               static_cast<double>(c.num_hidden_layers);
   for (const std::vector<int64_t>& lengths : batches) {
     const int64_t b = static_cast<int64_t>(lengths.size());
-    const std::vector<int64_t> wave_tokens = Waves(lengths, o.prefill_tokens_per_step);
-    const int64_t waves = static_cast<int64_t>(wave_tokens.size());
+    const PrefillPlan plan = PlanPrefill(lengths, o.prefill_tokens_per_step);
+    const int64_t waves = plan.waves;
     EngineOptions eo;
     eo.num_kv_blocks = 0;
     for (int64_t len : lengths) {
       eo.num_kv_blocks += shape.BlocksFor(len + kWarmupSteps + o.steps + waves + 1);
     }
-    // Room for a wave's prompts beside every running sequence's decode token (the engine admits
-    // prompts in order while they fit, so it never takes more waves than these).
-    eo.max_num_batched_tokens = *std::max_element(wave_tokens.begin(), wave_tokens.end()) + b;
+    eo.max_num_batched_tokens = plan.max_batched;
+    eo.chunked_prefill = plan.chunked;
     eo.async_scheduling = o.async_scheduling;
     {
       // A first wave's prefill, untimed: the first launch of each kernel a prefill needs loads
       // its module (CUDA's lazy loading: ~40 ms for a cuBLAS GEMM's the first time), which a
       // server pays once, not per prefill.
       Engine warm_engine(model, runner, eo);
-      int64_t first_wave = 0;
-      for (int64_t s = 0; s < b && first_wave + lengths[s] <= wave_tokens[0]; ++s) {
-        first_wave += lengths[s];
+      int64_t first_wave = 0;  // (chunked: one prompt, a step's worth at most)
+      for (int64_t s = 0;
+           s < b &&
+           (s == 0 || (!plan.chunked && first_wave + lengths[s] <= o.prefill_tokens_per_step));
+           ++s) {
+        const int64_t len =
+            plan.chunked ? std::min(lengths[s], o.prefill_tokens_per_step) : lengths[s];
+        first_wave += len;
         RequestParams p;
-        p.prompt.resize(lengths[s]);
+        p.prompt.resize(len);
         for (int32_t& t : p.prompt) t = id(rng);
         p.max_tokens = 1;
         p.ignore_eos = true;

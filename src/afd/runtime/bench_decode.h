@@ -42,8 +42,9 @@ struct BenchDecodeOptions {
   bool kernel_trace = false;
   // Prompt tokens prefilled per step at most (whole prompts, so at least one): a batch whose
   // prompts hold more is prefilled in waves, as a server would (batch 256 x context 1024 in one
-  // step needs a ~40 GiB workspace). The sequences of earlier waves decode during the later
-  // ones (untimed mixed steps); the timed steps start once every sequence is running.
+  // step needs a ~40 GiB workspace); a prompt longer than this alone (context 131,072) is
+  // prefilled in chunks of it (chunked prefill). The sequences of earlier waves decode during
+  // the later ones (untimed mixed steps); the timed steps start once every sequence is running.
   int64_t prefill_tokens_per_step = 65536;
   AsyncScheduling async_scheduling = AsyncScheduling::kAuto;  // EngineOptions'
 };
