@@ -19,8 +19,7 @@ bool HeldKvStore::Fits(int64_t bytes) {
   return bytes <= max_bytes_ - bytes_;
 }
 
-void HeldKvStore::Put(uint64_t id, std::shared_ptr<const KvRows> rows,
-                      Clock::time_point deadline) {
+void HeldKvStore::Put(uint64_t id, std::shared_ptr<const KvRows> rows, Clock::time_point deadline) {
   MutexLock lock(mu_);
   auto& e = entries_[id];
   if (e.rows) bytes_ -= static_cast<int64_t>(e.rows->bytes.size());

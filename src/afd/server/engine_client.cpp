@@ -5,7 +5,7 @@
 namespace afd::server {
 
 std::shared_ptr<const runtime::KvRows> EngineClient::ExportHeldKv(uint64_t id,
-                                                                 double /*timeout_s*/) {
+                                                                  double /*timeout_s*/) {
   AFD_THROW("request {}: KV transfers are not supported by this server's engines", id);
 }
 

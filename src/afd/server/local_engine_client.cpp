@@ -24,7 +24,7 @@ LocalEngineClient::LocalEngineClient(const model::MoeModel& model, runtime::Step
 }
 
 std::shared_ptr<const runtime::KvRows> LocalEngineClient::ExportHeldKv(uint64_t id,
-                                                                      double timeout_s) {
+                                                                       double timeout_s) {
   // Staged rows at once, from this thread; rows left in the cache's blocks on the engine's.
   if (std::shared_ptr<const runtime::KvRows> staged = engine_.staged_kv().Find(id)) return staged;
   auto result = std::make_shared<std::promise<std::shared_ptr<const runtime::KvRows>>>();
