@@ -1,14 +1,13 @@
 #include "afd/deploy/replica_serve.h"
 
 #include <algorithm>
-#include <condition_variable>
+#include <cstdint>
 #include <cstdio>
-#include <deque>
-#include <thread>
 
 #include "afd/comm/join_secret.h"
 #include "afd/common/error.h"
 #include "afd/common/thread_annotations.h"
+#include "afd/common/work_queue.h"
 #include "afd/deploy/engine_wire.h"
 #include "afd/runtime/kv_transport.h"
 
@@ -53,27 +52,24 @@ std::vector<std::string> ShareFrames(comm::Communicator* tp_comm, int tp_rank,
   return frames;
 }
 
-// Sends kv_rows answers off the serve loop: encoding and sending the rows of a long prompt (up
-// to hundreds of MB) must not hold the engine's steps. FrameConnection::Send locks, so these
-// frames and the loop's step frames go whole, in either order (the frontend reads each kind on
-// its own). A send that fails is the loop's error at its next turn.
+// Sends kv_rows answers off the serve loop (one thread, in order): encoding and sending the rows
+// of a long prompt (up to hundreds of MB) must not hold the engine's steps. FrameConnection::Send
+// locks, so these frames and the loop's step frames go whole, in either order (the frontend
+// reads each kind on its own). A send that fails is the loop's error at its next turn.
 class RowSender {
  public:
-  explicit RowSender(FrameConnection& conn) : conn_(conn), thread_([this] { Run(); }) {}
-  ~RowSender() {  // sends what is queued, then ends
-    {
-      MutexLock lock(mu_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    thread_.join();
-  }
+  explicit RowSender(FrameConnection& conn) : conn_(conn) {}
+  // (~WorkQueue sends what is queued, then joins.)
   void Queue(EngineMessage m) {
-    {
-      MutexLock lock(mu_);
-      queue_.push_back(std::move(m));
-    }
-    cv_.notify_one();
+    AFD_CHECK(sends_.Post([this, m = std::move(m)] {
+      try {
+        conn_.Send(EncodeEngineMessage(m), kSendTimeoutSeconds);
+      } catch (const Error& e) {
+        MutexLock lock(mu_);
+        if (failure_.empty()) failure_ = e.what();
+      }
+    }),
+              "the KV rows sender stopped");
   }
   void ThrowIfFailed() {
     MutexLock lock(mu_);
@@ -81,31 +77,10 @@ class RowSender {
   }
 
  private:
-  void Run() {
-    MutexLock lock(mu_);
-    while (true) {
-      while (!stop_ && queue_.empty()) cv_.wait(lock);
-      if (queue_.empty()) return;
-      EngineMessage m = std::move(queue_.front());
-      queue_.pop_front();
-      lock.unlock();
-      std::string why;
-      try {
-        conn_.Send(EncodeEngineMessage(m), kSendTimeoutSeconds);
-      } catch (const Error& e) {
-        why = e.what();
-      }
-      lock.lock();
-      if (!why.empty() && failure_.empty()) failure_ = why;
-    }
-  }
   FrameConnection& conn_;
   Mutex mu_;
-  std::condition_variable_any cv_;
-  std::deque<EngineMessage> queue_ AFD_GUARDED_BY(mu_);
-  bool stop_ AFD_GUARDED_BY(mu_) = false;
   std::string failure_ AFD_GUARDED_BY(mu_);
-  std::thread thread_;
+  WorkQueue sends_{1, SIZE_MAX};  // last: joined before the members its tasks use go
 };
 
 RoundTripReport Histogram(const std::vector<double>& samples) {

@@ -59,7 +59,7 @@ struct ApiServer::Impl {
   std::shared_ptr<api::ServerContext> ctx;
   std::unique_ptr<api::HttpServer> http;
   std::unique_ptr<runtime::KvTransferServer> kv_server;  // a KV producer's
-  std::unique_ptr<api::KvPullPool> kv_pulls;             // a KV consumer's
+  std::unique_ptr<WorkQueue> kv_pulls;                   // a KV consumer's
   std::mutex stop_mu;
   bool started = false;
   bool stopped = false;
@@ -198,7 +198,7 @@ ApiServer::ApiServer(ApiServerOptions options, EngineClient& engine,
   const ApiServerOptions& o = impl_->ctx->options();
   if (o.kv_transfer && o.kv_transfer->consumes()) {
     // Decode legs pull their rows here, not on the endpoint workers (kv_pulls.h).
-    impl_->kv_pulls = std::make_unique<api::KvPullPool>(kKvPullThreads, kMaxQueuedKvPulls);
+    impl_->kv_pulls = std::make_unique<WorkQueue>(kKvPullThreads, kMaxQueuedKvPulls);
     impl_->ctx->kv_pulls = impl_->kv_pulls.get();
   }
   api::HttpHandlers handlers;

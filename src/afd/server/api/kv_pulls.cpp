@@ -14,49 +14,6 @@ namespace {
 constexpr double kReleaseTimeoutSeconds = 2;
 }  // namespace
 
-KvPullPool::KvPullPool(int threads, size_t max_queued) : max_queued_(max_queued) {
-  AFD_CHECK(threads >= 1, "a KV pull pool needs a thread, got {}", threads);
-  for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { Run(); });
-}
-
-KvPullPool::~KvPullPool() { Stop(); }
-
-bool KvPullPool::Post(std::function<void()> task) {
-  {
-    MutexLock lock(mu_);
-    if (stop_ || queue_.size() >= max_queued_) return false;
-    queue_.push_back(std::move(task));
-  }
-  cv_.notify_one();
-  return true;
-}
-
-void KvPullPool::Stop() {
-  {
-    MutexLock lock(mu_);
-    if (stop_ && threads_.empty()) return;
-    stop_ = true;
-  }
-  cv_.notify_all();
-  for (std::thread& t : threads_) {
-    if (t.joinable()) t.join();
-  }
-  threads_.clear();
-}
-
-void KvPullPool::Run() {
-  MutexLock lock(mu_);
-  while (true) {
-    while (!stop_ && queue_.empty()) cv_.wait(lock);
-    if (queue_.empty()) return;  // stopping, nothing left
-    std::function<void()> task = std::move(queue_.front());
-    queue_.pop_front();
-    lock.unlock();
-    task();  // (tasks catch their own errors)
-    lock.lock();
-  }
-}
-
 DeferredResponse::DeferredResponse(std::shared_ptr<ServerContext> ctx, bool streamed)
     : ctx_(std::move(ctx)), streamed_(streamed) {}
 
@@ -181,7 +138,7 @@ HandlerResult RunWithKvRows(const std::shared_ptr<ServerContext>& ctx, const Sam
   if (num_prompts != 1) {
     ThrowBadRequest("kv_transfer_params", "KV transfers take one prompt, got {}", num_prompts);
   }
-  KvPullPool* pool = ctx->kv_pulls;
+  WorkQueue* pool = ctx->kv_pulls;
   AFD_CHECK(pool != nullptr, "a decode leg on a server that is not a KV consumer");
   auto deferred = std::make_shared<DeferredResponse>(ctx, r.stream);
   std::weak_ptr<DeferredResponse> weak = deferred;

@@ -1,21 +1,18 @@
 // The decode leg of a KV transfer (prefill/decode disaggregation, docs/pd.md) off the endpoint
 // workers: a request with kv_transfer_params.do_remote_prefill is answered at once with a
-// DeferredResponse; a thread of the KvPullPool pulls its rows from the producer and then runs
+// DeferredResponse; a thread of the server's pull queue (ServerContext::kv_pulls, a WorkQueue)
+// pulls its rows from the producer and then runs
 // the rest of the endpoint (the submission and its response), which the DeferredResponse
 // becomes. The workers go on parsing and tokenizing other requests meanwhile, however long the
 // pulls take.
 //
-// Thread safety: KvPullPool's methods may be called from any thread. A DeferredResponse is
-// driven by its connection's strand (PendingResponse's contract); Become and gone() from any.
+// Thread safety: a DeferredResponse is driven by its connection's strand (PendingResponse's
+// contract); Become and gone() from any thread.
 #pragma once
 
-#include <condition_variable>
 #include <cstddef>
-#include <deque>
 #include <functional>
 #include <memory>
-#include <thread>
-#include <vector>
 
 #include "afd/common/thread_annotations.h"
 #include "afd/runtime/request.h"
@@ -24,27 +21,6 @@
 #include "afd/server/api/server_context.h"
 
 namespace afd::server::api {
-
-class KvPullPool {
- public:
-  KvPullPool(int threads, size_t max_queued);
-  ~KvPullPool();  // Stop()
-  KvPullPool(const KvPullPool&) = delete;
-  KvPullPool& operator=(const KvPullPool&) = delete;
-  // Queues `task`; false when max_queued tasks wait already or the pool stopped.
-  bool Post(std::function<void()> task);
-  // Takes no more tasks, runs those queued, joins the threads.
-  void Stop();
-
- private:
-  void Run();
-  const size_t max_queued_;
-  Mutex mu_;
-  std::condition_variable_any cv_;
-  std::deque<std::function<void()>> queue_ AFD_GUARDED_BY(mu_);
-  bool stop_ AFD_GUARDED_BY(mu_) = false;
-  std::vector<std::thread> threads_;
-};
 
 // A response whose endpoint has not finished yet: not ready until Become. Streamed (as the
 // request asked): once it became a generation, that one's events; an error as one error event,
@@ -81,7 +57,7 @@ class DeferredResponse : public PendingResponse {
 using WithKvRows = std::function<HandlerResult(std::shared_ptr<const runtime::KvRows> rows)>;
 
 // finish(nullptr) at once when `r` is not a decode leg; else a DeferredResponse, its rows pulled
-// on ctx's KvPullPool (503 when too many pulls wait). num_prompts: the request's prompts (a KV
+// on ctx's pull queue (503 when too many pulls wait). num_prompts: the request's prompts (a KV
 // transfer takes one: 400 naming kv_transfer_params otherwise).
 HandlerResult RunWithKvRows(const std::shared_ptr<ServerContext>& ctx, const SamplingRequest& r,
                             size_t num_prompts, WithKvRows finish);

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "afd/common/thread_annotations.h"
+#include "afd/common/work_queue.h"
 #include "afd/server/api/api_server.h"
 #include "afd/server/api/serving_metrics.h"
 #include "afd/server/engine_client.h"
@@ -20,8 +21,6 @@
 #include "afd/text/tokenizer/tokenizer.h"
 
 namespace afd::server::api {
-
-class KvPullPool;
 
 class ServerContext {
  public:
@@ -62,7 +61,7 @@ class ServerContext {
   const std::string& kv_engine_id() const { return kv_engine_id_; }
   // A KV consumer's pull threads (kv_pulls.h; set by ApiServer before it starts, null for other
   // servers).
-  KvPullPool* kv_pulls = nullptr;
+  WorkQueue* kv_pulls = nullptr;
 
  private:
   ApiServerOptions options_;
