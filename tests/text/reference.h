@@ -18,6 +18,8 @@
 #include <string>
 #include <vector>
 
+#include "testing/command.h"
+
 namespace afd::test {
 
 inline std::string SourcePath(const std::string& rel) {
@@ -39,21 +41,8 @@ inline std::vector<std::string> SyntheticDirs() {
   return dirs;
 }
 
-struct CommandResult {
-  int exit_code;
-  std::string out;  // stdout only
-};
-
-inline CommandResult RunCommand(const std::string& cmd) {
-  FILE* pipe = popen(cmd.c_str(), "r");
-  if (pipe == nullptr) return {-1, ""};
-  std::string out;
-  std::array<char, 65536> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) out.append(buf.data(), n);
-  const int status = pclose(pipe);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
+using testing_util::CommandResult;
+using testing_util::RunCommand;
 
 inline std::string Quote(const std::string& s) {
   std::string q = "'";

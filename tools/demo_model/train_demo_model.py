@@ -7,7 +7,7 @@ demo answers in words. Run on the GPU machine (tools/device/demo_model.sh); abou
 
 Writes to --out: config.json, model.safetensors (bf16), tokenizer.json, tokenizer_config.json
 (bos/eos, the chat template), reference.json (prompts and transformers' fp32 greedy continuations
-on the CPU, which `afd run` must reproduce: tests/model/demo_model_test.cpp), train_log.txt.
+on the CPU, which `afd run` must reproduce: tests/e2e/demo_model_test.cpp), train_log.txt.
 
 Usage: python3 tools/demo_model/train_demo_model.py --out DIR [--seconds 240]
 Needs torch, transformers (5.x), tokenizers, safetensors.

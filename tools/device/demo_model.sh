@@ -2,7 +2,8 @@
 # One device call (issue 39 item 6): trains the demo model (tools/demo_model/train_demo_model.py,
 # about SECONDS_BUDGET [240] s on the GPU) into OUT_DIR/demo, after a 3-second smoke run that
 # catches a broken script early; then checks `afd run` on the CPU against the script's
-# reference.json (transformers' fp32 greedy ids) and prints the model's answers.
+# reference.json (transformers' fp32 greedy ids) and prints the model's answers. The model comes
+# back as OUT_DIR/demo.tgz (unpack it into models/).
 # Usage (repo root there): tools/device/demo_model.sh BIN_DIR OUT_DIR
 set -u
 BIN=$(readlink -f "$1")
@@ -31,3 +32,5 @@ for c in ref["cases"]:
 print(f"{ok}/{len(ref['cases'])} cases equal")
 PY
 du -sh "$OUT/demo"/*
+# One archive: the tool brings back at most 8 files (the model directory has 7, plus the logs).
+tar czf "$OUT/demo.tgz" -C "$OUT" demo && rm -rf "$OUT/demo"
