@@ -19,7 +19,8 @@
 # DEVICE [cuda], LOADS [2048:128 8192:256], NUM_PROMPTS [64], REQUEST_RATE [4] (requests/s,
 # Poisson), MAX_CONCURRENCY [16], GPUS [0 0 0 0] (prefill 0, prefill 1, attention, FFN; one GPU
 # needs MPS running), AFD_CONNECTOR [AsyncAFDConnector on cuda, P2pHostAFDConnector on cpu],
-# EXTRA_FLAGS (every serve command's, e.g. --num-gpu-blocks-override / --max-model-len).
+# EXTRA_FLAGS (every serve command's, e.g. --num-gpu-blocks-override / --max-model-len),
+# KV_TRANSPORT [tcp] (cuda_ipc: device to device between the GPU instances, recipes/pd_2p1a1f.sh).
 set -euo pipefail
 OUT=${1:?usage: bench/pd_bench.sh OUT_DIR}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -121,7 +122,7 @@ DECODE=$(free_port)
 env AFD="$AFD" MODEL_PATH="$MODEL_PATH" DEVICE="$DEVICE" AFD_CONNECTOR="$CONNECTOR" \
   PREFILL_PORTS="$(free_port) $(free_port)" KV_PORTS="$(free_port) $(free_port)" \
   DECODE_PORT="$DECODE" PROXY_PORT="$PROXY" AFD_CONNECTOR_PORT="$(free_port)" GPUS="${GPUS[*]}" \
-  LOG_DIR="$OUT/pd_logs" READY_TIMEOUT_S=900 EXTRA_FLAGS="${EXTRA[*]}" \
+  LOG_DIR="$OUT/pd_logs" READY_TIMEOUT_S=900 EXTRA_FLAGS="${EXTRA[*]}" KV_TRANSPORT="${KV_TRANSPORT:-tcp}" \
   bash "$ROOT/recipes/pd_2p1a1f.sh" >"$OUT/pd_recipe.log" 2>&1 &
 RECIPE=$!
 PIDS+=("$RECIPE")
@@ -153,11 +154,12 @@ EOF
     s1=$(metric "$DECODE" afd:kv_transfer_seconds_sum)
     n1=$(metric "$DECODE" afd:kv_transfer_seconds_count)
     f=$(metric "$DECODE" afd:kv_transfer_failures_total)
+    dv=$(metric "$DECODE" afd:kv_transfer_device_total)
     "$PY" -c "
 b, p, s, n = $b1 - $b0, $p1 - $p0, $s1 - $s0, $n1 - $n0
 print(f'[pd_2p1a1f in ${load%%:*} out ${load##*:}] KV transfers: {n:.0f} pulls, {b / 1e6:.1f} MB, '
       f'{b / max(p, 1):.0f} B per prompt token, {b / max(s, 1e-9) / 1e6:.1f} MB/s per pull '
-      f'(mean pull {s / max(n, 1) * 1e3:.1f} ms), failures so far {$f:.0f}')"
+      f'(mean pull {s / max(n, 1) * 1e3:.1f} ms), failures so far {$f:.0f}, over CUDA IPC so far {$dv:.0f}')"
   done
 fi
 kill -TERM "$RECIPE" 2>/dev/null || true

@@ -19,7 +19,9 @@
 # AFD_CONNECTOR_PORT [6269] and AFD_CONNECTOR [P2pHostAFDConnector on cpu, P2pNcclAFDConnector
 # on cuda] (the decode deployment's connector), GPUS [0 1 2 3] (prefill 0, prefill 1, attention,
 # FFN; "0 0 0 0" shares one GPU, under MPS), LOG_DIR [a fresh temporary folder], READY_TIMEOUT_S
-# [600], EXTRA_FLAGS (appended to every serve command). Across hosts set AFD_JOIN_SECRET (or
+# [600], KV_TRANSPORT [tcp; cuda_ipc: rows stay in the prefillers' GPU caches and the decoder
+# copies them device to device, for instances of one host on GPUs], EXTRA_FLAGS (appended to
+# every serve command). Across hosts set AFD_JOIN_SECRET (or
 # AFD_JOIN_SECRET_FILE) in every process's environment: KV transfers authenticate with it.
 set -euo pipefail
 AFD=${AFD:-afd}
@@ -35,6 +37,7 @@ PORT=${AFD_CONNECTOR_PORT:-6269}
 if [ "$DEVICE" = cuda ]; then CONNECTOR=${AFD_CONNECTOR:-P2pNcclAFDConnector}; else CONNECTOR=${AFD_CONNECTOR:-P2pHostAFDConnector}; fi
 LOG_DIR=${LOG_DIR:-$(mktemp -d -t afd-pd-2p1a1f-XXXXXX)}
 READY_TIMEOUT_S=${READY_TIMEOUT_S:-600}
+KV_TRANSPORT=${KV_TRANSPORT:-tcp}
 read -r -a EXTRA <<<"${EXTRA_FLAGS:-}"
 die() { echo "pd_2p1a1f.sh: $*" >&2; exit 2; }
 [ "${#PREFILL_PORTS[@]}" = 2 ] || die "PREFILL_PORTS must name 2 ports, got '${PREFILL_PORTS[*]}'"
@@ -43,10 +46,11 @@ die() { echo "pd_2p1a1f.sh: $*" >&2; exit 2; }
 mkdir -p "$LOG_DIR"
 
 kv_config() {  # role [port]
+  local extra="\"kv_connector_extra_config\": {\"transport\": \"$KV_TRANSPORT\"}"
   if [ -n "${2:-}" ]; then
-    echo "{\"kv_connector\": \"AfdKvConnector\", \"kv_role\": \"$1\", \"kv_ip\": \"$HOST\", \"kv_port\": $2}"
+    echo "{\"kv_connector\": \"AfdKvConnector\", \"kv_role\": \"$1\", \"kv_ip\": \"$HOST\", \"kv_port\": $2, $extra}"
   else
-    echo "{\"kv_connector\": \"AfdKvConnector\", \"kv_role\": \"$1\"}"
+    echo "{\"kv_connector\": \"AfdKvConnector\", \"kv_role\": \"$1\", $extra}"
   fi
 }
 afd_config() {  # role

@@ -13,7 +13,8 @@ TEST(KvTransferConfig, ReadsTheFields) {
   const KvTransferConfig c = ParseKvTransferConfig(
       R"({"kv_connector": "AfdKvConnector", "kv_role": "kv_producer", "kv_ip": "10.0.0.2",
           "kv_port": 15000, "engine_id": "p0",
-          "kv_connector_extra_config": {"hold_timeout_s": 30, "transfer_timeout_s": 5}})");
+          "kv_connector_extra_config": {"hold_timeout_s": 30, "transfer_timeout_s": 5,
+                                        "transport": "cuda_ipc"}})");
   EXPECT_EQ(c.role, KvTransferConfig::Role::kProducer);
   EXPECT_TRUE(c.produces());
   EXPECT_FALSE(c.consumes());
@@ -22,11 +23,13 @@ TEST(KvTransferConfig, ReadsTheFields) {
   EXPECT_EQ(c.engine_id, "p0");
   EXPECT_EQ(c.hold_timeout_s, 30);
   EXPECT_EQ(c.transfer_timeout_s, 5);
+  EXPECT_EQ(c.transport, KvTransferConfig::Transport::kCudaIpc);
   const KvTransferConfig d =
       ParseKvTransferConfig(R"({"kv_connector": "AfdKvConnector", "kv_role": "kv_both"})");
   EXPECT_TRUE(d.produces() && d.consumes());
   EXPECT_EQ(d.kv_port, 14579);
   EXPECT_EQ(d.hold_timeout_s, 480);
+  EXPECT_EQ(d.transport, KvTransferConfig::Transport::kTcp);
 }
 
 TEST(KvTransferConfig, BadInputIsRefusedByName) {
@@ -41,6 +44,9 @@ TEST(KvTransferConfig, BadInputIsRefusedByName) {
       {R"({"kv_connector": "AfdKvConnector", "kv_role": "kv_both",
            "kv_connector_extra_config": {"hold_s": 1}})",
        "kv_connector_extra_config.hold_s: unknown field"},
+      {R"({"kv_connector": "AfdKvConnector", "kv_role": "kv_both",
+           "kv_connector_extra_config": {"transport": "nixl"}})",
+       "kv_connector_extra_config.transport: 'nixl' (tcp or cuda_ipc)"},
       {R"([1])", "must be a JSON object"},
       {R"({"kv_connector": "AfdKvConnector", "kv_role": "kv_both", "kv_ip": "0.0.0.0"})",
        "the address consumers reach"},

@@ -161,13 +161,35 @@ TEST_P(KvTransfer, TheStagingBudgetSpillsToTheBlocks) {
   EXPECT_EQ(e.staged_kv().count(), 1);
   EXPECT_EQ(e.staged_kv().bytes(), o.kv_stage_bytes);
   EXPECT_GT(e.stats().kv_blocks_used, 0);  // the other one's
-  const std::shared_ptr<const KvRows> a = e.ExportHeldKv(1), b = e.ExportHeldKv(2);
-  EXPECT_EQ(a->bytes, b->bytes);  // the same prompt: the same rows, either way
+  const std::shared_ptr<const KvRows> a = e.ExportHeldKv(1), b = e.ExportHeldKv(2, true);
+  EXPECT_EQ(a->bytes, b->bytes);        // the same prompt: the same rows, either way
+  EXPECT_FALSE(b->device.has_value());  // (no CUDA IPC on the CPU: bytes)
   e.ReleaseHeldKv(1);
   e.ReleaseHeldKv(2);
   EXPECT_EQ(e.stats().kv_held, 0);
   EXPECT_EQ(e.stats().kv_blocks_used, 0);
   EXPECT_EQ(e.staged_kv().bytes(), 0);
+}
+
+// hold_kv_on_device (a producer of the cuda_ipc transport): the rows stay in the cache's blocks
+// however much staging room there is, for a consumer to read in place; exported as bytes they
+// are the rows a staged request gives.
+TEST_P(KvTransfer, RowsHeldOnTheDeviceStayInTheBlocks) {
+  LocalStepRunner runner(*model_);
+  Engine e(*model_, runner, {0, 0, false, 16, 0});
+  for (uint64_t id : {1u, 2u}) {
+    RequestParams p = Params({9, 8, 7, 6, 5}, 1);
+    p.hold_kv_s = 60;
+    p.hold_kv_on_device = id == 2;
+    e.Add(id, p);
+  }
+  Drain(e);
+  EXPECT_EQ(e.stats().kv_held, 2);
+  EXPECT_EQ(e.staged_kv().count(), 1);
+  EXPECT_GT(e.stats().kv_blocks_used, 0);
+  EXPECT_EQ(e.ExportHeldKv(1)->bytes, e.ExportHeldKv(2, true)->bytes);
+  e.ReleaseHeldKv(2);
+  EXPECT_EQ(e.stats().kv_blocks_used, 0);
 }
 
 TEST_P(KvTransfer, BadRowsAreRejectedNamingTheMismatch) {
@@ -201,6 +223,21 @@ TEST_P(KvTransfer, BadRowsAreRejectedNamingTheMismatch) {
   short_bytes.bytes.resize(10);
   reject(short_bytes, false, "10 bytes");
   reject(ok, true, "prompt log-probabilities");
+  // Rows left in another process's GPU cache (the cuda_ipc transport): checked before a byte is
+  // read, and a CPU engine cannot read them at all.
+  KvRows device = ok;
+  device.bytes.clear();
+  device.device = KvDeviceRows{std::string(64, 'h'), 1024, 64, {3}};
+  KvRows few_blocks = device;
+  few_blocks.device->block_size = 1;
+  reject(few_blocks, false, "1 blocks of 1 slots (1024 per layer) for 3 positions");
+  KvRows outside = device;
+  outside.device->blocks = {16};
+  reject(outside, false, "block 16 outside the producer's 16");
+  KvRows ragged = device;
+  ragged.device->num_slots = 1000;
+  reject(ragged, false, "(1000 per layer)");
+  reject(device, false, "cannot read them");
   for (double hold : {-1.0, std::nan(""), 1e300}) {
     RequestParams p = Params({1, 2, 3, 4}, 1);
     p.hold_kv_s = hold;

@@ -36,17 +36,29 @@ KvLayout LayoutOf(const KvRows& r, std::string model = "m") {
 }
 
 // A producer holding request 11's rows.
+// With `on_device`, a consumer that takes device rows gets them described (as a GPU producer
+// with the cuda_ipc transport gives them).
 struct Producer {
   KvRows rows = SomeRows(70);
+  bool on_device = false;
   std::mutex mu;
   std::vector<uint64_t> released;
+  std::vector<bool> device_ok_seen;
   KvTransferServer server;
   explicit Producer(std::optional<std::string> secret = kSecret, std::string model = "m")
       : server(
             "127.0.0.1", 0, std::move(secret), std::move(model),
-            [this](uint64_t id) {
+            [this](uint64_t id, bool device_ok) {
               AFD_CHECK(id == 11, "request {} holds no KV rows", id);
-              return std::make_shared<const KvRows>(rows);
+              {
+                std::lock_guard<std::mutex> lock(mu);
+                device_ok_seen.push_back(device_ok);
+              }
+              if (!device_ok || !on_device) return std::make_shared<const KvRows>(rows);
+              auto d = std::make_shared<KvRows>(rows);
+              d->bytes.clear();
+              d->device = KvDeviceRows{std::string(64, '\x5a'), 4096, 64, {7, 3}};
+              return std::shared_ptr<const KvRows>(d);
             },
             [this](uint64_t id) {
               std::lock_guard<std::mutex> lock(mu);
@@ -75,6 +87,41 @@ TEST(KvTransport, RowsArriveWholeAndAreReleasedOnce) {
   }
   std::lock_guard<std::mutex> lock(p.mu);
   EXPECT_EQ(p.released, std::vector<uint64_t>{11});
+}
+
+// The cuda_ipc transport: a consumer on this host that takes device rows gets their place in
+// the producer's GPU cache, not their bytes, and the producer keeps them (the consumer releases
+// them once copied); a consumer that takes bytes gets bytes from the same producer.
+TEST(KvTransport, DeviceRowsAreDescribedAndStayHeldUntilReleased) {
+  Producer p;
+  p.on_device = true;
+  const KvRows got =
+      FetchKvRows("127.0.0.1", p.server.port(), 11, LayoutOf(p.rows), kSecret, 5, true);
+  ASSERT_TRUE(got.device.has_value());
+  EXPECT_TRUE(got.bytes.empty());
+  EXPECT_EQ(got.positions, 70);
+  EXPECT_EQ(got.device->ipc_handle, std::string(64, '\x5a'));
+  EXPECT_EQ(got.device->num_slots, 4096);
+  EXPECT_EQ(got.device->block_size, 64);
+  EXPECT_EQ(got.device->blocks, (std::vector<int32_t>{7, 3}));
+  for (int i = 0; i < 200 && p.server.device_transfers() == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(p.server.device_transfers(), 1);
+  {
+    std::lock_guard<std::mutex> lock(p.mu);
+    EXPECT_TRUE(p.released.empty());  // still held: the consumer has not copied them yet
+  }
+  ReleaseKvRows("127.0.0.1", p.server.port(), 11, kSecret, 5);
+  const KvRows bytes = FetchKvRows("127.0.0.1", p.server.port(), 11, LayoutOf(p.rows), kSecret, 5);
+  EXPECT_FALSE(bytes.device.has_value());
+  EXPECT_EQ(bytes.bytes, p.rows.bytes);
+  for (int i = 0; i < 200 && p.server.transfers_done() < 2; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  std::lock_guard<std::mutex> lock(p.mu);
+  EXPECT_EQ(p.device_ok_seen, (std::vector<bool>{true, false}));
+  EXPECT_EQ(p.released, (std::vector<uint64_t>{11, 11}));
 }
 
 // A release without a pull (the decode leg will not come): the rows are freed at once; only a
@@ -211,13 +258,15 @@ TEST(KvTransport, HeldEngineRowsOverTcpGiveTheColocatedTokens) {
   // The server's threads reach the engine only while this thread waits in FetchKvRows.
   KvTransferServer server(
       "127.0.0.1", 0, kSecret, "tiny-qwen3",
-      [&producer](uint64_t id) { return producer.ExportHeldKv(id); },
+      [&producer](uint64_t id, bool device_ok) { return producer.ExportHeldKv(id, device_ok); },
       [&producer](uint64_t id) { producer.ReleaseHeldKv(id); }, 2.0);
   const KvLayout layout{"tiny-qwen3", model->config().num_hidden_layers, producer.kv_row_width(),
                         producer.kv_dtype()};
   RequestParams decode = params;
+  // A CPU producer has no device rows to describe: the cuda_ipc consumer gets bytes.
   decode.imported_kv = std::make_shared<const KvRows>(
-      FetchKvRows("127.0.0.1", server.port(), 11, layout, kSecret, 5));
+      FetchKvRows("127.0.0.1", server.port(), 11, layout, kSecret, 5, true));
+  EXPECT_FALSE(decode.imported_kv->device.has_value());
   for (int i = 0; i < 200 && server.transfers_done() == 0; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }

@@ -211,6 +211,62 @@ TEST(EngineWire, KvRowsTravelAttachedToTheirMessages) {
   EXPECT_THROW(deploy::DecodeEngineMessage(huge + std::string(1, '\0'), "r"), Error);
 }
 
+// The cuda_ipc KV transport on the engine channel: an export that may answer with device rows,
+// device rows described (nothing attached) both ways, a producer's hold on the device, and the
+// consumer's kv_imported.
+TEST(EngineWire, DeviceKvRowsTravelAsTheirDescription) {
+  EngineMessage exp;
+  exp.kind = Kind::kExportKv;
+  exp.id = 3;
+  exp.device_ok = true;
+  EXPECT_TRUE(deploy::DecodeEngineMessage(deploy::EncodeEngineMessage(exp), "t").device_ok);
+  exp.device_ok = false;
+  EXPECT_FALSE(deploy::DecodeEngineMessage(deploy::EncodeEngineMessage(exp), "t").device_ok);
+
+  auto device = std::make_shared<runtime::KvRows>(Rows(70));
+  device->bytes.clear();
+  device->device = runtime::KvDeviceRows{std::string("\0\x01\xff handle", 10), 4096, 64, {9, 2}};
+  EngineMessage rows;
+  rows.kind = Kind::kKvRows;
+  rows.id = 3;
+  rows.kv = device;
+  const std::string frame = deploy::EncodeEngineMessage(rows);
+  EXPECT_EQ(frame.find('\0'), std::string::npos);  // nothing attached
+  const EngineMessage r = deploy::DecodeEngineMessage(frame, "t");
+  ASSERT_TRUE(r.kv && r.kv->device);
+  EXPECT_EQ(r.kv->device->ipc_handle, device->device->ipc_handle);
+  EXPECT_EQ(r.kv->device->num_slots, 4096);
+  EXPECT_EQ(r.kv->device->block_size, 64);
+  EXPECT_EQ(r.kv->device->blocks, (std::vector<int32_t>{9, 2}));
+  EXPECT_EQ(r.kv->positions, 70);
+  EXPECT_NE(Why([&] {
+              deploy::DecodeEngineMessage(frame + std::string("\0ab", 3), "r");
+            }).find("device KV rows with 2 bytes attached"),
+            std::string::npos);
+
+  EngineMessage submit;
+  submit.kind = Kind::kSubmit;
+  submit.id = 4;
+  submit.params.prompt = {1, 2, 3};
+  submit.params.hold_kv_s = 30;
+  submit.params.hold_kv_on_device = true;
+  submit.params.imported_kv = device;
+  const EngineMessage s = deploy::DecodeEngineMessage(deploy::EncodeEngineMessage(submit), "t");
+  EXPECT_TRUE(s.params.hold_kv_on_device);
+  ASSERT_TRUE(s.params.imported_kv && s.params.imported_kv->device);
+  EXPECT_EQ(s.params.imported_kv->device->blocks, (std::vector<int32_t>{9, 2}));
+
+  EngineMessage step;
+  step.kind = Kind::kStep;
+  runtime::RequestOutput o;
+  o.request_id = 4;
+  o.kv_imported = true;
+  step.outputs = {o};
+  const EngineMessage t = deploy::DecodeEngineMessage(deploy::EncodeEngineMessage(step), "t");
+  ASSERT_EQ(t.outputs.size(), 1u);
+  EXPECT_TRUE(t.outputs[0].kv_imported);
+}
+
 // A replica played by the test: connects, says hello, answers as told.
 class FakeReplica {
  public:

@@ -327,6 +327,11 @@ server::ServeHttpOptions ToHttpOptions(const RoleArgs& a) {
   o.api.defaults.ignore_eos = a.gen.ignore_eos;
   if (!a.kv_transfer_config.empty()) {
     o.api.kv_transfer = ParseKvTransferConfig(a.kv_transfer_config);
+    AFD_CHECK(
+        o.api.kv_transfer->transport != KvTransferConfig::Transport::kCudaIpc || a.device == "cuda",
+        "--kv-transfer-config: kv_connector_extra_config.transport cuda_ipc needs engines "
+        "on a GPU (--device cuda), this server's run on {}",
+        a.device);
     o.api.kv_secret = comm::ResolveJoinSecret(o.api.kv_transfer->kv_ip);
   }
   o.tokenizer_dir = a.tokenizer;

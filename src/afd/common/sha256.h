@@ -8,6 +8,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -40,6 +41,8 @@ bool DigestsEqual(std::string_view a, std::string_view b);
 
 // Lower-case hex of raw bytes.
 std::string ToHex(std::string_view bytes);
+// The bytes of lower- or upper-case hex; nullopt when `hex` is not an even run of hex digits.
+std::optional<std::string> FromHex(std::string_view hex);
 inline std::string_view AsBytes(const Digest& d) {
   return {reinterpret_cast<const char*>(d.data()), d.size()};
 }

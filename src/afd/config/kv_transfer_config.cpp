@@ -54,8 +54,13 @@ KvTransferConfig ParseKvTransferConfig(const std::string& json_text) {
           c.hold_timeout_s = GetNumber(v, p, 1e-3, 1e7);
         } else if (k == "transfer_timeout_s") {
           c.transfer_timeout_s = GetNumber(v, p, 1e-3, 1e7);
+        } else if (k == "transport") {
+          const std::string t = GetString(v, p);
+          AFD_CHECK(t == "tcp" || t == "cuda_ipc", "{}: '{}' (tcp or cuda_ipc)", p, t);
+          c.transport = t == "tcp" ? KvTransferConfig::Transport::kTcp
+                                   : KvTransferConfig::Transport::kCudaIpc;
         } else {
-          AFD_THROW("{}: unknown field (hold_timeout_s, transfer_timeout_s)", p);
+          AFD_THROW("{}: unknown field (hold_timeout_s, transfer_timeout_s, transport)", p);
         }
       }
     } else {

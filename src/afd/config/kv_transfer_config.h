@@ -1,7 +1,8 @@
 // `--kv-transfer-config` (vLLM's flag) for prefill/decode disaggregation (docs/pd.md):
 //   {"kv_connector": "AfdKvConnector", "kv_role": "kv_producer" | "kv_consumer" | "kv_both",
 //    "kv_ip": "127.0.0.1", "kv_port": 14579, "engine_id": "...",
-//    "kv_connector_extra_config": {"hold_timeout_s": 480, "transfer_timeout_s": 60}}
+//    "kv_connector_extra_config": {"hold_timeout_s": 480, "transfer_timeout_s": 60,
+//                                  "transport": "tcp" | "cuda_ipc"}}
 // Unknown fields, connectors and roles are refused by name.
 #pragma once
 
@@ -19,6 +20,12 @@ struct KvTransferConfig {
   std::string engine_id;             // remote_engine_id a producer announces ("" : generated)
   double hold_timeout_s = 480.0;     // held rows freed after this (vLLM's abort timeout)
   double transfer_timeout_s = 60.0;  // a consumer's pull, connect to last byte
+  // How rows travel. tcp: through host memory over the KV server's socket (any hosts).
+  // cuda_ipc: a producer keeps a request's rows in its GPU cache until they are read; a
+  // consumer on the producer's host (GPU engines on both sides) copies them device to device
+  // over CUDA IPC, any other consumer gets them over tcp.
+  enum class Transport { kTcp, kCudaIpc };
+  Transport transport = Transport::kTcp;
 
   bool produces() const { return role != Role::kConsumer; }
   bool consumes() const { return role != Role::kProducer; }

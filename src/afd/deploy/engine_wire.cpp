@@ -134,11 +134,19 @@ std::vector<runtime::TokenLogprobs> LogprobsFrom(const json& a) {
 }
 
 // KV rows: their layout in the JSON, their bytes in the frame's attachment.
+// Device rows (KvRows::device) are described in "device" and attach nothing.
 json KvRowsJson(const runtime::KvRows& kv) {
-  return {{"layers", kv.num_layers},
-          {"width", kv.row_width},
-          {"positions", kv.positions},
-          {"dtype", static_cast<int>(kv.dtype)}};
+  json j = {{"layers", kv.num_layers},
+            {"width", kv.row_width},
+            {"positions", kv.positions},
+            {"dtype", static_cast<int>(kv.dtype)}};
+  if (const std::optional<runtime::KvDeviceRows>& d = kv.device) {
+    j["device"] = {{"handle", ToHex(d->ipc_handle)},
+                   {"slots", d->num_slots},
+                   {"block_size", d->block_size},
+                   {"blocks", d->blocks}};
+  }
+  return j;
 }
 
 DType DTypeFrom(const json& v) {
@@ -166,6 +174,18 @@ std::shared_ptr<runtime::KvRows> KvRowsFrom(const json& j, std::string_view atta
                                  static_cast<unsigned __int128>(kv->positions) *
                                  static_cast<unsigned __int128>(kv->row_width) *
                                  DTypeSize(kv->dtype);
+  if (j.contains("device")) {
+    const json& d = j.at("device");
+    runtime::KvDeviceRows& rows = kv->device.emplace();
+    const std::optional<std::string> handle = FromHex(d.at("handle").get<std::string>());
+    AFD_CHECK(handle && !handle->empty(), "device KV rows with a malformed handle");
+    rows.ipc_handle = *handle;
+    rows.num_slots = Int<int64_t>(d.at("slots"));
+    rows.block_size = Int<int64_t>(d.at("block_size"));
+    rows.blocks = Ints<int32_t>(d.at("blocks"));
+    AFD_CHECK(attachment.empty(), "device KV rows with {} bytes attached", attachment.size());
+    return kv;
+  }
   AFD_CHECK(want == attachment.size(),
             "KV rows of {} layers x {} positions x {} {} need {} bytes, the frame carries {}",
             kv->num_layers, kv->positions, kv->row_width, DTypeName(kv->dtype),
@@ -229,14 +249,18 @@ std::string EncodeEngineMessage(const EngineMessage& m) {
       j["logprobs"] = p.logprobs;
       j["prompt_logprobs"] = p.prompt_logprobs;
       if (p.hold_kv_s > 0) j["hold_kv_s"] = p.hold_kv_s;
+      if (p.hold_kv_on_device) j["hold_kv_on_device"] = true;
       if (p.imported_kv) {
         j["kv"] = KvRowsJson(*p.imported_kv);
-        attach = p.imported_kv.get();
+        if (!p.imported_kv->device) attach = p.imported_kv.get();
       }
       break;
     }
-    case EngineMessage::Kind::kAbort:
     case EngineMessage::Kind::kExportKv:
+      j["id"] = m.id;
+      if (m.device_ok) j["device_ok"] = true;
+      break;
+    case EngineMessage::Kind::kAbort:
     case EngineMessage::Kind::kReleaseKv:
       j["id"] = m.id;
       break;
@@ -244,7 +268,7 @@ std::string EncodeEngineMessage(const EngineMessage& m) {
       j["id"] = m.id;
       if (m.kv) {
         j["kv"] = KvRowsJson(*m.kv);
-        attach = m.kv.get();
+        if (!m.kv->device) attach = m.kv.get();
       } else {
         j["why"] = m.why;
       }
@@ -284,6 +308,7 @@ std::string EncodeEngineMessage(const EngineMessage& m) {
         if (!o.error.empty()) e["error"] = o.error;
         if (o.rejected) e["rejected"] = true;
         if (o.kv_held) e["kv_held"] = {{"positions", o.kv_positions}, {"blocks", o.kv_block_ids}};
+        if (o.kv_imported) e["kv_imported"] = true;
         outs.push_back(std::move(e));
       }
       j["outputs"] = std::move(outs);
@@ -336,9 +361,11 @@ EngineMessage DecodeEngineMessage(const std::string& body, const std::string& fr
       p.logprobs = Int<int32_t>(j.at("logprobs"));
       p.prompt_logprobs = Int<int32_t>(j.at("prompt_logprobs"));
       if (j.contains("hold_kv_s")) p.hold_kv_s = Real(j.at("hold_kv_s"));
+      if (j.contains("hold_kv_on_device"))
+        p.hold_kv_on_device = j.at("hold_kv_on_device").get<bool>();
       if (j.contains("kv")) {
         p.imported_kv = KvRowsFrom(j.at("kv"), attachment);
-        attached = true;
+        attached = !p.imported_kv->device;
       }
     } else if (kind == "abort") {
       m.kind = EngineMessage::Kind::kAbort;
@@ -346,6 +373,7 @@ EngineMessage DecodeEngineMessage(const std::string& body, const std::string& fr
     } else if (kind == "export_kv") {
       m.kind = EngineMessage::Kind::kExportKv;
       m.id = Int<uint64_t>(j.at("id"));
+      m.device_ok = j.value("device_ok", false);
     } else if (kind == "release_kv") {
       m.kind = EngineMessage::Kind::kReleaseKv;
       m.id = Int<uint64_t>(j.at("id"));
@@ -354,7 +382,7 @@ EngineMessage DecodeEngineMessage(const std::string& body, const std::string& fr
       m.id = Int<uint64_t>(j.at("id"));
       if (j.contains("kv")) {
         m.kv = KvRowsFrom(j.at("kv"), attachment);
-        attached = true;
+        attached = !m.kv->device;
       } else {
         m.why = j.at("why").get<std::string>();
       }
@@ -397,6 +425,7 @@ EngineMessage DecodeEngineMessage(const std::string& body, const std::string& fr
         if (e.contains("prompt_lps")) o.prompt_logprobs = LogprobsFrom(e["prompt_lps"]);
         if (e.contains("error")) o.error = e["error"].get<std::string>();
         o.rejected = e.value("rejected", false);
+        o.kv_imported = e.value("kv_imported", false);
         if (e.contains("kv_held")) {
           o.kv_held = true;
           o.kv_positions = Int<int64_t>(e["kv_held"].at("positions"));

@@ -100,10 +100,11 @@ struct EngineMessage {
     kKvRows,     // replica -> frontend: the rows (kv), or why there are none (why)
   };
   Kind kind = Kind::kSubmit;
-  uint64_t id = 0;                              // submit, abort, export_kv, release_kv, kv_rows
-  runtime::RequestParams params;                // submit (imported_kv attached)
-  std::shared_ptr<const runtime::KvRows> kv;    // kv_rows (null: see why)
-  ReplicaHello hello;                           // hello
+  uint64_t id = 0;                            // submit, abort, export_kv, release_kv, kv_rows
+  runtime::RequestParams params;              // submit (imported_kv attached)
+  std::shared_ptr<const runtime::KvRows> kv;  // kv_rows (null: see why)
+  bool device_ok = false;  // export_kv: rows in the GPU cache may be described (KvRows::device)
+  ReplicaHello hello;      // hello
   std::vector<runtime::RequestOutput> outputs;  // step
   runtime::EngineStats stats;                   // step
   RoundTripReport round_trips;                  // step

@@ -202,7 +202,7 @@ void ServeReplica(const model::MoeModel& model, comm::AfdWorld* world,
           rows.kind = EngineMessage::Kind::kKvRows;
           rows.id = m.id;
           try {
-            rows.kv = engine.ExportHeldKv(m.id);
+            rows.kv = engine.ExportHeldKv(m.id, m.device_ok);
             AFD_CHECK(rows.kv->bytes.size() <= kMaxKvAttachmentBytes,
                       "request {}'s KV rows of {} bytes exceed the {} bytes an engine frame "
                       "carries",

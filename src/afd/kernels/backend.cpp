@@ -58,6 +58,18 @@ int Backend::CopySlot(int64_t ticket) const {
   return static_cast<int>(it - copy_tickets_.begin());
 }
 
+std::string Backend::IpcHandle(const Tensor& t) {
+  (void)t;
+  AFD_THROW("{}: no CUDA IPC (KV rows stay in host memory on this device)", name());
+}
+
+void Backend::CopyFromIpc(const Tensor& dst, const std::string& handle, int64_t offset) {
+  (void)dst;
+  (void)handle;
+  (void)offset;
+  AFD_THROW("{}: cannot read another process's device memory (no CUDA IPC on this device)", name());
+}
+
 int64_t Backend::StartCopyToHost(const Tensor& src) {
   int slot = 0;
   const int64_t ticket = OpenCopyTicket(slot);

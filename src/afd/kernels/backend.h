@@ -131,6 +131,16 @@ class Backend : public Allocator {
   virtual void Copy(const Tensor& dst, const Tensor& src) = 0;
   virtual void Fill(const Tensor& dst, float value) = 0;  // f32 tensors
   virtual void Synchronize() = 0;
+  // CUDA IPC (a KV transfer between the processes of one host, docs/pd.md): IpcHandle is the
+  // handle (opaque bytes) of the allocation that `t` starts -- t must be a whole allocation of
+  // this backend (Allocate); CopyFromIpc enqueues dst = the dst.nbytes() bytes at `offset` of
+  // the allocation another process's IpcHandle named (opened once per handle, kept open while
+  // the backend lives; Synchronize waits for the copy). CopyFromIpc throws, naming the cause,
+  // when the allocation cannot be opened or is smaller than offset + dst.nbytes(). Backends
+  // without IPC (the CPU) say so (SupportsIpc) and throw.
+  virtual bool SupportsIpc() const { return false; }
+  virtual std::string IpcHandle(const Tensor& t);
+  virtual void CopyFromIpc(const Tensor& dst, const std::string& handle, int64_t offset);
   // A copy to the host that does not wait for work enqueued after it: StartCopyToHost enqueues
   // a copy of src into host memory the backend holds and returns a ticket; FinishCopyToHost
   // waits for that copy (and the work before it) only, then writes its bytes to dst

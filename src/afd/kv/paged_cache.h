@@ -72,6 +72,8 @@ class PagedKvCache {
 
   // Layer l's slots: [num_blocks·block_size, row_width] of shape().dtype.
   Tensor Layer(int64_t layer) const;
+  // Every layer's slots: [num_layers, num_blocks·block_size, row_width], one allocation.
+  const Tensor& storage() const { return storage_; }
 
  private:
   struct Sequence {

@@ -139,7 +139,27 @@ std::string Engine::Check(const RequestParams& p) const {
       return fmt::format("imported KV rows: {} positions for a prompt of {} tokens", kv->positions,
                          len);
     }
-    if (static_cast<int64_t>(kv->bytes.size()) != kv->expected_bytes()) {
+    if (const std::optional<KvDeviceRows>& d = kv->device) {
+      if (d->block_size <= 0 || d->num_slots <= 0 || d->num_slots % d->block_size != 0 ||
+          static_cast<int64_t>(d->blocks.size()) * d->block_size < kv->positions) {
+        return fmt::format(
+            "imported device KV rows: {} blocks of {} slots ({} per layer) for {} "
+            "positions",
+            d->blocks.size(), d->block_size, d->num_slots, kv->positions);
+      }
+      for (const int32_t b : d->blocks) {
+        if (b < 0 || b >= d->num_slots / d->block_size) {
+          return fmt::format("imported device KV rows: block {} outside the producer's {}", b,
+                             d->num_slots / d->block_size);
+        }
+      }
+      if (!model_.backend().SupportsIpc()) {
+        return fmt::format(
+            "imported KV rows in another process's GPU memory: {} cannot read "
+            "them (the cuda_ipc KV transport needs a GPU on both sides)",
+            model_.backend().name());
+      }
+    } else if (static_cast<int64_t>(kv->bytes.size()) != kv->expected_bytes()) {
       return fmt::format("imported KV rows: {} bytes, {} positions x {} layers need {}",
                          kv->bytes.size(), kv->positions, kv->num_layers, kv->expected_bytes());
     }
@@ -169,15 +189,35 @@ void Engine::ImportRows(int64_t index, int64_t seq, int64_t cached) {
   const int64_t row_bytes = shape.row_width * static_cast<int64_t>(DTypeSize(shape.dtype));
   kernels::Backend& backend = model_.backend();
   const std::vector<int32_t>& blocks = cache_->block_table(seq);
-  for (int64_t l = 0; l < shape.num_layers; ++l) {
-    const Tensor layer = cache_->Layer(l);
-    const char* rows = kv.bytes.data() + l * kv.positions * row_bytes;
-    ForEachBlockRun(blocks, shape.block_size, cached, [&](int64_t p, int64_t slot, int64_t n) {
-      backend.CopyToDevice(layer.Rows(slot, n), rows + p * row_bytes);
-    });
+  if (kv.device) {
+    // Device to device from the producer's cache (CUDA IPC); the two block sizes may differ.
+    const KvDeviceRows& d = *kv.device;
+    const int64_t bs = shape.block_size;
+    for (int64_t l = 0; l < shape.num_layers; ++l) {
+      const Tensor layer = cache_->Layer(l);
+      for (int64_t p = 0; p < cached;) {
+        const int64_t n = std::min({bs - p % bs, d.block_size - p % d.block_size, cached - p});
+        const int64_t src_slot =
+            static_cast<int64_t>(d.blocks[p / d.block_size]) * d.block_size + p % d.block_size;
+        const int64_t dst_slot = static_cast<int64_t>(blocks[p / bs]) * bs + p % bs;
+        backend.CopyFromIpc(layer.Rows(dst_slot, n), d.ipc_handle,
+                            (l * d.num_slots + src_slot) * row_bytes);
+        p += n;
+      }
+    }
+    backend.Synchronize();  // copied before the producer may free (and reuse) its blocks
+  } else {
+    for (int64_t l = 0; l < shape.num_layers; ++l) {
+      const Tensor layer = cache_->Layer(l);
+      const char* rows = kv.bytes.data() + l * kv.positions * row_bytes;
+      ForEachBlockRun(blocks, shape.block_size, cached, [&](int64_t p, int64_t slot, int64_t n) {
+        backend.CopyToDevice(layer.Rows(slot, n), rows + p * row_bytes);
+      });
+    }
   }
   cache_->Extend(seq, cached);
-  live.params.imported_kv.reset();  // written: the host copy is not needed any more
+  live.params.imported_kv.reset();  // written: this copy is not needed any more
+  live.kv_imported = true;
 }
 
 std::shared_ptr<const KvRows> Engine::ReadRows(int64_t cache_seq, int64_t positions) const {
@@ -201,13 +241,31 @@ std::shared_ptr<const KvRows> Engine::ReadRows(int64_t cache_seq, int64_t positi
   return kv;
 }
 
-std::shared_ptr<const KvRows> Engine::ExportHeldKv(uint64_t id) {
+std::shared_ptr<const KvRows> Engine::ExportHeldKv(uint64_t id, bool device_ok) {
   if (std::shared_ptr<const KvRows> staged = staged_.Find(id)) return staged;
   const auto it = held_.find(id);
   AFD_CHECK(it != held_.end(),
             "request {} holds no KV rows (unknown, already released, or past its hold timeout)",
             id);
-  return ReadRows(it->second.cache_seq, it->second.positions);
+  kernels::Backend& backend = model_.backend();
+  if (!device_ok || !backend.SupportsIpc()) {
+    return ReadRows(it->second.cache_seq, it->second.positions);
+  }
+  const kv::CacheShape& shape = cache_->shape();
+  if (cache_ipc_handle_.empty()) cache_ipc_handle_ = backend.IpcHandle(cache_->storage());
+  auto kv = std::make_shared<KvRows>();
+  kv->num_layers = shape.num_layers;
+  kv->row_width = shape.row_width;
+  kv->positions = it->second.positions;
+  kv->dtype = shape.dtype;
+  KvDeviceRows& d = kv->device.emplace();
+  d.ipc_handle = cache_ipc_handle_;
+  d.num_slots = shape.num_blocks * shape.block_size;
+  d.block_size = shape.block_size;
+  const std::vector<int32_t>& blocks = cache_->block_table(it->second.cache_seq);
+  const int64_t used = (kv->positions + shape.block_size - 1) / shape.block_size;
+  d.blocks.assign(blocks.begin(), blocks.begin() + used);
+  return kv;
 }
 
 void Engine::ReleaseHeldKv(uint64_t id) {
@@ -469,6 +527,7 @@ void Engine::Complete(Launched& L, std::vector<RequestOutput>& out,
     RequestOutput o;
     o.request_id = live.id;
     o.num_prompt_tokens = t;
+    o.kv_imported = std::exchange(live.kv_imported, false);
     if (e.first_prefill) {
       if (p.prompt_logprobs >= 0) o.prompt_logprobs = std::move(live.prompt_logprobs);
       if (p.keep_prompt_logits) o.prompt_logits = std::move(live.prompt_logits);
@@ -514,7 +573,7 @@ void Engine::Complete(Launched& L, std::vector<RequestOutput>& out,
     o.kv_held = true;
     o.kv_positions = h->positions;
     o.kv_block_ids = cache_->block_table(h->cache_seq);  // (informative, as vLLM's block ids)
-    if (staged_.Fits(bytes)) {
+    if (!live_.at(index).params.hold_kv_on_device && staged_.Fits(bytes)) {
       // Staged in host memory: transfers need not wait for this thread, the blocks are free.
       staged_.Put(o.request_id, ReadRows(h->cache_seq, h->positions), deadline);
       cache_->Release(h->cache_seq);

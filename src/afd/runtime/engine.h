@@ -106,7 +106,10 @@ class Engine {
   // hold_kv_s > 0 keeps: staged ones at once, those left in the cache's blocks read back (waits
   // for the device). Throws afd::Error naming the request when it holds none (unknown, released
   // or expired).
-  std::shared_ptr<const KvRows> ExportHeldKv(uint64_t id);
+  // device_ok: the consumer reads device rows over CUDA IPC (KvRows::device): rows left in the
+  // cache's blocks of a backend with IPC are described, not copied (they stay held until
+  // ReleaseHeldKv or their timeout).
+  std::shared_ptr<const KvRows> ExportHeldKv(uint64_t id, bool device_ok = false);
   // Frees a held request's rows (after the consumer read them); unknown ids are ignored.
   void ReleaseHeldKv(uint64_t id);
   // The staged rows, for transfers on other threads (thread-safe; rows still in the cache's
@@ -128,6 +131,7 @@ class Engine {
     int64_t generated = 0;
     std::vector<TokenLogprobs> prompt_logprobs;  // filled over the first prefill's chunks
     std::vector<float> prompt_logits;            // [T, vocab] with keep_prompt_logits
+    bool kv_imported = false;                    // rows imported, not yet told in an output
   };
   // A step launched on the device, its results not yet handed out.
   struct Launched {
@@ -174,6 +178,7 @@ class Engine {
   StepRunner& runner_;
   int64_t max_model_len_ = 0;
   std::unique_ptr<kv::PagedKvCache> cache_;
+  std::string cache_ipc_handle_;  // of cache_'s storage (ExportHeldKv of device rows), once
   std::unique_ptr<Scheduler> scheduler_;
   Workspace ws_;
   int64_t next_index_ = 0;                // scheduler request index of the next Add

@@ -1,7 +1,9 @@
 #include "afd/runtime/kv_transport.h"
 
 #include <poll.h>
+#include <unistd.h>
 
+#include <cstdio>
 #include <cstring>
 #include <vector>
 
@@ -24,7 +26,8 @@ enum Code : uint8_t {
   kRows = 6,
   kFailed = 7,
   kDone = 8,
-  kRelease = 9,  // client -> server after the handshake, instead of kFetch: free the rows
+  kRelease = 9,      // client -> server after the handshake, instead of kFetch: free the rows
+  kDeviceRows = 10,  // server -> client: the rows' place in the producer's GPU cache (CUDA IPC)
 };
 constexpr std::string_view kClientLabel = "afd-kv-v1 client";
 constexpr std::string_view kServerLabel = "afd-kv-v1 server";
@@ -178,8 +181,11 @@ void KvTransferServer::Serve(comm::Socket s) {
       SendFrame(s, kDone, {}, Deadline::In(io_timeout_s_), what);
       return;
     }
-    const std::vector<std::string> fetch = Expect(request, kFetch, 2, what);
+    // A third field: the consumer reads GPU rows over CUDA IPC from a host it names.
+    const std::vector<std::string> fetch =
+        Expect(request, kFetch, request.fields.size() == 3 ? 3 : 2, what);
     const uint64_t id = static_cast<uint64_t>(ToInt(fetch[0], what));
+    const bool device_ok = fetch.size() == 3 && fetch[2] == KvHostId();
     if (fetch[1] != model_) {
       SendFrame(
           s, kFailed,
@@ -189,13 +195,33 @@ void KvTransferServer::Serve(comm::Socket s) {
     }
     std::shared_ptr<const KvRows> held;
     try {
-      held = provide_(id);
+      held = provide_(id, device_ok);
       AFD_CHECK(held != nullptr, "request {} holds no KV rows", id);
     } catch (const std::exception& e) {  // afd::Error, or the engine going away (future_error)
       SendFrame(s, kFailed, {e.what()}, Deadline::In(io_timeout_s_), what);
       return;
     }
     const KvRows& rows = *held;
+    if (const std::optional<KvDeviceRows>& d = rows.device) {
+      if (d->blocks.size() * 4 + 1024 > kMaxFrameBody) {
+        SendFrame(s, kFailed,
+                  {fmt::format("request {}'s {} blocks do not fit one frame of the CUDA IPC "
+                               "description; use the tcp transport",
+                               id, d->blocks.size())},
+                  Deadline::In(io_timeout_s_), what);
+        return;
+      }
+      std::string blocks;
+      for (const int32_t b : d->blocks) blocks.append(reinterpret_cast<const char*>(&b), 4);
+      SendFrame(s, kDeviceRows,
+                {std::to_string(rows.num_layers), std::to_string(rows.row_width),
+                 std::string(DTypeName(rows.dtype)), std::to_string(rows.positions), d->ipc_handle,
+                 std::to_string(d->num_slots), std::to_string(d->block_size), blocks},
+                Deadline::In(io_timeout_s_), what);
+      ++transfers_done_;
+      ++device_transfers_;
+      return;  // held until the consumer's release (or the hold timeout)
+    }
     SendFrame(s, kRows,
               {std::to_string(rows.num_layers), std::to_string(rows.row_width),
                std::string(DTypeName(rows.dtype)), std::to_string(rows.positions),
@@ -250,19 +276,39 @@ comm::Socket ConnectToProducer(const std::string& host, int port,
 
 }  // namespace
 
+const std::string& KvHostId() {
+  static const std::string id = [] {
+    std::string boot = "unknown";
+    if (FILE* f = std::fopen("/proc/sys/kernel/random/boot_id", "r")) {
+      char buf[64] = {};
+      if (std::fgets(buf, sizeof(buf), f)) boot = buf;
+      std::fclose(f);
+    }
+    while (!boot.empty() && (boot.back() == '\n' || boot.back() == ' ')) boot.pop_back();
+    char host[256] = {};
+    gethostname(host, sizeof(host) - 1);
+    return boot + " " + host;
+  }();
+  return id;
+}
+
 KvRows FetchKvRows(const std::string& host, int port, uint64_t request_id, const KvLayout& expect,
-                   const std::optional<std::string>& secret, double timeout_s) {
+                   const std::optional<std::string>& secret, double timeout_s, bool accept_device) {
   const std::string what = fmt::format("the KV producer at {}:{}", host, port);
   const Deadline deadline = Deadline::In(timeout_s);
   comm::Socket s = ConnectToProducer(host, port, secret, deadline, what);
-  SendFrame(s, kFetch, {std::to_string(request_id), expect.model}, deadline, what);
-  const std::vector<std::string> head = Expect(RecvFrame(s, deadline, what), kRows, 5, what);
+  std::vector<std::string> fetch = {std::to_string(request_id), expect.model};
+  if (accept_device) fetch.push_back(KvHostId());
+  SendFrame(s, kFetch, fetch, deadline, what);
+  Frame reply = RecvFrame(s, deadline, what);
+  const bool device = accept_device && reply.code == kDeviceRows;
+  const std::vector<std::string> head = device ? Expect(std::move(reply), kDeviceRows, 8, what)
+                                               : Expect(std::move(reply), kRows, 5, what);
   KvRows rows;
   rows.num_layers = ToInt(head[0], what);
   rows.row_width = ToInt(head[1], what);
   const std::string dtype = head[2];
   rows.positions = ToInt(head[3], what);
-  const int64_t bytes = ToInt(head[4], what);
   AFD_CHECK(rows.num_layers == expect.num_layers && rows.row_width == expect.row_width &&
                 dtype == DTypeName(expect.dtype),
             "{} holds {} layers of {}-wide {} rows, this instance's cache has {} layers of "
@@ -270,9 +316,20 @@ KvRows FetchKvRows(const std::string& host, int port, uint64_t request_id, const
             what, rows.num_layers, rows.row_width, dtype, expect.num_layers, expect.row_width,
             DTypeName(expect.dtype));
   rows.dtype = expect.dtype;
-  AFD_CHECK(rows.positions >= 0 && bytes == rows.expected_bytes(),
-            "{} announced {} bytes for {} positions (expected {})", what, bytes, rows.positions,
-            rows.expected_bytes());
+  AFD_CHECK(rows.positions >= 0, "{} announced {} positions", what, rows.positions);
+  if (device) {
+    KvDeviceRows& d = rows.device.emplace();
+    d.ipc_handle = head[4];
+    d.num_slots = ToInt(head[5], what);
+    d.block_size = ToInt(head[6], what);
+    AFD_CHECK(head[7].size() % 4 == 0, "{} sent a malformed block list", what);
+    d.blocks.resize(head[7].size() / 4);
+    std::memcpy(d.blocks.data(), head[7].data(), head[7].size());
+    return rows;  // the engine checks the blocks against the slots before it reads them
+  }
+  const int64_t bytes = ToInt(head[4], what);
+  AFD_CHECK(bytes == rows.expected_bytes(), "{} announced {} bytes for {} positions (expected {})",
+            what, bytes, rows.positions, rows.expected_bytes());
   rows.bytes.resize(bytes);
   s.RecvAll(rows.bytes.data(), rows.bytes.size(), deadline, what);
   SendFrame(s, kDone, {}, deadline, what);

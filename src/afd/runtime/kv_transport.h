@@ -29,7 +29,10 @@ class KvTransferServer {
  public:
   // The held rows of a request (throws afd::Error with the reason when it holds none), and
   // their release after the consumer received them. Both run on the server's threads.
-  using Provide = std::function<std::shared_ptr<const KvRows>(uint64_t request_id)>;
+  // device_ok: the consumer shares this host (KvHostId) and reads rows left in a GPU cache
+  // over CUDA IPC: Provide may describe them (KvRows::device) rather than copy them; the
+  // consumer then releases them itself once copied (ReleaseKvRows).
+  using Provide = std::function<std::shared_ptr<const KvRows>(uint64_t request_id, bool device_ok)>;
   using Release = std::function<void(uint64_t request_id)>;
   // Listens on bind_host:port (0: a free port); secret: nullopt accepts any client (loopback
   // tests); model: this instance's fingerprint. io_timeout_s bounds every read and write of a
@@ -44,6 +47,7 @@ class KvTransferServer {
 
   int port() const { return port_; }
   int64_t transfers_done() const { return transfers_done_.load(); }
+  int64_t device_transfers() const { return device_transfers_.load(); }  // of them, by CUDA IPC
 
  private:
   void AcceptLoop();
@@ -58,6 +62,7 @@ class KvTransferServer {
   int port_ = 0;
   std::atomic<bool> stop_{false};
   std::atomic<int64_t> transfers_done_{0};
+  std::atomic<int64_t> device_transfers_{0};
   Mutex mu_;
   struct Connection {
     std::thread thread;
@@ -71,12 +76,20 @@ class KvTransferServer {
 // layout (two checkpoints of the same shapes are not told apart).
 std::string KvModelFingerprint(const model::MoeModel& model);
 
+// This host's identity for the KV transport (its boot id and host name): a producer offers
+// rows over CUDA IPC only to a consumer that names the same.
+const std::string& KvHostId();
+
 // Pulls the rows request `request_id` holds on the producer at host:port, checking them against
-// `expect`; then tells the producer to release them. Throws afd::Error naming the producer and
-// the cause (unreachable, wrong secret, another model or layout, unknown request, timeout)
-// within timeout_s.
+// `expect`; then tells the producer to release them. accept_device: a consumer whose engines
+// can read another process's GPU memory (CUDA IPC) takes rows the producer left in its GPU
+// cache as a description (KvRows::device) when both share this host; those stay held until
+// ReleaseKvRows (KvReleaseToken). Throws afd::Error naming the producer and the cause
+// (unreachable, wrong secret, another model or layout, unknown request, timeout) within
+// timeout_s.
 KvRows FetchKvRows(const std::string& host, int port, uint64_t request_id, const KvLayout& expect,
-                   const std::optional<std::string>& secret, double timeout_s);
+                   const std::optional<std::string>& secret, double timeout_s,
+                   bool accept_device = false);
 
 // Tells the producer to free request `request_id`'s rows without pulling them (the decode leg
 // will not come: `afd proxy` when no decoder took it). Unknown or released ids are no error.

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -15,12 +16,25 @@ namespace afd::runtime {
 // The cache rows of one sequence's first `positions` positions in every layer: what a KV
 // transfer carries from a prefill instance to a decode instance (prefill/decode
 // disaggregation). bytes: [num_layers][positions][row_width] values of dtype (the cache's).
+// With `device` set, the rows are not in `bytes` but left in the producer's GPU cache, read over
+// CUDA IPC (a consumer on the producer's host, the cuda_ipc KV transport).
+struct KvDeviceRows {
+  std::string ipc_handle;  // of the producer's cache allocation: [num_layers, num_slots, row_width]
+  int64_t num_slots = 0;   // slots per layer (blocks x block_size)
+  int64_t block_size = 0;  // the producer's
+  std::vector<int32_t> blocks;  // the blocks that hold positions [0, positions), in order
+};
+
 struct KvRows {
   int64_t num_layers = 0;
   int64_t row_width = 0;
   int64_t positions = 0;
   DType dtype = DType::kF32;
   std::vector<char> bytes;
+  std::optional<KvDeviceRows> device;
+  // Device rows: the producer frees them when the last copy of this token goes (the consumer
+  // has copied them into its cache, or gave the request up): see runtime::KvReleaseToken.
+  std::shared_ptr<void> release_token;
   int64_t expected_bytes() const {
     return num_layers * positions * row_width * static_cast<int64_t>(DTypeSize(dtype));
   }
@@ -56,6 +70,9 @@ struct RequestParams {
   // held for Engine::ExportHeldKv until Engine::ReleaseHeldKv or for this many seconds (vLLM's
   // VLLM_NIXL_ABORT_REQUEST_TIMEOUT: 480 s); 0: freed when it finishes.
   double hold_kv_s = 0;
+  // With hold_kv_s: keep the rows in the cache's blocks (for a consumer that reads them over
+  // CUDA IPC) rather than staging them in host memory.
+  bool hold_kv_on_device = false;
   // A decode instance's request (a KV consumer): the cache rows of its first prompt positions,
   // computed elsewhere (at most prompt size - 1 are used: the last prompt token is computed
   // here and gives the first output token). Not with prompt log-probabilities.
@@ -102,6 +119,9 @@ struct RequestOutput {
   bool kv_held = false;
   int64_t kv_positions = 0;
   std::vector<int32_t> kv_block_ids;
+  // The first output of a request that imported KV rows: they are in this engine's cache now
+  // (a consumer lets the producer free device rows it read over CUDA IPC).
+  bool kv_imported = false;
 
   // The final output of a request that failed: reason kError, `why`.
   static RequestOutput Failed(uint64_t id, std::string why) {

@@ -4,8 +4,8 @@
 
 namespace afd::server {
 
-std::shared_ptr<const runtime::KvRows> EngineClient::ExportHeldKv(uint64_t id,
-                                                                  double /*timeout_s*/) {
+std::shared_ptr<const runtime::KvRows> EngineClient::ExportHeldKv(uint64_t id, double /*timeout_s*/,
+                                                                  bool /*device_ok*/) {
   AFD_THROW("request {}: KV transfers are not supported by this server's engines", id);
 }
 

@@ -68,9 +68,11 @@ class EngineClient {
   // hold and export rows (an engine in this process and a deployment's replicas can), the rows
   // a finished request with hold_kv_s > 0 keeps (read on the engine's thread within timeout_s;
   // throws afd::Error naming the request when it holds none), their release, and the model
-  // and cache layout imported rows must have (valid once Ready()).
+  // and cache layout imported rows must have (valid once Ready()). device_ok: rows left in a
+  // GPU cache may come as KvRows::device (a consumer on this host reads them over CUDA IPC).
   virtual bool SupportsKvTransfer() const { return false; }
-  virtual std::shared_ptr<const runtime::KvRows> ExportHeldKv(uint64_t id, double timeout_s);
+  virtual std::shared_ptr<const runtime::KvRows> ExportHeldKv(uint64_t id, double timeout_s,
+                                                              bool device_ok = false);
   virtual void ReleaseHeldKv(uint64_t id);
   virtual runtime::KvLayout kv_cache_layout() const;
 };

@@ -24,7 +24,8 @@ LocalEngineClient::LocalEngineClient(const model::MoeModel& model, runtime::Step
 }
 
 std::shared_ptr<const runtime::KvRows> LocalEngineClient::ExportHeldKv(uint64_t id,
-                                                                       double timeout_s) {
+                                                                       double timeout_s,
+                                                                       bool device_ok) {
   // Staged rows at once, from this thread; rows left in the cache's blocks on the engine's.
   if (std::shared_ptr<const runtime::KvRows> staged = engine_.staged_kv().Find(id)) return staged;
   auto result = std::make_shared<std::promise<std::shared_ptr<const runtime::KvRows>>>();
@@ -33,9 +34,9 @@ std::shared_ptr<const runtime::KvRows> LocalEngineClient::ExportHeldKv(uint64_t 
     MutexLock lock(mu_);
     AFD_CHECK(failure_.empty() && !stop_, "request {}: no KV rows to export: {}", id,
               failure_.empty() ? "the engine stopped" : failure_);
-    tasks_.push_back([this, id, result] {
+    tasks_.push_back([this, id, result, device_ok] {
       try {
-        result->set_value(engine_.ExportHeldKv(id));
+        result->set_value(engine_.ExportHeldKv(id, device_ok));
       } catch (...) {
         result->set_exception(std::current_exception());
       }

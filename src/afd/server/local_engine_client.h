@@ -37,7 +37,8 @@ class LocalEngineClient : public EngineClient {
   bool Ready() const override { return Failure().empty(); }
   std::string Failure() const override;
   bool SupportsKvTransfer() const override { return true; }
-  std::shared_ptr<const runtime::KvRows> ExportHeldKv(uint64_t id, double timeout_s) override;
+  std::shared_ptr<const runtime::KvRows> ExportHeldKv(uint64_t id, double timeout_s,
+                                                      bool device_ok = false) override;
   void ReleaseHeldKv(uint64_t id) override;
   runtime::KvLayout kv_cache_layout() const override { return kv_layout_; }
 

@@ -180,7 +180,8 @@ void ReplicaEngineClient::Submit(uint64_t id, runtime::RequestParams params,
     }
     if (refused.empty()) {
       AFD_CHECK(!live_.count(id), "request id {} is already live", id);
-      live_[id] = {chosen, std::move(on_output)};
+      live_[id] = {chosen, std::move(on_output),
+                   params.imported_kv && params.imported_kv->device ? params.imported_kv : nullptr};
       ++replicas_[chosen].live;
       conn = replicas_[chosen].conn.get();
       const auto now = std::chrono::steady_clock::now();
@@ -239,7 +240,8 @@ runtime::KvLayout ReplicaEngineClient::kv_cache_layout() const {
 }
 
 std::shared_ptr<const runtime::KvRows> ReplicaEngineClient::ExportHeldKv(uint64_t id,
-                                                                         double timeout_s) {
+                                                                         double timeout_s,
+                                                                         bool device_ok) {
   auto result = std::make_shared<std::promise<std::shared_ptr<const runtime::KvRows>>>();
   std::future<std::shared_ptr<const runtime::KvRows>> done = result->get_future();
   deploy::FrameConnection* conn = nullptr;
@@ -261,6 +263,7 @@ std::shared_ptr<const runtime::KvRows> ReplicaEngineClient::ExportHeldKv(uint64_
   deploy::EngineMessage m;
   m.kind = deploy::EngineMessage::Kind::kExportKv;
   m.id = id;
+  m.device_ok = device_ok;
   try {
     conn->Send(deploy::EncodeEngineMessage(m), kSendTimeoutSeconds);
   } catch (const Error& e) {
@@ -387,6 +390,7 @@ void ReplicaEngineClient::Handle(size_t connection, deploy::EngineMessage m) {
         if (o.finished && !o.kv_held) held_.erase(o.request_id);
         const auto it = live_.find(o.request_id);
         if (it == live_.end()) continue;  // failed or aborted meanwhile
+        if (o.kv_imported) it->second.device_rows.reset();
         if (o.finished) {
           --replicas_[it->second.replica].live;
           calls.emplace_back(std::move(it->second.callback), std::move(o));

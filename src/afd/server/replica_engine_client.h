@@ -69,7 +69,8 @@ class ReplicaEngineClient : public EngineClient {
   bool Ready() const override;
   std::string Failure() const override;
   bool SupportsKvTransfer() const override { return true; }
-  std::shared_ptr<const runtime::KvRows> ExportHeldKv(uint64_t id, double timeout_s) override;
+  std::shared_ptr<const runtime::KvRows> ExportHeldKv(uint64_t id, double timeout_s,
+                                                      bool device_ok = false) override;
   void ReleaseHeldKv(uint64_t id) override;
   runtime::KvLayout kv_cache_layout() const override;
 
@@ -84,6 +85,9 @@ class ReplicaEngineClient : public EngineClient {
   struct Live {
     int replica = 0;
     OutputCallback callback;
+    // Imported device rows (KvRows::device): kept -- with their release token -- until the
+    // replica says it copied them (kv_imported) or the request ends.
+    std::shared_ptr<const runtime::KvRows> device_rows;
   };
   // A request whose rows its replica holds (or will, once it finishes), until `until`.
   struct Held {

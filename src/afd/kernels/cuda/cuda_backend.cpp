@@ -5,6 +5,7 @@
 #include "afd/kernels/cuda/cuda_backend.h"
 
 #include <cublas_v2.h>
+#include <cuda.h>
 #include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
 
@@ -105,6 +106,7 @@ CudaBackend::~CudaBackend() {
     cudaEventDestroy(b);
     cudaEventDestroy(e);
   }
+  for (const auto& [handle, map] : state_->ipc_maps) cudaIpcCloseMemHandle(map.first);
   if (state_->staging) cudaFreeHost(state_->staging);
   for (State::HostCopy& c : state_->host_copies) {
     if (c.pinned) cudaFreeHost(c.pinned);
@@ -318,6 +320,61 @@ void CudaBackend::Copy(const Tensor& dst, const Tensor& src) {
             dst.ToString(), src.ToString());
   if (dst.nbytes() == 0 || dst.data() == src.data()) return;
   AFD_CUDA_CHECK(cudaMemcpyAsync(dst.data(), src.data(), dst.nbytes(), cudaMemcpyDeviceToDevice,
+                                 state_->stream));
+}
+
+std::string CudaBackend::IpcHandle(const Tensor& t) {
+  CheckOn("IpcHandle", t, device_);
+  AFD_CUDA_CHECK(cudaSetDevice(device_));
+  cudaIpcMemHandle_t h;
+  const cudaError_t e = cudaIpcGetMemHandle(&h, t.data());
+  AFD_CHECK(e == cudaSuccess, "{}: no CUDA IPC handle for {}: {}", name_, t.ToString(),
+            cudaGetErrorString(e));
+  return std::string(reinterpret_cast<const char*>(&h), sizeof(h));
+}
+
+void CudaBackend::CopyFromIpc(const Tensor& dst, const std::string& handle, int64_t offset) {
+  const OpScope scope(*this, "CopyFromIpc");
+  CheckOn("CopyFromIpc", dst, device_);
+  AFD_CHECK(handle.size() == sizeof(cudaIpcMemHandle_t), "CopyFromIpc: a handle of {} bytes",
+            handle.size());
+  auto it = state_->ipc_maps.find(handle);
+  if (it == state_->ipc_maps.end()) {
+    AFD_CUDA_CHECK(cudaSetDevice(device_));
+    cudaIpcMemHandle_t h;
+    std::memcpy(&h, handle.data(), sizeof(h));
+    void* ptr = nullptr;
+    const cudaError_t e = cudaIpcOpenMemHandle(&ptr, h, cudaIpcMemLazyEnablePeerAccess);
+    AFD_CHECK(e == cudaSuccess,
+              "{} cannot open the producer's CUDA IPC memory: {} (the two processes must share "
+              "a host and IPC namespace, and GPUs with peer access; use the tcp KV transport "
+              "otherwise)",
+              name_, cudaGetErrorString(e));
+    // The allocation's extent, through the driver (the runtime does not tell it).
+    using RangeFn = CUresult (*)(CUdeviceptr*, size_t*, CUdeviceptr);
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+    AFD_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &fn, 12000,
+                                                    cudaEnableDefault, &q));
+    CUdeviceptr base = 0;
+    size_t size = 0;
+    const CUresult r =
+        fn && q == cudaDriverEntryPointSuccess
+            ? reinterpret_cast<RangeFn>(fn)(&base, &size, reinterpret_cast<CUdeviceptr>(ptr))
+            : CUDA_ERROR_NOT_FOUND;
+    if (r != CUDA_SUCCESS || reinterpret_cast<void*>(base) != ptr) {
+      cudaIpcCloseMemHandle(ptr);
+      AFD_THROW("{}: cannot tell the extent of the producer's CUDA IPC memory (driver error {})",
+                name_, static_cast<int>(r));
+    }
+    it = state_->ipc_maps.emplace(handle, std::make_pair(static_cast<char*>(ptr), size)).first;
+  }
+  const auto [base, size] = it->second;
+  AFD_CHECK(offset >= 0 && static_cast<size_t>(offset) + dst.nbytes() <= size,
+            "CopyFromIpc: bytes [{}, {}) past the producer's allocation of {}", offset,
+            offset + static_cast<int64_t>(dst.nbytes()), size);
+  if (dst.nbytes() == 0) return;
+  AFD_CUDA_CHECK(cudaMemcpyAsync(dst.data(), base + offset, dst.nbytes(), cudaMemcpyDeviceToDevice,
                                  state_->stream));
 }
 

@@ -43,6 +43,9 @@ class CudaBackend : public Backend {
   void WatchWaits(double timeout_s, std::function<void()> check) override;
   void BindThread() override;
   MemoryInfo DeviceMemory() const override;
+  bool SupportsIpc() const override { return true; }
+  std::string IpcHandle(const Tensor& t) override;
+  void CopyFromIpc(const Tensor& dst, const std::string& handle, int64_t offset) override;
 
   void Embedding(const Tensor& table, const Tensor& ids, const Tensor& out) override;
   void Linear(const Tensor& x, const Tensor& w, const Tensor& y) override;

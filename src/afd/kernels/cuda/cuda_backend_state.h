@@ -56,6 +56,8 @@ struct CudaBackend::State {
     uint64_t staged = 0;
   };
   HostCopy host_copies[Backend::kMaxCopiesToHost];
+  // Other processes' allocations opened by CopyFromIpc, by handle: base and size.
+  std::map<std::string, std::pair<char*, size_t>> ipc_maps;
   bool capturing = false;
   int sm_count = 1;  // the device's multiprocessors (kernels size their grids by it)
   // WatchWaits: 0 = block in cudaStreamSynchronize; else poll, bounded, calling wait_check.

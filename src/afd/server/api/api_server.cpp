@@ -228,7 +228,9 @@ void ApiServer::Start() {
     const double timeout = o.kv_transfer->transfer_timeout_s;
     impl_->kv_server = std::make_unique<runtime::KvTransferServer>(
         o.kv_transfer->kv_ip, o.kv_transfer->kv_port, o.kv_secret, engine.kv_cache_layout().model,
-        [&engine, timeout](uint64_t id) { return engine.ExportHeldKv(id, timeout); },
+        [&engine, timeout](uint64_t id, bool device_ok) {
+          return engine.ExportHeldKv(id, timeout, device_ok);
+        },
         [&engine](uint64_t id) { engine.ReleaseHeldKv(id); }, timeout);
     impl_->ctx->kv_port = impl_->kv_server->port();
   }

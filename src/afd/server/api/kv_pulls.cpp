@@ -1,6 +1,7 @@
 #include "afd/server/api/kv_pulls.h"
 
 #include <chrono>
+#include <thread>
 
 #include "afd/common/error.h"
 #include "afd/runtime/kv_transport.h"
@@ -116,12 +117,30 @@ std::shared_ptr<const runtime::KvRows> PullKvRows(ServerContext& ctx, const Samp
   const runtime::KvLayout expect = ctx.engine().kv_cache_layout();
   try {
     const auto start = std::chrono::steady_clock::now();
-    auto rows = std::make_shared<const runtime::KvRows>(
+    const bool accept_device = o.kv_transfer->transport == KvTransferConfig::Transport::kCudaIpc;
+    auto rows = std::make_shared<runtime::KvRows>(
         runtime::FetchKvRows(r.kv.remote_host, r.kv.remote_port, r.kv.remote_request_id, expect,
-                             o.kv_secret, o.kv_transfer->transfer_timeout_s));
+                             o.kv_secret, o.kv_transfer->transfer_timeout_s, accept_device));
+    const int64_t bytes =
+        rows->device ? rows->expected_bytes() : static_cast<int64_t>(rows->bytes.size());
+    if (rows->device) {
+      // Left in the producer's GPU cache: released when the engine has copied them (or the
+      // request ends without), i.e. when the last copy of the rows goes.
+      rows->release_token = std::shared_ptr<void>(
+          nullptr, [host = r.kv.remote_host, port = r.kv.remote_port, id = r.kv.remote_request_id,
+                    secret = o.kv_secret](void*) {
+            std::thread([host, port, id, secret] {
+              try {
+                runtime::ReleaseKvRows(host, port, id, secret, kReleaseTimeoutSeconds);
+              } catch (const Error&) {  // the producer frees them at its hold timeout
+              }
+            }).detach();
+          });
+    }
     ctx.metrics().OnKvPull(
-        static_cast<int64_t>(rows->bytes.size()), rows->positions,
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+        bytes, rows->positions,
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
+        rows->device.has_value());
     return rows;
   } catch (const Error& e) {
     ctx.metrics().OnKvPullFailed();

@@ -269,7 +269,11 @@ runtime::RequestParams MakeRequestParams(const SamplingRequest& request, const P
   p.logprobs = request.logprobs;
   if (request.echo && request.logprobs >= 0) p.prompt_logprobs = request.logprobs;
   // The prefill leg of a KV transfer: its rows stay held for the consumer.
-  if (request.kv.remote_decode) p.hold_kv_s = ctx.options().kv_transfer->hold_timeout_s;
+  if (request.kv.remote_decode) {
+    p.hold_kv_s = ctx.options().kv_transfer->hold_timeout_s;
+    p.hold_kv_on_device =
+        ctx.options().kv_transfer->transport == KvTransferConfig::Transport::kCudaIpc;
+  }
   return p;
 }
 

@@ -58,6 +58,8 @@ ServingMetrics::ServingMetrics(std::string model_name)
                            "Bytes of KV rows this consumer pulled from prefill instances.");
   registry_.DeclareCounter("afd:kv_transfer_positions_total",
                            "Prompt positions (tokens) whose KV rows this consumer pulled.");
+  registry_.DeclareCounter("afd:kv_transfer_device_total",
+                           "Pulls whose rows were read from the producer's GPU over CUDA IPC.");
   registry_.DeclareCounter("afd:kv_transfer_failures_total",
                            "Pulls of KV rows that failed (the request got a 502).");
   registry_.DeclareHistogram("afd:kv_transfer_seconds",
@@ -83,11 +85,13 @@ ServingMetrics::ServingMetrics(std::string model_name)
   registry_.Increment("afd:kv_transfer_bytes_total", labels_, 0.0);
   registry_.Increment("afd:kv_transfer_positions_total", labels_, 0.0);
   registry_.Increment("afd:kv_transfer_failures_total", labels_, 0.0);
+  registry_.Increment("afd:kv_transfer_device_total", labels_, 0.0);
   registry_.SetHistogram("afd:kv_transfer_seconds", labels_, kKvPullBounds,
                          std::vector<int64_t>(kKvPullBounds.size() + 1, 0), 0, 0.0);
 }
 
-void ServingMetrics::OnKvPull(int64_t bytes, int64_t positions, double seconds) {
+void ServingMetrics::OnKvPull(int64_t bytes, int64_t positions, double seconds, bool device) {
+  if (device) registry_.Increment("afd:kv_transfer_device_total", labels_);
   registry_.Increment("afd:kv_transfer_bytes_total", labels_, static_cast<double>(bytes));
   registry_.Increment("afd:kv_transfer_positions_total", labels_, static_cast<double>(positions));
   registry_.Observe("afd:kv_transfer_seconds", labels_, seconds);

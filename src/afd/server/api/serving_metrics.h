@@ -27,7 +27,9 @@ class ServingMetrics {
   void OnFinished(const std::string& reason, double e2e_s);
   // A KV consumer's pull from a producer (prefill/decode disaggregation): its bytes, the
   // positions they hold and its seconds, connect to last byte; or its failure.
-  void OnKvPull(int64_t bytes, int64_t positions, double seconds);
+  // device: the rows were read over CUDA IPC (seconds: the pull of their description; the
+  // engine copies them when the request is scheduled).
+  void OnKvPull(int64_t bytes, int64_t positions, double seconds, bool device = false);
   void OnKvPullFailed();
 
   // The text exposition, with the gauges and the connector histogram taken from `load`.
