@@ -63,5 +63,16 @@ TEST(HmacSha256, DigestsEqualComparesEveryByte) {
   EXPECT_NE(RandomBytes(32), RandomBytes(32));
 }
 
+TEST(Hex, RoundTripsEveryByteAndRefusesWhatIsNotHex) {
+  std::string all;
+  for (int b = 0; b < 256; ++b) all.push_back(static_cast<char>(b));
+  EXPECT_EQ(FromHex(ToHex(all)), all);
+  EXPECT_EQ(FromHex("00FFa5"), std::string("\x00\xff\xa5", 3));
+  EXPECT_EQ(FromHex(""), std::string());
+  EXPECT_EQ(FromHex("abc"), std::nullopt);  // odd length
+  EXPECT_EQ(FromHex("0g"), std::nullopt);   // not a digit
+  EXPECT_EQ(FromHex("-1"), std::nullopt);
+}
+
 }  // namespace
 }  // namespace afd

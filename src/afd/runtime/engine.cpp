@@ -159,6 +159,15 @@ std::string Engine::Check(const RequestParams& p) const {
             "them (the cuda_ipc KV transport needs a GPU on both sides)",
             model_.backend().name());
       }
+      // Opened here (once per producer), and the allocation must hold the cache the description
+      // claims: a failure rejects this request, not the engine's step.
+      try {
+        const int64_t extent = kv->num_layers * d->num_slots * kv->row_width *
+                               static_cast<int64_t>(DTypeSize(kv->dtype));
+        model_.backend().CopyFromIpc(cache_->Layer(0).Rows(0, 0), d->ipc_handle, extent);
+      } catch (const Error& e) {
+        return fmt::format("imported device KV rows: {}", e.what());
+      }
     } else if (static_cast<int64_t>(kv->bytes.size()) != kv->expected_bytes()) {
       return fmt::format("imported KV rows: {} bytes, {} positions x {} layers need {}",
                          kv->bytes.size(), kv->positions, kv->num_layers, kv->expected_bytes());
@@ -191,18 +200,32 @@ void Engine::ImportRows(int64_t index, int64_t seq, int64_t cached) {
   const std::vector<int32_t>& blocks = cache_->block_table(seq);
   if (kv.device) {
     // Device to device from the producer's cache (CUDA IPC); the two block sizes may differ.
+    // The runs of positions contiguous on both sides (the same in every layer) merge across
+    // block boundaries where both sides' next blocks follow on: one copy per run and layer.
     const KvDeviceRows& d = *kv.device;
     const int64_t bs = shape.block_size;
+    struct Run {
+      int64_t src, dst, n;
+    };
+    std::vector<Run> runs;
+    for (int64_t p = 0; p < cached;) {
+      const int64_t n = std::min({bs - p % bs, d.block_size - p % d.block_size, cached - p});
+      const int64_t src =
+          static_cast<int64_t>(d.blocks[p / d.block_size]) * d.block_size + p % d.block_size;
+      const int64_t dst = static_cast<int64_t>(blocks[p / bs]) * bs + p % bs;
+      if (!runs.empty() && runs.back().src + runs.back().n == src &&
+          runs.back().dst + runs.back().n == dst) {
+        runs.back().n += n;
+      } else {
+        runs.push_back({src, dst, n});
+      }
+      p += n;
+    }
     for (int64_t l = 0; l < shape.num_layers; ++l) {
       const Tensor layer = cache_->Layer(l);
-      for (int64_t p = 0; p < cached;) {
-        const int64_t n = std::min({bs - p % bs, d.block_size - p % d.block_size, cached - p});
-        const int64_t src_slot =
-            static_cast<int64_t>(d.blocks[p / d.block_size]) * d.block_size + p % d.block_size;
-        const int64_t dst_slot = static_cast<int64_t>(blocks[p / bs]) * bs + p % bs;
-        backend.CopyFromIpc(layer.Rows(dst_slot, n), d.ipc_handle,
-                            (l * d.num_slots + src_slot) * row_bytes);
-        p += n;
+      for (const Run& r : runs) {
+        backend.CopyFromIpc(layer.Rows(r.dst, r.n), d.ipc_handle,
+                            (l * d.num_slots + r.src) * row_bytes);
       }
     }
     backend.Synchronize();  // copied before the producer may free (and reuse) its blocks

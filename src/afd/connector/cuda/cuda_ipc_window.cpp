@@ -6,39 +6,9 @@
 
 #include "afd/common/cuda_check.h"
 #include "afd/common/error.h"
+#include "afd/common/sha256.h"
 
 namespace afd::connector {
-
-namespace {
-
-std::string Hex(const void* data, size_t n) {
-  static const char* digits = "0123456789abcdef";
-  std::string s;
-  const auto* b = static_cast<const unsigned char*>(data);
-  for (size_t i = 0; i < n; ++i) {
-    s.push_back(digits[b[i] >> 4]);
-    s.push_back(digits[b[i] & 15]);
-  }
-  return s;
-}
-
-bool Unhex(const std::string& s, void* out, size_t n) {
-  if (s.size() != 2 * n) return false;
-  auto* b = static_cast<unsigned char*>(out);
-  for (size_t i = 0; i < n; ++i) {
-    int v = 0;
-    for (int k = 0; k < 2; ++k) {
-      const char c = s[2 * i + k];
-      const int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
-      if (d < 0) return false;
-      v = v * 16 + d;
-    }
-    b[i] = static_cast<unsigned char>(v);
-  }
-  return true;
-}
-
-}  // namespace
 
 std::unique_ptr<CudaIpcWindow> CudaIpcWindow::Create(comm::AfdWorld& world, size_t bytes,
                                                      const std::vector<int>& peers,
@@ -58,13 +28,16 @@ std::unique_ptr<CudaIpcWindow> CudaIpcWindow::Create(comm::AfdWorld& world, size
   cudaIpcMemHandle_t handle;
   AFD_CUDA_CHECK(cudaIpcGetMemHandle(&handle, mem));
   comm::PrefixStore store(world.store(), "async_dwindow");
-  store.Set(std::to_string(self), Hex(&handle, sizeof(handle)));
+  store.Set(std::to_string(self),
+            ToHex(std::string_view(reinterpret_cast<const char*>(&handle), sizeof(handle))));
   const double timeout = world.config().afd_process_group_timeout_s;
   for (int p : peers) {
     const std::string text = store.Get(std::to_string(p), timeout);
+    const std::optional<std::string> bytes = FromHex(text);
     cudaIpcMemHandle_t h;
-    AFD_CHECK(Unhex(text, &h, sizeof(h)), "{}: {} published a malformed CUDA IPC handle", me,
-              world.Describe(p));
+    AFD_CHECK(bytes && bytes->size() == sizeof(h), "{}: {} published a malformed CUDA IPC handle",
+              me, world.Describe(p));
+    std::memcpy(&h, bytes->data(), sizeof(h));
     void* ptr = nullptr;
     const cudaError_t o = cudaIpcOpenMemHandle(&ptr, h, cudaIpcMemLazyEnablePeerAccess);
     AFD_CHECK(o == cudaSuccess,
