@@ -106,7 +106,7 @@ CudaBackend::~CudaBackend() {
     cudaEventDestroy(b);
     cudaEventDestroy(e);
   }
-  for (const auto& [handle, map] : state_->ipc_maps) cudaIpcCloseMemHandle(map.first);
+  for (const auto& [handle, map] : state_->ipc_maps) cudaIpcCloseMemHandle(map.base);
   if (state_->staging) cudaFreeHost(state_->staging);
   for (State::HostCopy& c : state_->host_copies) {
     if (c.pinned) cudaFreeHost(c.pinned);
@@ -340,6 +340,15 @@ void CudaBackend::CopyFromIpc(const Tensor& dst, const std::string& handle, int6
             handle.size());
   auto it = state_->ipc_maps.find(handle);
   if (it == state_->ipc_maps.end()) {
+    if (state_->ipc_maps.size() >= State::kMaxIpcMaps) {  // close the least recently used
+      auto lru = state_->ipc_maps.begin();
+      for (auto m = state_->ipc_maps.begin(); m != state_->ipc_maps.end(); ++m) {
+        if (m->second.last_use < lru->second.last_use) lru = m;
+      }
+      Synchronize();  // no copy from it may still be pending
+      cudaIpcCloseMemHandle(lru->second.base);
+      state_->ipc_maps.erase(lru);
+    }
     AFD_CUDA_CHECK(cudaSetDevice(device_));
     cudaIpcMemHandle_t h;
     std::memcpy(&h, handle.data(), sizeof(h));
@@ -367,9 +376,11 @@ void CudaBackend::CopyFromIpc(const Tensor& dst, const std::string& handle, int6
       AFD_THROW("{}: cannot tell the extent of the producer's CUDA IPC memory (driver error {})",
                 name_, static_cast<int>(r));
     }
-    it = state_->ipc_maps.emplace(handle, std::make_pair(static_cast<char*>(ptr), size)).first;
+    it = state_->ipc_maps.emplace(handle, State::IpcMap{static_cast<char*>(ptr), size, 0}).first;
   }
-  const auto [base, size] = it->second;
+  it->second.last_use = ++state_->ipc_uses;
+  char* const base = it->second.base;
+  const size_t size = it->second.size;
   AFD_CHECK(offset >= 0 && static_cast<size_t>(offset) + dst.nbytes() <= size,
             "CopyFromIpc: bytes [{}, {}) past the producer's allocation of {}", offset,
             offset + static_cast<int64_t>(dst.nbytes()), size);

@@ -56,8 +56,17 @@ struct CudaBackend::State {
     uint64_t staged = 0;
   };
   HostCopy host_copies[Backend::kMaxCopiesToHost];
-  // Other processes' allocations opened by CopyFromIpc, by handle: base and size.
-  std::map<std::string, std::pair<char*, size_t>> ipc_maps;
+  // Other processes' allocations opened by CopyFromIpc, by handle: base, size and the use count
+  // when last copied from. At most kMaxIpcMaps stay open (a restarted producer's old cache is
+  // closed once newer ones push it out: an open mapping keeps a dead process's memory).
+  struct IpcMap {
+    char* base = nullptr;
+    size_t size = 0;
+    uint64_t last_use = 0;
+  };
+  static constexpr size_t kMaxIpcMaps = 8;
+  std::map<std::string, IpcMap> ipc_maps;
+  uint64_t ipc_uses = 0;
   bool capturing = false;
   int sm_count = 1;  // the device's multiprocessors (kernels size their grids by it)
   // WatchWaits: 0 = block in cudaStreamSynchronize; else poll, bounded, calling wait_check.
