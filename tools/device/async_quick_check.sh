@@ -20,6 +20,11 @@ same = len(a) == len(b) and all(x["output_ids"] == y["output_ids"] for x, y in z
 d = max([abs(p - q) for x, y in zip(a, b) for p, q in zip(x["prompt_logprobs"][1:] + x["logprobs"], y["prompt_logprobs"][1:] + y["logprobs"])] or [0])
 ok = same and (d <= 1e-5 or "bf16" in sys.argv[1])
 print(f"{sys.argv[1]}: ids identical {same}, max |dlogprob| {d:.2e} -> {'ok' if ok else 'FAIL'}")
+if not same:
+    print(f"  {len(a)} monolithic outputs, {len(b)} AFD outputs")
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x["output_ids"] != y["output_ids"]:
+            print(f"  prompt {i}: monolithic {x['output_ids']}\n  prompt {i}: AFD        {y['output_ids']}")
 sys.exit(0 if ok else 1)
 PYEOF
 done
