@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Repeats one AFD run over the async connector against the monolithic run (same prompts as
+# async_quick_check.sh) until TIME_S [120] pass, under MPS, and prints every run whose output
+# differs (output counts, ids and lengths of each differing prompt). Looks for rare
+# differences. Usage (repo root there): async_repeat_check.sh BIN_DIR [DTYPE fp32] [TOPOLOGY 2A2F]
+set -u
+BIN=$(readlink -f "$1")
+DT=${2:-fp32}
+TOPO=${3:-2A2F}
+. "$(dirname "$(readlink -f "$0")")/env.sh"
+export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps_pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps_log
+mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY
+nvidia-cuda-mps-control -d && sleep 1
+M=tests/data/golden/v3_noaux_tc
+P=(--prompt-ids 1,2,3,4,5,6,7,8 --prompt-ids 90,80,70 --prompt-ids 5 --max-tokens 16 --ignore-eos --json --device cuda --dtype $DT)
+ASYNC='{"afd": {"connector": "AsyncAFDConnector"}}'
+"$BIN/afd" run --model $M "${P[@]}" >/tmp/mono.json 2>/tmp/mono.err || tail -3 /tmp/mono.err
+end=$(( $(date +%s) + ${TIME_S:-120} ))
+runs=0; bad=0
+while [ "$(date +%s)" -lt "$end" ]; do
+  runs=$((runs + 1))
+  timeout 60 "$BIN/afd" run --model $M "${P[@]}" --topology $TOPO --additional-config "$ASYNC" >/tmp/afd.json 2>/tmp/afd.err
+  rc=$?
+  python3 - "$runs" "$rc" <<'PYEOF' || bad=$((bad + 1))
+import json, sys
+a = [json.loads(l) for l in open("/tmp/mono.json")]
+try:
+    b = [json.loads(l) for l in open("/tmp/afd.json")]
+except Exception as e:
+    b = []
+if sys.argv[2] == "0" and len(a) == len(b) and all(x["output_ids"] == y["output_ids"] for x, y in zip(a, b)):
+    sys.exit(0)
+print(f"run {sys.argv[1]}: rc {sys.argv[2]}, {len(a)} vs {len(b)} outputs")
+for i, (x, y) in enumerate(zip(a, b)):
+    if x["output_ids"] != y["output_ids"]:
+        print(f"  prompt {i}: mono {len(x['output_ids'])} ids {x['output_ids']}")
+        print(f"  prompt {i}: afd  {len(y['output_ids'])} ids {y['output_ids']}")
+        lx, ly = x.get("logprobs", []), y.get("logprobs", [])
+        print(f"  logprobs mono {lx[:3]}... afd {ly[:3]}... (lengths {len(lx)} {len(ly)})")
+sys.exit(1)
+PYEOF
+  [ "$rc" -ne 0 ] && tail -3 /tmp/afd.err
+done
+echo "$TOPO $DT: $runs runs, $bad differing"
+echo quit | nvidia-cuda-mps-control
