@@ -237,6 +237,9 @@ TEST_P(KvTransfer, BadRowsAreRejectedNamingTheMismatch) {
   KvRows ragged = device;
   ragged.device->num_slots = 1000;
   reject(ragged, false, "(1000 per layer)");
+  KvRows huge = device;
+  huge.device->num_slots = int64_t{1} << 40;
+  reject(huge, false, "(1099511627776 per layer)");
   reject(device, false, "cannot read them");
   for (double hold : {-1.0, std::nan(""), 1e300}) {
     RequestParams p = Params({1, 2, 3, 4}, 1);

@@ -140,7 +140,9 @@ std::string Engine::Check(const RequestParams& p) const {
                          len);
     }
     if (const std::optional<KvDeviceRows>& d = kv->device) {
-      if (d->block_size <= 0 || d->num_slots <= 0 || d->num_slots % d->block_size != 0 ||
+      // (Slots index int32 blocks: more than 2^31 is no cache's.)
+      if (d->block_size <= 0 || d->num_slots <= 0 || d->num_slots > (int64_t{1} << 31) ||
+          d->num_slots % d->block_size != 0 ||
           static_cast<int64_t>(d->blocks.size()) * d->block_size < kv->positions) {
         return fmt::format(
             "imported device KV rows: {} blocks of {} slots ({} per layer) for {} "
