@@ -10,32 +10,18 @@
 #include <utility>
 #include <vector>
 
+#include "testing/command.h"
+
 namespace {
 
 using nlohmann::json;
 
-struct Result {
-  int exit_code;
-  std::string out;  // stdout and stderr together
-};
-
-std::string Quote(const std::string& s) {
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
+using Result = afd::testing_util::CommandResult;  // out: stdout and stderr together
+using afd::testing_util::Quote;
 
 Result RunAfd(const std::string& args, bool stderr_too = true) {
-  const std::string cmd =
-      std::string(AFD_BINARY) + " " + args + (stderr_too ? " 2>&1" : " 2>/dev/null");
-  FILE* pipe = popen(cmd.c_str(), "r");
-  EXPECT_NE(pipe, nullptr);
-  std::string out;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) out.append(buf.data(), n);
-  const int status = pclose(pipe);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+  return afd::testing_util::RunCommand(std::string(AFD_BINARY) + " " + args +
+                                       (stderr_too ? " 2>&1" : " 2>/dev/null"));
 }
 
 // A connector the config accepts but this build cannot run is refused before anything starts,

@@ -13,26 +13,17 @@
 #include <sstream>
 
 #include "model/npy_reader.h"
+#include "testing/command.h"
 
 namespace {
 
 using nlohmann::json;
 
-struct Result {
-  int exit_code;
-  std::string out;
-};
+using Result = afd::testing_util::CommandResult;
 
 Result RunAfd(const std::string& args, bool stderr_too = false) {
-  const std::string cmd =
-      std::string(AFD_BINARY) + " " + args + (stderr_too ? " 2>&1" : " 2>/dev/null");
-  FILE* pipe = popen(cmd.c_str(), "r");
-  std::string out;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) out.append(buf.data(), n);
-  const int status = pclose(pipe);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+  return afd::testing_util::RunCommand(std::string(AFD_BINARY) + " " + args +
+                                       (stderr_too ? " 2>&1" : " 2>/dev/null"));
 }
 
 std::string Golden(const std::string& name) {

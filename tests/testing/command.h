@@ -14,6 +14,13 @@ struct CommandResult {
   std::string out;  // stdout only (append 2>&1 to the command for both)
 };
 
+// `s` as one single-quoted shell word.
+inline std::string Quote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
 inline CommandResult RunCommand(const std::string& cmd) {
   FILE* pipe = popen(cmd.c_str(), "r");
   if (pipe == nullptr) return {-1, ""};

@@ -44,11 +44,7 @@ inline std::vector<std::string> SyntheticDirs() {
 using testing_util::CommandResult;
 using testing_util::RunCommand;
 
-inline std::string Quote(const std::string& s) {
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
+using testing_util::Quote;
 
 // Lines split on '\n' only (the texts hold U+2028 and friends).
 inline std::vector<std::string> SplitLines(const std::string& text) {
