@@ -323,6 +323,12 @@ TEST(Cli, KernelTraceNeedsGraphReplays) {
       RunAfd("bench decode --model preset:tiny --batch 1 --topology 1A1F --kernel-trace");
   EXPECT_EQ(topology.exit_code, 2) << topology.out;
   EXPECT_NE(topology.out.find("one-process options"), std::string::npos) << topology.out;
+  // With a deployment: every rank's trace, of GPU ranks only.
+  const Result ranks = RunAfd(
+      "bench decode --model preset:tiny --batch 1 --topology 1A1F --kernel-trace-csv /tmp/k.csv");
+  EXPECT_EQ(ranks.exit_code, 2) << ranks.out;
+  EXPECT_NE(ranks.out.find("an AFD --topology on --device cuda only"), std::string::npos)
+      << ranks.out;
   const Result csv = RunAfd(
       "bench decode --model preset:tiny --batch 1 --steps 1 --kernel-trace-csv /nonexistent/k.csv");
   EXPECT_EQ(csv.exit_code, 2) << csv.out;

@@ -155,6 +155,10 @@ void RunOnTopology(const BenchArgs& a, const std::vector<int64_t>& batches, int&
     g.quantization = a.quantization;
     std::vector<std::string> flags = GenerationFlagsArgv(g);
     if (a.options.graphs.enforce_eager) flags.push_back("--enforce-eager");
+    if (!a.kernel_trace_csv.empty()) {
+      flags.insert(flags.end(),
+                   {"--kernel-trace-csv", deploy::RankTracePrefix(a.kernel_trace_csv, batch)});
+    }
     if (cuda) {
       const std::vector<std::string> f =
           deploy::CudaWorkerFlags(a.deployment, a.cuda_device, a.dtype);
@@ -171,6 +175,15 @@ void RunOnTopology(const BenchArgs& a, const std::vector<int64_t>& batches, int&
     std::cerr << "afd bench decode (" << deploy::DeploymentName(spec) << "): " << e.what() << "\n";
     exit_code = 1;
     return;
+  }
+  if (!a.kernel_trace_csv.empty()) {
+    try {
+      deploy::MergeRankTraces(a.kernel_trace_csv, batches);
+    } catch (const Error& e) {
+      std::cerr << "afd bench decode: " << e.what() << "\n";
+      exit_code = 1;
+      return;
+    }
   }
   // Per GPU: what a deployment over several GPUs is compared with (one GPU doing everything).
   const int gpus = deploy::NumGpus(spec);
@@ -228,10 +241,17 @@ void Run(BenchArgs a, int& exit_code) {
                 "--context-mix, --mla-splits and --mla-bufs are one-process options (for now): "
                 "leave them out with --topology or --data-parallel-size");
       batches = ParseList(a.batch, "--batch");
-      AFD_CHECK(!a.options.profile && !a.options.kernel_trace && a.kernel_trace_csv.empty() &&
-                    a.cuda_graph_sizes.empty(),
-                "--profile, --kernel-trace(-csv) and --cuda-graph-sizes are one-process options; "
+      AFD_CHECK(!a.options.profile && !a.options.kernel_trace && a.cuda_graph_sizes.empty(),
+                "--profile, --kernel-trace and --cuda-graph-sizes are one-process options; "
                 "leave them out with --topology or --data-parallel-size");
+      AFD_CHECK(a.kernel_trace_csv.empty() ||
+                    (a.device == "cuda" && a.deployment.expert_parallel_size == 0),
+                "--kernel-trace-csv with a deployment: an AFD --topology on --device cuda only "
+                "(every rank's kernels of the whole run)");
+      if (!a.kernel_trace_csv.empty()) {
+        AFD_CHECK(std::ofstream(a.kernel_trace_csv).good(),
+                  "--kernel-trace-csv {}: cannot open it for writing", a.kernel_trace_csv);
+      }
     } catch (const Error& e) {
       std::cerr << "afd bench decode: " << e.what() << "\n";
       exit_code = 2;
@@ -503,7 +523,9 @@ void AddBenchCommand(CLI::App& app, int& exit_code) {
                    "other kernel overlapped (CUDA: CUPTI, libcupti.so.13 on the library path)");
   decode->add_option("--kernel-trace-csv", a->kernel_trace_csv,
                      "With the kernel trace: write every traced kernel of the timed steps to "
-                     "this CSV file (batch, stream, start and end in us, kernel)");
+                     "this CSV file (batch, stream, start and end in us, kernel); with "
+                     "--topology: every kernel of every rank's whole run (batch, rank, stream, "
+                     "graph, launch, start and end in us, kernel)");
   decode->add_option("--topology", a->deployment.topology,
                      "xAyF: through an AFD deployment of rank processes on this host (e.g. "
                      "1A1F with the async connector on one GPU)");

@@ -54,9 +54,10 @@ struct RoleArgs {
   bool expert_parallel = false;     // accepted for recipe compatibility: FFN ranks always use EP
   int role_rank = -1;               // worker only
   std::string prompts_file, output_file, stats_file, log_dir;
-  bool enforce_eager = false;   // accepted: the CPU path has no graphs to capture
-  std::string engine_endpoint;  // worker: serve requests of the frontend there
-  std::string dtype;            // serve, in-process model on cuda
+  std::string kernel_trace_csv;  // worker only: a path prefix (role_worker.h)
+  bool enforce_eager = false;    // accepted: the CPU path has no graphs to capture
+  std::string engine_endpoint;   // worker: serve requests of the frontend there
+  std::string dtype;             // serve, in-process model on cuda
   int cuda_device = 0;
   std::string topology;                   // launch
   std::vector<int> cuda_devices;          // launch: of each world rank; serve: of each local rank
@@ -276,6 +277,7 @@ deploy::WorkerOptions ToWorkerOptions(const RoleArgs& a) {
   DeriveConnectorOptions(o.dbo.enabled, o.config.role == Role::kAttention ? o.tp : 0, o.config);
   o.output_file = a.output_file;
   o.stats_file = a.stats_file;
+  o.kernel_trace_csv = a.kernel_trace_csv;
   return o;
 }
 
@@ -649,6 +651,9 @@ void AddWorkerCommands(CLI::App& app, int& exit_code) {
   worker->add_option("--exit-with-parent", *exit_with_parent,
                      "PID of the launcher: end this rank when it ends (launchers set it)");
   worker->add_option("--stats-file", wargs->stats_file, "JSON summary of this rank");
+  worker->add_option("--kernel-trace-csv", wargs->kernel_trace_csv,
+                     "CUDA: every kernel this rank runs, one CSV line each, written to "
+                     "PREFIX{attention|ffn}{rank}.csv (afd bench decode --topology sets it)");
   worker->add_option("--engine-endpoint", wargs->engine_endpoint,
                      "Attention: serve the requests of the frontend at host:port (serve and "
                      "launch set it)");

@@ -36,4 +36,14 @@ struct DeploymentBenchRow {
 std::vector<DeploymentBenchRow> BenchDecodeOnDeployment(DeploymentSpec spec,
                                                         const DeploymentBenchOptions& options);
 
+// `afd bench decode --topology --kernel-trace-csv CSV`: the rank processes of batch `batch`
+// write {RankTracePrefix(CSV, batch)}{attention|ffn}{rank}.csv (WorkerOptions::kernel_trace_csv);
+// MergeRankTraces then writes CSV: one line per kernel of every rank, for every batch,
+// "batch,rank,stream,graph,launch,start_us,end_us,kernel" (rank "attention0", "ffn1", ...), the
+// times from the batch's first kernel on any rank (the ranks share one clock), by start; the
+// parts are removed. Throws afd::Error naming the file when a batch has no part or a line is
+// malformed.
+std::string RankTracePrefix(const std::string& csv, int64_t batch);
+void MergeRankTraces(const std::string& csv, const std::vector<int64_t>& batches);
+
 }  // namespace afd::deploy

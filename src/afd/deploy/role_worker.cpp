@@ -70,6 +70,20 @@ int64_t AttentionTokenCap(const WorkerOptions& o, const model::ModelConfig& mc) 
   return std::max(g.max_num_batched_tokens, longest);
 }
 
+// WorkerOptions::kernel_trace_csv's file of this rank.
+void WriteKernelTrace(const std::string& path, const std::vector<kernels::KernelSpan>& spans) {
+  std::string text = "stream,graph,launch,start_ns,end_ns,kernel\n";
+  for (const kernels::KernelSpan& s : spans) {
+    std::string name = s.name;
+    for (size_t i = name.find('"'); i != std::string::npos; i = name.find('"', i + 2)) {
+      name.insert(i, 1, '"');
+    }
+    text += fmt::format("{},{},{},{},{},\"{}\"\n", s.stream, s.graph, s.launch, s.start_ns,
+                        s.end_ns, name);
+  }
+  WriteFileOrThrow(path, text);
+}
+
 }  // namespace
 
 void RunWorker(const WorkerOptions& o) {
@@ -134,10 +148,15 @@ void RunWorker(const WorkerOptions& o) {
                           [w = world] { w->CheckAbort(); });
     }
   } watch_guard;
+  const std::string trace_path =
+      o.kernel_trace_csv.empty()
+          ? std::string()
+          : fmt::format("{}{}{}.csv", o.kernel_trace_csv, RoleName(role), o.role_rank);
   std::unique_ptr<runtime::ReplicaRunner> runner_holder;
   std::unique_ptr<runtime::FfnWorker> worker_holder;
   std::unique_ptr<runtime::AsyncFfnWorker> async_worker_holder;
   try {
+    if (!trace_path.empty()) backend->SetKernelTrace(true);
     nlohmann::json stats = {{"role", std::string(RoleName(role))},
                             {"role_rank", o.role_rank},
                             {"world_rank", world->world_rank()}};
@@ -233,6 +252,7 @@ void RunWorker(const WorkerOptions& o) {
       stats["rows"] = worker.rows_served();
       stats["experts"] = {worker.moe().expert_begin(), worker.moe().expert_end()};
     }
+    if (!trace_path.empty()) WriteKernelTrace(trace_path, backend->TakeKernelTrace());
     // Everyone finishes together, so a failure anywhere is reported everywhere.
     world->Barrier("worker-done");
     stats["seconds"] =

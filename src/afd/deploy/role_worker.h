@@ -35,6 +35,11 @@ struct WorkerOptions {
   runtime::CudaGraphOptions graphs;
   std::string output_file;  // TP rank 0 of each replica writes {"index": i, "result": ...} lines
   std::string stats_file;   // optional: a JSON summary of this rank (steps, per-layer transfers)
+  // Optional (CUDA ranks): a kernel trace of everything this rank runs from joining to its
+  // work's end, written to `{kernel_trace_csv}{attention|ffn}{role_rank}.csv`: one line per
+  // kernel, "stream,graph,launch,start_ns,end_ns,kernel" (CUPTI's times: one clock for every
+  // process of the host, so the ranks' files line up).
+  std::string kernel_trace_csv;
   // Serving (attention role): the frontend's engine listener; requests come from there instead
   // of `prompts` (deploy/replica_serve.h).
   std::string engine_endpoint;
