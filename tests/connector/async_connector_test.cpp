@@ -244,6 +244,97 @@ TEST(AsyncConnector, RingDepthTwoKeepsTwoStagesInFlight) {
   for (const auto& e : errors) EXPECT_EQ(e, "");
 }
 
+// An FFN rank that claims the sender's next message ahead (AsyncConnector::Claim; inline flags:
+// the calling thread is the stream) serves it before Poll reports it; Poll then returns it as
+// claimed without reading the slot -- which by then holds the sender's following message, as
+// the next Poll returns. A claim that does not match the message names the field.
+TEST(AsyncConnector, AClaimedMessageIsServedAheadAndPollReportsItAfter) {
+  const auto attention = [](comm::AfdWorld& w) {
+    AsyncConnector c(w, Options(w, 4));
+    const std::vector<int32_t> counts = {1, 0, 0, 0}, route = {0};
+    const std::vector<float> rows(8, 1.0f);
+    for (int layer = 1; layer <= 3; ++layer) {
+      SlotPayload p;
+      p.layer = layer;
+      p.num_tokens = 1;
+      p.expert_counts = counts;
+      p.route = route;
+      p.routed_rows = rows.data();
+      const uint64_t seq = c.Send(0, p);
+      EXPECT_EQ(c.Receive(0, 0, "a reply").header.echo_seq, seq);
+    }
+    c.AnnounceShutdown();
+  };
+  const auto reply = [](AsyncConnector& c, int layer, uint64_t seq) {
+    SlotPayload p;
+    p.layer = layer;
+    p.num_tokens = 1;
+    p.flags = kSlotCombine;
+    p.echo_seq = seq;
+    c.Send(0, p);
+  };
+  const auto expect = [](int layer) {
+    ExpectedSlot e;
+    e.layer = layer;
+    e.num_tokens = 1;
+    e.routed_rows = 1;
+    e.table_entries = 1;  // the route table
+    return e;
+  };
+  const auto errors = RunRanks(1, 1, "", attention, [&](comm::AfdWorld& w) {
+    AsyncConnectorOptions o = Options(w, 0);
+    o.inline_flags = true;
+    AsyncConnector c(w, o);
+    std::optional<ReceivedSlot> in;
+    while (!(in = c.Poll(20))) {
+    }
+    EXPECT_EQ(in->header.layer, 1);
+    reply(c, 1, in->header.seq);
+    // Only the next message may be claimed.
+    try {
+      c.Claim(0, 0, 3, expect(2));
+      ADD_FAILURE() << "a claim past the next message";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("only the next slot may be claimed"), std::string::npos)
+          << e.what();
+    }
+    c.Claim(0, 0, 2, expect(2));  // returns once message 2 is there, its header checked
+    EXPECT_EQ(c.SeenSeq(0, 0), 1u);
+    reply(c, 2, 2);  // served ahead of the poll: the sender goes on to message 3
+    while (!(in = c.Poll(20))) {
+    }
+    EXPECT_TRUE(in->claimed);
+    EXPECT_FALSE(in->shutdown());
+    EXPECT_EQ(in->header.seq, 2u);
+    EXPECT_EQ(c.SeenSeq(0, 0), 2u);
+    while (!(in = c.Poll(20))) {
+    }
+    EXPECT_FALSE(in->claimed);
+    EXPECT_EQ(in->header.layer, 3);
+    EXPECT_EQ(in->header.seq, 3u);
+    reply(c, 3, 3);
+    while (!(in = c.Poll(20))) {
+    }
+    EXPECT_TRUE(in->shutdown());
+  });
+  for (const auto& e : errors) EXPECT_EQ(e, "");
+
+  const auto wrong = RunRanks(1, 1, "", attention, [&](comm::AfdWorld& w) {
+    AsyncConnectorOptions o = Options(w, 0);
+    o.inline_flags = true;
+    AsyncConnector c(w, o);
+    std::optional<ReceivedSlot> in;
+    while (!(in = c.Poll(20))) {
+    }
+    reply(c, 1, in->header.seq);
+    c.Claim(0, 0, 2, expect(7));  // message 2 is layer 2
+  });
+  EXPECT_NE(wrong[0].find("header layer is 2, the claim expects 7"), std::string::npos) << wrong[0];
+  EXPECT_NE(wrong[0].find("the claimed message 2 from world rank 1 (attention 0)"),
+            std::string::npos)
+      << wrong[0];
+}
+
 // Ranks whose windows would not pair up (flags stored by the streams on one side, by the host
 // on the other) fail at the join, naming the field, before any window exists.
 TEST(AsyncConnector, RanksThatDisagreeOnTheProtocolFailAtTheJoinNamingTheField) {

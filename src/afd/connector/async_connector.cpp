@@ -163,6 +163,7 @@ AsyncConnector::AsyncConnector(comm::AfdWorld& world, const AsyncConnectorOption
   send_seq_.assign(static_cast<size_t>(num_peers()) * layout_.ring_depth, 0);
   seen_.assign(static_cast<size_t>(layout_.num_regions) * layout_.ring_depth, 0);
   device_wait_.assign(seen_.size(), 0);
+  claimed_.assign(seen_.size(), 0);
   if (stream_flags_) {
     watched_seq_ = std::make_unique<std::atomic<uint64_t>[]>(seen_.size());
     watched_since_ = std::make_unique<std::atomic<int64_t>[]>(seen_.size());
@@ -212,18 +213,28 @@ void AsyncConnector::RegisterSlotPages(const std::vector<int>& peers) {
   for (int w : peers) register_runs(w, {world_.self().rank});
 }
 
+char* AsyncConnector::DeviceMirror(int world_rank) const {
+  char* base = static_cast<DeviceRowWindow*>(data_window_.get())->mapping(world_rank);
+  AFD_CHECK(base != nullptr, "async connector: the device window of {} is not mapped",
+            world_.Describe(world_rank));
+  return base;
+}
+
 void AsyncConnector::PublishOnDevice(int peer, int w, size_t slot, const std::vector<char>& header,
                                      bool echo_received, int ring) {
   const size_t i = static_cast<size_t>(peer) * layout_.ring_depth + ring;
+  // The echo from the mirror of the slot being answered (device memory: no bus round trip).
   const auto* echo =
-      echo_received
-          ? reinterpret_cast<const uint64_t*>(window_->local() + layout_.slot_offset(peer, ring) +
-                                              layout_.header + offsetof(SlotHeader, seq))
-          : nullptr;
-  stream_flags_->Publish(
-      options_.cuda_stream, shm_->mapping(w) + slot + layout_.header,
-      reinterpret_cast<uint64_t*>(shm_->mapping(w) + layout_.flag_offset(world_.self().rank, ring)),
-      header.data(), device_seqs_ + i, echo);
+      echo_received ? reinterpret_cast<const uint64_t*>(DeviceMirror(world_.world_rank()) +
+                                                        layout_.slot_offset(peer, ring) +
+                                                        layout_.header + offsetof(SlotHeader, seq))
+                    : nullptr;
+  const size_t flag = layout_.flag_offset(world_.self().rank, ring);
+  char* mirror = DeviceMirror(w);
+  stream_flags_->Publish(options_.cuda_stream, shm_->mapping(w) + slot + layout_.header,
+                         reinterpret_cast<uint64_t*>(shm_->mapping(w) + flag),
+                         mirror + slot + layout_.header, reinterpret_cast<uint64_t*>(mirror + flag),
+                         header.data(), device_seqs_ + i, echo);
 }
 
 void AsyncConnector::CheckDevice() const {
@@ -412,11 +423,11 @@ void AsyncConnector::EnqueueWait(int peer, int stage, const ExpectedSlot& expect
     e.shared_rows = static_cast<int32_t>(expect.shared_rows);
     e.table_entries = static_cast<int32_t>(expect.table_entries);
     const size_t sends = static_cast<size_t>(num_peers()) * layout_.ring_depth;
-    char* local = window_->local();
+    char* local = DeviceMirror(world_.world_rank());
     stream_flags_->AwaitSlot(
         options_.cuda_stream,
         reinterpret_cast<const uint64_t*>(local + layout_.flag_offset(peer, stage)),
-        local + layout_.slot_offset(peer, stage) + layout_.header, device_seqs_ + sends + i,
+        local + layout_.slot_offset(peer, stage) + layout_.header, device_seqs_ + sends + i, 0,
         device_seqs_ + i, e, peer, stage);
 #endif
     ++seen_[i];  // the host's mirror
@@ -436,6 +447,73 @@ void AsyncConnector::EnqueueWait(int peer, int stage, const ExpectedSlot& expect
   }
   // Inline (CPU): the "stream" is this thread; the flag is consumed by Receive later.
   AwaitFlagOnHost(peer, stage, [] { return std::string("the reply"); });
+}
+
+void AsyncConnector::Claim(int peer, int stage, uint64_t seq, const ExpectedSlot& expect) {
+  AFD_CHECK((device_sequenced() || options_.inline_flags) && !capturing_,
+            "async connector: Claim needs device sequencing or inline flags, outside a capture");
+  AFD_CHECK(peer >= 0 && peer < num_peers() && stage >= 0 && stage < layout_.ring_depth,
+            "async connector: claim of peer {} stage {} out of range", peer, stage);
+  const size_t i = static_cast<size_t>(peer) * layout_.ring_depth + stage;
+  AFD_CHECK(claimed_[i] == 0 && seq == seen_[i] + 1,
+            "async connector: a claim of seq {} of {} ring {} (last seen {}, claimed {}): only "
+            "the next slot may be claimed, once",
+            seq, PeerName(peer), stage, seen_[i], claimed_[i]);
+  ThrowIfDeviceWaitExpired();
+  if (!device_sequenced()) {
+    // Inline flags (CPU): the "stream" is this thread: wait here, check as the device would.
+    const auto what = [&] { return fmt::format("the claimed message {}", seq); };
+    AwaitFlagOnHost(peer, stage, what);
+    uint64_t flag = 0;
+    window_->ReadFlags(layout_.flag_offset(peer, stage), std::span<uint64_t>(&flag, 1));
+    const auto slot_name = [&] {
+      return fmt::format("{} from {}: slot (region {}, ring {}) of {}", what(), PeerName(peer),
+                         peer, stage, world_.Describe(world_.world_rank()));
+    };
+    AFD_CHECK(flag == seq, "{}: flag jumped from {} to {}", slot_name(), seq - 1, flag);
+    SlotHeader h;
+    std::memcpy(&h, window_->local() + layout_.slot_offset(peer, stage) + layout_.header,
+                sizeof(h));
+    ValidateSlotHeader(h, layout_, peer, seq, slot_name);
+    const auto check = [&](const char* field, int64_t got, int64_t want) {
+      AFD_CHECK(got == want, "{}: header {} is {}, the claim expects {}", slot_name(), field, got,
+                want);
+    };
+    check("flags", h.flags, expect.flags);
+    check("layer", h.layer, expect.layer);
+    check("stage", h.stage, stage);
+    check("num_tokens", h.num_tokens, expect.num_tokens);
+    check("routed_rows", h.routed_rows, expect.routed_rows);
+    check("shared_rows", h.shared_rows, expect.shared_rows);
+    check("table_entries", h.table_entries, expect.table_entries);
+    claimed_[i] = seq;
+    return;
+  }
+#ifdef AFD_WITH_CUDA
+  DeviceSlotExpect e;
+  e.flags = expect.flags;
+  e.sender = peer;
+  e.layer = expect.layer;
+  e.stage = stage;
+  e.num_tokens = expect.num_tokens;
+  e.routed_rows = static_cast<int32_t>(expect.routed_rows);
+  e.shared_rows = static_cast<int32_t>(expect.shared_rows);
+  e.table_entries = static_cast<int32_t>(expect.table_entries);
+  char* local = DeviceMirror(world_.world_rank());
+  stream_flags_->AwaitSlot(
+      options_.cuda_stream,
+      reinterpret_cast<const uint64_t*>(local + layout_.flag_offset(peer, stage)),
+      local + layout_.slot_offset(peer, stage) + layout_.header, nullptr, seq, nullptr, e, peer,
+      stage);
+#endif
+  claimed_[i] = seq;
+  ++waits_enqueued_;
+}
+
+uint64_t AsyncConnector::SeenSeq(int peer, int stage) const {
+  AFD_CHECK(peer >= 0 && peer < num_peers() && stage >= 0 && stage < layout_.ring_depth,
+            "async connector: peer {} stage {} out of range", peer, stage);
+  return seen_[static_cast<size_t>(peer) * layout_.ring_depth + stage];
 }
 
 void AsyncConnector::AwaitFlagOnHost(int peer, int stage, const Describe& what) {
@@ -715,6 +793,23 @@ std::optional<ReceivedSlot> AsyncConnector::Poll(int timeout_ms) {
             region, num_peers());
   uint64_t seq = 0;
   window_->ReadFlags(layout_.flag_offset(region, ring), std::span<uint64_t>(&seq, 1));
+  const size_t i = static_cast<size_t>(region) * layout_.ring_depth + ring;
+  if (claimed_[i] != 0) {
+    // Claimed by a device wait (Claim): its header was checked there, and the slot may
+    // already hold the sender's next message (when the device served the claimed one before
+    // this poll), so it is not read here; a next message is returned by the next poll.
+    AFD_CHECK(seq >= claimed_[i],
+              "async connector: slot (region {}, ring {}) moved to seq {}, below the claimed {}",
+              region, ring, seq, claimed_[i]);
+    ReceivedSlot r;
+    r.claimed = true;
+    r.header.sender = region;
+    r.header.stage = ring;
+    r.header.seq = claimed_[i];
+    seen_[i] = claimed_[i];
+    claimed_[i] = 0;
+    return r;
+  }
   return Read(region, ring, seq, [&] { return fmt::format("work from {}", PeerName(region)); });
 }
 

@@ -30,7 +30,10 @@
 // does not match, a peer that exited (seen by a watchdog thread, which fails the waits at once)
 // -- is recorded in host-mapped memory and thrown by CheckDevice, naming the peer. A wait's own
 // bound is 0.75 of afd_process_group_timeout_s, so that a host blocked on the stream whose
-// check calls CheckDevice (Backend::WatchWaits) reports the device's cause first.
+// check calls CheckDevice (Backend::WatchWaits) reports the device's cause first. The kernels
+// write each header and flag twice -- into the host window, which host readers poll, and into
+// the same offsets of the device window (whose flag and header areas the rows leave unused),
+// which the wait kernels poll: device memory, so a poll costs no bus round trip.
 //
 // Thread safety: one thread at a time.
 #pragma once
@@ -93,7 +96,7 @@ struct AsyncConnectorOptions {
   bool device_sequenced = false;
 };
 
-// What an awaited reply's header must say (device sequencing; sender and stage are the wait's).
+// What an awaited slot's header must say (device sequencing; sender and stage are the wait's).
 struct ExpectedSlot {
   uint16_t flags = 0;
   int layer = 0;
@@ -135,7 +138,10 @@ struct ReceivedSlot {
                                            // device rows)
   const int32_t* shared_index = nullptr;   // [header.shared_rows]
   char* shared_rows = nullptr;             // [header.shared_rows, row]
-  bool shutdown() const { return (header.flags & kSlotShutdown) != 0; }
+  // Poll: a slot claimed by a device wait (AsyncConnector::Claim): only the header's
+  // sender, stage and seq are set, nothing else is read.
+  bool claimed = false;
+  bool shutdown() const { return !claimed && (header.flags & kSlotShutdown) != 0; }
 };
 
 class AsyncConnector {
@@ -209,6 +215,19 @@ class AsyncConnector {
   // The next new slot from any peer (scan start rotates), or nullopt when none arrived within
   // timeout_ms (after checking for an abort and for exited peers).
   std::optional<ReceivedSlot> Poll(int timeout_ms);
+  // The receiver of dispatches (an FFN rank), device sequencing: enqueues on the stream a
+  // bounded wait for the message of seq `seq` (the one after the last consumed: SeenSeq + 1) in
+  // slot (peer, stage) and the device check of its header against `expect` (flags, layer,
+  // counts; sender, stage and seq are the claim's). Work enqueued after it runs when that
+  // message lands: the host is not on its path. Poll then returns the slot as `claimed`
+  // without reading it (the device checked it, and its sender may have overwritten it with its
+  // next message by then). One claim per slot at a time; not while capturing. Inline flags
+  // (CPU): the same with the calling thread as the stream -- waits here (bounded, naming the
+  // peer) and checks the header on the host; a mismatch throws naming the field.
+  void Claim(int peer, int stage, uint64_t seq, const ExpectedSlot& expect);
+  // The seq of the last message consumed from slot (peer, stage) (received, polled or waited
+  // for).
+  uint64_t SeenSeq(int peer, int stage) const;
   // Sends a shutdown slot to every peer of the other role (ring 0).
   void AnnounceShutdown();
 
@@ -240,6 +259,11 @@ class AsyncConnector {
   void RegisterSlotPages(const std::vector<int>& peers);
   void PublishOnDevice(int peer, int world_rank, size_t slot, const std::vector<char>& header,
                        bool echo_received, int ring);
+  // Device sequencing: `world_rank`'s device window, whose flag and header areas (unused by the
+  // rows) hold a mirror of its host window's flags and headers: the device kernels publish into
+  // both and wait on the mirror (device memory: no bus round trip per poll); the host reads the
+  // host window.
+  char* DeviceMirror(int world_rank) const;
   std::string PeerName(int peer) const;
 
   comm::AfdWorld& world_;
@@ -254,6 +278,7 @@ class AsyncConnector {
   std::vector<uint64_t> send_seq_;     // [peer * ring_depth + ring]
   std::vector<char> header_;           // Send's header bytes
   std::vector<uint64_t> seen_;         // [region * ring_depth + ring], the flags already consumed
+  std::vector<uint64_t> claimed_;      // [region * ring_depth + ring]: Claim's seq, or 0
   std::unique_ptr<std::atomic<bool>[]> finished_;  // [peer] (read by the watchdog)
   // Device sequencing: counters in device memory, [peer * ring_depth + ring] sends then waits.
   uint64_t* device_seqs_ = nullptr;

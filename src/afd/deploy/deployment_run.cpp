@@ -382,6 +382,10 @@ std::vector<DeploymentResult> RunDeployment(const DeploymentSpec& spec,
         std::cerr << fmt::format(", {} replayed from CUDA graphs ({} captured)",
                                  st.value("graph_steps", st.value("graph_items", int64_t{0})),
                                  st["graph_captures"].get<int64_t>());
+        if (st.value("items_ahead", int64_t{0}) > 0) {
+          std::cerr << fmt::format(", {} of them enqueued ahead of their rows",
+                                   st["items_ahead"].get<int64_t>());
+        }
       }
       if (st.contains("expert_range")) {  // a data-parallel + expert-parallel rank
         std::cerr << fmt::format(", experts [{}, {})", st["expert_range"][0].get<int64_t>(),

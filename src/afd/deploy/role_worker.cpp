@@ -242,6 +242,7 @@ void RunWorker(const WorkerOptions& o) {
       runtime::AsyncFfnWorker& worker = *async_worker_holder;
       stats["steps"] = worker.Run();  // work items served
       stats["graph_items"] = worker.graph_items();
+      stats["items_ahead"] = worker.items_ahead();
       stats["graph_captures"] = worker.num_captures();
       stats["rows"] = worker.rows_served();
       stats["experts"] = {worker.expert_begin(), worker.expert_end()};

@@ -33,6 +33,8 @@ AsyncFfnWorker::AsyncFfnWorker(const model::MoeModel& model, comm::AfdWorld& wor
             "{}: the FFN role runs on {} but the connector's rows are in {} memory",
             world.config().connector, model.backend().name(),
             connector.device_rows() ? "device" : "host");
+  follow_ahead_ = graphs_enabled_ && world.topology().num_attention() == 1 &&
+                  connector.layout().ring_depth == 1;
   const int me = world.self().rank;
   begin_ = connector.expert_begin(me);
   end_ = begin_ + connector.num_local_experts(me);
@@ -47,7 +49,57 @@ AsyncFfnWorker::AsyncFfnWorker(const model::MoeModel& model, comm::AfdWorld& wor
   }
 }
 
+void AsyncFfnWorker::ServeClaimed(const connector::ReceivedSlot& in) {
+  const connector::SlotHeader& h = in.header;
+  AFD_CHECK(ahead_ && std::get<0>(ahead_->key) == h.sender && std::get<1>(ahead_->key) == h.stage &&
+                ahead_->seq == h.seq,
+            "FFN rank {}: the connector returned a claimed slot of attention rank {} (stage {}, "
+            "seq {}) that was not claimed",
+            world_.self().rank, h.sender, h.stage, h.seq);
+  const Key key = ahead_->key;
+  ahead_.reset();
+  rows_served_ += std::get<3>(key);
+  ++graph_items_;
+  ++items_ahead_;
+  FollowAhead(key);
+}
+
+void AsyncFfnWorker::FollowAhead(const Key& key) {
+  if (!follow_ahead_) return;
+  const model::ModelConfig& c = model_.config();
+  const auto [sender, stage, layer, tokens, flags] = key;
+  int next = layer + 1;
+  while (next < c.num_hidden_layers && !c.IsMoeLayer(next)) ++next;
+  if (next >= c.num_hidden_layers) return;  // the step's last MoE layer
+  const Key k{sender, stage, next, tokens, flags};
+  const auto it = graphs_.find(k);
+  if (it == graphs_.end()) return;  // not captured yet: the host serves it
+  const int64_t n = tokens, top = c.num_experts_per_tok;
+  connector::ExpectedSlot e;
+  e.flags = static_cast<uint16_t>(flags);
+  e.layer = next;
+  e.num_tokens = tokens;
+  e.routed_rows = n;
+  e.shared_rows = c.n_shared_experts > 0
+                      ? kernels::AfdOwnedTokens(n, world_.topology().num_ffn(), world_.self().rank)
+                      : 0;
+  e.table_entries = 2 * n * top;
+  const uint64_t seq = connector_.SeenSeq(sender, stage) + 1;
+  connector_.Claim(sender, stage, seq, e);
+  it->second->graph->Replay();
+  connector_.Replayed(it->second->seqs);
+  ahead_ = Ahead{k, seq};
+}
+
 void AsyncFfnWorker::Serve(const connector::ReceivedSlot& in) {
+  if (in.claimed) {
+    ServeClaimed(in);
+    return;
+  }
+  AFD_CHECK(!ahead_,
+            "FFN rank {}: a work item of attention rank {} (layer {}) arrived while the "
+            "next one was claimed ahead",
+            world_.self().rank, in.header.sender, in.header.layer);
   const model::ModelConfig& c = model_.config();
   const connector::SlotHeader& h = in.header;
   const int64_t k = c.num_experts_per_tok;
@@ -81,6 +133,7 @@ void AsyncFfnWorker::ServeFromGraph(const connector::SlotHeader& h) {
     it->second->graph->Replay();
     connector_.Replayed(it->second->seqs);
     ++graph_items_;
+    FollowAhead(key);
     return;
   }
   kernels::Backend& backend = model_.backend();
@@ -136,6 +189,7 @@ void AsyncFfnWorker::ServeFromGraph(const connector::SlotHeader& h) {
   connector_.Replayed(g->seqs);
   graphs_[key] = std::move(g);
   ++graph_items_;
+  FollowAhead(key);
 }
 
 void AsyncFfnWorker::Compute(const connector::SlotHeader& h, Workspace& ws) {
@@ -219,7 +273,8 @@ int64_t AsyncFfnWorker::Run() {
   int64_t served = 0;
   while (remaining > 0) {
     std::optional<connector::ReceivedSlot> in = connector_.Poll(timeout_ms);
-    if (!in) continue;  // Poll checked for an abort and for exited peers
+    connector_.CheckDevice();  // a claimed slot's device check that failed, named
+    if (!in) continue;         // Poll checked for an abort and for exited peers
     const int sender = in->header.sender;
     AFD_CHECK(!done[sender], "attention rank {} sent a work item after its shutdown", sender);
     if (in->shutdown()) {

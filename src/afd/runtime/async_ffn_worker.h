@@ -18,12 +18,23 @@
 // graph, its echo read on the device). An item without kSlotGraph (a prefill, an eager step)
 // always runs eagerly, whatever its token count.
 //
+// The next item ahead (one attention rank, one ring slot: no micro-batches): a graphed decode
+// step of the attention sends every MoE layer in order with the same token count, so once the
+// host has launched layer l's graph it enqueues, behind it on the stream, a device wait for the
+// slot's next message (AsyncConnector::Claim: its header -- layer l', tokens, flags,
+// counts, seq -- checked on the device, the failure named by the host) and the graph of the
+// next MoE layer l' with the same key. The stream then starts layer l' the moment its rows land,
+// without the host's poll-and-launch hop; the host sees the claimed slot later and enqueues the
+// one after. The step's last MoE layer is not followed ahead (the next step may differ), so the
+// host launches each step's first layer itself.
+//
 // Thread safety: one thread.
 #pragma once
 
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <tuple>
 
@@ -46,6 +57,7 @@ class AsyncFfnWorker {
 
   int64_t rows_served() const { return rows_served_; }
   int64_t graph_items() const { return graph_items_; }  // work items replayed from graphs
+  int64_t items_ahead() const { return items_ahead_; }  // of those: enqueued ahead of their rows
   int64_t num_captures() const { return num_captures_; }
   int64_t expert_begin() const { return begin_; }
   int64_t expert_end() const { return end_; }
@@ -73,7 +85,18 @@ class AsyncFfnWorker {
   std::map<Key, std::unique_ptr<Graph>> graphs_;
   std::map<int, std::unique_ptr<GraphMemory>> graph_memory_;  // by token count
   std::set<Key> warmed_;
-  int64_t rows_served_ = 0, graph_items_ = 0, num_captures_ = 0;
+  // After `key`'s item was enqueued: the next MoE layer's item of the same sender and stage
+  // claimed on the device and its graph enqueued behind the claim, when that graph exists.
+  void FollowAhead(const Key& key);
+  // A slot the device served ahead (Poll's claimed slot): its bookkeeping, and the next one.
+  void ServeClaimed(const connector::ReceivedSlot& in);
+  bool follow_ahead_ = false;  // one attention rank, ring depth 1, graphs
+  struct Ahead {
+    Key key;
+    uint64_t seq = 0;
+  };
+  std::optional<Ahead> ahead_;  // the item claimed on the device and enqueued, if any
+  int64_t rows_served_ = 0, graph_items_ = 0, num_captures_ = 0, items_ahead_ = 0;
 };
 
 }  // namespace afd::runtime

@@ -57,15 +57,18 @@ enum DeviceSlotField : int32_t {
 const char* DeviceSlotFieldName(int32_t field);
 
 // One thread: seq = ++*counter; the 56-byte header `header` with seq (and, when echo_src is not
-// null, echo_seq = *echo_src read now) is written to `header_dst`, then the flag, each after a
-// system-scope fence (every earlier write of the stream first). All addresses device-visible.
-bool LaunchPublishSlot(void* stream, void* header_dst, uint64_t* flag_dst, const void* header,
-                       uint64_t* counter, const uint64_t* echo_src);
-// One thread: want = ++*seen; polls *flag until it reaches want (bounded by timeout_s, and by
-// status->code turning non-zero), then checks the header at `header` against `expect`, seq ==
-// want and echo_seq == *echo_counter (when not null); the first failure is recorded in *status.
+// null, echo_seq = *echo_src read now) is written to `header_dst` (and `dev_header_dst`, when not
+// null: a mirror in device memory), then the flag to `flag_dst` (and `dev_flag_dst`), each after
+// a system-scope fence (every earlier write of the stream first). All addresses device-visible.
+bool LaunchPublishSlot(void* stream, void* header_dst, uint64_t* flag_dst, void* dev_header_dst,
+                       uint64_t* dev_flag_dst, const void* header, uint64_t* counter,
+                       const uint64_t* echo_src);
+// One thread: want = ++*seen (or `seq` when seen is null: a seq the host knows); polls *flag
+// until it reaches want (bounded by timeout_s, and by status->code turning non-zero), then
+// checks the header at `header` against `expect`, seq == want and echo_seq == *echo_counter
+// (when not null); the first failure is recorded in *status.
 bool LaunchAwaitSlot(void* stream, const uint64_t* flag, const void* header, uint64_t* seen,
-                     const uint64_t* echo_counter, const DeviceSlotExpect& expect,
+                     uint64_t seq, const uint64_t* echo_counter, const DeviceSlotExpect& expect,
                      DeviceSlotStatus* status, int region, int ring, double timeout_s);
 
 }  // namespace afd::connector

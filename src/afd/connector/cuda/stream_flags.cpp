@@ -86,22 +86,21 @@ uint64_t* StreamFlags::DeviceCounters(size_t n) {
   return static_cast<uint64_t*>(c);
 }
 
-void StreamFlags::Publish(void* stream, char* header_dst, uint64_t* flag_dst, const void* header,
-                          uint64_t* counter, const uint64_t* echo_src) const {
-  const uint64_t echo = echo_src != nullptr ? DeviceAddress(echo_src) : 0;
+void StreamFlags::Publish(void* stream, char* header_dst, uint64_t* flag_dst, char* dev_header_dst,
+                          uint64_t* dev_flag_dst, const void* header, uint64_t* counter,
+                          const uint64_t* echo_src) const {
   AFD_CHECK(LaunchPublishSlot(stream, reinterpret_cast<void*>(DeviceAddress(header_dst, 56)),
-                              reinterpret_cast<uint64_t*>(DeviceAddress(flag_dst)), header, counter,
-                              reinterpret_cast<const uint64_t*>(echo)),
+                              reinterpret_cast<uint64_t*>(DeviceAddress(flag_dst)), dev_header_dst,
+                              dev_flag_dst, header, counter, echo_src),
             "slot publish kernel on cuda:{}: {}", device_, cudaGetErrorString(cudaGetLastError()));
 }
 
 void StreamFlags::AwaitSlot(void* stream, const uint64_t* flag, const char* header, uint64_t* seen,
-                            const uint64_t* echo_counter, const DeviceSlotExpect& expect,
-                            int region, int ring) const {
+                            uint64_t seq, const uint64_t* echo_counter,
+                            const DeviceSlotExpect& expect, int region, int ring) const {
   AFD_CHECK(status_device_ != nullptr, "stream flags: AwaitSlot before DeviceCounters");
-  AFD_CHECK(LaunchAwaitSlot(stream, reinterpret_cast<const uint64_t*>(DeviceAddress(flag)),
-                            reinterpret_cast<const void*>(DeviceAddress(header, 56)), seen,
-                            echo_counter, expect, status_device_, region, ring, wait_timeout_s_),
+  AFD_CHECK(LaunchAwaitSlot(stream, flag, header, seen, seq, echo_counter, expect, status_device_,
+                            region, ring, wait_timeout_s_),
             "slot wait kernel on cuda:{}: {}", device_, cudaGetErrorString(cudaGetLastError()));
 }
 

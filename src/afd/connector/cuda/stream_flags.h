@@ -45,14 +45,18 @@ class StreamFlags {
   // Device sequencing (flag_kernels.h): `n` zeroed u64 counters in device memory, kept while
   // this lives.
   uint64_t* DeviceCounters(size_t n);
-  // Enqueues the publication of a 56-byte header and its flag (both inside registered ranges;
-  // echo_src: null, or a registered host address whose u64 becomes the header's echo_seq).
-  void Publish(void* stream, char* header_dst, uint64_t* flag_dst, const void* header,
-               uint64_t* counter, const uint64_t* echo_src) const;
-  // Enqueues a bounded wait for the next slot of (region, ring) and the check of its header.
+  // Enqueues the publication of a 56-byte header and its flag (both inside registered ranges),
+  // and of their mirror at dev_header_dst / dev_flag_dst (device pointers; null: none); echo_src:
+  // null, or a device pointer (a mirror's header) whose u64 becomes the header's echo_seq.
+  void Publish(void* stream, char* header_dst, uint64_t* flag_dst, char* dev_header_dst,
+               uint64_t* dev_flag_dst, const void* header, uint64_t* counter,
+               const uint64_t* echo_src) const;
+  // Enqueues a bounded wait for the next slot of (region, ring) and the check of its header:
+  // the slot after the device counter `seen` (which it advances), or, with `seen` null, the
+  // slot of seq `seq`. `flag` and `header`: device pointers (a mirror in device memory).
   void AwaitSlot(void* stream, const uint64_t* flag, const char* header, uint64_t* seen,
-                 const uint64_t* echo_counter, const DeviceSlotExpect& expect, int region,
-                 int ring) const;
+                 uint64_t seq, const uint64_t* echo_counter, const DeviceSlotExpect& expect,
+                 int region, int ring) const;
   // The first failure of a device wait (host-mapped; code kOk while none).
   const DeviceSlotStatus& status() const { return *status_; }
   // Host: fails every pending and later device wait (code kAborted naming `region`), unless one
