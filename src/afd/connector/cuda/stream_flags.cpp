@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "afd/common/cuda_check.h"
+#include "afd/common/cuda_driver.h"
 #include "afd/common/error.h"
 #include "afd/connector/cuda/flag_kernels.h"
 
@@ -18,17 +19,6 @@ namespace {
 using WriteFn = CUresult (*)(CUstream, CUdeviceptr, cuuint64_t, unsigned int);
 using WaitFn = CUresult (*)(CUstream, CUdeviceptr, cuuint64_t, unsigned int);
 using AttrFn = CUresult (*)(int*, CUdevice_attribute, CUdevice);
-
-void* DriverFunction(const char* name, std::string* why) {
-  void* fn = nullptr;
-  cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
-  const cudaError_t e = cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &q);
-  if (e != cudaSuccess || q != cudaDriverEntryPointSuccess || fn == nullptr) {
-    *why = fmt::format("the CUDA driver has no {} ({})", name, cudaGetErrorString(e));
-    return nullptr;
-  }
-  return fn;
-}
 
 }  // namespace
 
@@ -48,13 +38,13 @@ std::unique_ptr<StreamFlags> StreamFlags::Create(int device, std::string* why,
   f->wait_timeout_s_ = wait_timeout_s;
   // Stream memory operations when the device runs them (measured on an H200: a few us less per
   // round trip than the kernels); else the one-thread kernels.
-  auto* attr = reinterpret_cast<AttrFn>(DriverFunction("cuDeviceGetAttribute", why));
+  auto* attr = reinterpret_cast<AttrFn>(CudaDriverFunction("cuDeviceGetAttribute", why));
   int mem_ops = 0;
   if (attr != nullptr &&
       attr(&mem_ops, CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS, device) == CUDA_SUCCESS &&
       mem_ops != 0) {
-    f->write_fn_ = DriverFunction("cuStreamWriteValue64", why);
-    f->wait_fn_ = DriverFunction("cuStreamWaitValue64", why);
+    f->write_fn_ = CudaDriverFunction("cuStreamWriteValue64", why);
+    f->wait_fn_ = CudaDriverFunction("cuStreamWaitValue64", why);
   }
   f->memops_ = f->write_fn_ != nullptr && f->wait_fn_ != nullptr;
   return f;

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "afd/common/cuda_check.h"
+#include "afd/common/cuda_driver.h"
 #include "afd/common/env_switches.h"
 #include "afd/common/error.h"
 #include "afd/kernels/cuda/afd.cuh"
@@ -361,20 +362,17 @@ void CudaBackend::CopyFromIpc(const Tensor& dst, const std::string& handle, int6
               name_, cudaGetErrorString(e));
     // The allocation's extent, through the driver (the runtime does not tell it).
     using RangeFn = CUresult (*)(CUdeviceptr*, size_t*, CUdeviceptr);
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
-    AFD_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &fn, 12000,
-                                                    cudaEnableDefault, &q));
+    std::string missing;
+    void* fn = CudaDriverFunction("cuMemGetAddressRange", &missing);
     CUdeviceptr base = 0;
     size_t size = 0;
     const CUresult r =
-        fn && q == cudaDriverEntryPointSuccess
-            ? reinterpret_cast<RangeFn>(fn)(&base, &size, reinterpret_cast<CUdeviceptr>(ptr))
-            : CUDA_ERROR_NOT_FOUND;
+        fn ? reinterpret_cast<RangeFn>(fn)(&base, &size, reinterpret_cast<CUdeviceptr>(ptr))
+           : CUDA_ERROR_NOT_FOUND;
     if (r != CUDA_SUCCESS || reinterpret_cast<void*>(base) != ptr) {
       cudaIpcCloseMemHandle(ptr);
-      AFD_THROW("{}: cannot tell the extent of the producer's CUDA IPC memory (driver error {})",
-                name_, static_cast<int>(r));
+      AFD_THROW("{}: cannot tell the extent of the producer's CUDA IPC memory ({})", name_,
+                fn ? fmt::format("driver error {}", static_cast<int>(r)) : missing);
     }
     it = state_->ipc_maps.emplace(handle, State::IpcMap{static_cast<char*>(ptr), size, 0}).first;
   }

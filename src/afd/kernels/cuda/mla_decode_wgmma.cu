@@ -9,6 +9,7 @@
 #include <type_traits>
 
 #include "afd/common/cuda_check.h"
+#include "afd/common/cuda_driver.h"
 #include "afd/kernels/cuda/elementwise.cuh"
 #include "afd/kernels/cuda/launch.cuh"
 #include "afd/kernels/cuda/mla.cuh"
@@ -270,15 +271,8 @@ CUtensorMap CacheTensorMap(const void* cache, int64_t rows) {
       CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
                    const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
                    CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-  static const Encode encode = [] {
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-    AFD_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000,
-                                                    cudaEnableDefault, &found));
-    AFD_CHECK(found == cudaDriverEntryPointSuccess && fn != nullptr,
-              "MlaAttention on cuda: the driver has no cuTensorMapEncodeTiled");
-    return reinterpret_cast<Encode>(fn);
-  }();
+  static const Encode encode = reinterpret_cast<Encode>(
+      RequireCudaDriverFunction("cuTensorMapEncodeTiled", "MlaAttention on cuda"));
   CUtensorMap map;
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(kTileWidth), static_cast<cuuint64_t>(rows)};
   const cuuint64_t strides[1] = {kTileWidth * sizeof(__nv_bfloat16)};
