@@ -402,6 +402,30 @@ void AsyncConnector::ThrowIfDeviceWaitExpired() const {
   AFD_THROW("{}", device_wait_failure_);
 }
 
+void AsyncConnector::AwaitSlotOnDevice(int peer, int stage, uint64_t* seen, uint64_t seq,
+                                       const uint64_t* echo_counter, const ExpectedSlot& expect) {
+#ifdef AFD_WITH_CUDA
+  DeviceSlotExpect e;
+  e.flags = expect.flags;
+  e.sender = peer;
+  e.layer = expect.layer;
+  e.stage = stage;
+  e.num_tokens = expect.num_tokens;
+  e.routed_rows = static_cast<int32_t>(expect.routed_rows);
+  e.shared_rows = static_cast<int32_t>(expect.shared_rows);
+  e.table_entries = static_cast<int32_t>(expect.table_entries);
+  char* local = DeviceMirror(world_.world_rank());
+  stream_flags_->AwaitSlot(
+      options_.cuda_stream,
+      reinterpret_cast<const uint64_t*>(local + layout_.flag_offset(peer, stage)),
+      local + layout_.slot_offset(peer, stage) + layout_.header, seen, seq, echo_counter, e, peer,
+      stage);
+#else
+  (void)peer, (void)stage, (void)seen, (void)seq, (void)echo_counter, (void)expect;
+  AFD_THROW("async connector: device sequencing needs a CUDA build");
+#endif
+}
+
 void AsyncConnector::EnqueueWait(int peer, int stage, const ExpectedSlot& expect) {
   AFD_CHECK(device_flags(), "async connector: EnqueueWait without device flags");
   AFD_CHECK(peer >= 0 && peer < num_peers() && stage >= 0 && stage < layout_.ring_depth,
@@ -412,24 +436,8 @@ void AsyncConnector::EnqueueWait(int peer, int stage, const ExpectedSlot& expect
               "async connector: a device-sequenced wait for {} ring {} needs the reply it expects "
               "(ExpectedSlot)",
               PeerName(peer), stage);
-#ifdef AFD_WITH_CUDA
-    DeviceSlotExpect e;
-    e.flags = expect.flags;
-    e.sender = peer;
-    e.layer = expect.layer;
-    e.stage = stage;
-    e.num_tokens = expect.num_tokens;
-    e.routed_rows = static_cast<int32_t>(expect.routed_rows);
-    e.shared_rows = static_cast<int32_t>(expect.shared_rows);
-    e.table_entries = static_cast<int32_t>(expect.table_entries);
     const size_t sends = static_cast<size_t>(num_peers()) * layout_.ring_depth;
-    char* local = DeviceMirror(world_.world_rank());
-    stream_flags_->AwaitSlot(
-        options_.cuda_stream,
-        reinterpret_cast<const uint64_t*>(local + layout_.flag_offset(peer, stage)),
-        local + layout_.slot_offset(peer, stage) + layout_.header, device_seqs_ + sends + i, 0,
-        device_seqs_ + i, e, peer, stage);
-#endif
+    AwaitSlotOnDevice(peer, stage, device_seqs_ + sends + i, 0, device_seqs_ + i, expect);
     ++seen_[i];  // the host's mirror
     if (!capturing_) ++waits_enqueued_;
     return;
@@ -489,23 +497,7 @@ void AsyncConnector::Claim(int peer, int stage, uint64_t seq, const ExpectedSlot
     claimed_[i] = seq;
     return;
   }
-#ifdef AFD_WITH_CUDA
-  DeviceSlotExpect e;
-  e.flags = expect.flags;
-  e.sender = peer;
-  e.layer = expect.layer;
-  e.stage = stage;
-  e.num_tokens = expect.num_tokens;
-  e.routed_rows = static_cast<int32_t>(expect.routed_rows);
-  e.shared_rows = static_cast<int32_t>(expect.shared_rows);
-  e.table_entries = static_cast<int32_t>(expect.table_entries);
-  char* local = DeviceMirror(world_.world_rank());
-  stream_flags_->AwaitSlot(
-      options_.cuda_stream,
-      reinterpret_cast<const uint64_t*>(local + layout_.flag_offset(peer, stage)),
-      local + layout_.slot_offset(peer, stage) + layout_.header, nullptr, seq, nullptr, e, peer,
-      stage);
-#endif
+  AwaitSlotOnDevice(peer, stage, nullptr, seq, nullptr, expect);
   claimed_[i] = seq;
   ++waits_enqueued_;
 }

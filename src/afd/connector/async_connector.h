@@ -264,6 +264,10 @@ class AsyncConnector {
   // both and wait on the mirror (device memory: no bus round trip per poll); the host reads the
   // host window.
   char* DeviceMirror(int world_rank) const;
+  // Device sequencing: the AwaitSlot kernel for slot (peer, stage) on the stream, polling the
+  // mirror: the slot after the counter `seen`, or the slot of `seq` when `seen` is null.
+  void AwaitSlotOnDevice(int peer, int stage, uint64_t* seen, uint64_t seq,
+                         const uint64_t* echo_counter, const ExpectedSlot& expect);
   std::string PeerName(int peer) const;
 
   comm::AfdWorld& world_;
