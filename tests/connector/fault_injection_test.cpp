@@ -2,13 +2,16 @@
 // threads joined at a real rendezvous store, with in-memory communicators that drop, delay,
 // corrupt or close at a chosen message of the control plane or the data plane. Every fault
 // must end in a named error on some rank within the timeout, with every rank finished (nothing
-// left running); a short delay must be survived.
+// left running); a short delay must be survived. Each clean attention rank also records one
+// step's transfers as a CUDA graph capture would (P2pConnector::BeginCapture / EndCapture /
+// Replayed: counted once per replay, not at the capture).
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <future>
+#include <map>
 #include <thread>
 
 #include "afd/comm/afd_world.h"
@@ -65,8 +68,29 @@ void AttentionRank(comm::AfdWorld& world, P2pConnector& conn, int A) {
     for (int64_t r = 0; r < n; ++r) {
       for (int64_t c = 0; c < kHidden; ++c) rows[r * kHidden + c] = Value(me, step, r, c);
     }
+    // Step 1 as if recorded into a CUDA graph (the host transport still moves the rows): its
+    // counters come back from EndCapture, not in stats(), until each replay adds them.
+    const bool capture = step == 1;
+    const std::map<int, LayerTransferStats> before = conn.stats();
+    if (capture) conn.BeginCapture();
     conn.SendToFfn(0, 0, 0, fmt, rows.data(), n);
     conn.RecvFromFfn(0, 0, fmt, out.data(), n);
+    if (capture) {
+      const P2pConnector::Captured added = conn.EndCapture();
+      const uint64_t bytes = 2 * n * fmt.row_bytes();
+      AFD_CHECK(added.size() == 1 && added.at(0).messages == 2 && added.at(0).bytes == bytes,
+                "attention {}: a capture of one send and one receive added {} layers", me,
+                added.size());
+      AFD_CHECK(conn.stats().at(0).messages == before.at(0).messages &&
+                    conn.stats().at(0).bytes == before.at(0).bytes,
+                "attention {}: the capture's transfers were counted", me);
+      conn.Replayed(added);
+      conn.Replayed(added);
+      AFD_CHECK(conn.stats().at(0).messages == before.at(0).messages + 4 &&
+                    conn.stats().at(0).bytes == before.at(0).bytes + 2 * bytes,
+                "attention {}: two replays added {} messages", me,
+                conn.stats().at(0).messages - before.at(0).messages);
+    }
     for (size_t i = 0; i < rows.size(); ++i) {
       AFD_CHECK(out[i] == 2 * rows[i], "attention {}: row element {} came back as {}, not {}", me,
                 i, out[i], 2 * rows[i]);

@@ -200,7 +200,11 @@ std::vector<Case> Cases() {
            {"3A2F_dbo", {"--topology", "3A2F"}},
            {"1A2F_dbo_gate_on_attention", {"--topology", "1A2F", "--additional-config", kGate}},
            {"2A2F_dp1tp2_dbo", {"--topology", "2A2F", "--attention-tp", "2"}},
-           {"2A3F_dbo_mixed_steps", {"--topology", "2A3F", "--max-num-batched-tokens", "3"}}}) {
+           {"2A3F_dbo_mixed_steps", {"--topology", "2A3F", "--max-num-batched-tokens", "3"}},
+           // One FFN rank: the model's own MoE code, the routing from the attention ranks.
+           {"3A1F_dbo_mixed_steps_gate_on_attention",
+            {"--topology", "3A1F", "--max-num-batched-tokens", "3", "--additional-config",
+             kGate}}}) {
     flags.insert(flags.end(), dbo.begin(), dbo.end());
     cases.push_back({name, kTiny, flags});
   }

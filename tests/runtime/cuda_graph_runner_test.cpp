@@ -97,5 +97,66 @@ TEST(CudaGraphRunner, EagerOnCpuMatchesGenerator) {
   EXPECT_EQ(runner.num_captures(), 0);
 }
 
+// A GraphedStep is asked once per step, before anything runs, which size to replay (the P2P
+// attention ranks decide it together there); a step that cannot replay is told 0 and runs
+// eagerly, and a plan that names a graph for it is refused.
+class CountingStep : public GraphedStep {
+ public:
+  explicit CountingStep(const model::MoeModel& model) : model_(model), moe_(model) {}
+  int64_t Plan(const model::ForwardBatch& batch, int64_t bucket) override {
+    ++plans;
+    offered.push_back(bucket);
+    planned_tokens += batch.size();
+    return answer;
+  }
+  Tensor Eager(const model::ForwardBatch& batch, kv::PagedKvCache& cache, Workspace& ws) override {
+    ++eager;
+    return model_.Forward(batch, cache, moe_, ws);
+  }
+  Tensor Body(const model::StepInputs& in, kv::PagedKvCache& cache, Workspace& ws) override {
+    return model_.ForwardInputs(in, cache, moe_, ws);
+  }
+  int plans = 0, eager = 0;
+  int64_t planned_tokens = 0, answer = 0;
+  std::vector<int64_t> offered;
+
+ private:
+  const model::MoeModel& model_;
+  model::LocalMoeBackend moe_;
+};
+
+TEST(CudaGraphRunner, EveryStepIsPlannedOnceBeforeItRuns) {
+  kernels::cpu::CpuBackend cpu;
+  const model::ModelConfig config = model::PresetConfig("tiny");
+  model::MoeModel model(config, model::RandomWeights(config, 0, model::WeightOptions{}), cpu);
+  const std::vector<std::vector<int32_t>> prompts = {{10, 20, 30}, {7}};
+  GenerationOptions options;
+  options.max_tokens = 4;
+  options.ignore_eos = true;
+  Generator plain(model);
+  const auto want = plain.Generate(prompts, options);
+  CountingStep step(model);
+  CudaGraphRunner runner(model, step, CudaGraphOptions{});
+  Generator graphed(model, runner);
+  const auto got = graphed.Generate(prompts, options);
+  for (size_t p = 0; p < want.size(); ++p) EXPECT_EQ(got[p].output_ids, want[p].output_ids);
+  EXPECT_GT(step.plans, 0);
+  EXPECT_EQ(step.plans, step.eager);
+  EXPECT_EQ(runner.eager_steps(), step.plans);
+  for (int64_t b : step.offered) EXPECT_EQ(b, 0);  // no graphs on the CPU backend
+  EXPECT_EQ(step.planned_tokens, 3 + 1 + 2 * (options.max_tokens - 1));
+
+  // A plan that answers a graph size for a step that cannot replay is refused.
+  step.answer = 4;
+  Generator refused(model, runner);
+  try {
+    refused.Generate(prompts, options);
+    ADD_FAILURE() << "a graph planned on a backend without graphs ran";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("planned a graph of 4 rows"), std::string::npos)
+        << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace afd::runtime

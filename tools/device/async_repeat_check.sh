@@ -2,7 +2,9 @@
 # Repeats one AFD run over the async connector against the monolithic run (same prompts as
 # async_quick_check.sh) until TIME_S [120] pass, under MPS, and prints every run whose output
 # differs (output counts, ids and lengths of each differing prompt). Looks for rare
-# differences. Usage (repo root there): async_repeat_check.sh BIN_DIR [DTYPE fp32] [TOPOLOGY 2A2F]
+# differences. KEEP=DIR keeps each failing run's stderr, output and (on a timeout) the processes
+# still running and nvidia-smi, as DIR/run_N.*. --stats on every run (per-rank counters).
+# Usage (repo root there): [KEEP=DIR] async_repeat_check.sh BIN_DIR [DTYPE fp32] [TOPOLOGY 2A2F]
 set -u
 BIN=$(readlink -f "$1")
 DT=${2:-fp32}
@@ -19,8 +21,14 @@ end=$(( $(date +%s) + ${TIME_S:-120} ))
 runs=0; bad=0
 while [ "$(date +%s)" -lt "$end" ]; do
   runs=$((runs + 1))
-  timeout 60 "$BIN/afd" run --model $M "${P[@]}" --topology $TOPO --additional-config "$ASYNC" >/tmp/afd.json 2>/tmp/afd.err
+  timeout -k 5 60 "$BIN/afd" run --model $M "${P[@]}" --topology $TOPO --additional-config "$ASYNC" --stats >/tmp/afd.json 2>/tmp/afd.err &
+  pid=$!
+  # Just before the timeout: what is still running, and the GPU's processes.
+  ( sleep 58; kill -0 $pid 2>/dev/null && { ps -eo pid,ppid,stat,etime,args | grep -E "afd (run|worker)" | grep -v grep; nvidia-smi --query-compute-apps=pid,used_memory --format=csv; } >/tmp/afd.hang 2>&1 ) &
+  watcher=$!
+  wait $pid
   rc=$?
+  kill $watcher 2>/dev/null; wait $watcher 2>/dev/null
   python3 - "$runs" "$rc" <<'PYEOF' || bad=$((bad + 1))
 import json, sys
 a = [json.loads(l) for l in open("/tmp/mono.json")]
@@ -40,6 +48,14 @@ for i, (x, y) in enumerate(zip(a, b)):
 sys.exit(1)
 PYEOF
   [ "$rc" -ne 0 ] && tail -3 /tmp/afd.err
+  if [ -n "${KEEP:-}" ] && [ "$bad" -gt "${kept:-0}" ]; then
+    kept=$bad
+    mkdir -p "$KEEP"
+    cp /tmp/afd.err "$KEEP/run_$runs.err"; cp /tmp/afd.json "$KEEP/run_$runs.json"
+    [ "$rc" -eq 124 ] && [ -s /tmp/afd.hang ] && cp /tmp/afd.hang "$KEEP/run_$runs.hang"
+  fi
+  rm -f /tmp/afd.hang
+  pkill -f "afd worker" 2>/dev/null  # nothing of a killed run lives into the next one
 done
 echo "$TOPO $DT: $runs runs, $bad differing"
 echo quit | nvidia-cuda-mps-control

@@ -167,6 +167,33 @@ void P2pConnector::SendToAttention(int layer, int stage, const RowFormat& fmt,
   Record(layer, peers.size(), offset * fmt.row_bytes(), start);
 }
 
+void P2pConnector::BeginCapture() {
+  AFD_CHECK(!before_capture_, "connector: BeginCapture while capturing");
+  before_capture_ = stats_;
+}
+
+P2pConnector::Captured P2pConnector::EndCapture() {
+  AFD_CHECK(before_capture_.has_value(), "connector: EndCapture without BeginCapture");
+  Captured added;
+  for (const auto& [layer, s] : stats_) {
+    const auto it = before_capture_->find(layer);
+    const LayerTransferStats b = it == before_capture_->end() ? LayerTransferStats{} : it->second;
+    if (s.messages == b.messages && s.bytes == b.bytes) continue;
+    added[layer] = {s.messages - b.messages, s.bytes - b.bytes, 0, 0};
+  }
+  stats_ = std::move(*before_capture_);
+  before_capture_.reset();
+  return added;
+}
+
+void P2pConnector::Replayed(const Captured& added) {
+  for (const auto& [layer, a] : added) {
+    LayerTransferStats& s = stats_[layer];
+    s.messages += a.messages;
+    s.bytes += a.bytes;
+  }
+}
+
 void P2pConnector::Shutdown() {
   if (subgroup_) subgroup_->Shutdown();
   control_plane_.Shutdown();

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "afd/comm/afd_world.h"
@@ -77,6 +78,14 @@ class P2pConnector {
   void GroupEnd(int layer);
 
   const std::map<int, LayerTransferStats>& stats() const { return stats_; }
+  // CUDA graphs (a device transport): between BeginCapture and EndCapture the transfers are only
+  // recorded into the graph (nothing moves); EndCapture puts the counters back as they were and
+  // returns what one replay adds to them (messages, bytes; no time), which the caller passes to
+  // Replayed after every replay.
+  using Captured = std::map<int, LayerTransferStats>;
+  void BeginCapture();
+  Captured EndCapture();
+  void Replayed(const Captured& added);
   // The data-plane subgroup communicator and this rank's peers on it, in subgroup order (for
   // `afd connector-test --bench --raw`: the transport without the connector).
   comm::Communicator& data_plane() { return *subgroup_; }
@@ -95,6 +104,7 @@ class P2pConnector {
   std::unique_ptr<comm::Communicator> subgroup_;
   ControlPlane control_plane_;
   std::map<int, LayerTransferStats> stats_;
+  std::optional<std::map<int, LayerTransferStats>> before_capture_;  // stats_ when capture began
   int group_depth_ = 0;
   std::chrono::steady_clock::time_point group_start_;
 };

@@ -192,8 +192,8 @@ void RunWorker(const WorkerOptions& o) {
     } else {
       connector_holder = std::make_unique<connector::P2pConnector>(*world);
       if (role == Role::kAttention) {
-        runner_holder = std::make_unique<runtime::AttentionRunner>(*model, *world,
-                                                                   *connector_holder, o.tp, o.dbo);
+        runner_holder = std::make_unique<runtime::AttentionRunner>(
+            *model, *world, *connector_holder, o.tp, o.dbo, o.graphs);
       }
     }
     if (role == Role::kAttention) {
@@ -235,6 +235,9 @@ void RunWorker(const WorkerOptions& o) {
       if (const auto* a = dynamic_cast<const runtime::AsyncAttentionRunner*>(&runner)) {
         stats["graph_steps"] = a->graph_steps();
         stats["graph_captures"] = a->num_captures();
+      } else if (const auto* p = dynamic_cast<const runtime::AttentionRunner*>(&runner)) {
+        stats["graph_steps"] = p->graph_steps();
+        stats["graph_captures"] = p->num_captures();
       }
     } else if (c.is_async()) {
       async_worker_holder = std::make_unique<runtime::AsyncFfnWorker>(*model, *world, *async_holder,
@@ -247,9 +250,12 @@ void RunWorker(const WorkerOptions& o) {
       stats["rows"] = worker.rows_served();
       stats["experts"] = {worker.expert_begin(), worker.expert_end()};
     } else {
-      worker_holder = std::make_unique<runtime::FfnWorker>(*model, *world, *connector_holder);
+      worker_holder = std::make_unique<runtime::FfnWorker>(*model, *world, *connector_holder,
+                                                           !o.graphs.enforce_eager);
       runtime::FfnWorker& worker = *worker_holder;
       stats["steps"] = worker.Run();
+      stats["graph_steps"] = worker.graph_steps();
+      stats["graph_captures"] = worker.num_captures();
       stats["rows"] = worker.rows_served();
       stats["experts"] = {worker.moe().expert_begin(), worker.moe().expert_end()};
     }

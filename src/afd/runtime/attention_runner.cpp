@@ -1,6 +1,7 @@
 #include "afd/runtime/attention_runner.h"
 
 #include <algorithm>
+#include <optional>
 
 #include "afd/common/error.h"
 
@@ -46,21 +47,29 @@ void P2pAttentionMoe::Start(int64_t layer, int stage, const Tensor& hidden, cons
   st.share_begin = SplitOffset(m, tp_, tp_rank_);
   st.share_count = SplitSize(m, tp_, tp_rank_);
   if (group_open_) Flush();  // a group holds one Start
-  connector_.GroupStart();
-  group_open_ = true;
-  group_layer_ = layer;
+  if (mode_ != Mode::kLocal) {
+    connector_.GroupStart();
+    group_open_ = true;
+    group_layer_ = layer;
+  }
   st.sent = std::chrono::steady_clock::now();
   const int l = static_cast<int>(layer);
   const Tensor share = hidden.Rows(st.share_begin, st.share_count);
-  connector_.SendToFfn(l, stage, kHiddenChannel, {c.hidden_size, DType::kF32}, share.data(),
-                       st.share_count);  // takes part even with zero rows
+  const bool send = mode_ != Mode::kLocal;
+  if (send) {
+    connector_.SendToFfn(l, stage, kHiddenChannel, {c.hidden_size, DType::kF32}, share.data(),
+                         st.share_count);  // takes part even with zero rows
+  }
   if (!world_.config().compute_gate_on_attention) return;
   const int64_t k = c.num_experts_per_tok;
-  // Alive until the connector group completes (the next Start of this stage resets it).
-  st.ws->Reset();
-  const Tensor ids = st.ws->Take(DType::kI32, {st.share_count, k});
-  const Tensor weights = st.ws->Take(DType::kF32, {st.share_count, k});
+  // Eagerly alive until the connector group completes (the next Start of this stage resets
+  // it); a graph's from the step's workspace, which the graph owns (never reset after capture).
+  Workspace& routing = mode_ == Mode::kExchange ? *st.ws : ws;
+  if (mode_ == Mode::kExchange) st.ws->Reset();
+  const Tensor ids = routing.Take(DType::kI32, {st.share_count, k});
+  const Tensor weights = routing.Take(DType::kF32, {st.share_count, k});
   if (st.share_count > 0) model_.Route(layer, share, ids, weights, ws);
+  if (!send) return;
   connector_.SendToFfn(l, stage, kTopkIdsChannel, {k, DType::kI32}, ids.data(), st.share_count);
   connector_.SendToFfn(l, stage, kTopkWeightsChannel, {k, DType::kF32}, weights.data(),
                        st.share_count);
@@ -70,10 +79,15 @@ void P2pAttentionMoe::Finish(int stage, Workspace& /*ws*/) {
   InFlight& st = StageState(stage);
   AFD_CHECK(st.layer >= 0, "P2P attention MoE: Finish of stage {} without a Start", stage);
   const Tensor share = st.out.Rows(st.share_begin, st.share_count);
-  connector_.RecvFromFfn(static_cast<int>(st.layer), stage,
-                         {model_.config().hidden_size, DType::kF32}, share.data(), st.share_count);
+  if (mode_ == Mode::kLocal) {
+    if (st.share_count > 0) model_.backend().Fill(share, 0.0f);
+  } else {
+    connector_.RecvFromFfn(static_cast<int>(st.layer), stage,
+                           {model_.config().hidden_size, DType::kF32}, share.data(),
+                           st.share_count);
+  }
   Flush();  // the group this receive joined (the Start just before), if any
-  if (record_round_trips_ && st.share_count > 0) {
+  if (record_round_trips_ && mode_ == Mode::kExchange && st.share_count > 0) {
     round_trips_.push_back(
         std::chrono::duration<double>(std::chrono::steady_clock::now() - st.sent).count());
   }
@@ -93,8 +107,32 @@ std::vector<double> P2pAttentionMoe::TakeRoundTrips() {
   return out;
 }
 
+P2pStepShape DecideP2pStep(const std::vector<int64_t>& v, int A, const DboOptions& dbo) {
+  AFD_CHECK(static_cast<int>(v.size()) == 4 * A, "P2P step: {} exchanged values for {} ranks",
+            v.size(), A);
+  P2pStepShape shape;
+  bool any = false, all_graph = true, all_dbo = true;
+  for (int r = 0; r < A; ++r) {
+    if (v[r] == 0) continue;  // ranks without tokens do not object
+    any = true;
+    all_dbo = all_dbo && v[2 * A + r] != 0;
+    all_graph = all_graph && v[3 * A + r] > 0;
+    shape.graph_bucket = std::max(shape.graph_bucket, v[3 * A + r]);
+  }
+  if (!any || !all_graph) shape.graph_bucket = 0;
+  if (shape.graph_bucket > 0) {
+    shape.stages =
+        dbo.enabled && shape.graph_bucket >= std::max<int64_t>(dbo.decode_token_threshold, 2) ? 2
+                                                                                              : 1;
+  } else {
+    shape.stages = any && all_dbo ? 2 : 1;
+  }
+  return shape;
+}
+
 AttentionRunner::AttentionRunner(const model::MoeModel& model, comm::AfdWorld& world,
-                                 connector::P2pConnector& connector, int tp, DboOptions dbo)
+                                 connector::P2pConnector& connector, int tp, DboOptions dbo,
+                                 CudaGraphOptions graphs)
     : model_(model),
       world_(world),
       connector_(connector),
@@ -129,13 +167,19 @@ AttentionRunner::AttentionRunner(const model::MoeModel& model, comm::AfdWorld& w
     tp_group_ = std::make_unique<TpGroup>(*tp_comm_, heads, model.config().value_head_dim());
   }
   moe_ = std::make_unique<P2pAttentionMoe>(model, world, connector, tp, tp_rank_, tp_group_.get());
+  if (!graphs.enforce_eager && model.backend().SupportsGraphs() && tp == 1) {
+    graphs_ = std::make_unique<CudaGraphRunner>(model, static_cast<GraphedStep&>(*this), graphs);
+  }
 }
 
-std::vector<int64_t> AttentionRunner::ExchangeCounts(const model::ForwardBatch& batch,
-                                                     bool active) {
+AttentionRunner::~AttentionRunner() = default;
+
+std::vector<int64_t> AttentionRunner::ExchangeCounts(const model::ForwardBatch& batch, bool active,
+                                                     int64_t graph_bucket) {
   const int A = world_.topology().num_attention(), me = world_.self().rank;
   const int64_t n = batch.size();
-  std::vector<int64_t> v(3 * A, 0);
+  std::vector<int64_t> v(4 * A, 0);
+  v[3 * A + me] = n > 0 ? graph_bucket : 0;
   v[me] = n;
   v[A + me] = active ? 1 : 0;
   if (dbo_.enabled && n > 0) {
@@ -147,48 +191,88 @@ std::vector<int64_t> AttentionRunner::ExchangeCounts(const model::ForwardBatch& 
   return v;
 }
 
-int AttentionRunner::ChooseStages(const std::vector<int64_t>& v) const {
-  // Two micro-batches when every rank that has tokens wants them (vLLM's rule: all DP ranks
-  // agree); ranks without tokens do not object.
-  const int A = world_.topology().num_attention();
-  bool any = false;
-  for (int r = 0; r < A; ++r) {
-    if (v[r] == 0) continue;
-    any = true;
-    if (v[2 * A + r] == 0) return 1;
-  }
-  return any ? 2 : 1;
-}
-
-void AttentionRunner::SendMetadata(const std::vector<int64_t>& counts, int stages, uint32_t flags) {
-  const int A = world_.topology().num_attention();
+void AttentionRunner::SendMetadata(const std::vector<int64_t>& v, const P2pStepShape& shape,
+                                   uint32_t flags) {
+  const int A = world_.topology().num_attention(), stages = shape.stages;
   connector::StepMetadata meta;
   meta.step = static_cast<uint64_t>(steps_);
-  meta.flags = flags;
+  meta.flags = flags | (shape.graph_bucket > 0 ? connector::kGraphReplay : 0u);
   meta.num_stages = stages;
   meta.num_attention_ranks = A;
-  // Rows attention rank r sends in stage s: its TP share of micro-batch s of its replica.
+  // Rows attention rank r sends in stage s: its TP share of micro-batch s of its replica (a
+  // graph step: of the graph size, padding rows included).
   for (int s = 0; s < stages; ++s) {
     for (int r = 0; r < A; ++r) {
-      meta.token_counts.push_back(SplitSize(SplitSize(counts[r], stages, s), tp_, r % tp_));
+      const int64_t n = shape.graph_bucket > 0 && v[r] > 0 ? shape.graph_bucket : v[r];
+      meta.token_counts.push_back(SplitSize(SplitSize(n, stages, s), tp_, r % tp_));
     }
   }
   connector_.control_plane().Send(meta);
 }
 
+int64_t AttentionRunner::Plan(const model::ForwardBatch& batch, int64_t bucket) {
+  AFD_CHECK(!planned_, "P2P attention: a step planned twice");
+  const std::vector<int64_t> v = ExchangeCounts(batch, true, bucket);
+  const P2pStepShape shape = DecideP2pStep(v, world_.topology().num_attention(), dbo_);
+  SendMetadata(v, shape, 0);
+  planned_ = shape;
+  return shape.graph_bucket;
+}
+
 Tensor AttentionRunner::Forward(const model::ForwardBatch& batch, kv::PagedKvCache& cache,
                                 Workspace& ws) {
-  model_.CheckBatch(batch, cache);
-  const std::vector<int64_t> v = ExchangeCounts(batch, true);
-  const int stages = ChooseStages(v);
-  SendMetadata(v, stages, 0);
-  const model::StepInputs in = batch.size() > 0 ? model_.Upload(batch, ws) : model::StepInputs{};
-  Tensor logits = RunLayers(in, &cache, stages, ws);
-  model::MoeModel::CommitBatch(batch, cache);
+  struct Clear {  // a step that fails leaves no plan behind
+    std::optional<P2pStepShape>& planned;
+    ~Clear() { planned.reset(); }
+  } clear{planned_};
+  model_.CheckBatch(batch, cache);  // before the exchange: a bad batch fails here, named
+  Tensor logits;
+  if (graphs_) {
+    logits = graphs_->Forward(batch, cache, ws);  // Plan, then Eager or a graph
+  } else {
+    Plan(batch, 0);
+    logits = Eager(batch, cache, ws);
+  }
   ++steps_;
-  dbo_steps_ += stages > 1;
+  dbo_steps_ += planned_->stages > 1;
   return logits;
 }
+
+Tensor AttentionRunner::Eager(const model::ForwardBatch& batch, kv::PagedKvCache& cache,
+                              Workspace& ws) {
+  AFD_CHECK(planned_ && planned_->graph_bucket == 0, "P2P attention: an eager step not planned");
+  const model::StepInputs in = batch.size() > 0 ? model_.Upload(batch, ws) : model::StepInputs{};
+  Tensor logits = RunLayers(in, &cache, planned_->stages, ws);
+  model::MoeModel::CommitBatch(batch, cache);
+  return logits;
+}
+
+// A graph's body: a decode bucket of the planned size; its warm-up run (not capturing) keeps the
+// MoE here, so that only the replay exchanges with the FFN role.
+Tensor AttentionRunner::Body(const model::StepInputs& in, kv::PagedKvCache& cache, Workspace& ws) {
+  AFD_CHECK(planned_ && planned_->graph_bucket == in.n,
+            "P2P attention: a graph body of {} rows, the step planned {}", in.n,
+            planned_ ? planned_->graph_bucket : 0);
+  moe_->SetMode(capturing_ ? P2pAttentionMoe::Mode::kCapture : P2pAttentionMoe::Mode::kLocal);
+  struct Restore {
+    P2pAttentionMoe& moe;
+    ~Restore() { moe.SetMode(P2pAttentionMoe::Mode::kExchange); }
+  } restore{*moe_};
+  return RunLayers(in, &cache, planned_->stages, ws);
+}
+
+void AttentionRunner::BeginCapture() {
+  capturing_ = true;
+  connector_.BeginCapture();
+}
+
+int AttentionRunner::EndCapture() {
+  capturing_ = false;
+  captures_.push_back(connector_.EndCapture());
+  return static_cast<int>(captures_.size()) - 1;
+}
+
+void AttentionRunner::Replayed(int token) { connector_.Replayed(captures_.at(token)); }
 
 void AttentionRunner::Drain() {
   while (Idle(false) != IdleResult::kShutdown) {
@@ -198,23 +282,24 @@ void AttentionRunner::Drain() {
 AttentionRunner::IdleResult AttentionRunner::Idle(bool active) {
   const int A = world_.topology().num_attention();
   const model::ForwardBatch empty;
-  const std::vector<int64_t> v = ExchangeCounts(empty, active);
+  const std::vector<int64_t> v = ExchangeCounts(empty, active, 0);
   const bool any_active =
       std::any_of(v.begin() + A, v.begin() + 2 * A, [](int64_t f) { return f != 0; });
   if (!any_active) {
-    SendMetadata(std::vector<int64_t>(A, 0), 1, connector::kShutdown);
+    SendMetadata(std::vector<int64_t>(4 * A, 0), P2pStepShape{}, connector::kShutdown);
     return IdleResult::kShutdown;
   }
   // No replica has tokens: nothing for the FFN role this step.
   if (std::all_of(v.begin(), v.begin() + A, [](int64_t n) { return n == 0; })) {
     return IdleResult::kNoneBusy;
   }
-  const int stages = ChooseStages(v);
-  SendMetadata(v, stages, 0);
+  // The other ranks' step (perhaps a graph replay): this rank's zero rows, eagerly.
+  const P2pStepShape shape = DecideP2pStep(v, A, dbo_);
+  SendMetadata(v, shape, 0);
   drain_ws_.Reset();
-  RunLayers(model::StepInputs{}, nullptr, stages, drain_ws_);
+  RunLayers(model::StepInputs{}, nullptr, shape.stages, drain_ws_);
   ++steps_;
-  dbo_steps_ += stages > 1;
+  dbo_steps_ += shape.stages > 1;
   return IdleResult::kTookPart;
 }
 

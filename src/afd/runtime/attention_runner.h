@@ -23,16 +23,29 @@
 //   A0(l) | S0(l)+R1(l-1) | A1(l) | S1(l)+R0(l) | A0(l+1) | ...   (A: attention, S/R: to/from FFN)
 // Tokens are computed alone, so results do not change.
 //
+// CUDA graphs (FULL_DECODE_ONLY, seed 000; a GPU backend with graphs, one rank per replica, not
+// `graphs.enforce_eager`): a step in which every rank that has tokens has a decode batch that a
+// capture size holds is replayed from a graph of the whole step -- attention, the connector's
+// NCCL sends and receives, the logits -- every such rank padded to the largest of their sizes
+// (ranks without tokens take part eagerly with zero rows). The step's metadata then carries
+// kGraphReplay and those padded counts: the FFN role may replay its own graph for them, and only
+// then (a matching token count alone never replays). A graph's warm-up run before its capture
+// runs the MoE layers here without the connector (zeros), so that every rank exchanges exactly
+// once per step whichever ranks capture. Everything else runs eagerly.
+//
 // Thread safety: one thread.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
+#include <vector>
 
 #include "afd/comm/afd_world.h"
 #include "afd/connector/p2p_connector.h"
 #include "afd/model/model.h"
+#include "afd/runtime/cuda_graph_runner.h"
 #include "afd/runtime/generator.h"
 #include "afd/runtime/tp_group.h"
 
@@ -67,6 +80,12 @@ class P2pAttentionMoe : public model::MoeBackend {
   void RecordRoundTrips() { record_round_trips_ = true; }
   std::vector<double> TakeRoundTrips();
 
+  // kExchange: the rows go to the FFN role and back. kCapture: the same, recorded into a CUDA
+  // graph (routing buffers from the step's workspace, which the graph owns). kLocal: a graph's
+  // warm-up run -- the routing runs, nothing is sent, the MoE output is zeros.
+  enum class Mode { kExchange, kCapture, kLocal };
+  void SetMode(Mode mode) { mode_ = mode; }
+
  private:
   struct InFlight {
     int64_t layer = -1;
@@ -87,16 +106,36 @@ class P2pAttentionMoe : public model::MoeBackend {
   int64_t group_layer_ = -1;  // the layer the open group's time is charged to
   bool record_round_trips_ = false;
   std::vector<double> round_trips_;
+  Mode mode_ = Mode::kExchange;
 };
 
-class AttentionRunner : public ReplicaRunner {
+// What the attention ranks decide together for one step, from the exchanged vector: the
+// micro-batches, and the graph size every rank with tokens replays (0: the step runs eagerly).
+struct P2pStepShape {
+  int stages = 1;
+  int64_t graph_bucket = 0;
+};
+// exchanged: [A token counts, A still-active flags, A DBO wishes, A graph sizes (0: eager)].
+// A graph step when every rank with tokens has a graph size (the largest of them); its stages
+// then follow from that size alone (DBO at the decode threshold), so that every rank's graph
+// and every idle rank agree. Otherwise two micro-batches when every rank with tokens wants them.
+P2pStepShape DecideP2pStep(const std::vector<int64_t>& exchanged, int num_attention,
+                           const DboOptions& dbo);
+
+class AttentionRunner : public ReplicaRunner, private GraphedStep {
  public:
   // Collective: forms the attention-world group (all attention ranks) and this replica's TP
   // group. `model`, `world` and `connector` must outlive the runner. tp: ranks per replica.
   AttentionRunner(const model::MoeModel& model, comm::AfdWorld& world,
-                  connector::P2pConnector& connector, int tp, DboOptions dbo = {});
+                  connector::P2pConnector& connector, int tp, DboOptions dbo = {},
+                  CudaGraphOptions graphs = {});
+  ~AttentionRunner() override;
 
   Tensor Forward(const model::ForwardBatch& batch, kv::PagedKvCache& cache, Workspace& ws) override;
+  bool TakesDeviceIds() const override { return graphs_ != nullptr; }
+  // Steps replayed from graphs, and graphs captured (0 without graphs).
+  int64_t graph_steps() const { return graphs_ ? graphs_->graph_steps() : 0; }
+  int64_t num_captures() const { return graphs_ ? graphs_->num_captures() : 0; }
 
   // Runs empty steps until every replica is done, then sends the shutdown step.
   void Drain() override;
@@ -113,12 +152,22 @@ class AttentionRunner : public ReplicaRunner {
   int64_t dbo_steps() const override { return dbo_steps_; }
 
  private:
-  // All-reduces this rank's (count, active, wants DBO) with every attention rank; returns
-  // [A counts..., A active flags..., A DBO wishes...].
-  std::vector<int64_t> ExchangeCounts(const model::ForwardBatch& batch, bool active);
-  // 1 or 2: the same on every rank, since it depends only on the exchanged vector.
-  int ChooseStages(const std::vector<int64_t>& exchanged) const;
-  void SendMetadata(const std::vector<int64_t>& counts, int stages, uint32_t flags);
+  // All-reduces this rank's (count, active, wants DBO, graph size) with every attention rank;
+  // returns [A counts..., A active flags..., A DBO wishes..., A graph sizes...].
+  std::vector<int64_t> ExchangeCounts(const model::ForwardBatch& batch, bool active,
+                                      int64_t graph_bucket);
+  // The step's metadata: the exchanged counts (a graph step: each rank with tokens at the
+  // graph size, with kGraphReplay).
+  void SendMetadata(const std::vector<int64_t>& exchanged, const P2pStepShape& shape,
+                    uint32_t flags);
+  // GraphedStep: the exchange and metadata of every step with tokens (graph or not), the eager
+  // step, and the body a graph captures.
+  int64_t Plan(const model::ForwardBatch& batch, int64_t bucket) override;
+  Tensor Eager(const model::ForwardBatch& batch, kv::PagedKvCache& cache, Workspace& ws) override;
+  Tensor Body(const model::StepInputs& in, kv::PagedKvCache& cache, Workspace& ws) override;
+  void BeginCapture() override;
+  int EndCapture() override;
+  void Replayed(int token) override;
   // The model's layer loop on `in` (possibly empty: a lockstep step without tokens) as `stages`
   // micro-batches of SplitSizes(n, stages).
   Tensor RunLayers(const model::StepInputs& in, kv::PagedKvCache* cache, int stages, Workspace& ws);
@@ -132,7 +181,11 @@ class AttentionRunner : public ReplicaRunner {
   std::unique_ptr<TpGroup> tp_group_;            // null when tp == 1
   DboOptions dbo_;
   std::unique_ptr<P2pAttentionMoe> moe_;
-  Workspace drain_ws_;  // scratch of the empty steps Drain runs
+  Workspace drain_ws_;                       // scratch of the empty steps Drain runs
+  std::unique_ptr<CudaGraphRunner> graphs_;  // null: every step eager
+  std::optional<P2pStepShape> planned_;      // this step's, from Plan until it runs
+  bool capturing_ = false;
+  std::vector<connector::P2pConnector::Captured> captures_;  // by EndCapture's token
   int64_t steps_ = 0;
   int64_t dbo_steps_ = 0;
 };

@@ -146,10 +146,15 @@ Tensor CudaGraphRunner::Forward(const model::ForwardBatch& batch, kv::PagedKvCac
   bool graphable = !enforce_eager_ && n > 0 && n <= sizes_.back() &&
                    static_cast<int64_t>(batch.logits_rows.size()) == n;
   for (int64_t i = 0; graphable && i < n; ++i) graphable = batch.logits_rows[i] == i;
-  if (!graphable) {
+  const int64_t fits = graphable ? *std::lower_bound(sizes_.begin(), sizes_.end(), n) : 0;
+  const int64_t bucket = step_.Plan(batch, fits);
+  if (bucket == 0) {
     ++eager_steps_;
     return step_.Eager(batch, cache, ws);
   }
+  AFD_CHECK(graphable && bucket >= fits && std::binary_search(sizes_.begin(), sizes_.end(), bucket),
+            "graph runner: the step planned a graph of {} rows for a batch of {} tokens ({})",
+            bucket, n, graphable ? "not a capture size at least the batch's" : "not graphable");
   model_.CheckBatch(batch, cache);
   // The first and last layers' addresses identify the cache's memory and its layer stride.
   const std::pair<const void*, const void*> memory = {
@@ -159,7 +164,6 @@ Tensor CudaGraphRunner::Forward(const model::ForwardBatch& batch, kv::PagedKvCac
     graphs_.clear();
     cache_memory_ = memory;
   }
-  const int64_t bucket = *std::lower_bound(sizes_.begin(), sizes_.end(), n);
   int64_t needed = 1;
   for (const auto& t : batch.block_tables) needed = std::max<int64_t>(needed, t.size());
   int64_t width = kMinWidth;

@@ -68,6 +68,10 @@ class GraphedStep {
                        Workspace& ws) = 0;
   // The captured body: logits [in.n, vocab] of every row (in.n is the bucket); waits for nothing.
   virtual Tensor Body(const model::StepInputs& in, kv::PagedKvCache& cache, Workspace& ws) = 0;
+  // Called once per step before anything runs: `bucket` is the graph size the batch fits (0: it
+  // runs eagerly). Returns the size to replay (0: eagerly; else one of the capture sizes >= the
+  // batch's): a step whose ranks must agree (P2P data parallelism) decides it with them here.
+  virtual int64_t Plan(const model::ForwardBatch& /*batch*/, int64_t bucket) { return bucket; }
   // Around the capture of one graph (its warm-up run before, which runs, is not inside); the
   // returned token is passed to Replayed after every replay of that graph.
   virtual void BeginCapture() {}

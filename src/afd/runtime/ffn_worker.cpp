@@ -14,8 +14,20 @@ constexpr int kTopkWeightsChannel = 2;
 constexpr double kIdlePollSeconds = 0.2;
 }  // namespace
 
+struct FfnWorker::Graph {
+  std::unique_ptr<kernels::OpGraph> graph;
+  connector::P2pConnector::Captured added;  // what one replay adds to the connector's stats
+};
+
+struct FfnWorker::GraphMemory {
+  explicit GraphMemory(Allocator& allocator) : ws(allocator) {}
+  Workspace ws;
+  int64_t chunk_allocations = -1;  // when its first graph was captured
+  std::vector<Key> graphs;
+};
+
 FfnWorker::FfnWorker(const model::MoeModel& model, comm::AfdWorld& world,
-                     connector::P2pConnector& connector)
+                     connector::P2pConnector& connector, bool graphs)
     : model_(model), world_(world), connector_(connector), ws_(model.backend()) {
   AFD_CHECK(world.self().role == Role::kFfn, "FfnWorker on an attention rank");
   const Topology& t = world.topology();
@@ -29,9 +41,14 @@ FfnWorker::FfnWorker(const model::MoeModel& model, comm::AfdWorld& world,
   }
   moe_ = std::make_unique<ExpertParallelMoe>(model, *ep_group_,
                                              ep_rows_group_ ? *ep_rows_group_ : *ep_group_);
+  if (t.num_ffn() == 1) local_moe_ = std::make_unique<model::LocalMoeBackend>(model);
+  graphs_enabled_ = graphs && local_moe_ && model.backend().SupportsGraphs();
 }
 
-void FfnWorker::MoeLayer(int64_t layer, int stage, const connector::StepMetadata& meta) {
+FfnWorker::~FfnWorker() = default;
+
+void FfnWorker::MoeLayer(int64_t layer, int stage, const connector::StepMetadata& meta,
+                         Workspace& ws) {
   const model::ModelConfig& c = model_.config();
   const int64_t H = c.hidden_size, k = c.num_experts_per_tok;
   const std::vector<int64_t> counts = connector_.IncomingRowCounts(meta, stage);
@@ -40,27 +57,113 @@ void FfnWorker::MoeLayer(int64_t layer, int stage, const connector::StepMetadata
   // This layer's scratch is given back when it is done: a step's layers (and stages) then reuse
   // one layer's worth, not the sum of them (a long prefill took every layer's rows at once). On
   // a GPU the next layer's kernels are ordered after this layer's send on the same stream.
-  const Workspace::Mark scratch = ws_.mark();
+  const Workspace::Mark scratch = ws.mark();
   // [n, H]: all attention peers' rows, in order; ids, weights: [n, k].
-  const Tensor rows = ws_.Take(DType::kF32, {n, H}), out = ws_.Take(DType::kF32, {n, H});
-  const Tensor ids = ws_.Take(DType::kI32, {n, k}), weights = ws_.Take(DType::kF32, {n, k});
+  const Tensor rows = ws.Take(DType::kF32, {n, H}), out = ws.Take(DType::kF32, {n, H});
   const int l = static_cast<int>(layer);
   connector_.RecvFromAttention(l, stage, kHiddenChannel, hidden, meta, rows.data());
-  if (world_.config().compute_gate_on_attention) {
-    connector_.RecvFromAttention(l, stage, kTopkIdsChannel, {k, DType::kI32}, meta, ids.data());
-    connector_.RecvFromAttention(l, stage, kTopkWeightsChannel, {k, DType::kF32}, meta,
-                                 weights.data());
-  } else if (n > 0) {
-    model_.Route(layer, rows, ids, weights, ws_);
+  const bool gate_here = !world_.config().compute_gate_on_attention;
+  if (local_moe_ && gate_here) {
+    // The monolithic step's MoE layer: router, routed and shared experts.
+    if (n > 0) local_moe_->Start(layer, stage, rows, out, ws);
+  } else {
+    const Tensor ids = ws.Take(DType::kI32, {n, k}), weights = ws.Take(DType::kF32, {n, k});
+    if (!gate_here) {
+      connector_.RecvFromAttention(l, stage, kTopkIdsChannel, {k, DType::kI32}, meta, ids.data());
+      connector_.RecvFromAttention(l, stage, kTopkWeightsChannel, {k, DType::kF32}, meta,
+                                   weights.data());
+    } else if (n > 0) {
+      model_.Route(layer, rows, ids, weights, ws);
+    }
+    if (!local_moe_) {
+      moe_->Forward(layer, rows, ids, weights, out, ws);
+    } else if (n > 0) {  // every expert here, the routing from the attention ranks
+      model_.RoutedExperts(layer, rows, ids, weights, out, ws);
+      model_.AddSharedExperts(layer, rows, out, ws);
+    }
   }
-  moe_->Forward(layer, rows, ids, weights, out, ws_);
   connector_.SendToAttention(l, stage, hidden, meta, out.data());
-  rows_served_ += n;
-  ws_.Rewind(scratch);
+  ws.Rewind(scratch);
+}
+
+void FfnWorker::Step(const connector::StepMetadata& meta, Workspace& ws) {
+  const model::ModelConfig& c = model_.config();
+  // Stage 0 then stage 1 (and so on) of every MoE layer: the order the attention ranks'
+  // micro-batch pipeline posts them in (P2pAttentionMoe, attention_runner.h).
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    if (!c.IsMoeLayer(l)) continue;
+    for (int stage = 0; stage < meta.num_stages; ++stage) MoeLayer(l, stage, meta, ws);
+  }
+}
+
+void FfnWorker::StepFromGraph(const connector::StepMetadata& meta, int64_t rows) {
+  const Key key{meta.num_stages, meta.token_counts};
+  if (auto it = graphs_.find(key); it != graphs_.end()) {
+    it->second->graph->Replay();
+    connector_.Replayed(it->second->added);
+    ++graph_steps_;
+    return;
+  }
+  kernels::Backend& backend = model_.backend();
+  std::unique_ptr<GraphMemory>& memory = graph_memory_[rows];
+  if (!memory) memory = std::make_unique<GraphMemory>(backend);
+  Workspace& ws = memory->ws;
+  const auto drop_if_grown = [&] {
+    if (memory->chunk_allocations < 0 || ws.chunk_allocations() == memory->chunk_allocations) {
+      return;
+    }
+    for (const Key& k : memory->graphs) graphs_.erase(k);  // they point into released memory
+    memory->graphs.clear();
+    memory->chunk_allocations = -1;
+  };
+  const auto eagerly = [&] {
+    ws.Reset();
+    Step(meta, ws);
+    ws.Reset();
+    drop_if_grown();
+  };
+  if (warmed_.insert(key).second) {  // the key's first step: eagerly, in the graphs' memory
+    eagerly();
+    return;
+  }
+  ws.Reset();
+  drop_if_grown();
+  backend.Synchronize();  // nothing of the previous steps is in flight while capturing
+  const int64_t chunks = ws.chunk_allocations();
+  connector_.BeginCapture();
+  backend.BeginCapture();
+  std::unique_ptr<kernels::OpGraph> graph;
+  try {
+    Step(meta, ws);
+  } catch (...) {
+    backend.EndCapture();
+    connector_.EndCapture();
+    throw;
+  }
+  graph = backend.EndCapture();
+  connector::P2pConnector::Captured added = connector_.EndCapture();
+  ++num_captures_;
+  if (ws.chunk_allocations() != chunks) {
+    // It outgrew the memory while capturing (nothing ran): this step eagerly; the next one
+    // captures into the merged memory.
+    eagerly();
+    return;
+  }
+  if (memory->chunk_allocations < 0) memory->chunk_allocations = ws.chunk_allocations();
+  memory->graphs.push_back(key);
+  auto g = std::make_unique<Graph>();
+  g->graph = std::move(graph);
+  g->added = std::move(added);
+  g->graph->Replay();
+  connector_.Replayed(g->added);
+  graphs_[key] = std::move(g);
+  ++graph_steps_;
 }
 
 int64_t FfnWorker::Run() {
   const model::ModelConfig& c = model_.config();
+  int64_t moe_layers = 0;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) moe_layers += c.IsMoeLayer(l);
   int64_t steps = 0;
   while (true) {
     std::optional<connector::StepMetadata> meta = connector_.control_plane().Recv(kIdlePollSeconds);
@@ -69,13 +172,18 @@ int64_t FfnWorker::Run() {
       continue;
     }
     if (meta->has(connector::kShutdown)) return steps;
-    ws_.Reset();
-    // Stage 0 then stage 1 (and so on) of every MoE layer: the order the attention ranks'
-    // micro-batch pipeline posts them in (P2pAttentionMoe, attention_runner.h).
-    for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-      if (!c.IsMoeLayer(l)) continue;
-      for (int stage = 0; stage < meta->num_stages; ++stage) MoeLayer(l, stage, *meta);
+    int64_t rows = 0;
+    for (int stage = 0; stage < meta->num_stages; ++stage) {
+      const std::vector<int64_t> counts = connector_.IncomingRowCounts(*meta, stage);
+      rows = std::accumulate(counts.begin(), counts.end(), rows);
     }
+    if (graphs_enabled_ && meta->has(connector::kGraphReplay)) {
+      StepFromGraph(*meta, rows);
+    } else {
+      ws_.Reset();
+      Step(*meta, ws_);
+    }
+    rows_served_ += rows * moe_layers;
     ++steps;
   }
 }

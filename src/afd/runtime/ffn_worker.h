@@ -5,11 +5,25 @@
 // cleanly on the shutdown step; a lost peer or an abort anywhere in the deployment ends it with an
 // afd::Error naming it.
 //
+// One FFN rank (xA1F) holds every expert and runs the model's own MoE code (the monolithic
+// step's); several share the experts through ExpertParallelMoe (its routing on the host).
+//
+// CUDA graphs (FULL_DECODE_ONLY, seed 000; one FFN rank, a GPU backend with graphs): a step whose
+// metadata carries kGraphReplay -- the attention ranks replay their graphs -- is served from a
+// graph of the whole step (every MoE layer's receives, experts and sends) keyed by its stages and
+// token counts: the key's first such step runs eagerly in the graphs' memory (sizing it), the
+// second captures and replays. A step without the flag never replays, whatever its counts (a
+// prefill of as many tokens as a decode bucket runs eagerly).
+//
 // Thread safety: one thread.
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <set>
+#include <utility>
+#include <vector>
 
 #include "afd/comm/afd_world.h"
 #include "afd/connector/p2p_connector.h"
@@ -20,18 +34,26 @@ namespace afd::runtime {
 
 class FfnWorker {
  public:
-  // Collective over the FFN ranks: forms the expert-parallel group "ffn_ep".
-  FfnWorker(const model::MoeModel& model, comm::AfdWorld& world,
-            connector::P2pConnector& connector);
+  // Collective over the FFN ranks: forms the expert-parallel group "ffn_ep". graphs: whether
+  // kGraphReplay steps may be served from graphs (where the backend and topology allow).
+  FfnWorker(const model::MoeModel& model, comm::AfdWorld& world, connector::P2pConnector& connector,
+            bool graphs = true);
+  ~FfnWorker();
 
   // Serves steps until the shutdown step. Returns the number of steps served.
   int64_t Run();
 
   int64_t rows_served() const { return rows_served_; }
+  int64_t graph_steps() const { return graph_steps_; }  // steps replayed from graphs
+  int64_t num_captures() const { return num_captures_; }
   const ExpertParallelMoe& moe() const { return *moe_; }
 
  private:
-  void MoeLayer(int64_t layer, int stage, const connector::StepMetadata& meta);
+  // Every MoE layer and stage of one step, enqueued (scratch from ws, given back per layer).
+  void Step(const connector::StepMetadata& meta, Workspace& ws);
+  void MoeLayer(int64_t layer, int stage, const connector::StepMetadata& meta, Workspace& ws);
+  // A kGraphReplay step: from its key's graph (see above).
+  void StepFromGraph(const connector::StepMetadata& meta, int64_t rows);
 
   const model::MoeModel& model_;
   comm::AfdWorld& world_;
@@ -39,8 +61,19 @@ class FfnWorker {
   std::unique_ptr<comm::Communicator> ep_group_;       // counts (host transport)
   std::unique_ptr<comm::Communicator> ep_rows_group_;  // rows on a GPU (NCCL), else null
   std::unique_ptr<ExpertParallelMoe> moe_;
-  Workspace ws_;  // reset every step
-  int64_t rows_served_ = 0;
+  std::unique_ptr<model::LocalMoeBackend> local_moe_;  // one FFN rank: the model's own MoE
+  Workspace ws_;                                       // reset every step
+  bool graphs_enabled_ = false;
+  // (stages, token counts)
+  using Key = std::pair<int, std::vector<int64_t>>;
+  struct Graph;
+  // The graphs of one row total share one workspace (they never run at once); the graphs taken
+  // from it are dropped if it ever has to grow.
+  struct GraphMemory;
+  std::map<Key, std::unique_ptr<Graph>> graphs_;
+  std::map<int64_t, std::unique_ptr<GraphMemory>> graph_memory_;  // by rows per step
+  std::set<Key> warmed_;
+  int64_t rows_served_ = 0, graph_steps_ = 0, num_captures_ = 0;
 };
 
 }  // namespace afd::runtime

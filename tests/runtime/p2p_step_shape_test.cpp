@@ -1,0 +1,69 @@
+// What the P2P attention ranks decide together for a step (DecideP2pStep): whether it replays
+// graphs (FULL_DECODE_ONLY: every rank with tokens has a graph size; the largest is used) and
+// how many micro-batches it runs. The exchanged vector is [A counts, A active, A DBO wishes,
+// A graph sizes].
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "afd/common/error.h"
+#include "afd/runtime/attention_runner.h"
+
+namespace afd::runtime {
+namespace {
+
+std::vector<int64_t> Exchanged(const std::vector<int64_t>& counts,
+                               const std::vector<int64_t>& dbo_wishes,
+                               const std::vector<int64_t>& graph_sizes) {
+  std::vector<int64_t> v = counts;
+  for (int64_t n : counts) v.push_back(n > 0 ? 1 : 0);
+  v.insert(v.end(), dbo_wishes.begin(), dbo_wishes.end());
+  v.insert(v.end(), graph_sizes.begin(), graph_sizes.end());
+  return v;
+}
+
+TEST(P2pStepShape, EveryRankWithTokensReplaysTheLargestGraphSize) {
+  const DboOptions off;
+  const P2pStepShape s = DecideP2pStep(Exchanged({3, 7, 1}, {0, 0, 0}, {4, 8, 1}), 3, off);
+  EXPECT_EQ(s.graph_bucket, 8);
+  EXPECT_EQ(s.stages, 1);
+}
+
+TEST(P2pStepShape, RanksWithoutTokensDoNotObject) {
+  const DboOptions off;
+  EXPECT_EQ(DecideP2pStep(Exchanged({0, 5}, {0, 0}, {0, 8}), 2, off).graph_bucket, 8);
+  // No rank has tokens: nothing to replay.
+  EXPECT_EQ(DecideP2pStep(Exchanged({0, 0}, {0, 0}, {0, 0}), 2, off).graph_bucket, 0);
+}
+
+TEST(P2pStepShape, OneEagerRankMakesTheWholeStepEager) {
+  // Rank 1 has a prefill (or a batch above the largest size): no graph size.
+  const DboOptions off;
+  const P2pStepShape s = DecideP2pStep(Exchanged({4, 9}, {0, 0}, {4, 0}), 2, off);
+  EXPECT_EQ(s.graph_bucket, 0);
+  EXPECT_EQ(s.stages, 1);
+}
+
+TEST(P2pStepShape, GraphStepsTakeTheirMicroBatchesFromTheGraphSize) {
+  DboOptions dbo;
+  dbo.enabled = true;
+  dbo.decode_token_threshold = 8;
+  // Rank 0's 3 tokens want no micro-batches alone, but the step replays size 16: two stages on
+  // every rank (the idle rank's zero rows too), whatever the wishes say.
+  EXPECT_EQ(DecideP2pStep(Exchanged({3, 12, 0}, {0, 1, 0}, {4, 16, 0}), 3, dbo).stages, 2);
+  EXPECT_EQ(DecideP2pStep(Exchanged({3, 5}, {1, 1}, {4, 8}), 2, dbo).stages, 2);
+  EXPECT_EQ(DecideP2pStep(Exchanged({3, 5}, {1, 1}, {4, 4}), 2, dbo).stages, 1);
+  // Eager steps: two stages only when every rank with tokens wants them.
+  EXPECT_EQ(DecideP2pStep(Exchanged({30, 40}, {1, 1}, {0, 0}), 2, dbo).stages, 2);
+  EXPECT_EQ(DecideP2pStep(Exchanged({30, 40}, {1, 0}, {0, 0}), 2, dbo).stages, 1);
+  EXPECT_EQ(DecideP2pStep(Exchanged({0, 40}, {0, 1}, {0, 0}), 2, dbo).stages, 2);
+  dbo.enabled = false;
+  EXPECT_EQ(DecideP2pStep(Exchanged({3, 12}, {0, 0}, {4, 16}), 2, dbo).stages, 1);
+}
+
+TEST(P2pStepShape, RefusesAVectorOfTheWrongLength) {
+  EXPECT_THROW(DecideP2pStep(std::vector<int64_t>(6, 0), 2, DboOptions{}), Error);
+}
+
+}  // namespace
+}  // namespace afd::runtime
