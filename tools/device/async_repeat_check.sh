@@ -15,7 +15,7 @@ mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY
 nvidia-cuda-mps-control -d && sleep 1
 M=tests/data/golden/v3_noaux_tc
 P=(--prompt-ids 1,2,3,4,5,6,7,8 --prompt-ids 90,80,70 --prompt-ids 5 --max-tokens 16 --ignore-eos --json --device cuda --dtype $DT)
-ASYNC='{"afd": {"connector": "AsyncAFDConnector"}}'
+ASYNC=${ASYNC_CFG:-'{"afd": {"connector": "AsyncAFDConnector"}}'}
 "$BIN/afd" run --model $M "${P[@]}" >/tmp/mono.json 2>/tmp/mono.err || tail -3 /tmp/mono.err
 end=$(( $(date +%s) + ${TIME_S:-120} ))
 runs=0; bad=0
@@ -53,9 +53,11 @@ PYEOF
     mkdir -p "$KEEP"
     cp /tmp/afd.err "$KEEP/run_$runs.err"; cp /tmp/afd.json "$KEEP/run_$runs.json"
     [ "$rc" -eq 124 ] && [ -s /tmp/afd.hang ] && cp /tmp/afd.hang "$KEEP/run_$runs.hang"
+    logs=$(grep -o 'all logs kept in [^)]*' /tmp/afd.err | sed 's/all logs kept in //' | head -1)
+    [ -n "$logs" ] && [ -d "$logs" ] && cp -r "$logs" "$KEEP/run_${runs}_logs"
   fi
   rm -f /tmp/afd.hang
-  pkill -f "afd worker" 2>/dev/null  # nothing of a killed run lives into the next one
+  [ "$rc" -ne 0 ] && { pkill -9 -f "afd (run|worker)" 2>/dev/null; sleep 1; }  # nothing of a failed run lives on
 done
 echo "$TOPO $DT: $runs runs, $bad differing"
 echo quit | nvidia-cuda-mps-control

@@ -5,13 +5,17 @@
 #include <cstring>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
+#include "afd/common/deadline.h"
 #include "afd/common/error.h"
 #include "afd/common/thread_annotations.h"
 #include "afd/connector/shm_window.h"
 #ifdef AFD_WITH_CUDA
+#include <cuda_runtime.h>
+
 #include "afd/connector/cuda/cuda_ipc_window.h"
 #ifdef AFD_WITH_NCCL
 #include "afd/connector/cuda/nccl_window.h"
@@ -275,6 +279,69 @@ void AsyncConnector::PublishOnDevice(int, int, size_t, const std::vector<char>&,
 }
 void AsyncConnector::CheckDevice() const {}
 #endif
+
+std::string AsyncConnector::DescribeState() const {
+  const int R = layout_.ring_depth, P = num_peers(), me = world_.world_rank();
+  const size_t n = static_cast<size_t>(P) * R;
+  std::vector<uint64_t> device(2 * n, 0), mirror_here(n, 0), mirror_there(n, 0);
+  std::string device_note = "no device counters";
+#ifdef AFD_WITH_CUDA
+  if (device_seqs_ != nullptr) {
+    // A stream of its own that waits for no other: this rank's stream may be stuck in a wait.
+    cudaStream_t s = nullptr;
+    device_note = "device reads failed";
+    if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess) {
+      bool ok = cudaMemcpyAsync(device.data(), device_seqs_, 16 * n, cudaMemcpyDeviceToHost, s) ==
+                cudaSuccess;
+      for (int p = 0; p < P && ok; ++p) {
+        for (int r = 0; r < R && ok; ++r) {
+          const size_t i = static_cast<size_t>(p) * R + r;
+          ok = cudaMemcpyAsync(&mirror_here[i], DeviceMirror(me) + layout_.flag_offset(p, r), 8,
+                               cudaMemcpyDeviceToHost, s) == cudaSuccess &&
+               cudaMemcpyAsync(
+                   &mirror_there[i],
+                   DeviceMirror(OppositeWorldRank(p)) + layout_.flag_offset(world_.self().rank, r),
+                   8, cudaMemcpyDeviceToHost, s) == cudaSuccess;
+        }
+      }
+      const Deadline deadline = Deadline::In(1.0);
+      cudaError_t q = cudaErrorNotReady;
+      while (ok && (q = cudaStreamQuery(s)) == cudaErrorNotReady && !deadline.expired()) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+      if (ok && q == cudaSuccess) device_note = "device counters read";
+      if (q != cudaErrorNotReady) cudaStreamDestroy(s);  // else left: it may still write
+    }
+    const cudaError_t idle = cudaStreamQuery(static_cast<cudaStream_t>(options_.cuda_stream));
+    device_note += idle == cudaSuccess         ? ", stream idle"
+                   : idle == cudaErrorNotReady ? ", stream busy"
+                                               : ", stream error";
+  }
+#endif
+  const bool have_device = device_note.rfind("device counters read", 0) == 0;
+  std::string out = fmt::format("{} async connector state ({}):", world_.Describe(me), device_note);
+  for (int p = 0; p < P; ++p) {
+    for (int r = 0; r < R; ++r) {
+      const size_t i = static_cast<size_t>(p) * R + r;
+      uint64_t here = 0;
+      window_->ReadFlags(layout_.flag_offset(p, r), std::span<uint64_t>(&here, 1));
+      uint64_t there = 0;
+      if (shm_ != nullptr) {
+        std::memcpy(
+            &there,
+            shm_->mapping(OppositeWorldRank(p)) + layout_.flag_offset(world_.self().rank, r), 8);
+      }
+      out += fmt::format(
+          "\n  {} ring {}: sent {}, consumed {}, awaited {}, claimed {}; flag here {}, there {}",
+          PeerName(p), r, send_seq_[i], seen_[i], device_wait_[i], claimed_[i], here, there);
+      if (have_device) {
+        out += fmt::format("; device sent {}, seen {}, mirror here {}, there {}", device[i],
+                           device[n + i], mirror_here[i], mirror_there[i]);
+      }
+    }
+  }
+  return out;
+}
 
 void AsyncConnector::BeginCapture() {
   AFD_CHECK(device_sequenced() && !capturing_,

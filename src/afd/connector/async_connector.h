@@ -173,6 +173,11 @@ class AsyncConnector {
   void EnqueueWait(int peer, int stage, const ExpectedSlot& expect = {});
   // Device sequencing: sends and waits are device kernels (see above).
   bool device_sequenced() const { return device_seqs_ != nullptr; }
+  // For the log of a failed deployment: per peer and ring, the seqs this rank sent and consumed
+  // (host counters; with device sequencing the device's counters too), the flag the peer stored
+  // here and the one this rank stored there (shared memory; and the device mirrors), and
+  // whether this rank's stream is idle. Device reads are bounded (a second): never hangs.
+  std::string DescribeState() const;
   // Device sequencing: throws the first failure of a device wait, naming the peer (call after
   // the stream has passed the waits, e.g. after a step's results reached the host).
   void CheckDevice() const;

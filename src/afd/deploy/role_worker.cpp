@@ -92,6 +92,13 @@ void RunWorker(const WorkerOptions& o) {
   const int num_ranks = role == Role::kAttention ? c.num_attention_ranks : c.num_ffn_ranks;
   CheckRankRule(role, num_ranks, ParallelSizes{o.dp, 1, o.tp});
   CheckConnectorImplemented(c, o.cuda_device >= 0);
+  // GPU ranks wait on the device for each other's writes (the async connector's wait kernels,
+  // NCCL's). Under CUDA's lazy module loading a process's first launch of a kernel (or cuBLAS
+  // routine) may wait for the device to be idle -- under MPS, behind a peer's kernel that
+  // waits for this very process: the deployment stalls until that wait times out (seen on one
+  // H200 under MPS: 2 starts of ~190 of 2A2F over the async connector, every rank spinning). So
+  // every kernel loads when CUDA initializes, before the first step (unless the user chose).
+  if (o.cuda_device >= 0) setenv("CUDA_MODULE_LOADING", "EAGER", /*overwrite=*/0);
   const auto start = std::chrono::steady_clock::now();
   // Each role holds only its part of the weights: attention everything but the experts (plus
   // the router when it runs here); an FFN rank the routers, the shared experts and its own
@@ -269,6 +276,8 @@ void RunWorker(const WorkerOptions& o) {
                       world->self().role == Role::kAttention ? "A2F" : "F2A");
     if (!o.stats_file.empty()) WriteFileOrThrow(o.stats_file, stats.dump() + "\n");
   } catch (const Error& e) {
+    // What the asynchronous connector had sent and consumed when it failed (for the logs).
+    if (async_holder) fmt::print(stderr, "{}\n", async_holder->DescribeState());
     // A rank that lost a peer usually lost it because that peer failed and said why: report
     // the root cause with our own error.
     if (std::optional<std::string> cause = world->AbortMessage()) {
