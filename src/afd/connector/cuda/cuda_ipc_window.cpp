@@ -24,6 +24,9 @@ std::unique_ptr<CudaIpcWindow> CudaIpcWindow::Create(comm::AfdWorld& world, size
             me, bytes / 1048576.0, cuda_device, cudaGetErrorString(e));
   w->maps_[self] = static_cast<char*>(mem);
   AFD_CUDA_CHECK(cudaMemset(mem, 0, bytes));
+  // Zeroed before any peer can map it (cudaMemset may return before it ran, and the streams
+  // that later use the window do not wait for the legacy one).
+  AFD_CUDA_CHECK(cudaDeviceSynchronize());
   w->CreateStream();
   cudaIpcMemHandle_t handle;
   AFD_CUDA_CHECK(cudaIpcGetMemHandle(&handle, mem));
