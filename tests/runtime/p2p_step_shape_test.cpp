@@ -1,13 +1,14 @@
 // What the P2P attention ranks decide together for a step (DecideP2pStep): whether it replays
 // graphs (FULL_DECODE_ONLY: every rank with tokens has a graph size; the largest is used) and
 // how many micro-batches it runs. The exchanged vector is [A counts, A active, A DBO wishes,
-// A graph sizes].
+// A graph sizes]. And which FFN graph a step's metadata may be served from (FfnGraphKeyOf).
 #include <gtest/gtest.h>
 
 #include <vector>
 
 #include "afd/common/error.h"
 #include "afd/runtime/attention_runner.h"
+#include "afd/runtime/ffn_worker.h"
 
 namespace afd::runtime {
 namespace {
@@ -59,6 +60,30 @@ TEST(P2pStepShape, GraphStepsTakeTheirMicroBatchesFromTheGraphSize) {
   EXPECT_EQ(DecideP2pStep(Exchanged({0, 40}, {0, 1}, {0, 0}), 2, dbo).stages, 2);
   dbo.enabled = false;
   EXPECT_EQ(DecideP2pStep(Exchanged({3, 12}, {0, 0}, {4, 16}), 2, dbo).stages, 1);
+}
+
+// Seed 000 / afd-plugin #261, #270: a matching token count alone never replays an FFN graph.
+TEST(P2pStepShape, OnlyAFlaggedStepMapsToAnFfnGraph) {
+  connector::StepMetadata decode;
+  decode.num_stages = 1;
+  decode.num_attention_ranks = 2;
+  decode.token_counts = {8, 8};
+  decode.flags = connector::kGraphReplay;
+  connector::StepMetadata prefill = decode;  // the same counts, run eagerly by the attention
+  prefill.flags = 0;
+  EXPECT_FALSE(FfnGraphKeyOf(prefill).has_value());
+  const std::optional<FfnGraphKey> key = FfnGraphKeyOf(decode);
+  ASSERT_TRUE(key.has_value());
+  EXPECT_EQ(key->first, 1);
+  EXPECT_EQ(key->second, decode.token_counts);
+  // Another split of the same rows, or the same rows as two micro-batches: another graph.
+  connector::StepMetadata other = decode;
+  other.token_counts = {16, 0};
+  EXPECT_NE(*FfnGraphKeyOf(other), *key);
+  other = decode;
+  other.num_stages = 2;
+  other.token_counts = {4, 4, 4, 4};
+  EXPECT_NE(*FfnGraphKeyOf(other), *key);
 }
 
 TEST(P2pStepShape, RefusesAVectorOfTheWrongLength) {

@@ -96,8 +96,12 @@ void FfnWorker::Step(const connector::StepMetadata& meta, Workspace& ws) {
   }
 }
 
-void FfnWorker::StepFromGraph(const connector::StepMetadata& meta, int64_t rows) {
-  const Key key{meta.num_stages, meta.token_counts};
+std::optional<FfnGraphKey> FfnGraphKeyOf(const connector::StepMetadata& meta) {
+  if (!meta.has(connector::kGraphReplay)) return std::nullopt;
+  return FfnGraphKey{meta.num_stages, meta.token_counts};
+}
+
+void FfnWorker::StepFromGraph(const connector::StepMetadata& meta, const Key& key, int64_t rows) {
   if (auto it = graphs_.find(key); it != graphs_.end()) {
     it->second->graph->Replay();
     connector_.Replayed(it->second->added);
@@ -177,8 +181,9 @@ int64_t FfnWorker::Run() {
       const std::vector<int64_t> counts = connector_.IncomingRowCounts(*meta, stage);
       rows = std::accumulate(counts.begin(), counts.end(), rows);
     }
-    if (graphs_enabled_ && meta->has(connector::kGraphReplay)) {
-      StepFromGraph(*meta, rows);
+    const std::optional<FfnGraphKey> key = graphs_enabled_ ? FfnGraphKeyOf(*meta) : std::nullopt;
+    if (key) {
+      StepFromGraph(*meta, *key, rows);
     } else {
       ws_.Reset();
       Step(*meta, ws_);

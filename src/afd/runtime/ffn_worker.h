@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <utility>
 #include <vector>
@@ -31,6 +32,12 @@
 #include "afd/runtime/expert_parallel.h"
 
 namespace afd::runtime {
+
+// The FFN graph a P2P step may be served from (seed 000's rule): only a step that the attention
+// ranks flagged as a graph replay, keyed by its stages and every rank's token counts; nullopt:
+// the step runs eagerly, whatever its counts (an eager prefill of a decode bucket's size).
+using FfnGraphKey = std::pair<int, std::vector<int64_t>>;
+std::optional<FfnGraphKey> FfnGraphKeyOf(const connector::StepMetadata& meta);
 
 class FfnWorker {
  public:
@@ -53,7 +60,7 @@ class FfnWorker {
   void Step(const connector::StepMetadata& meta, Workspace& ws);
   void MoeLayer(int64_t layer, int stage, const connector::StepMetadata& meta, Workspace& ws);
   // A kGraphReplay step: from its key's graph (see above).
-  void StepFromGraph(const connector::StepMetadata& meta, int64_t rows);
+  void StepFromGraph(const connector::StepMetadata& meta, const FfnGraphKey& key, int64_t rows);
 
   const model::MoeModel& model_;
   comm::AfdWorld& world_;
@@ -64,8 +71,7 @@ class FfnWorker {
   std::unique_ptr<model::LocalMoeBackend> local_moe_;  // one FFN rank: the model's own MoE
   Workspace ws_;                                       // reset every step
   bool graphs_enabled_ = false;
-  // (stages, token counts)
-  using Key = std::pair<int, std::vector<int64_t>>;
+  using Key = FfnGraphKey;
   struct Graph;
   // The graphs of one row total share one workspace (they never run at once); the graphs taken
   // from it are dropped if it ever has to grow.
