@@ -165,16 +165,18 @@ TEST(AfdConfig, GpuAsyncDefaultsAndValues) {
   EXPECT_EQ(d.async_options.async_moe_split, "request");
   EXPECT_TRUE(d.async_options.device_flags);
   EXPECT_EQ(d.async_options.window, "cuda_ipc");
+  EXPECT_EQ(d.async_options.dispatch_dtype, "auto");
   const json out = json::parse(AfdConfigToJson(d));
   EXPECT_EQ(out["connector_extra_config"]["ring_depth"], 1);
   EXPECT_EQ(out["connector_extra_config"]["device_flags"], true);
   EXPECT_EQ(out["connector_extra_config"]["window"], "cuda_ipc");
+  EXPECT_EQ(out["connector_extra_config"]["dispatch_dtype"], "auto");
   EXPECT_EQ(out["async_dp"], true);
 
   const AfdConfig c = ParseAfdConfig(Async(
       R"({"attn_ranks_per_dp": 2, "routed_cap_multiplier": 3, "recv_poll_timeout_ms": 50,
           "async_moe_ubatching": true, "async_moe_num_ubatches": 3, "async_moe_split": "token",
-          "device_flags": false, "window": "nccl"})"));
+          "device_flags": false, "window": "nccl", "dispatch_dtype": "fp8"})"));
   EXPECT_EQ(c.async_options.attn_ranks_per_dp, 2);
   EXPECT_EQ(c.async_options.ring_depth, 3);  // derived: one slot per stage
   EXPECT_DOUBLE_EQ(c.async_options.routed_cap_multiplier, 3.0);
@@ -182,6 +184,8 @@ TEST(AfdConfig, GpuAsyncDefaultsAndValues) {
   EXPECT_EQ(c.async_options.async_moe_split, "token");
   EXPECT_FALSE(c.async_options.device_flags);
   EXPECT_EQ(c.async_options.window, "nccl");
+  EXPECT_EQ(c.async_options.dispatch_dtype, "fp8");
+  EXPECT_EQ(json::parse(AfdConfigToJson(c))["connector_extra_config"]["dispatch_dtype"], "fp8");
 }
 
 TEST(AfdConfig, GpuAsyncImpliesAsyncDpAndGateOnAttention) {
@@ -214,6 +218,9 @@ TEST(AfdConfig, GpuAsyncBadOptions) {
   ExpectInvalid(Async(R"({"device_flags": "yes"})"), {"device_flags"});
   ExpectInvalid(Async(R"({"window": "nvshmem"})"), {"window", "nvshmem", "cuda_ipc", "nccl"});
   ExpectInvalid(Async(R"({"window": 1})"), {"window"});
+  ExpectInvalid(Async(R"({"dispatch_dtype": "fp4"})"),
+                {"connector_extra_config.dispatch_dtype", "fp4", "auto", "fp8"});
+  ExpectInvalid(Async(R"({"dispatch_dtype": 8})"), {"dispatch_dtype"});
   ExpectInvalid(R"({"connector": "GpuAsyncAFDConnector", "async": false})",
                 {"afd.async_dp", "must be true"});
   ExpectInvalid(R"({"connector": "GpuAsyncAFDConnector", "compute_gate_on_attention": false})",

@@ -29,12 +29,13 @@ void ExpectError(const std::function<void()>& f, std::initializer_list<std::stri
 
 TEST(AsyncSlot, FieldsAreAlignedDisjointAndInBounds) {
   for (int64_t experts : {0, 1, 3, 64, 100}) {
-    SlotCapacity cap{37, 53, 19, experts, 2048 * 2, 60};
+    SlotCapacity cap{37, 53, 19, experts, 2048 * 2, 60, 37 * 16};
     const SlotLayout l = SlotLayout::Make(cap, 3, 2);
     const std::vector<std::pair<size_t, size_t>> fields = {
         {l.header, sizeof(SlotHeader) + 4 * experts},
         {l.route, 4 * 60},
         {l.routed, 53 * 4096},
+        {l.row_scales, 4 * 37 * 16},
         {l.shared_index, 4 * 19},
         {l.shared, 19 * 4096}};
     size_t end = 0;
@@ -73,16 +74,26 @@ SlotHeader GoodHeader() {
 }
 
 TEST(AsyncSlot, HeaderChecksNameTheField) {
-  const SlotLayout l = SlotLayout::Make({8, 10, 4, 4, 64, 20}, 2, 2);
+  const SlotLayout l = SlotLayout::Make({8, 10, 4, 4, 64, 20, 8}, 2, 2);
   EXPECT_NO_THROW(ValidateSlotHeader(GoodHeader(), l, 1, 9, "slot"));
+  SlotHeader fp8 = GoodHeader();
+  fp8.flags = kSlotFp8Rows | kSlotGraph;
+  EXPECT_NO_THROW(ValidateSlotHeader(fp8, l, 1, 9, "slot"));
   struct Corruption {
     std::function<void(SlotHeader&)> apply;
     std::string named;
   };
   const std::vector<Corruption> cases = {
       {[](SlotHeader& h) { h.magic ^= 1; }, "bad magic"},
-      {[](SlotHeader& h) { h.version = 3; }, "version 3"},
+      {[](SlotHeader& h) { h.version = 4; }, "version 4"},
       {[](SlotHeader& h) { h.flags = 1u << 7; }, "unknown flag bits"},
+      {[](SlotHeader& h) { h.flags = kSlotFp8Rows | kSlotBf16Rows; }, "FP8 rows together"},
+      {[](SlotHeader& h) { h.flags = kSlotFp8Rows | kSlotCombine; }, "FP8 rows together"},
+      {[](SlotHeader& h) {
+         h.flags = kSlotFp8Rows;
+         h.routed_rows = 9;
+       },
+       "9 FP8 rows exceed the row scales' capacity of 8 rows"},
       {[](SlotHeader& h) { h.table_entries = 21; }, "index table entries exceed the capacity 20"},
       {[](SlotHeader& h) { h.sender = 0; }, "sender 0"},
       {[](SlotHeader& h) { h.seq = 8; }, "does not match its flag 9"},

@@ -1,14 +1,16 @@
 // The AFD exchange ops on the CPU reference (kernels/backend.h, "AFD exchange"): the dispatch
 // layout (each token once per FFN rank that needs it, owned tokens first), the sum of partials,
-// the per-pair index, and f32 <-> bf16. The GPU kernels are checked against the monolithic run
-// on the device (tools/device/afd_exchange_check.sh).
+// the per-pair index, f32 <-> bf16 and the FP8 rows. The GPU kernels are checked against the
+// monolithic run on the device (tools/device/afd_exchange_check.sh).
 #include "afd/kernels/afd_exchange.h"
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <vector>
 
+#include "afd/common/dtype_convert.h"
 #include "afd/common/error.h"
 #include "afd/kernels/cpu/cpu_backend.h"
 
@@ -51,7 +53,7 @@ TEST(AfdExchange, DispatchSendsEachTokenOncePerRankOwnedTokensFirst) {
       tt.emplace_back(tables[f].data(), DType::kI32, std::vector<int64_t>{2 * n * k});
     }
     b.AfdDispatch(Tensor(x.data(), DType::kF32, {n, h}), Tensor(ids.data(), DType::kI32, {n, k}),
-                  Tensor(w.data(), DType::kF32, {n, k}), E, rt, tt,
+                  Tensor(w.data(), DType::kF32, {n, k}), E, rt, {}, tt,
                   Tensor(send_row.data(), DType::kI32, {n, F}), shared);
     for (int f = 0; f < F; ++f) {
       // Expected order: owned tokens (t % F == f, with shared experts), then the others that
@@ -91,7 +93,7 @@ TEST(AfdExchange, DispatchSendsEachTokenOncePerRankOwnedTokensFirst) {
   EXPECT_THROW(
       b.AfdDispatch(Tensor(x.data(), DType::kF32, {n, h}), Tensor(bad.data(), DType::kI32, {n, k}),
                     Tensor(w.data(), DType::kF32, {n, k}), E,
-                    {Tensor(r0.data(), DType::kF32, {n, h})},
+                    {Tensor(r0.data(), DType::kF32, {n, h})}, {},
                     {Tensor(t0.data(), DType::kI32, {2 * n * k})},
                     Tensor(sr.data(), DType::kI32, {n, 1}), true),
       Error);
@@ -129,6 +131,82 @@ TEST(AfdExchange, ConvertRoundsToBf16AndBackExactly) {
   EXPECT_EQ(y[1], 1.0f);  // ties to even
   EXPECT_EQ(y[2], -3.5f);
   EXPECT_NEAR(y[3], 1e-3f, 1e-5f);
+}
+
+// The FP8 dispatch (common/fp8_rows.h): per row, groups of 128 elements (the last one partial)
+// each with scale = amax / 448 and q = fp8(x * 448 / amax); ranks of one dispatch may mix
+// formats; the FFN's DequantFp8Rows reads q * scale.
+TEST(AfdExchange, Fp8RowsCarryGroupScalesAndReadBackWithinTheFormatsPrecision) {
+  cpu::CpuBackend b;
+  const int64_t n = 3, k = 1, h = 200, E = 2, groups = 2;  // 128 + a partial group of 72
+  ASSERT_EQ(AfdFp8Groups(h), groups);
+  const int F = 2;                       // expert 0 on rank 0, expert 1 on rank 1
+  std::vector<int32_t> ids = {0, 0, 1};  // tokens 0, 1 -> rank 0 (FP8); token 2 -> rank 1 (f32)
+  std::vector<float> w(n * k, 1.0f), x(n * h, 0.0f);
+  for (int64_t c = 0; c < h; ++c) {
+    x[c] = std::sin(0.37f * static_cast<float>(c)) * (c < 128 ? 3.0f : 0.01f);
+    x[2 * h + c] = static_cast<float>(c);
+  }
+  x[5] = 2.0f * 3.0f;  // token 0's first group: amax 6
+  x[6] = 3.0f;
+  x[7] = -1.5f;
+  // token 1 stays zero: amax clamped to 1e-4, every q 0
+  std::vector<uint8_t> q0(n * h, 0xAA);
+  std::vector<float> s0(n * groups, -1.0f), r1(n * h, -1.0f);
+  std::vector<int32_t> t0(2 * n * k), t1(2 * n * k), send_row(n * F);
+  const std::vector<Tensor> rows = {Tensor(q0.data(), DType::kF8E4M3, {n, h}),
+                                    Tensor(r1.data(), DType::kF32, {n, h})};
+  const std::vector<Tensor> scales = {Tensor(s0.data(), DType::kF32, {n, groups}), Tensor()};
+  const std::vector<Tensor> tables = {Tensor(t0.data(), DType::kI32, {2 * n * k}),
+                                      Tensor(t1.data(), DType::kI32, {2 * n * k})};
+  b.AfdDispatch(Tensor(x.data(), DType::kF32, {n, h}), Tensor(ids.data(), DType::kI32, {n, k}),
+                Tensor(w.data(), DType::kF32, {n, k}), E, rows, scales, tables,
+                Tensor(send_row.data(), DType::kI32, {n, F}), /*shared=*/false);
+  EXPECT_EQ(send_row, (std::vector<int32_t>{0, -1, 1, -1, -1, 0}));
+  // Token 0, group 0: amax 6, so 6 -> 448 (0x7e), 3 -> 224 (0x76), -1.5 -> -112 (0xee).
+  EXPECT_EQ(s0[0], 6.0f / 448.0f);
+  EXPECT_EQ(q0[5], 0x7e);
+  EXPECT_EQ(q0[6], 0x76);
+  EXPECT_EQ(q0[7], 0xee);
+  float amax1 = 0.0f;
+  for (int64_t c = 128; c < h; ++c) amax1 = std::max(amax1, std::fabs(x[c]));
+  EXPECT_EQ(s0[1], amax1 / 448.0f);  // the partial group's own scale
+  for (int64_t c = 0; c < h; ++c) {
+    const float a = c < 128 ? 6.0f : amax1;
+    EXPECT_EQ(q0[c], F32ToFp8E4M3(x[c] * (448.0f / a))) << c;
+  }
+  // Token 1 (zeros): the clamped amax, zero bytes.
+  EXPECT_EQ(s0[2], 1e-4f / 448.0f);
+  EXPECT_EQ(s0[3], 1e-4f / 448.0f);
+  for (int64_t c = 0; c < h; ++c) EXPECT_EQ(q0[h + c], 0) << c;
+  // The f32 rank got its token as is.
+  for (int64_t c = 0; c < h; ++c) EXPECT_EQ(r1[c], x[2 * h + c]);
+  // Read back: within half a step of E4M3's 3-bit mantissa (2^-4 relative), or of its
+  // subnormal spacing (2^-9 of the scale) near zero.
+  std::vector<float> back(2 * h, -1.0f);
+  b.DequantFp8Rows(Tensor(q0.data(), DType::kF8E4M3, {2, h}),
+                   Tensor(s0.data(), DType::kF32, {2, groups}),
+                   Tensor(back.data(), DType::kF32, {2, h}));
+  for (int64_t c = 0; c < h; ++c) {
+    const float scale = s0[c / 128];
+    EXPECT_EQ(back[c], Fp8E4M3ToF32(q0[c]) * scale);
+    EXPECT_LE(std::fabs(back[c] - x[c]),
+              std::max(std::fabs(x[c]) * 0.0625f, scale * 0.001953125f) * 1.0001f)
+        << c;
+    EXPECT_EQ(back[h + c], 0.0f);
+  }
+  EXPECT_NEAR(back[5], 6.0f, 6.0f * 1e-6f);
+  // FP8 rows need their scales (and only they have any).
+  EXPECT_THROW(
+      b.AfdDispatch(Tensor(x.data(), DType::kF32, {n, h}), Tensor(ids.data(), DType::kI32, {n, k}),
+                    Tensor(w.data(), DType::kF32, {n, k}), E, rows, {}, tables,
+                    Tensor(send_row.data(), DType::kI32, {n, F}), false),
+      Error);
+  EXPECT_THROW(
+      b.AfdDispatch(Tensor(x.data(), DType::kF32, {n, h}), Tensor(ids.data(), DType::kI32, {n, k}),
+                    Tensor(w.data(), DType::kF32, {n, k}), E, rows, {scales[0], scales[0]}, tables,
+                    Tensor(send_row.data(), DType::kI32, {n, F}), false),
+      Error);
 }
 
 }  // namespace

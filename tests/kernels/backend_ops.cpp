@@ -21,6 +21,7 @@
 
 #include "afd/common/dtype_convert.h"
 #include "afd/common/error.h"
+#include "afd/common/fp8_rows.h"
 #include "afd/kernels/backend.h"
 
 namespace afd::kernels {
@@ -1249,6 +1250,90 @@ Result CopyFill(Ctx& c) {
   return Result(std::max(err_copy, RelErr(c.Down<float>(a), want)), 0.0);
 }
 
+// The FP8 dispatch (common/fp8_rows.h) must write the same bytes on every backend: each row
+// sent to an FP8 rank is E4M3 of x * (448 / a) with a = max(amax of its group of 128, 1e-4) and
+// the scale a / 448 (an exact spec: one f32 operation each); a bf16 rank beside them gets the
+// rounded row. Then DequantFp8Rows reads them back as fp8_value * scale, exactly.
+Result AfdDispatchFp8(Ctx& c) {
+  const int64_t n = 37, k = 2, h = 2120, E = 12, groups = AfdFp8Groups(h);  // 16 + a partial
+  const int F = 3;
+  std::vector<float> x = c.Randn(n * h, 2.0f);
+  for (int64_t i = 0; i < h; ++i) x[3 * h + i] = 0.0f;      // a zero row
+  for (int64_t i = 0; i < 128; ++i) x[5 * h + i] *= 1e-7f;  // subnormal E4M3 values
+  for (int64_t i = 0; i < h; i += 97) x[7 * h + i] = 3e4f * (i % 2 ? 1 : -1);  // large
+  std::vector<int32_t> ids(n * k);
+  std::vector<float> w(n * k, 0.5f);
+  for (int64_t t = 0; t < n; ++t) {
+    ids[t * k] = static_cast<int32_t>(t % E);
+    ids[t * k + 1] = static_cast<int32_t>((t * 5 + 3) % E == t % E ? (t + 1) % E : (t * 5 + 3) % E);
+    if (ids[t * k] > ids[t * k + 1]) std::swap(ids[t * k], ids[t * k + 1]);
+  }
+  const DType kinds[F] = {DType::kF8E4M3, DType::kBF16, DType::kF8E4M3};
+  std::vector<Tensor> rows, scales, tables;
+  for (int f = 0; f < F; ++f) {
+    rows.push_back(c.Alloc(kinds[f], {n, h}));
+    scales.push_back(kinds[f] == DType::kF8E4M3 ? c.Alloc(DType::kF32, {n, groups}) : Tensor());
+    tables.push_back(c.Alloc(DType::kI32, {2 * n * k}));
+  }
+  const Tensor send_row = c.Alloc(DType::kI32, {n, F});
+  c.b.AfdDispatch(c.Up(x, DType::kF32, {n, h}), c.Up(ids, DType::kI32, {n, k}),
+                  c.Up(w, DType::kF32, {n, k}), E, rows, scales, tables, send_row, true);
+  const auto sr = c.Down<int32_t>(send_row);
+  int64_t checked = 0;
+  for (int f = 0; f < F; ++f) {
+    std::vector<uint8_t> q;
+    std::vector<uint16_t> bf;
+    std::vector<float> sc;
+    if (kinds[f] == DType::kF8E4M3) {
+      q = c.Down<uint8_t>(rows[f]);
+      sc = c.Down<float>(scales[f]);
+    } else {
+      bf = c.Down<uint16_t>(rows[f]);
+    }
+    for (int64_t t = 0; t < n; ++t) {
+      const int32_t r = sr[t * F + f];
+      if (r < 0) continue;
+      ++checked;
+      const float* xt = x.data() + t * h;
+      for (int64_t g = 0; g < groups; ++g) {
+        const int64_t b = g * 128, e = std::min(h, b + 128);
+        float amax = 0.0f;
+        for (int64_t i = b; i < e; ++i) amax = std::max(amax, std::fabs(xt[i]));
+        const float a = std::max(amax, 1e-4f);
+        if (kinds[f] == DType::kF8E4M3 && sc[r * groups + g] != a / 448.0f) {
+          return Result::Fail(fmt::format("rank {} token {} group {}: scale {} != {}", f, t, g,
+                                          sc[r * groups + g], a / 448.0f));
+        }
+        for (int64_t i = b; i < e; ++i) {
+          if (kinds[f] == DType::kF8E4M3) {
+            const uint8_t want = F32ToFp8E4M3(xt[i] * (448.0f / a));
+            if (q[r * h + i] != want) {
+              return Result::Fail(fmt::format("rank {} token {} element {}: {:#x} != {:#x}", f, t,
+                                              i, q[r * h + i], want));
+            }
+          } else if (bf[r * h + i] != F32ToBf16(xt[i])) {
+            return Result::Fail(fmt::format("rank {} token {} element {}: bf16", f, t, i));
+          }
+        }
+      }
+    }
+  }
+  if (checked < n) return Result::Fail("too few rows dispatched");
+  // Read back rank 0's rows.
+  const Tensor back = c.Alloc(DType::kF32, {n, h});
+  c.b.DequantFp8Rows(rows[0], scales[0], back);
+  const auto got = c.Down<float>(back);
+  const auto q = c.Down<uint8_t>(rows[0]);
+  const auto sc = c.Down<float>(scales[0]);
+  for (int64_t i = 0; i < n * h; ++i) {
+    const float want = Fp8E4M3ToF32(q[i]) * sc[(i / h) * groups + (i % h) / 128];
+    if (!(got[i] == want || (std::isnan(got[i]) && std::isnan(want)))) {
+      return Result::Fail(fmt::format("DequantFp8Rows element {}: {} != {}", i, got[i], want));
+    }
+  }
+  return Result(0.0, 0.0);
+}
+
 std::vector<Case> CheckCases() {
   using D = DType;
   return {
@@ -1580,6 +1665,7 @@ std::vector<Case> CheckCases() {
       {"Copy+Fill", "10x10", CopyFill},
       {"TakeIds+StartCopyToHost", "300 ids from 7", TakeIdsAndCopiesToHost},
       {"CopyToDevice", "40 x 1.2 MB staged, past the ring", StagedUploadsWrap},
+      {"AfdDispatch+DequantFp8Rows", "37 x 2120 to fp8, bf16, fp8 ranks", AfdDispatchFp8},
   };
 }
 

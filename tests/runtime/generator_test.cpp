@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -81,6 +82,28 @@ TEST_F(TinyGeneratorTest, StopsAtEosUnlessIgnored) {
   EXPECT_EQ(stopped[1].output_ids,
             std::vector<int32_t>(ref[1].output_ids.begin(),
                                  second == ref[1].output_ids.end() ? second : second + 1));
+}
+
+// With prompt log-probs each prompt position j >= 1 also names the most likely token after
+// ids[<j]: the argmax (first maximum) of the logits at j - 1.
+TEST_F(TinyGeneratorTest, PromptTop1IsEachPositionsArgmax) {
+  GenerationOptions options;
+  options.max_tokens = 1;
+  options.keep_prompt_logits = true;
+  const std::vector<std::vector<int32_t>> prompts = {{10, 20, 30, 40, 50, 60}, {7, 8}};
+  const auto r = Run(config_, prompts, options);
+  const int64_t vocab = config_.vocab_size;
+  for (size_t p = 0; p < prompts.size(); ++p) {
+    ASSERT_EQ(r[p].prompt_top1.size(), prompts[p].size());
+    EXPECT_EQ(r[p].prompt_top1[0], -1);
+    for (size_t j = 1; j < prompts[p].size(); ++j) {
+      const float* row = r[p].prompt_logits.data() + (j - 1) * vocab;
+      EXPECT_EQ(r[p].prompt_top1[j], std::max_element(row, row + vocab) - row)
+          << "prompt " << p << " position " << j;
+    }
+  }
+  options.keep_prompt_logits = false;  // without prompt log-probs: none
+  EXPECT_TRUE(Run(config_, prompts, options)[0].prompt_top1.empty());
 }
 
 TEST_F(TinyGeneratorTest, Sampling) {

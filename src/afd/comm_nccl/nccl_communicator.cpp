@@ -37,6 +37,7 @@ ncclDataType_t ToNccl(DType t) {
     case DType::kI64:
       return ncclInt64;
     case DType::kU8:
+    case DType::kF8E4M3:  // moved as bytes (no reduction of FP8 values is asked for)
       return ncclUint8;
   }
   AFD_THROW("dtype {} has no NCCL type", static_cast<int>(t));

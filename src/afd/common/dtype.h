@@ -15,6 +15,9 @@ enum class DType : uint8_t {
   kI32 = 4,
   kI64 = 5,
   kU8 = 6,
+  // OCP FP8 E4M3 (torch.float8_e4m3fn): the FP8 dispatch's rows, each group of 128 elements of
+  // a row with its own f32 scale beside it (kernels/afd_exchange.h).
+  kF8E4M3 = 7,
 };
 
 constexpr size_t DTypeSize(DType t) {
@@ -30,6 +33,8 @@ constexpr size_t DTypeSize(DType t) {
     case DType::kI64:
       return 8;
     case DType::kU8:
+      return 1;
+    case DType::kF8E4M3:
       return 1;
   }
   return 0;
@@ -49,6 +54,8 @@ constexpr std::string_view DTypeName(DType t) {
       return "int64";
     case DType::kU8:
       return "uint8";
+    case DType::kF8E4M3:
+      return "float8_e4m3fn";
   }
   return "unknown";
 }

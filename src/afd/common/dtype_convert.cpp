@@ -57,6 +57,11 @@ void ConvertToF32(DType src_type, const void* src, int64_t count, float* dst) {
       for (int64_t i = 0; i < count; ++i) dst[i] = F16ToF32(s[i]);
       return;
     }
+    case DType::kF8E4M3: {
+      const auto* s = static_cast<const uint8_t*>(src);
+      for (int64_t i = 0; i < count; ++i) dst[i] = Fp8E4M3ToF32(s[i]);
+      return;
+    }
     case DType::kI32:
     case DType::kI64:
     case DType::kU8:

@@ -52,6 +52,10 @@ struct AsyncOptions {
   // may share a GPU; "nccl" -- NCCL symmetric memory (ncclMemAlloc + ncclCommWindowRegister),
   // one GPU per rank, peers reached over NVLink (LSA). CPU ranks refuse "nccl".
   std::string window = "cuda_ipc";
+  // The MoE dispatch's token rows on the wire: "auto" -- the model's activation dtype (bf16 for a
+  // bf16 model on a GPU, else f32: the exact path); "fp8" -- OCP E4M3 with one f32 scale per 128
+  // elements of a row (DeepEP's FP8 dispatch: H + H / 32 bytes a row instead of 2 H), lossy.
+  std::string dispatch_dtype = "auto";
 
   // Number of MoE stages in flight per peer.
   int num_stages() const { return async_moe_ubatching ? async_moe_num_ubatches : 1; }

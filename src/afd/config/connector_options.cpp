@@ -19,12 +19,13 @@ void ParseAsyncOptions(const json& extra, const std::string& connector, AsyncOpt
   static const std::set<std::string> kKeys = {
       "attn_ranks_per_dp",    "ring_depth",          "routed_cap_multiplier",
       "recv_poll_timeout_ms", "async_moe_ubatching", "async_moe_num_ubatches",
-      "async_moe_split",      "device_flags",        "window"};
+      "async_moe_split",      "device_flags",        "window",
+      "dispatch_dtype"};
   for (const auto& [key, value] : extra.items()) {
     AFD_CHECK(kKeys.count(key),
               "{}.{}: unknown option for {}; allowed: attn_ranks_per_dp, "
               "ring_depth, routed_cap_multiplier, recv_poll_timeout_ms, async_moe_ubatching, "
-              "async_moe_num_ubatches, async_moe_split, device_flags, window",
+              "async_moe_num_ubatches, async_moe_split, device_flags, window, dispatch_dtype",
               kExtraPath, key, connector);
   }
   auto path = [](std::string_view key) { return fmt::format("{}.{}", kExtraPath, key); };
@@ -63,6 +64,14 @@ void ParseAsyncOptions(const json& extra, const std::string& connector, AsyncOpt
               "{}: value \"{}\" is not allowed; must be \"cuda_ipc\" (CUDA IPC memory, one node, "
               "GPUs may be shared) or \"nccl\" (NCCL symmetric memory, one GPU per rank)",
               path("window"), o.window);
+  }
+  if (extra.contains("dispatch_dtype")) {
+    o.dispatch_dtype = jf::GetString(extra["dispatch_dtype"], path("dispatch_dtype"));
+    AFD_CHECK(o.dispatch_dtype == "auto" || o.dispatch_dtype == "fp8",
+              "{}: value \"{}\" is not allowed; must be \"auto\" (the model's activation dtype: "
+              "bf16 for a bf16 model on a GPU, else f32) or \"fp8\" (E4M3 rows with a float32 "
+              "scale per 128 elements)",
+              path("dispatch_dtype"), o.dispatch_dtype);
   }
   // ring_depth follows from an invariant: each (peer, stage) has at most one request in flight,
   // so the default is the number of stages and anything smaller would deadlock.
@@ -111,7 +120,8 @@ nlohmann::ordered_json ConnectorExtraConfigToJson(const AfdConfig& config) {
                                 {"async_moe_num_ubatches", o.async_moe_num_ubatches},
                                 {"async_moe_split", o.async_moe_split},
                                 {"device_flags", o.device_flags},
-                                {"window", o.window}};
+                                {"window", o.window},
+                                {"dispatch_dtype", o.dispatch_dtype}};
 }
 
 void ValidateConnectorRules(const AfdConfig& c) {

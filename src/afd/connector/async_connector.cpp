@@ -11,6 +11,7 @@
 
 #include "afd/common/deadline.h"
 #include "afd/common/error.h"
+#include "afd/common/fp8_rows.h"
 #include "afd/common/thread_annotations.h"
 #include "afd/connector/shm_window.h"
 #ifdef AFD_WITH_CUDA
@@ -99,6 +100,9 @@ AsyncConnector::AsyncConnector(comm::AfdWorld& world, const AsyncConnectorOption
   cap.table_cap = std::max(cap.routed_cap, 2 * cap.token_cap * o.topk);
   cap.shared_cap = (cap.token_cap + F - 1) / F;
   cap.row_bytes = o.row.row_bytes();
+  // Room for an FP8 dispatch's group scales whatever the sender's dispatch_dtype (the layout,
+  // and so the window size, does not depend on it; the flags say what a slot holds).
+  cap.scale_cap = cap.token_cap * AfdFp8Groups(o.row.elems_per_row);
   layout_ =
       SlotLayout::Make(cap, std::max(A, F), AgreeRingDepth(world, c.async_options.ring_depth));
 
@@ -633,7 +637,8 @@ AsyncConnector::RowViews AsyncConnector::RowsOf(int region, int ring) const {
   char* rows =
       (data_window_ ? data_window_->local() : window_->local()) + layout_.slot_offset(region, ring);
   return {rows + layout_.routed, rows + layout_.shared,
-          reinterpret_cast<int32_t*>(rows + layout_.route)};
+          reinterpret_cast<int32_t*>(rows + layout_.route),
+          reinterpret_cast<float*>(rows + layout_.row_scales)};
 }
 
 AsyncConnector::RowViews AsyncConnector::PeerSlot(int peer, int ring) const {
@@ -649,7 +654,8 @@ AsyncConnector::RowViews AsyncConnector::PeerSlot(int peer, int ring) const {
   AFD_CHECK(base != nullptr, "async connector: the window of {} is not mapped", PeerName(peer));
   char* slot = base + layout_.slot_offset(world_.self().rank, ring);
   return {slot + layout_.routed, slot + layout_.shared,
-          reinterpret_cast<int32_t*>(slot + layout_.route)};
+          reinterpret_cast<int32_t*>(slot + layout_.route),
+          reinterpret_cast<float*>(slot + layout_.row_scales)};
 }
 
 int AsyncConnector::num_peers() const {

@@ -204,6 +204,7 @@ class AsyncConnector {
     char* routed = nullptr;
     char* shared = nullptr;
     int32_t* table = nullptr;
+    float* row_scales = nullptr;  // the routed rows' FP8 group scales (kSlotFp8Rows)
   };
   RowViews RowsOf(int region, int ring) const;
   // Where this rank writes an in-place payload for `peer` in ring `ring`: slot (this rank,

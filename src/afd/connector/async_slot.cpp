@@ -12,7 +12,8 @@ size_t Align(size_t n) { return (n + kSlotAlign - 1) / kSlotAlign * kSlotAlign; 
 
 SlotLayout SlotLayout::Make(const SlotCapacity& cap, int num_regions, int ring_depth) {
   AFD_CHECK(cap.token_cap >= 1 && cap.routed_cap >= 0 && cap.shared_cap >= 0 &&
-                cap.max_local_experts >= 0 && cap.row_bytes >= 1 && cap.table_cap >= cap.routed_cap,
+                cap.max_local_experts >= 0 && cap.row_bytes >= 1 &&
+                cap.table_cap >= cap.routed_cap && cap.scale_cap >= 0,
             "slot layout: bad capacities (tokens {}, routed {}, shared {}, experts {}, row {} B)",
             cap.token_cap, cap.routed_cap, cap.shared_cap, cap.max_local_experts, cap.row_bytes);
   AFD_CHECK(num_regions >= 1 && ring_depth >= 1 && ring_depth <= 64,
@@ -28,6 +29,8 @@ SlotLayout SlotLayout::Make(const SlotCapacity& cap, int num_regions, int ring_d
   at += Align(4 * static_cast<size_t>(cap.table_cap));
   l.routed = at;
   at += Align(cap.row_bytes * static_cast<size_t>(cap.routed_cap));
+  l.row_scales = at;
+  at += Align(4 * static_cast<size_t>(cap.scale_cap));
   l.shared_index = at;
   at += Align(4 * static_cast<size_t>(cap.shared_cap));
   l.shared = at;
@@ -46,6 +49,15 @@ void ValidateSlotHeader(const SlotHeader& h, const SlotLayout& l, int region, ui
   AFD_CHECK(h.version == kSlotVersion, "{}: version {}, this build speaks version {}", what(),
             h.version, kSlotVersion);
   AFD_CHECK((h.flags & ~kKnownSlotFlags) == 0, "{}: unknown flag bits {:#x}", what(), h.flags);
+  if (h.flags & kSlotFp8Rows) {
+    AFD_CHECK(!(h.flags & (kSlotBf16Rows | kSlotCombine)),
+              "{}: flags {:#x} mark FP8 rows together with bf16 rows or a reply (FP8 rows are a "
+              "dispatch's only)",
+              what(), h.flags);
+    AFD_CHECK(h.routed_rows <= l.cap.token_cap,
+              "{}: {} FP8 rows exceed the row scales' capacity of {} rows", what(), h.routed_rows,
+              l.cap.token_cap);
+  }
   AFD_CHECK(h.table_entries >= 0 && h.table_entries <= l.cap.table_cap,
             "{}: {} index table entries exceed the capacity {}", what(), h.table_entries,
             l.cap.table_cap);

@@ -2,7 +2,7 @@
 // window connector"). Pure layout arithmetic and header checks: no I/O.
 //
 //   window = [ flag[num_regions x ring_depth] (u64) | slot(0,0) | slot(0,1) | ... ]
-//   slot   = [ header | route table | routed rows | shared index | shared rows ]
+//   slot   = [ header | route table | routed rows | row scales | shared index | shared rows ]
 //
 // Every field starts 256-byte aligned. num_regions = max(A, F): both roles size their windows the
 // same (symmetric). A sender writes only region = its own role rank, ring slot = the micro-batch
@@ -19,7 +19,7 @@
 namespace afd::connector {
 
 inline constexpr uint32_t kSlotMagic = 0x47444641;  // "AFDG" little-endian
-inline constexpr uint16_t kSlotVersion = 2;
+inline constexpr uint16_t kSlotVersion = 3;
 inline constexpr size_t kSlotAlign = 256;
 
 enum SlotFlags : uint16_t {
@@ -31,9 +31,12 @@ enum SlotFlags : uint16_t {
   // graph bucket's), so the receiver may serve it from a graph of its own; never set by an
   // eager step (seed 000's explicit replay flag).
   kSlotGraph = 1u << 4,
+  // MoE dispatch: the token rows are FP8 E4M3 with one f32 scale per group of 128 elements in
+  // the row-scales field (connector_extra_config.dispatch_dtype "fp8"); never with kSlotBf16Rows.
+  kSlotFp8Rows = 1u << 5,
 };
 inline constexpr uint16_t kKnownSlotFlags =
-    kSlotCombine | kSlotShutdown | kSlotPairs | kSlotBf16Rows | kSlotGraph;
+    kSlotCombine | kSlotShutdown | kSlotPairs | kSlotBf16Rows | kSlotGraph | kSlotFp8Rows;
 
 // The fixed part of a slot header, followed by int32 expert_counts[num_experts].
 struct SlotHeader {
@@ -63,6 +66,7 @@ struct SlotCapacity {
   int64_t max_local_experts = 0;  // expert_counts entries
   size_t row_bytes = 0;           // bytes of one hidden row
   int64_t table_cap = 0;          // int32 entries of the index table (>= routed_cap)
+  int64_t scale_cap = 0;          // f32 entries of the row scales (FP8 rows' group scales)
 };
 
 struct SlotLayout {
@@ -70,7 +74,8 @@ struct SlotLayout {
   int num_regions = 1;
   int ring_depth = 1;
   // Offsets within a slot.
-  size_t header = 0, route = 0, routed = 0, shared_index = 0, shared = 0, slot_bytes = 0;
+  size_t header = 0, route = 0, routed = 0, row_scales = 0, shared_index = 0, shared = 0,
+         slot_bytes = 0;
   size_t flags_bytes = 0;   // the flag array, padded to kSlotAlign
   size_t window_bytes = 0;  // flags + num_regions * ring_depth slots
 

@@ -14,6 +14,13 @@ std::string ResultJsonLine(const runtime::GenerationResult& r) {
     plp.push_back(std::isnan(v) ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(v));
   }
   j["prompt_logprobs"] = plp;
+  if (!r.prompt_top1.empty()) {
+    nlohmann::ordered_json top = nlohmann::ordered_json::array();
+    for (int32_t id : r.prompt_top1) {
+      top.push_back(id < 0 ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(id));
+    }
+    j["prompt_top1"] = top;
+  }
   j["logprobs"] = r.logprobs;
   return j.dump();
 }

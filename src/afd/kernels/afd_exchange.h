@@ -4,11 +4,7 @@
 
 #include <cstdint>
 
-#ifdef __CUDACC__
-#define AFD_HOST_DEVICE __host__ __device__
-#else
-#define AFD_HOST_DEVICE
-#endif
+#include "afd/common/fp8_rows.h"
 
 namespace afd::kernels {
 

@@ -283,15 +283,21 @@ class Backend : public Allocator {
   // needs: with `shared` (the model has shared experts), rank f gets first the tokens t with
   // t % F == f (at row t / F: their shared experts run there); then the other tokens with an
   // expert there, ascending. ids: [n, k] i32 in [0, E),
-  // weights: [n, k] f32, hidden: [n, H] f32. For each f: rows[f]: [n, H] f32 or bf16 (rounded),
+  // weights: [n, k] f32, hidden: [n, H] f32. For each f: rows[f]: [n, H] f32, bf16 (rounded) or
+  // f8e4m3 (the FP8 dispatch: kernels/afd_exchange.h, with scales[f]: [n, AfdFp8Groups(H)] f32
+  // the row's group scales; scales empty, or an empty tensor for a rank whose rows are not FP8),
   // row r = hidden[its token] (rows past the rank's tokens untouched); tables[f]: [2·n·k] i32 =
   // ids [n, k] (the token's ids; -1 for rows past the rank's tokens) then weights [n, k] (f32
   // bits). send_row: [n, F] i32 = the row of token t at rank f, -1 where it is not sent.
   static constexpr int kMaxAfdRanks = 64;
   virtual void AfdDispatch(const Tensor& hidden, const Tensor& ids, const Tensor& weights,
                            int64_t num_experts, const std::vector<Tensor>& rows,
-                           const std::vector<Tensor>& tables, const Tensor& send_row,
-                           bool shared) = 0;
+                           const std::vector<Tensor>& scales, const std::vector<Tensor>& tables,
+                           const Tensor& send_row, bool shared) = 0;
+  // out[r, c] = fp8_value(q[r, c]) · scales[r, c / 128] (the FP8 dispatch's rows, read by the
+  // FFN: one f32 product, exact on every backend). q: [m, H] f8e4m3, scales: [m,
+  // AfdFp8Groups(H)] f32, out: [m, H] f32.
+  virtual void DequantFp8Rows(const Tensor& q, const Tensor& scales, const Tensor& out) = 0;
   // out[t] = the sum over f ascending with send_row[t, f] >= 0 of partials[f][send_row[t, f]]
   // (the first term copied, the next ones added in fp32). partials[f]: [m_f, H] f32; out: [n, H].
   virtual void AfdSumPartials(const std::vector<Tensor>& partials, const Tensor& send_row,

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "afd/common/error.h"
+#include "afd/kernels/afd_exchange.h"
 
 namespace afd::kernels {
 
@@ -260,12 +261,15 @@ int AfdRanks(const char* op, size_t ranks) {
 
 AfdShape CheckAfdDispatch(Device dev, const Tensor& hidden, const Tensor& ids,
                           const Tensor& weights, int64_t num_experts,
-                          const std::vector<Tensor>& rows, const std::vector<Tensor>& tables,
-                          const Tensor& send_row) {
+                          const std::vector<Tensor>& rows, const std::vector<Tensor>& scales,
+                          const std::vector<Tensor>& tables, const Tensor& send_row) {
   AfdShape s;
   s.ranks = AfdRanks("AfdDispatch", rows.size());
   AFD_CHECK(tables.size() == rows.size(), "AfdDispatch: {} row tensors, {} tables", rows.size(),
             tables.size());
+  AFD_CHECK(scales.empty() || scales.size() == rows.size(),
+            "AfdDispatch: {} row tensors, {} scale tensors (none, or one per rank)", rows.size(),
+            scales.size());
   On(dev, "AfdDispatch", {&hidden, &ids, &weights, &send_row});
   s.n = hidden.dim(0);
   s.h = hidden.dim(1);
@@ -279,9 +283,19 @@ AfdShape CheckAfdDispatch(Device dev, const Tensor& hidden, const Tensor& ids,
   for (int f = 0; f < s.ranks; ++f) {
     CheckOnDevice("AfdDispatch rows", rows[f], dev);
     CheckOnDevice("AfdDispatch table", tables[f], dev);
-    AFD_CHECK(rows[f].dtype() == DType::kF32 || rows[f].dtype() == DType::kBF16,
-              "AfdDispatch: rows of rank {} are {}, not f32 or bf16", f, rows[f].ToString());
-    rows[f].Expect("AfdDispatch rows", rows[f].dtype(), {s.n, s.h});
+    const DType t = rows[f].dtype();
+    AFD_CHECK(t == DType::kF32 || t == DType::kBF16 || t == DType::kF8E4M3,
+              "AfdDispatch: rows of rank {} are {}, not f32, bf16 or f8e4m3", f,
+              rows[f].ToString());
+    rows[f].Expect("AfdDispatch rows", t, {s.n, s.h});
+    const bool fp8 = t == DType::kF8E4M3;
+    const bool has_scales = !scales.empty() && !scales[f].empty();
+    AFD_CHECK(fp8 == has_scales, "AfdDispatch: rows of rank {} are {} {} scales", f,
+              rows[f].ToString(), has_scales ? "with" : "without");
+    if (fp8) {
+      CheckOnDevice("AfdDispatch scales", scales[f], dev);
+      scales[f].Expect("AfdDispatch scales", DType::kF32, {s.n, AfdFp8Groups(s.h)});
+    }
     tables[f].Expect("AfdDispatch table", DType::kI32, {2 * s.n * s.k});
   }
   return s;
@@ -328,6 +342,17 @@ AfdShape CheckAfdPairIndex(Device dev, const Tensor& ids, int64_t num_experts,
     r.Expect("AfdPairIndex row_of_slot", DType::kI32, {s.n, s.k});
   }
   return s;
+}
+
+RowsShape CheckDequantFp8Rows(Device dev, const Tensor& q, const Tensor& scales,
+                              const Tensor& out) {
+  On(dev, "DequantFp8Rows", {&q, &scales, &out});
+  AFD_CHECK(q.ndim() == 2 && q.dtype() == DType::kF8E4M3,
+            "DequantFp8Rows: q {} must be [m, H] f8e4m3", q.ToString());
+  RowsShape r{q.dim(0), q.dim(1)};
+  scales.Expect("DequantFp8Rows scales", DType::kF32, {r.n, AfdFp8Groups(r.d)});
+  out.Expect("DequantFp8Rows out", DType::kF32, {r.n, r.d});
+  return r;
 }
 
 int64_t CheckConvert(Device dev, const Tensor& dst, const Tensor& src) {

@@ -81,8 +81,11 @@ struct AfdShape {
 };
 AfdShape CheckAfdDispatch(Device dev, const Tensor& hidden, const Tensor& ids,
                           const Tensor& weights, int64_t num_experts,
-                          const std::vector<Tensor>& rows, const std::vector<Tensor>& tables,
-                          const Tensor& send_row);
+                          const std::vector<Tensor>& rows, const std::vector<Tensor>& scales,
+                          const std::vector<Tensor>& tables, const Tensor& send_row);
+// Returns {m, H} after checking q: [m, H] f8e4m3, scales: [m, AfdFp8Groups(H)] f32, out: [m, H]
+// f32.
+RowsShape CheckDequantFp8Rows(Device dev, const Tensor& q, const Tensor& scales, const Tensor& out);
 AfdShape CheckAfdSumPartials(Device dev, const std::vector<Tensor>& partials,
                              const Tensor& send_row, const Tensor& out);
 AfdShape CheckAfdPairIndex(Device dev, const Tensor& ids, int64_t num_experts,

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "afd/common/error.h"
+#include "afd/common/fp8_rows.h"
 #include "afd/kernels/afd_exchange.h"
 
 namespace afd::runtime {
@@ -78,6 +79,9 @@ AsyncAttentionMoe::AsyncAttentionMoe(const model::MoeModel& model, comm::AfdWorl
   // anyway), and the replies are partial sums; the CPU and fp32 models stay exact.
   const bool gpu_bf16 = model.bf16_attention() && !model.backend().device().is_cpu();
   wire_ = gpu_bf16 ? DType::kBF16 : DType::kF32;
+  // connector_extra_config.dispatch_dtype "fp8": E4M3 rows with their group scales (lossy, on
+  // every backend alike: the CPU writes the bytes the GPU does).
+  if (world.config().async_options.dispatch_dtype == "fp8") wire_ = DType::kF8E4M3;
   pairs_ = F > 1 && !gpu_bf16;
 }
 
@@ -131,14 +135,17 @@ void AsyncAttentionMoe::Start(int64_t layer, int stage, const Tensor& hidden, co
   p.send_row = p.send_row_buf.Rows(0, n * F).Reshape({n, F});
   const Tensor share = hidden.Rows(p.share_begin, n);
   model_.Route(layer, share, p.ids, p.weights, ws);
-  std::vector<Tensor> rows(F), tables(F);
+  const bool fp8 = wire_ == DType::kF8E4M3;
+  const int64_t groups = AfdFp8Groups(H);
+  std::vector<Tensor> rows(F), scales(fp8 ? F : 0), tables(F);
   for (int f = 0; f < F; ++f) {
     const connector::AsyncConnector::RowViews v = connector_.PeerSlot(f, stage);
     rows[f] = Tensor(v.routed, wire_, {n, H}, backend.device());
+    if (fp8) scales[f] = Tensor(v.row_scales, DType::kF32, {n, groups}, backend.device());
     tables[f] = Tensor(v.table, DType::kI32, {2 * n * k}, backend.device());
   }
   const bool shared = c.n_shared_experts > 0;
-  backend.AfdDispatch(share, p.ids, p.weights, c.n_routed_experts, rows, tables, p.send_row,
+  backend.AfdDispatch(share, p.ids, p.weights, c.n_routed_experts, rows, scales, tables, p.send_row,
                       shared);
   // With device flags the headers' flags follow the rows on the stream; else one wait first.
   if (!connector_.device_flags()) backend.Synchronize();
@@ -149,12 +156,14 @@ void AsyncAttentionMoe::Start(int64_t layer, int stage, const Tensor& hidden, co
     s.num_tokens = static_cast<int>(n);
     s.flags = static_cast<uint16_t>((pairs_ ? connector::kSlotPairs : 0) |
                                     (wire_ == DType::kBF16 ? connector::kSlotBf16Rows : 0) |
+                                    (fp8 ? connector::kSlotFp8Rows : 0) |
                                     (connector_.capturing() ? connector::kSlotGraph : 0));
     s.in_place = true;
     s.table_entries = 2 * n * k;
     s.routed_count = n;  // an upper bound: the rank's own rows come first, ids -1 after them
     s.shared_count = shared ? kernels::AfdOwnedTokens(n, F, f) : 0;
-    s.payload_bytes = n * (H * static_cast<int64_t>(DTypeSize(wire_)) + 8 * k);
+    s.payload_bytes =
+        n * (H * static_cast<int64_t>(DTypeSize(wire_)) + (fp8 ? 4 * groups : 0) + 8 * k);
     p.seqs[f] = connector_.Send(f, s);
   }
 }

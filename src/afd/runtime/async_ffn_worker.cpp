@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "afd/common/error.h"
+#include "afd/common/fp8_rows.h"
 #include "afd/kernels/afd_exchange.h"
 
 namespace afd::runtime {
@@ -198,7 +199,9 @@ void AsyncFfnWorker::Compute(const connector::SlotHeader& h, Workspace& ws) {
   const int64_t H = c.hidden_size, k = c.num_experts_per_tok, local = end_ - begin_;
   const int64_t n = h.num_tokens, S = h.shared_rows;
   const bool pairs = (h.flags & connector::kSlotPairs) != 0;
-  const DType wire = (h.flags & connector::kSlotBf16Rows) ? DType::kBF16 : DType::kF32;
+  const DType wire = (h.flags & connector::kSlotFp8Rows)    ? DType::kF8E4M3
+                     : (h.flags & connector::kSlotBf16Rows) ? DType::kBF16
+                                                            : DType::kF32;
   // The rows and their routing, read in place in this rank's window; the outputs are written
   // straight into the sender's slot (PeerSlot).
   const connector::AsyncConnector::RowViews mine = connector_.RowsOf(h.sender, h.stage);
@@ -207,7 +210,11 @@ void AsyncFfnWorker::Compute(const connector::SlotHeader& h, Workspace& ws) {
   const Tensor ids(mine.table, DType::kI32, {n, k}, dev);
   const Tensor weights(mine.table + n * k, DType::kF32, {n, k}, dev);
   Tensor x(mine.routed, wire, {n, H}, dev);
-  if (wire != DType::kF32) {
+  if (wire == DType::kF8E4M3) {
+    const Tensor x32 = ws.Take(DType::kF32, {n, H});
+    backend.DequantFp8Rows(x, Tensor(mine.row_scales, DType::kF32, {n, AfdFp8Groups(H)}, dev), x32);
+    x = x32;
+  } else if (wire != DType::kF32) {
     const Tensor x32 = ws.Take(DType::kF32, {n, H});
     backend.Convert(x32, x);
     x = x32;

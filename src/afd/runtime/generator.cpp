@@ -70,7 +70,7 @@ std::vector<GenerationResult> Generator::Generate(const std::vector<std::vector<
         options.sampler_streams.empty() ? static_cast<int64_t>(s) : options.sampler_streams[s];
     p.ignore_eos = options.ignore_eos;
     p.logprobs = 0;
-    p.prompt_logprobs = want_prompt_logprobs ? 0 : -1;
+    p.prompt_logprobs = want_prompt_logprobs ? 1 : -1;  // each position's top-1 with it
     p.keep_prompt_logits = options.keep_prompt_logits;
     engine.Add(s, std::move(p));
   }
@@ -78,7 +78,10 @@ std::vector<GenerationResult> Generator::Generate(const std::vector<std::vector<
     for (RequestOutput& o : engine.Step()) {
       AFD_CHECK(o.finish_reason != FinishReason::kError, "prompt {}: {}", o.request_id, o.error);
       GenerationResult& r = results[o.request_id];
-      for (const TokenLogprobs& t : o.prompt_logprobs) r.prompt_logprobs.push_back(t.logprob);
+      for (const TokenLogprobs& t : o.prompt_logprobs) {
+        r.prompt_logprobs.push_back(t.logprob);
+        r.prompt_top1.push_back(t.top.empty() ? -1 : t.top[0].id);
+      }
       if (!o.prompt_logits.empty()) r.prompt_logits = std::move(o.prompt_logits);
       for (size_t i = 0; i < o.token_ids.size(); ++i) {
         r.output_ids.push_back(o.token_ids[i]);

@@ -1,6 +1,7 @@
 #include "afd/kernels/cpu/cpu_backend.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 
@@ -259,12 +260,29 @@ void CpuBackend::TakeIds(const Tensor& from, const Tensor& source, const Tensor&
   }
 }
 
+namespace {
+
+// One row of the FP8 dispatch (kernels/afd_exchange.h): groups of kAfdFp8Group elements, each
+// with its clamped amax (NaN elements ignored, as CUDA's fmaxf does).
+void QuantizeFp8Row(const float* x, int64_t h, uint8_t* q, float* scales) {
+  for (int64_t g = 0; g < AfdFp8Groups(h); ++g) {
+    const int64_t begin = g * kAfdFp8Group, end = std::min(h, begin + kAfdFp8Group);
+    float amax = 0.0f;
+    for (int64_t c = begin; c < end; ++c) amax = std::fmax(amax, std::fabs(x[c]));
+    const float a = AfdFp8Clamp(amax), mul = AfdFp8Mul(a);
+    for (int64_t c = begin; c < end; ++c) q[c] = F32ToFp8E4M3(x[c] * mul);
+    scales[g] = AfdFp8Scale(a);
+  }
+}
+
+}  // namespace
+
 void CpuBackend::AfdDispatch(const Tensor& hidden, const Tensor& ids, const Tensor& weights,
                              int64_t num_experts, const std::vector<Tensor>& rows,
-                             const std::vector<Tensor>& tables, const Tensor& send_row,
-                             bool shared) {
+                             const std::vector<Tensor>& scales, const std::vector<Tensor>& tables,
+                             const Tensor& send_row, bool shared) {
   const AfdShape s =
-      CheckAfdDispatch(kCpu, hidden, ids, weights, num_experts, rows, tables, send_row);
+      CheckAfdDispatch(kCpu, hidden, ids, weights, num_experts, rows, scales, tables, send_row);
   const int64_t n = s.n, k = s.k, h = s.h;
   const int F = s.ranks;
   const auto* id = ids.data_as<const int32_t>();
@@ -294,12 +312,28 @@ void CpuBackend::AfdDispatch(const Tensor& hidden, const Tensor& ids, const Tens
       std::memcpy(table + n * k + r * k, w + t * k, 4 * k);
       if (rows[f].dtype() == DType::kF32) {
         std::memcpy(rows[f].data_as<float>() + r * h, x + t * h, 4 * h);
+      } else if (rows[f].dtype() == DType::kF8E4M3) {
+        QuantizeFp8Row(x + t * h, h, rows[f].data_as<uint8_t>() + r * h,
+                       scales[f].data_as<float>() + r * AfdFp8Groups(h));
       } else {
         uint16_t* dst = rows[f].data_as<uint16_t>() + r * h;
         for (int64_t c = 0; c < h; ++c) dst[c] = F32ToBf16(x[t * h + c]);
       }
     }
     for (int64_t r = next; r < n; ++r) std::fill(table + r * k, table + (r + 1) * k, -1);
+  }
+}
+
+void CpuBackend::DequantFp8Rows(const Tensor& q, const Tensor& scales, const Tensor& out) {
+  const RowsShape r = CheckDequantFp8Rows(kCpu, q, scales, out);
+  const int64_t groups = AfdFp8Groups(r.d);
+  const auto* in = q.data_as<const uint8_t>();
+  const auto* sc = scales.data_as<const float>();
+  float* o = out.data_as<float>();
+  for (int64_t i = 0; i < r.n; ++i) {
+    for (int64_t c = 0; c < r.d; ++c) {
+      o[i * r.d + c] = Fp8E4M3ToF32(in[i * r.d + c]) * sc[i * groups + c / kAfdFp8Group];
+    }
   }
 }
 

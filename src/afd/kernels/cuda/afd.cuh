@@ -16,11 +16,12 @@ struct AfdRankPtrs {
 struct AfdRankInts {
   int64_t v[64];
 };
-// bf16_mask bit f: rank f's rows are bf16 (else f32).
+// bf16_mask bit f: rank f's rows are bf16; fp8_mask bit f: FP8 with scales.p[f] (else f32).
 void LaunchAfdDispatch(const float* hidden, const int32_t* ids, const float* weights, int64_t n,
                        int64_t k, int64_t h, int64_t num_experts, int num_ranks,
-                       const AfdRankPtrs& rows, uint64_t bf16_mask, const AfdRankPtrs& tables,
-                       int32_t* send_row, bool shared, cudaStream_t s);
+                       const AfdRankPtrs& rows, uint64_t bf16_mask, uint64_t fp8_mask,
+                       const AfdRankPtrs& scales, const AfdRankPtrs& tables, int32_t* send_row,
+                       bool shared, cudaStream_t s);
 void LaunchAfdSumPartials(const AfdRankPtrs& partials, const int32_t* send_row, int64_t n,
                           int64_t h, int num_ranks, float* out, cudaStream_t s);
 // shared_idx may be null.
@@ -28,6 +29,9 @@ void LaunchAfdPairIndex(const int32_t* ids, int64_t n, int64_t k, int64_t num_ex
                         int num_ranks, const int32_t* send_row, const AfdRankPtrs& row_of_slot,
                         const AfdRankInts& base, const AfdRankInts& shared_base, int32_t* idx,
                         int32_t* shared_idx, cudaStream_t s);
+// out = the FP8 dispatch's rows q [m, h] read with their group scales (afd_exchange.h).
+void LaunchDequantFp8Rows(const uint8_t* q, const float* scales, int64_t m, int64_t h, float* out,
+                          cudaStream_t s);
 void LaunchBf16ToF32(const uint16_t* x, int64_t n, float* out, cudaStream_t s);
 
 }  // namespace afd::kernels::cuda

@@ -95,7 +95,9 @@ class CudaBackend : public Backend {
   void TakeIds(const Tensor& from, const Tensor& source, const Tensor& ids) override;
   void AfdDispatch(const Tensor& hidden, const Tensor& ids, const Tensor& weights,
                    int64_t num_experts, const std::vector<Tensor>& rows,
-                   const std::vector<Tensor>& tables, const Tensor& send_row, bool shared) override;
+                   const std::vector<Tensor>& scales, const std::vector<Tensor>& tables,
+                   const Tensor& send_row, bool shared) override;
+  void DequantFp8Rows(const Tensor& q, const Tensor& scales, const Tensor& out) override;
   void AfdSumPartials(const std::vector<Tensor>& partials, const Tensor& send_row,
                       const Tensor& out) override;
   void AfdPairIndex(const Tensor& ids, int64_t num_experts, const Tensor& send_row,

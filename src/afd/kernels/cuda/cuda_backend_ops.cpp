@@ -539,19 +539,31 @@ AfdRankInts RankInts(const std::vector<int64_t>& v) {
 
 void CudaBackend::AfdDispatch(const Tensor& hidden, const Tensor& ids, const Tensor& weights,
                               int64_t num_experts, const std::vector<Tensor>& rows,
-                              const std::vector<Tensor>& tables, const Tensor& send_row,
-                              bool shared) {
+                              const std::vector<Tensor>& scales, const std::vector<Tensor>& tables,
+                              const Tensor& send_row, bool shared) {
   const AfdShape a =
-      CheckAfdDispatch(device(), hidden, ids, weights, num_experts, rows, tables, send_row);
+      CheckAfdDispatch(device(), hidden, ids, weights, num_experts, rows, scales, tables, send_row);
   const OpScope scope(*this, "AfdDispatch", {a.n, a.h});
-  uint64_t bf16_mask = 0;
+  uint64_t bf16_mask = 0, fp8_mask = 0;
+  AfdRankPtrs scale_ptrs{};
   for (int f = 0; f < a.ranks; ++f) {
     if (rows[f].dtype() == DType::kBF16) bf16_mask |= uint64_t{1} << f;
+    if (rows[f].dtype() == DType::kF8E4M3) {
+      fp8_mask |= uint64_t{1} << f;
+      scale_ptrs.p[f] = scales[f].data();
+    }
   }
   LaunchAfdDispatch(hidden.data_as<const float>(), ids.data_as<const int32_t>(),
                     weights.data_as<const float>(), a.n, a.k, a.h, num_experts, a.ranks,
-                    RankPtrs(rows), bf16_mask, RankPtrs(tables), send_row.data_as<int32_t>(),
-                    shared, state_->stream);
+                    RankPtrs(rows), bf16_mask, fp8_mask, scale_ptrs, RankPtrs(tables),
+                    send_row.data_as<int32_t>(), shared, state_->stream);
+}
+
+void CudaBackend::DequantFp8Rows(const Tensor& q, const Tensor& scales, const Tensor& out) {
+  const RowsShape r = CheckDequantFp8Rows(device(), q, scales, out);
+  const OpScope scope(*this, "DequantFp8Rows", {r.n, r.d});
+  LaunchDequantFp8Rows(q.data_as<const uint8_t>(), scales.data_as<const float>(), r.n, r.d,
+                       out.data_as<float>(), state_->stream);
 }
 
 void CudaBackend::AfdSumPartials(const std::vector<Tensor>& partials, const Tensor& send_row,
