@@ -542,7 +542,7 @@ void Engine::Complete(Launched& L, std::vector<RequestOutput>& out,
       }
       for (int64_t r = 0; r < e.num_logits_rows; ++r) {
         const int64_t pos = e.start + r, row = e.first_logits_row + r;
-        if (pos + 1 < t) live.prompt_logprobs[pos + 1] = {L.lps[row], L.tops[row]};
+        if (pos + 1 < t) live.prompt_logprobs[pos + 1] = {L.lps[row], L.tops[row], L.ids[row]};
         if (p.keep_prompt_logits) {  // a step read at once: its logits are still there
           backend.CopyToHost(live.prompt_logits.data() + pos * vocab, L.logits.Rows(row, 1));
         }

@@ -70,7 +70,7 @@ std::vector<GenerationResult> Generator::Generate(const std::vector<std::vector<
         options.sampler_streams.empty() ? static_cast<int64_t>(s) : options.sampler_streams[s];
     p.ignore_eos = options.ignore_eos;
     p.logprobs = 0;
-    p.prompt_logprobs = want_prompt_logprobs ? 1 : -1;  // each position's top-1 with it
+    p.prompt_logprobs = want_prompt_logprobs ? 0 : -1;
     p.keep_prompt_logits = options.keep_prompt_logits;
     engine.Add(s, std::move(p));
   }
@@ -80,7 +80,7 @@ std::vector<GenerationResult> Generator::Generate(const std::vector<std::vector<
       GenerationResult& r = results[o.request_id];
       for (const TokenLogprobs& t : o.prompt_logprobs) {
         r.prompt_logprobs.push_back(t.logprob);
-        r.prompt_top1.push_back(t.top.empty() ? -1 : t.top[0].id);
+        r.prompt_top1.push_back(t.argmax);
       }
       if (!o.prompt_logits.empty()) r.prompt_logits = std::move(o.prompt_logits);
       for (size_t i = 0; i < o.token_ids.size(); ++i) {
