@@ -18,13 +18,14 @@ namespace {
 
 struct Proxied {
   std::unique_ptr<PdProxy> proxy;
+  // timeout_s: the proxy's bound on each leg (short: the failure tests wait for it).
   Proxied(std::vector<PdProxyOptions::Instance> prefillers,
-          std::vector<PdProxyOptions::Instance> decoders) {
+          std::vector<PdProxyOptions::Instance> decoders, double timeout_s = 3) {
     PdProxyOptions o;
     o.port = 0;
     o.prefillers = std::move(prefillers);
     o.decoders = std::move(decoders);
-    o.timeout_s = 3;
+    o.timeout_s = timeout_s;
     proxy = std::make_unique<PdProxy>(o);
     proxy->Start();
   }
@@ -91,7 +92,8 @@ TEST(PdProxy, AnswersAsAColocatedServerDoes) {
 TEST(PdProxy, FiftyPromptsOfOneToTwoThousandTokens) {
   KvInstance colocated(std::nullopt), p1(KvTransferConfig::Role::kProducer),
       p2(KvTransferConfig::Role::kProducer), decoder(KvTransferConfig::Role::kConsumer);
-  Proxied proxy({At(p1), At(p2)}, {At(decoder)});
+  // A 2,000-token prefill on a loaded 2-core machine may take more than the failure tests' 3 s.
+  Proxied proxy({At(p1), At(p2)}, {At(decoder)}, 60);
   for (int i = 0; i < 50; ++i) {
     const int len = 1 + (i * 1999) / 49;  // 1 .. 2000
     const json req = Request(Prompt(len), 4);
