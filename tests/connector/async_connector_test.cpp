@@ -7,6 +7,7 @@
 #include <sys/mman.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <functional>
 #include <future>
@@ -157,6 +158,73 @@ TEST(AsyncConnector, RoundTripWithTheSeenMirror) {
         while (!(in = c.Poll(20))) {
         }
         EXPECT_TRUE(in->shutdown());
+      });
+  for (const auto& e : errors) EXPECT_EQ(e, "");
+}
+
+// TryReceive (the FFN gathering one layer's items of several senders): a slot that has arrived
+// is read at once, one that has not yields nothing without waiting, and a slot is never
+// delivered twice -- neither by TryReceive nor by a later Poll.
+TEST(AsyncConnector, TryReceiveTakesAnArrivedSlotWithoutWaiting) {
+  const auto errors = RunRanks(
+      2, 1, "",
+      [](comm::AfdWorld& w) {
+        AsyncConnector c(w, Options(w, 4));
+        const std::vector<int32_t> counts = {1, 0, 0, 0}, route = {0};
+        const std::vector<float> rows(8, 1.0f);
+        // Attention rank 1 sends only after rank 0's round trip (the barrier below).
+        if (w.self().rank == 1) w.Barrier("first-sent");
+        SlotPayload p;
+        p.layer = 5 + w.self().rank;
+        p.num_tokens = 1;
+        p.expert_counts = counts;
+        p.route = route;
+        p.routed_rows = rows.data();
+        const uint64_t seq = c.Send(0, p);
+        if (w.self().rank == 0) w.Barrier("first-sent");
+        EXPECT_EQ(c.Receive(0, 0, "a reply").header.echo_seq, seq);
+        c.AnnounceShutdown();
+      },
+      [](comm::AfdWorld& w) {
+        AsyncConnector c(w, Options(w, 0));
+        const auto reply = [&](const ReceivedSlot& in) {
+          SlotPayload p;
+          p.layer = in.header.layer;
+          p.num_tokens = 1;
+          p.flags = kSlotCombine;
+          p.echo_seq = in.header.seq;
+          c.Send(in.header.sender, p);
+        };
+        const auto start = std::chrono::steady_clock::now();
+        const auto take = [&](int sender) {
+          std::optional<ReceivedSlot> in;
+          while (!(in = c.TryReceive(sender, 0))) {
+            if (std::chrono::steady_clock::now() - start > std::chrono::seconds(20)) {
+              AFD_THROW("attention rank {}'s slot never came", sender);
+            }
+          }
+          return *in;
+        };
+        const ReceivedSlot first = take(0);
+        EXPECT_EQ(first.header.layer, 5);
+        EXPECT_EQ(first.header.sender, 0);
+        EXPECT_FALSE(c.TryReceive(0, 0).has_value()) << "delivered twice";
+        EXPECT_FALSE(c.TryReceive(1, 0).has_value()) << "rank 1 has not sent yet";
+        w.Barrier("first-sent");
+        const ReceivedSlot second = take(1);
+        EXPECT_EQ(second.header.layer, 6);
+        EXPECT_THROW(c.TryReceive(2, 0), Error) << "no third attention rank";
+        EXPECT_FALSE(c.Poll(20).has_value()) << "a slot taken by TryReceive came again";
+        reply(second);
+        reply(first);
+        int shutdowns = 0;
+        while (shutdowns < 2) {
+          if (std::optional<ReceivedSlot> in = c.Poll(20)) {
+            EXPECT_TRUE(in->shutdown());
+            ++shutdowns;
+          }
+          ASSERT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
+        }
       });
   for (const auto& e : errors) EXPECT_EQ(e, "");
 }

@@ -878,6 +878,21 @@ std::optional<ReceivedSlot> AsyncConnector::Poll(int timeout_ms) {
   return Read(region, ring, seq, [&] { return fmt::format("work from {}", PeerName(region)); });
 }
 
+std::optional<ReceivedSlot> AsyncConnector::TryReceive(int peer, int stage) {
+  AFD_CHECK(peer >= 0 && peer < num_peers() && stage >= 0 && stage < layout_.ring_depth,
+            "async connector: try-receive from peer {} stage {} out of range", peer, stage);
+  ThrowIfDeviceWaitExpired();
+  const size_t i = static_cast<size_t>(peer) * layout_.ring_depth + stage;
+  AFD_CHECK(claimed_[i] == 0,
+            "async connector: try-receive of slot (region {}, ring {}), which a device wait "
+            "claimed (seq {})",
+            peer, stage, claimed_[i]);
+  uint64_t seq = 0;
+  window_->ReadFlags(layout_.flag_offset(peer, stage), std::span<uint64_t>(&seq, 1));
+  if (seq == seen_[i]) return std::nullopt;
+  return Read(peer, stage, seq, [&] { return fmt::format("work from {}", PeerName(peer)); });
+}
+
 void AsyncConnector::AnnounceShutdown() {
   for (int p = 0; p < num_peers(); ++p) {
     SlotPayload s;

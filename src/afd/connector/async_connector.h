@@ -221,6 +221,10 @@ class AsyncConnector {
   // The next new slot from any peer (scan start rotates), or nullopt when none arrived within
   // timeout_ms (after checking for an abort and for exited peers).
   std::optional<ReceivedSlot> Poll(int timeout_ms);
+  // The next slot of `peer` in ring `stage` if it has arrived (its flag moved past the one
+  // consumed), else nullopt at once: no wait (the FFN gathering the senders' items of one layer).
+  // Not for a slot claimed by a device wait.
+  std::optional<ReceivedSlot> TryReceive(int peer, int stage);
   // The receiver of dispatches (an FFN rank), device sequencing: enqueues on the stream a
   // bounded wait for the message of seq `seq` (the one after the last consumed: SeenSeq + 1) in
   // slot (peer, stage) and the device check of its header against `expect` (flags, layer,
