@@ -166,17 +166,22 @@ TEST(AfdConfig, GpuAsyncDefaultsAndValues) {
   EXPECT_TRUE(d.async_options.device_flags);
   EXPECT_EQ(d.async_options.window, "cuda_ipc");
   EXPECT_EQ(d.async_options.dispatch_dtype, "auto");
+  EXPECT_TRUE(d.async_options.ffn_gather);
+  EXPECT_EQ(d.async_options.ffn_gather_wait_us, 200);
   const json out = json::parse(AfdConfigToJson(d));
   EXPECT_EQ(out["connector_extra_config"]["ring_depth"], 1);
   EXPECT_EQ(out["connector_extra_config"]["device_flags"], true);
   EXPECT_EQ(out["connector_extra_config"]["window"], "cuda_ipc");
   EXPECT_EQ(out["connector_extra_config"]["dispatch_dtype"], "auto");
+  EXPECT_EQ(out["connector_extra_config"]["ffn_gather"], true);
+  EXPECT_EQ(out["connector_extra_config"]["ffn_gather_wait_us"], 200);
   EXPECT_EQ(out["async_dp"], true);
 
   const AfdConfig c = ParseAfdConfig(Async(
       R"({"attn_ranks_per_dp": 2, "routed_cap_multiplier": 3, "recv_poll_timeout_ms": 50,
           "async_moe_ubatching": true, "async_moe_num_ubatches": 3, "async_moe_split": "token",
-          "device_flags": false, "window": "nccl", "dispatch_dtype": "fp8"})"));
+          "device_flags": false, "window": "nccl", "dispatch_dtype": "fp8",
+          "ffn_gather": false, "ffn_gather_wait_us": 0})"));
   EXPECT_EQ(c.async_options.attn_ranks_per_dp, 2);
   EXPECT_EQ(c.async_options.ring_depth, 3);  // derived: one slot per stage
   EXPECT_DOUBLE_EQ(c.async_options.routed_cap_multiplier, 3.0);
@@ -186,6 +191,8 @@ TEST(AfdConfig, GpuAsyncDefaultsAndValues) {
   EXPECT_EQ(c.async_options.window, "nccl");
   EXPECT_EQ(c.async_options.dispatch_dtype, "fp8");
   EXPECT_EQ(json::parse(AfdConfigToJson(c))["connector_extra_config"]["dispatch_dtype"], "fp8");
+  EXPECT_FALSE(c.async_options.ffn_gather);
+  EXPECT_EQ(c.async_options.ffn_gather_wait_us, 0);
 }
 
 TEST(AfdConfig, GpuAsyncImpliesAsyncDpAndGateOnAttention) {
@@ -221,6 +228,9 @@ TEST(AfdConfig, GpuAsyncBadOptions) {
   ExpectInvalid(Async(R"({"dispatch_dtype": "fp4"})"),
                 {"connector_extra_config.dispatch_dtype", "fp4", "auto", "fp8"});
   ExpectInvalid(Async(R"({"dispatch_dtype": 8})"), {"dispatch_dtype"});
+  ExpectInvalid(Async(R"({"ffn_gather": "on"})"), {"connector_extra_config.ffn_gather"});
+  ExpectInvalid(Async(R"({"ffn_gather_wait_us": -1})"), {"ffn_gather_wait_us", "1000000"});
+  ExpectInvalid(Async(R"({"ffn_gather_wait_us": 1000001})"), {"ffn_gather_wait_us"});
   ExpectInvalid(R"({"connector": "GpuAsyncAFDConnector", "async": false})",
                 {"afd.async_dp", "must be true"});
   ExpectInvalid(R"({"connector": "GpuAsyncAFDConnector", "compute_gate_on_attention": false})",

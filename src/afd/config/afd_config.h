@@ -56,6 +56,14 @@ struct AsyncOptions {
   // bf16 model on a GPU, else f32: the exact path); "fp8" -- OCP E4M3 with one f32 scale per 128
   // elements of a row (DeepEP's FP8 dispatch: H + H / 32 bytes a row instead of 2 H), lossy.
   std::string dispatch_dtype = "auto";
+  // FFN ranks: serve the work items of several attention ranks for the same MoE layer together
+  // (one expert pass, the weights read once; partial-sum replies only, i.e. not the CPU's
+  // per-pair replies with several FFN ranks). It waits for an attention rank expected at the
+  // same layer and serves one behind first, holding the item ahead, so that ranks fall into
+  // step; each wait: two of the rank's usual gaps between items + ffn_gather_wait_us
+  // (0..1000000; 0: no waiting), at most max(it, 10 ms) (runtime/ffn_gather.h).
+  bool ffn_gather = true;
+  int ffn_gather_wait_us = 200;
 
   // Number of MoE stages in flight per peer.
   int num_stages() const { return async_moe_ubatching ? async_moe_num_ubatches : 1; }

@@ -20,12 +20,13 @@ void ParseAsyncOptions(const json& extra, const std::string& connector, AsyncOpt
       "attn_ranks_per_dp",    "ring_depth",          "routed_cap_multiplier",
       "recv_poll_timeout_ms", "async_moe_ubatching", "async_moe_num_ubatches",
       "async_moe_split",      "device_flags",        "window",
-      "dispatch_dtype"};
+      "dispatch_dtype",       "ffn_gather",          "ffn_gather_wait_us"};
   for (const auto& [key, value] : extra.items()) {
     AFD_CHECK(kKeys.count(key),
               "{}.{}: unknown option for {}; allowed: attn_ranks_per_dp, "
               "ring_depth, routed_cap_multiplier, recv_poll_timeout_ms, async_moe_ubatching, "
-              "async_moe_num_ubatches, async_moe_split, device_flags, window, dispatch_dtype",
+              "async_moe_num_ubatches, async_moe_split, device_flags, window, dispatch_dtype, "
+              "ffn_gather, ffn_gather_wait_us",
               kExtraPath, key, connector);
   }
   auto path = [](std::string_view key) { return fmt::format("{}.{}", kExtraPath, key); };
@@ -72,6 +73,13 @@ void ParseAsyncOptions(const json& extra, const std::string& connector, AsyncOpt
               "bf16 for a bf16 model on a GPU, else f32) or \"fp8\" (E4M3 rows with a float32 "
               "scale per 128 elements)",
               path("dispatch_dtype"), o.dispatch_dtype);
+  }
+  if (extra.contains("ffn_gather")) {
+    o.ffn_gather = jf::GetBool(extra["ffn_gather"], path("ffn_gather"));
+  }
+  if (extra.contains("ffn_gather_wait_us")) {
+    o.ffn_gather_wait_us = static_cast<int>(
+        jf::GetInt(extra["ffn_gather_wait_us"], path("ffn_gather_wait_us"), 0, 1000000));
   }
   // ring_depth follows from an invariant: each (peer, stage) has at most one request in flight,
   // so the default is the number of stages and anything smaller would deadlock.
@@ -121,7 +129,9 @@ nlohmann::ordered_json ConnectorExtraConfigToJson(const AfdConfig& config) {
                                 {"async_moe_split", o.async_moe_split},
                                 {"device_flags", o.device_flags},
                                 {"window", o.window},
-                                {"dispatch_dtype", o.dispatch_dtype}};
+                                {"dispatch_dtype", o.dispatch_dtype},
+                                {"ffn_gather", o.ffn_gather},
+                                {"ffn_gather_wait_us", o.ffn_gather_wait_us}};
 }
 
 void ValidateConnectorRules(const AfdConfig& c) {
