@@ -107,6 +107,13 @@ TEST_P(AfdRunTopology, MatchesTheMonolithicModel) {
   if (c.name.find("mixed") != std::string::npos) {
     EXPECT_NE(afd.err.find("mixed prefill+decode steps"), std::string::npos) << afd.err;
   }
+  // A case named for gathering must have served several attention ranks' items together.
+  const bool gathered = afd.err.find("expert passes") != std::string::npos;
+  if (c.name.find("no_gather") != std::string::npos) {
+    EXPECT_FALSE(gathered) << afd.err;
+  } else if (c.name.find("_gather") != std::string::npos) {
+    EXPECT_TRUE(gathered) << afd.err;
+  }
 }
 
 const std::string kTiny = "preset:tiny";
@@ -278,6 +285,23 @@ std::vector<Case> Cases() {
   cases.push_back({"v3_sharded_3A5F_async_tight_multiplier",
                    Golden("v3_sharded"),
                    {"--topology", "3A5F", "--additional-config", tight + "}}}"}});
+  // The FFN gathering several attention ranks' items of one layer into one expert pass (on by
+  // default; a long wait here so that the ranks surely fall into step on a loaded machine; with
+  // attention TP the ranks of a group always send together), and without it.
+  const std::string gather = R"({"afd": {"connector": "AsyncAFDConnector", "connector_extra_config":
+          {"ffn_gather_wait_us": 200000}}})";
+  cases.push_back({"v3_trained_3A1F_async_gather",
+                   Golden("v3_trained"),
+                   {"--topology", "3A1F", "--additional-config", gather}});
+  cases.push_back(
+      {"demo_2A1F_async_mixed_steps_gather",
+       std::string(AFD_SOURCE_DIR) + "/models/demo",
+       {"--topology", "2A1F", "--max-num-batched-tokens", "3", "--additional-config", gather}});
+  cases.push_back({"3A1F_async_no_gather",
+                   kTiny,
+                   {"--topology", "3A1F", "--additional-config",
+                    R"({"afd": {"connector": "AsyncAFDConnector", "connector_extra_config":
+                        {"ffn_gather": false}}})"}});
   // Chunked prefill with decode in the same steps; the worst-case routed capacity (F).
   cases.push_back({"3A2F_async_mixed_steps",
                    kTiny,
@@ -392,7 +416,7 @@ TEST(Fp8Dispatch, TracksTheMonolithicModelOnATrainedCheckpoint) {
   }
   const Output mono = RunAfd(base, "fp8_mono");
   ASSERT_EQ(mono.status, 0) << mono.err;
-  for (const std::string topo : {"1A1F", "2A3F"}) {
+  for (const std::string topo : {"1A1F", "2A1F", "2A3F"}) {
     std::vector<std::string> args = base;
     args.insert(args.end(), {"--topology", topo, "--stats", "--additional-config",
                              R"({"afd": {"connector": "AsyncAFDConnector", "connector_extra_config":

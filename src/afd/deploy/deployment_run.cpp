@@ -387,6 +387,10 @@ std::vector<DeploymentResult> RunDeployment(const DeploymentSpec& spec,
                                    st["items_ahead"].get<int64_t>());
         }
       }
+      if (st.value("groups", int64_t{0}) > 0) {
+        std::cerr << fmt::format(", {} work items gathered into {} expert passes",
+                                 st["gathered_items"].get<int64_t>(), st["groups"].get<int64_t>());
+      }
       if (st.contains("expert_range")) {  // a data-parallel + expert-parallel rank
         std::cerr << fmt::format(", experts [{}, {})", st["expert_range"][0].get<int64_t>(),
                                  st["expert_range"][1].get<int64_t>());

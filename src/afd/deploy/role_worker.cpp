@@ -253,6 +253,8 @@ void RunWorker(const WorkerOptions& o) {
       stats["steps"] = worker.Run();  // work items served
       stats["graph_items"] = worker.graph_items();
       stats["items_ahead"] = worker.items_ahead();
+      stats["gathered_items"] = worker.gathered_items();
+      stats["groups"] = worker.groups();
       stats["graph_captures"] = worker.num_captures();
       stats["rows"] = worker.rows_served();
       stats["experts"] = {worker.expert_begin(), worker.expert_end()};

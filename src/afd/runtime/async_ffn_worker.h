@@ -10,13 +10,26 @@
 // exited peers; the loop ends once every attention rank has sent its shutdown slot, and then
 // announces its own to every attention rank.
 //
-// CUDA graphs (a GPU backend with graphs and a device-sequenced connector): a work item whose
-// header carries kSlotGraph -- sent by a graph replay of the attention's decode step -- is
-// served from a graph of this rank keyed by (sender, stage, layer, tokens, flags): the first
-// item of a key runs eagerly (sizing the memory), the second is captured and replayed, later
-// ones replay (one launch instead of ~15; the reply's header and flag are written by the
-// graph, its echo read on the device). An item without kSlotGraph (a prefill, an eager step)
-// always runs eagerly, whatever its token count.
+// Gathering (connector_extra_config.ffn_gather, several attention ranks): the items of several
+// senders for the same (layer, stage, flags) are served together -- their rows concatenated
+// (each sender's share for the shared experts first), one MoePermute and one expert pass, so
+// the routed experts' weights are read once, then each sender's partial sums combined straight
+// into its reply slot. Items already there are taken at once; a sender expected to send the
+// same layer next is awaited, and a sender behind is served first while the item ahead of it is
+// held, so that ranks out of step fall into step (runtime/ffn_gather.h; every wait bounded by
+// the sender's own pace and ffn_gather_wait_us).
+// Partial-sum replies only (per-pair replies, the CPU's exact mode with several FFN ranks,
+// stay per item). Every row's result is the same as served alone on the CPU (its ops are
+// batch-invariant), so the CPU stays byte-identical to the monolithic model.
+//
+// CUDA graphs (a GPU backend with graphs and a device-sequenced connector): a work item (or a
+// gathered group) whose header carries kSlotGraph -- sent by a graph replay of the attention's
+// decode step -- is served from a graph of this rank keyed by (stage, layer, flags, and each
+// member's sender and tokens): the first item of a key runs eagerly (sizing the memory), the
+// second is captured and replayed, later ones replay (one launch instead of ~15 per sender; the
+// replies' headers and flags are written by the graph, their echoes read on the device). An
+// item without kSlotGraph (a prefill, an eager step) always runs eagerly, whatever its token
+// count.
 //
 // The next item ahead (one attention rank, one ring slot: no micro-batches): a graphed decode
 // step of the attention sends every MoE layer in order with the same token count, so once the
@@ -32,15 +45,19 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <optional>
 #include <set>
-#include <tuple>
+#include <span>
+#include <utility>
+#include <vector>
 
 #include "afd/comm/afd_world.h"
 #include "afd/connector/async_connector.h"
 #include "afd/model/model.h"
+#include "afd/runtime/ffn_gather.h"
 
 namespace afd::runtime {
 
@@ -59,16 +76,31 @@ class AsyncFfnWorker {
   int64_t graph_items() const { return graph_items_; }  // work items replayed from graphs
   int64_t items_ahead() const { return items_ahead_; }  // of those: enqueued ahead of their rows
   int64_t num_captures() const { return num_captures_; }
+  int64_t gathered_items() const { return gathered_items_; }  // served in a group of several
+  int64_t groups() const { return groups_; }                  // such groups
   int64_t expert_begin() const { return begin_; }
   int64_t expert_end() const { return end_; }
 
  private:
-  void Serve(const connector::ReceivedSlot& in);
-  // The item's ops and its reply, enqueued (scratch from ws).
-  void Compute(const connector::SlotHeader& h, Workspace& ws);
-  // Serves a kSlotGraph item: from its graph, captured on its key's second item (the first
+  using Group = std::vector<connector::SlotHeader>;  // one item per sender, by sender
+  // Throws naming the sender when `h` is not a work item this rank can serve.
+  void Validate(const connector::SlotHeader& h) const;
+  // Whether `in` may be served together with other senders' items.
+  bool Gatherable(const connector::ReceivedSlot& in) const;
+  // Book-keeping of an item received (its arrival time, SenderLockstep).
+  void Received(const connector::ReceivedSlot& in);
+  // Every item that has arrived from a sender not `done`, appended to pending_.
+  void CollectArrivals(const std::vector<bool>& done);
+  // The group to serve next, taken out of pending_, whose front is a gatherable item: that
+  // item, or an arrived one behind it (runtime/ffn_gather.h), with the arrived items of the
+  // same layer, stage and flags, after the bounded waits for senders expected there.
+  Group Gather(const std::vector<bool>& done);
+  void Serve(const Group& group);
+  // The group's ops and replies, enqueued (scratch from ws).
+  void Compute(std::span<const connector::SlotHeader> group, Workspace& ws);
+  // Serves a kSlotGraph group: from its graph, captured on its key's second item (the first
   // runs eagerly in the graphs' memory, sizing it).
-  void ServeFromGraph(const connector::SlotHeader& h);
+  void ServeFromGraph(const Group& group);
 
   const model::MoeModel& model_;
   comm::AfdWorld& world_;
@@ -76,14 +108,21 @@ class AsyncFfnWorker {
   int64_t begin_, end_;
   Workspace ws_;  // reset every work item
   bool graphs_enabled_ = false;
-  // (sender, stage, layer, tokens, flags)
-  using Key = std::tuple<int, int, int, int, int>;
+  bool gather_ = false;
+  SenderLockstep lockstep_;
+  std::deque<connector::ReceivedSlot> pending_;  // received while gathering, not served yet
+  struct Key {
+    int stage = 0, layer = 0, flags = 0;
+    std::vector<std::pair<int, int>> members;  // (sender, tokens), by sender
+    auto operator<=>(const Key&) const = default;
+  };
+  static Key KeyOf(const Group& group);
   struct Graph;
   // The graphs of one token count share one workspace (their shapes are alike and they never
   // run at once); graphs taken from it are dropped if it ever has to grow.
   struct GraphMemory;
   std::map<Key, std::unique_ptr<Graph>> graphs_;
-  std::map<int, std::unique_ptr<GraphMemory>> graph_memory_;  // by token count
+  std::map<int64_t, std::unique_ptr<GraphMemory>> graph_memory_;  // by the group's tokens
   std::set<Key> warmed_;
   // After `key`'s item was enqueued: the next MoE layer's item of the same sender and stage
   // claimed on the device and its graph enqueued behind the claim, when that graph exists.
@@ -97,6 +136,7 @@ class AsyncFfnWorker {
   };
   std::optional<Ahead> ahead_;  // the item claimed on the device and enqueued, if any
   int64_t rows_served_ = 0, graph_items_ = 0, num_captures_ = 0, items_ahead_ = 0;
+  int64_t gathered_items_ = 0, groups_ = 0;
 };
 
 }  // namespace afd::runtime
