@@ -17,7 +17,9 @@ mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY
 nvidia-cuda-mps-control -d && sleep 1 && echo "MPS on" | tee -a "$REPORT"
 ASYNC='{"afd": {"connector": "AsyncAFDConnector"}}'
 S=(--model preset:deepseek-v2-lite --device cuda --host 127.0.0.1 --port 0 --max-model-len 4096 --max-num-seqs 256 --max-num-batched-tokens 8192)
-for run in "serve" "launch 1A1F" "launch 2A1F"; do
+# RUNS (default "serve;launch 1A1F;launch 2A1F"): which servers, separated by ';'.
+IFS=';' read -ra RUN_LIST <<<"${RUNS:-serve;launch 1A1F;launch 2A1F}"
+for run in "${RUN_LIST[@]}"; do
   set -- $run
   LOG=$OUT/$1${2:-}.log
   if [ $1 = serve ]; then
