@@ -155,7 +155,7 @@ bool AsyncFfnWorker::Gatherable(const connector::ReceivedSlot& in) const {
 }
 
 void AsyncFfnWorker::Received(const connector::ReceivedSlot& in) {
-  if (!in.shutdown() && !in.claimed) {
+  if (gather_ && !in.shutdown() && !in.claimed) {  // the pace matters only when gathering
     lockstep_.Arrived(in.header.sender, in.header.stage, in.header.layer, NowUs());
   }
 }
