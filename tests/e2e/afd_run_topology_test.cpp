@@ -107,12 +107,12 @@ TEST_P(AfdRunTopology, MatchesTheMonolithicModel) {
   if (c.name.find("mixed") != std::string::npos) {
     EXPECT_NE(afd.err.find("mixed prefill+decode steps"), std::string::npos) << afd.err;
   }
-  // A case named for gathering must have served several attention ranks' items together.
-  const bool gathered = afd.err.find("expert passes") != std::string::npos;
+  // A case with the gathering off must have served every item alone. (Whether rank processes
+  // meet at a layer when it is on is timing -- on two busy cores a rank may finish before the
+  // next starts -- so those cases check only the results; tests/runtime/async_ffn_worker_test
+  // checks the gathering itself, deterministically.)
   if (c.name.find("no_gather") != std::string::npos) {
-    EXPECT_FALSE(gathered) << afd.err;
-  } else if (c.name.find("_gather") != std::string::npos) {
-    EXPECT_TRUE(gathered) << afd.err;
+    EXPECT_EQ(afd.err.find("expert passes"), std::string::npos) << afd.err;
   }
 }
 
@@ -286,8 +286,8 @@ std::vector<Case> Cases() {
                    Golden("v3_sharded"),
                    {"--topology", "3A5F", "--additional-config", tight + "}}}"}});
   // The FFN gathering several attention ranks' items of one layer into one expert pass (on by
-  // default; a long wait here so that the ranks surely fall into step on a loaded machine; with
-  // attention TP the ranks of a group always send together), and without it.
+  // default; a long wait here so that ranks that do overlap fall into step on a loaded machine),
+  // and without it: the same results either way.
   const std::string gather = R"({"afd": {"connector": "AsyncAFDConnector", "connector_extra_config":
           {"ffn_gather_wait_us": 200000}}})";
   cases.push_back({"v3_trained_3A1F_async_gather",
