@@ -10,6 +10,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <future>
 #include <memory>
@@ -21,6 +22,7 @@
 #include "afd/common/error.h"
 #include "afd/config/afd_config.h"
 #include "afd/connector/async_connector.h"
+#include "afd/kernels/cpu/cpu_backend.h"
 #include "afd/model/loader.h"
 #include "afd/runtime/async_attention_runner.h"
 #include "afd/tensor/workspace.h"
@@ -30,8 +32,17 @@ namespace {
 
 constexpr int kTokenCap = 8;
 
+// The CPU backend, recording the step rows declared to it (a GPU backend's launch choices
+// follow them: the FFN must declare each expert pass's rows as the layer loop declares a step's).
+class RowsRecordingCpu : public kernels::cpu::CpuBackend {
+ public:
+  void SetStepRows(int64_t rows) override { rows_.push_back(rows); }
+  std::vector<int64_t> rows_;
+};
+
 struct Served {
   int64_t items = 0, gathered = 0, groups = 0;
+  std::vector<int64_t> ffn_step_rows;  // SetStepRows calls on the FFN rank's backend
   // [attention rank] the MoE output of that rank's rows, as the attention rank combined it
   std::vector<std::vector<float>> out;
 };
@@ -66,8 +77,9 @@ Served Serve(int A, bool gather) {
           open.weights.expert_begin = 0;
           open.weights.expert_end = 0;
         }
-        const model::LoadedModel loaded = model::LoadModel("preset:tiny", open, -1);
-        const model::ModelConfig& mc = loaded.model->config();
+        RowsRecordingCpu cpu;
+        const std::unique_ptr<model::MoeModel> model = model::OpenModel("preset:tiny", open, cpu);
+        const model::ModelConfig& mc = model->config();
         comm::JoinRequest req{config, is_ffn ? 0 : i - 1, mc.hidden_size, DType::kF32, {}};
         world = comm::AfdWorld::Join(req);
         connector::AsyncConnectorOptions ao;
@@ -79,16 +91,17 @@ Served Serve(int A, bool gather) {
         int64_t layer = 0;
         while (!mc.IsMoeLayer(layer)) ++layer;
         if (is_ffn) {
-          AsyncFfnWorker worker(*loaded.model, *world, connector, /*graphs=*/false);
+          AsyncFfnWorker worker(*model, *world, connector, /*graphs=*/false);
           // Serving starts once every dispatch is in the window.
           world->Barrier("dispatched");
           served.items = worker.Run();
           served.gathered = worker.gathered_items();
           served.groups = worker.groups();
+          served.ffn_step_rows = cpu.rows_;
         } else {
           const int rank = i - 1;
-          AsyncAttentionMoe moe(*loaded.model, *world, connector, 1, 0, nullptr);
-          Workspace ws(loaded.model->backend());
+          AsyncAttentionMoe moe(*model, *world, connector, 1, 0, nullptr);
+          Workspace ws(model->backend());
           const int64_t n = Tokens(rank), H = mc.hidden_size;
           const Tensor hidden = ws.Take(DType::kF32, {n, H});
           const Tensor out = ws.Take(DType::kF32, {n, H});
@@ -126,10 +139,14 @@ TEST(AsyncFfnWorker, GathersTheSendersOfALayerIntoOneExpertPass) {
   EXPECT_EQ(alone.items, 3);
   EXPECT_EQ(alone.gathered, 0);
   EXPECT_EQ(alone.groups, 0);
+  std::vector<int64_t> rows = alone.ffn_step_rows;
+  std::sort(rows.begin(), rows.end());
+  EXPECT_EQ(rows, (std::vector<int64_t>{Tokens(0), Tokens(1), Tokens(2)}));
   const Served together = Serve(3, /*gather=*/true);
   EXPECT_EQ(together.items, 3);
   EXPECT_EQ(together.gathered, 3);
   EXPECT_EQ(together.groups, 1);
+  EXPECT_EQ(together.ffn_step_rows, (std::vector<int64_t>{Tokens(0) + Tokens(1) + Tokens(2)}));
   // Each sender's reply the same bytes whether its rows ran alone or beside the others'.
   ASSERT_EQ(together.out.size(), alone.out.size());
   for (size_t r = 0; r < alone.out.size(); ++r) {

@@ -340,9 +340,10 @@ class Backend : public Allocator {
   // a backend may run fn in place (the CUDA backend above kBesideMaxRows).
   virtual void Beside(FunctionRef<void()> fn, int64_t /*rows*/) { fn(); }
   virtual void JoinBeside() {}
-  // The rows (tokens) of the forward step about to be issued, for launch choices that depend on
-  // the step's size (the CUDA backend: programmatic dependent launch up to 64 rows). Captured
-  // graphs keep the choice made when they were captured.
+  // The rows (tokens) of the forward step about to be issued (the layer loop; an FFN role: its
+  // step or expert pass), for launch choices that depend on the step's size (the CUDA backend:
+  // programmatic dependent launch up to 64 rows). Per calling thread on the CUDA backend.
+  // Captured graphs keep the choice made when they were captured.
   virtual void SetStepRows(int64_t /*rows*/) {}
   virtual void AllowTf32(bool /*on*/) {}
   // Forms forced for measurements (`afd bench decode --mla-splits / --mla-bufs`,

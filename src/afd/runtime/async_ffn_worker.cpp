@@ -275,6 +275,12 @@ void AsyncFfnWorker::Serve(const Group& group) {
     gathered_items_ += static_cast<int64_t>(group.size());
     ++groups_;
   }
+  // The group's rows, as the monolithic layer loop declares a step's (a GPU backend's launch
+  // choices, e.g. programmatic dependent launch for small steps; a graph keeps the choice it
+  // was captured with).
+  int64_t rows = 0;
+  for (const connector::SlotHeader& h : group) rows += h.num_tokens;
+  model_.backend().SetStepRows(rows);
   if (graphs_enabled_ && (group.front().flags & connector::kSlotGraph) && tokens) {
     ServeFromGraph(group);
     return;

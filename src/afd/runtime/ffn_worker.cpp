@@ -181,6 +181,9 @@ int64_t FfnWorker::Run() {
       const std::vector<int64_t> counts = connector_.IncomingRowCounts(*meta, stage);
       rows = std::accumulate(counts.begin(), counts.end(), rows);
     }
+    // The step's rows, as the monolithic layer loop declares them (a GPU backend's launch
+    // choices, e.g. programmatic dependent launch for small steps, in graphs and out).
+    model_.backend().SetStepRows(rows);
     const std::optional<FfnGraphKey> key = graphs_enabled_ ? FfnGraphKeyOf(*meta) : std::nullopt;
     if (key) {
       StepFromGraph(*meta, *key, rows);
