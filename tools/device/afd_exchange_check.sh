@@ -13,9 +13,7 @@ mkdir -p "$OUT"
 . "$(dirname "$(readlink -f "$0")")/env.sh"
 REPORT="$OUT/afd_exchange_check.txt"
 nvidia-smi -L | tee "$REPORT"
-export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps_pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps_log
-mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY
-nvidia-cuda-mps-control -d && sleep 1 && echo "MPS on" | tee -a "$REPORT"
+mps_on "$REPORT"
 M=tests/data/golden/v3_noaux_tc
 P=(--prompt-ids 1,2,3,4,5,6,7,8 --prompt-ids 90,80,70 --prompt-ids 5 --max-tokens 16 --ignore-eos --json --device cuda)
 ASYNC='{"afd": {"connector": "AsyncAFDConnector"}}'
@@ -47,4 +45,4 @@ for topo in 1A1F 2A1F; do
   timeout 200 "$BIN/afd" bench decode "${B[@]}" --topology $topo --additional-config "$ASYNC" 2>&1 |
     grep -E "^ *[0-9]+ |batch|rror" | tee -a "$REPORT"
 done
-echo quit | nvidia-cuda-mps-control
+mps_off

@@ -16,9 +16,7 @@ mkdir -p "$OUT"
 . "$(dirname "$(readlink -f "$0")")/env.sh"
 REPORT="$OUT/afd_graph_$MODE.txt"
 nvidia-smi -L | tee "$REPORT"
-export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps_pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps_log
-mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY
-nvidia-cuda-mps-control -d && sleep 1 && echo "MPS on" | tee -a "$REPORT"
+mps_on "$REPORT"
 ASYNC='{"afd": {"connector": "AsyncAFDConnector"}}'
 UB='{"afd": {"connector": "AsyncAFDConnector", "connector_extra_config": {"async_moe_ubatching": true, "async_moe_num_ubatches": 2, "ring_depth": 2}}}'
 compare() {  # label mode(strict|ids) a.json b.json
@@ -84,10 +82,10 @@ if [ "$MODE" = bench ] || [ "$MODE" = all ] || [ "$MODE" = quick ]; then
     timeout 240 "$BIN/afd" bench decode "${B[@]}" --topology $1 --additional-config "$ASYNC" "${EXTRA[@]}" 2>&1 |
       grep -E "^ *[0-9]+ |batch|rror" | tee -a "$REPORT"
   done
-  echo quit | nvidia-cuda-mps-control
+  mps_off
   [ "$MODE" = quick ] && exit 0
   echo "== torch peer (graphed, context 128)" | tee -a "$REPORT"
   timeout 300 $PY "$BIN/torch_peer.py" "$OUT/torch_peer.json" 128 1,16,64,256 2>&1 | tail -6 | tee -a "$REPORT"
 fi
-echo quit | nvidia-cuda-mps-control 2>/dev/null
+mps_off 2>/dev/null
 true

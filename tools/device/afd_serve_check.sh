@@ -12,9 +12,7 @@ mkdir -p "$OUT"
 AFD="$BIN/afd"
 REPORT="$OUT/afd_serve_check.txt"
 nvidia-smi -L | tee "$REPORT"
-export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps_pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps_log
-mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY
-nvidia-cuda-mps-control -d && sleep 1 && echo "MPS on" | tee -a "$REPORT"
+mps_on "$REPORT"
 ASYNC='{"afd": {"connector": "AsyncAFDConnector"}}'
 S=(--model preset:deepseek-v2-lite --device cuda --host 127.0.0.1 --port 0 --max-model-len 4096 --max-num-seqs 256 --max-num-batched-tokens 8192)
 # RUNS (default "serve;launch 1A1F;launch 2A1F"): which servers, separated by ';'.
@@ -41,5 +39,5 @@ for run in "${RUN_LIST[@]}"; do
   fi
   kill -TERM $P 2>/dev/null; wait $P
 done
-echo quit | nvidia-cuda-mps-control
+mps_off
 true

@@ -23,9 +23,7 @@ nvidia-smi -L | tee "$REPORT"
 if [ "${REPEAT_S:-0}" -gt 0 ]; then
   TIME_S=$REPEAT_S "$HERE/async_repeat_check.sh" "$BIN" fp32 2A2F 2>&1 | tail -30 | tee -a "$REPORT"
 fi
-export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps_pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps_log
-mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY
-nvidia-cuda-mps-control -d && sleep 1 && echo "MPS on" | tee -a "$REPORT"
+mps_on "$REPORT"
 ASYNC='{"afd": {"connector": "AsyncAFDConnector"}}'
 B=(--model preset:deepseek-v2-lite --device cuda --batch "${BATCH:-1,64,256}" --context 128 --steps 16)
 if [ -z "${SKIP_BENCH:-}" ]; then
@@ -44,5 +42,5 @@ for topo in ${TOPOS:-1A1F}; do
   python3 tools/afd_trace.py "$OUT/trace_$topo.csv" --timeline 3 2>&1 | tee -a "$REPORT"
   gzip -f "$OUT/trace_$topo.csv"
 done
-echo quit | nvidia-cuda-mps-control
+mps_off
 true

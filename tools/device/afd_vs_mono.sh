@@ -10,9 +10,7 @@ mkdir -p "$OUT"
 AFD="$BIN/afd"
 REPORT="$OUT/afd_vs_mono.txt"
 nvidia-smi -L | tee "$REPORT"
-export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps_pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps_log
-mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY
-nvidia-cuda-mps-control -d && sleep 1 && echo "MPS on" | tee -a "$REPORT"
+mps_on "$REPORT"
 B=(--model preset:deepseek-v2-lite --device cuda --batch 1,16,64,256 --context 128)
 echo "== monolithic" | tee -a "$REPORT"
 timeout 280 "$AFD" bench decode "${B[@]}" 2>&1 | grep -E "^ *[0-9]+ |batch" | tee -a "$REPORT"
@@ -20,4 +18,4 @@ echo "== AFD 1A1F, async connector" | tee -a "$REPORT"
 timeout 280 "$AFD" bench decode "${B[@]}" --topology 1A1F \
   --additional-config '{"afd": {"connector": "AsyncAFDConnector"}}' 2>&1 |
   grep -E "^ *[0-9]+ |batch|error" | tee -a "$REPORT"
-echo quit | nvidia-cuda-mps-control
+mps_off

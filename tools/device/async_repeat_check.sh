@@ -10,9 +10,7 @@ BIN=$(readlink -f "$1")
 DT=${2:-fp32}
 TOPO=${3:-2A2F}
 . "$(dirname "$(readlink -f "$0")")/env.sh"
-export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps_pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps_log
-mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY
-nvidia-cuda-mps-control -d && sleep 1
+mps_on >/dev/null
 M=tests/data/golden/v3_noaux_tc
 P=(--prompt-ids 1,2,3,4,5,6,7,8 --prompt-ids 90,80,70 --prompt-ids 5 --max-tokens 16 --ignore-eos --json --device cuda --dtype $DT)
 ASYNC=${ASYNC_CFG:-'{"afd": {"connector": "AsyncAFDConnector"}}'}
@@ -60,4 +58,4 @@ PYEOF
   [ "$rc" -ne 0 ] && { pkill -9 -f "afd (run|worker)" 2>/dev/null; sleep 1; }  # nothing of a failed run lives on
 done
 echo "$TOPO $DT: $runs runs, $bad differing"
-echo quit | nvidia-cuda-mps-control
+mps_off

@@ -10,3 +10,13 @@ NCCL_DIR=$(dirname "${NCCL_LIB:-/nonexistent/libnccl.so.2}")
 export LD_LIBRARY_PATH="$BIN:$CUBLAS_DIR:$NCCL_DIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 PY=$(command -v python3)
 [ -x /opt/torch/.venv/bin/python3 ] && PY=/opt/torch/.venv/bin/python3
+# MPS for several ranks on one GPU (NCCL refuses two ranks on one GPU; the async connector's
+# ranks share it): mps_on [REPORT] starts the daemon (its pipe and log folders exported, so every
+# process started later finds it) and says "MPS on" (appended to REPORT when given); mps_off
+# stops it.
+mps_on() {
+  export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps_pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps_log
+  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+  nvidia-cuda-mps-control -d && sleep 1 && echo "MPS on" | tee -a "${1:-/dev/null}"
+}
+mps_off() { echo quit | nvidia-cuda-mps-control; }

@@ -13,9 +13,7 @@ mkdir -p "$OUT"
 . "$(dirname "$(readlink -f "$0")")/env.sh"
 REPORT="$OUT/pd_check.txt"
 nvidia-smi -L | tee "$REPORT"
-export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps_pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps_log
-mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY
-nvidia-cuda-mps-control -d && sleep 1 && echo "MPS on" | tee -a "$REPORT"
+mps_on "$REPORT"
 # The cuda_ipc transport itself first: CUDA IPC consumer == TCP consumer, producer blocks freed.
 timeout 120 $PY tools/device/pd_ipc_check.py "$BIN/afd" models/demo "$OUT/pd_ipc_logs" 2>&1 | tee -a "$REPORT"
 # 16 requests in flight of at most 8,448 tokens each: 2,200 blocks of 64 per instance.
@@ -27,5 +25,5 @@ AFD="$BIN/afd" PY="$PY" MODEL_PATH=preset:deepseek-v2-lite DEVICE=cuda GPUS="0 0
 for f in "$OUT"/pd/*.log "$OUT"/pd/pd_logs/*.log; do
   [ -f "$f" ] && { echo "--- $f"; tail -n 4 "$f"; } >>"$OUT/pd_log_tails.txt"
 done
-echo quit | nvidia-cuda-mps-control
+mps_off
 true

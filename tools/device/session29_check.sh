@@ -23,9 +23,7 @@ fi
 echo "== backend_ops_test" | tee -a "$REPORT"
 timeout 200 "$BIN/backend_ops_test" 2>&1 | grep -vE " OK $" | tail -6 | tee -a "$REPORT"
 timeout 60 "$BIN/backend_ops_test" --op AfdDispatch 2>&1 | tail -3 | tee -a "$REPORT"
-export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps_pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps_log
-mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY
-nvidia-cuda-mps-control -d && sleep 1 && echo "MPS on" | tee -a "$REPORT"
+mps_on "$REPORT"
 M=tests/data/golden/v3_trained
 for dt in fp32 bf16; do
   for topo in 1A1F 2A2F; do
@@ -46,5 +44,5 @@ for cfg in ASYNC FP8; do
   timeout 200 "$BIN/afd" bench decode "${B[@]}" --topology 1A1F --additional-config "${!cfg}" 2>&1 |
     grep -E "^ *[0-9]+ |batch|rror" | tee -a "$REPORT"
 done
-echo quit | nvidia-cuda-mps-control
+mps_off
 true

@@ -16,9 +16,7 @@ mkdir -p "$OUT"
 . "$HERE/env.sh"
 REPORT="$OUT/session30_$MODE.txt"
 nvidia-smi -L | tee "$REPORT"
-export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps_pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps_log
-mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY
-nvidia-cuda-mps-control -d && sleep 1 && echo "MPS on" | tee -a "$REPORT"
+mps_on "$REPORT"
 ASYNC='{"afd": {"connector": "AsyncAFDConnector"}}'
 NOGATHER='{"afd": {"connector": "AsyncAFDConnector", "connector_extra_config": {"ffn_gather": false}}}'
 WAIT1000='{"afd": {"connector": "AsyncAFDConnector", "connector_extra_config": {"ffn_gather_wait_us": 1000}}}'
@@ -67,5 +65,5 @@ if [ "$MODE" = bench ] || [ "$MODE" = all ]; then
       grep -E "^ *[0-9]+ |batch|rror" | tee -a "$REPORT"
   done
 fi
-echo quit | nvidia-cuda-mps-control
+mps_off
 true
