@@ -1065,6 +1065,100 @@ Result Moe(Ctx& c, int64_t n, int64_t num_experts, int64_t k, int64_t h, int64_t
   return Result(num / den, 1e-4);
 }
 
+// FP8 experts (E4M3 codes, a float32 scale per 128 x 128 block; ExpertWeights::fp8) against the
+// same experts dequantized (code * scale in fp32) and held as the backend holds weights: on the
+// GPU bf16, whose mma path the FP8 form feeds the very same bf16 weights (the same bits out,
+// tol 0) wherever both take it; over 256 rows per expert the bf16 weights take the tiled path
+// while FP8 stays on mma (other sums: a bf16 ulp of slack). On the CPU fp32 (the same bits).
+// Sizes off the 128 grid give partial blocks and up_proj's block rows after gate_proj's.
+Result MoeFp8(Ctx& c, int64_t n, int64_t num_experts, int64_t k, int64_t h, int64_t inter,
+              int64_t local, int64_t hot = -1) {
+  std::vector<float> x = c.Randn(n * h), wts = c.Randn(n * k);
+  std::vector<int32_t> ids(n * k);
+  for (int64_t t = 0; t < n; ++t) {
+    std::vector<int32_t> all(num_experts);
+    std::iota(all.begin(), all.end(), 0);
+    std::shuffle(all.begin(), all.end(), c.rng);
+    if (hot >= 0) std::swap(*std::find(all.begin(), all.end(), hot), all[0]);
+    std::sort(all.begin(), all.begin() + k);
+    std::copy(all.begin(), all.begin() + k, ids.begin() + t * k);
+  }
+  const bool gpu = !c.b.device().is_cpu();
+  constexpr int64_t B = kFp8WeightBlock;
+  const auto blocks = [](int64_t v) { return (v + B - 1) / B; };
+  // w [rows, cols] quantized per block (rows from `split` on start new block rows): codes,
+  // scales and the dequantized values.
+  const auto quantize = [&](const std::vector<float>& w, int64_t rows, int64_t cols, int64_t split,
+                            std::vector<uint8_t>& codes, std::vector<float>& scales,
+                            std::vector<float>& deq) {
+    const int64_t sr = blocks(split) + blocks(rows - split), sc = blocks(cols);
+    const auto block_row = [&](int64_t i) {
+      return i < split ? i / B : blocks(split) + (i - split) / B;
+    };
+    scales.assign(sr * sc, 0.0f);
+    for (int64_t i = 0; i < rows; ++i) {
+      for (int64_t j = 0; j < cols; ++j) {
+        float& s = scales[block_row(i) * sc + j / B];
+        s = std::max(s, std::fabs(w[i * cols + j]));
+      }
+    }
+    for (float& s : scales) s = s > 0 ? s / 448.0f : 1.0f;
+    codes.resize(rows * cols);
+    deq.resize(rows * cols);
+    for (int64_t i = 0; i < rows; ++i) {
+      for (int64_t j = 0; j < cols; ++j) {
+        const float s = scales[block_row(i) * sc + j / B];
+        codes[i * cols + j] = F32ToFp8E4M3(w[i * cols + j] / s);
+        deq[i * cols + j] = Fp8E4M3ToF32(codes[i * cols + j]) * s;
+      }
+    }
+    return std::vector<int64_t>{sr, sc};
+  };
+  ExpertWeights fp8, held;
+  for (int64_t e = 0; e < local; ++e) {
+    const std::vector<float> gu = c.Randn(2 * inter * h, 1.0f / std::sqrt(float(h)));
+    const std::vector<float> dn = c.Randn(h * inter, 1.0f / std::sqrt(float(inter)));
+    std::vector<uint8_t> q;
+    std::vector<float> s, deq;
+    std::vector<int64_t> ss = quantize(gu, 2 * inter, h, inter, q, s, deq);
+    fp8.gate_up.push_back(c.Up(q, DType::kF8E4M3, {2 * inter, h}));
+    fp8.gate_up_scale.push_back(c.Up(s, DType::kF32, ss));
+    held.gate_up.push_back(gpu ? c.UpBf16(deq, {2 * inter, h})
+                               : c.Up(deq, DType::kF32, {2 * inter, h}));
+    ss = quantize(dn, h, inter, h, q, s, deq);
+    fp8.down.push_back(c.Up(q, DType::kF8E4M3, {h, inter}));
+    fp8.down_scale.push_back(c.Up(s, DType::kF32, ss));
+    held.down.push_back(gpu ? c.UpBf16(deq, {h, inter}) : c.Up(deq, DType::kF32, {h, inter}));
+  }
+  const Tensor tx = c.Up(x, DType::kF32, {n, h}), tids = c.Up(ids, DType::kI32, {n, k});
+  const Tensor tw = c.Up(wts, DType::kF32, {n, k});
+  const Tensor offsets = c.Alloc(DType::kI32, {local + 1}), src = c.Alloc(DType::kI32, {n * k});
+  const Tensor row_of_slot = c.Alloc(DType::kI32, {n, k});
+  const Tensor grouped = c.Alloc(DType::kF32, {n * k, h}), y = c.Alloc(DType::kF32, {n * k, h});
+  const auto run = [&](const ExpertWeights& ew, const Tensor& out) {
+    c.b.MoePermute(tids, 0, local, offsets, src, row_of_slot);
+    c.b.GatheredExpertMlp(tx, src, grouped, offsets, ew, y);
+    c.b.MoeCombine(y, row_of_slot, tw, false, out);
+  };
+  const Tensor a = c.Alloc(DType::kF32, {n, h}), b = c.Alloc(DType::kF32, {n, h});
+  if (c.perf) {
+    Result r;
+    std::vector<char> hit(local, 0);
+    int64_t used = 0;
+    for (int32_t id : ids) {
+      if (id < local && !hit[id]) ++used, hit[id] = 1;
+    }
+    r.bytes = used * 3.0 * inter * h + 2.0 * n * h * 4;
+    r.flops = static_cast<double>(n) * k * 6.0 * inter * h;
+    r.seconds = c.Time([&] { run(fp8, a); });
+    return r;
+  }
+  run(fp8, a);
+  run(held, b);
+  const bool same_path = !gpu || n * k <= 256 * local;
+  return Result(RelErr(c.Down<float>(a), ToDouble(c.Down<float>(b))), same_path ? 0.0 : 2e-2);
+}
+
 // Rows of v logits (the GPU reduces them in chunks of 4096); above 8192, row 1 starts with a
 // whole chunk of -inf.
 Result LogSoftmaxAt(Ctx& c, int64_t v) {
@@ -1635,6 +1729,19 @@ std::vector<Case> CheckCases() {
        [](Ctx& c) { return Moe(c, 24, 20, 4, 64, 96, 3, 16, -1, false); }},
       {"MoePermute+GroupedExpertMlp+MoeCombine", "~40 rows/expert, gathered first",
        [](Ctx& c) { return Moe(c, 80, 8, 4, 64, 96, 0, 8, 5, false); }},
+      // FP8 experts (held as E4M3 codes with 128 x 128 block scales): decode sizes (1 and 2 m
+      // tiles, K in pieces), partial blocks (96 / 160 / 224 off the grid), a hot expert over
+      // many passes, and a prefill size (FP8 stays on the mma path).
+      {"GroupedExpertMlp FP8", "1 token, top-6 of 64, 256x128",
+       [](Ctx& c) { return MoeFp8(c, 1, 64, 6, 256, 128, 64); }},
+      {"GroupedExpertMlp FP8", "~6 rows/expert, 160x96 (partial blocks)",
+       [](Ctx& c) { return MoeFp8(c, 24, 16, 4, 160, 96, 16); }},
+      {"GroupedExpertMlp FP8", "~24 rows/expert (2 m tiles), 2048x1408 as V2-Lite",
+       [](Ctx& c) { return MoeFp8(c, 24, 4, 4, 2048, 1408, 4); }},
+      {"GroupedExpertMlp FP8", "~10 rows/expert, one of 40, 1280x1280 (K in pieces)",
+       [](Ctx& c) { return MoeFp8(c, 40, 8, 2, 1280, 1280, 8, 2); }},
+      {"GroupedExpertMlp FP8", "~300 rows/expert (prefill), 256x224",
+       [](Ctx& c) { return MoeFp8(c, 600, 8, 4, 256, 224, 8); }},
       // Down projection N = 72 (a warp's second 8-column tile past N) on the mma.sync path.
       {"MoePermute+GroupedExpertMlp+MoeCombine", "30 tokens, top-4 of 8, 72x64",
        [](Ctx& c) { return Moe(c, 30, 8, 4, 72, 64, 0, 8); }},

@@ -2,6 +2,7 @@
 // representable in all three) loads into a model whose logits are bit-identical to the model
 // built directly from the same values; a checkpoint missing a tensor or with a wrong shape
 // fails with the tensor's name.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -162,7 +163,9 @@ uint8_t Fp8OfEighths(int k) {
 // directly; other tensors F32.
 class Fp8RecordingSource : public TensorSource {
  public:
-  static constexpr int64_t kBlockN = 16, kBlockK = 24;
+  explicit Fp8RecordingSource(int64_t block_n = 16, int64_t block_k = 24)
+      : kBlockN(block_n), kBlockK(block_k) {}
+  const int64_t kBlockN, kBlockK;
   void Read(const std::string& name, const std::vector<int64_t>& shape, TensorKind kind,
             DType dst_type, void* dst) override {
     EXPECT_EQ(dst_type, DType::kF32);
@@ -267,6 +270,25 @@ TEST(Fp8OnLoad, LinearWeightsAreRoundedThroughFp8Blocks) {
   EXPECT_EQ(values(b->weights().embed), values(a->weights().embed));
 }
 
+// A matrix of over 2^20 weights is rounded on several threads (rows of blocks each): the same
+// values, codes and scales as block row by block row on one.
+TEST(Fp8OnLoad, BigMatricesRoundTheSameOnThreads) {
+  const int64_t rows = 1100, cols = 1000, bc = (cols + 127) / 128;  // the last block row partial
+  std::vector<float> w(rows * cols);
+  for (int64_t i = 0; i < rows * cols; ++i) w[i] = std::sin(0.37 * i) * (1 + i % 7);
+  std::vector<float> a = w, b = w, sa(9 * bc), sb(9 * bc);
+  std::vector<uint8_t> ca(rows * cols), cb(rows * cols);
+  RoundThroughFp8Blocks(a.data(), rows, cols, 128, 128, ca.data(), sa.data());
+  for (int64_t r0 = 0; r0 < rows; r0 += 128) {
+    RoundThroughFp8Blocks(b.data() + r0 * cols, std::min<int64_t>(128, rows - r0), cols, 128, 128,
+                          cb.data() + r0 * cols, sb.data() + (r0 / 128) * bc);
+  }
+  EXPECT_EQ(a, b);
+  EXPECT_EQ(ca, cb);
+  EXPECT_EQ(sa, sb);
+  EXPECT_NE(a, w);
+}
+
 // DeepSeek-V3's format: the loaded model is the model of the dequantized weights, bit for bit;
 // what is quantized is read from the files; a missing scale, a quantized tensor without the
 // config's quantization_config, and other methods are refused by name.
@@ -332,6 +354,109 @@ TEST(Fp8Checkpoint, LoadsAsItsDequantizedWeights) {
   ASSERT_FALSE(dropped.empty());
   WriteSafetensors((dir / "model.safetensors").string(), without);
   refused(Fp8Config(config, fp8), dropped + " are missing");
+  fs::remove_all(dir);
+}
+
+// The values an FP8 expert list stands for (code * its block's scale, the layout of
+// kernels::ExpertWeights), expert by expert, gate_up then down.
+std::vector<float> Fp8ExpertValues(const kernels::ExpertWeights& e) {
+  std::vector<float> v;
+  const auto add = [&v](const Tensor& codes, const Tensor& scales, int64_t split) {
+    const int64_t rows = codes.dim(0), cols = codes.dim(1), sc = scales.dim(1);
+    const int64_t split_blocks = (split + 127) / 128;
+    for (int64_t i = 0; i < rows; ++i) {
+      const int64_t br = i < split ? i / 128 : split_blocks + (i - split) / 128;
+      for (int64_t j = 0; j < cols; ++j) {
+        v.push_back(Fp8E4M3ToF32(codes.data_as<const uint8_t>()[i * cols + j]) *
+                    scales.data_as<const float>()[br * sc + j / 128]);
+      }
+    }
+  };
+  for (int64_t x = 0; x < e.num_experts(); ++x) {
+    add(e.gate_up[x], e.gate_up_scale[x], e.down[x].dim(1));
+    add(e.down[x], e.down_scale[x], e.down[x].dim(0));
+  }
+  return v;
+}
+
+std::vector<float> ExpertValues(const kernels::ExpertWeights& e) {
+  std::vector<float> v;
+  for (int64_t x = 0; x < e.num_experts(); ++x) {
+    for (const Tensor* t : {&e.gate_up[x], &e.down[x]}) {
+      const auto* p = t->data_as<const float>();
+      v.insert(v.end(), p, p + t->numel());
+    }
+  }
+  return v;
+}
+
+// keep_fp8_experts (what a GPU holds under AFD_FP8_EXPERTS=1) with --quantization fp8: the
+// routed experts are held as FP8 codes and 128 x 128 block scales standing for exactly the
+// dequantized weights, and the CPU runs them to the same logits, bit for bit (tiny's sizes
+// are not multiples of 128: partial edge blocks, up_proj's block rows after gate_proj's).
+TEST(Fp8OnLoad, HeldFp8ExpertsAreTheDequantizedOnes) {
+  const auto backend = kernels::MakeBackend(Device::Cpu());
+  OpenOptions dequantized;
+  dequantized.auto_bf16 = false;
+  dequantized.weights.fp8_block = 128;
+  OpenOptions held = dequantized;
+  held.weights.keep_fp8_experts = true;
+  const auto a = OpenModel("preset:tiny", dequantized, *backend);
+  const auto b = OpenModel("preset:tiny", held, *backend);
+  int moe_layers = 0;
+  for (int64_t l = 0; l < a->config().num_hidden_layers; ++l) {
+    if (!a->config().IsMoeLayer(l)) continue;
+    ++moe_layers;
+    const kernels::ExpertWeights& ea = a->weights().layers[l].moe.experts;
+    const kernels::ExpertWeights& eb = b->weights().layers[l].moe.experts;
+    EXPECT_FALSE(ea.fp8());
+    ASSERT_TRUE(eb.fp8()) << "layer " << l;
+    EXPECT_EQ(eb.gate_up[0].dtype(), DType::kF8E4M3);
+    EXPECT_EQ(Fp8ExpertValues(eb), ExpertValues(ea)) << "layer " << l;
+    // Everything else as the dequantizing load holds it.
+    const auto mlp = [](const MlpWeights& w) {
+      kernels::ExpertWeights one;
+      one.gate_up = {w.gate_up};
+      one.down = {w.down};
+      return ExpertValues(one);
+    };
+    EXPECT_EQ(mlp(b->weights().layers[l].moe.shared), mlp(a->weights().layers[l].moe.shared));
+  }
+  EXPECT_GT(moe_layers, 0);
+  const std::vector<int32_t> ids = {3, 17, 900, 4, 4, 250};
+  EXPECT_EQ(Logits(*b, ids), Logits(*a, ids));
+}
+
+// An FP8 checkpoint in 128 x 128 blocks: its routed experts held as its own codes and scales
+// give the model of the dequantized weights, bit for bit; in other block sizes they are held
+// dequantized (the FP8 expert kernels read 128 x 128 blocks only).
+TEST(Fp8Checkpoint, HeldFp8ExpertsKeepTheFilesCodes) {
+  const fs::path dir = fs::temp_directory_path() / ("afd_fp8k_" + std::to_string(::getpid()));
+  const ModelConfig config = PresetConfig("tiny");
+  const auto backend = kernels::MakeBackend(Device::Cpu());
+  const std::vector<int32_t> ids = {3, 17, 900, 4, 4, 250};
+  for (const int64_t block : {128, 16}) {
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+    Fp8RecordingSource source(block, block);
+    MoeModel direct(config, BuildWeights(config, WeightOptions{}, source), *backend);
+    WriteSafetensors((dir / "model.safetensors").string(), source.tensors);
+    std::ofstream(dir / "config.json")
+        << Fp8Config(config, fmt::format(R"({{"quant_method": "fp8", "fmt": "e4m3",
+                                "activation_scheme": "dynamic", "weight_block_size": [{}, {}]}})",
+                                         block, block));
+    OpenOptions open;
+    open.auto_bf16 = false;
+    open.weights.keep_fp8_experts = true;
+    const auto loaded = OpenModel(dir.string(), open, *backend);
+    const int64_t l = config.first_k_dense_replace;
+    const kernels::ExpertWeights& e = loaded->weights().layers[l].moe.experts;
+    EXPECT_EQ(e.fp8(), block == 128) << "block " << block;
+    if (e.fp8()) {
+      EXPECT_EQ(Fp8ExpertValues(e), ExpertValues(direct.weights().layers[l].moe.experts));
+    }
+    EXPECT_EQ(Logits(*loaded, ids), Logits(direct, ids)) << "block " << block;
+  }
   fs::remove_all(dir);
 }
 

@@ -17,6 +17,9 @@ constexpr std::array kSwitches = {
               "caps the CPU GEMM kernel (every cap gives the same bits)"},
     EnvSwitch{"AFD_DEBUG", "any value", "errors say what failed only",
               "an error also says where in the source it was raised"},
+    EnvSwitch{"AFD_FP8_EXPERTS", "0 or 1", "FP8 routed experts dequantized on load (bf16 on a GPU)",
+              "1: held as FP8 on a GPU, dequantized by the expert kernels as they read (half the "
+              "bytes; not yet measured on the device)"},
     EnvSwitch{"AFD_GEMV_F32_CHUNKS", "0", "fp32 GEMV of 9-16 rows in row chunks",
               "0: cuBLAS for those rows instead"},
     EnvSwitch{"AFD_JOIN_SECRET", "a secret of >= 16 bytes", "loopback deployments only",

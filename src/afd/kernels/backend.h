@@ -65,13 +65,24 @@ struct RouterSpec {
   float routed_scaling_factor = 1.0f;
 };
 
+// Block size of FP8 weights held as FP8 (DeepSeek-V3's weight_block_size, vLLM's online fp8).
+inline constexpr int64_t kFp8WeightBlock = 128;
+
 // The SwiGLU experts a rank holds: gate_up[e] [2I, H], down[e] [H, I] for local expert e
 // (global id expert_begin + e); an empty tensor is an expert not loaded here.
+// FP8 experts (fp8()): gate_up / down are E4M3 codes (kF8E4M3) and w = code * scale in fp32
+// with one float32 scale per kFp8WeightBlock x kFp8WeightBlock block (edge blocks partial):
+// gate_up_scale[e] [2 * ceil(I / 128), ceil(H / 128)] -- gate_proj's blocks, then up_proj's (so
+// up row j is in block row ceil(I / 128) + j / 128 whatever I is) -- and down_scale[e]
+// [ceil(H / 128), ceil(I / 128)]. Otherwise both scale lists are empty.
 struct ExpertWeights {
   std::vector<Tensor> gate_up;
   std::vector<Tensor> down;
+  std::vector<Tensor> gate_up_scale;
+  std::vector<Tensor> down_scale;
   int64_t expert_begin = 0;
   int64_t num_experts() const { return static_cast<int64_t>(gate_up.size()); }
+  bool fp8() const { return !gate_up_scale.empty(); }
 };
 
 // One row's sampling: greedy when temperature <= 0; else temperature, top-k (0: none), top-p,
@@ -357,6 +368,10 @@ class Backend : public Allocator {
 
   // ---- Graphs and profiling (the CUDA backend; the CPU backend has neither) ---------------
   virtual bool SupportsGraphs() const { return false; }
+  // Whether routed experts held as FP8 (ExpertWeights::fp8) of these sizes run here (the CPU
+  // dequantizes them; the CUDA backend's FP8 form needs hidden and intermediate sizes that are
+  // multiples of 32).
+  virtual bool SupportsFp8Experts(int64_t /*hidden*/, int64_t /*inter*/) const { return false; }
   // Whether ops run after they are enqueued (a CUDA stream), so that the host may work while
   // they do; the CPU backend runs each op as it is called.
   virtual bool RunsAsynchronously() const { return false; }

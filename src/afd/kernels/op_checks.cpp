@@ -1,5 +1,7 @@
 #include "afd/kernels/op_checks.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 
 #include "afd/common/error.h"
@@ -202,6 +204,24 @@ RowsShape CheckGroupedExpertMlp(Device dev, const Tensor& x, const Tensor& offse
   AFD_CHECK(experts.down.size() == experts.gate_up.size(),
             "GroupedExpertMlp: {} gate_up and {} down weights", experts.gate_up.size(),
             experts.down.size());
+  if (experts.fp8()) {
+    AFD_CHECK(experts.gate_up_scale.size() == experts.gate_up.size() &&
+                  experts.down_scale.size() == experts.gate_up.size(),
+              "GroupedExpertMlp: {} FP8 experts with {} gate_up and {} down scales", e,
+              experts.gate_up_scale.size(), experts.down_scale.size());
+    const auto blocks = [](int64_t n) { return (n + kFp8WeightBlock - 1) / kFp8WeightBlock; };
+    for (int64_t i = 0; i < e; ++i) {
+      if (experts.gate_up[i].empty()) continue;  // not loaded here
+      const int64_t inter = experts.down[i].dim(1);
+      const std::string name = fmt::format("GroupedExpertMlp expert {}", experts.expert_begin + i);
+      experts.gate_up[i].Expect((name + " gate_up").c_str(), DType::kF8E4M3, {2 * inter, h});
+      experts.down[i].Expect((name + " down").c_str(), DType::kF8E4M3, {h, inter});
+      experts.gate_up_scale[i].Expect((name + " gate_up scales").c_str(), DType::kF32,
+                                      {2 * blocks(inter), blocks(h)});
+      experts.down_scale[i].Expect((name + " down scales").c_str(), DType::kF32,
+                                   {blocks(h), blocks(inter)});
+    }
+  }
   offsets.Expect("GroupedExpertMlp offsets", DType::kI32, {e + 1});
   x.Expect("GroupedExpertMlp x", DType::kF32, {-1, h});
   out.Expect("GroupedExpertMlp out", DType::kF32, {x.dim(0), h});

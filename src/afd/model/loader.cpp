@@ -6,6 +6,7 @@
 #include <map>
 #include <sstream>
 
+#include "afd/common/env_switches.h"
 #include "afd/common/error.h"
 #include "afd/model/checkpoint.h"
 
@@ -305,6 +306,21 @@ std::unique_ptr<MoeModel> OpenModel(const std::string& spec, const OpenOptions& 
   if (options.auto_bf16 && ParameterCount(config) * 4 > kAutoBf16Bytes) {
     weights.matrix_dtype = DType::kBF16;
   }
+  // FP8 experts on a GPU held as FP8 (the expert kernels dequantize as they read) where the
+  // backend runs them at the model's sizes: AFD_FP8_EXPERTS=1 until the kernels are measured on
+  // the device (docs/config.md).
+  if (const std::optional<std::string> v = EnvValue("AFD_FP8_EXPERTS"); v && !v->empty()) {
+    AFD_CHECK(*v == "0" || *v == "1", "AFD_FP8_EXPERTS={}: expected 0 or 1", *v);
+    if (!backend.device().is_cpu() && *v == "1" &&
+        backend.SupportsFp8Experts(config.hidden_size, config.moe_intermediate_size)) {
+      weights.keep_fp8_experts = true;
+    }
+  }
+  AFD_CHECK(!weights.keep_fp8_experts ||
+                backend.SupportsFp8Experts(config.hidden_size, config.moe_intermediate_size),
+            "{}: routed experts of hidden size {} and intermediate size {} cannot be held as FP8 "
+            "on {}",
+            spec, config.hidden_size, config.moe_intermediate_size, backend.name());
   // Only what this process loads counts: an FFN rank holds its experts, not the whole model.
   const int64_t need = LoadedParameterCount(config, weights) * DTypeSize(weights.matrix_dtype);
   const int64_t available = AvailableMemory();

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 #include "afd/common/dtype_convert.h"
@@ -14,6 +15,11 @@
 #include "afd/model/loader.h"
 
 namespace afd::model {
+
+void TensorSource::ReadFp8(const std::string& name, const std::vector<int64_t>&, TensorKind,
+                           uint8_t*, float*) {
+  AFD_THROW("tensor {} cannot be read as FP8 blocks from this source", name);
+}
 
 namespace {
 
@@ -142,12 +148,50 @@ class Builder {
         m.shared = Mlp(p + "shared_experts.", c_.moe_intermediate_size * c_.n_shared_experts);
       }
     }
+    // FP8 experts held as FP8 when asked and every routed expert of the layer is FP8 in the
+    // source; else dequantized, as every other weight.
+    bool fp8 = o_.keep_fp8_experts && expert_end > expert_begin;
+    for (int64_t i = expert_begin; fp8 && i < expert_end; ++i) {
+      const std::string e = fmt::format("{}experts.{}.", p, i);
+      fp8 = s_.HasFp8(e + "gate_proj.weight") && s_.HasFp8(e + "up_proj.weight") &&
+            s_.HasFp8(e + "down_proj.weight");
+    }
     for (int64_t i = expert_begin; i < expert_end; ++i) {
-      MlpWeights expert = Mlp(fmt::format("{}experts.{}.", p, i), c_.moe_intermediate_size);
+      const std::string e = fmt::format("{}experts.{}.", p, i);
+      if (fp8) {
+        Fp8Expert(e, c_.moe_intermediate_size, m.experts);
+        continue;
+      }
+      MlpWeights expert = Mlp(e, c_.moe_intermediate_size);
       m.experts.gate_up.push_back(expert.gate_up);
       m.experts.down.push_back(expert.down);
     }
     return m;
+  }
+
+  // One routed expert's FP8 codes and block scales (kernels::ExpertWeights' layout: gate_proj
+  // and up_proj stacked, each with its own block rows).
+  void Fp8Expert(const std::string& prefix, int64_t inter, kernels::ExpertWeights& experts) {
+    const int64_t h = c_.hidden_size;
+    const auto blocks = [](int64_t n) {
+      return (n + kernels::kFp8WeightBlock - 1) / kernels::kFp8WeightBlock;
+    };
+    Tensor gate_up = Tensor::HostZeros(DType::kF8E4M3, {2 * inter, h});
+    Tensor gate_up_scale = Tensor::HostZeros(DType::kF32, {2 * blocks(inter), blocks(h)});
+    auto* codes = static_cast<uint8_t*>(gate_up.data());
+    auto* scales = static_cast<float*>(gate_up_scale.data());
+    s_.ReadFp8(prefix + "gate_proj.weight", {inter, h}, TensorKind::kLinear, codes, scales);
+    s_.ReadFp8(prefix + "up_proj.weight", {inter, h}, TensorKind::kLinear, codes + inter * h,
+               scales + blocks(inter) * blocks(h));
+    Tensor down = Tensor::HostZeros(DType::kF8E4M3, {h, inter});
+    Tensor down_scale = Tensor::HostZeros(DType::kF32, {blocks(h), blocks(inter)});
+    s_.ReadFp8(prefix + "down_proj.weight", {h, inter}, TensorKind::kLinear,
+               static_cast<uint8_t*>(down.data()), static_cast<float*>(down_scale.data()));
+    progress_.Add(gate_up.nbytes() + down.nbytes());
+    experts.gate_up.push_back(gate_up);
+    experts.down.push_back(down);
+    experts.gate_up_scale.push_back(gate_up_scale);
+    experts.down_scale.push_back(down_scale);
   }
 
   ModelWeights Build() {
@@ -198,9 +242,7 @@ class Fp8OnLoadSource : public TensorSource {
   Fp8OnLoadSource(TensorSource& inner, int64_t block) : inner_(inner), block_(block) {}
   void Read(const std::string& name, const std::vector<int64_t>& shape, TensorKind kind,
             DType dst_type, void* dst) override {
-    const bool router =
-        name.size() >= 15 && name.compare(name.size() - 15, 15, "mlp.gate.weight") == 0;
-    if (kind != TensorKind::kLinear || shape.size() != 2 || router) {
+    if (kind != TensorKind::kLinear || shape.size() != 2 || IsRouter(name)) {
       inner_.Read(name, shape, kind, dst_type, dst);
       return;
     }
@@ -210,15 +252,35 @@ class Fp8OnLoadSource : public TensorSource {
     RoundThroughFp8Blocks(w.data(), rows, cols, block_, block_);
     ConvertFromF32(w.data(), rows * cols, dst_type, dst);
   }
+  bool HasFp8(const std::string& name) const override {
+    return block_ == kernels::kFp8WeightBlock && !IsRouter(name);
+  }
+  void ReadFp8(const std::string& name, const std::vector<int64_t>& shape, TensorKind kind,
+               uint8_t* codes, float* scales) override {
+    AFD_CHECK(HasFp8(name) && kind == TensorKind::kLinear && shape.size() == 2,
+              "--quantization fp8: tensor {} is not quantized in blocks of {}", name,
+              kernels::kFp8WeightBlock);
+    std::vector<float> w(shape[0] * shape[1]);
+    inner_.Read(name, shape, kind, DType::kF32, w.data());
+    RoundThroughFp8Blocks(w.data(), shape[0], shape[1], block_, block_, codes, scales);
+  }
 
  private:
+  static bool IsRouter(const std::string& name) {
+    return name.size() >= 15 && name.compare(name.size() - 15, 15, "mlp.gate.weight") == 0;
+  }
   TensorSource& inner_;
   int64_t block_;
 };
 
 }  // namespace
 
-void RoundThroughFp8Blocks(float* w, int64_t rows, int64_t cols, int64_t bn, int64_t bk) {
+namespace {
+
+// RoundThroughFp8Blocks on this thread.
+void RoundBlocks(float* w, int64_t rows, int64_t cols, int64_t bn, int64_t bk, uint8_t* codes,
+                 float* scales) {
+  const int64_t block_cols = (cols + bk - 1) / bk;
   for (int64_t r0 = 0; r0 < rows; r0 += bn) {
     for (int64_t c0 = 0; c0 < cols; c0 += bk) {
       const int64_t r1 = std::min(rows, r0 + bn), c1 = std::min(cols, c0 + bk);
@@ -227,14 +289,45 @@ void RoundThroughFp8Blocks(float* w, int64_t rows, int64_t cols, int64_t bn, int
         for (int64_t j = c0; j < c1; ++j) amax = std::max(amax, std::fabs(w[i * cols + j]));
       }
       const float scale = amax > 0 ? amax / 448.0f : 1.0f;  // the block's weight_scale_inv
+      if (scales != nullptr) scales[(r0 / bn) * block_cols + c0 / bk] = scale;
       for (int64_t i = r0; i < r1; ++i) {
         for (int64_t j = c0; j < c1; ++j) {
           float& x = w[i * cols + j];
-          x = Fp8E4M3ToF32(F32ToFp8E4M3(x / scale)) * scale;
+          const uint8_t code = F32ToFp8E4M3(x / scale);
+          if (codes != nullptr) codes[i * cols + j] = code;
+          x = Fp8E4M3ToF32(code) * scale;
         }
       }
     }
   }
+}
+
+}  // namespace
+
+void RoundThroughFp8Blocks(float* w, int64_t rows, int64_t cols, int64_t bn, int64_t bk,
+                           uint8_t* codes, float* scales) {
+  // Rows of blocks on several threads for big matrices (each block on its own: the same values
+  // for any thread count; a V2-Lite checkpoint's 15.7e9 weights take minutes on one thread).
+  const int64_t block_cols = (cols + bk - 1) / bk, block_rows = (rows + bn - 1) / bn;
+  const int64_t threads =
+      rows * cols < (1 << 20)
+          ? 1
+          : std::clamp<int64_t>(std::thread::hardware_concurrency(), 1, block_rows);
+  if (threads == 1) {
+    RoundBlocks(w, rows, cols, bn, bk, codes, scales);
+    return;
+  }
+  std::vector<std::thread> pool;
+  for (int64_t t = 0; t < threads; ++t) {
+    const int64_t b0 = block_rows * t / threads, b1 = block_rows * (t + 1) / threads;
+    const int64_t r0 = b0 * bn, r1 = std::min(rows, b1 * bn);
+    pool.emplace_back([=] {
+      RoundBlocks(w + r0 * cols, r1 - r0, cols, bn, bk,
+                  codes == nullptr ? nullptr : codes + r0 * cols,
+                  scales == nullptr ? nullptr : scales + b0 * block_cols);
+    });
+  }
+  for (std::thread& t : pool) t.join();
 }
 
 ModelWeights BuildWeights(const ModelConfig& config, const WeightOptions& options,
@@ -270,8 +363,10 @@ void ForEachTensor(ModelWeights& w, const std::function<void(Tensor&)>& fn) {
     }
     mlp(l.dense);
     mlp(l.moe.shared);
-    for (Tensor& t : l.moe.experts.gate_up) visit(t);
-    for (Tensor& t : l.moe.experts.down) visit(t);
+    kernels::ExpertWeights& e = l.moe.experts;
+    for (std::vector<Tensor>* list : {&e.gate_up, &e.down, &e.gate_up_scale, &e.down_scale}) {
+      for (Tensor& t : *list) visit(t);
+    }
   }
 }
 

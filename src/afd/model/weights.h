@@ -75,6 +75,11 @@ struct WeightOptions {
   // largest |w| / 448) and held dequantized (the CPU reference of FP8 weights). Checkpoints that
   // are FP8 already keep their own scales.
   int64_t fp8_block = 0;
+  // FP8 routed experts (an FP8 checkpoint's with 128 x 128 blocks, or fp8_block == 128) held as
+  // FP8 codes with their block scales (kernels::ExpertWeights::fp8) rather than dequantized: the
+  // bytes a GPU's expert kernels read halve. A layer whose routed experts are not all FP8 in the
+  // source is held dequantized.
+  bool keep_fp8_experts = false;
 };
 
 // Reads every tensor the config implies from `ckpt` (names as in the HF checkpoints; shapes and

@@ -47,7 +47,38 @@ class CheckpointSource : public TensorSource {
     }
   }
 
+  bool HasFp8(const std::string& name) const override {
+    const TensorInfo* t = ckpt_.Find(name);
+    return t != nullptr && t->dtype_name == "F8_E4M3" &&
+           config_.fp8_block_n == kernels::kFp8WeightBlock &&
+           config_.fp8_block_k == kernels::kFp8WeightBlock;
+  }
+
+  void ReadFp8(const std::string& name, const std::vector<int64_t>& shape, TensorKind,
+               uint8_t* codes, float* scales) override {
+    AFD_CHECK(HasFp8(name), "tensor {} is not F8_E4M3 in blocks of {} in the checkpoint", name,
+              kernels::kFp8WeightBlock);
+    const TensorInfo& t = *ckpt_.Find(name);
+    AFD_CHECK(t.shape == shape && shape.size() == 2,
+              "{}: tensor {} has shape {}, the config implies {} (FP8 weights are matrices)",
+              t.file, name, t.ShapeString(), fmt::format("[{}]", fmt::join(shape, ", ")));
+    const TensorInfo& scale = Scales(t, name, shape);
+    std::memcpy(codes, t.data, t.num_bytes);
+    ConvertToF32(*scale.dtype, scale.data, scale.numel(), scales);
+  }
+
  private:
+  // The weight_scale_inv of an F8_E4M3 weight [N, K]: [ceil(N / bn), ceil(K / bk)].
+  const TensorInfo& Scales(const TensorInfo& t, const std::string& name,
+                           const std::vector<int64_t>& shape) const {
+    const int64_t bn = config_.fp8_block_n, bk = config_.fp8_block_k;
+    const std::string scale_name = name + "_scale_inv";
+    const TensorInfo* s = ckpt_.Find(scale_name);
+    AFD_CHECK(s != nullptr, "{}: tensor {} is F8_E4M3 but its scales {} are missing", t.file, name,
+              scale_name);
+    return ckpt_.Get(scale_name, {(shape[0] + bn - 1) / bn, (shape[1] + bk - 1) / bk});
+  }
+
   // An F8_E4M3 weight [N, K] with its weight_scale_inv [ceil(N / bn), ceil(K / bk)]: w[i][j] =
   // fp8(w[i][j]) * scale_inv[i / bn][j / bk] in fp32 (the edge blocks partial), then dst_type.
   void ReadFp8(const TensorInfo& t, const std::string& name, const std::vector<int64_t>& shape,
@@ -60,13 +91,9 @@ class CheckpointSource : public TensorSource {
     AFD_CHECK(t.shape == shape && shape.size() == 2,
               "{}: tensor {} has shape {}, the config implies {} (FP8 weights are matrices)",
               t.file, name, t.ShapeString(), fmt::format("[{}]", fmt::join(shape, ", ")));
-    const std::string scale_name = name + "_scale_inv";
     const int64_t rows = shape[0], cols = shape[1];
     const std::vector<int64_t> scale_shape = {(rows + bn - 1) / bn, (cols + bk - 1) / bk};
-    const TensorInfo* s = ckpt_.Find(scale_name);
-    AFD_CHECK(s != nullptr, "{}: tensor {} is F8_E4M3 but its scales {} are missing", t.file, name,
-              scale_name);
-    const TensorInfo& scale = ckpt_.Get(scale_name, scale_shape);
+    const TensorInfo& scale = Scales(t, name, shape);
     std::vector<float> scales(scale.numel());
     ConvertToF32(*scale.dtype, scale.data, scale.numel(), scales.data());
     const auto* in = static_cast<const uint8_t*>(t.data);

@@ -13,6 +13,7 @@ class CpuBackend : public Backend {
   Device device() const override { return Device::Cpu(); }
   std::shared_ptr<void> Allocate(size_t bytes) override;
   std::string name() const override { return "cpu"; }
+  bool SupportsFp8Experts(int64_t, int64_t) const override { return true; }  // dequantized
   Stream stream() const override { return {}; }
 
   void CopyToDevice(const Tensor& dst, const void* src) override;

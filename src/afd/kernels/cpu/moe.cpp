@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "afd/common/dtype_convert.h"
 #include "afd/common/error.h"
 #include "afd/kernels/cpu/gemm.h"
 #include "afd/kernels/cpu/ops.h"
@@ -42,15 +43,49 @@ void SwiGluMlp(const float* x, int64_t n, int64_t hidden, const Tensor& gate_up,
   Gemm(act.data(), n, inter, down.data(), down.dtype(), hidden, inter, out, hidden);
 }
 
+namespace {
+
+// An FP8 weight [rows, cols] as fp32: code * scale of its block (ExpertWeights), in fp32 --
+// the values a dequantizing load holds, so the results are the same bits.
+void DequantFp8Weight(const Tensor& codes, const Tensor& scales, int64_t split,
+                      std::vector<float>& out) {
+  const int64_t rows = codes.dim(0), cols = codes.dim(1), sc = scales.dim(1);
+  const auto* q = codes.data_as<const uint8_t>();
+  const float* s = scales.data_as<const float>();
+  // Rows from `split` on start a new run of block rows (gate_up: up_proj's rows).
+  const int64_t split_blocks = (split + kFp8WeightBlock - 1) / kFp8WeightBlock;
+  out.resize(rows * cols);
+  for (int64_t i = 0; i < rows; ++i) {
+    const int64_t block_row =
+        i < split ? i / kFp8WeightBlock : split_blocks + (i - split) / kFp8WeightBlock;
+    const float* srow = s + block_row * sc;
+    for (int64_t j = 0; j < cols; ++j) {
+      out[i * cols + j] = Fp8E4M3ToF32(q[i * cols + j]) * srow[j / kFp8WeightBlock];
+    }
+  }
+}
+
+}  // namespace
+
 void GroupedExpertMlp(const float* x, int64_t hidden, const int32_t* offsets,
                       const ExpertWeights& experts, float* out) {
+  thread_local std::vector<float> gate_up, down;
   for (int64_t e = 0; e < experts.num_experts(); ++e) {
     const int64_t r0 = offsets[e], rows = offsets[e + 1] - offsets[e];
     if (rows == 0) continue;
     AFD_CHECK(!experts.gate_up[e].empty(), "routed expert {} is not loaded in this process",
               experts.expert_begin + e);
-    SwiGluMlp(x + r0 * hidden, rows, hidden, experts.gate_up[e], experts.down[e],
-              out + r0 * hidden);
+    if (!experts.fp8()) {
+      SwiGluMlp(x + r0 * hidden, rows, hidden, experts.gate_up[e], experts.down[e],
+                out + r0 * hidden);
+      continue;
+    }
+    const int64_t inter = experts.down[e].dim(1);
+    DequantFp8Weight(experts.gate_up[e], experts.gate_up_scale[e], inter, gate_up);
+    DequantFp8Weight(experts.down[e], experts.down_scale[e], hidden, down);
+    SwiGluMlp(x + r0 * hidden, rows, hidden,
+              Tensor(gate_up.data(), DType::kF32, {2 * inter, hidden}, Device::Cpu()),
+              Tensor(down.data(), DType::kF32, {hidden, inter}, Device::Cpu()), out + r0 * hidden);
   }
 }
 

@@ -107,6 +107,9 @@ class CudaBackend : public Backend {
   void Convert(const Tensor& dst, const Tensor& src) override;
 
   bool SupportsGraphs() const override { return true; }
+  bool SupportsFp8Experts(int64_t hidden, int64_t inter) const override {
+    return hidden % 32 == 0 && inter % 32 == 0;  // GroupedMma's K and N
+  }
   bool RunsAsynchronously() const override { return true; }
   void BeginCapture() override;
   std::unique_ptr<OpGraph> EndCapture() override;
@@ -127,7 +130,8 @@ class CudaBackend : public Backend {
   void* Scratch(int slot, size_t bytes);
   // Scratch that reads zero when (re)allocated: kernels that use it leave it zero again.
   void* ZeroedScratch(int slot, size_t bytes);
-  // Device table of an expert set's gate_up (kind 0) or down (kind 1) weight pointers.
+  // Device table of an expert set's gate_up (kind 0) or down (kind 1) weight pointers, or of
+  // its FP8 block scales (kind 2: gate_up's, kind 3: down's).
   const void* const* ExpertTable(const ExpertWeights& experts, int kind);
   // Copies `bytes` of host memory into the pinned staging ring and returns where (valid until
   // the device copies that read it are done; waits for the device only when the ring is full).

@@ -370,7 +370,10 @@ void CudaBackend::MoePermute(const Tensor& ids, int64_t begin, int64_t num_local
 }
 
 const void* const* CudaBackend::ExpertTable(const ExpertWeights& experts, int kind) {
-  const std::vector<Tensor>& list = kind == 0 ? experts.gate_up : experts.down;
+  const std::vector<Tensor>& list = kind == 0   ? experts.gate_up
+                                    : kind == 1 ? experts.down
+                                    : kind == 2 ? experts.gate_up_scale
+                                                : experts.down_scale;
   std::vector<const void*> ptrs;
   for (size_t e = 0; e < list.size(); ++e) {
     AFD_CHECK(!list[e].empty(), "routed expert {} is not loaded on {}",
@@ -396,6 +399,10 @@ void CudaBackend::GroupedExpertMlp(const Tensor& x, const Tensor& offsets,
   if (e == 0 || m == 0) return;
   const OpScope scope(*this, "GroupedExpertMlp", {m, h});
   if (MmaExpertMlp(x.data_as<const float>(), nullptr, m, h, offsets, experts, out)) return;
+  AFD_CHECK(!experts.fp8(),
+            "GroupedExpertMlp: FP8 experts need hidden and intermediate sizes that are multiples "
+            "of 32 on {} (hidden {}, intermediate {})",
+            name_, h, experts.down.front().dim(1));
   const int64_t inter = experts.down.front().dim(1);
   const bool bf16 = experts.gate_up.front().dtype() == DType::kBF16;
   auto* act = static_cast<float*>(Scratch(kMoeAct, m * inter * sizeof(float)));  // [m, I]
@@ -412,15 +419,18 @@ void CudaBackend::GroupedExpertMlp(const Tensor& x, const Tensor& offsets,
 bool CudaBackend::MmaExpertMlp(const float* x, const int32_t* src_row, int64_t m, int64_t h,
                                const Tensor& offsets, const ExpertWeights& experts,
                                const Tensor& out) {
-  // bf16 experts of decode and mid-sized groups: both GEMMs on tensor cores with a bf16
-  // intermediate (the act scratch holds it).
-  if (experts.gate_up.front().dtype() != DType::kBF16) return false;
+  // bf16 experts of decode and mid-sized groups, FP8 experts at every size: both GEMMs on
+  // tensor cores with a bf16 intermediate (the act scratch holds it).
+  const bool fp8 = experts.fp8();
+  if (!fp8 && experts.gate_up.front().dtype() != DType::kBF16) return false;
   const int64_t inter = experts.down.front().dim(1);
   auto* act = static_cast<uint16_t*>(Scratch(kMoeAct, m * inter * sizeof(float)));
   auto* xb = static_cast<uint16_t*>(Scratch(kBf16Input, m * std::max(h, inter) * 2));
   return LaunchGroupedMlpMma(x, src_row, m, h, inter, ExpertTable(experts, 0),
-                             ExpertTable(experts, 1), offsets.data_as<const int32_t>(),
-                             experts.num_experts(), xb, act, out.data_as<float>(), state_->stream);
+                             ExpertTable(experts, 1), fp8 ? ExpertTable(experts, 2) : nullptr,
+                             fp8 ? ExpertTable(experts, 3) : nullptr,
+                             offsets.data_as<const int32_t>(), experts.num_experts(), xb, act,
+                             out.data_as<float>(), state_->stream);
 }
 
 void CudaBackend::GatheredExpertMlp(const Tensor& x, const Tensor& src_row, const Tensor& grouped,

@@ -76,7 +76,8 @@ void LaunchGroupedLinear(const float* x, int64_t m, int64_t k, const void* const
   if (bf16 && x_bf16 != nullptr && MmaFits(m, k, n_out, num_local)) {
     auto* xb = reinterpret_cast<__nv_bfloat16*>(x_bf16);
     LaunchRowsToBf16(x, m * k, xb, s);
-    LaunchGroupedMma(xb, m, k, w_ptrs, offsets, num_local, n_out, swiglu, false, y, nullptr, s);
+    LaunchGroupedMma(xb, m, k, w_ptrs, nullptr, offsets, num_local, n_out, swiglu, false, y,
+                     nullptr, s);
     CheckLaunch("GroupedExpertMlp (mma)");
     return;
   }
@@ -110,11 +111,15 @@ void LaunchGroupedLinear(const float* x, int64_t m, int64_t k, const void* const
 
 bool LaunchGroupedMlpMma(const float* x, const int32_t* src_row, int64_t m, int64_t h,
                          int64_t inter, const void* const* gate_up, const void* const* down,
+                         const void* const* gate_up_scale, const void* const* down_scale,
                          const int32_t* offsets, int64_t num_local, uint16_t* x_bf16,
                          uint16_t* act_bf16, float* out, cudaStream_t s) {
-  const bool tiled = TiledFits(m, h, inter, num_local) && TiledFits(m, inter, h, num_local);
+  // FP8 experts: the mma form at every size (the tiled form reads bf16 only).
+  const bool fp8 = gate_up_scale != nullptr;
+  const bool tiled = !fp8 && TiledFits(m, h, inter, num_local) && TiledFits(m, inter, h, num_local);
   if (m == 0 || num_local == 0 ||
-      (!tiled && (!MmaFits(m, h, inter, num_local) || !MmaFits(m, inter, h, num_local)))) {
+      (!tiled &&
+       (!MmaFits(m, h, inter, num_local, fp8) || !MmaFits(m, inter, h, num_local, fp8)))) {
     return false;
   }
   auto* xb = reinterpret_cast<__nv_bfloat16*>(x_bf16);
@@ -130,9 +135,12 @@ bool LaunchGroupedMlpMma(const float* x, const int32_t* src_row, int64_t m, int6
     CheckLaunch("GroupedExpertMlp (tiled, bf16 intermediate)");
     return true;
   }
-  LaunchGroupedMma(xb, m, h, gate_up, offsets, num_local, inter, true, true, nullptr, ab, s);
-  LaunchGroupedMma(ab, m, inter, down, offsets, num_local, h, false, false, out, nullptr, s);
-  CheckLaunch("GroupedExpertMlp (mma, bf16 intermediate)");
+  LaunchGroupedMma(xb, m, h, gate_up, gate_up_scale, offsets, num_local, inter, true, true, nullptr,
+                   ab, s);
+  LaunchGroupedMma(ab, m, inter, down, down_scale, offsets, num_local, h, false, false, out,
+                   nullptr, s);
+  CheckLaunch(fp8 ? "GroupedExpertMlp (mma, FP8 experts, bf16 intermediate)"
+                  : "GroupedExpertMlp (mma, bf16 intermediate)");
   return true;
 }
 

@@ -22,8 +22,12 @@ void LaunchMoePermute(const int32_t* ids, int64_t n, int64_t k, int64_t begin, i
 // written as bf16 into act_bf16 [m, inter] by the first GEMM (rounded as the separate
 // conversion would: the same bits), then out [m, h] = act · W_down^T. No fp32 intermediate.
 // src_row: null, or row r of the rows is x[src_row[r]] (gathered while rounded).
+// gate_up_scale / down_scale: null (bf16 weights), or the FP8 experts' block scales (E4M3
+// weights, kernels::ExpertWeights' layout; GroupedMma at every size, the same bits as the bf16
+// weights a dequantizing load holds).
 bool LaunchGroupedMlpMma(const float* x, const int32_t* src_row, int64_t m, int64_t h,
                          int64_t inter, const void* const* gate_up, const void* const* down,
+                         const void* const* gate_up_scale, const void* const* down_scale,
                          const int32_t* offsets, int64_t num_local, uint16_t* x_bf16,
                          uint16_t* act_bf16, float* out, cudaStream_t s);
 // Dense y[n, m] = x · w^T on the tiled bf16 kernel (GroupedTiled with one weight matrix): x_bf16

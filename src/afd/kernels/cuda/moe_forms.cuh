@@ -18,11 +18,15 @@ namespace afd::kernels::cuda {
 inline constexpr int64_t kMmaMaxAvgRows = 256;
 
 // moe_mma.cu -- mma.sync m16n8k16 from bf16 x (already rounded), up to kMmaMaxAvgRows rows per
-// expert on average: K a multiple of 32, N of 8. Into fp32 y, or (swiglu only) bf16 yb.
-bool MmaFits(int64_t m, int64_t k, int64_t n_out, int64_t num_local);
+// expert on average (any_rows: any number; FP8 experts, which the tiled form does not read):
+// K a multiple of 32, N of 8. Into fp32 y, or (swiglu only) bf16 yb. Weights bf16, or (s_ptrs
+// not null: each expert's float32 scales per 128 x 128 block, kernels::ExpertWeights' layout)
+// E4M3 codes, turned into the bf16 a dequantizing load would hold (the same bits out).
+bool MmaFits(int64_t m, int64_t k, int64_t n_out, int64_t num_local, bool any_rows = false);
 void LaunchGroupedMma(const __nv_bfloat16* x, int64_t m, int64_t k, const void* const* w_ptrs,
-                      const int32_t* offsets, int64_t num_local, int64_t n_out, bool swiglu,
-                      bool bf16_out, float* y, __nv_bfloat16* yb, cudaStream_t s);
+                      const void* const* s_ptrs, const int32_t* offsets, int64_t num_local,
+                      int64_t n_out, bool swiglu, bool bf16_out, float* y, __nv_bfloat16* yb,
+                      cudaStream_t s);
 
 // moe_tiled.cu -- a tiled tensor-core GEMM (wgmma on sm_90a, else mma.sync) from bf16 x, above
 // kMmaMaxAvgRows rows per expert: K a multiple of 8, N even. SwiGLU into bf16 yb, the plain

@@ -1,6 +1,8 @@
 // The grouped expert GEMMs on tensor cores by mma.sync, for decode and mid-sized groups (up to
 // kMmaMaxAvgRows rows per expert on average; moe_forms.cuh).
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <mma.h>
 
 #include <algorithm>
@@ -119,6 +121,83 @@ __device__ __forceinline__ void MmaCompute(const uint4 (&w)[kMmaUnroll][2],
   }
 }
 
+// FP8 experts (kFp8): the same kernel reading E4M3 codes -- 8 bytes per lane and 32-wide chunk
+// (W[n0 + gid][k0 + 8t .. +8], the bf16 form's k positions) -- with the float32 scale of each
+// code's 128 x 128 block (ExpertWeights), turned into the bf16 fragments the bf16 form loads:
+// bf16(fp32(code) * scale), rounded to nearest -- the very weights a dequantizing load uploads
+// as bf16, so the products, sums and outputs are the bf16 form's bits. A lane's 8 k of a chunk
+// lie in one block (32 | 128); its rows' block rows are fixed (8 | 128), so each chunk needs
+// one scale per weight tile, loaded with the codes.
+__device__ __forceinline__ uint2 LoadStream8(const uint8_t* p) {
+  uint2 v;
+  asm("ld.global.nc.L1::no_allocate.L2::256B.v2.u32 {%0, %1}, [%2];"
+      : "=r"(v.x), "=r"(v.y)
+      : "l"(p));
+  return v;
+}
+
+// Two E4M3 codes (the low byte first) times scale as a bf16 pair (low half: the first).
+__device__ __forceinline__ uint32_t Fp8PairToBf16(uint32_t two, float scale) {
+  const __half2_raw h =
+      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two & 0xffffu), __NV_E4M3);
+  const float2 f = __half22float2(__half2(h));
+  const __nv_bfloat162 b = __floats2bfloat162_rn(__fmul_rn(f.x, scale), __fmul_rn(f.y, scale));
+  return *reinterpret_cast<const uint32_t*>(&b);
+}
+
+// Eight codes (memory order) as the uint4 of eight bf16 the bf16 form loads.
+__device__ __forceinline__ uint4 Fp8x8ToBf16(uint2 q, float scale) {
+  return make_uint4(Fp8PairToBf16(q.x, scale), Fp8PairToBf16(q.x >> 16, scale),
+                    Fp8PairToBf16(q.y, scale), Fp8PairToBf16(q.y >> 16, scale));
+}
+
+// The FP8 codes and scales of kMmaUnroll chunks from chunk c (kGuard: as MmaLoadW). sa / sb: this
+// lane's rows' block rows of scales; kb: the k of chunk 0 (the piece's start).
+template <bool kGuard>
+__device__ __forceinline__ void MmaLoadW8(const uint8_t* wa, const uint8_t* wb, const float* sa,
+                                          const float* sb, int64_t kb, int c, int chunks,
+                                          uint2 (&q)[kMmaUnroll][2], float (&sc)[kMmaUnroll][2]) {
+#pragma unroll
+  for (int u = 0; u < kMmaUnroll; ++u) {
+    if (!kGuard || c + u < chunks) {
+      q[u][0] = LoadStream8(wa + (c + u) * 32);
+      q[u][1] = LoadStream8(wb + (c + u) * 32);
+      const int64_t block = (kb + (c + u) * 32) >> 7;
+      sc[u][0] = __ldg(sa + block);
+      sc[u][1] = __ldg(sb + block);
+    } else {
+      q[u][0] = q[u][1] = make_uint2(0, 0);
+      sc[u][0] = sc[u][1] = 0.0f;
+    }
+  }
+}
+
+// MmaCompute for FP8 codes: each chunk's fragments converted just before its mmas.
+template <bool kGuard, int kTiles>
+__device__ __forceinline__ void MmaComputeFp8(const uint2 (&q)[kMmaUnroll][2],
+                                              const float (&sc)[kMmaUnroll][2],
+                                              const __nv_bfloat16* const (&xr)[kTiles][2], int c,
+                                              int chunks, int tiles, float (&acc)[kTiles][2][4]) {
+#pragma unroll
+  for (int u = 0; u < kMmaUnroll; ++u) {
+    if (kGuard && c + u >= chunks) break;
+    const uint4 w[2] = {Fp8x8ToBf16(q[u][0], sc[u][0]), Fp8x8ToBf16(q[u][1], sc[u][1])};
+#pragma unroll
+    for (int i = 0; i < kTiles; ++i) {
+      if (i >= tiles) break;
+      const uint4 zero = make_uint4(0, 0, 0, 0);
+      const int off = (c + u) * 32;
+      const uint4 lo = xr[i][0] ? *reinterpret_cast<const uint4*>(xr[i][0] + off) : zero;
+      const uint4 hi = xr[i][1] ? *reinterpret_cast<const uint4*>(xr[i][1] + off) : zero;
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        MmaBf16(acc[i][j], lo.x, hi.x, lo.y, hi.y, w[j].x, w[j].y);
+        MmaBf16(acc[i][j], lo.z, hi.z, lo.w, hi.w, w[j].z, w[j].w);
+      }
+    }
+  }
+}
+
 // The expert of block z: z itself when the grid spans every local expert, else (grid z =
 // min(num_local, rows): decode's few rows use a few experts) the z-th expert with rows,
 // ascending (-1: fewer have rows), so no block is launched for each unused expert (at batch 1,
@@ -161,12 +240,14 @@ __device__ __forceinline__ int64_t ActiveExpert(const int32_t* offsets, int64_t 
 // round staged at once), so each warp's chain of dependent weight loads is half as long; half 1
 // hands its sums to half 0 through shared memory, which adds them (sum = half 0 + half 1) and
 // stores. The sum order then differs from kHalves == 1 in the last bits.
+// kFp8: the weights are E4M3 codes with block scales (s_ptrs[e]: the expert's scales, rows of
+// ceil(k / 128); SwiGLU's up rows from block row ceil(n_out / 128) on), see MmaLoadW8.
 template <bool kSwiglu, bool kBf16Out, int kTiles, int kHalves = 1,
-          int kWarps = 4 * kTiles* kHalves>
+          int kWarps = 4 * kTiles* kHalves, bool kFp8 = false>
 __global__ void __launch_bounds__(kWarps * 32, 16 / kWarps)  // 128 registers
     GroupedMma(const __nv_bfloat16* x, int64_t k, int piece, const void* const* w_ptrs,
-               const int32_t* offsets, int64_t num_local, int64_t n_out, float* y,
-               __nv_bfloat16* yb) {
+               const void* const* s_ptrs, const int32_t* offsets, int64_t num_local, int64_t n_out,
+               float* y, __nv_bfloat16* yb) {
   PdlStart();
   static_assert(kHalves == 1 || kTiles == 1, "halves only with one m tile");
   extern __shared__ uint4 stage4[];
@@ -184,9 +265,22 @@ __global__ void __launch_bounds__(kWarps * 32, 16 / kWarps)  // 128 registers
   // Plain with n_out % 16 == 8: the last warp's second tile is past n_out; it re-reads the
   // first tile and its outputs are dropped.
   const bool second = kSwiglu || n0 + 8 < n_out;
-  const auto* w = static_cast<const __nv_bfloat16*>(w_ptrs[e]);
-  const __nv_bfloat16* wa = w + (n0 + gid) * k + t * 8;
-  const __nv_bfloat16* wb = w + ((kSwiglu ? n_out + n0 : (second ? n0 + 8 : n0)) + gid) * k + t * 8;
+  using W = std::conditional_t<kFp8, uint8_t, __nv_bfloat16>;
+  const auto* w = static_cast<const W*>(w_ptrs[e]);
+  const W* wa = w + (n0 + gid) * k + t * 8;
+  const W* wb = w + ((kSwiglu ? n_out + n0 : (second ? n0 + 8 : n0)) + gid) * k + t * 8;
+  // kFp8: the scale rows of this lane's weight rows (the tile's 8 rows share one block row).
+  const float* sa = nullptr;
+  const float* sb = nullptr;
+  if constexpr (kFp8) {
+    const auto* sw = static_cast<const float*>(s_ptrs[e]);
+    const int64_t kblocks = (k + 127) / 128;
+    const int64_t ra = (n0 + gid) / 128;
+    const int64_t rb =
+        kSwiglu ? (n_out + 127) / 128 + (n0 + gid) / 128 : ((second ? n0 + 8 : n0) + gid) / 128;
+    sa = sw + ra * kblocks;
+    sb = sw + rb * kblocks;
+  }
   const int stride = MmaStride(piece);
   const __nv_bfloat16* my_xs = xs + half * kPassRows * stride;
   for (int64_t p0 = first; p0 < r_end; p0 += int64_t(gridDim.y) * kPassRows) {
@@ -219,29 +313,58 @@ __global__ void __launch_bounds__(kWarps * 32, 16 / kWarps)  // 128 registers
       const int kn = kb < k ? static_cast<int>(min(static_cast<int64_t>(piece), k - kb)) : 0;
       const int chunks = kn / 32;
       // The first weight group's loads are in flight while x lands.
-      uint4 wv[kMmaUnroll][2];
-      if (active && chunks > 0) {
-        if (chunks >= kMmaUnroll) {
-          MmaLoadW<false>(wa + kb, wb + kb, 0, chunks, wv);
-        } else {
-          MmaLoadW<true>(wa + kb, wb + kb, 0, chunks, wv);
-        }
-      }
-      CopyAsyncWaitAll();
-      __syncthreads();
-      if (!active) continue;
-      for (int c = 0; c < chunks; c += kMmaUnroll) {
-        if (c > 0) {
-          if (c + kMmaUnroll <= chunks) {
-            MmaLoadW<false>(wa + kb, wb + kb, c, chunks, wv);
+      if constexpr (kFp8) {
+        uint2 q[kMmaUnroll][2];
+        float sc[kMmaUnroll][2];
+        if (active && chunks > 0) {
+          if (chunks >= kMmaUnroll) {
+            MmaLoadW8<false>(wa + kb, wb + kb, sa, sb, kb, 0, chunks, q, sc);
           } else {
-            MmaLoadW<true>(wa + kb, wb + kb, c, chunks, wv);
+            MmaLoadW8<true>(wa + kb, wb + kb, sa, sb, kb, 0, chunks, q, sc);
           }
         }
-        if (c + kMmaUnroll <= chunks) {
-          MmaCompute<false>(wv, xr, c, chunks, tiles, acc);
-        } else {
-          MmaCompute<true>(wv, xr, c, chunks, tiles, acc);
+        CopyAsyncWaitAll();
+        __syncthreads();
+        if (!active) continue;
+        for (int c = 0; c < chunks; c += kMmaUnroll) {
+          if (c > 0) {
+            if (c + kMmaUnroll <= chunks) {
+              MmaLoadW8<false>(wa + kb, wb + kb, sa, sb, kb, c, chunks, q, sc);
+            } else {
+              MmaLoadW8<true>(wa + kb, wb + kb, sa, sb, kb, c, chunks, q, sc);
+            }
+          }
+          if (c + kMmaUnroll <= chunks) {
+            MmaComputeFp8<false>(q, sc, xr, c, chunks, tiles, acc);
+          } else {
+            MmaComputeFp8<true>(q, sc, xr, c, chunks, tiles, acc);
+          }
+        }
+      } else {
+        uint4 wv[kMmaUnroll][2];
+        if (active && chunks > 0) {
+          if (chunks >= kMmaUnroll) {
+            MmaLoadW<false>(wa + kb, wb + kb, 0, chunks, wv);
+          } else {
+            MmaLoadW<true>(wa + kb, wb + kb, 0, chunks, wv);
+          }
+        }
+        CopyAsyncWaitAll();
+        __syncthreads();
+        if (!active) continue;
+        for (int c = 0; c < chunks; c += kMmaUnroll) {
+          if (c > 0) {
+            if (c + kMmaUnroll <= chunks) {
+              MmaLoadW<false>(wa + kb, wb + kb, c, chunks, wv);
+            } else {
+              MmaLoadW<true>(wa + kb, wb + kb, c, chunks, wv);
+            }
+          }
+          if (c + kMmaUnroll <= chunks) {
+            MmaCompute<false>(wv, xr, c, chunks, tiles, acc);
+          } else {
+            MmaCompute<true>(wv, xr, c, chunks, tiles, acc);
+          }
         }
       }
     }
@@ -337,17 +460,17 @@ MmaLaunch PlanMma(int64_t m, int64_t k, int64_t n_out, bool swiglu, int64_t num_
   return p;
 }
 
-// GroupedMma with its plan: y (fp32) or, kBf16Out, yb (bf16).
-template <bool kSwiglu, bool kBf16Out>
+// GroupedMma with its plan: y (fp32) or, kBf16Out, yb (bf16); kFp8: s_ptrs the scales.
+template <bool kSwiglu, bool kBf16Out, bool kFp8>
 void LaunchMma(const __nv_bfloat16* x, int64_t m, int64_t k, const void* const* w_ptrs,
-               const int32_t* offsets, int64_t num_local, int64_t n_out, float* y,
-               __nv_bfloat16* yb, cudaStream_t s) {
+               const void* const* s_ptrs, const int32_t* offsets, int64_t num_local, int64_t n_out,
+               float* y, __nv_bfloat16* yb, cudaStream_t s) {
   const MmaLaunch p = PlanMma(m, k, n_out, kSwiglu, num_local);
   const auto go = [&](auto tiles, auto halves, auto wide) {
     constexpr int kTiles = decltype(tiles)::value, kHalves = decltype(halves)::value;
     constexpr int kWide = decltype(wide)::value;  // 1 + (16 warps, twice the stage per tile)
     const auto kernel =
-        GroupedMma<kSwiglu, kBf16Out, kTiles, kHalves, 4 * kTiles * kHalves * kWide>;
+        GroupedMma<kSwiglu, kBf16Out, kTiles, kHalves, 4 * kTiles * kHalves * kWide, kFp8>;
     // The opt-in above 48 KB, once per instance (this lambda is instantiated per plan shape).
     static const bool raised = [&] {
       AFD_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -355,8 +478,8 @@ void LaunchMma(const __nv_bfloat16* x, int64_t m, int64_t k, const void* const* 
       return true;
     }();
     (void)raised;
-    LaunchPdl(kernel, p.grid, p.warps * 32, p.smem, s, x, k, p.piece, w_ptrs, offsets, num_local,
-              n_out, y, yb);
+    LaunchPdl(kernel, p.grid, p.warps * 32, p.smem, s, x, k, p.piece, w_ptrs, s_ptrs, offsets,
+              num_local, n_out, y, yb);
   };
   using One = std::integral_constant<int, 1>;
   using Two = std::integral_constant<int, 2>;
@@ -373,21 +496,33 @@ void LaunchMma(const __nv_bfloat16* x, int64_t m, int64_t k, const void* const* 
 
 // The mma.sync path's shapes: K in 32-wide chunks, N in 8-column tiles, at most
 // kMmaMaxAvgRows rows per expert on average.
-bool MmaFits(int64_t m, int64_t k, int64_t n_out, int64_t num_local) {
-  return k % 32 == 0 && n_out % 8 == 0 && m <= kMmaMaxAvgRows * num_local;
+bool MmaFits(int64_t m, int64_t k, int64_t n_out, int64_t num_local, bool any_rows) {
+  return k % 32 == 0 && n_out % 8 == 0 && (any_rows || m <= kMmaMaxAvgRows * num_local);
 }
 
 void LaunchGroupedMma(const __nv_bfloat16* x, int64_t m, int64_t k, const void* const* w_ptrs,
-                      const int32_t* offsets, int64_t num_local, int64_t n_out, bool swiglu,
-                      bool bf16_out, float* y, __nv_bfloat16* yb, cudaStream_t s) {
-  // The forms the dispatch uses: SwiGLU into fp32 or bf16, plain into fp32.
-  if (swiglu && bf16_out) {
-    LaunchMma<true, true>(x, m, k, w_ptrs, offsets, num_local, n_out, nullptr, yb, s);
-  } else if (swiglu) {
-    LaunchMma<true, false>(x, m, k, w_ptrs, offsets, num_local, n_out, y, nullptr, s);
+                      const void* const* s_ptrs, const int32_t* offsets, int64_t num_local,
+                      int64_t n_out, bool swiglu, bool bf16_out, float* y, __nv_bfloat16* yb,
+                      cudaStream_t s) {
+  // The forms the dispatch uses: SwiGLU into fp32 or bf16, plain into fp32; bf16 or FP8 weights.
+  const auto go = [&](auto fp8) {
+    constexpr bool kFp8 = decltype(fp8)::value;
+    if (swiglu && bf16_out) {
+      LaunchMma<true, true, kFp8>(x, m, k, w_ptrs, s_ptrs, offsets, num_local, n_out, nullptr, yb,
+                                  s);
+    } else if (swiglu) {
+      LaunchMma<true, false, kFp8>(x, m, k, w_ptrs, s_ptrs, offsets, num_local, n_out, y, nullptr,
+                                   s);
+    } else {
+      AFD_CHECK(!bf16_out, "GroupedMma: a bf16 output is for the SwiGLU projection only");
+      LaunchMma<false, false, kFp8>(x, m, k, w_ptrs, s_ptrs, offsets, num_local, n_out, y, nullptr,
+                                    s);
+    }
+  };
+  if (s_ptrs != nullptr) {
+    go(std::true_type{});
   } else {
-    AFD_CHECK(!bf16_out, "GroupedMma: a bf16 output is for the SwiGLU projection only");
-    LaunchMma<false, false>(x, m, k, w_ptrs, offsets, num_local, n_out, y, nullptr, s);
+    go(std::false_type{});
   }
 }
 
