@@ -90,6 +90,7 @@ int main(int argc, char** argv) {
   afd::cli::AddTokenizeCommand(app, exit_code);
   afd::cli::AddK8sCommand(app, exit_code);
   afd::cli::AddProxyCommand(app, exit_code);
+  afd::cli::AddQuantizeCommand(app, exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {  // --help, --version

@@ -8,7 +8,8 @@
 #     MoE cases of similar shapes;
 #  2. afd run on preset:deepseek-v2-lite (LAYERS, default 4) --quantization fp8, greedy, with
 #     AFD_FP8_EXPERTS=0 and 1: the JSON lines must be identical;
-#  3. afd bench decode --quantization fp8 at BATCHES (default 1,16,64,256), context 128, LAYERS
+#  3. tools/weight_fidelity.py on the trained golden's `afd quantize` copy (GPU bf16 vs CPU fp32);
+#  4. afd bench decode --quantization fp8 at BATCHES (default 1,16,64,256), context 128, LAYERS
 #     layers, AFD_FP8_EXPERTS=0 (bf16 experts: the bf16 speed) and 1 (FP8 experts).
 # Usage (repo root there): tools/device/fp8_experts_check.sh BIN_DIR OUT_DIR
 set -u
@@ -41,6 +42,14 @@ else
   echo "afd run: FP8 experts DIFFER from bf16 experts" | tee -a "$REPORT"
   tail -3 "$OUT/run_1.err" | tee -a "$REPORT"
 fi
+# Issue 43 item 6's method on the trained golden (its moe_intermediate 24 is not a multiple of
+# 32, so its experts stay dequantized on the GPU: this scores FP8 weights in bf16 on the GPU
+# against the CPU's fp32 reference, beside plain bf16 on the GPU).
+G=tests/data/golden/v3_trained
+rm -rf /tmp/v3q && "$BIN/afd" quantize --model $G --output /tmp/v3q 2>&1 | tee -a "$REPORT"
+AFD_FP8_EXPERTS=1 timeout 200 python3 tools/weight_fidelity.py "$BIN/afd" $G/bf16_reference.json \
+  --model $G :: --model /tmp/v3q --device cuda --dtype bf16 :: --model $G --device cuda --dtype bf16 \
+  2>&1 | tail -3 | tee -a "$REPORT"
 B=(--model preset:deepseek-v2-lite --num-layers "$L" --quantization fp8 --device cuda
   --batch "${BATCHES:-1,16,64,256}" --context 128)
 for v in 0 1; do

@@ -29,6 +29,8 @@ void AddTokenizeCommand(CLI::App& app, int& exit_code);
 void AddK8sCommand(CLI::App& app, int& exit_code);
 // `afd proxy`: prefill/decode disaggregation's endpoint (proxy_cmd.cpp).
 void AddProxyCommand(CLI::App& app, int& exit_code);
+// `afd quantize`: an FP8 copy of a checkpoint in DeepSeek-V3's format (quantize_cmd.cpp).
+void AddQuantizeCommand(CLI::App& app, int& exit_code);
 
 }  // namespace cli
 }  // namespace afd
