@@ -25,7 +25,8 @@ import os
 import torch
 import transformers
 
-CASES = ["v2_greedy_yarn", "v2_group_limited", "v3_noaux_tc", "v3_sharded", "v3_trained"]
+CASES = ["v2_greedy_yarn", "v2_group_limited", "v3_noaux_tc", "v3_sharded", "v3_trained",
+         "v3_trained_fp8"]
 
 
 def main():
