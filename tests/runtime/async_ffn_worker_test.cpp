@@ -43,15 +43,18 @@ class RowsRecordingCpu : public kernels::cpu::CpuBackend {
 struct Served {
   int64_t items = 0, gathered = 0, groups = 0;
   std::vector<int64_t> ffn_step_rows;  // SetStepRows calls on the FFN rank's backend
-  // [attention rank] the MoE output of that rank's rows, as the attention rank combined it
-  std::vector<std::vector<float>> out;
+  // [attention rank][item] the MoE output of that rank's rows, as the attention rank combined it
+  std::vector<std::vector<std::vector<float>>> out;
 };
 
 int64_t Tokens(int rank) { return 2 + rank; }  // senders of different sizes
 
-// A attention ranks and one FFN rank; each attention rank dispatches the model's first MoE layer,
-// every dispatch made before the FFN rank starts serving.
-Served Serve(int A, bool gather) {
+// One FFN rank and layers.size() attention ranks; attention rank r dispatches the model's MoE
+// layers numbered layers[r] (0: its first MoE layer, ...) one after another, each once the
+// previous one's reply is in. Every rank's first dispatch is in the window before the FFN rank
+// starts serving. wait_us: ffn_gather_wait_us.
+Served Serve(const std::vector<std::vector<int>>& layers, bool gather, int wait_us = 200) {
+  const int A = static_cast<int>(layers.size());
   setenv("AFD_JOIN_SECRET", "async-ffn-worker-test-secret-0123456789", 0);
   const int port = comm::PickRendezvousPort();
   Served served;
@@ -64,8 +67,9 @@ Served Serve(int A, bool gather) {
       const std::string json = fmt::format(
           R"({{"role": "{}", "connector": "AsyncAFDConnector", "port": {},
               "num_attention_ranks": {}, "num_ffn_ranks": 1, "afd_process_group_timeout_s": 20,
-              "connector_extra_config": {{"recv_poll_timeout_ms": 20, "ffn_gather": {}}}}})",
-          is_ffn ? "ffn" : "attention", port, A, gather ? "true" : "false");
+              "connector_extra_config": {{"recv_poll_timeout_ms": 20, "ffn_gather": {},
+                                          "ffn_gather_wait_us": {}}}}})",
+          is_ffn ? "ffn" : "attention", port, A, gather ? "true" : "false", wait_us);
       std::unique_ptr<comm::AfdWorld> world;
       try {
         const AfdConfig config = ParseAfdConfig(json);
@@ -88,8 +92,10 @@ Served Serve(int A, bool gather) {
         ao.num_experts = mc.n_routed_experts;
         ao.row = {mc.hidden_size, DType::kF32};
         connector::AsyncConnector connector(*world, ao);
-        int64_t layer = 0;
-        while (!mc.IsMoeLayer(layer)) ++layer;
+        std::vector<int64_t> moe_layers;
+        for (int64_t l = 0; l < mc.num_hidden_layers; ++l) {
+          if (mc.IsMoeLayer(l)) moe_layers.push_back(l);
+        }
         if (is_ffn) {
           AsyncFfnWorker worker(*model, *world, connector, /*graphs=*/false);
           // Serving starts once every dispatch is in the window.
@@ -105,16 +111,22 @@ Served Serve(int A, bool gather) {
           const int64_t n = Tokens(rank), H = mc.hidden_size;
           const Tensor hidden = ws.Take(DType::kF32, {n, H});
           const Tensor out = ws.Take(DType::kF32, {n, H});
-          float* h = hidden.data_as<float>();
-          for (int64_t j = 0; j < n * H; ++j) {
-            h[j] = 0.01f * static_cast<float>((j * 7 + rank * 13) % 41) - 0.2f;
+          for (size_t item = 0; item < layers[rank].size(); ++item) {
+            const int index = layers[rank][item];
+            AFD_CHECK(index < static_cast<int>(moe_layers.size()), "MoE layer {} of {}", index,
+                      moe_layers.size());
+            float* h = hidden.data_as<float>();
+            for (int64_t j = 0; j < n * H; ++j) {
+              h[j] = 0.01f * static_cast<float>((j * 7 + rank * 13 + index * 5) % 41) - 0.2f;
+            }
+            moe.Start(moe_layers[index], 0, hidden, out, ws);
+            if (item == 0) world->Barrier("dispatched");
+            moe.Finish(0, ws);
+            moe.EndStep();
+            const float* o = out.data_as<float>();
+            served.out[rank].emplace_back(o, o + n * H);
           }
-          moe.Start(layer, 0, hidden, out, ws);
-          world->Barrier("dispatched");
-          moe.Finish(0, ws);
-          moe.EndStep();
-          const float* o = out.data_as<float>();
-          served.out[rank].assign(o, o + n * H);
+          if (layers[rank].empty()) world->Barrier("dispatched");
           connector.AnnounceShutdown();
         }
         world->Barrier("test-done");
@@ -135,14 +147,15 @@ Served Serve(int A, bool gather) {
 }
 
 TEST(AsyncFfnWorker, GathersTheSendersOfALayerIntoOneExpertPass) {
-  const Served alone = Serve(3, /*gather=*/false);
+  const std::vector<std::vector<int>> layers = {{0}, {0}, {0}};
+  const Served alone = Serve(layers, /*gather=*/false);
   EXPECT_EQ(alone.items, 3);
   EXPECT_EQ(alone.gathered, 0);
   EXPECT_EQ(alone.groups, 0);
   std::vector<int64_t> rows = alone.ffn_step_rows;
   std::sort(rows.begin(), rows.end());
   EXPECT_EQ(rows, (std::vector<int64_t>{Tokens(0), Tokens(1), Tokens(2)}));
-  const Served together = Serve(3, /*gather=*/true);
+  const Served together = Serve(layers, /*gather=*/true);
   EXPECT_EQ(together.items, 3);
   EXPECT_EQ(together.gathered, 3);
   EXPECT_EQ(together.groups, 1);
@@ -150,10 +163,29 @@ TEST(AsyncFfnWorker, GathersTheSendersOfALayerIntoOneExpertPass) {
   // Each sender's reply the same bytes whether its rows ran alone or beside the others'.
   ASSERT_EQ(together.out.size(), alone.out.size());
   for (size_t r = 0; r < alone.out.size(); ++r) {
-    ASSERT_FALSE(alone.out[r].empty()) << "attention rank " << r;
-    EXPECT_NE(alone.out[r], std::vector<float>(alone.out[r].size(), 0.0f)) << "no MoE output";
+    ASSERT_EQ(alone.out[r].size(), 1u) << "attention rank " << r;
+    EXPECT_NE(alone.out[r][0], std::vector<float>(alone.out[r][0].size(), 0.0f)) << "no output";
     EXPECT_EQ(together.out[r], alone.out[r]) << "attention rank " << r;
   }
+}
+
+// SenderLockstep in the worker (runtime/ffn_gather.h): rank 0's first item is for the second
+// MoE layer, rank 1's for the first -- rank 1 is behind, so it is served first while rank 0's
+// item is held; rank 1's next item (the second layer) then joins it: one expert pass of both.
+// (The wait for rank 1's second item is bounded by ffn_gather_wait_us: 1 s here, so that a
+// loaded machine does not miss it.) The replies are those of serving every item alone.
+TEST(AsyncFfnWorker, ARankBehindIsServedFirstAndThenGathered) {
+  const std::vector<std::vector<int>> layers = {{1}, {0, 1}};
+  const Served alone = Serve(layers, /*gather=*/false);
+  EXPECT_EQ(alone.items, 3);
+  EXPECT_EQ(alone.groups, 0);
+  const Served together = Serve(layers, /*gather=*/true, /*wait_us=*/1000000);
+  EXPECT_EQ(together.items, 3);
+  EXPECT_EQ(together.groups, 1);
+  EXPECT_EQ(together.gathered, 2);
+  // Rank 1's first item alone, then the second layer of both.
+  EXPECT_EQ(together.ffn_step_rows, (std::vector<int64_t>{Tokens(1), Tokens(0) + Tokens(1)}));
+  EXPECT_EQ(together.out, alone.out);
 }
 
 }  // namespace
