@@ -423,9 +423,30 @@ bool CudaBackend::MmaExpertMlp(const float* x, const int32_t* src_row, int64_t m
   // tensor cores with a bf16 intermediate (the act scratch holds it).
   const bool fp8 = experts.fp8();
   if (!fp8 && experts.gate_up.front().dtype() != DType::kBF16) return false;
-  const int64_t inter = experts.down.front().dim(1);
+  const int64_t inter = experts.down.front().dim(1), e = experts.num_experts();
   auto* act = static_cast<uint16_t*>(Scratch(kMoeAct, m * inter * sizeof(float)));
   auto* xb = static_cast<uint16_t*>(Scratch(kBf16Input, m * std::max(h, inter) * 2));
+  if (fp8 && GroupedMlpTiledFits(m, h, inter, e)) {
+    // Prefill sizes: every local expert dequantized to bf16 (the bf16 experts' very values),
+    // then the tiled bf16 form -- the mma form reading FP8 is not built for such row counts.
+    const int64_t gu = 2 * inter * h, dn = h * inter;
+    auto* base = static_cast<uint16_t*>(Scratch(kFp8Experts, e * (gu + dn) * 2));
+    LaunchDequantFp8Experts(ExpertTable(experts, 0), ExpertTable(experts, 2), e, 2 * inter, h,
+                            inter, base, state_->stream);
+    LaunchDequantFp8Experts(ExpertTable(experts, 1), ExpertTable(experts, 3), e, h, inter, h,
+                            base + e * gu, state_->stream);
+    ExpertWeights bf16;
+    bf16.expert_begin = experts.expert_begin;
+    for (int64_t i = 0; i < e; ++i) {
+      bf16.gate_up.emplace_back(base + i * gu, DType::kBF16, std::vector<int64_t>{2 * inter, h},
+                                device());
+      bf16.down.emplace_back(base + e * gu + i * dn, DType::kBF16, std::vector<int64_t>{h, inter},
+                             device());
+    }
+    return LaunchGroupedMlpMma(x, src_row, m, h, inter, ExpertTable(bf16, 0), ExpertTable(bf16, 1),
+                               nullptr, nullptr, offsets.data_as<const int32_t>(), e, xb, act,
+                               out.data_as<float>(), state_->stream);
+  }
   return LaunchGroupedMlpMma(x, src_row, m, h, inter, ExpertTable(experts, 0),
                              ExpertTable(experts, 1), fp8 ? ExpertTable(experts, 2) : nullptr,
                              fp8 ? ExpertTable(experts, 3) : nullptr,

@@ -140,6 +140,7 @@ enum ScratchSlot {
   kPermuteCounts,  // MoePermute over many slots: per-block expert counts
   kSampleReduce,
   kGqaPartial,
+  kFp8Experts,  // FP8 experts dequantized for the tiled form (prefill sizes)
   kNumSlots
 };
 

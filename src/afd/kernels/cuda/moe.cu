@@ -5,6 +5,8 @@
 // moe_wmma.cu, moe_combine.cu (forms in moe_forms.cuh); this file converts rows to bf16 and
 // chooses the form of each grouped GEMM by shape.
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <mma.h>
 
 #include <algorithm>
@@ -45,6 +47,27 @@ __global__ void GatherRowsToBf16(const float* x, const int32_t* index, int64_t h
     *reinterpret_cast<__nv_bfloat162*>(&packed.x) = __floats2bfloat162_rn(v.x, v.y);
     *reinterpret_cast<__nv_bfloat162*>(&packed.y) = __floats2bfloat162_rn(v.z, v.w);
     dst[i] = packed;
+  }
+}
+
+// FP8 experts dequantized for the tiled form (DequantFp8Experts): expert blockIdx.y's codes
+// [rows, cols] as bf16(fp32(code) * scale) -- the mma form's and the dequantizing load's values.
+// Rows from `split` on start new block rows (gate_up: up_proj's).
+__global__ void DequantFp8ExpertsKernel(const void* const* codes, const void* const* scales,
+                                        int64_t rows, int64_t cols, int64_t split,
+                                        __nv_bfloat16* out) {
+  PdlStart();
+  const int64_t e = blockIdx.y;
+  const auto* q = static_cast<const __nv_fp8_storage_t*>(codes[e]);
+  const auto* sc = static_cast<const float*>(scales[e]);
+  __nv_bfloat16* o = out + e * rows * cols;
+  const int64_t block_cols = (cols + 127) / 128, split_blocks = (split + 127) / 128;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < rows * cols;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = i / cols, c = i - r * cols;
+    const int64_t br = r < split ? r / 128 : split_blocks + (r - split) / 128;
+    const float v = __half2float(__half(__nv_cvt_fp8_to_halfraw(q[i], __NV_E4M3)));
+    o[i] = __float2bfloat16_rn(__fmul_rn(v, sc[br * block_cols + c / 128]));
   }
 }
 
@@ -142,6 +165,20 @@ bool LaunchGroupedMlpMma(const float* x, const int32_t* src_row, int64_t m, int6
   CheckLaunch(fp8 ? "GroupedExpertMlp (mma, FP8 experts, bf16 intermediate)"
                   : "GroupedExpertMlp (mma, bf16 intermediate)");
   return true;
+}
+
+bool GroupedMlpTiledFits(int64_t m, int64_t h, int64_t inter, int64_t num_local) {
+  return TiledFits(m, h, inter, num_local) && TiledFits(m, inter, h, num_local);
+}
+
+void LaunchDequantFp8Experts(const void* const* codes, const void* const* scales, int64_t num_local,
+                             int64_t rows, int64_t cols, int64_t split, uint16_t* out,
+                             cudaStream_t s) {
+  if (num_local == 0 || rows * cols == 0) return;
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((rows * cols + 255) / 256, 1024));
+  LaunchPdl(DequantFp8ExpertsKernel, dim3(blocks, static_cast<unsigned>(num_local)), 256, 0, s,
+            codes, scales, rows, cols, split, reinterpret_cast<__nv_bfloat16*>(out));
+  CheckLaunch("DequantFp8Experts");
 }
 
 }  // namespace afd::kernels::cuda

@@ -30,6 +30,15 @@ bool LaunchGroupedMlpMma(const float* x, const int32_t* src_row, int64_t m, int6
                          const void* const* gate_up_scale, const void* const* down_scale,
                          const int32_t* offsets, int64_t num_local, uint16_t* x_bf16,
                          uint16_t* act_bf16, float* out, cudaStream_t s);
+// Whether both projections of an expert MLP take the tiled form (prefill sizes: over
+// kMmaMaxAvgRows rows per expert on average).
+bool GroupedMlpTiledFits(int64_t m, int64_t h, int64_t inter, int64_t num_local);
+// FP8 experts' codes [rows, cols] (by pointer table, with their block scales; rows from `split`
+// on start new block rows) as bf16 into out [num_local, rows, cols]: the values the mma form
+// and a dequantizing load use (so the tiled form then gives the bf16 experts' bits).
+void LaunchDequantFp8Experts(const void* const* codes, const void* const* scales, int64_t num_local,
+                             int64_t rows, int64_t cols, int64_t split, uint16_t* out,
+                             cudaStream_t s);
 // Dense y[n, m] = x · w^T on the tiled bf16 kernel (GroupedTiled with one weight matrix): x_bf16
 // [n, k] (x already rounded), w bf16 [m, k], y fp32. For prefill-sized n, where cuBLAS's choice
 // for N off its 128 grid runs at a few % of the tensor cores (kv_a's N = 576).
