@@ -80,46 +80,27 @@ __device__ __forceinline__ uint4 LoadStream(const __nv_bfloat16* p) {
   return v;
 }
 
-// The weight fragments of kMmaUnroll chunks from chunk c (kGuard: the last, possibly partial
-// group; chunks past the end are zeros).
-template <bool kGuard>
-__device__ __forceinline__ void MmaLoadW(const __nv_bfloat16* wa, const __nv_bfloat16* wb, int c,
-                                         int chunks, uint4 (&w)[kMmaUnroll][2]) {
+// A lane's weight fragments of kMmaUnroll chunks, bf16 weights: Load from chunk c (kGuard: the
+// last, possibly partial group; chunks past the end are zeros), Chunk(u) chunk u's two uint4
+// (j = 0: wa's rows, 1: wb's). The scale arguments are the FP8 form's (Fp8Frags).
+struct Bf16Frags {
+  uint4 w[kMmaUnroll][2];
+  template <bool kGuard>
+  __device__ __forceinline__ void Load(const __nv_bfloat16* wa, const __nv_bfloat16* wb,
+                                       const float*, const float*, int64_t, int c, int chunks) {
 #pragma unroll
-  for (int u = 0; u < kMmaUnroll; ++u) {
-    if (!kGuard || c + u < chunks) {
-      w[u][0] = LoadStream(wa + (c + u) * 32);
-      w[u][1] = LoadStream(wb + (c + u) * 32);
-    } else {
-      w[u][0] = w[u][1] = make_uint4(0, 0, 0, 0);
-    }
-  }
-}
-
-// Per chunk and m tile: the x fragments from shared memory (xr: this lane's rows gid, gid + 8 of
-// each tile, null past the pass) and the 4 mmas.
-template <bool kGuard, int kTiles>
-__device__ __forceinline__ void MmaCompute(const uint4 (&w)[kMmaUnroll][2],
-                                           const __nv_bfloat16* const (&xr)[kTiles][2], int c,
-                                           int chunks, int tiles, float (&acc)[kTiles][2][4]) {
-#pragma unroll
-  for (int u = 0; u < kMmaUnroll; ++u) {
-    if (kGuard && c + u >= chunks) break;
-#pragma unroll
-    for (int i = 0; i < kTiles; ++i) {
-      if (i >= tiles) break;
-      const uint4 zero = make_uint4(0, 0, 0, 0);
-      const int off = (c + u) * 32;
-      const uint4 lo = xr[i][0] ? *reinterpret_cast<const uint4*>(xr[i][0] + off) : zero;
-      const uint4 hi = xr[i][1] ? *reinterpret_cast<const uint4*>(xr[i][1] + off) : zero;
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        MmaBf16(acc[i][j], lo.x, hi.x, lo.y, hi.y, w[u][j].x, w[u][j].y);
-        MmaBf16(acc[i][j], lo.z, hi.z, lo.w, hi.w, w[u][j].z, w[u][j].w);
+    for (int u = 0; u < kMmaUnroll; ++u) {
+      if (!kGuard || c + u < chunks) {
+        w[u][0] = LoadStream(wa + (c + u) * 32);
+        w[u][1] = LoadStream(wb + (c + u) * 32);
+      } else {
+        w[u][0] = w[u][1] = make_uint4(0, 0, 0, 0);
       }
     }
   }
-}
+  // Chunk u's two fragments (uint4 [2], indexed by tile j).
+  __device__ __forceinline__ const uint4 (&Chunk(int u) const)[2] { return w[u]; }
+};
 
 // FP8 experts (kFp8): the same kernel reading E4M3 codes -- 8 bytes per lane and 32-wide chunk
 // (W[n0 + gid][k0 + 8t .. +8], the bf16 form's k positions) -- with the float32 scale of each
@@ -151,37 +132,48 @@ __device__ __forceinline__ uint4 Fp8x8ToBf16(uint2 q, float scale) {
                     Fp8PairToBf16(q.y, scale), Fp8PairToBf16(q.y >> 16, scale));
 }
 
-// The FP8 codes and scales of kMmaUnroll chunks from chunk c (kGuard: as MmaLoadW). sa / sb: this
-// lane's rows' block rows of scales; kb: the k of chunk 0 (the piece's start).
-template <bool kGuard>
-__device__ __forceinline__ void MmaLoadW8(const uint8_t* wa, const uint8_t* wb, const float* sa,
-                                          const float* sb, int64_t kb, int c, int chunks,
-                                          uint2 (&q)[kMmaUnroll][2], float (&sc)[kMmaUnroll][2]) {
+// Fp8Frags: Bf16Frags for FP8 codes -- their bytes and scales loaded (sa / sb: this lane's
+// rows' block rows of scales; kb: the k of chunk 0, the piece's start), each chunk's bf16
+// fragments made by Chunk just before its mmas.
+struct Fp8Frags {
+  uint2 q[kMmaUnroll][2];
+  float sc[kMmaUnroll][2];
+  template <bool kGuard>
+  __device__ __forceinline__ void Load(const uint8_t* wa, const uint8_t* wb, const float* sa,
+                                       const float* sb, int64_t kb, int c, int chunks) {
 #pragma unroll
-  for (int u = 0; u < kMmaUnroll; ++u) {
-    if (!kGuard || c + u < chunks) {
-      q[u][0] = LoadStream8(wa + (c + u) * 32);
-      q[u][1] = LoadStream8(wb + (c + u) * 32);
-      const int64_t block = (kb + (c + u) * 32) >> 7;
-      sc[u][0] = __ldg(sa + block);
-      sc[u][1] = __ldg(sb + block);
-    } else {
-      q[u][0] = q[u][1] = make_uint2(0, 0);
-      sc[u][0] = sc[u][1] = 0.0f;
+    for (int u = 0; u < kMmaUnroll; ++u) {
+      if (!kGuard || c + u < chunks) {
+        q[u][0] = LoadStream8(wa + (c + u) * 32);
+        q[u][1] = LoadStream8(wb + (c + u) * 32);
+        const int64_t block = (kb + (c + u) * 32) >> 7;
+        sc[u][0] = __ldg(sa + block);
+        sc[u][1] = __ldg(sb + block);
+      } else {
+        q[u][0] = q[u][1] = make_uint2(0, 0);
+        sc[u][0] = sc[u][1] = 0.0f;
+      }
     }
   }
-}
+  struct Pair {
+    uint4 v[2];
+    __device__ __forceinline__ const uint4& operator[](int j) const { return v[j]; }
+  };
+  __device__ __forceinline__ Pair Chunk(int u) const {
+    return {{Fp8x8ToBf16(q[u][0], sc[u][0]), Fp8x8ToBf16(q[u][1], sc[u][1])}};
+  }
+};
 
-// MmaCompute for FP8 codes: each chunk's fragments converted just before its mmas.
-template <bool kGuard, int kTiles>
-__device__ __forceinline__ void MmaComputeFp8(const uint2 (&q)[kMmaUnroll][2],
-                                              const float (&sc)[kMmaUnroll][2],
-                                              const __nv_bfloat16* const (&xr)[kTiles][2], int c,
-                                              int chunks, int tiles, float (&acc)[kTiles][2][4]) {
+// Per chunk and m tile: the x fragments from shared memory (xr: this lane's rows gid, gid + 8 of
+// each tile, null past the pass) and the 4 mmas, with the loaded weight fragments f.
+template <bool kGuard, int kTiles, typename Frags>
+__device__ __forceinline__ void MmaCompute(const Frags& f,
+                                           const __nv_bfloat16* const (&xr)[kTiles][2], int c,
+                                           int chunks, int tiles, float (&acc)[kTiles][2][4]) {
 #pragma unroll
   for (int u = 0; u < kMmaUnroll; ++u) {
     if (kGuard && c + u >= chunks) break;
-    const uint4 w[2] = {Fp8x8ToBf16(q[u][0], sc[u][0]), Fp8x8ToBf16(q[u][1], sc[u][1])};
+    const auto& w = f.Chunk(u);  // FP8: converted once per chunk (the tiles share it)
 #pragma unroll
     for (int i = 0; i < kTiles; ++i) {
       if (i >= tiles) break;
@@ -241,7 +233,7 @@ __device__ __forceinline__ int64_t ActiveExpert(const int32_t* offsets, int64_t 
 // hands its sums to half 0 through shared memory, which adds them (sum = half 0 + half 1) and
 // stores. The sum order then differs from kHalves == 1 in the last bits.
 // kFp8: the weights are E4M3 codes with block scales (s_ptrs[e]: the expert's scales, rows of
-// ceil(k / 128); SwiGLU's up rows from block row ceil(n_out / 128) on), see MmaLoadW8.
+// ceil(k / 128); SwiGLU's up rows from block row ceil(n_out / 128) on), see Fp8Frags.
 template <bool kSwiglu, bool kBf16Out, int kTiles, int kHalves = 1,
           int kWarps = 4 * kTiles* kHalves, bool kFp8 = false>
 __global__ void __launch_bounds__(kWarps * 32, 16 / kWarps)  // 128 registers
@@ -313,58 +305,29 @@ __global__ void __launch_bounds__(kWarps * 32, 16 / kWarps)  // 128 registers
       const int kn = kb < k ? static_cast<int>(min(static_cast<int64_t>(piece), k - kb)) : 0;
       const int chunks = kn / 32;
       // The first weight group's loads are in flight while x lands.
-      if constexpr (kFp8) {
-        uint2 q[kMmaUnroll][2];
-        float sc[kMmaUnroll][2];
-        if (active && chunks > 0) {
-          if (chunks >= kMmaUnroll) {
-            MmaLoadW8<false>(wa + kb, wb + kb, sa, sb, kb, 0, chunks, q, sc);
-          } else {
-            MmaLoadW8<true>(wa + kb, wb + kb, sa, sb, kb, 0, chunks, q, sc);
-          }
+      std::conditional_t<kFp8, Fp8Frags, Bf16Frags> f;
+      if (active && chunks > 0) {
+        if (chunks >= kMmaUnroll) {
+          f.template Load<false>(wa + kb, wb + kb, sa, sb, kb, 0, chunks);
+        } else {
+          f.template Load<true>(wa + kb, wb + kb, sa, sb, kb, 0, chunks);
         }
-        CopyAsyncWaitAll();
-        __syncthreads();
-        if (!active) continue;
-        for (int c = 0; c < chunks; c += kMmaUnroll) {
-          if (c > 0) {
-            if (c + kMmaUnroll <= chunks) {
-              MmaLoadW8<false>(wa + kb, wb + kb, sa, sb, kb, c, chunks, q, sc);
-            } else {
-              MmaLoadW8<true>(wa + kb, wb + kb, sa, sb, kb, c, chunks, q, sc);
-            }
-          }
+      }
+      CopyAsyncWaitAll();
+      __syncthreads();
+      if (!active) continue;
+      for (int c = 0; c < chunks; c += kMmaUnroll) {
+        if (c > 0) {
           if (c + kMmaUnroll <= chunks) {
-            MmaComputeFp8<false>(q, sc, xr, c, chunks, tiles, acc);
+            f.template Load<false>(wa + kb, wb + kb, sa, sb, kb, c, chunks);
           } else {
-            MmaComputeFp8<true>(q, sc, xr, c, chunks, tiles, acc);
+            f.template Load<true>(wa + kb, wb + kb, sa, sb, kb, c, chunks);
           }
         }
-      } else {
-        uint4 wv[kMmaUnroll][2];
-        if (active && chunks > 0) {
-          if (chunks >= kMmaUnroll) {
-            MmaLoadW<false>(wa + kb, wb + kb, 0, chunks, wv);
-          } else {
-            MmaLoadW<true>(wa + kb, wb + kb, 0, chunks, wv);
-          }
-        }
-        CopyAsyncWaitAll();
-        __syncthreads();
-        if (!active) continue;
-        for (int c = 0; c < chunks; c += kMmaUnroll) {
-          if (c > 0) {
-            if (c + kMmaUnroll <= chunks) {
-              MmaLoadW<false>(wa + kb, wb + kb, c, chunks, wv);
-            } else {
-              MmaLoadW<true>(wa + kb, wb + kb, c, chunks, wv);
-            }
-          }
-          if (c + kMmaUnroll <= chunks) {
-            MmaCompute<false>(wv, xr, c, chunks, tiles, acc);
-          } else {
-            MmaCompute<true>(wv, xr, c, chunks, tiles, acc);
-          }
+        if (c + kMmaUnroll <= chunks) {
+          MmaCompute<false>(f, xr, c, chunks, tiles, acc);
+        } else {
+          MmaCompute<true>(f, xr, c, chunks, tiles, acc);
         }
       }
     }
