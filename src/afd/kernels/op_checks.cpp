@@ -204,12 +204,14 @@ RowsShape CheckGroupedExpertMlp(Device dev, const Tensor& x, const Tensor& offse
   AFD_CHECK(experts.down.size() == experts.gate_up.size(),
             "GroupedExpertMlp: {} gate_up and {} down weights", experts.gate_up.size(),
             experts.down.size());
-  for (int64_t i = 0; i < e && !experts.fp8(); ++i) {
-    AFD_CHECK(experts.gate_up[i].empty() || (experts.gate_up[i].dtype() != DType::kF8E4M3 &&
-                                             experts.down[i].dtype() != DType::kF8E4M3),
-              "GroupedExpertMlp: expert {} holds FP8 codes without their block scales",
-              experts.expert_begin + i);
-  }
+  // A layer's experts share one form (the builder's all-or-nothing): the first loaded one tells.
+  int64_t first = 0;
+  while (first < e && experts.gate_up[first].empty()) ++first;
+  AFD_CHECK(experts.fp8() || first == e ||
+                (experts.gate_up[first].dtype() != DType::kF8E4M3 &&
+                 experts.down[first].dtype() != DType::kF8E4M3),
+            "GroupedExpertMlp: expert {} holds FP8 codes without their block scales",
+            experts.expert_begin + first);
   if (experts.fp8()) {
     AFD_CHECK(experts.gate_up_scale.size() == experts.gate_up.size() &&
                   experts.down_scale.size() == experts.gate_up.size(),
