@@ -930,13 +930,9 @@ Result CombineAdd(Ctx& c, int64_t n, int64_t k, int64_t h) {
   return Result(RelErr(c.Down<float>(a), ToDouble(c.Down<float>(b))), 0.0);
 }
 
-// Permute -> grouped experts -> combine, against per-token SwiGLU experts in double. hot >= 0:
-// every token routes to expert `hot` (one expert with n rows, the others sharing the rest).
-// gathered: Backend::GatheredExpertMlp (the rows read through MoePermute's src_row), else
-// GatherRows then GroupedExpertMlp.
-Result Moe(Ctx& c, int64_t n, int64_t num_experts, int64_t k, int64_t h, int64_t inter,
-           int64_t begin, int64_t local, int64_t hot = -1, bool gathered = true) {
-  std::vector<float> x = c.Randn(n * h), wts = c.Randn(n * k);
+// n tokens' top-k of num_experts distinct experts, ascending per token (hot >= 0: every token's
+// first pick is `hot`).
+std::vector<int32_t> RandomRouting(Ctx& c, int64_t n, int64_t num_experts, int64_t k, int64_t hot) {
   std::vector<int32_t> ids(n * k);
   for (int64_t t = 0; t < n; ++t) {
     std::vector<int32_t> all(num_experts);
@@ -946,6 +942,17 @@ Result Moe(Ctx& c, int64_t n, int64_t num_experts, int64_t k, int64_t h, int64_t
     std::sort(all.begin(), all.begin() + k);
     std::copy(all.begin(), all.begin() + k, ids.begin() + t * k);
   }
+  return ids;
+}
+
+// Permute -> grouped experts -> combine, against per-token SwiGLU experts in double. hot >= 0:
+// every token routes to expert `hot` (one expert with n rows, the others sharing the rest).
+// gathered: Backend::GatheredExpertMlp (the rows read through MoePermute's src_row), else
+// GatherRows then GroupedExpertMlp.
+Result Moe(Ctx& c, int64_t n, int64_t num_experts, int64_t k, int64_t h, int64_t inter,
+           int64_t begin, int64_t local, int64_t hot = -1, bool gathered = true) {
+  std::vector<float> x = c.Randn(n * h), wts = c.Randn(n * k);
+  const std::vector<int32_t> ids = RandomRouting(c, n, num_experts, k, hot);
   ExpertWeights ew;
   ew.expert_begin = begin;
   std::vector<std::vector<float>> gu(local), dn(local);
@@ -1074,15 +1081,7 @@ Result Moe(Ctx& c, int64_t n, int64_t num_experts, int64_t k, int64_t h, int64_t
 Result MoeFp8(Ctx& c, int64_t n, int64_t num_experts, int64_t k, int64_t h, int64_t inter,
               int64_t local, int64_t hot = -1) {
   std::vector<float> x = c.Randn(n * h), wts = c.Randn(n * k);
-  std::vector<int32_t> ids(n * k);
-  for (int64_t t = 0; t < n; ++t) {
-    std::vector<int32_t> all(num_experts);
-    std::iota(all.begin(), all.end(), 0);
-    std::shuffle(all.begin(), all.end(), c.rng);
-    if (hot >= 0) std::swap(*std::find(all.begin(), all.end(), hot), all[0]);
-    std::sort(all.begin(), all.begin() + k);
-    std::copy(all.begin(), all.begin() + k, ids.begin() + t * k);
-  }
+  const std::vector<int32_t> ids = RandomRouting(c, n, num_experts, k, hot);
   const bool gpu = !c.b.device().is_cpu();
   constexpr int64_t B = kFp8WeightBlock;
   const auto blocks = [](int64_t v) { return (v + B - 1) / B; };

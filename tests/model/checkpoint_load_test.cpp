@@ -21,6 +21,7 @@
 #include "afd/model/safetensors.h"
 #include "afd/model/weight_builder.h"
 #include "testing/files.h"
+#include "testing/model_harness.h"
 
 namespace afd::model {
 namespace {
@@ -91,18 +92,7 @@ std::string ConfigJson(const ModelConfig& c) {
 }
 
 std::vector<float> Logits(const MoeModel& model, const std::vector<int32_t>& ids) {
-  LocalMoeBackend moe(model);
-  kernels::Backend& backend = model.backend();
-  kv::PagedKvCache cache(backend, model.CacheShape(4));
-  Workspace ws(backend);
-  const int64_t seq = cache.AddSequence();
-  EXPECT_TRUE(cache.Reserve(seq, ids.size()));
-  ForwardBatch batch;
-  batch.Add(cache, seq, ids, 0, ForwardBatch::Logits::kAll);
-  const Tensor logits = model.Forward(batch, cache, moe, ws);
-  std::vector<float> out(logits.numel());
-  backend.CopyToHost(out.data(), logits);
-  return out;
+  return testing_util::PromptLogits(model, ids);
 }
 
 class CheckpointLoadTest : public ::testing::TestWithParam<std::string> {

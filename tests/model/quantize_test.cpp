@@ -17,9 +17,8 @@
 #include "afd/kernels/cpu/cpu_backend.h"
 #include "afd/model/checkpoint.h"
 #include "afd/model/loader.h"
-#include "afd/model/moe_backend.h"
-#include "afd/tensor/workspace.h"
 #include "testing/files.h"
+#include "testing/model_harness.h"
 
 namespace afd::model {
 namespace {
@@ -31,18 +30,7 @@ std::string Golden(const std::string& name) {
 }
 
 std::vector<float> Logits(const MoeModel& model, const std::vector<int32_t>& ids) {
-  LocalMoeBackend moe(model);
-  kernels::Backend& backend = model.backend();
-  kv::PagedKvCache cache(backend, model.CacheShape(4));
-  Workspace ws(backend);
-  const int64_t seq = cache.AddSequence();
-  EXPECT_TRUE(cache.Reserve(seq, ids.size()));
-  ForwardBatch batch;
-  batch.Add(cache, seq, ids, 0, ForwardBatch::Logits::kAll);
-  const Tensor logits = model.Forward(batch, cache, moe, ws);
-  std::vector<float> out(logits.numel());
-  backend.CopyToHost(out.data(), logits);
-  return out;
+  return testing_util::PromptLogits(model, ids);
 }
 
 class QuantizeTest : public ::testing::TestWithParam<std::string> {};

@@ -55,4 +55,22 @@ class ModelHarness {
   Workspace ws_;
 };
 
+// Every position's logits of one prompt `ids` through `model` (its own backend), in a fresh
+// cache: [ids.size(), vocab] (host copy).
+inline std::vector<float> PromptLogits(const model::MoeModel& model,
+                                       const std::vector<int32_t>& ids) {
+  model::LocalMoeBackend moe(model);
+  kernels::Backend& backend = model.backend();
+  kv::PagedKvCache cache(backend, model.CacheShape(4));
+  Workspace ws(backend);
+  const int64_t seq = cache.AddSequence();
+  if (!cache.Reserve(seq, static_cast<int64_t>(ids.size()))) AFD_THROW("test cache too small");
+  model::ForwardBatch batch;
+  batch.Add(cache, seq, ids, 0, model::ForwardBatch::Logits::kAll);
+  const Tensor logits = model.Forward(batch, cache, moe, ws);
+  std::vector<float> out(logits.numel());
+  backend.CopyToHost(out.data(), logits);
+  return out;
+}
+
 }  // namespace afd::testing_util
