@@ -20,3 +20,12 @@ mps_on() {
   nvidia-cuda-mps-control -d && sleep 1 && echo "MPS on" | tee -a "${1:-/dev/null}"
 }
 mps_off() { echo quit | nvidia-cuda-mps-control; }
+# The CUPTI library for --kernel-trace-csv (the binaries load it at run time): BIN's copy, else
+# the machine's CUDA one added to LD_LIBRARY_PATH.
+cupti_on() {
+  [ -e "$BIN/libcupti.so.13" ] && return 0
+  local cupti
+  cupti=$(find / -name 'libcupti.so.13*' -not -path '*/proc/*' 2>/dev/null | head -1)
+  [ -n "$cupti" ] && export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$(dirname "$cupti")"
+  return 0
+}

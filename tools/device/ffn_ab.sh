@@ -16,10 +16,7 @@ OUT=$2
 mkdir -p "$OUT"
 HERE=$(dirname "$(readlink -f "$0")")
 . "$HERE/env.sh"
-if [ ! -e "$BIN/libcupti.so.13" ]; then
-  CUPTI=$(find / -name 'libcupti.so.13*' -not -path '*/proc/*' 2>/dev/null | head -1)
-  [ -n "$CUPTI" ] && export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$(dirname "$CUPTI")"
-fi
+cupti_on
 REPORT="$OUT/ffn_ab.txt"
 nvidia-smi -L | tee "$REPORT"
 mps_on "$REPORT"

@@ -10,10 +10,7 @@ set -u
 BIN=$(readlink -f "$1")
 HERE=$(dirname "$(readlink -f "$0")")
 . "$HERE/env.sh"
-if [ ! -e "$BIN/libcupti.so.13" ]; then
-  CUPTI=$(find / -name 'libcupti.so.13*' -not -path '*/proc/*' 2>/dev/null | head -1)
-  [ -n "$CUPTI" ] && export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$(dirname "$CUPTI")"
-fi
+cupti_on
 ARGS=(--model preset:deepseek-v2-lite --device cuda --batch "${BATCH:-1,16,64,256}"
   --context "${CONTEXT:-128}" --steps "${STEPS:-16}")
 echo "== afd bench decode --kernel-trace"
