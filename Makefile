@@ -69,7 +69,8 @@ fuzz: fuzz-build
 fuzz-ci:
 	$(MAKE) fuzz FUZZ_SECONDS=30
 
-# Benchmarks (not tests): results go to docs/perf.md by hand, with the machine and the floor.
+# Benchmarks (not tests): results go to docs/perf-log/ (and docs/perf.md's table) by hand, with the
+# machine and the floor.
 bench: build
 	./bench/afd_run_tiny.sh $(BUILD_DIR)/afd
 	./bench/connector_roundtrip.sh $(BUILD_DIR)/afd

@@ -2,7 +2,7 @@
 # Tokens/s of `afd run` on preset:tiny (CPU): prefill and decode, best of N runs each.
 # Usage: bench/afd_run_tiny.sh [path/to/afd] [runs]
 # Prints one line per scenario; the numbers come from `afd run --stats` (model time only, the
-# model load is excluded). Not a test: nothing here asserts a speed (docs/perf.md has the log).
+# model load is excluded). Not a test: nothing here asserts a speed (docs/perf-log/ has the log).
 set -euo pipefail
 AFD=${1:-build/afd}
 RUNS=${2:-3}

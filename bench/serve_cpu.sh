@@ -2,7 +2,7 @@
 # `afd bench serve` against a 2A1F `afd launch` and against a 1-process `afd serve` of
 # preset:tiny on the CPU, with the same engine flags and the same requests (token-id prompts,
 # greedy, ignore_eos), at request rate inf and at a finite rate. Prints each report and a table
-# side by side. Not a test: nothing here asserts a speed (docs/perf.md has the log).
+# side by side. Not a test: nothing here asserts a speed (docs/perf-log/ has the log).
 # Usage: bench/serve_cpu.sh [path/to/afd] [num_prompts (64)] [finite rate req/s (2)]
 set -euo pipefail
 AFD=${1:-build/afd}

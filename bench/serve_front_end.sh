@@ -3,7 +3,7 @@
 #   1. 2,000 concurrent streaming requests (one connection each) complete with 0 failures;
 #   2. with 5,000 idle TCP connections open, a normal completion is answered within 1 s, and
 #      /health and /metrics at once.
-# Not a test: it prints what it measured (docs/perf.md has the log).
+# Not a test: it prints what it measured (docs/perf-log/ has the log).
 # Usage: bench/serve_front_end.sh [path/to/afd] [streams (2000)] [idle connections (5000)]
 set -euo pipefail
 AFD=${1:-build/afd}

@@ -5,7 +5,7 @@
 # The text: the test corpus (many scripts, code, emoji, whitespace, digits) repeated into 1 KiB
 # JSON lines, ~4 MB in all. afd's time is the whole `afd tokenize` run (JSON in and out included)
 # minus the same run on no input (process start and tokenizer load); HF's is its encode calls only.
-# Best of N runs each. Not a test: nothing here asserts a speed (docs/perf.md has the log).
+# Best of N runs each. Not a test: nothing here asserts a speed (docs/perf-log/ has the log).
 set -euo pipefail
 AFD=${1:-build/afd}
 RUNS=${2:-3}
