@@ -17,19 +17,8 @@
 namespace afd::kernels {
 namespace {
 
-TEST(AfdExchange, OwnerFollowsSplitOffset) {
-  for (int64_t e_total : {4, 7, 64, 65}) {
-    for (int f_total : {1, 2, 3, 5}) {
-      if (f_total > e_total) continue;
-      // Rank f holds E / F experts, the first E % F ranks one more (SplitOffset's rule).
-      int64_t begin = 0;
-      for (int f = 0; f < f_total; ++f) {
-        const int64_t size = e_total / f_total + (f < e_total % f_total ? 1 : 0);
-        for (int64_t e = begin; e < begin + size; ++e) EXPECT_EQ(AfdOwner(e, e_total, f_total), f);
-        begin += size;
-      }
-    }
-  }
+// The owner rule itself is topology/expert_range.h's (tests/topology/expert_range_test.cpp).
+TEST(AfdExchange, OwnedTokensAreEveryFthFromF) {
   EXPECT_EQ(AfdOwnedTokens(7, 3, 0), 3);
   EXPECT_EQ(AfdOwnedTokens(7, 3, 2), 2);
   EXPECT_EQ(AfdOwnedTokens(1, 3, 2), 0);
@@ -64,7 +53,7 @@ TEST(AfdExchange, DispatchSendsEachTokenOncePerRankOwnedTokensFirst) {
       }
       for (int64_t t = 0; t < n; ++t) {
         if (shared && t % F == f) continue;
-        if (AfdOwner(ids[t * k], E, F) == f || AfdOwner(ids[t * k + 1], E, F) == f) {
+        if (ExpertOwner(ids[t * k], E, F) == f || ExpertOwner(ids[t * k + 1], E, F) == f) {
           order.push_back(t);
         }
       }

@@ -121,6 +121,8 @@ TEST(ModelConfig, MoeLayerFreqMakesTheLayersBetweenDense) {
     if (c.IsMoeLayer(l)) moe.push_back(l);
   }
   EXPECT_EQ(moe, (std::vector<int64_t>{3, 6, 9, 12, 15, 18, 21, 24}));
+  EXPECT_EQ(c.MoeLayers(), (std::vector<int>{3, 6, 9, 12, 15, 18, 21, 24}));
+  EXPECT_EQ(c.num_moe_layers(), 8);
   EXPECT_EQ(
       ParseModelConfig(with({{"\"moe_layer_freq\": 1", "\"moe_layer_freq\": null"}}), "cfg.json")
           .moe_layer_freq,

@@ -52,7 +52,6 @@ class NcclCommunicator : public Communicator {
                  const std::vector<size_t>& recv_counts, DType dtype) override;
   void Shutdown() override;
 
-  void SetStream(cudaStream_t stream) { stream_ = stream; }
   cudaStream_t stream() const { return stream_; }
   // Waits for everything enqueued on the stream, bounded by the group's timeout.
   void Synchronize();

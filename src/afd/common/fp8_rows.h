@@ -5,11 +5,7 @@
 
 #include <cstdint>
 
-#ifdef __CUDACC__
-#define AFD_HOST_DEVICE __host__ __device__
-#else
-#define AFD_HOST_DEVICE
-#endif
+#include "afd/common/host_device.h"
 
 namespace afd {
 

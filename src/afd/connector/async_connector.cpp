@@ -14,6 +14,7 @@
 #include "afd/common/fp8_rows.h"
 #include "afd/common/thread_annotations.h"
 #include "afd/connector/shm_window.h"
+#include "afd/topology/expert_range.h"
 #ifdef AFD_WITH_CUDA
 #include <cuda_runtime.h>
 
@@ -673,11 +674,11 @@ std::string AsyncConnector::PeerName(int peer) const {
 }
 
 int64_t AsyncConnector::expert_begin(int f) const {
-  return SplitOffset(options_.num_experts, world_.topology().num_ffn(), f);
+  return ExpertRangeOf(options_.num_experts, world_.topology().num_ffn(), f).begin;
 }
 
 int64_t AsyncConnector::num_local_experts(int f) const {
-  return SplitSize(options_.num_experts, world_.topology().num_ffn(), f);
+  return ExpertRangeOf(options_.num_experts, world_.topology().num_ffn(), f).size();
 }
 
 uint64_t AsyncConnector::Send(int peer, const SlotPayload& p) {

@@ -73,7 +73,7 @@ struct AsyncConnectorOptions {
   // capacity is the attention ranks' largest).
   int64_t token_cap = 0;
   int64_t topk = 1;         // experts per token
-  int64_t num_experts = 1;  // routed experts, sharded over the F ranks by SplitOffset
+  int64_t num_experts = 1;  // routed experts, sharded over the F ranks by ExpertRangeOf
   RowFormat row{1, DType::kF32};
   // >= 0: the rows live in device memory of this CUDA device (a row window of CUDA IPC or NCCL
   // symmetric memory, as connector_extra_config.window says, next to the host window, which
@@ -154,7 +154,7 @@ class AsyncConnector {
   const Topology& topology() const { return world_.topology(); }
   const Window& window() const { return *window_; }
   bool device_rows() const { return data_window_ != nullptr; }
-  // Routed experts of FFN rank f: [SplitOffset(E, F, f), SplitOffset(E, F, f + 1)).
+  // Routed experts of FFN rank f: ExpertRangeOf(E, F, f) (topology/expert_range.h).
   int64_t expert_begin(int ffn_rank) const;
   int64_t num_local_experts(int ffn_rank) const;
 

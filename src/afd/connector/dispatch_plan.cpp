@@ -1,6 +1,7 @@
 #include "afd/connector/dispatch_plan.h"
 
 #include "afd/common/error.h"
+#include "afd/topology/expert_range.h"
 #include "afd/topology/topology.h"
 
 namespace afd::connector {
@@ -27,9 +28,8 @@ DispatchPlan PlanDispatch(const int32_t* ids, int64_t n, int64_t k, int64_t num_
   p.expert_counts.resize(num_ffn);
   p.segment.assign(num_ffn + 1, 0);
   for (int f = 0; f < num_ffn; ++f) {
-    const int64_t b = SplitOffset(num_experts, num_ffn, f),
-                  e = SplitOffset(num_experts, num_ffn, f + 1);
-    for (int64_t x = b; x < e; ++x)
+    const ExpertRange r = ExpertRangeOf(num_experts, num_ffn, f);
+    for (int64_t x = r.begin; x < r.end; ++x)
       p.expert_counts[f].push_back(static_cast<int32_t>(start[x + 1]));
   }
   for (int64_t x = 0; x < num_experts; ++x) start[x + 1] += start[x];

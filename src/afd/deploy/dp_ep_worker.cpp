@@ -15,6 +15,7 @@
 #include "afd/deploy/rank_output.h"
 #include "afd/deploy/replica_serve.h"
 #include "afd/runtime/dp_ep_runner.h"
+#include "afd/topology/expert_range.h"
 #include "afd/topology/topology.h"
 
 namespace afd::deploy {
@@ -73,8 +74,9 @@ void RunDpEpWorker(const DpEpWorkerOptions& o) {
     // This rank's weights: everything but the other ranks' routed experts.
     model::OpenOptions open = o.open;
     const model::ModelConfig config = model::PeekModelConfig(o.model, o.open);
-    open.weights.expert_begin = SplitOffset(config.n_routed_experts, o.size, o.rank);
-    open.weights.expert_end = SplitOffset(config.n_routed_experts, o.size, o.rank + 1);
+    const ExpertRange experts = ExpertRangeOf(config.n_routed_experts, o.size, o.rank);
+    open.weights.expert_begin = experts.begin;
+    open.weights.expert_end = experts.end;
     model::LoadedModel loaded = model::LoadModel(o.model, open, o.cuda_device);
     const std::unique_ptr<kernels::Backend>& backend = loaded.backend;
     std::unique_ptr<model::MoeModel>& model = loaded.model;

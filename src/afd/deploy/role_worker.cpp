@@ -20,6 +20,7 @@
 #include "afd/runtime/async_ffn_worker.h"
 #include "afd/runtime/attention_runner.h"
 #include "afd/runtime/ffn_worker.h"
+#include "afd/topology/expert_range.h"
 #include "afd/topology/parallel.h"
 
 namespace afd::deploy {
@@ -111,8 +112,9 @@ void RunWorker(const WorkerOptions& o) {
     open.weights.expert_end = 0;
   } else {
     open.weights.load_attention = false;
-    open.weights.expert_begin = SplitOffset(config.n_routed_experts, num_ranks, o.role_rank);
-    open.weights.expert_end = SplitOffset(config.n_routed_experts, num_ranks, o.role_rank + 1);
+    const ExpertRange mine = ExpertRangeOf(config.n_routed_experts, num_ranks, o.role_rank);
+    open.weights.expert_begin = mine.begin;
+    open.weights.expert_end = mine.end;
   }
   model::LoadedModel loaded = model::LoadModel(o.model, open, o.cuda_device);
   const std::unique_ptr<kernels::Backend>& backend = loaded.backend;

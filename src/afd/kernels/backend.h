@@ -289,8 +289,8 @@ class Backend : public Allocator {
   }
 
   // ---- AFD exchange (the attention role's dispatch and combine, the FFN's rows) ---------
-  // FFN rank f of F (F = rows.size(), at most kMaxAfdRanks) owns experts [SplitOffset(E, F, f),
-  // SplitOffset(E, F, f + 1)). The dispatch of n tokens sends each token once to every rank it
+  // FFN rank f of F (F = rows.size(), at most kMaxAfdRanks) owns experts ExpertRangeOf(E, F, f)
+  // (topology/expert_range.h). The dispatch of n tokens sends each token once to every rank it
   // needs: with `shared` (the model has shared experts), rank f gets first the tokens t with
   // t % F == f (at row t / F: their shared experts run there); then the other tokens with an
   // expert there, ascending. ids: [n, k] i32 in [0, E),

@@ -191,19 +191,13 @@ int64_t AttentionParameterCount(const ModelConfig& c) {
   return total;
 }
 
-int64_t MoeLayerCount(const ModelConfig& c) {
-  int64_t m = 0;
-  for (int64_t l = 0; l < c.num_hidden_layers; ++l) m += c.IsMoeLayer(l);
-  return m;
-}
-
 }  // namespace
 
 int64_t ParameterCount(const ModelConfig& c) {
   const int64_t h = c.hidden_size;
   const int64_t moe = c.n_routed_experts * (h + 1) +
                       3 * h * c.moe_intermediate_size * (c.n_routed_experts + c.n_shared_experts);
-  return AttentionParameterCount(c) + MoeLayerCount(c) * moe;
+  return AttentionParameterCount(c) + c.num_moe_layers() * moe;
 }
 
 namespace {
@@ -261,7 +255,7 @@ ModelConfig PeekModelConfig(const std::string& spec, const OpenOptions& options)
 }
 
 int64_t LoadedParameterCount(const ModelConfig& c, const WeightOptions& o) {
-  const int64_t h = c.hidden_size, moe_layers = MoeLayerCount(c);
+  const int64_t h = c.hidden_size, moe_layers = c.num_moe_layers();
   const int64_t expert = 3 * h * c.moe_intermediate_size;
   const int64_t end = o.expert_end < 0 ? c.n_routed_experts : o.expert_end;
   int64_t total = 0;
@@ -306,9 +300,9 @@ std::unique_ptr<MoeModel> OpenModel(const std::string& spec, const OpenOptions& 
   if (options.auto_bf16 && ParameterCount(config) * 4 > kAutoBf16Bytes) {
     weights.matrix_dtype = DType::kBF16;
   }
-  // FP8 experts on a GPU held as FP8 (the expert kernels dequantize as they read) where the
-  // backend runs them at the model's sizes: AFD_FP8_EXPERTS=1 until the kernels are measured on
-  // the device (docs/config.md).
+  // FP8 experts on a GPU held as FP8 (w8a8 at decode sizes, dequantized to bf16 for prefill)
+  // where the backend runs them at the model's sizes: AFD_FP8_EXPERTS=1 until measured on the
+  // device (docs/config.md).
   if (const std::optional<std::string> v = EnvValue("AFD_FP8_EXPERTS"); v && !v->empty()) {
     AFD_CHECK(*v == "0" || *v == "1", "AFD_FP8_EXPERTS={}: expected 0 or 1", *v);
     if (!backend.device().is_cpu() && *v == "1" &&

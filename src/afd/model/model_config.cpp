@@ -294,6 +294,14 @@ ModelConfig ParseModelConfig(const std::string& json_text, const std::string& so
   return c;
 }
 
+std::vector<int> ModelConfig::MoeLayers() const {
+  std::vector<int> layers;
+  for (int64_t l = 0; l < num_hidden_layers; ++l) {
+    if (IsMoeLayer(l)) layers.push_back(static_cast<int>(l));
+  }
+  return layers;
+}
+
 void ModelConfig::Validate(const std::string& source) const {
   // Upper bounds keep every size product the model computes (weights, caches) far from
   // overflow; real DeepSeek checkpoints are well inside them.

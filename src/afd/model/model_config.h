@@ -128,6 +128,9 @@ struct ModelConfig {
     }
     return layer >= first_k_dense_replace && layer % moe_layer_freq == 0;
   }
+  // The MoE layers (IsMoeLayer), ascending: the order every role walks them in.
+  std::vector<int> MoeLayers() const;
+  int64_t num_moe_layers() const { return static_cast<int64_t>(MoeLayers().size()); }
   // Throws afd::Error naming `source` and the field when a value is out of range.
   void Validate(const std::string& source) const;
 };

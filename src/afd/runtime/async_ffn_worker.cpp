@@ -33,14 +33,6 @@ int64_t NowUs() {
       .count();
 }
 
-std::vector<int> MoeLayers(const model::ModelConfig& c) {
-  std::vector<int> layers;
-  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    if (c.IsMoeLayer(l)) layers.push_back(static_cast<int>(l));
-  }
-  return layers;
-}
-
 }  // namespace
 
 AsyncFfnWorker::AsyncFfnWorker(const model::MoeModel& model, comm::AfdWorld& world,
@@ -51,7 +43,7 @@ AsyncFfnWorker::AsyncFfnWorker(const model::MoeModel& model, comm::AfdWorld& wor
       ws_(model.backend()),
       graphs_enabled_(graphs && model.backend().SupportsGraphs() && connector.device_sequenced()),
       gather_(world.config().async_options.ffn_gather && world.topology().num_attention() > 1),
-      lockstep_(MoeLayers(model.config()), world.topology().num_attention(),
+      lockstep_(model.config().MoeLayers(), world.topology().num_attention(),
                 connector.layout().ring_depth) {
   AFD_CHECK(world.self().role == Role::kFfn, "AsyncFfnWorker on an attention rank");
   AFD_CHECK(model.backend().device().is_cpu() != connector.device_rows(),

@@ -3,7 +3,7 @@
 // monolithic deployment an AFD deployment is compared with on the same GPUs.
 //
 // Each rank runs attention for its own sequences and holds the routers, the shared experts and
-// routed experts [SplitOffset(E, N, r), SplitOffset(E, N, r + 1)); every MoE layer goes through
+// routed experts ExpertRangeOf(E, N, r) (topology/expert_range.h); every MoE layer goes through
 // ExpertParallelMoe over the N ranks (dispatch all-to-all, grouped experts, combine), which is
 // the arithmetic of the in-process MoE, so every rank's tokens come out exactly as in one
 // process holding every expert.

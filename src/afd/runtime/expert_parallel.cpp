@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "afd/common/error.h"
+#include "afd/topology/expert_range.h"
 #include "afd/topology/topology.h"
 
 namespace afd::runtime {
@@ -18,11 +19,10 @@ ExpertParallelMoe::ExpertParallelMoe(const model::MoeModel& model, comm::Communi
   const int64_t E = model.config().n_routed_experts;
   const int F = ep.size();
   owner_.resize(E);
-  for (int f = 0; f < F; ++f) {
-    for (int64_t e = SplitOffset(E, F, f); e < SplitOffset(E, F, f + 1); ++e) owner_[e] = f;
-  }
-  begin_ = SplitOffset(E, F, ep.rank());
-  end_ = SplitOffset(E, F, ep.rank() + 1);
+  for (int64_t e = 0; e < E; ++e) owner_[e] = ExpertOwner(e, E, F);
+  const ExpertRange mine = ExpertRangeOf(E, F, ep.rank());
+  begin_ = mine.begin;
+  end_ = mine.end;
   // Every rank must split the same experts the same way and hold its share, or a row would
   // reach a rank that does not hold its expert: (E, begin, end, holds them) of every rank,
   // checked once here (collective), not per layer on a host copy of the rows' experts (a wait
@@ -40,12 +40,12 @@ ExpertParallelMoe::ExpertParallelMoe(const model::MoeModel& model, comm::Communi
   table[4 * ep.rank() + 3] = holds ? 1 : 0;
   ep.AllReduce(table.data(), table.size(), DType::kI64, comm::ReduceOp::kSum);
   for (int f = 0; f < F; ++f) {
-    AFD_CHECK(table[4 * f] == E && table[4 * f + 1] == SplitOffset(E, F, f) &&
-                  table[4 * f + 2] == SplitOffset(E, F, f + 1),
+    const ExpertRange want = ExpertRangeOf(E, F, f);
+    AFD_CHECK(table[4 * f] == E && table[4 * f + 1] == want.begin && table[4 * f + 2] == want.end,
               "expert parallelism: {} has {} routed experts and owns [{}, {}); {} (rank {} of {}) "
               "expects {} experts, [{}, {}) there",
               ep.DescribeRank(f), table[4 * f], table[4 * f + 1], table[4 * f + 2], ep.name(),
-              ep.rank(), F, E, SplitOffset(E, F, f), SplitOffset(E, F, f + 1));
+              ep.rank(), F, E, want.begin, want.end);
     AFD_CHECK(table[4 * f + 3] == 1,
               "expert parallelism: {} does not hold the weights of its experts [{}, {}) in every "
               "MoE layer",

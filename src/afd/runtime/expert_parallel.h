@@ -1,5 +1,5 @@
 // The MoE layer on the FFN role, with the routed experts sharded over the FFN ranks (expert
-// parallelism). FFN rank f owns experts [SplitOffset(E, F, f), SplitOffset(E, F, f + 1)).
+// parallelism). FFN rank f owns experts ExpertRangeOf(E, F, f) (topology/expert_range.h).
 //
 // Forward (collective over the EP group; every FFN rank calls it for every MoE layer of every
 // step, with zero rows when it has none -- the dummy step of seed 001):

@@ -166,8 +166,7 @@ void FfnWorker::StepFromGraph(const connector::StepMetadata& meta, const Key& ke
 
 int64_t FfnWorker::Run() {
   const model::ModelConfig& c = model_.config();
-  int64_t moe_layers = 0;
-  for (int64_t l = 0; l < c.num_hidden_layers; ++l) moe_layers += c.IsMoeLayer(l);
+  const int64_t moe_layers = c.num_moe_layers();
   int64_t steps = 0;
   while (true) {
     std::optional<connector::StepMetadata> meta = connector_.control_plane().Recv(kIdlePollSeconds);

@@ -299,7 +299,8 @@ void CpuBackend::AfdDispatch(const Tensor& hidden, const Tensor& ids, const Tens
     auto* table = tables[f].data_as<int32_t>();
     for (int64_t t = 0; t < n; ++t) {
       bool here = false;
-      for (int64_t j = 0; j < k && !here; ++j) here = AfdOwner(id[t * k + j], num_experts, F) == f;
+      for (int64_t j = 0; j < k && !here; ++j)
+        here = ExpertOwner(id[t * k + j], num_experts, F) == f;
       int64_t r = -1;
       if (shared && t % F == f) {
         r = t / F;
@@ -371,7 +372,7 @@ void CpuBackend::AfdPairIndex(const Tensor& ids, int64_t num_experts, const Tens
   auto* out = idx.data_as<int32_t>();
   for (int64_t t = 0; t < n; ++t) {
     for (int64_t j = 0; j < k; ++j) {
-      const int f = AfdOwner(id[t * k + j], num_experts, F);
+      const int f = ExpertOwner(id[t * k + j], num_experts, F);
       const int32_t r = sr[t * F + f];
       AFD_CHECK(r >= 0,
                 "AfdPairIndex: token {} was not sent to FFN rank {}, which owns its "

@@ -29,10 +29,6 @@ void SiluMul(const float* gate_up, int64_t n, int64_t inter, float* out) {
   }
 }
 
-void SiluMulSeparate(const float* g, const float* u, int64_t count, float* out) {
-  for (int64_t i = 0; i < count; ++i) out[i] = Silu(g[i]) * u[i];
-}
-
 void SoftmaxInPlace(float* x, int64_t count) {
   float max = x[0];
   for (int64_t i = 1; i < count; ++i) max = std::fmax(max, x[i]);

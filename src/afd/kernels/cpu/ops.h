@@ -16,9 +16,6 @@ void RmsNorm(const float* x, int64_t n, int64_t dim, const float* w, float eps, 
 // as [gate | up] per row; out: [n, inter].
 void SiluMul(const float* gate_up, int64_t n, int64_t inter, float* out);
 
-// silu(g) * u elementwise over `count` values; out may alias g.
-void SiluMulSeparate(const float* g, const float* u, int64_t count, float* out);
-
 // In place softmax of x[0, count).
 void SoftmaxInPlace(float* x, int64_t count);
 

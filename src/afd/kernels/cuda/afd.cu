@@ -38,7 +38,7 @@ __global__ void AfdLayoutKernel(const int32_t* ids, const int32_t* weight_bits, 
     if (t < n) {
       own = shared && t % num_ranks == f;
       for (int j = 0; j < k && !own && !here; ++j) {
-        here = AfdOwner(ids[t * k + j], num_experts, num_ranks) == f;
+        here = ExpertOwner(ids[t * k + j], num_experts, num_ranks) == f;
       }
     }
     int prefix = 0, total = 0;
@@ -152,7 +152,7 @@ __global__ void AfdPairIndexKernel(const int32_t* ids, int64_t n, int k, int64_t
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n * k;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t t = i / k, j = i % k;
-    const int f = AfdOwner(ids[i], num_experts, num_ranks);
+    const int f = ExpertOwner(ids[i], num_experts, num_ranks);
     const int32_t r = send_row[t * num_ranks + f];
     const int32_t g =
         r < 0 ? -1 : static_cast<const int32_t*>(row_of_slot.p[f])[static_cast<int64_t>(r) * k + j];
