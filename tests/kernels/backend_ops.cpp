@@ -1072,12 +1072,35 @@ Result Moe(Ctx& c, int64_t n, int64_t num_experts, int64_t k, int64_t h, int64_t
   return Result(num / den, 1e-4);
 }
 
-// FP8 experts (E4M3 codes, a float32 scale per 128 x 128 block; ExpertWeights::fp8) against the
-// same experts dequantized (code * scale in fp32) and held as the backend holds weights: on the
-// GPU bf16 -- the FP8 mma form feeds its tensor cores the very same bf16 weights, and over 256
-// rows per expert the FP8 experts are dequantized into bf16 for the tiled form the bf16 ones
-// take -- on the CPU fp32: the same bits either way (tol 0). Sizes off the 128 grid give
-// partial blocks and up_proj's block rows after gate_proj's.
+// v [n, w] through the FP8 row format (common/fp8_rows.h: E4M3 with a scale per row and group of
+// 128) and back: the values an FP8 row holds.
+std::vector<double> Fp8RowsRoundTrip(const std::vector<double>& v, int64_t n, int64_t w) {
+  std::vector<double> out(v.size());
+  for (int64_t r = 0; r < n; ++r) {
+    for (int64_t g0 = 0; g0 < w; g0 += kAfdFp8Group) {
+      const int64_t g1 = std::min(w, g0 + kAfdFp8Group);
+      float amax = 0;
+      for (int64_t i = g0; i < g1; ++i) amax = std::max(amax, std::fabs(float(v[r * w + i])));
+      const float a = AfdFp8Clamp(amax), mul = AfdFp8Mul(a), scale = AfdFp8Scale(a);
+      for (int64_t i = g0; i < g1; ++i) {
+        out[r * w + i] = double(Fp8E4M3ToF32(F32ToFp8E4M3(float(v[r * w + i]) * mul))) * scale;
+      }
+    }
+  }
+  return out;
+}
+
+// FP8 experts (E4M3 codes, a float32 scale per 128 x 128 block; ExpertWeights::fp8).
+// CPU, and the GPU above 256 rows per expert: against the same experts dequantized (code *
+// scale in fp32) and held as the backend holds weights (GPU: bf16 -- the FP8 experts are
+// dequantized into bf16 for the tiled form the bf16 ones take; CPU: fp32): the same bits (tol 0).
+// GPU decode sizes (w8a8, sm_89+): x and the SwiGLU product go to the tensor cores as FP8 rows
+// too (RowsToFp8), so the reference is that computation in double: x's codes are the same bytes;
+// the product's codes come from the device's sums (the e4m3 mma's, promoted to fp32 every 64
+// products), which differ from double sums in the last bits, so near a rounding boundary a code
+// is one E4M3 step (2^-3 relative) off -- slack allows one such flip per (token, expert) of its
+// largest term, the tolerance a few more. Sizes off the 128 grid give
+// partial blocks and up_proj's block rows after gate_proj's; K % 64 == 32 the trailing chunk.
 Result MoeFp8(Ctx& c, int64_t n, int64_t num_experts, int64_t k, int64_t h, int64_t inter,
               int64_t local, int64_t hot = -1) {
   std::vector<float> x = c.Randn(n * h), wts = c.Randn(n * k);
@@ -1114,6 +1137,7 @@ Result MoeFp8(Ctx& c, int64_t n, int64_t num_experts, int64_t k, int64_t h, int6
     return std::vector<int64_t>{sr, sc};
   };
   ExpertWeights fp8, held;
+  std::vector<std::vector<double>> deq_gu, deq_dn;  // the dequantized experts, for w8a8
   for (int64_t e = 0; e < local; ++e) {
     const std::vector<float> gu = c.Randn(2 * inter * h, 1.0f / std::sqrt(float(h)));
     const std::vector<float> dn = c.Randn(h * inter, 1.0f / std::sqrt(float(inter)));
@@ -1124,7 +1148,9 @@ Result MoeFp8(Ctx& c, int64_t n, int64_t num_experts, int64_t k, int64_t h, int6
     fp8.gate_up_scale.push_back(c.Up(s, DType::kF32, ss));
     held.gate_up.push_back(gpu ? c.UpBf16(deq, {2 * inter, h})
                                : c.Up(deq, DType::kF32, {2 * inter, h}));
+    deq_gu.emplace_back(deq.begin(), deq.end());
     ss = quantize(dn, h, inter, h, q, s, deq);
+    deq_dn.emplace_back(deq.begin(), deq.end());
     fp8.down.push_back(c.Up(q, DType::kF8E4M3, {h, inter}));
     fp8.down_scale.push_back(c.Up(s, DType::kF32, ss));
     held.down.push_back(gpu ? c.UpBf16(deq, {h, inter}) : c.Up(deq, DType::kF32, {h, inter}));
@@ -1154,7 +1180,51 @@ Result MoeFp8(Ctx& c, int64_t n, int64_t num_experts, int64_t k, int64_t h, int6
   }
   run(fp8, a);
   run(held, b);
-  return Result(RelErr(c.Down<float>(a), ToDouble(c.Down<float>(b))), 0.0);
+  int64_t m = 0;  // rows of the local experts
+  for (int32_t id : ids) m += id < local;
+  const bool w8a8 = gpu && c.b.SupportsFp8Experts(h, inter) && m <= 256 * local;
+  if (!w8a8) return Result(RelErr(c.Down<float>(a), ToDouble(c.Down<float>(b))), 0.0);
+  const std::vector<double> xq = Fp8RowsRoundTrip(ToDouble(x), n, h);
+  std::vector<double> want(n * h, 0.0), slack(n * h, 0.0);
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t j = 0; j < k; ++j) {
+      const int64_t e = ids[t * k + j];
+      if (e >= local) continue;
+      std::vector<double> act(inter);
+      for (int64_t i = 0; i < inter; ++i) {
+        double g = 0, u = 0;
+        for (int64_t d = 0; d < h; ++d) {
+          g += deq_gu[e][i * h + d] * xq[t * h + d];
+          u += deq_gu[e][(inter + i) * h + d] * xq[t * h + d];
+        }
+        act[i] = float(Silu(g) * u);
+      }
+      act = Fp8RowsRoundTrip(act, 1, inter);
+      for (int64_t d = 0; d < h; ++d) {
+        double o = 0, flip = 0;
+        for (int64_t i = 0; i < inter; ++i) {
+          o += deq_dn[e][d * inter + i] * act[i];
+          flip = std::max(flip, std::fabs(deq_dn[e][d * inter + i] * act[i]));
+        }
+        want[t * h + d] += wts[t * k + j] * o;
+        slack[t * h + d] += std::fabs(wts[t * k + j]) * flip / 8.0;
+      }
+    }
+  }
+  const std::vector<float> got = c.Down<float>(a);
+  double num = 0, den = 1e-30;
+  for (size_t i = 0; i < want.size(); ++i) {
+    num = std::max(num, std::fabs(double(got[i]) - want[i]) - slack[i]);
+    den = std::max(den, std::fabs(want[i]));
+  }
+  // The tolerance is a tenth of what quantizing the activations changes (the dequantized
+  // experts' distance from the reference): a few flips beyond the slack (the e4m3 mma's sums
+  // carry fewer bits than fp32's) stay far below it; a fragment, layout or scale error reaches it.
+  const double moved = RelErr(c.Down<float>(b), want);
+  Result r(num / den, 0.1 * moved);
+  r.note = fmt::format("w8a8; without slack {:.3g}; w8a16 vs the reference {:.3g}",
+                       RelErr(got, want), moved);
+  return r;
 }
 
 // Rows of v logits (the GPU reduces them in chunks of 4096); above 8192, row 1 starts with a
@@ -1844,6 +1914,12 @@ std::vector<Case> PerfCases() {
   for (int64_t n : {1, 16, 64, 256, 4096, 8192}) {
     v.push_back({"MoE (permute+experts+combine)", fmt::format("{} tok, top-6 of 64, 2048x1408", n),
                  [n](Ctx& c) { return Moe(c, n, 64, 6, 2048, 1408, 0, 64); }});
+  }
+  // The same experts held as FP8 (w8a8 up to 256 rows an expert; GB/s of the FP8 bytes).
+  for (int64_t n : {1, 16, 64, 256}) {
+    v.push_back({"MoE FP8 (permute+experts+combine)",
+                 fmt::format("{} tok, top-6 of 64, 2048x1408", n),
+                 [n](Ctx& c) { return MoeFp8(c, n, 64, 6, 2048, 1408, 64); }});
   }
   return v;
 }

@@ -18,8 +18,8 @@ constexpr std::array kSwitches = {
     EnvSwitch{"AFD_DEBUG", "any value", "errors say what failed only",
               "an error also says where in the source it was raised"},
     EnvSwitch{"AFD_FP8_EXPERTS", "0 or 1", "FP8 routed experts dequantized on load (bf16 on a GPU)",
-              "1: held as FP8 on a GPU, dequantized by the expert kernels as they read (half the "
-              "bytes; not yet measured on the device)"},
+              "1: held as FP8 on a GPU (sm_89+): w8a8 on the e4m3 tensor cores at decode sizes, "
+              "dequantized to bf16 for prefill"},
     EnvSwitch{"AFD_GEMV_F32_CHUNKS", "0", "fp32 GEMV of 9-16 rows in row chunks",
               "0: cuBLAS for those rows instead"},
     EnvSwitch{"AFD_JOIN_SECRET", "a secret of >= 16 bytes", "loopback deployments only",

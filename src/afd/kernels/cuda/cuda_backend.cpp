@@ -77,6 +77,7 @@ CudaBackend::CudaBackend(int device) : device_(device), state_(std::make_unique<
   AFD_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
   name_ = fmt::format("cuda:{} ({})", device, prop.name);
   state_->sm_count = prop.multiProcessorCount;
+  fp8_mma_ = prop.major * 10 + prop.minor >= 89;
   AFD_CUDA_CHECK(cudaStreamCreateWithFlags(&state_->main, cudaStreamNonBlocking));
   AFD_CUDA_CHECK(cudaStreamCreateWithFlags(&state_->side, cudaStreamNonBlocking));
   AFD_CUDA_CHECK(cudaEventCreateWithFlags(&state_->fork, cudaEventDisableTiming));

@@ -108,7 +108,8 @@ class CudaBackend : public Backend {
 
   bool SupportsGraphs() const override { return true; }
   bool SupportsFp8Experts(int64_t hidden, int64_t inter) const override {
-    return hidden % 32 == 0 && inter % 32 == 0;  // GroupedMma's K and N
+    // GroupedMma's e4m3 mma (sm_89+), its K and N.
+    return fp8_mma_ && hidden % 32 == 0 && inter % 32 == 0;
   }
   bool RunsAsynchronously() const override { return true; }
   void BeginCapture() override;
@@ -147,6 +148,7 @@ class CudaBackend : public Backend {
   int device_;
   std::string name_;
   bool tf32_ = false;    // AllowTf32
+  bool fp8_mma_ = false;  // the device has the e4m3 mma (compute capability 8.9 or above)
   FormOverrides forms_;  // SetFormOverrides
   std::unique_ptr<State> state_;
 };

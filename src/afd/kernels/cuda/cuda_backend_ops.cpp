@@ -419,8 +419,10 @@ void CudaBackend::GroupedExpertMlp(const Tensor& x, const Tensor& offsets,
 bool CudaBackend::MmaExpertMlp(const float* x, const int32_t* src_row, int64_t m, int64_t h,
                                const Tensor& offsets, const ExpertWeights& experts,
                                const Tensor& out) {
-  // bf16 experts of decode and mid-sized groups, FP8 experts at every size: both GEMMs on
-  // tensor cores with a bf16 intermediate (the act scratch holds it).
+  // bf16 experts of decode and mid-sized groups: both GEMMs on tensor cores with a bf16
+  // intermediate (the act scratch holds it); FP8 experts at every size: w8a8 up to 256 rows an
+  // expert (an fp32 intermediate in the act scratch, the E4M3 rows in the x scratch), the tiled
+  // bf16 form on dequantized experts above.
   const bool fp8 = experts.fp8();
   if (!fp8 && experts.gate_up.front().dtype() != DType::kBF16) return false;
   const int64_t inter = experts.down.front().dim(1), e = experts.num_experts();

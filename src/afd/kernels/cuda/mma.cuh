@@ -22,6 +22,24 @@ __device__ __forceinline__ void MmaBf16(float (&c)[4], uint32_t a0, uint32_t a1,
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+// c += a · b, m16n8k32, E4M3 in (four per .b32 register, the lowest index in the low byte),
+// fp32 accumulate (sm_89+):
+//   A (16x32, row): a0 (gid, 4t + {0..3}), a1 (gid + 8, 4t + {0..3}),
+//                   a2 (gid, 4t + 16 + {0..3}), a3 (gid + 8, 4t + 16 + {0..3})
+//   B (32x8, col):  b0 (k = 4t + {0..3}, n = gid), b1 (k = 4t + 16 + {0..3}, n = gid)
+//   C (16x8):       c0, c1 (gid, 2t + {0, 1}), c2, c3 (gid + 8, 2t + {0, 1})
+__device__ __forceinline__ void MmaFp8(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                       uint32_t a3, uint32_t b0, uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  asm("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#else
+  __trap();  // no e4m3 mma before sm_89 (the build targets sm_90a)
+#endif
+}
+
 // fp32 -> tf32 (round to nearest, ties away), as a .b32 mma operand.
 __device__ __forceinline__ uint32_t Tf32(float x) {
   uint32_t r;
@@ -70,6 +88,11 @@ __device__ __forceinline__ void CopyAsync16Or0(void* smem, const void* gmem, boo
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(gmem),
                "r"(valid ? 16 : 0)
                : "memory");
+}
+// 4 bytes global -> shared (cp.async.ca: the only form below 16 bytes).
+__device__ __forceinline__ void CopyAsync4(void* smem, const void* gmem) {
+  const auto dst = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(dst), "l"(gmem));
 }
 // Closes the group of copies issued so far; CopyAsyncWait waits until at most kPending groups
 // are still in flight (this thread's copies: a barrier makes them visible to the block).

@@ -15,6 +15,7 @@
 #include <type_traits>
 
 #include "afd/common/cuda_check.h"
+#include "afd/common/fp8_rows.h"
 #include "afd/kernels/cuda/bf16_vec.cuh"
 #include "afd/kernels/cuda/launch.cuh"
 #include "afd/kernels/cuda/mma.cuh"
@@ -50,6 +51,38 @@ __global__ void GatherRowsToBf16(const float* x, const int32_t* index, int64_t h
   }
 }
 
+// Block r: row r of x (x[index[r]] with an index) as E4M3 codes with a float32 scale per group of
+// 128 (common/fp8_rows.h: the AFD dispatch's rules, the same bytes as its CPU reference), a warp
+// per group, 4 consecutive values a lane (h % 4 == 0; the last group may be partial).
+__global__ void RowsToFp8(const float* x, const int32_t* index, int64_t h, uint8_t* q,
+                          float* scales) {
+  PdlStart();
+  const int64_t r = blockIdx.x;
+  const float* xr = x + (index != nullptr ? int64_t(index[r]) : r) * h;
+  const int lane = threadIdx.x & 31;
+  const int64_t groups = AfdFp8Groups(h);
+  for (int64_t g = threadIdx.x >> 5; g < groups; g += blockDim.x >> 5) {
+    const int64_t c = g * kAfdFp8Group + 4 * lane;
+    float v[4] = {};
+    if (c < h) {
+      for (int i = 0; i < 4; ++i) v[i] = xr[c + i];
+    }
+    float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
+    for (int o = 16; o > 0; o /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const float a = AfdFp8Clamp(amax), mul = AfdFp8Mul(a);
+    if (c < h) {
+      uint32_t packed = 0;
+      for (int i = 0; i < 4; ++i) {
+        const __nv_fp8_storage_t b =
+            __nv_cvt_float_to_fp8(__fmul_rn(v[i], mul), __NV_SATFINITE, __NV_E4M3);
+        packed |= uint32_t(b) << (8 * i);
+      }
+      *reinterpret_cast<uint32_t*>(q + r * h + c) = packed;
+    }
+    if (lane == 0) scales[r * groups + g] = AfdFp8Scale(a);
+  }
+}
+
 // FP8 experts dequantized for the tiled form (DequantFp8Experts): expert blockIdx.y's codes
 // [rows, cols] as bf16(fp32(code) * scale) -- the mma form's and the dequantizing load's values.
 // Rows from `split` on start new block rows (gate_up: up_proj's).
@@ -82,6 +115,14 @@ void LaunchGatherRowsToBf16(const float* x, const int32_t* index, int64_t m, int
   CheckLaunch("GatherRowsToBf16");
 }
 
+void LaunchRowsToFp8(const float* x, const int32_t* index, int64_t m, int64_t h, uint8_t* q,
+                     float* scales, cudaStream_t s) {
+  if (m == 0) return;
+  AFD_CHECK(h % 4 == 0, "RowsToFp8: row width {} must be a multiple of 4", h);
+  LaunchPdl(RowsToFp8, static_cast<unsigned>(m), 128, 0, s, x, index, h, q, scales);
+  CheckLaunch("RowsToFp8");
+}
+
 // x [n] rounded to bf16 into xb (the mma path's input).
 void LaunchRowsToBf16(const float* x, int64_t n, __nv_bfloat16* xb, cudaStream_t s) {
   const int blocks = static_cast<int>(std::min<int64_t>((n + 255) / 256, 4096));
@@ -99,8 +140,7 @@ void LaunchGroupedLinear(const float* x, int64_t m, int64_t k, const void* const
   if (bf16 && x_bf16 != nullptr && MmaFits(m, k, n_out, num_local)) {
     auto* xb = reinterpret_cast<__nv_bfloat16*>(x_bf16);
     LaunchRowsToBf16(x, m * k, xb, s);
-    LaunchGroupedMma(xb, m, k, w_ptrs, nullptr, offsets, num_local, n_out, swiglu, false, y,
-                     nullptr, s);
+    LaunchGroupedMma(xb, m, k, w_ptrs, offsets, num_local, n_out, swiglu, false, y, nullptr, s);
     CheckLaunch("GroupedExpertMlp (mma)");
     return;
   }
@@ -145,6 +185,20 @@ bool LaunchGroupedMlpMma(const float* x, const int32_t* src_row, int64_t m, int6
        (!MmaFits(m, h, inter, num_local, fp8) || !MmaFits(m, inter, h, num_local, fp8)))) {
     return false;
   }
+  if (fp8) {
+    // w8a8: x and the SwiGLU product (fp32, in the act scratch) as E4M3 rows with scales per
+    // 128 (in the x scratch: codes [m, max(h, inter)], then their scales).
+    auto* q = reinterpret_cast<uint8_t*>(x_bf16);
+    auto* qs = reinterpret_cast<float*>(q + m * std::max(h, inter));
+    auto* act = reinterpret_cast<float*>(act_bf16);
+    LaunchRowsToFp8(x, src_row, m, h, q, qs, s);
+    LaunchGroupedMmaFp8(q, qs, m, h, gate_up, gate_up_scale, offsets, num_local, inter, true, act,
+                        s);
+    LaunchRowsToFp8(act, nullptr, m, inter, q, qs, s);
+    LaunchGroupedMmaFp8(q, qs, m, inter, down, down_scale, offsets, num_local, h, false, out, s);
+    CheckLaunch("GroupedExpertMlp (mma, FP8 experts and rows)");
+    return true;
+  }
   auto* xb = reinterpret_cast<__nv_bfloat16*>(x_bf16);
   auto* ab = reinterpret_cast<__nv_bfloat16*>(act_bf16);
   if (src_row != nullptr) {
@@ -158,12 +212,9 @@ bool LaunchGroupedMlpMma(const float* x, const int32_t* src_row, int64_t m, int6
     CheckLaunch("GroupedExpertMlp (tiled, bf16 intermediate)");
     return true;
   }
-  LaunchGroupedMma(xb, m, h, gate_up, gate_up_scale, offsets, num_local, inter, true, true, nullptr,
-                   ab, s);
-  LaunchGroupedMma(ab, m, inter, down, down_scale, offsets, num_local, h, false, false, out,
-                   nullptr, s);
-  CheckLaunch(fp8 ? "GroupedExpertMlp (mma, FP8 experts, bf16 intermediate)"
-                  : "GroupedExpertMlp (mma, bf16 intermediate)");
+  LaunchGroupedMma(xb, m, h, gate_up, offsets, num_local, inter, true, true, nullptr, ab, s);
+  LaunchGroupedMma(ab, m, inter, down, offsets, num_local, h, false, false, out, nullptr, s);
+  CheckLaunch("GroupedExpertMlp (mma, bf16 intermediate)");
   return true;
 }
 

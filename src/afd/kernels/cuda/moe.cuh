@@ -23,8 +23,9 @@ void LaunchMoePermute(const int32_t* ids, int64_t n, int64_t k, int64_t begin, i
 // conversion would: the same bits), then out [m, h] = act · W_down^T. No fp32 intermediate.
 // src_row: null, or row r of the rows is x[src_row[r]] (gathered while rounded).
 // gate_up_scale / down_scale: null (bf16 weights), or the FP8 experts' block scales (E4M3
-// weights, kernels::ExpertWeights' layout; GroupedMma at every size, the same bits as the bf16
-// weights a dequantizing load holds).
+// weights, kernels::ExpertWeights' layout; sm_89+): w8a8 at every size -- x and then the SwiGLU
+// product (fp32 in act_bf16, which must hold m x inter floats) quantized to E4M3 rows with a
+// scale per 128 (RowsToFp8, into x_bf16: m x max(h, inter) x 2 bytes) for GroupedMmaFp8.
 bool LaunchGroupedMlpMma(const float* x, const int32_t* src_row, int64_t m, int64_t h,
                          int64_t inter, const void* const* gate_up, const void* const* down,
                          const void* const* gate_up_scale, const void* const* down_scale,
@@ -34,8 +35,8 @@ bool LaunchGroupedMlpMma(const float* x, const int32_t* src_row, int64_t m, int6
 // kMmaMaxAvgRows rows per expert on average).
 bool GroupedMlpTiledFits(int64_t m, int64_t h, int64_t inter, int64_t num_local);
 // FP8 experts' codes [rows, cols] (by pointer table, with their block scales; rows from `split`
-// on start new block rows) as bf16 into out [num_local, rows, cols]: the values the mma form
-// and a dequantizing load use (so the tiled form then gives the bf16 experts' bits).
+// on start new block rows) as bf16 into out [num_local, rows, cols]: the values a dequantizing
+// load holds (so the tiled form then gives the bf16 experts' bits).
 void LaunchDequantFp8Experts(const void* const* codes, const void* const* scales, int64_t num_local,
                              int64_t rows, int64_t cols, int64_t split, uint16_t* out,
                              cudaStream_t s);

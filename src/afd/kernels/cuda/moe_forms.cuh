@@ -19,14 +19,18 @@ inline constexpr int64_t kMmaMaxAvgRows = 256;
 
 // moe_mma.cu -- mma.sync m16n8k16 from bf16 x (already rounded), up to kMmaMaxAvgRows rows per
 // expert on average (any_rows: any number; FP8 experts, which the tiled form does not read):
-// K a multiple of 32, N of 8. Into fp32 y, or (swiglu only) bf16 yb. Weights bf16, or (s_ptrs
-// not null: each expert's float32 scales per 128 x 128 block, kernels::ExpertWeights' layout)
-// E4M3 codes, turned into the bf16 a dequantizing load would hold (the same bits out).
+// K a multiple of 32, N of 8. Into fp32 y, or (swiglu only) bf16 yb. Weights bf16.
+// LaunchGroupedMmaFp8: the FP8 experts' form (sm_89+), m16n8k32 e4m3 from E4M3 x codes xq [m, k]
+// with x_scales [m, ceil(k / 128)] (LaunchRowsToFp8) against E4M3 weights with each expert's
+// float32 scales per 128 x 128 block (s_ptrs; kernels::ExpertWeights' layout); into fp32 y.
 bool MmaFits(int64_t m, int64_t k, int64_t n_out, int64_t num_local, bool any_rows = false);
 void LaunchGroupedMma(const __nv_bfloat16* x, int64_t m, int64_t k, const void* const* w_ptrs,
-                      const void* const* s_ptrs, const int32_t* offsets, int64_t num_local,
-                      int64_t n_out, bool swiglu, bool bf16_out, float* y, __nv_bfloat16* yb,
-                      cudaStream_t s);
+                      const int32_t* offsets, int64_t num_local, int64_t n_out, bool swiglu,
+                      bool bf16_out, float* y, __nv_bfloat16* yb, cudaStream_t s);
+void LaunchGroupedMmaFp8(const uint8_t* xq, const float* x_scales, int64_t m, int64_t k,
+                         const void* const* w_ptrs, const void* const* s_ptrs,
+                         const int32_t* offsets, int64_t num_local, int64_t n_out, bool swiglu,
+                         float* y, cudaStream_t s);
 
 // moe_tiled.cu -- a tiled tensor-core GEMM (wgmma on sm_90a, else mma.sync) from bf16 x, above
 // kMmaMaxAvgRows rows per expert: K a multiple of 8, N even. SwiGLU into bf16 yb, the plain
@@ -60,5 +64,10 @@ void LaunchGroupedSimt(const float* x, int64_t m, int64_t k, const void* const* 
 void LaunchRowsToBf16(const float* x, int64_t n, __nv_bfloat16* xb, cudaStream_t s);
 void LaunchGatherRowsToBf16(const float* x, const int32_t* index, int64_t m, int64_t h,
                             __nv_bfloat16* xb, cudaStream_t s);
+// moe.cu -- m rows of x [*, h] (index: null, or row r is x[index[r]]) as E4M3 codes q [m, h]
+// with float32 scales [m, ceil(h / 128)], per group of 128 by the AFD dispatch's rules
+// (common/fp8_rows.h); h % 4 == 0.
+void LaunchRowsToFp8(const float* x, const int32_t* index, int64_t m, int64_t h, uint8_t* q,
+                     float* scales, cudaStream_t s);
 
 }  // namespace afd::kernels::cuda

@@ -72,44 +72,14 @@ __host__ __device__ constexpr int MmaStride(int piece) {
   return piece + (piece % 64 == 0 ? 32 : 0);
 }
 
-__device__ __forceinline__ uint4 LoadStream(const __nv_bfloat16* p) {
+__device__ __forceinline__ uint4 LoadStream(const void* p) {
   uint4 v;
   asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
       : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
       : "l"(p));
   return v;
 }
-
-// A lane's weight fragments of kMmaUnroll chunks, bf16 weights: Load from chunk c (kGuard: the
-// last, possibly partial group; chunks past the end are zeros), Chunk(u) chunk u's two uint4
-// (j = 0: wa's rows, 1: wb's). The scale arguments are the FP8 form's (Fp8Frags).
-struct Bf16Frags {
-  uint4 w[kMmaUnroll][2];
-  template <bool kGuard>
-  __device__ __forceinline__ void Load(const __nv_bfloat16* wa, const __nv_bfloat16* wb,
-                                       const float*, const float*, int64_t, int c, int chunks) {
-#pragma unroll
-    for (int u = 0; u < kMmaUnroll; ++u) {
-      if (!kGuard || c + u < chunks) {
-        w[u][0] = LoadStream(wa + (c + u) * 32);
-        w[u][1] = LoadStream(wb + (c + u) * 32);
-      } else {
-        w[u][0] = w[u][1] = make_uint4(0, 0, 0, 0);
-      }
-    }
-  }
-  // Chunk u's two fragments (uint4 [2], indexed by tile j).
-  __device__ __forceinline__ const uint4 (&Chunk(int u) const)[2] { return w[u]; }
-};
-
-// FP8 experts (kFp8): the same kernel reading E4M3 codes -- 8 bytes per lane and 32-wide chunk
-// (W[n0 + gid][k0 + 8t .. +8], the bf16 form's k positions) -- with the float32 scale of each
-// code's 128 x 128 block (ExpertWeights), turned into the bf16 fragments the bf16 form loads:
-// bf16(fp32(code) * scale), rounded to nearest -- the very weights a dequantizing load uploads
-// as bf16, so the products, sums and outputs are the bf16 form's bits. A lane's 8 k of a chunk
-// lie in one block (32 | 128); its rows' block rows are fixed (8 | 128), so each chunk needs
-// one scale per weight tile, loaded with the codes.
-__device__ __forceinline__ uint2 LoadStream8(const uint8_t* p) {
+__device__ __forceinline__ uint2 LoadStream8(const void* p) {
   uint2 v;
   asm("ld.global.nc.L1::no_allocate.L2::256B.v2.u32 {%0, %1}, [%2];"
       : "=r"(v.x), "=r"(v.y)
@@ -117,68 +87,95 @@ __device__ __forceinline__ uint2 LoadStream8(const uint8_t* p) {
   return v;
 }
 
-// Two E4M3 codes (the low byte first) times scale as a bf16 pair (low half: the first).
-__device__ __forceinline__ uint32_t Fp8PairToBf16(uint32_t two, float scale) {
-  const __half2_raw h =
-      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two & 0xffffu), __NV_E4M3);
-  const float2 f = __half22float2(__half2(h));
-  const __nv_bfloat162 b = __floats2bfloat162_rn(__fmul_rn(f.x, scale), __fmul_rn(f.y, scale));
-  return *reinterpret_cast<const uint32_t*>(&b);
-}
+// A lane's weight fragments of kMmaUnroll chunks, bf16 weights: Load from chunk c (kGuard: the
+// last, possibly partial group; chunks past the end are zeros), w[u][j] chunk u's uint4 (j = 0:
+// wa's rows, 1: wb's). The scale arguments are the FP8 form's (Fp8Frags).
+struct Bf16Frags {
+  static constexpr int kChunk = 32;  // k per chunk: 8 bf16 per lane
+  static constexpr int kUnroll = kMmaUnroll;
+  uint4 w[kMmaUnroll][2];
+  template <bool kGuard>
+  __device__ __forceinline__ void Load(const __nv_bfloat16* wa, const __nv_bfloat16* wb,
+                                       const float*, const float*, int64_t, int c, int chunks) {
+#pragma unroll
+    for (int u = 0; u < kMmaUnroll; ++u) {
+      if (!kGuard || c + u < chunks) {
+        w[u][0] = LoadStream(wa + (c + u) * kChunk);
+        w[u][1] = LoadStream(wb + (c + u) * kChunk);
+      } else {
+        w[u][0] = w[u][1] = make_uint4(0, 0, 0, 0);
+      }
+    }
+  }
+};
 
-// Eight codes (memory order) as the uint4 of eight bf16 the bf16 form loads.
-__device__ __forceinline__ uint4 Fp8x8ToBf16(uint2 q, float scale) {
-  return make_uint4(Fp8PairToBf16(q.x, scale), Fp8PairToBf16(q.x >> 16, scale),
-                    Fp8PairToBf16(q.y, scale), Fp8PairToBf16(q.y >> 16, scale));
-}
-
-// Fp8Frags: Bf16Frags for FP8 codes -- their bytes and scales loaded (sa / sb: this lane's
-// rows' block rows of scales; kb: the k of chunk 0, the piece's start), each chunk's bf16
-// fragments made by Chunk just before its mmas.
+// FP8 experts (kFp8): E4M3 weights with a float32 scale per 128 x 128 block (ExpertWeights)
+// times E4M3 rows with a float32 scale per row and group of 128 (RowsToFp8: the AFD dispatch's
+// rules, common/fp8_rows.h), on the e4m3 mma (m16n8k32, fp32 accumulate) -- the codes go to the
+// tensor cores as they are (no conversion), as DeepGEMM's w8a8. The same permuted-K layout with
+// 64-wide chunks: lane (gid, t) loads the 16 codes W[n0 + gid][k0 + 16t .. +16] (one uint4,
+// w.x .. w.w four codes each) and x[row][k0 + 16t .. +16] from shared memory; by the m16n8k32
+// fragment layout (mma.cuh) the fragment k index j maps to chunk position
+//   mma #1: j = 4t + {0..3} -> 16t + {0..3},   j = 4t + 16 + {0..3} -> 16t + 4 + {0..3}
+//   mma #2: j = 4t + {0..3} -> 16t + 8 + {0..3}, j = 4t + 16 + {0..3} -> 16t + 12 + {0..3}
+// so mma #1: a = {x_gid.x, x_gid8.x, x_gid.y, x_gid8.y}, b = {w.x, w.y}; #2 the .z, .w words --
+// the bf16 form's register pattern. Each chunk's two mmas sum into a fresh accumulator that is
+// then added to the output sums times x's scale (the row's) and W's (the tile's: its 8 rows lie
+// in one block row; 64 | 128, so a chunk lies in one block): fp32 sums every 64 products, as
+// DeepGEMM promotes every 128. A trailing 32-wide chunk (k % 64 == 32) takes one mma from 8
+// codes a lane (W[..][k0 + 8t .. +8]: j = 4t + {0..3} -> 8t + {0..3}, 4t + 16 + {0..3} ->
+// 8t + 4 + {0..3}).
+// kUnroll chunks a group (even: whole 128-blocks); 4 with two m tiles (8 spilled: the second
+// tile's sums take the registers).
+template <int kGroup>
 struct Fp8Frags {
-  uint2 q[kMmaUnroll][2];
-  float sc[kMmaUnroll][2];
+  static constexpr int kChunk = 64;  // k per chunk: 16 codes per lane
+  static constexpr int kUnroll = kGroup;
+  static_assert(kUnroll % 2 == 0, "Fp8Frags: a group is whole 128-blocks");
+  uint4 w[kUnroll][2];
+  float sc[kUnroll / 2][2];  // W's scales of the group's 128-blocks (two chunks each)
+  // kb: the k of chunk 0 (a multiple of 128: PlanMma's pieces).
   template <bool kGuard>
   __device__ __forceinline__ void Load(const uint8_t* wa, const uint8_t* wb, const float* sa,
                                        const float* sb, int64_t kb, int c, int chunks) {
 #pragma unroll
-    for (int u = 0; u < kMmaUnroll; ++u) {
+    for (int u = 0; u < kUnroll; ++u) {
       if (!kGuard || c + u < chunks) {
-        q[u][0] = LoadStream8(wa + (c + u) * 32);
-        q[u][1] = LoadStream8(wb + (c + u) * 32);
-        const int64_t block = (kb + (c + u) * 32) >> 7;
-        sc[u][0] = __ldg(sa + block);
-        sc[u][1] = __ldg(sb + block);
+        w[u][0] = LoadStream(wa + (c + u) * kChunk);
+        w[u][1] = LoadStream(wb + (c + u) * kChunk);
       } else {
-        q[u][0] = q[u][1] = make_uint2(0, 0);
-        sc[u][0] = sc[u][1] = 0.0f;
+        w[u][0] = w[u][1] = make_uint4(0, 0, 0, 0);
       }
     }
-  }
-  struct Pair {
-    uint4 v[2];
-    __device__ __forceinline__ const uint4& operator[](int j) const { return v[j]; }
-  };
-  __device__ __forceinline__ Pair Chunk(int u) const {
-    return {{Fp8x8ToBf16(q[u][0], sc[u][0]), Fp8x8ToBf16(q[u][1], sc[u][1])}};
+#pragma unroll
+    for (int v = 0; v < kUnroll / 2; ++v) {
+      if (!kGuard || c + 2 * v < chunks) {
+        const int64_t block = (kb >> 7) + (c >> 1) + v;
+        sc[v][0] = __ldg(sa + block);
+        sc[v][1] = __ldg(sb + block);
+      } else {
+        sc[v][0] = sc[v][1] = 0.0f;
+      }
+    }
   }
 };
 
 // Per chunk and m tile: the x fragments from shared memory (xr: this lane's rows gid, gid + 8 of
 // each tile, null past the pass) and the 4 mmas, with the loaded weight fragments f.
-template <bool kGuard, int kTiles, typename Frags>
-__device__ __forceinline__ void MmaCompute(const Frags& f,
-                                           const __nv_bfloat16* const (&xr)[kTiles][2], int c,
-                                           int chunks, int tiles, float (&acc)[kTiles][2][4]) {
+template <bool kGuard, int kTiles>
+__device__ __forceinline__ void MmaCompute(const Bf16Frags& f,
+                                           const __nv_bfloat16* const (&xr)[kTiles][2],
+                                           const float*, int, int c, int chunks, int tiles,
+                                           float (&acc)[kTiles][2][4]) {
 #pragma unroll
   for (int u = 0; u < kMmaUnroll; ++u) {
     if (kGuard && c + u >= chunks) break;
-    const auto& w = f.Chunk(u);  // FP8: converted once per chunk (the tiles share it)
+    const uint4(&w)[2] = f.w[u];
 #pragma unroll
     for (int i = 0; i < kTiles; ++i) {
       if (i >= tiles) break;
       const uint4 zero = make_uint4(0, 0, 0, 0);
-      const int off = (c + u) * 32;
+      const int off = (c + u) * Bf16Frags::kChunk;
       const uint4 lo = xr[i][0] ? *reinterpret_cast<const uint4*>(xr[i][0] + off) : zero;
       const uint4 hi = xr[i][1] ? *reinterpret_cast<const uint4*>(xr[i][1] + off) : zero;
 #pragma unroll
@@ -189,6 +186,81 @@ __device__ __forceinline__ void MmaCompute(const Frags& f,
     }
   }
 }
+
+// acc += d · (x's scale · W's), rows gid (d[0], d[1]) and gid + 8 (d[2], d[3]).
+__device__ __forceinline__ void Promote(float (&acc)[4], const float (&d)[4], float lo, float hi) {
+  acc[0] = fmaf(d[0], lo, acc[0]);
+  acc[1] = fmaf(d[1], lo, acc[1]);
+  acc[2] = fmaf(d[2], hi, acc[2]);
+  acc[3] = fmaf(d[3], hi, acc[3]);
+}
+
+// The FP8 form's: sg the x scales of row gid's 128-blocks in the piece (row r's at
+// sg + (r - gid) * nb).
+template <bool kGuard, int kTiles, int kGroup>
+__device__ __forceinline__ void MmaCompute(const Fp8Frags<kGroup>& f,
+                                           const uint8_t* const (&xr)[kTiles][2], const float* sg,
+                                           int nb, int c, int chunks, int tiles,
+                                           float (&acc)[kTiles][2][4]) {
+#pragma unroll
+  for (int u = 0; u < kGroup; ++u) {
+    if (kGuard && c + u >= chunks) break;
+    const uint4(&w)[2] = f.w[u];
+    const int block = (c + u) >> 1;  // in the piece
+#pragma unroll
+    for (int i = 0; i < kTiles; ++i) {
+      if (i >= tiles) break;
+      const uint4 zero = make_uint4(0, 0, 0, 0);
+      const int off = (c + u) * Fp8Frags<kGroup>::kChunk;
+      const uint4 lo = xr[i][0] ? *reinterpret_cast<const uint4*>(xr[i][0] + off) : zero;
+      const uint4 hi = xr[i][1] ? *reinterpret_cast<const uint4*>(xr[i][1] + off) : zero;
+      const float s_lo = xr[i][0] ? sg[16 * i * nb + block] : 0.0f;
+      const float s_hi = xr[i][1] ? sg[(16 * i + 8) * nb + block] : 0.0f;
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        float d[4] = {};
+        MmaFp8(d, lo.x, hi.x, lo.y, hi.y, w[j].x, w[j].y);
+        MmaFp8(d, lo.z, hi.z, lo.w, hi.w, w[j].z, w[j].w);
+        const float sw = f.sc[u >> 1][j];
+        Promote(acc[i][j], d, s_lo * sw, s_hi * sw);
+      }
+    }
+  }
+}
+
+// The FP8 form's trailing 32-wide chunk at piece offset off (k % 64 == 32): wa / wb / xr point
+// at this lane's 16-code run of chunk 0 (16t), the chunk's 8 codes a lane start at 8t.
+template <int kTiles>
+__device__ __forceinline__ void MmaTailFp8(const uint8_t* wa, const uint8_t* wb, const float* sa,
+                                           const float* sb, int64_t kb, int off, int t,
+                                           const uint8_t* const (&xr)[kTiles][2],
+                                           const float* sg, int nb, int tiles,
+                                           float (&acc)[kTiles][2][4]) {
+  const int back = off - 8 * t;  // 16t + off - 8t = off + 8t
+  const uint2 w[2] = {LoadStream8(wa + back), LoadStream8(wb + back)};
+  const int64_t wblock = (kb + off) >> 7;
+  const float sw[2] = {__ldg(sa + wblock), __ldg(sb + wblock)};
+  const int block = off >> 7;
+#pragma unroll
+  for (int i = 0; i < kTiles; ++i) {
+    if (i >= tiles) break;
+    const uint2 zero = make_uint2(0, 0);
+    const uint2 lo = xr[i][0] ? *reinterpret_cast<const uint2*>(xr[i][0] + back) : zero;
+    const uint2 hi = xr[i][1] ? *reinterpret_cast<const uint2*>(xr[i][1] + back) : zero;
+    const float s_lo = xr[i][0] ? sg[16 * i * nb + block] : 0.0f;
+    const float s_hi = xr[i][1] ? sg[(16 * i + 8) * nb + block] : 0.0f;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      float d[4] = {};
+      MmaFp8(d, lo.x, hi.x, lo.y, hi.y, w[j].x, w[j].y);
+      Promote(acc[i][j], d, s_lo * sw[j], s_hi * sw[j]);
+    }
+  }
+}
+
+// The FP8 form's shared row of x codes: ≡ 64 bytes (mod 128), as MmaStride's, 16-byte aligned.
+__host__ __device__ constexpr int Fp8Stride(int piece) { return (piece + 127) / 128 * 128 + 64; }
+__host__ __device__ constexpr int Fp8Blocks(int piece) { return (piece + 127) / 128; }
 
 // The expert of block z: z itself when the grid spans every local expert, else (grid z =
 // min(num_local, rows): decode's few rows use a few experts) the z-th expert with rows,
@@ -233,17 +305,26 @@ __device__ __forceinline__ int64_t ActiveExpert(const int32_t* offsets, int64_t 
 // hands its sums to half 0 through shared memory, which adds them (sum = half 0 + half 1) and
 // stores. The sum order then differs from kHalves == 1 in the last bits.
 // kFp8: the weights are E4M3 codes with block scales (s_ptrs[e]: the expert's scales, rows of
-// ceil(k / 128); SwiGLU's up rows from block row ceil(n_out / 128) on), see Fp8Frags.
+// ceil(k / 128); SwiGLU's up rows from block row ceil(n_out / 128) on), x E4M3 codes [m, k] with
+// x_scales [m, ceil(k / 128)] (Fp8Frags); fp32 out only.
 template <bool kSwiglu, bool kBf16Out, int kTiles, int kHalves = 1,
           int kWarps = 4 * kTiles* kHalves, bool kFp8 = false>
 __global__ void __launch_bounds__(kWarps * 32, 16 / kWarps)  // 128 registers
-    GroupedMma(const __nv_bfloat16* x, int64_t k, int piece, const void* const* w_ptrs,
-               const void* const* s_ptrs, const int32_t* offsets, int64_t num_local, int64_t n_out,
-               float* y, __nv_bfloat16* yb) {
+    GroupedMma(const void* xv, const float* x_scales, int64_t k, int piece,
+               const void* const* w_ptrs, const void* const* s_ptrs, const int32_t* offsets,
+               int64_t num_local, int64_t n_out, float* y, __nv_bfloat16* yb) {
   PdlStart();
   static_assert(kHalves == 1 || kTiles == 1, "halves only with one m tile");
+  static_assert(!kFp8 || !kBf16Out, "the FP8 form writes fp32");
+  using X = std::conditional_t<kFp8, uint8_t, __nv_bfloat16>;  // x and W elements
+  using Frags = std::conditional_t<kFp8, Fp8Frags<kTiles == 1 ? 6 : 4>, Bf16Frags>;
+  constexpr int kGroup = Frags::kUnroll;
+  constexpr int kChunk = Frags::kChunk;
+  constexpr int kVec = 16 / sizeof(X);  // elements of a 16-byte copy
+  const X* x = static_cast<const X*>(xv);
   extern __shared__ uint4 stage4[];
-  auto* xs = reinterpret_cast<__nv_bfloat16*>(stage4);  // [kHalves][16 kTiles][MmaStride(piece)]
+  // [kHalves][16 kTiles][stride] x elements; kFp8: then [kHalves][16 kTiles][Fp8Blocks] scales.
+  auto* xs = reinterpret_cast<X*>(stage4);
   constexpr int kPassRows = 16 * kTiles, kColWarps = kWarps / kHalves;
   const int64_t e = ActiveExpert(offsets, num_local);
   if (e < 0) return;  // the whole block
@@ -257,10 +338,9 @@ __global__ void __launch_bounds__(kWarps * 32, 16 / kWarps)  // 128 registers
   // Plain with n_out % 16 == 8: the last warp's second tile is past n_out; it re-reads the
   // first tile and its outputs are dropped.
   const bool second = kSwiglu || n0 + 8 < n_out;
-  using W = std::conditional_t<kFp8, uint8_t, __nv_bfloat16>;
-  const auto* w = static_cast<const W*>(w_ptrs[e]);
-  const W* wa = w + (n0 + gid) * k + t * 8;
-  const W* wb = w + ((kSwiglu ? n_out + n0 : (second ? n0 + 8 : n0)) + gid) * k + t * 8;
+  const auto* w = static_cast<const X*>(w_ptrs[e]);
+  const X* wa = w + (n0 + gid) * k + t * kVec;
+  const X* wb = w + ((kSwiglu ? n_out + n0 : (second ? n0 + 8 : n0)) + gid) * k + t * kVec;
   // kFp8: the scale rows of this lane's weight rows (the tile's 8 rows share one block row).
   const float* sa = nullptr;
   const float* sb = nullptr;
@@ -273,18 +353,22 @@ __global__ void __launch_bounds__(kWarps * 32, 16 / kWarps)  // 128 registers
     sa = sw + ra * kblocks;
     sb = sw + rb * kblocks;
   }
-  const int stride = MmaStride(piece);
-  const __nv_bfloat16* my_xs = xs + half * kPassRows * stride;
+  const int stride = kFp8 ? Fp8Stride(piece) : MmaStride(piece);
+  const int nblocks = kFp8 ? Fp8Blocks(piece) : 0;  // x scales per staged row
+  auto* ss = reinterpret_cast<float*>(xs + kHalves * kPassRows * stride);
+  const X* my_xs = xs + half * kPassRows * stride;
+  const float* my_ss = ss + half * kPassRows * nblocks;
   for (int64_t p0 = first; p0 < r_end; p0 += int64_t(gridDim.y) * kPassRows) {
     const int rows = static_cast<int>(min(static_cast<int64_t>(kPassRows), r_end - p0));
     const int tiles = (rows + 15) / 16;
-    const __nv_bfloat16* xr[kTiles][2];  // this lane's rows gid, gid + 8 of each m tile
+    const X* xr[kTiles][2];  // this lane's rows gid, gid + 8 of each m tile
+    const float* sg = kFp8 ? my_ss + gid * nblocks : nullptr;  // kFp8: row gid's scales
 #pragma unroll
     for (int i = 0; i < kTiles; ++i) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int rr = 16 * i + 8 * h + gid;
-        xr[i][h] = rr < rows ? my_xs + rr * stride + t * 8 : nullptr;
+        xr[i][h] = rr < rows ? my_xs + rr * stride + t * kVec : nullptr;
       }
     }
     float acc[kTiles][2][4] = {};
@@ -294,20 +378,30 @@ __global__ void __launch_bounds__(kWarps * 32, 16 / kWarps)  // 128 registers
       for (int h = 0; h < kHalves; ++h) {
         const int64_t kb = kr + int64_t(h) * piece;
         if (kb >= k) break;
-        const int vecs = static_cast<int>(min(static_cast<int64_t>(piece), k - kb)) / 8;
-        __nv_bfloat16* dst = xs + h * kPassRows * stride;
+        const int kn = static_cast<int>(min(static_cast<int64_t>(piece), k - kb));
+        const int vecs = kn / kVec;
+        X* dst = xs + h * kPassRows * stride;
         for (int i = threadIdx.x; i < rows * vecs; i += kWarps * 32) {
           const int r = i / vecs, v = i - r * vecs;
-          CopyAsync16(dst + r * stride + 8 * v, x + (p0 + r) * k + kb + 8 * v);
+          CopyAsync16(dst + r * stride + kVec * v, x + (p0 + r) * k + kb + kVec * v);
+        }
+        if constexpr (kFp8) {
+          const int nb = Fp8Blocks(kn);
+          const int64_t kg = (k + 127) / 128;
+          float* sdst = ss + h * kPassRows * nblocks;
+          for (int i = threadIdx.x; i < rows * nb; i += kWarps * 32) {
+            const int r = i / nb, b = i - r * nb;
+            CopyAsync4(sdst + r * nblocks + b, x_scales + (p0 + r) * kg + (kb >> 7) + b);
+          }
         }
       }
       const int64_t kb = kr + int64_t(half) * piece;
       const int kn = kb < k ? static_cast<int>(min(static_cast<int64_t>(piece), k - kb)) : 0;
-      const int chunks = kn / 32;
+      const int chunks = kn / kChunk;  // kFp8: and a 32-wide tail when kn % 64 == 32
       // The first weight group's loads are in flight while x lands.
-      std::conditional_t<kFp8, Fp8Frags, Bf16Frags> f;
+      Frags f;
       if (active && chunks > 0) {
-        if (chunks >= kMmaUnroll) {
+        if (chunks >= kGroup) {
           f.template Load<false>(wa + kb, wb + kb, sa, sb, kb, 0, chunks);
         } else {
           f.template Load<true>(wa + kb, wb + kb, sa, sb, kb, 0, chunks);
@@ -316,18 +410,24 @@ __global__ void __launch_bounds__(kWarps * 32, 16 / kWarps)  // 128 registers
       CopyAsyncWaitAll();
       __syncthreads();
       if (!active) continue;
-      for (int c = 0; c < chunks; c += kMmaUnroll) {
+      for (int c = 0; c < chunks; c += kGroup) {
         if (c > 0) {
-          if (c + kMmaUnroll <= chunks) {
+          if (c + kGroup <= chunks) {
             f.template Load<false>(wa + kb, wb + kb, sa, sb, kb, c, chunks);
           } else {
             f.template Load<true>(wa + kb, wb + kb, sa, sb, kb, c, chunks);
           }
         }
-        if (c + kMmaUnroll <= chunks) {
-          MmaCompute<false>(f, xr, c, chunks, tiles, acc);
+        if (c + kGroup <= chunks) {
+          MmaCompute<false>(f, xr, sg, nblocks, c, chunks, tiles, acc);
         } else {
-          MmaCompute<true>(f, xr, c, chunks, tiles, acc);
+          MmaCompute<true>(f, xr, sg, nblocks, c, chunks, tiles, acc);
+        }
+      }
+      if constexpr (kFp8) {
+        if (kn % kChunk != 0) {
+          MmaTailFp8(wa + kb, wb + kb, sa, sb, kb, chunks * kChunk, t, xr, sg, nblocks, tiles,
+                     acc);
         }
       }
     }
@@ -386,8 +486,9 @@ __global__ void __launch_bounds__(kWarps * 32, 16 / kWarps)  // 128 registers
 
 // The mma path's launch for m rows of x [m, k] against n_out weight rows per expert: m tiles per
 // pass (2 when experts average over 16 rows), the K piece staged at a time in shared memory
-// (equal pieces, multiples of 32, each fitting kMmaTileStageBytes per m tile), the grid (column
-// tiles x row slices x experts) and the shared memory bytes.
+// (equal pieces, multiples of 32 -- fp8: of 128, whole scale blocks -- each fitting
+// kMmaTileStageBytes per m tile), the grid (column tiles x row slices x experts) and the shared
+// memory bytes.
 // Two m tiles run 16 warps a block: one block per SM, twice the x stage per tile.
 struct MmaLaunch {
   int tiles, halves, warps, piece;
@@ -395,20 +496,39 @@ struct MmaLaunch {
   size_t smem;
 };
 
-MmaLaunch PlanMma(int64_t m, int64_t k, int64_t n_out, bool swiglu, int64_t num_local) {
+MmaLaunch PlanMma(int64_t m, int64_t k, int64_t n_out, bool swiglu, int64_t num_local, bool fp8) {
   MmaLaunch p{};
   const int64_t avg_rows = (m + num_local - 1) / num_local;
   p.tiles = avg_rows > 16 ? 2 : 1;
   // Two m tiles: 16 warps a block, one block per SM (twice the columns per block, so x is
-  // staged half as often; K in one piece up to 2272).
+  // staged half as often; K in one piece up to 2272 bf16, 4352 fp8).
   const bool wide = p.tiles == 2;
   const int64_t pass_rows = 16 * p.tiles;
-  const int64_t max_piece = ((wide ? 2 : 1) * kMmaTileStageBytes / 32 - 32) / 32 * 32;
-  const int64_t pieces = (k + max_piece - 1) / max_piece;
-  p.piece = static_cast<int>((k / 32 + pieces - 1) / pieces * 32);
-  // One m tile over more than one piece: two halves of warps over K (GroupedMma, kHalves).
-  p.halves = p.tiles == 1 && pieces > 1 ? 2 : 1;
-  p.smem = static_cast<size_t>(p.halves * pass_rows) * MmaStride(p.piece) * sizeof(__nv_bfloat16);
+  // A staged row's bytes: the block's stage (kWide x kTiles x kMmaTileStageBytes, the opt-in of
+  // LaunchMma) over its 16 x kTiles rows: 2304, 4608 wide.
+  const int64_t row_bytes = (wide ? 2 : 1) * kMmaTileStageBytes / 16;
+  if (fp8) {
+    // A row's codes (Fp8Stride) and its scales per 128-block.
+    int64_t max_piece = row_bytes / 128 * 128;
+    while (Fp8Stride(static_cast<int>(max_piece)) + 4 * Fp8Blocks(static_cast<int>(max_piece)) >
+           row_bytes) {
+      max_piece -= 128;
+    }
+    const int64_t blocks = (k + 127) / 128;
+    const int64_t pieces = (blocks * 128 + max_piece - 1) / max_piece;
+    p.piece = static_cast<int>((blocks + pieces - 1) / pieces * 128);
+    p.halves = p.tiles == 1 && pieces > 1 ? 2 : 1;
+    p.smem = static_cast<size_t>(p.halves * pass_rows) *
+             (Fp8Stride(p.piece) + 4 * Fp8Blocks(p.piece));
+  } else {
+    const int64_t max_piece = (row_bytes / 2 - 32) / 32 * 32;
+    const int64_t pieces = (k + max_piece - 1) / max_piece;
+    p.piece = static_cast<int>((k / 32 + pieces - 1) / pieces * 32);
+    // One m tile over more than one piece: two halves of warps over K (GroupedMma, kHalves).
+    p.halves = p.tiles == 1 && pieces > 1 ? 2 : 1;
+    p.smem =
+        static_cast<size_t>(p.halves * pass_rows) * MmaStride(p.piece) * sizeof(__nv_bfloat16);
+  }
   p.warps = (wide ? 8 : 4) * p.tiles * p.halves;
   // Experts: at most m have rows (ActiveExpert maps z to the z-th of them).
   const int64_t experts = num_local <= kMaxActiveScanExperts ? std::min(num_local, m) : num_local;
@@ -423,12 +543,13 @@ MmaLaunch PlanMma(int64_t m, int64_t k, int64_t n_out, bool swiglu, int64_t num_
   return p;
 }
 
-// GroupedMma with its plan: y (fp32) or, kBf16Out, yb (bf16); kFp8: s_ptrs the scales.
+// GroupedMma with its plan: y (fp32) or, kBf16Out, yb (bf16); kFp8: x codes with x_scales,
+// s_ptrs the weights' scales.
 template <bool kSwiglu, bool kBf16Out, bool kFp8>
-void LaunchMma(const __nv_bfloat16* x, int64_t m, int64_t k, const void* const* w_ptrs,
-               const void* const* s_ptrs, const int32_t* offsets, int64_t num_local, int64_t n_out,
-               float* y, __nv_bfloat16* yb, cudaStream_t s) {
-  const MmaLaunch p = PlanMma(m, k, n_out, kSwiglu, num_local);
+void LaunchMma(const void* x, const float* x_scales, int64_t m, int64_t k,
+               const void* const* w_ptrs, const void* const* s_ptrs, const int32_t* offsets,
+               int64_t num_local, int64_t n_out, float* y, __nv_bfloat16* yb, cudaStream_t s) {
+  const MmaLaunch p = PlanMma(m, k, n_out, kSwiglu, num_local, kFp8);
   const auto go = [&](auto tiles, auto halves, auto wide) {
     constexpr int kTiles = decltype(tiles)::value, kHalves = decltype(halves)::value;
     constexpr int kWide = decltype(wide)::value;  // 1 + (16 warps, twice the stage per tile)
@@ -441,8 +562,8 @@ void LaunchMma(const __nv_bfloat16* x, int64_t m, int64_t k, const void* const* 
       return true;
     }();
     (void)raised;
-    LaunchPdl(kernel, p.grid, p.warps * 32, p.smem, s, x, k, p.piece, w_ptrs, s_ptrs, offsets,
-              num_local, n_out, y, yb);
+    LaunchPdl(kernel, p.grid, p.warps * 32, p.smem, s, x, x_scales, k, p.piece, w_ptrs, s_ptrs,
+              offsets, num_local, n_out, y, yb);
   };
   using One = std::integral_constant<int, 1>;
   using Two = std::integral_constant<int, 2>;
@@ -464,28 +585,32 @@ bool MmaFits(int64_t m, int64_t k, int64_t n_out, int64_t num_local, bool any_ro
 }
 
 void LaunchGroupedMma(const __nv_bfloat16* x, int64_t m, int64_t k, const void* const* w_ptrs,
-                      const void* const* s_ptrs, const int32_t* offsets, int64_t num_local,
-                      int64_t n_out, bool swiglu, bool bf16_out, float* y, __nv_bfloat16* yb,
-                      cudaStream_t s) {
-  // The forms the dispatch uses: SwiGLU into fp32 or bf16, plain into fp32; bf16 or FP8 weights.
-  const auto go = [&](auto fp8) {
-    constexpr bool kFp8 = decltype(fp8)::value;
-    if (swiglu && bf16_out) {
-      LaunchMma<true, true, kFp8>(x, m, k, w_ptrs, s_ptrs, offsets, num_local, n_out, nullptr, yb,
-                                  s);
-    } else if (swiglu) {
-      LaunchMma<true, false, kFp8>(x, m, k, w_ptrs, s_ptrs, offsets, num_local, n_out, y, nullptr,
-                                   s);
-    } else {
-      AFD_CHECK(!bf16_out, "GroupedMma: a bf16 output is for the SwiGLU projection only");
-      LaunchMma<false, false, kFp8>(x, m, k, w_ptrs, s_ptrs, offsets, num_local, n_out, y, nullptr,
-                                    s);
-    }
-  };
-  if (s_ptrs != nullptr) {
-    go(std::true_type{});
+                      const int32_t* offsets, int64_t num_local, int64_t n_out, bool swiglu,
+                      bool bf16_out, float* y, __nv_bfloat16* yb, cudaStream_t s) {
+  // The forms the dispatch uses: SwiGLU into fp32 or bf16, plain into fp32.
+  if (swiglu && bf16_out) {
+    LaunchMma<true, true, false>(x, nullptr, m, k, w_ptrs, nullptr, offsets, num_local, n_out,
+                                 nullptr, yb, s);
+  } else if (swiglu) {
+    LaunchMma<true, false, false>(x, nullptr, m, k, w_ptrs, nullptr, offsets, num_local, n_out, y,
+                                  nullptr, s);
   } else {
-    go(std::false_type{});
+    AFD_CHECK(!bf16_out, "GroupedMma: a bf16 output is for the SwiGLU projection only");
+    LaunchMma<false, false, false>(x, nullptr, m, k, w_ptrs, nullptr, offsets, num_local, n_out,
+                                   y, nullptr, s);
+  }
+}
+
+void LaunchGroupedMmaFp8(const uint8_t* xq, const float* x_scales, int64_t m, int64_t k,
+                         const void* const* w_ptrs, const void* const* s_ptrs,
+                         const int32_t* offsets, int64_t num_local, int64_t n_out, bool swiglu,
+                         float* y, cudaStream_t s) {
+  if (swiglu) {
+    LaunchMma<true, false, true>(xq, x_scales, m, k, w_ptrs, s_ptrs, offsets, num_local, n_out, y,
+                                 nullptr, s);
+  } else {
+    LaunchMma<false, false, true>(xq, x_scales, m, k, w_ptrs, s_ptrs, offsets, num_local, n_out,
+                                  y, nullptr, s);
   }
 }
 
