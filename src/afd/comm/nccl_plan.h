@@ -3,10 +3,10 @@
 // through the rendezvous store, the check that no two ranks of a group share a GPU, and whether
 // the NCCL library loaded at run time can serve the NCCL this binary was built against.
 //
-// A group's NcclCommunicator holds two NCCL communicators, as seed 000 describes: one for
-// attention-to-FFN traffic and one for FFN-to-attention traffic. Point-to-point messages pick
-// one by the direction bit of their tag (bit 31, set for attention -> FFN, as the P2P connector
-// writes it); collectives use the first.
+// A group's NcclCommunicator holds two NCCL communicators, as the P2P connector guide describes:
+// one for attention-to-FFN traffic and one for FFN-to-attention traffic. Point-to-point messages
+// pick one by the direction bit of their tag (bit 31, set for attention -> FFN, as the P2P
+// connector writes it); collectives use the first.
 #pragma once
 
 #include <cstdint>

@@ -51,8 +51,8 @@ Socket Accept(const Socket& listener, const Deadline& deadline, const std::strin
 Socket Connect(const std::string& host, int port, const Deadline& deadline,
                const std::string& what);
 
-// The IPv4 address of this host's interface that routes toward `host` (seed 001): connects a UDP
-// socket, which picks a route without sending a packet. 127.0.0.1 stays 127.0.0.1.
+// The IPv4 address of this host's interface that routes toward `host` (multi-host rendezvous):
+// connects a UDP socket, which picks a route without sending a packet. 127.0.0.1 stays 127.0.0.1.
 std::string LocalAddressToward(const std::string& host, int port);
 
 // Resolves a host name or dotted address to a dotted IPv4 address. Throws naming the host.

@@ -1,7 +1,7 @@
 // Communicator over TCP between host processes: a full mesh of connections inside one group.
 //
 // Creation (collective over the group's members): each member listens at its own address (the
-// one that routes toward the rendezvous host, seed 001), publishes "addr/<rank>" in the group's
+// one that routes toward the rendezvous host), publishes "addr/<rank>" in the group's
 // store, connects to every lower rank and accepts every higher one. So each group's transport is
 // rooted at its first member's own address, never at the configured rendezvous host, and groups
 // spread over several hosts come up. Every step is bounded by spec.timeout_s. A connection that

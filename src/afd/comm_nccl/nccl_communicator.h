@@ -1,6 +1,7 @@
 // Communicator over NCCL (CUDA build only): device buffers, the caller's CUDA stream, and two
-// NCCL communicators per group -- attention-to-FFN and FFN-to-attention (seed 000), picked by
-// the tag's direction bit (nccl_plan.h). The ncclUniqueId travels through the group's store.
+// NCCL communicators per group -- attention-to-FFN and FFN-to-attention (the P2P connector's two),
+// picked by the tag's direction bit (nccl_plan.h). The ncclUniqueId travels through the group's
+// store.
 //
 // Differences from TcpCommunicator's contract (communicator.h):
 //  * Operations are enqueued on the stream and complete in stream order; Synchronize() waits for

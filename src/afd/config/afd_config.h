@@ -1,4 +1,5 @@
-// The `afd` object of --additional-config (seed 000), parsed and validated once at the edge.
+// The `afd` object of --additional-config (the P2P connector guide's fields), parsed and validated
+// once at the edge.
 //
 // Field                        Type                 Default                Rule
 // role (alias afd_role)        "attention" | "ffn"  "attention"
@@ -26,7 +27,7 @@
 namespace afd {
 
 inline constexpr std::string_view kP2pNcclConnector = "P2pNcclAFDConnector";
-// The asynchronous window connector (seed 003): windows chosen by the device (POSIX shared
+// The asynchronous window connector: windows chosen by the device (POSIX shared
 // memory between CPU processes of one host; CUDA IPC on GPUs).
 inline constexpr std::string_view kAsyncConnector = "AsyncAFDConnector";
 // The same connector, on cuda only (the seed's name).
@@ -34,7 +35,7 @@ inline constexpr std::string_view kGpuAsyncConnector = "GpuAsyncAFDConnector";
 // The P2P connector over the host (CPU) communicator: TCP between hosts.
 inline constexpr std::string_view kP2pHostConnector = "P2pHostAFDConnector";
 
-// connector_extra_config of the asynchronous connectors (seed 003). Defaults apply when absent.
+// connector_extra_config of the asynchronous connectors. Defaults apply when absent.
 struct AsyncOptions {
   int attn_ranks_per_dp = 1;             // 1..num_attention_ranks, must divide it
   bool attn_ranks_per_dp_given = false;  // set in connector_extra_config (else derived)

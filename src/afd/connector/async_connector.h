@@ -1,4 +1,4 @@
-// The asynchronous window connector (seed 003): no control plane, metadata in band, one-sided
+// The asynchronous window connector: no control plane, metadata in band, one-sided
 // writes into symmetric windows (window.h), slots as in async_slot.h.
 //
 // Each rank owns one window. Attention rank a dispatches a micro-batch's rows for FFN rank f by

@@ -1,4 +1,4 @@
-// Wire layout of the asynchronous window connector (seed 003; docs/wire_formats.md, "Async
+// Wire layout of the asynchronous window connector (docs/wire_formats.md, "Async
 // window connector"). Pure layout arithmetic and header checks: no I/O.
 //
 //   window = [ flag[num_regions x ring_depth] (u64) | slot(0,0) | slot(0,1) | ... ]
@@ -29,7 +29,7 @@ enum SlotFlags : uint16_t {
   kSlotBf16Rows = 1u << 3,  // MoE dispatch: the token rows are bf16 (else f32)
   // MoE dispatch: sent by a CUDA graph replay of the sender's decode step (its shapes are a
   // graph bucket's), so the receiver may serve it from a graph of its own; never set by an
-  // eager step (seed 000's explicit replay flag).
+  // eager step (the P2P connector's explicit replay flag).
   kSlotGraph = 1u << 4,
   // MoE dispatch: the token rows are FP8 E4M3 with one f32 scale per group of 128 elements in
   // the row-scales field (connector_extra_config.dispatch_dtype "fp8"); never with kSlotBf16Rows.

@@ -1,4 +1,4 @@
-// The DP-metadata control plane of the P2P connector (seed 000): before each step, attention
+// The DP-metadata control plane of the P2P connector: before each step, attention
 // rank r < G sends the step's metadata to FFN ranks r, r+G, ... (Topology::ControlRouteTargets);
 // every FFN rank blocks on it and derives every stage's shapes from it.
 //

@@ -1,4 +1,4 @@
-// Token-level dispatch of the asynchronous connector (seed 003), as pure host arithmetic so it
+// Token-level dispatch of the asynchronous connector, as pure host arithmetic so it
 // can be tested without a model or a window.
 //
 // Routing gives every token t its k experts ids[t, j]. One stable sort of the n*k (token, slot)

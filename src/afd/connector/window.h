@@ -1,8 +1,8 @@
-// A symmetric window (seed 003): every rank of a deployment allocates a window of the same size;
-// each rank maps the copies of the peers it talks to and writes into them one-sided; a rank only
-// ever reads its own copy. Delivery is signalled by 8-byte flags inside the receiver's copy: the
-// sender writes its payload, then the flag (ordered after the payload: release); the receiver
-// reads the flag (acquire) and then the payload.
+// A symmetric window (the asynchronous connector's): every rank of a deployment allocates a window
+// of the same size; each rank maps the copies of the peers it talks to and writes into them
+// one-sided; a rank only ever reads its own copy. Delivery is signalled by 8-byte flags inside the
+// receiver's copy: the sender writes its payload, then the flag (ordered after the payload:
+// release); the receiver reads the flag (acquire) and then the payload.
 //
 // Implementations: ShmWindow (POSIX shared memory, CPU processes of one host). The interface is
 // what CUDA IPC, NCCL device-API or NVSHMEM windows need too: a device copy for Write, a device

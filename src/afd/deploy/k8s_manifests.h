@@ -1,7 +1,7 @@
-// Kubernetes manifests of a multi-pod AFD deployment (`afd k8s`), seed 004's layout: one role
-// per pod, attention DP spread over attention pods (pod 0 answers the OpenAI API and listens for
-// the others' replicas; the rest are headless), FFN DP spread over FFN pods (FFN rank 0, in pod
-// 0, serves the rendezvous store). docs/deploy.md explains each object.
+// Kubernetes manifests of a multi-pod AFD deployment (`afd k8s`), the deployment topologies'
+// layout: one role per pod, attention DP spread over attention pods (pod 0 answers the OpenAI API
+// and listens for the others' replicas; the rest are headless), FFN DP spread over FFN pods (FFN
+// rank 0, in pod 0, serves the rendezvous store). docs/deploy.md explains each object.
 //
 // Objects, in the order they must be applied (Services first: with publishNotReadyAddresses
 // their DNS names resolve before any pod is ready, so the ranks can rendezvous before their

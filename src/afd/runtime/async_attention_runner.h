@@ -1,4 +1,4 @@
-// The AFD attention role's forward step over the asynchronous window connector (seed 003).
+// The AFD attention role's forward step over the asynchronous window connector.
 //
 // Each data-parallel replica runs on its own: no all-reduce, no step metadata, no empty steps.
 // A replica without work sends nothing; a replica that is done announces its shutdown to every

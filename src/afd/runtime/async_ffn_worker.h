@@ -1,4 +1,4 @@
-// The FFN role's loop over the asynchronous window connector (seed 003): no control plane. It
+// The FFN role's loop over the asynchronous window connector: no control plane. It
 // polls its window and serves work items -- one MoE layer of one micro-batch of one attention
 // replica -- in arrival order, whichever replica and layer they belong to. A work item arrives
 // already routed and grouped by local expert, so nothing is routed here: the rows run through

@@ -1,7 +1,7 @@
-// The AFD attention role's forward step (seed 000): embedding, attention (heads split over the
-// tensor-parallel ranks of this data-parallel replica), dense MLP layers, lm_head -- and for every
-// MoE layer, the normalized hidden states go to the FFN role through the P2P connector and the
-// MoE output comes back.
+// The AFD attention role's forward step over the P2P connector: embedding, attention (heads split
+// over the tensor-parallel ranks of this data-parallel replica), dense MLP layers, lm_head -- and
+// for every MoE layer, the normalized hidden states go to the FFN role through the P2P connector
+// and the MoE output comes back.
 //
 // Data parallelism: every attention rank takes part in every step, in lockstep. Each step starts
 // with an all-reduce over all attention ranks of (token count, still-active flag) per rank; that
@@ -23,13 +23,13 @@
 //   A0(l) | S0(l)+R1(l-1) | A1(l) | S1(l)+R0(l) | A0(l+1) | ...   (A: attention, S/R: to/from FFN)
 // Tokens are computed alone, so results do not change.
 //
-// CUDA graphs (FULL_DECODE_ONLY, seed 000; a GPU backend with graphs, one rank per replica, not
-// `graphs.enforce_eager`): a step in which every rank that has tokens has a decode batch that a
-// capture size holds is replayed from a graph of the whole step -- attention, the connector's
-// NCCL sends and receives, the logits -- every such rank padded to the largest of their sizes
-// (ranks without tokens take part eagerly with zero rows). The step's metadata then carries
-// kGraphReplay and those padded counts: the FFN role may replay its own graph for them, and only
-// then (a matching token count alone never replays). A graph's warm-up run before its capture
+// CUDA graphs (FULL_DECODE_ONLY, as the P2P connector's guide has them; a GPU backend with graphs,
+// one rank per replica, not `graphs.enforce_eager`): a step in which every rank that has tokens has
+// a decode batch that a capture size holds is replayed from a graph of the whole step -- attention,
+// the connector's NCCL sends and receives, the logits -- every such rank padded to the largest of
+// their sizes (ranks without tokens take part eagerly with zero rows). The step's metadata then
+// carries kGraphReplay and those padded counts: the FFN role may replay its own graph for them, and
+// only then (a matching token count alone never replays). A graph's warm-up run before its capture
 // runs the MoE layers here without the connector (zeros), so that every rank exchanges exactly
 // once per step whichever ranks capture. Everything else runs eagerly.
 //

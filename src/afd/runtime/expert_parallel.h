@@ -2,7 +2,7 @@
 // parallelism). FFN rank f owns experts ExpertRangeOf(E, F, f) (topology/expert_range.h).
 //
 // Forward (collective over the EP group; every FFN rank calls it for every MoE layer of every
-// step, with zero rows when it has none -- the dummy step of seed 001):
+// step, with zero rows when it has none -- the dummy step of the arbitrary-ratio P2P design):
 //   1. dispatch: each (token, slot) whose expert lives elsewhere goes to its owner, all-to-all;
 //   2. each owner runs its experts on every row it holds (its own and received ones), grouped by
 //      expert (the backend's MoePermute / GroupedExpertMlp);

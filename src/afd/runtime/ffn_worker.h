@@ -1,6 +1,6 @@
-// The FFN role's worker loop (seed 000): blocks on the next step's DP metadata, derives every
-// MoE layer's row counts from it (per stage: micro-batches are served stage by stage), receives the
-// rows of all its attention peers at once, runs the MoE layer (router here unless
+// The FFN role's worker loop over the P2P connector: blocks on the next step's DP metadata, derives
+// every MoE layer's row counts from it (per stage: micro-batches are served stage by stage),
+// receives the rows of all its attention peers at once, runs the MoE layer (router here unless
 // compute_gate_on_attention; experts sharded over the FFN ranks), and returns the results. Ends
 // cleanly on the shutdown step; a lost peer or an abort anywhere in the deployment ends it with an
 // afd::Error naming it.
@@ -8,12 +8,12 @@
 // One FFN rank (xA1F) holds every expert and runs the model's own MoE code (the monolithic
 // step's); several share the experts through ExpertParallelMoe (its routing on the host).
 //
-// CUDA graphs (FULL_DECODE_ONLY, seed 000; one FFN rank, a GPU backend with graphs): a step whose
-// metadata carries kGraphReplay -- the attention ranks replay their graphs -- is served from a
-// graph of the whole step (every MoE layer's receives, experts and sends) keyed by its stages and
-// token counts: the key's first such step runs eagerly in the graphs' memory (sizing it), the
-// second captures and replays. A step without the flag never replays, whatever its counts (a
-// prefill of as many tokens as a decode bucket runs eagerly).
+// CUDA graphs (FULL_DECODE_ONLY, as the P2P connector's guide has them; one FFN rank, a GPU backend
+// with graphs): a step whose metadata carries kGraphReplay -- the attention ranks replay their
+// graphs -- is served from a graph of the whole step (every MoE layer's receives, experts and
+// sends) keyed by its stages and token counts: the key's first such step runs eagerly in the
+// graphs' memory (sizing it), the second captures and replays. A step without the flag never
+// replays, whatever its counts (a prefill of as many tokens as a decode bucket runs eagerly).
 //
 // Thread safety: one thread.
 #pragma once
@@ -33,9 +33,9 @@
 
 namespace afd::runtime {
 
-// The FFN graph a P2P step may be served from (seed 000's rule): only a step that the attention
-// ranks flagged as a graph replay, keyed by its stages and every rank's token counts; nullopt:
-// the step runs eagerly, whatever its counts (an eager prefill of a decode bucket's size).
+// The FFN graph a P2P step may be served from (the P2P connector's rule): only a step that the
+// attention ranks flagged as a graph replay, keyed by its stages and every rank's token counts;
+// nullopt: the step runs eagerly, whatever its counts (an eager prefill of a decode bucket's size).
 using FfnGraphKey = std::pair<int, std::vector<int64_t>>;
 std::optional<FfnGraphKey> FfnGraphKeyOf(const connector::StepMetadata& meta);
 

@@ -46,8 +46,8 @@ struct GenerationResult {
   std::vector<int32_t> output_ids;     // EOS included when it stopped the sequence
   std::vector<float> prompt_logprobs;  // [T] when asked; [0] is NaN, [j] = log p(ids[j] | ids[<j])
   // [T] with prompt_logprobs: [0] is -1, [j] = the most likely token after ids[<j] (the top-1
-  // agreement of seed 001's fidelity method, scored over teacher-forced sequences; the step's
-  // greedy ids, so no logits row is copied to the host for it)
+  // agreement of the fidelity method (tools/fidelity.py), scored over teacher-forced sequences; the
+  // step's greedy ids, so no logits row is copied to the host for it)
   std::vector<int32_t> prompt_top1;
   std::vector<float> logprobs;       // one per output token
   std::vector<float> prompt_logits;  // [T, vocab] when keep_prompt_logits

@@ -91,7 +91,7 @@ struct TokenLogprobs {
   float logprob = 0.0f;
   std::vector<TopLogprob> top;
   // A prompt position's most likely token (the greedy argmax, first maximum; -1 where unknown):
-  // the top-1 of seed 001's fidelity method, without copying the row to the host.
+  // the top-1 of the fidelity method (tools/fidelity.py), without copying the row to the host.
   int32_t argmax = -1;
 };
 

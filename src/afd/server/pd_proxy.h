@@ -1,9 +1,9 @@
-// `afd proxy`: the client-facing endpoint of prefill/decode disaggregation (seed 004's 2P1A1F,
-// vLLM's toy proxy's flow; docs/pd.md). For each /v1/completions or /v1/chat/completions
-// request: the prompt goes to a prefill instance (round robin) with max_tokens 1, stream false
-// and kv_transfer_params.do_remote_decode; the kv_transfer_params of its answer go with the
-// original request to a decode instance (round robin), whose answer -- streamed or not -- is
-// relayed to the client. An instance that refuses the connection (down: nothing was sent) is
+// `afd proxy`: the client-facing endpoint of prefill/decode disaggregation (the deployment
+// topologies' 2P1A1F, vLLM's toy proxy's flow; docs/pd.md). For each /v1/completions or
+// /v1/chat/completions request: the prompt goes to a prefill instance (round robin) with max_tokens
+// 1, stream false and kv_transfer_params.do_remote_decode; the kv_transfer_params of its answer go
+// with the original request to a decode instance (round robin), whose answer -- streamed or not --
+// is relayed to the client. An instance that refuses the connection (down: nothing was sent) is
 // passed over for the next one of its kind (not for a streamed decode leg); one that fails or
 // does not answer within the timeout gives the client an OpenAI-style error (its status, or 502
 // naming the instance), never a hang; a decode leg no decoder took frees the prefiller's held

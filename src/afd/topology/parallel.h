@@ -1,6 +1,6 @@
 // Parallelism inside one role: how a role rank is built from data-, prefill-context- and
-// tensor-parallel coordinates, the rank rule of seed 004, and the expansion of per-DP token
-// counts across the ranks of each DP replica (seed 000).
+// tensor-parallel coordinates, the rank rule of the deployment topologies, and the expansion of
+// per-DP token counts across the ranks of each DP replica (the P2P connector's metadata).
 //
 //   role_rank = (dp_rank * pcp + pcp_rank) * tp + tp_rank
 //
