@@ -69,7 +69,7 @@ int main(int argc, char** argv) {
   std::string version =
       std::string("afd ") + AFD_VERSION + (AFD_WITH_CUDA ? " (CPU + CUDA" : " (CPU only");
 #if AFD_WITH_NCCL
-  version += ", " + afd::comm::DescribeNcclVersions();
+  version += ", " + afd::comm_nccl::DescribeNcclVersions();
 #endif
   app.set_version_flag("--version", version + ")");
   app.add_flag_callback(

@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "afd/common/error.h"
-#include "afd/runtime/attention_runner.h"
-#include "afd/runtime/ffn_worker.h"
+#include "afd/runtime/p2p_attention_runner.h"
+#include "afd/runtime/p2p_ffn_worker.h"
 
 namespace afd::runtime {
 namespace {

@@ -8,8 +8,8 @@
 
 #include "afd/deploy/kv_sizing.h"
 #include "afd/model/loader.h"
-#include "afd/runtime/attention_runner.h"
 #include "afd/runtime/generator.h"
+#include "afd/runtime/p2p_attention_runner.h"
 
 namespace CLI {
 class App;

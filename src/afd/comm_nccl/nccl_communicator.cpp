@@ -11,7 +11,18 @@
 #include "afd/common/env_switches.h"
 #include "afd/common/error.h"
 
-namespace afd::comm {
+namespace afd::comm_nccl {
+
+using comm::CheckNcclUniqueId;
+using comm::FindSharedGpu;
+using comm::GroupSpec;
+using comm::kNcclUniqueIdBytes;
+using comm::NcclCommIndexForTag;
+using comm::NcclLibraryMismatch;
+using comm::NcclUniqueIdKey;
+using comm::NcclVersionText;
+using comm::ReduceOp;
+using comm::Store;
 
 static_assert(NCCL_UNIQUE_ID_BYTES == kNcclUniqueIdBytes, "ncclUniqueId size changed");
 
@@ -296,4 +307,4 @@ std::string DescribeNcclVersions() {
   return fmt::format("NCCL {} (built), {} (loaded)", NcclVersionText(NCCL_VERSION_CODE), runtime);
 }
 
-}  // namespace afd::comm
+}  // namespace afd::comm_nccl

@@ -27,13 +27,13 @@
 #include "afd/comm/store.h"
 #include "afd/comm/tcp_communicator.h"
 
-namespace afd::comm {
+namespace afd::comm_nccl {
 
-class NcclCommunicator : public Communicator {
+class NcclCommunicator : public comm::Communicator {
  public:
   // Collective over the group. `device`: this rank's CUDA device; `stream`: where operations go
   // (0: the legacy default stream). Throws afd::Error naming the group and ranks on failure.
-  static std::unique_ptr<NcclCommunicator> Create(Store& store, const GroupSpec& spec, int device,
+  static std::unique_ptr<NcclCommunicator> Create(comm::Store& store, const comm::GroupSpec& spec, int device,
                                                   cudaStream_t stream);
   ~NcclCommunicator() override;
 
@@ -48,7 +48,7 @@ class NcclCommunicator : public Communicator {
   void GroupEnd() override;
   bool WaitReadable(int peer, double timeout_s) override;
   void Barrier() override;
-  void AllReduce(void* buf, size_t count, DType dtype, ReduceOp op) override;
+  void AllReduce(void* buf, size_t count, DType dtype, comm::ReduceOp op) override;
   void AllToAllV(const void* send, const std::vector<size_t>& send_counts, void* recv,
                  const std::vector<size_t>& recv_counts, DType dtype) override;
   void Shutdown() override;
@@ -58,11 +58,11 @@ class NcclCommunicator : public Communicator {
   void Synchronize();
 
  private:
-  explicit NcclCommunicator(GroupSpec spec) : spec_(std::move(spec)) {}
+  explicit NcclCommunicator(comm::GroupSpec spec) : spec_(std::move(spec)) {}
   void CheckDeviceBuffer(const void* buf, size_t count, int peer, const char* what) const;
   void Check(ncclResult_t r, const char* call) const;
 
-  GroupSpec spec_;
+  comm::GroupSpec spec_;
   int device_ = 0;
   cudaStream_t stream_ = nullptr;
   ncclComm_t comms_[2] = {nullptr, nullptr};
@@ -80,11 +80,11 @@ std::string GpuIdentity(int device);
 // unless set), the loaded NCCL checked against the one built against, `device` made current,
 // and no two of the `size` ranks on one GPU (each publishes its GPU under "gpu/<rank>" of
 // `store`, a store of the group's own). Throws afd::Error naming the ranks (`labels`).
-void CheckNcclRankSetup(Store& store, int rank, int size, const std::vector<std::string>& labels,
+void CheckNcclRankSetup(comm::Store& store, int rank, int size, const std::vector<std::string>& labels,
                         int device, double timeout_s, const std::string& group);
 
 // Unique id `index` of a group: rank 0 makes it and publishes it in `store`; every rank reads it.
-ncclUniqueId ShareNcclUniqueId(Store& store, int index, int rank, double timeout_s,
+ncclUniqueId ShareNcclUniqueId(comm::Store& store, int index, int rank, double timeout_s,
                                const std::string& group);
 
 // One NCCL communicator per id (in one NCCL group), this rank being `rank` of `size`, bounded by
@@ -95,4 +95,4 @@ std::vector<ncclComm_t> InitNcclComms(const std::vector<ncclUniqueId>& ids, int 
 // "NCCL 2.28.9 (built), 2.28.3 (loaded)": for `afd --version` and error reports.
 std::string DescribeNcclVersions();
 
-}  // namespace afd::comm
+}  // namespace afd::comm_nccl

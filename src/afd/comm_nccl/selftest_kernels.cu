@@ -2,7 +2,7 @@
 
 #include "afd/comm_nccl/selftest_kernels.h"
 
-namespace afd::comm {
+namespace afd::comm_nccl {
 
 namespace {
 
@@ -31,4 +31,4 @@ cudaError_t LaunchSelftestFfnFunction(void* data, size_t count, size_t width, cu
   return cudaGetLastError();
 }
 
-}  // namespace afd::comm
+}  // namespace afd::comm_nccl

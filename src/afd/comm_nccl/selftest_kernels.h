@@ -6,9 +6,9 @@
 
 #include <cstddef>
 
-namespace afd::comm {
+namespace afd::comm_nccl {
 
 // Enqueues the function on `stream` for `count` elements of `width` bytes (2 or 4) at `data`.
 cudaError_t LaunchSelftestFfnFunction(void* data, size_t count, size_t width, cudaStream_t stream);
 
-}  // namespace afd::comm
+}  // namespace afd::comm_nccl

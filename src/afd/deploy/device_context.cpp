@@ -30,7 +30,7 @@ DeviceContext MakeDeviceContext(int cuda_device, int world_rank, void* given_str
   d.factory = [device, stream](comm::Store& store,
                                const comm::GroupSpec& spec) -> std::unique_ptr<comm::Communicator> {
     if (spec.name.rfind("afd_subgroup_", 0) == 0 || spec.name.rfind("afd_nccl_", 0) == 0) {
-      return comm::NcclCommunicator::Create(store, spec, device, stream);
+      return comm_nccl::NcclCommunicator::Create(store, spec, device, stream);
     }
     return comm::TcpCommunicator::Create(store, spec);
   };

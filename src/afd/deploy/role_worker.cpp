@@ -18,8 +18,8 @@
 #include "afd/model/model_config.h"
 #include "afd/runtime/async_attention_runner.h"
 #include "afd/runtime/async_ffn_worker.h"
-#include "afd/runtime/attention_runner.h"
-#include "afd/runtime/ffn_worker.h"
+#include "afd/runtime/p2p_attention_runner.h"
+#include "afd/runtime/p2p_ffn_worker.h"
 #include "afd/topology/expert_range.h"
 #include "afd/topology/parallel.h"
 
@@ -162,7 +162,7 @@ void RunWorker(const WorkerOptions& o) {
           ? std::string()
           : fmt::format("{}{}{}.csv", o.kernel_trace_csv, RoleName(role), o.role_rank);
   std::unique_ptr<runtime::ReplicaRunner> runner_holder;
-  std::unique_ptr<runtime::FfnWorker> worker_holder;
+  std::unique_ptr<runtime::P2pFfnWorker> worker_holder;
   std::unique_ptr<runtime::AsyncFfnWorker> async_worker_holder;
   try {
     if (!trace_path.empty()) backend->SetKernelTrace(true);
@@ -201,7 +201,7 @@ void RunWorker(const WorkerOptions& o) {
     } else {
       connector_holder = std::make_unique<connector::P2pConnector>(*world);
       if (role == Role::kAttention) {
-        runner_holder = std::make_unique<runtime::AttentionRunner>(
+        runner_holder = std::make_unique<runtime::P2pAttentionRunner>(
             *model, *world, *connector_holder, o.tp, o.dbo, o.graphs);
       }
     }
@@ -244,7 +244,7 @@ void RunWorker(const WorkerOptions& o) {
       if (const auto* a = dynamic_cast<const runtime::AsyncAttentionRunner*>(&runner)) {
         stats["graph_steps"] = a->graph_steps();
         stats["graph_captures"] = a->num_captures();
-      } else if (const auto* p = dynamic_cast<const runtime::AttentionRunner*>(&runner)) {
+      } else if (const auto* p = dynamic_cast<const runtime::P2pAttentionRunner*>(&runner)) {
         stats["graph_steps"] = p->graph_steps();
         stats["graph_captures"] = p->num_captures();
       }
@@ -261,9 +261,9 @@ void RunWorker(const WorkerOptions& o) {
       stats["rows"] = worker.rows_served();
       stats["experts"] = {worker.expert_begin(), worker.expert_end()};
     } else {
-      worker_holder = std::make_unique<runtime::FfnWorker>(*model, *world, *connector_holder,
-                                                           !o.graphs.enforce_eager);
-      runtime::FfnWorker& worker = *worker_holder;
+      worker_holder = std::make_unique<runtime::P2pFfnWorker>(*model, *world, *connector_holder,
+                                                              !o.graphs.enforce_eager);
+      runtime::P2pFfnWorker& worker = *worker_holder;
       stats["steps"] = worker.Run();
       stats["graph_steps"] = worker.graph_steps();
       stats["graph_captures"] = worker.num_captures();

@@ -88,10 +88,10 @@ class DeviceRowIo : public RowIo {
     AFD_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
   void Synchronize(double timeout_s) override {
-    comm::SynchronizeStream(stream_, timeout_s, "connector-test rows");
+    comm_nccl::SynchronizeStream(stream_, timeout_s, "connector-test rows");
   }
   void ApplyFfnFunction(void* data, size_t count, size_t width) override {
-    AFD_CUDA_CHECK(comm::LaunchSelftestFfnFunction(data, count, width, stream_));
+    AFD_CUDA_CHECK(comm_nccl::LaunchSelftestFfnFunction(data, count, width, stream_));
   }
 
  private:

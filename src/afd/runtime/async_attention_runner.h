@@ -34,8 +34,8 @@
 #include "afd/comm/afd_world.h"
 #include "afd/connector/async_connector.h"
 #include "afd/model/model.h"
-#include "afd/runtime/attention_runner.h"
 #include "afd/runtime/cuda_graph_runner.h"
+#include "afd/runtime/p2p_attention_runner.h"
 #include "afd/runtime/step_runner.h"
 #include "afd/runtime/tp_group.h"
 

@@ -8,7 +8,7 @@
 
 #include "afd/text/chat_template/value.h"
 
-namespace afd::text::jinja {
+namespace afd::text::chat_template {
 
 struct Node;
 using NodePtr = std::unique_ptr<Node>;
@@ -56,4 +56,4 @@ struct Node {
   Body else_body;
 };
 
-}  // namespace afd::text::jinja
+}  // namespace afd::text::chat_template

@@ -10,7 +10,7 @@
 #include "afd/text/chat_template/string_methods.h"
 #include "afd/text/tokenizer/utf8.h"
 
-namespace afd::text::jinja {
+namespace afd::text::chat_template {
 
 namespace {
 
@@ -172,4 +172,4 @@ void AddGlobalFunctions(Value* globals) {
           return Value(std::string(buf, n));
         }));
 }
-}  // namespace afd::text::jinja
+}  // namespace afd::text::chat_template

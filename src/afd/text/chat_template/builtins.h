@@ -8,7 +8,7 @@
 
 #include "afd/text/chat_template/value.h"
 
-namespace afd::text::jinja {
+namespace afd::text::chat_template {
 
 // Applies test `name` to `value` with `args` (`value is name(args)`).
 bool ApplyTest(const std::string& name, const Value& value, Args& args);
@@ -35,4 +35,4 @@ Value AttributeOf(const Value& item, const Value& attribute);
 // Fills `globals` (a dict) with range, namespace, dict, raise_exception and strftime_now.
 void AddGlobalFunctions(Value* globals);
 
-}  // namespace afd::text::jinja
+}  // namespace afd::text::chat_template

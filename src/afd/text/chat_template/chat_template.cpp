@@ -8,16 +8,16 @@
 namespace afd::text {
 
 ChatTemplate::ChatTemplate(const std::string& source)
-    : body_(std::make_unique<jinja::Body>(jinja::Parse(jinja::Lex(source)))) {}
+    : body_(std::make_unique<chat_template::Body>(chat_template::Parse(chat_template::Lex(source)))) {}
 
 ChatTemplate::~ChatTemplate() = default;
 
 std::string ChatTemplate::Render(const nlohmann::ordered_json& context) const {
   AFD_CHECK(context.is_object(), "chat template context must be a JSON object");
-  jinja::Value globals = jinja::Value::MakeDict();
-  jinja::AddGlobalFunctions(&globals);
-  for (const auto& [k, v] : context.items()) globals.dict().Set(k, jinja::Value::FromJson(v));
-  jinja::Interpreter interpreter(globals);
+  chat_template::Value globals = chat_template::Value::MakeDict();
+  chat_template::AddGlobalFunctions(&globals);
+  for (const auto& [k, v] : context.items()) globals.dict().Set(k, chat_template::Value::FromJson(v));
+  chat_template::Interpreter interpreter(globals);
   return interpreter.Render(*body_);
 }
 

@@ -11,7 +11,7 @@
 
 namespace afd::text {
 
-namespace jinja {
+namespace chat_template {
 struct Node;
 }
 
@@ -27,7 +27,7 @@ class ChatTemplate {
   std::string Render(const nlohmann::ordered_json& context) const;
 
  private:
-  std::unique_ptr<std::vector<std::unique_ptr<jinja::Node>>> body_;
+  std::unique_ptr<std::vector<std::unique_ptr<chat_template::Node>>> body_;
 };
 
 }  // namespace afd::text

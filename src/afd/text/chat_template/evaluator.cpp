@@ -7,7 +7,7 @@
 #include "afd/text/chat_template/line_errors.h"
 #include "afd/text/chat_template/string_methods.h"
 
-namespace afd::text::jinja {
+namespace afd::text::chat_template {
 
 namespace {
 
@@ -214,4 +214,4 @@ Value Interpreter::Eval(const Node& node) {
   }
 }
 
-}  // namespace afd::text::jinja
+}  // namespace afd::text::chat_template

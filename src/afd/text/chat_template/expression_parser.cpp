@@ -1,7 +1,7 @@
 #include "afd/common/error.h"
 #include "afd/text/chat_template/parser_impl.h"
 
-namespace afd::text::jinja {
+namespace afd::text::chat_template {
 
 // expression [, expression ...] -> a list node when there is a comma (Python tuple).
 NodePtr Parser::ParseTuple() {
@@ -344,4 +344,4 @@ NodePtr Parser::ParseFilterExpr(NodePtr node) {
   }
 }
 
-}  // namespace afd::text::jinja
+}  // namespace afd::text::chat_template

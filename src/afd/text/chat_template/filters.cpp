@@ -10,7 +10,7 @@
 #include "afd/text/chat_template/string_methods.h"
 #include "afd/text/tokenizer/utf8.h"
 
-namespace afd::text::jinja {
+namespace afd::text::chat_template {
 
 namespace {
 
@@ -319,4 +319,4 @@ Value ApplyFilter(const std::string& name, const Value& v, Args& args) {
   if (name == "attr") return GetAttr(v, Arg(args, 0, "name").Str());
   AFD_THROW("unknown filter '{}'", name);
 }
-}  // namespace afd::text::jinja
+}  // namespace afd::text::chat_template

@@ -6,7 +6,7 @@
 #include "afd/text/chat_template/builtins.h"
 #include "afd/text/chat_template/line_errors.h"
 
-namespace afd::text::jinja {
+namespace afd::text::chat_template {
 
 Interpreter::Interpreter(const Value& globals) {
   scopes_.emplace_back();
@@ -187,4 +187,4 @@ Value Interpreter::MakeMacro(const Node& node) {
   });
 }
 
-}  // namespace afd::text::jinja
+}  // namespace afd::text::chat_template

@@ -11,7 +11,7 @@
 #include "afd/text/chat_template/ast.h"
 #include "afd/text/chat_template/value.h"
 
-namespace afd::text::jinja {
+namespace afd::text::chat_template {
 
 class Interpreter {
  public:
@@ -40,4 +40,4 @@ class Interpreter {
   std::vector<Scope> scopes_;
 };
 
-}  // namespace afd::text::jinja
+}  // namespace afd::text::chat_template

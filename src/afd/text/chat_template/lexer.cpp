@@ -5,7 +5,7 @@
 #include "afd/common/error.h"
 #include "afd/text/tokenizer/utf8.h"
 
-namespace afd::text::jinja {
+namespace afd::text::chat_template {
 
 namespace {
 
@@ -304,4 +304,4 @@ class Lexer {
 
 std::vector<Token> Lex(const std::string& source) { return Lexer(NormalizeNewlines(source)).Run(); }
 
-}  // namespace afd::text::jinja
+}  // namespace afd::text::chat_template

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-namespace afd::text::jinja {
+namespace afd::text::chat_template {
 
 struct Token {
   enum class Type {
@@ -32,4 +32,4 @@ struct Token {
 // that is not part of the expression syntax.
 std::vector<Token> Lex(const std::string& source);
 
-}  // namespace afd::text::jinja
+}  // namespace afd::text::chat_template

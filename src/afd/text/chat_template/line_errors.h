@@ -6,7 +6,7 @@
 #include "afd/common/error.h"
 #include "afd/text/chat_template/ast.h"
 
-namespace afd::text::jinja {
+namespace afd::text::chat_template {
 
 inline constexpr const char* kLinePrefix = "chat template line ";
 
@@ -22,4 +22,4 @@ auto AtLine(const Node& node, F&& f) -> decltype(f()) {
   }
 }
 
-}  // namespace afd::text::jinja
+}  // namespace afd::text::chat_template

@@ -3,7 +3,7 @@
 #include "afd/common/error.h"
 #include "afd/text/chat_template/parser_impl.h"
 
-namespace afd::text::jinja {
+namespace afd::text::chat_template {
 
 Body Parser::ParseTemplate() {
   std::string end;
@@ -193,4 +193,4 @@ NodePtr Parser::ParseMacro(int line) {
 
 Body Parse(const std::vector<Token>& tokens) { return Parser(tokens).ParseTemplate(); }
 
-}  // namespace afd::text::jinja
+}  // namespace afd::text::chat_template

@@ -8,9 +8,9 @@
 #include "afd/text/chat_template/ast.h"
 #include "afd/text/chat_template/lexer.h"
 
-namespace afd::text::jinja {
+namespace afd::text::chat_template {
 
 // Throws afd::Error naming the template line of the first syntax error, or an unsupported tag.
 Body Parse(const std::vector<Token>& tokens);
 
-}  // namespace afd::text::jinja
+}  // namespace afd::text::chat_template

@@ -9,7 +9,7 @@
 #include "afd/text/chat_template/ast.h"
 #include "afd/text/chat_template/lexer.h"
 
-namespace afd::text::jinja {
+namespace afd::text::chat_template {
 
 // Recursive-descent parser over the lexer's tokens; throws afd::Error naming the template line.
 class Parser {
@@ -61,4 +61,4 @@ class Parser {
   size_t pos_ = 0;
 };
 
-}  // namespace afd::text::jinja
+}  // namespace afd::text::chat_template

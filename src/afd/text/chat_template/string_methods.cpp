@@ -13,7 +13,7 @@
 #include "afd/text/chat_template/builtins.h"
 #include "afd/text/tokenizer/utf8.h"
 
-namespace afd::text::jinja {
+namespace afd::text::chat_template {
 
 bool PySpace(char32_t c) { return IsWhitespace(c) || (c >= 0x1C && c <= 0x1F); }
 
@@ -282,4 +282,4 @@ Value StringMethod(const std::string& s, const std::string& name) {
   }
   return Value();
 }
-}  // namespace afd::text::jinja
+}  // namespace afd::text::chat_template

@@ -8,7 +8,7 @@
 
 #include "afd/text/chat_template/value.h"
 
-namespace afd::text::jinja {
+namespace afd::text::chat_template {
 
 // Python's str.isspace() characters.
 bool PySpace(char32_t c);
@@ -30,4 +30,4 @@ std::string PercentFormat(const std::string& fmt, const std::vector<Value>& args
 // The bound method `s.name`, or undefined when str has no such method here.
 Value StringMethod(const std::string& s, const std::string& name);
 
-}  // namespace afd::text::jinja
+}  // namespace afd::text::chat_template

@@ -9,7 +9,7 @@
 #include "afd/text/chat_template/string_methods.h"
 #include "afd/text/tokenizer/utf8.h"
 
-namespace afd::text::jinja {
+namespace afd::text::chat_template {
 
 bool ApplyTest(const std::string& name, const Value& v, Args& args) {
   const Value a0 = Arg(args, 0, "value");
@@ -54,4 +54,4 @@ bool ApplyTest(const std::string& name, const Value& v, Args& args) {
   }
   AFD_THROW("unknown test '{}'", name);
 }
-}  // namespace afd::text::jinja
+}  // namespace afd::text::chat_template

@@ -7,7 +7,7 @@
 #include "afd/common/error.h"
 #include "afd/text/tokenizer/utf8.h"
 
-namespace afd::text::jinja {
+namespace afd::text::chat_template {
 
 Value* Dict::Find(const std::string& key) {
   for (auto& [k, v] : items) {
@@ -167,4 +167,4 @@ std::vector<Value> Value::Iterate() const {
   }
 }
 
-}  // namespace afd::text::jinja
+}  // namespace afd::text::chat_template

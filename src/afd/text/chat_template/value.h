@@ -12,7 +12,7 @@
 #include <utility>
 #include <vector>
 
-namespace afd::text::jinja {
+namespace afd::text::chat_template {
 
 class Value;
 
@@ -110,4 +110,4 @@ class Value {
   std::shared_ptr<Function> fn_;
 };
 
-}  // namespace afd::text::jinja
+}  // namespace afd::text::chat_template

@@ -7,7 +7,7 @@
 #include "afd/text/chat_template/value.h"
 #include "afd/text/tokenizer/utf8.h"
 
-namespace afd::text::jinja {
+namespace afd::text::chat_template {
 
 std::string Value::FloatRepr(double d) {
   if (std::isnan(d)) return "nan";
@@ -245,4 +245,4 @@ std::string Value::ToJson(const JsonOptions& options) const {
   return out;
 }
 
-}  // namespace afd::text::jinja
+}  // namespace afd::text::chat_template

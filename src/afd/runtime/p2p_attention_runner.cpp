@@ -1,4 +1,4 @@
-#include "afd/runtime/attention_runner.h"
+#include "afd/runtime/p2p_attention_runner.h"
 
 #include <algorithm>
 #include <optional>
@@ -130,9 +130,9 @@ P2pStepShape DecideP2pStep(const std::vector<int64_t>& v, int A, const DboOption
   return shape;
 }
 
-AttentionRunner::AttentionRunner(const model::MoeModel& model, comm::AfdWorld& world,
-                                 connector::P2pConnector& connector, int tp, DboOptions dbo,
-                                 CudaGraphOptions graphs)
+P2pAttentionRunner::P2pAttentionRunner(const model::MoeModel& model, comm::AfdWorld& world,
+                                       connector::P2pConnector& connector, int tp, DboOptions dbo,
+                                       CudaGraphOptions graphs)
     : model_(model),
       world_(world),
       connector_(connector),
@@ -147,7 +147,7 @@ AttentionRunner::AttentionRunner(const model::MoeModel& model, comm::AfdWorld& w
             "{}",
             model.backend().name());
   const int me = world.self().rank;
-  AFD_CHECK(world.self().role == Role::kAttention, "AttentionRunner on an FFN rank");
+  AFD_CHECK(world.self().role == Role::kAttention, "P2pAttentionRunner on an FFN rank");
   AFD_CHECK(tp >= 1 && t.num_attention() % tp == 0,
             "attention tensor-parallel size {} does not divide num_attention_ranks {}", tp,
             t.num_attention());
@@ -172,10 +172,10 @@ AttentionRunner::AttentionRunner(const model::MoeModel& model, comm::AfdWorld& w
   }
 }
 
-AttentionRunner::~AttentionRunner() = default;
+P2pAttentionRunner::~P2pAttentionRunner() = default;
 
-std::vector<int64_t> AttentionRunner::ExchangeCounts(const model::ForwardBatch& batch, bool active,
-                                                     int64_t graph_bucket) {
+std::vector<int64_t> P2pAttentionRunner::ExchangeCounts(const model::ForwardBatch& batch,
+                                                        bool active, int64_t graph_bucket) {
   const int A = world_.topology().num_attention(), me = world_.self().rank;
   const int64_t n = batch.size();
   std::vector<int64_t> v(4 * A, 0);
@@ -191,8 +191,8 @@ std::vector<int64_t> AttentionRunner::ExchangeCounts(const model::ForwardBatch& 
   return v;
 }
 
-void AttentionRunner::SendMetadata(const std::vector<int64_t>& v, const P2pStepShape& shape,
-                                   uint32_t flags) {
+void P2pAttentionRunner::SendMetadata(const std::vector<int64_t>& v, const P2pStepShape& shape,
+                                      uint32_t flags) {
   const int A = world_.topology().num_attention(), stages = shape.stages;
   connector::StepMetadata meta;
   meta.step = static_cast<uint64_t>(steps_);
@@ -210,7 +210,7 @@ void AttentionRunner::SendMetadata(const std::vector<int64_t>& v, const P2pStepS
   connector_.control_plane().Send(meta);
 }
 
-int64_t AttentionRunner::Plan(const model::ForwardBatch& batch, int64_t bucket) {
+int64_t P2pAttentionRunner::Plan(const model::ForwardBatch& batch, int64_t bucket) {
   AFD_CHECK(!planned_, "P2P attention: a step planned twice");
   const std::vector<int64_t> v = ExchangeCounts(batch, true, bucket);
   const P2pStepShape shape = DecideP2pStep(v, world_.topology().num_attention(), dbo_);
@@ -219,8 +219,8 @@ int64_t AttentionRunner::Plan(const model::ForwardBatch& batch, int64_t bucket) 
   return shape.graph_bucket;
 }
 
-Tensor AttentionRunner::Forward(const model::ForwardBatch& batch, kv::PagedKvCache& cache,
-                                Workspace& ws) {
+Tensor P2pAttentionRunner::Forward(const model::ForwardBatch& batch, kv::PagedKvCache& cache,
+                                   Workspace& ws) {
   struct Clear {  // a step that fails leaves no plan behind
     std::optional<P2pStepShape>& planned;
     ~Clear() { planned.reset(); }
@@ -238,8 +238,8 @@ Tensor AttentionRunner::Forward(const model::ForwardBatch& batch, kv::PagedKvCac
   return logits;
 }
 
-Tensor AttentionRunner::Eager(const model::ForwardBatch& batch, kv::PagedKvCache& cache,
-                              Workspace& ws) {
+Tensor P2pAttentionRunner::Eager(const model::ForwardBatch& batch, kv::PagedKvCache& cache,
+                                 Workspace& ws) {
   AFD_CHECK(planned_ && planned_->graph_bucket == 0, "P2P attention: an eager step not planned");
   const model::StepInputs in = batch.size() > 0 ? model_.Upload(batch, ws) : model::StepInputs{};
   Tensor logits = RunLayers(in, &cache, planned_->stages, ws);
@@ -249,7 +249,8 @@ Tensor AttentionRunner::Eager(const model::ForwardBatch& batch, kv::PagedKvCache
 
 // A graph's body: a decode bucket of the planned size; its warm-up run (not capturing) keeps the
 // MoE here, so that only the replay exchanges with the FFN role.
-Tensor AttentionRunner::Body(const model::StepInputs& in, kv::PagedKvCache& cache, Workspace& ws) {
+Tensor P2pAttentionRunner::Body(const model::StepInputs& in, kv::PagedKvCache& cache,
+                                Workspace& ws) {
   AFD_CHECK(planned_ && planned_->graph_bucket == in.n,
             "P2P attention: a graph body of {} rows, the step planned {}", in.n,
             planned_ ? planned_->graph_bucket : 0);
@@ -261,25 +262,25 @@ Tensor AttentionRunner::Body(const model::StepInputs& in, kv::PagedKvCache& cach
   return RunLayers(in, &cache, planned_->stages, ws);
 }
 
-void AttentionRunner::BeginCapture() {
+void P2pAttentionRunner::BeginCapture() {
   capturing_ = true;
   connector_.BeginCapture();
 }
 
-int AttentionRunner::EndCapture() {
+int P2pAttentionRunner::EndCapture() {
   capturing_ = false;
   captures_.push_back(connector_.EndCapture());
   return static_cast<int>(captures_.size()) - 1;
 }
 
-void AttentionRunner::Replayed(int token) { connector_.Replayed(captures_.at(token)); }
+void P2pAttentionRunner::Replayed(int token) { connector_.Replayed(captures_.at(token)); }
 
-void AttentionRunner::Drain() {
+void P2pAttentionRunner::Drain() {
   while (Idle(false) != IdleResult::kShutdown) {
   }
 }
 
-AttentionRunner::IdleResult AttentionRunner::Idle(bool active) {
+P2pAttentionRunner::IdleResult P2pAttentionRunner::Idle(bool active) {
   const int A = world_.topology().num_attention();
   const model::ForwardBatch empty;
   const std::vector<int64_t> v = ExchangeCounts(empty, active, 0);
@@ -303,8 +304,8 @@ AttentionRunner::IdleResult AttentionRunner::Idle(bool active) {
   return IdleResult::kTookPart;
 }
 
-Tensor AttentionRunner::RunLayers(const model::StepInputs& in, kv::PagedKvCache* cache, int stages,
-                                  Workspace& ws) {
+Tensor P2pAttentionRunner::RunLayers(const model::StepInputs& in, kv::PagedKvCache* cache,
+                                     int stages, Workspace& ws) {
   model::LayerLoop loop;
   for (int s = 0; s <= stages; ++s) loop.splits.push_back(SplitOffset(in.n, stages, s));
   loop.tp = tp_group_.get();

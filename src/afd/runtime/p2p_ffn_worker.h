@@ -39,13 +39,13 @@ namespace afd::runtime {
 using FfnGraphKey = std::pair<int, std::vector<int64_t>>;
 std::optional<FfnGraphKey> FfnGraphKeyOf(const connector::StepMetadata& meta);
 
-class FfnWorker {
+class P2pFfnWorker {
  public:
   // Collective over the FFN ranks: forms the expert-parallel group "ffn_ep". graphs: whether
   // kGraphReplay steps may be served from graphs (where the backend and topology allow).
-  FfnWorker(const model::MoeModel& model, comm::AfdWorld& world, connector::P2pConnector& connector,
-            bool graphs = true);
-  ~FfnWorker();
+  P2pFfnWorker(const model::MoeModel& model, comm::AfdWorld& world,
+               connector::P2pConnector& connector, bool graphs = true);
+  ~P2pFfnWorker();
 
   // Serves steps until the shutdown step. Returns the number of steps served.
   int64_t Run();

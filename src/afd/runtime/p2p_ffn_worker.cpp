@@ -1,4 +1,4 @@
-#include "afd/runtime/ffn_worker.h"
+#include "afd/runtime/p2p_ffn_worker.h"
 
 #include <numeric>
 
@@ -14,22 +14,22 @@ constexpr int kTopkWeightsChannel = 2;
 constexpr double kIdlePollSeconds = 0.2;
 }  // namespace
 
-struct FfnWorker::Graph {
+struct P2pFfnWorker::Graph {
   std::unique_ptr<kernels::OpGraph> graph;
   connector::P2pConnector::Captured added;  // what one replay adds to the connector's stats
 };
 
-struct FfnWorker::GraphMemory {
+struct P2pFfnWorker::GraphMemory {
   explicit GraphMemory(Allocator& allocator) : ws(allocator) {}
   Workspace ws;
   int64_t chunk_allocations = -1;  // when its first graph was captured
   std::vector<Key> graphs;
 };
 
-FfnWorker::FfnWorker(const model::MoeModel& model, comm::AfdWorld& world,
-                     connector::P2pConnector& connector, bool graphs)
+P2pFfnWorker::P2pFfnWorker(const model::MoeModel& model, comm::AfdWorld& world,
+                           connector::P2pConnector& connector, bool graphs)
     : model_(model), world_(world), connector_(connector), ws_(model.backend()) {
-  AFD_CHECK(world.self().role == Role::kFfn, "FfnWorker on an attention rank");
+  AFD_CHECK(world.self().role == Role::kFfn, "P2pFfnWorker on an attention rank");
   const Topology& t = world.topology();
   std::vector<int> members;
   for (int f = 0; f < t.num_ffn(); ++f) members.push_back(t.WorldRank({Role::kFfn, f}));
@@ -45,10 +45,10 @@ FfnWorker::FfnWorker(const model::MoeModel& model, comm::AfdWorld& world,
   graphs_enabled_ = graphs && local_moe_ && model.backend().SupportsGraphs();
 }
 
-FfnWorker::~FfnWorker() = default;
+P2pFfnWorker::~P2pFfnWorker() = default;
 
-void FfnWorker::MoeLayer(int64_t layer, int stage, const connector::StepMetadata& meta,
-                         Workspace& ws) {
+void P2pFfnWorker::MoeLayer(int64_t layer, int stage, const connector::StepMetadata& meta,
+                            Workspace& ws) {
   const model::ModelConfig& c = model_.config();
   const int64_t H = c.hidden_size, k = c.num_experts_per_tok;
   const std::vector<int64_t> counts = connector_.IncomingRowCounts(meta, stage);
@@ -86,10 +86,10 @@ void FfnWorker::MoeLayer(int64_t layer, int stage, const connector::StepMetadata
   ws.Rewind(scratch);
 }
 
-void FfnWorker::Step(const connector::StepMetadata& meta, Workspace& ws) {
+void P2pFfnWorker::Step(const connector::StepMetadata& meta, Workspace& ws) {
   const model::ModelConfig& c = model_.config();
   // Stage 0 then stage 1 (and so on) of every MoE layer: the order the attention ranks'
-  // micro-batch pipeline posts them in (P2pAttentionMoe, attention_runner.h).
+  // micro-batch pipeline posts them in (P2pAttentionMoe, p2p_attention_runner.h).
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     if (!c.IsMoeLayer(l)) continue;
     for (int stage = 0; stage < meta.num_stages; ++stage) MoeLayer(l, stage, meta, ws);
@@ -101,7 +101,8 @@ std::optional<FfnGraphKey> FfnGraphKeyOf(const connector::StepMetadata& meta) {
   return FfnGraphKey{meta.num_stages, meta.token_counts};
 }
 
-void FfnWorker::StepFromGraph(const connector::StepMetadata& meta, const Key& key, int64_t rows) {
+void P2pFfnWorker::StepFromGraph(const connector::StepMetadata& meta, const Key& key,
+                                 int64_t rows) {
   if (auto it = graphs_.find(key); it != graphs_.end()) {
     it->second->graph->Replay();
     connector_.Replayed(it->second->added);
@@ -164,7 +165,7 @@ void FfnWorker::StepFromGraph(const connector::StepMetadata& meta, const Key& ke
   ++graph_steps_;
 }
 
-int64_t FfnWorker::Run() {
+int64_t P2pFfnWorker::Run() {
   const model::ModelConfig& c = model_.config();
   const int64_t moe_layers = c.num_moe_layers();
   int64_t steps = 0;

@@ -122,14 +122,14 @@ struct P2pStepShape {
 P2pStepShape DecideP2pStep(const std::vector<int64_t>& exchanged, int num_attention,
                            const DboOptions& dbo);
 
-class AttentionRunner : public ReplicaRunner, private GraphedStep {
+class P2pAttentionRunner : public ReplicaRunner, private GraphedStep {
  public:
   // Collective: forms the attention-world group (all attention ranks) and this replica's TP
   // group. `model`, `world` and `connector` must outlive the runner. tp: ranks per replica.
-  AttentionRunner(const model::MoeModel& model, comm::AfdWorld& world,
-                  connector::P2pConnector& connector, int tp, DboOptions dbo = {},
-                  CudaGraphOptions graphs = {});
-  ~AttentionRunner() override;
+  P2pAttentionRunner(const model::MoeModel& model, comm::AfdWorld& world,
+                     connector::P2pConnector& connector, int tp, DboOptions dbo = {},
+                     CudaGraphOptions graphs = {});
+  ~P2pAttentionRunner() override;
 
   Tensor Forward(const model::ForwardBatch& batch, kv::PagedKvCache& cache, Workspace& ws) override;
   bool TakesDeviceIds() const override { return graphs_ != nullptr; }
