@@ -85,6 +85,163 @@ void WriteKernelTrace(const std::string& path, const std::vector<kernels::Kernel
   WriteFileOrThrow(path, text);
 }
 
+// What this rank loads: attention everything but the routed experts (plus the routers when the
+// gate runs there); an FFN rank the routers, the shared experts and its own routed experts.
+model::LoadedModel LoadRoleModel(const WorkerOptions& o, int num_ranks) {
+  model::OpenOptions open = o.open;
+  if (o.config.role == Role::kAttention) {
+    open.weights.load_moe = o.config.compute_gate_on_attention;
+    open.weights.expert_begin = 0;
+    open.weights.expert_end = 0;
+  } else {
+    const model::ModelConfig config = model::PeekModelConfig(o.model, o.open);
+    const ExpertRange mine = ExpertRangeOf(config.n_routed_experts, num_ranks, o.role_rank);
+    open.weights.load_attention = false;
+    open.weights.expert_begin = mine.begin;
+    open.weights.expert_end = mine.end;
+  }
+  return model::LoadModel(o.model, open, o.cuda_device);
+}
+
+// Both roles must run the same model layout, or their per-layer exchanges cannot pair up: the
+// join request carries it and the store compares it across ranks.
+comm::JoinRequest JoinRequestOf(const WorkerOptions& o, const model::ModelConfig& mc) {
+  comm::JoinRequest request{o.config, o.role_rank, mc.hidden_size, DType::kF32, {}};
+  std::string moe_layers;  // "0" for a dense layer, "1" for a MoE layer, layer by layer
+  for (int64_t l = 0; l < mc.num_hidden_layers; ++l) moe_layers += mc.IsMoeLayer(l) ? '1' : '0';
+  request.extra_fields = {{"model_type", mc.model_type_name()},
+                          {"num_hidden_layers", std::to_string(mc.num_hidden_layers)},
+                          {"moe_layers", moe_layers},
+                          {"n_routed_experts", std::to_string(mc.n_routed_experts)},
+                          {"num_experts_per_tok", std::to_string(mc.num_experts_per_tok)},
+                          {"vocab_size", std::to_string(mc.vocab_size)}};
+  return request;
+}
+
+// The rank's connector: exactly one is set.
+struct Connectors {
+  std::unique_ptr<connector::P2pConnector> p2p;
+  std::unique_ptr<connector::AsyncConnector> async;
+  const std::map<int, connector::LayerTransferStats>& stats() const {
+    return async ? async->stats() : p2p->stats();
+  }
+};
+
+// Puts the backend's wait check back to the world's abort alone when destroyed -- before the
+// connector it also consults (declared after it).
+struct WatchGuard {
+  kernels::Backend* backend = nullptr;
+  comm::AfdWorld* world = nullptr;
+  ~WatchGuard() {
+    if (backend == nullptr) return;
+    backend->WatchWaits(world->config().afd_process_group_timeout_s,
+                        [w = world] { w->CheckAbort(); });
+  }
+};
+
+Connectors Connect(const WorkerOptions& o, const model::ModelConfig& mc, comm::AfdWorld& world,
+                   kernels::Backend& backend, WatchGuard& guard) {
+  const AfdConfig& c = o.config;
+  Connectors conns;
+  if (!c.is_async()) {
+    conns.p2p = std::make_unique<connector::P2pConnector>(world);
+    return conns;
+  }
+  connector::AsyncConnectorOptions ao;
+  ao.token_cap = c.role == Role::kAttention ? AttentionTokenCap(o, mc) : 0;
+  ao.topk = mc.num_experts_per_tok;
+  ao.num_experts = mc.n_routed_experts;
+  ao.row = {mc.hidden_size, DType::kF32};
+  ao.cuda_device = o.cuda_device;
+  if (c.async_options.device_flags) {
+    if (o.cuda_device >= 0) {
+      ao.cuda_stream = backend.stream().handle;
+      ao.device_sequenced = true;
+    } else {
+      ao.inline_flags = true;
+    }
+  }
+  conns.async = std::make_unique<connector::AsyncConnector>(world, ao);
+  // A device wait that failed (a peer that exited or went silent, a wrong reply) ends the host's
+  // wait for the stream at once, naming the peer.
+  backend.WatchWaits(c.afd_process_group_timeout_s, [w = &world, conn = conns.async.get()] {
+    w->CheckAbort();
+    conn->CheckDevice();
+  });
+  guard.world = &world;
+  guard.backend = &backend;
+  return conns;
+}
+
+std::unique_ptr<runtime::ReplicaRunner> MakeAttentionRunner(const WorkerOptions& o,
+                                                            const model::MoeModel& model,
+                                                            comm::AfdWorld& world,
+                                                            Connectors& conns) {
+  if (conns.async) {
+    return std::make_unique<runtime::AsyncAttentionRunner>(model, world, *conns.async, o.tp, o.dbo,
+                                                           o.graphs);
+  }
+  return std::make_unique<runtime::P2pAttentionRunner>(model, world, *conns.p2p, o.tp, o.dbo,
+                                                       o.graphs);
+}
+
+std::unique_ptr<runtime::FfnRole> MakeFfnRole(const WorkerOptions& o, const model::MoeModel& model,
+                                              comm::AfdWorld& world, Connectors& conns) {
+  const bool graphs = !o.graphs.enforce_eager;
+  if (conns.async) {
+    return std::make_unique<runtime::AsyncFfnWorker>(model, world, *conns.async, graphs);
+  }
+  return std::make_unique<runtime::P2pFfnWorker>(model, world, *conns.p2p, graphs);
+}
+
+// The attention role's work: serving the frontend's requests (engine_endpoint), or generating
+// this replica's share of the prompts then draining.
+void RunAttention(const WorkerOptions& o, const model::MoeModel& model, comm::AfdWorld& world,
+                  runtime::ReplicaRunner& runner, nlohmann::json& stats) {
+  const int dp_rank = o.role_rank / o.tp, tp_rank = o.role_rank % o.tp;
+  if (!o.engine_endpoint.empty()) {
+    ReplicaServeOptions serve;
+    serve.endpoint = o.engine_endpoint;
+    serve.dp_rank = dp_rank;
+    serve.tp = o.tp;
+    serve.tp_rank = tp_rank;
+    serve.engine =
+        SizedServingEngine(model, o.engine, o.kv, fmt::format("attention rank {}", o.role_rank));
+    ServeReplica(model, &world, runner, serve);
+    stats["steps"] = runner.steps();
+  } else {
+    const PromptShare mine = ShareOfPrompts(o.prompts, o.dp, dp_rank);
+    runtime::GenerationOptions gen = o.generation;
+    gen.sampler_streams = mine.indices;  // sampling as in one process running every prompt
+    std::vector<runtime::GenerationResult> results;
+    runtime::GenerationStats gs;
+    if (!mine.prompts.empty()) {
+      runtime::Generator generator(model, runner);
+      results = generator.Generate(mine.prompts, gen, &gs);
+    }
+    AddGenerationStats(gs, stats);
+    // This replica's own steps; the P2P runner then runs empty lockstep steps until every
+    // replica is done, the asynchronous one only announces its shutdown.
+    const int64_t own_steps = runner.steps();
+    runner.Drain();
+    if (tp_rank == 0 && !o.output_file.empty()) {
+      WriteFileOrThrow(o.output_file, ResultLines(mine.indices, results));
+    }
+    stats["steps"] = runner.steps();
+    stats["drain_steps"] = stats["steps"].get<int64_t>() - own_steps;
+    stats["prompts"] = mine.prompts.size();
+  }
+  stats["dbo_steps"] = runner.dbo_steps();
+  stats["graph_steps"] = runner.graph_steps();
+  stats["graph_captures"] = runner.num_captures();
+}
+
+void RunFfn(runtime::FfnRole& ffn, nlohmann::json& stats) {
+  stats["steps"] = ffn.Run();  // P2P: steps; async: work items
+  for (const auto& [name, value] : ffn.Counters()) stats[name] = value;
+  stats["experts"] = {ffn.experts().begin, ffn.experts().end};
+}
+
 }  // namespace
 
 void RunWorker(const WorkerOptions& o) {
@@ -101,187 +258,57 @@ void RunWorker(const WorkerOptions& o) {
   // every kernel loads when CUDA initializes, before the first step (unless the user chose).
   if (o.cuda_device >= 0) setenv("CUDA_MODULE_LOADING", "EAGER", /*overwrite=*/0);
   const auto start = std::chrono::steady_clock::now();
-  // Each role holds only its part of the weights: attention everything but the experts (plus
-  // the router when it runs here); an FFN rank the routers, the shared experts and its own
-  // routed experts.
-  model::OpenOptions open = o.open;
-  const model::ModelConfig config = model::PeekModelConfig(o.model, o.open);
-  if (role == Role::kAttention) {
-    open.weights.load_moe = c.compute_gate_on_attention;
-    open.weights.expert_begin = 0;
-    open.weights.expert_end = 0;
-  } else {
-    open.weights.load_attention = false;
-    const ExpertRange mine = ExpertRangeOf(config.n_routed_experts, num_ranks, o.role_rank);
-    open.weights.expert_begin = mine.begin;
-    open.weights.expert_end = mine.end;
-  }
-  model::LoadedModel loaded = model::LoadModel(o.model, open, o.cuda_device);
-  const std::unique_ptr<kernels::Backend>& backend = loaded.backend;
-  std::unique_ptr<model::MoeModel>& model = loaded.model;
-  const model::ModelConfig& mc = model->config();
-  comm::JoinRequest request{c, o.role_rank, mc.hidden_size, DType::kF32, {}};
-  // Both roles must run the same model layout, or their per-layer exchanges cannot pair up.
-  std::string moe_layers;  // "0" for a dense layer, "1" for a MoE layer, layer by layer
-  for (int64_t l = 0; l < mc.num_hidden_layers; ++l) moe_layers += mc.IsMoeLayer(l) ? '1' : '0';
-  request.extra_fields = {{"model_type", mc.model_type_name()},
-                          {"num_hidden_layers", std::to_string(mc.num_hidden_layers)},
-                          {"moe_layers", moe_layers},
-                          {"n_routed_experts", std::to_string(mc.n_routed_experts)},
-                          {"num_experts_per_tok", std::to_string(mc.num_experts_per_tok)},
-                          {"vocab_size", std::to_string(mc.vocab_size)}};
+  model::LoadedModel loaded = LoadRoleModel(o, num_ranks);
+  kernels::Backend& backend = *loaded.backend;
+  const model::MoeModel& model = *loaded.model;
   // GPU ranks of the P2P connector: its data plane (and the FFN role's expert-parallel rows)
   // over NCCL on the backend's stream; the async connector brings its own windows.
   DeviceContext device;
   if (o.cuda_device >= 0 && c.is_p2p()) {
     const int world_rank = role == Role::kFfn ? o.role_rank : c.num_ffn_ranks + o.role_rank;
-    device = MakeDeviceContext(o.cuda_device, world_rank, backend->stream().handle);
+    device = MakeDeviceContext(o.cuda_device, world_rank, backend.stream().handle);
   }
-  std::unique_ptr<comm::AfdWorld> world = comm::AfdWorld::Join(request, device.factory);
+  std::unique_ptr<comm::AfdWorld> world =
+      comm::AfdWorld::Join(JoinRequestOf(o, model.config()), device.factory);
   // The line `afd serve --ready-file` waits for in every local rank's log.
   std::fprintf(stderr, "%s: %s\n", world->Describe(world->world_rank()).c_str(), kJoinedLine);
   // This rank's stream carries transfers with its peers (NCCL, or waits on their flags): a
   // peer that dies mid-transfer must not leave a wait for the device blocked for ever.
-  backend->WatchWaits(c.afd_process_group_timeout_s, [w = world.get()] { w->CheckAbort(); });
+  backend.WatchWaits(c.afd_process_group_timeout_s, [w = world.get()] { w->CheckAbort(); });
   // Declared outside the try so that on failure the abort is published while the connections
-  // are still open: peers then learn the cause before they see the connection drop.
-  std::unique_ptr<connector::P2pConnector> connector_holder;
-  std::unique_ptr<connector::AsyncConnector> async_holder;
-  // Destroyed before the connector: the backend's wait check then no longer reaches it.
-  struct WatchGuard {
-    kernels::Backend* backend = nullptr;
-    comm::AfdWorld* world = nullptr;
-    ~WatchGuard() {
-      if (backend == nullptr) return;
-      backend->WatchWaits(world->config().afd_process_group_timeout_s,
-                          [w = world] { w->CheckAbort(); });
-    }
-  } watch_guard;
+  // are still open: peers then learn the cause before they see the connection drop. Destroyed
+  // in reverse: the roles, the watch, then the connector.
+  Connectors conns;
+  WatchGuard watch_guard;
+  std::unique_ptr<runtime::ReplicaRunner> runner;
+  std::unique_ptr<runtime::FfnRole> ffn;
   const std::string trace_path =
       o.kernel_trace_csv.empty()
           ? std::string()
           : fmt::format("{}{}{}.csv", o.kernel_trace_csv, RoleName(role), o.role_rank);
-  std::unique_ptr<runtime::ReplicaRunner> runner_holder;
-  std::unique_ptr<runtime::P2pFfnWorker> worker_holder;
-  std::unique_ptr<runtime::AsyncFfnWorker> async_worker_holder;
   try {
-    if (!trace_path.empty()) backend->SetKernelTrace(true);
+    if (!trace_path.empty()) backend.SetKernelTrace(true);
     nlohmann::json stats = {{"role", std::string(RoleName(role))},
                             {"role_rank", o.role_rank},
                             {"world_rank", world->world_rank()}};
-    if (c.is_async()) {
-      connector::AsyncConnectorOptions ao;
-      ao.token_cap = role == Role::kAttention ? AttentionTokenCap(o, mc) : 0;
-      ao.topk = mc.num_experts_per_tok;
-      ao.num_experts = mc.n_routed_experts;
-      ao.row = {mc.hidden_size, DType::kF32};
-      ao.cuda_device = o.cuda_device;
-      if (c.async_options.device_flags) {
-        if (o.cuda_device >= 0) {
-          ao.cuda_stream = backend->stream().handle;
-          ao.device_sequenced = true;
-        } else {
-          ao.inline_flags = true;
-        }
-      }
-      async_holder = std::make_unique<connector::AsyncConnector>(*world, ao);
-      // A device wait that failed (a peer that exited or went silent, a wrong reply) ends the
-      // host's wait for the stream at once, naming the peer.
-      backend->WatchWaits(c.afd_process_group_timeout_s,
-                          [w = world.get(), conn = async_holder.get()] {
-                            w->CheckAbort();
-                            conn->CheckDevice();
-                          });
-      watch_guard.world = world.get();
-      watch_guard.backend = backend.get();
-      if (role == Role::kAttention) {
-        runner_holder = std::make_unique<runtime::AsyncAttentionRunner>(
-            *model, *world, *async_holder, o.tp, o.dbo, o.graphs);
-      }
-    } else {
-      connector_holder = std::make_unique<connector::P2pConnector>(*world);
-      if (role == Role::kAttention) {
-        runner_holder = std::make_unique<runtime::P2pAttentionRunner>(
-            *model, *world, *connector_holder, o.tp, o.dbo, o.graphs);
-      }
-    }
+    conns = Connect(o, model.config(), *world, backend, watch_guard);
     if (role == Role::kAttention) {
-      runtime::ReplicaRunner& runner = *runner_holder;
-      const int dp_rank = o.role_rank / o.tp, tp_rank = o.role_rank % o.tp;
-      if (!o.engine_endpoint.empty()) {
-        ReplicaServeOptions serve;
-        serve.endpoint = o.engine_endpoint;
-        serve.dp_rank = dp_rank;
-        serve.tp = o.tp;
-        serve.tp_rank = tp_rank;
-        serve.engine = SizedServingEngine(*model, o.engine, o.kv,
-                                          fmt::format("attention rank {}", o.role_rank));
-        ServeReplica(*model, world.get(), runner, serve);
-        stats["steps"] = runner.steps();
-      } else {
-        const PromptShare mine = ShareOfPrompts(o.prompts, o.dp, dp_rank);
-        runtime::GenerationOptions gen = o.generation;
-        gen.sampler_streams = mine.indices;  // sampling as in one process running every prompt
-        std::vector<runtime::GenerationResult> results;
-        runtime::GenerationStats gs;
-        if (!mine.prompts.empty()) {
-          runtime::Generator generator(*model, runner);
-          results = generator.Generate(mine.prompts, gen, &gs);
-        }
-        AddGenerationStats(gs, stats);
-        // This replica's own steps; the P2P runner then runs empty lockstep steps until every
-        // replica is done, the asynchronous one only announces its shutdown.
-        const int64_t own_steps = runner.steps();
-        runner.Drain();
-        if (tp_rank == 0 && !o.output_file.empty()) {
-          WriteFileOrThrow(o.output_file, ResultLines(mine.indices, results));
-        }
-        stats["steps"] = runner.steps();
-        stats["drain_steps"] = stats["steps"].get<int64_t>() - own_steps;
-        stats["prompts"] = mine.prompts.size();
-      }
-      stats["dbo_steps"] = runner.dbo_steps();
-      if (const auto* a = dynamic_cast<const runtime::AsyncAttentionRunner*>(&runner)) {
-        stats["graph_steps"] = a->graph_steps();
-        stats["graph_captures"] = a->num_captures();
-      } else if (const auto* p = dynamic_cast<const runtime::P2pAttentionRunner*>(&runner)) {
-        stats["graph_steps"] = p->graph_steps();
-        stats["graph_captures"] = p->num_captures();
-      }
-    } else if (c.is_async()) {
-      async_worker_holder = std::make_unique<runtime::AsyncFfnWorker>(*model, *world, *async_holder,
-                                                                      !o.graphs.enforce_eager);
-      runtime::AsyncFfnWorker& worker = *async_worker_holder;
-      stats["steps"] = worker.Run();  // work items served
-      stats["graph_items"] = worker.graph_items();
-      stats["items_ahead"] = worker.items_ahead();
-      stats["gathered_items"] = worker.gathered_items();
-      stats["groups"] = worker.groups();
-      stats["graph_captures"] = worker.num_captures();
-      stats["rows"] = worker.rows_served();
-      stats["experts"] = {worker.expert_begin(), worker.expert_end()};
+      runner = MakeAttentionRunner(o, model, *world, conns);
+      RunAttention(o, model, *world, *runner, stats);
     } else {
-      worker_holder = std::make_unique<runtime::P2pFfnWorker>(*model, *world, *connector_holder,
-                                                              !o.graphs.enforce_eager);
-      runtime::P2pFfnWorker& worker = *worker_holder;
-      stats["steps"] = worker.Run();
-      stats["graph_steps"] = worker.graph_steps();
-      stats["graph_captures"] = worker.num_captures();
-      stats["rows"] = worker.rows_served();
-      stats["experts"] = {worker.moe().expert_begin(), worker.moe().expert_end()};
+      ffn = MakeFfnRole(o, model, *world, conns);
+      RunFfn(*ffn, stats);
     }
-    if (!trace_path.empty()) WriteKernelTrace(trace_path, backend->TakeKernelTrace());
+    if (!trace_path.empty()) WriteKernelTrace(trace_path, backend.TakeKernelTrace());
     // Everyone finishes together, so a failure anywhere is reported everywhere.
     world->Barrier("worker-done");
     stats["seconds"] =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    stats["transfers"] =
-        TransferStats(async_holder ? async_holder->stats() : connector_holder->stats(),
-                      world->self().role == Role::kAttention ? "A2F" : "F2A");
+    stats["transfers"] = TransferStats(conns.stats(), role == Role::kAttention ? "A2F" : "F2A");
     if (!o.stats_file.empty()) WriteFileOrThrow(o.stats_file, stats.dump() + "\n");
   } catch (const Error& e) {
     // What the asynchronous connector had sent and consumed when it failed (for the logs).
-    if (async_holder) fmt::print(stderr, "{}\n", async_holder->DescribeState());
+    if (conns.async) fmt::print(stderr, "{}\n", conns.async->DescribeState());
     // A rank that lost a peer usually lost it because that peer failed and said why: report
     // the root cause with our own error.
     if (std::optional<std::string> cause = world->AbortMessage()) {

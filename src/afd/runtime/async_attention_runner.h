@@ -126,8 +126,8 @@ class AsyncAttentionRunner : public ReplicaRunner, private GraphedStep {
   Tensor Forward(const model::ForwardBatch& batch, kv::PagedKvCache& cache, Workspace& ws) override;
   bool TakesDeviceIds() const override { return true; }  // Upload and the graphs take them
   // Steps replayed from graphs, and graphs captured (0 without graphs).
-  int64_t graph_steps() const;
-  int64_t num_captures() const;
+  int64_t graph_steps() const override;
+  int64_t num_captures() const override;
   // kNoneBusy while `active` (nothing to do: wait for requests); otherwise announces the
   // shutdown (once) and returns kShutdown.
   IdleResult Idle(bool active) override;

@@ -25,6 +25,12 @@ struct AsyncFfnWorker::GraphMemory {
 
 AsyncFfnWorker::~AsyncFfnWorker() = default;
 
+std::vector<std::pair<std::string, int64_t>> AsyncFfnWorker::Counters() const {
+  return {{"rows", rows_served_},        {"graph_items", graph_items_},
+          {"items_ahead", items_ahead_}, {"gathered_items", gathered_items_},
+          {"groups", groups_},           {"graph_captures", num_captures_}};
+}
+
 namespace {
 
 int64_t NowUs() {

@@ -58,19 +58,23 @@
 #include "afd/connector/async_connector.h"
 #include "afd/model/model.h"
 #include "afd/runtime/ffn_gather.h"
+#include "afd/runtime/ffn_role.h"
 
 namespace afd::runtime {
 
-class AsyncFfnWorker {
+class AsyncFfnWorker : public FfnRole {
  public:
   // `model` must hold this rank's routed experts [expert_begin, expert_end) of the connector
   // and the shared experts. All arguments must outlive the worker.
   AsyncFfnWorker(const model::MoeModel& model, comm::AfdWorld& world,
                  connector::AsyncConnector& connector, bool graphs = true);
-  ~AsyncFfnWorker();
+  ~AsyncFfnWorker() override;
 
   // Serves work items until every attention rank has shut down. Returns the number served.
-  int64_t Run();
+  int64_t Run() override;
+  ExpertRange experts() const override { return {begin_, end_}; }
+  // rows, graph_items, items_ahead, gathered_items, groups, graph_captures.
+  std::vector<std::pair<std::string, int64_t>> Counters() const override;
 
   int64_t rows_served() const { return rows_served_; }
   int64_t graph_items() const { return graph_items_; }  // work items replayed from graphs

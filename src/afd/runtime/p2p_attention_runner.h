@@ -134,8 +134,8 @@ class P2pAttentionRunner : public ReplicaRunner, private GraphedStep {
   Tensor Forward(const model::ForwardBatch& batch, kv::PagedKvCache& cache, Workspace& ws) override;
   bool TakesDeviceIds() const override { return graphs_ != nullptr; }
   // Steps replayed from graphs, and graphs captured (0 without graphs).
-  int64_t graph_steps() const { return graphs_ ? graphs_->graph_steps() : 0; }
-  int64_t num_captures() const { return graphs_ ? graphs_->num_captures() : 0; }
+  int64_t graph_steps() const override { return graphs_ ? graphs_->graph_steps() : 0; }
+  int64_t num_captures() const override { return graphs_ ? graphs_->num_captures() : 0; }
 
   // Runs empty steps until every replica is done, then sends the shutdown step.
   void Drain() override;

@@ -47,6 +47,12 @@ P2pFfnWorker::P2pFfnWorker(const model::MoeModel& model, comm::AfdWorld& world,
 
 P2pFfnWorker::~P2pFfnWorker() = default;
 
+ExpertRange P2pFfnWorker::experts() const { return {moe_->expert_begin(), moe_->expert_end()}; }
+
+std::vector<std::pair<std::string, int64_t>> P2pFfnWorker::Counters() const {
+  return {{"rows", rows_served_}, {"graph_steps", graph_steps_}, {"graph_captures", num_captures_}};
+}
+
 void P2pFfnWorker::MoeLayer(int64_t layer, int stage, const connector::StepMetadata& meta,
                             Workspace& ws) {
   const model::ModelConfig& c = model_.config();

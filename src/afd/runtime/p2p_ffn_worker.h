@@ -30,6 +30,7 @@
 #include "afd/connector/p2p_connector.h"
 #include "afd/model/model.h"
 #include "afd/runtime/expert_parallel.h"
+#include "afd/runtime/ffn_role.h"
 
 namespace afd::runtime {
 
@@ -39,16 +40,19 @@ namespace afd::runtime {
 using FfnGraphKey = std::pair<int, std::vector<int64_t>>;
 std::optional<FfnGraphKey> FfnGraphKeyOf(const connector::StepMetadata& meta);
 
-class P2pFfnWorker {
+class P2pFfnWorker : public FfnRole {
  public:
   // Collective over the FFN ranks: forms the expert-parallel group "ffn_ep". graphs: whether
   // kGraphReplay steps may be served from graphs (where the backend and topology allow).
   P2pFfnWorker(const model::MoeModel& model, comm::AfdWorld& world,
                connector::P2pConnector& connector, bool graphs = true);
-  ~P2pFfnWorker();
+  ~P2pFfnWorker() override;
 
   // Serves steps until the shutdown step. Returns the number of steps served.
-  int64_t Run();
+  int64_t Run() override;
+  ExpertRange experts() const override;
+  // rows, graph_steps, graph_captures.
+  std::vector<std::pair<std::string, int64_t>> Counters() const override;
 
   int64_t rows_served() const { return rows_served_; }
   int64_t graph_steps() const { return graph_steps_; }  // steps replayed from graphs

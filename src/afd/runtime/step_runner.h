@@ -42,6 +42,9 @@ class ReplicaRunner : public StepRunner {
   // Steps run (P2P: including empty lockstep steps), and those run as micro-batches.
   virtual int64_t steps() const = 0;
   virtual int64_t dbo_steps() const = 0;
+  // Steps replayed from CUDA graphs, and graphs captured (0 where the runner has none).
+  virtual int64_t graph_steps() const { return 0; }
+  virtual int64_t num_captures() const { return 0; }
 };
 
 class LocalStepRunner : public StepRunner {
