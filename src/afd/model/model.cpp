@@ -185,6 +185,14 @@ Tensor MoeModel::Forward(const ForwardBatch& batch, kv::PagedKvCache& cache, Moe
   return logits;
 }
 
+std::vector<std::pair<int, int>> MoeModel::MoeStartOrder(int stages) const {
+  std::vector<std::pair<int, int>> order;
+  for (int layer : config_.MoeLayers()) {
+    for (int s = 0; s < stages; ++s) order.emplace_back(layer, s);
+  }
+  return order;
+}
+
 Tensor MoeModel::RunLayers(const StepInputs& in, kv::PagedKvCache* cache, MoeBackend& moe,
                            Workspace& ws, const LayerLoop& loop) const {
   const int64_t n = in.n, h = config_.hidden_size;

@@ -21,6 +21,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "afd/kernels/backend.h"
@@ -107,6 +108,11 @@ class MoeModel {
   // cache untouched: it may be null) and returns an empty tensor.
   Tensor RunLayers(const StepInputs& in, kv::PagedKvCache* cache, MoeBackend& moe, Workspace& ws,
                    const LayerLoop& loop) const;
+  // The MoE layers a step of `stages` micro-batches starts, as (layer, micro-batch), in the
+  // order RunLayers starts them (MoeBackend::Start): layer by layer, micro-batch by micro-batch.
+  // A peer that serves them in turn (the P2P FFN role) walks this list instead of a loop of its
+  // own; tests/model/layer_order_test.cpp holds RunLayers to it.
+  std::vector<std::pair<int, int>> MoeStartOrder(int stages) const;
 
   // x: [n, H] = embedding rows of the step's ids.
   void Embed(const StepInputs& in, const Tensor& x) const;

@@ -93,12 +93,9 @@ void P2pFfnWorker::MoeLayer(int64_t layer, int stage, const connector::StepMetad
 }
 
 void P2pFfnWorker::Step(const connector::StepMetadata& meta, Workspace& ws) {
-  const model::ModelConfig& c = model_.config();
-  // Stage 0 then stage 1 (and so on) of every MoE layer: the order the attention ranks'
-  // micro-batch pipeline posts them in (P2pAttentionMoe, p2p_attention_runner.h).
-  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    if (!c.IsMoeLayer(l)) continue;
-    for (int stage = 0; stage < meta.num_stages; ++stage) MoeLayer(l, stage, meta, ws);
+  // The order the attention ranks' layer loop posts them in (MoeModel::MoeStartOrder).
+  for (const auto& [layer, stage] : model_.MoeStartOrder(meta.num_stages)) {
+    MoeLayer(layer, stage, meta, ws);
   }
 }
 
