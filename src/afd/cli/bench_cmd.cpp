@@ -1,5 +1,5 @@
 // `afd bench decode`: decode ms/step per batch size against the memory floor
-// (runtime/bench_decode.h). `afd bench serve`: load on an OpenAI-compatible server
+// (diag/bench_decode.h). `afd bench serve`: load on an OpenAI-compatible server
 // (server/client/bench_serve.h).
 #include <fmt/format.h>
 
@@ -14,10 +14,10 @@
 #include "afd/cli/generation_flags.h"
 #include "afd/cli/validators.h"
 #include "afd/common/error.h"
-#include "afd/deploy/deployment_bench.h"
+#include "afd/diag/bench_decode.h"
+#include "afd/diag/deployment_bench.h"
 #include "afd/kernels/backend.h"
 #include "afd/model/loader.h"
-#include "afd/runtime/bench_decode.h"
 
 namespace afd::cli {
 
@@ -36,7 +36,7 @@ struct BenchArgs {
   kernels::Backend::FormOverrides forms;  // --mla-splits, --mla-bufs
   std::string cuda_graph_sizes;           // empty: the default capture sizes
   int64_t num_layers = 0;
-  runtime::BenchDecodeOptions options;
+  diag::BenchDecodeOptions options;
   bool json = false;
   std::string kernel_trace_csv;       // --kernel-trace-csv: every traced kernel of the timed steps
   deploy::DeploymentSpec deployment;  // --topology: through an AFD deployment of this host
@@ -97,7 +97,7 @@ std::vector<int64_t> ParseList(const std::string& text, const char* flag) {
 
 // One line per traced kernel of each batch's timed steps, its times in microseconds from the
 // batch's first one: for a timeline or a critical-path reading beyond the printed summary.
-void WriteKernelTraceCsv(const std::string& path, const runtime::BenchDecodeResult& r) {
+void WriteKernelTraceCsv(const std::string& path, const diag::BenchDecodeResult& r) {
   std::ofstream f(path);
   AFD_CHECK(f.good(), "--kernel-trace-csv {}: cannot open it for writing", path);
   f << "batch,stream,start_us,end_us,kernel\n";
@@ -131,10 +131,10 @@ nlohmann::ordered_json JsonHead(const BenchArgs& a, const std::string& device) {
 }
 
 // --topology (or --data-parallel-size N --enable-expert-parallel):
-// deploy::BenchDecodeOnDeployment with this command's worker flags.
+// diag::BenchDecodeOnDeployment with this command's worker flags.
 void RunOnTopology(const BenchArgs& a, const std::vector<int64_t>& batches, int& exit_code) {
   const bool cuda = a.device == "cuda";
-  deploy::DeploymentBenchOptions o;
+  diag::DeploymentBenchOptions o;
   o.model = a.model;
   o.num_layers = a.num_layers;
   o.batch_sizes = batches;
@@ -157,7 +157,7 @@ void RunOnTopology(const BenchArgs& a, const std::vector<int64_t>& batches, int&
     if (a.options.graphs.enforce_eager) flags.push_back("--enforce-eager");
     if (!a.kernel_trace_csv.empty()) {
       flags.insert(flags.end(),
-                   {"--kernel-trace-csv", deploy::RankTracePrefix(a.kernel_trace_csv, batch)});
+                   {"--kernel-trace-csv", diag::RankTracePrefix(a.kernel_trace_csv, batch)});
     }
     if (cuda) {
       const std::vector<std::string> f =
@@ -168,9 +168,9 @@ void RunOnTopology(const BenchArgs& a, const std::vector<int64_t>& batches, int&
   };
   deploy::DeploymentSpec spec = a.deployment;
   spec.cuda = cuda;
-  std::vector<deploy::DeploymentBenchRow> rows;
+  std::vector<diag::DeploymentBenchRow> rows;
   try {
-    rows = deploy::BenchDecodeOnDeployment(spec, o);
+    rows = diag::BenchDecodeOnDeployment(spec, o);
   } catch (const Error& e) {
     std::cerr << "afd bench decode (" << deploy::DeploymentName(spec) << "): " << e.what() << "\n";
     exit_code = 1;
@@ -178,7 +178,7 @@ void RunOnTopology(const BenchArgs& a, const std::vector<int64_t>& batches, int&
   }
   if (!a.kernel_trace_csv.empty()) {
     try {
-      deploy::MergeRankTraces(a.kernel_trace_csv, batches);
+      diag::MergeRankTraces(a.kernel_trace_csv, batches);
     } catch (const Error& e) {
       std::cerr << "afd bench decode: " << e.what() << "\n";
       exit_code = 1;
@@ -192,7 +192,7 @@ void RunOnTopology(const BenchArgs& a, const std::vector<int64_t>& batches, int&
     j["topology"] = deploy::DeploymentName(spec);
     if (gpus > 0) j["gpus"] = gpus;
     j["rows"] = nlohmann::ordered_json::array();
-    for (const deploy::DeploymentBenchRow& r : rows) {
+    for (const diag::DeploymentBenchRow& r : rows) {
       nlohmann::ordered_json row = {{"batch", r.batch},
                                     {"ms_per_step", r.ms_per_step},
                                     {"tokens_per_s", r.tokens_per_s},
@@ -207,7 +207,7 @@ void RunOnTopology(const BenchArgs& a, const std::vector<int64_t>& batches, int&
                              gpus > 0 ? fmt::format(" on {} GPU(s)", gpus) : "", a.options.context);
     std::cout << "batch  ms/step  tokens/s  prefill tok/s" << (gpus > 0 ? "  tok/s/GPU" : "")
               << "\n";
-    for (const deploy::DeploymentBenchRow& r : rows) {
+    for (const diag::DeploymentBenchRow& r : rows) {
       std::cout << fmt::format("{:5}  {:7.3f}  {:8.1f}  {:13.1f}", r.batch, r.ms_per_step,
                                r.tokens_per_s, r.prefill_tokens_per_s);
       if (gpus > 0) std::cout << fmt::format("  {:9.1f}", r.tokens_per_s / gpus);
@@ -295,7 +295,7 @@ void Run(BenchArgs a, int& exit_code) {
     exit_code = 2;
     return;
   }
-  const runtime::BenchDecodeResult r = runtime::BenchDecode(*model, a.options);
+  const diag::BenchDecodeResult r = diag::BenchDecode(*model, a.options);
   if (!a.kernel_trace_csv.empty()) WriteKernelTraceCsv(a.kernel_trace_csv, r);
   if (a.json) {
     nlohmann::ordered_json j = JsonHead(a, r.device);
@@ -356,7 +356,7 @@ void Run(BenchArgs a, int& exit_code) {
                                 row.batch, row.prefill_steps));
       print_profile(row.profile,
                     fmt::format("profile, batch {}: device ms per decode step by op", row.batch));
-      const runtime::KernelTraceSummary& k = row.kernel_trace;
+      const diag::KernelTraceSummary& k = row.kernel_trace;
       if (k.steps == 0) continue;
       std::cout << fmt::format(
           "kernel trace, batch {}: per decode step ({} graph replays): span {:.3f} ms, idle "

@@ -1,5 +1,5 @@
 // `afd connector-test`: flags of one role process of a P2P connector round trip, like
-// nccl-tests; the run itself is deploy::RunConnectorTest (deploy/connector_check.h).
+// nccl-tests; the run itself is diag::RunConnectorTest (diag/connector_check.h).
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
@@ -9,11 +9,11 @@
 #include "afd/common/error.h"
 #include "afd/config/afd_config.h"
 #include "afd/connector/control_plane.h"
-#include "afd/deploy/connector_check.h"
+#include "afd/diag/connector_check.h"
 
 namespace afd::cli {
 
-using deploy::ConnectorTestArgs;
+using diag::ConnectorTestArgs;
 using Args = ConnectorTestArgs;
 
 void AddConnectorTestCommand(CLI::App& app, int& exit_code) {
@@ -67,7 +67,7 @@ void AddConnectorTestCommand(CLI::App& app, int& exit_code) {
     }
     who = fmt::format("{} rank {}", RoleName(config.role), args->role_rank);
     try {
-      std::cout << deploy::RunConnectorTest(*args, config).dump() << std::endl;
+      std::cout << diag::RunConnectorTest(*args, config).dump() << std::endl;
       exit_code = 0;
     } catch (const Error& e) {
       std::cerr << "afd connector-test: " << who << ": error: " << e.what() << std::endl;

@@ -17,10 +17,10 @@
 #include "afd/common/error.h"
 #include "afd/deploy/deployment_run.h"
 #include "afd/deploy/result_json.h"
+#include "afd/diag/npy.h"
 #include "afd/model/loader.h"
 #include "afd/runtime/cuda_graph_runner.h"
 #include "afd/runtime/generator.h"
-#include "afd/runtime/npy.h"
 
 namespace afd::cli {
 
@@ -181,8 +181,8 @@ void Run(RunArgs args, int& exit_code) {
   const auto results = generator.Generate(prompts, options, &stats);
   if (!args.dump_logits.empty()) {
     const int64_t t = results[0].prompt_ids.size();
-    runtime::WriteNpyF32(args.dump_logits, results[0].prompt_logits.data(),
-                         {t, model->config().vocab_size});
+    diag::WriteNpyF32(args.dump_logits, results[0].prompt_logits.data(),
+                      {t, model->config().vocab_size});
   }
   for (size_t s = 0; s < results.size(); ++s) {
     if (args.json) {

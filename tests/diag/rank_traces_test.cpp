@@ -1,5 +1,5 @@
 // `afd bench decode --topology --kernel-trace-csv`: the rank processes' trace files merged into
-// one CSV (deploy::MergeRankTraces).
+// one CSV (diag::MergeRankTraces).
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -8,9 +8,9 @@
 #include <sstream>
 
 #include "afd/common/error.h"
-#include "afd/deploy/deployment_bench.h"
+#include "afd/diag/deployment_bench.h"
 
-namespace afd::deploy {
+namespace afd::diag {
 namespace {
 
 namespace fs = std::filesystem;
@@ -88,4 +88,4 @@ TEST_F(RankTraces, AMissingBatchOrABadLineIsNamed) {
 }
 
 }  // namespace
-}  // namespace afd::deploy
+}  // namespace afd::diag

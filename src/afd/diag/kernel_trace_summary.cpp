@@ -1,4 +1,4 @@
-#include "afd/runtime/kernel_trace_summary.h"
+#include "afd/diag/kernel_trace_summary.h"
 
 #include <algorithm>
 #include <map>
@@ -7,7 +7,7 @@
 
 #include "afd/common/error.h"
 
-namespace afd::runtime {
+namespace afd::diag {
 
 KernelTraceSummary SummarizeKernelTrace(const std::vector<kernels::KernelSpan>& spans,
                                         int64_t first, int64_t count) {
@@ -95,4 +95,4 @@ KernelTraceSummary SummarizeKernelTrace(const std::vector<kernels::KernelSpan>& 
   return out;
 }
 
-}  // namespace afd::runtime
+}  // namespace afd::diag

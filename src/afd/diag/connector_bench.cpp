@@ -5,9 +5,9 @@
 #include <sstream>
 
 #include "afd/common/error.h"
-#include "afd/deploy/connector_check.h"
+#include "afd/diag/connector_check.h"
 
-namespace afd::deploy {
+namespace afd::diag {
 
 using connector::P2pConnector;
 using connector::RowFormat;
@@ -121,4 +121,4 @@ void RunConnectorBench(const ConnectorTestArgs& args, comm::AfdWorld& world, P2p
   report["bench"] = results;
 }
 
-}  // namespace afd::deploy
+}  // namespace afd::diag

@@ -1,4 +1,4 @@
-#include "afd/runtime/bench_decode.h"
+#include "afd/diag/bench_decode.h"
 
 #include <algorithm>
 #include <chrono>
@@ -9,7 +9,17 @@
 #include "afd/runtime/engine.h"
 #include "afd/runtime/request.h"
 
-namespace afd::runtime {
+namespace afd::diag {
+
+using runtime::CudaGraphOptions;
+using runtime::CudaGraphRunner;
+using runtime::Engine;
+using runtime::EngineOptions;
+using runtime::FinishReason;
+using runtime::GenerationStats;
+using runtime::RequestOutput;
+using runtime::RequestParams;
+using runtime::StepRunner;
 
 namespace {
 
@@ -384,4 +394,4 @@ BenchDecodeResult BenchDecode(const model::MoeModel& model, const BenchDecodeOpt
   return result;
 }
 
-}  // namespace afd::runtime
+}  // namespace afd::diag

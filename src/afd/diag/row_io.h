@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-namespace afd::deploy {
+namespace afd::diag {
 
 class RowIo {
  public:
@@ -36,4 +36,4 @@ std::unique_ptr<RowIo> MakeHostRowIo();
 // without CUDA and NCCL.
 std::unique_ptr<RowIo> MakeDeviceRowIo(int cuda_device, void* stream);
 
-}  // namespace afd::deploy
+}  // namespace afd::diag

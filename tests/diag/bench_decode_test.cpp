@@ -1,7 +1,7 @@
-// `afd bench decode` in one process (runtime::BenchDecode) on the CPU backend: one row per batch
+// `afd bench decode` in one process (diag::BenchDecode) on the CPU backend: one row per batch
 // size, the timed steps exclude the warm-up ones, the device time of a step's forward is within
 // its wall time, and bad options are refused naming them.
-#include "afd/runtime/bench_decode.h"
+#include "afd/diag/bench_decode.h"
 
 #include <gtest/gtest.h>
 
@@ -9,7 +9,7 @@
 #include "afd/kernels/cpu/cpu_backend.h"
 #include "afd/model/loader.h"
 
-namespace afd::runtime {
+namespace afd::diag {
 namespace {
 
 model::MoeModel TinyModel(kernels::Backend& backend) {
@@ -195,9 +195,9 @@ TEST(BenchDecode, RefusesPositionsPastTheModel) {
 }
 
 }  // namespace
-}  // namespace afd::runtime
+}  // namespace afd::diag
 
-namespace afd::runtime {
+namespace afd::diag {
 namespace {
 
 // Overlapping step spans (asynchronous scheduling) never make a negative host time.
@@ -211,4 +211,4 @@ TEST(BenchDecodeRow, HostTimeIsNeverNegative) {
 }
 
 }  // namespace
-}  // namespace afd::runtime
+}  // namespace afd::diag

@@ -11,7 +11,7 @@
 
 #include "afd/kernels/backend.h"
 
-namespace afd::runtime {
+namespace afd::diag {
 
 struct KernelTraceRow {
   std::string name;
@@ -37,4 +37,4 @@ struct KernelTraceSummary {
 KernelTraceSummary SummarizeKernelTrace(const std::vector<kernels::KernelSpan>& spans,
                                         int64_t first, int64_t count);
 
-}  // namespace afd::runtime
+}  // namespace afd::diag

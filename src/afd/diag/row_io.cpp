@@ -1,9 +1,9 @@
-#include "afd/deploy/row_io.h"
+#include "afd/diag/row_io.h"
 
 #include <cstdint>
 #include <cstring>
 
-namespace afd::deploy {
+namespace afd::diag {
 
 namespace {
 
@@ -42,4 +42,4 @@ class HostRowIo : public RowIo {
 
 std::unique_ptr<RowIo> MakeHostRowIo() { return std::make_unique<HostRowIo>(); }
 
-}  // namespace afd::deploy
+}  // namespace afd::diag

@@ -10,9 +10,9 @@
 #include "afd/comm/afd_world.h"
 #include "afd/config/afd_config.h"
 #include "afd/connector/p2p_connector.h"
-#include "afd/deploy/row_io.h"
+#include "afd/diag/row_io.h"
 
-namespace afd::deploy {
+namespace afd::diag {
 
 struct ConnectorTestArgs {
   std::string additional_config;
@@ -55,4 +55,4 @@ void RunAsyncConnectorTest(const ConnectorTestArgs& args, comm::AfdWorld& world,
 void RunConnectorBench(const ConnectorTestArgs& args, comm::AfdWorld& world,
                        connector::P2pConnector& conn, RowIo& io, nlohmann::json& report);
 
-}  // namespace afd::deploy
+}  // namespace afd::diag

@@ -5,9 +5,9 @@
 #include <string>
 #include <vector>
 
-namespace afd::runtime {
+namespace afd::diag {
 
 // Writes data (row-major, product of shape elements) to path; throws afd::Error on I/O errors.
 void WriteNpyF32(const std::string& path, const float* data, const std::vector<int64_t>& shape);
 
-}  // namespace afd::runtime
+}  // namespace afd::diag

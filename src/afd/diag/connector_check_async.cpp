@@ -17,9 +17,9 @@
 #include "afd/common/error.h"
 #include "afd/connector/async_connector.h"
 #include "afd/connector/dispatch_plan.h"
-#include "afd/deploy/connector_check.h"
+#include "afd/diag/connector_check.h"
 
-namespace afd::deploy {
+namespace afd::diag {
 
 namespace {
 
@@ -434,4 +434,4 @@ void RunAsyncConnectorTest(const ConnectorTestArgs& args, comm::AfdWorld& world,
   report["layers"] = layers;
 }
 
-}  // namespace afd::deploy
+}  // namespace afd::diag

@@ -1,10 +1,10 @@
-#include "afd/runtime/npy.h"
+#include "afd/diag/npy.h"
 
 #include <fstream>
 
 #include "afd/common/error.h"
 
-namespace afd::runtime {
+namespace afd::diag {
 
 void WriteNpyF32(const std::string& path, const float* data, const std::vector<int64_t>& shape) {
   std::string dims;  // "(2, 3)", and "(2,)" for one dimension
@@ -29,4 +29,4 @@ void WriteNpyF32(const std::string& path, const float* data, const std::vector<i
   AFD_CHECK(out.good(), "error writing {}", path);
 }
 
-}  // namespace afd::runtime
+}  // namespace afd::diag

@@ -1,7 +1,7 @@
 // Device rows for `afd connector-test --device cuda` (CUDA + NCCL builds).
 #include "afd/common/cuda_check.h"
 #include "afd/common/error.h"
-#include "afd/deploy/row_io.h"
+#include "afd/diag/row_io.h"
 
 #if AFD_WITH_NCCL
 #include <cuda_runtime.h>
@@ -10,7 +10,7 @@
 #include "afd/comm_nccl/selftest_kernels.h"
 #include "afd/connector/cuda/flag_kernels.h"
 
-namespace afd::deploy {
+namespace afd::diag {
 
 namespace {
 
@@ -113,16 +113,16 @@ std::unique_ptr<RowIo> MakeDeviceRowIo(int cuda_device, void* stream) {
   return std::make_unique<DeviceRowIo>(cuda_device, static_cast<cudaStream_t>(stream));
 }
 
-}  // namespace afd::deploy
+}  // namespace afd::diag
 
 #else
 
-namespace afd::deploy {
+namespace afd::diag {
 
 std::unique_ptr<RowIo> MakeDeviceRowIo(int, void*) {
   AFD_THROW("--device cuda: this afd was built without CUDA and NCCL");
 }
 
-}  // namespace afd::deploy
+}  // namespace afd::diag
 
 #endif

@@ -13,7 +13,7 @@
 
 #include "afd/deploy/deployment_run.h"
 
-namespace afd::deploy {
+namespace afd::diag {
 
 struct DeploymentBenchOptions {
   std::string model;
@@ -33,7 +33,7 @@ struct DeploymentBenchRow {
 };
 
 // Throws afd::Error naming the option or the rank process that failed.
-std::vector<DeploymentBenchRow> BenchDecodeOnDeployment(DeploymentSpec spec,
+std::vector<DeploymentBenchRow> BenchDecodeOnDeployment(deploy::DeploymentSpec spec,
                                                         const DeploymentBenchOptions& options);
 
 // `afd bench decode --topology --kernel-trace-csv CSV`: the rank processes of batch `batch`
@@ -46,4 +46,4 @@ std::vector<DeploymentBenchRow> BenchDecodeOnDeployment(DeploymentSpec spec,
 std::string RankTracePrefix(const std::string& csv, int64_t batch);
 void MergeRankTraces(const std::string& csv, const std::vector<int64_t>& batches);
 
-}  // namespace afd::deploy
+}  // namespace afd::diag

@@ -1,4 +1,4 @@
-#include "afd/deploy/deployment_bench.h"
+#include "afd/diag/deployment_bench.h"
 
 #include <algorithm>
 #include <charconv>
@@ -9,7 +9,9 @@
 #include "afd/model/loader.h"
 #include "afd/runtime/engine.h"
 
-namespace afd::deploy {
+namespace afd::diag {
+
+using deploy::DeploymentSpec;
 
 std::vector<DeploymentBenchRow> BenchDecodeOnDeployment(DeploymentSpec spec,
                                                         const DeploymentBenchOptions& o) {
@@ -129,4 +131,4 @@ void MergeRankTraces(const std::string& csv, const std::vector<int64_t>& batches
   AFD_CHECK(out.good(), "{}: writing it failed", csv);
 }
 
-}  // namespace afd::deploy
+}  // namespace afd::diag

@@ -1,7 +1,7 @@
 // SummarizeKernelTrace: graph replays found by (graph, launch id), each step's window from its
 // first kernel to the next replay's, and every instant of it counted once: idle, one kernel's
 // alone, or overlapped.
-#include "afd/runtime/kernel_trace_summary.h"
+#include "afd/diag/kernel_trace_summary.h"
 
 #include <gtest/gtest.h>
 
@@ -10,7 +10,7 @@
 
 #include "afd/common/error.h"
 
-namespace afd::runtime {
+namespace afd::diag {
 namespace {
 
 kernels::KernelSpan Span(const std::string& name, uint32_t graph, uint32_t launch,
@@ -86,4 +86,4 @@ TEST(KernelTraceSummary, TooFewReplaysAreNamed) {
 }
 
 }  // namespace
-}  // namespace afd::runtime
+}  // namespace afd::diag

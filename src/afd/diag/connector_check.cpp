@@ -2,7 +2,7 @@
 // nccl-tests: every row encodes (sender rank, token index, layer, stage, step), the FFN side checks
 // where each row came from and in which order, applies a known function, and the attention side
 // checks the result. With --bench it times round trips instead (docs/perf.md).
-#include "afd/deploy/connector_check.h"
+#include "afd/diag/connector_check.h"
 
 #include <fmt/format.h>
 #include <signal.h>
@@ -19,10 +19,14 @@
 #include "afd/config/afd_config.h"
 #include "afd/connector/p2p_connector.h"
 #include "afd/deploy/device_context.h"
-#include "afd/deploy/row_io.h"
 #include "afd/deploy/transport.h"
+#include "afd/diag/row_io.h"
 
-namespace afd::deploy {
+namespace afd::diag {
+
+using deploy::CheckConnectorImplemented;
+using deploy::DeviceContext;
+using deploy::MakeDeviceContext;
 
 namespace {
 
@@ -280,4 +284,4 @@ nlohmann::json RunConnectorTest(const ConnectorTestArgs& args, const AfdConfig& 
   }
 }
 
-}  // namespace afd::deploy
+}  // namespace afd::diag

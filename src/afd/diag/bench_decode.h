@@ -15,13 +15,13 @@
 #include <utility>
 #include <vector>
 
+#include "afd/diag/kernel_trace_summary.h"
 #include "afd/kernels/backend.h"
 #include "afd/model/model.h"
 #include "afd/runtime/cuda_graph_runner.h"
 #include "afd/runtime/engine.h"
-#include "afd/runtime/kernel_trace_summary.h"
 
-namespace afd::runtime {
+namespace afd::diag {
 
 struct BenchDecodeOptions {
   std::vector<int64_t> batch_sizes = {1, 16, 64, 256};
@@ -30,9 +30,9 @@ struct BenchDecodeOptions {
   // 16,384 and 63 of 128: a long chat beside short ones): one row of that batch, instead of
   // batch_sizes x context. The floor counts each sequence's own cache.
   std::vector<std::pair<int64_t, int64_t>> context_mix;
-  int64_t steps = 32;       // timed decode steps
-  uint64_t seed = 0;        // prompt ids
-  CudaGraphOptions graphs;  // decode steps replay CUDA graphs unless graphs.enforce_eager
+  int64_t steps = 32;                // timed decode steps
+  uint64_t seed = 0;                 // prompt ids
+  runtime::CudaGraphOptions graphs;  // decode steps replay CUDA graphs unless graphs.enforce_eager
   // Per-op device time of the decode steps (eager: graphs are turned off while profiling) and,
   // apart, of the prefill (and mixed) steps.
   bool profile = false;
@@ -46,7 +46,7 @@ struct BenchDecodeOptions {
   // prefilled in chunks of it (chunked prefill). The sequences of earlier waves decode during
   // the later ones (untimed mixed steps); the timed steps start once every sequence is running.
   int64_t prefill_tokens_per_step = 65536;
-  AsyncScheduling async_scheduling = AsyncScheduling::kAuto;  // EngineOptions'
+  runtime::AsyncScheduling async_scheduling = runtime::AsyncScheduling::kAuto;  // EngineOptions'
 };
 
 // Model FLOPs per token of a `context`-token prompt's prefill, averaged over its positions: 2 x
@@ -95,4 +95,4 @@ double MeasureCopyBandwidth(kernels::Backend& backend);
 // The model must hold every expert. Throws afd::Error for bad options.
 BenchDecodeResult BenchDecode(const model::MoeModel& model, const BenchDecodeOptions& options);
 
-}  // namespace afd::runtime
+}  // namespace afd::diag
