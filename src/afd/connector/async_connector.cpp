@@ -398,12 +398,14 @@ AsyncConnector::~AsyncConnector() {
     watchdog_cv_.notify_all();
     watchdog_.join();
   }
+#ifdef AFD_WITH_CUDA
   if (stream_flags_) {
     // Device sequencing: fail any wait still pending (a failing deployment) so that the
     // stream drains.
     if (device_seqs_) stream_flags_->Abort(-1);
     ReleaseDeviceWaits();
   }
+#endif
 }
 
 namespace {
