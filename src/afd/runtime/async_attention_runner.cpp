@@ -311,9 +311,7 @@ int AsyncAttentionRunner::ChooseStages(int64_t n, bool prefill) const {
   const AsyncOptions& o = world_.config().async_options;
   if (o.async_moe_ubatching)
     return static_cast<int>(std::min<int64_t>(o.async_moe_num_ubatches, n));
-  if (!dbo_.enabled) return 1;
-  const int64_t threshold = prefill ? dbo_.prefill_token_threshold : dbo_.decode_token_threshold;
-  return n >= std::max<int64_t>(threshold, 2) ? 2 : 1;
+  return dbo_.Splits(n, prefill) ? 2 : 1;
 }
 
 // Token offsets of the micro-batches: an even token split ("token"), or the sequence boundaries

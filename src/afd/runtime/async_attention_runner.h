@@ -35,7 +35,7 @@
 #include "afd/connector/async_connector.h"
 #include "afd/model/model.h"
 #include "afd/runtime/cuda_graph_runner.h"
-#include "afd/runtime/p2p_attention_runner.h"
+#include "afd/runtime/dbo_options.h"
 #include "afd/runtime/step_runner.h"
 #include "afd/runtime/tp_group.h"
 

@@ -121,9 +121,7 @@ P2pStepShape DecideP2pStep(const std::vector<int64_t>& v, int A, const DboOption
   }
   if (!any || !all_graph) shape.graph_bucket = 0;
   if (shape.graph_bucket > 0) {
-    shape.stages =
-        dbo.enabled && shape.graph_bucket >= std::max<int64_t>(dbo.decode_token_threshold, 2) ? 2
-                                                                                              : 1;
+    shape.stages = dbo.Splits(shape.graph_bucket, /*prefill=*/false) ? 2 : 1;
   } else {
     shape.stages = any && all_dbo ? 2 : 1;
   }
@@ -182,11 +180,7 @@ std::vector<int64_t> P2pAttentionRunner::ExchangeCounts(const model::ForwardBatc
   v[3 * A + me] = n > 0 ? graph_bucket : 0;
   v[me] = n;
   v[A + me] = active ? 1 : 0;
-  if (dbo_.enabled && n > 0) {
-    const int64_t threshold =
-        batch.HasPrefill() ? dbo_.prefill_token_threshold : dbo_.decode_token_threshold;
-    v[2 * A + me] = n >= std::max<int64_t>(threshold, 2) ? 1 : 0;  // two non-empty halves
-  }
+  v[2 * A + me] = dbo_.Splits(n, batch.HasPrefill()) ? 1 : 0;
   attention_world_->AllReduce(v.data(), v.size(), DType::kI64, comm::ReduceOp::kSum);
   return v;
 }

@@ -46,17 +46,11 @@
 #include "afd/connector/p2p_connector.h"
 #include "afd/model/model.h"
 #include "afd/runtime/cuda_graph_runner.h"
+#include "afd/runtime/dbo_options.h"
 #include "afd/runtime/generator.h"
 #include "afd/runtime/tp_group.h"
 
 namespace afd::runtime {
-
-// vLLM's DBO settings: micro-batching is used when a step's tokens reach the threshold.
-struct DboOptions {
-  bool enabled = false;
-  int64_t decode_token_threshold = 32;    // decode-only steps
-  int64_t prefill_token_threshold = 512;  // steps with prefill tokens
-};
 
 // The MoE layers of the P2P attention role (a MoeBackend in the model's layer loop): Start sends
 // this TP rank's share of the micro-batch's rows (and their routing when the gate runs here),
