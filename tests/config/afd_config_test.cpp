@@ -52,8 +52,6 @@ TEST(AfdConfig, Seed000ExampleWholeAndBare) {
     EXPECT_TRUE(c.compute_gate_on_attention);
     EXPECT_EQ(c.afd_process_group_timeout_s, 30);
   }
-  EXPECT_TRUE(HasAfdSection(R"({"afd": {}})"));
-  EXPECT_FALSE(HasAfdSection(R"({"x": {}})"));
 }
 
 TEST(AfdConfig, NormalizedJsonHasCanonicalNamesAndDefaults) {

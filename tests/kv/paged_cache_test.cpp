@@ -27,7 +27,6 @@ TEST(PagedKvCache, BlocksTablesSlotsAndRelease) {
   EXPECT_EQ(cache.capacity(b), 4);
   EXPECT_EQ(cache.Slot(a, 5), cache.block_table(a)[1] * 4 + 1);
   EXPECT_THROW(cache.Slot(a, 12), Error);
-  EXPECT_THROW(cache.SetLength(b, 5), Error);
   cache.Release(a);
   EXPECT_EQ(cache.num_free_blocks(), 4);
   EXPECT_TRUE(cache.Reserve(b, 17));

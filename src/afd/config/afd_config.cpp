@@ -135,11 +135,6 @@ AfdConfig FromCanonical(const json& a) {
 
 }  // namespace
 
-bool HasAfdSection(std::string_view json_text) {
-  const json root = jf::ParseStrict(json_text, "additional config");
-  return root.is_object() && root.contains("afd");
-}
-
 AfdConfig ParseAfdConfig(std::string_view json_text) {
   const json root = jf::ParseStrict(json_text, "AFD config");
   AFD_CHECK(root.is_object(), "AFD config: must be a JSON object, got {}", jf::Describe(root));

@@ -92,10 +92,6 @@ struct AfdConfig {
 // defaults and validates. Throws afd::Error naming the field, value and rule.
 AfdConfig ParseAfdConfig(std::string_view json_text);
 
-// True when the text is a JSON object with an "afd" key (AFD enabled for --additional-config).
-// Throws afd::Error when the text is not valid JSON.
-bool HasAfdSection(std::string_view json_text);
-
 // The normalized config: canonical names, every default filled in, as a JSON object text.
 // connector_extra_config holds the connector's options ({} for the P2P connectors).
 std::string AfdConfigToJson(const AfdConfig& config, int indent = 2);

@@ -49,13 +49,6 @@ int64_t PagedKvCache::capacity(int64_t seq) const {
   return static_cast<int64_t>(Get(seq).blocks.size()) * shape_.block_size;
 }
 
-void PagedKvCache::SetLength(int64_t seq, int64_t length) {
-  AFD_CHECK(length >= 0 && length <= capacity(seq),
-            "KV cache: sequence {} length {} exceeds its {} reserved positions", seq, length,
-            capacity(seq));
-  const_cast<Sequence&>(Get(seq)).length = length;
-}
-
 const std::vector<int32_t>& PagedKvCache::block_table(int64_t seq) const { return Get(seq).blocks; }
 
 int64_t PagedKvCache::Slot(int64_t seq, int64_t pos) const {

@@ -55,7 +55,6 @@ class PagedKvCache {
   void Release(int64_t seq);
   // Positions of `seq` already written (the position of its next token).
   int64_t length(int64_t seq) const;
-  void SetLength(int64_t seq, int64_t length);
   int64_t capacity(int64_t seq) const;  // reserved positions
   const std::vector<int32_t>& block_table(int64_t seq) const;
   // The slot of position `pos` < capacity(seq).

@@ -41,15 +41,6 @@ void SoftmaxInPlace(float* x, int64_t count) {
   for (int64_t i = 0; i < count; ++i) x[i] *= inv;
 }
 
-void LogSoftmax(const float* x, int64_t count, float* out) {
-  float max = x[0];
-  for (int64_t i = 1; i < count; ++i) max = std::fmax(max, x[i]);
-  double sum = 0.0;
-  for (int64_t i = 0; i < count; ++i) sum += std::exp(static_cast<double>(x[i]) - max);
-  const double log_sum = std::log(sum) + max;
-  for (int64_t i = 0; i < count; ++i) out[i] = static_cast<float>(x[i] - log_sum);
-}
-
 float Dot(const float* a, const float* b, int64_t count) {
   constexpr int kLanes = 16;
   float acc[kLanes] = {};

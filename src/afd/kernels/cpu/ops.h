@@ -19,9 +19,6 @@ void SiluMul(const float* gate_up, int64_t n, int64_t inter, float* out);
 // In place softmax of x[0, count).
 void SoftmaxInPlace(float* x, int64_t count);
 
-// out[i] = log_softmax(x)[i] for x[0, count); out may alias x.
-void LogSoftmax(const float* x, int64_t count, float* out);
-
 // Σ a[i]·b[i] over 16 fp32 lanes in a fixed order (vectorizable, deterministic).
 float Dot(const float* a, const float* b, int64_t count);
 
