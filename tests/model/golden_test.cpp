@@ -94,9 +94,8 @@ TEST_P(GoldenTest, LogitsAndGreedyMatchTransformers) {
 INSTANTIATE_TEST_SUITE_P(Cases, GoldenTest,
                          ::testing::Values("v2_greedy_yarn", "v2_group_limited", "v3_noaux_tc",
                                            "v3_sharded", "v3_trained", "v3_trained_fp8",
-                                           "v2_tied_fp16",
-                                           "v3_wide_fp32", "v2_odd_sharded", "qwen3_gqa",
-                                           "qwen3_sparse_tied", "qwen3_trained",
+                                           "v2_tied_fp16", "v3_wide_fp32", "v2_odd_sharded",
+                                           "qwen3_gqa", "qwen3_sparse_tied", "qwen3_trained",
                                            "qwen3_legacy_config"));
 
 }  // namespace

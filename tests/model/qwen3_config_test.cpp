@@ -113,7 +113,7 @@ TEST(Qwen3Config, SparseStepAndMlpOnlyLayersMakeTheLayout) {
   for (int64_t l = 0; l < 6; ++l) layout += c.IsMoeLayer(l) ? 'M' : 'D';
   EXPECT_EQ(layout, "DMDDDM");  // (l + 1) % 2 == 0, but layer 3 dense
   EXPECT_EQ(c.MoeLayers(), (std::vector<int>{1, 5}));
-  j["num_experts"] = 0;         // transformers: no experts, every layer dense
+  j["num_experts"] = 0;  // transformers: no experts, every layer dense
   const ModelConfig dense = ParseModelConfig(j.dump(), "config.json");
   for (int64_t l = 0; l < 6; ++l) EXPECT_FALSE(dense.IsMoeLayer(l)) << l;
   EXPECT_EQ(dense.num_moe_layers(), 0);

@@ -33,8 +33,8 @@ class NcclCommunicator : public comm::Communicator {
  public:
   // Collective over the group. `device`: this rank's CUDA device; `stream`: where operations go
   // (0: the legacy default stream). Throws afd::Error naming the group and ranks on failure.
-  static std::unique_ptr<NcclCommunicator> Create(comm::Store& store, const comm::GroupSpec& spec, int device,
-                                                  cudaStream_t stream);
+  static std::unique_ptr<NcclCommunicator> Create(comm::Store& store, const comm::GroupSpec& spec,
+                                                  int device, cudaStream_t stream);
   ~NcclCommunicator() override;
 
   int rank() const override { return spec_.rank; }
@@ -80,8 +80,9 @@ std::string GpuIdentity(int device);
 // unless set), the loaded NCCL checked against the one built against, `device` made current,
 // and no two of the `size` ranks on one GPU (each publishes its GPU under "gpu/<rank>" of
 // `store`, a store of the group's own). Throws afd::Error naming the ranks (`labels`).
-void CheckNcclRankSetup(comm::Store& store, int rank, int size, const std::vector<std::string>& labels,
-                        int device, double timeout_s, const std::string& group);
+void CheckNcclRankSetup(comm::Store& store, int rank, int size,
+                        const std::vector<std::string>& labels, int device, double timeout_s,
+                        const std::string& group);
 
 // Unique id `index` of a group: rank 0 makes it and publishes it in `store`; every rank reads it.
 ncclUniqueId ShareNcclUniqueId(comm::Store& store, int index, int rank, double timeout_s,

@@ -52,7 +52,8 @@ std::unique_ptr<NcclWindow> NcclWindow::Create(comm::AfdWorld& world, size_t byt
   std::vector<std::string> labels;
   for (int r = 0; r < size; ++r) labels.push_back(world.Describe(r));
   try {
-    comm_nccl::CheckNcclRankSetup(store, self, size, labels, cuda_device, timeout, "the NCCL window");
+    comm_nccl::CheckNcclRankSetup(store, self, size, labels, cuda_device, timeout,
+                                  "the NCCL window");
   } catch (const Error& e) {
     AFD_THROW(
         "{} (connector_extra_config.window \"nccl\" needs one GPU per rank; ranks that "
@@ -62,7 +63,7 @@ std::unique_ptr<NcclWindow> NcclWindow::Create(comm::AfdWorld& world, size_t byt
   const ncclUniqueId id = comm_nccl::ShareNcclUniqueId(store, 0, self, timeout, "the NCCL window");
   std::unique_ptr<NcclWindow> w(new NcclWindow(bytes, size, self, cuda_device));
   const ncclComm_t comm = comm_nccl::InitNcclComms({id}, size, self, cuda_device, timeout,
-                                              fmt::format("the NCCL window on {}", me))[0];
+                                                   fmt::format("the NCCL window on {}", me))[0];
   w->comm_ = comm;
   auto check = [&](ncclResult_t r, const char* call) {
     AFD_CHECK(r == ncclSuccess, "{} (cuda:{}): {} failed for its {:.1f} MiB NCCL window: {} ({})",

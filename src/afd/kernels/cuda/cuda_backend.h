@@ -147,9 +147,9 @@ class CudaBackend : public Backend {
 
   int device_;
   std::string name_;
-  bool tf32_ = false;    // AllowTf32
+  bool tf32_ = false;     // AllowTf32
   bool fp8_mma_ = false;  // the device has the e4m3 mma (compute capability 8.9 or above)
-  FormOverrides forms_;  // SetFormOverrides
+  FormOverrides forms_;   // SetFormOverrides
   std::unique_ptr<State> state_;
 };
 

@@ -233,9 +233,8 @@ __device__ __forceinline__ void MmaCompute(const Fp8Frags<kGroup>& f,
 template <int kTiles>
 __device__ __forceinline__ void MmaTailFp8(const uint8_t* wa, const uint8_t* wb, const float* sa,
                                            const float* sb, int64_t kb, int off, int t,
-                                           const uint8_t* const (&xr)[kTiles][2],
-                                           const float* sg, int nb, int tiles,
-                                           float (&acc)[kTiles][2][4]) {
+                                           const uint8_t* const (&xr)[kTiles][2], const float* sg,
+                                           int nb, int tiles, float (&acc)[kTiles][2][4]) {
   const int back = off - 8 * t;  // 16t + off - 8t = off + 8t
   const uint2 w[2] = {LoadStream8(wa + back), LoadStream8(wb + back)};
   const int64_t wblock = (kb + off) >> 7;
@@ -426,8 +425,7 @@ __global__ void __launch_bounds__(kWarps * 32, 16 / kWarps)  // 128 registers
       }
       if constexpr (kFp8) {
         if (kn % kChunk != 0) {
-          MmaTailFp8(wa + kb, wb + kb, sa, sb, kb, chunks * kChunk, t, xr, sg, nblocks, tiles,
-                     acc);
+          MmaTailFp8(wa + kb, wb + kb, sa, sb, kb, chunks * kChunk, t, xr, sg, nblocks, tiles, acc);
         }
       }
     }
@@ -518,16 +516,15 @@ MmaLaunch PlanMma(int64_t m, int64_t k, int64_t n_out, bool swiglu, int64_t num_
     const int64_t pieces = (blocks * 128 + max_piece - 1) / max_piece;
     p.piece = static_cast<int>((blocks + pieces - 1) / pieces * 128);
     p.halves = p.tiles == 1 && pieces > 1 ? 2 : 1;
-    p.smem = static_cast<size_t>(p.halves * pass_rows) *
-             (Fp8Stride(p.piece) + 4 * Fp8Blocks(p.piece));
+    p.smem =
+        static_cast<size_t>(p.halves * pass_rows) * (Fp8Stride(p.piece) + 4 * Fp8Blocks(p.piece));
   } else {
     const int64_t max_piece = (row_bytes / 2 - 32) / 32 * 32;
     const int64_t pieces = (k + max_piece - 1) / max_piece;
     p.piece = static_cast<int>((k / 32 + pieces - 1) / pieces * 32);
     // One m tile over more than one piece: two halves of warps over K (GroupedMma, kHalves).
     p.halves = p.tiles == 1 && pieces > 1 ? 2 : 1;
-    p.smem =
-        static_cast<size_t>(p.halves * pass_rows) * MmaStride(p.piece) * sizeof(__nv_bfloat16);
+    p.smem = static_cast<size_t>(p.halves * pass_rows) * MmaStride(p.piece) * sizeof(__nv_bfloat16);
   }
   p.warps = (wide ? 8 : 4) * p.tiles * p.halves;
   // Experts: at most m have rows (ActiveExpert maps z to the z-th of them).
@@ -596,8 +593,8 @@ void LaunchGroupedMma(const __nv_bfloat16* x, int64_t m, int64_t k, const void* 
                                   nullptr, s);
   } else {
     AFD_CHECK(!bf16_out, "GroupedMma: a bf16 output is for the SwiGLU projection only");
-    LaunchMma<false, false, false>(x, nullptr, m, k, w_ptrs, nullptr, offsets, num_local, n_out,
-                                   y, nullptr, s);
+    LaunchMma<false, false, false>(x, nullptr, m, k, w_ptrs, nullptr, offsets, num_local, n_out, y,
+                                   nullptr, s);
   }
 }
 
@@ -609,8 +606,8 @@ void LaunchGroupedMmaFp8(const uint8_t* xq, const float* x_scales, int64_t m, in
     LaunchMma<true, false, true>(xq, x_scales, m, k, w_ptrs, s_ptrs, offsets, num_local, n_out, y,
                                  nullptr, s);
   } else {
-    LaunchMma<false, false, true>(xq, x_scales, m, k, w_ptrs, s_ptrs, offsets, num_local, n_out,
-                                  y, nullptr, s);
+    LaunchMma<false, false, true>(xq, x_scales, m, k, w_ptrs, s_ptrs, offsets, num_local, n_out, y,
+                                  nullptr, s);
   }
 }
 

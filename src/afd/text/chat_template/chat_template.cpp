@@ -8,7 +8,9 @@
 namespace afd::text {
 
 ChatTemplate::ChatTemplate(const std::string& source)
-    : body_(std::make_unique<chat_template::Body>(chat_template::Parse(chat_template::Lex(source)))) {}
+    : body_(
+          std::make_unique<chat_template::Body>(chat_template::Parse(chat_template::Lex(source)))) {
+}
 
 ChatTemplate::~ChatTemplate() = default;
 
@@ -16,7 +18,8 @@ std::string ChatTemplate::Render(const nlohmann::ordered_json& context) const {
   AFD_CHECK(context.is_object(), "chat template context must be a JSON object");
   chat_template::Value globals = chat_template::Value::MakeDict();
   chat_template::AddGlobalFunctions(&globals);
-  for (const auto& [k, v] : context.items()) globals.dict().Set(k, chat_template::Value::FromJson(v));
+  for (const auto& [k, v] : context.items())
+    globals.dict().Set(k, chat_template::Value::FromJson(v));
   chat_template::Interpreter interpreter(globals);
   return interpreter.Render(*body_);
 }
