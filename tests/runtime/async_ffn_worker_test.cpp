@@ -24,7 +24,7 @@
 #include "afd/connector/async_connector.h"
 #include "afd/kernels/cpu/cpu_backend.h"
 #include "afd/model/loader.h"
-#include "afd/runtime/async_attention_runner.h"
+#include "afd/runtime/async_attention.h"
 #include "afd/tensor/workspace.h"
 
 namespace afd::runtime {

@@ -29,5 +29,22 @@ TEST(DboOptions, SplitsAtTheStepKindsThresholdIntoTwoNonEmptyHalves) {
   EXPECT_TRUE(dbo.Splits(2, true));
 }
 
+TEST(DboOptions, StagesAreTwoWhereItSplitsOrTheFixedCountAtMostTheTokens) {
+  DboOptions dbo;
+  dbo.enabled = true;
+  EXPECT_EQ(dbo.Stages(31, false), 1);
+  EXPECT_EQ(dbo.Stages(32, false), 2);
+  EXPECT_EQ(dbo.Stages(511, true), 1);
+  // The async connector's async_moe_ubatching: every step, whatever the thresholds (and DBO
+  // off), as many micro-batches as asked while each has a token.
+  DboOptions fixed;
+  fixed.fixed_stages = 3;
+  EXPECT_EQ(fixed.Stages(1, false), 1);
+  EXPECT_EQ(fixed.Stages(2, true), 2);
+  EXPECT_EQ(fixed.Stages(3, false), 3);
+  EXPECT_EQ(fixed.Stages(1000, true), 3);
+  EXPECT_EQ(fixed.Stages(0, false), 1);
+}
+
 }  // namespace
 }  // namespace afd::runtime

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "afd/common/error.h"
-#include "afd/runtime/p2p_attention_runner.h"
+#include "afd/runtime/p2p_attention.h"
 #include "afd/runtime/p2p_ffn_worker.h"
 
 namespace afd::runtime {
@@ -23,29 +23,29 @@ std::vector<int64_t> Exchanged(const std::vector<int64_t>& counts,
   return v;
 }
 
-TEST(P2pStepShape, EveryRankWithTokensReplaysTheLargestGraphSize) {
+TEST(DecideP2pStep, EveryRankWithTokensReplaysTheLargestGraphSize) {
   const DboOptions off;
-  const P2pStepShape s = DecideP2pStep(Exchanged({3, 7, 1}, {0, 0, 0}, {4, 8, 1}), 3, off);
+  const ReplicaStep s = DecideP2pStep(Exchanged({3, 7, 1}, {0, 0, 0}, {4, 8, 1}), 3, off);
   EXPECT_EQ(s.graph_bucket, 8);
   EXPECT_EQ(s.stages, 1);
 }
 
-TEST(P2pStepShape, RanksWithoutTokensDoNotObject) {
+TEST(DecideP2pStep, RanksWithoutTokensDoNotObject) {
   const DboOptions off;
   EXPECT_EQ(DecideP2pStep(Exchanged({0, 5}, {0, 0}, {0, 8}), 2, off).graph_bucket, 8);
   // No rank has tokens: nothing to replay.
   EXPECT_EQ(DecideP2pStep(Exchanged({0, 0}, {0, 0}, {0, 0}), 2, off).graph_bucket, 0);
 }
 
-TEST(P2pStepShape, OneEagerRankMakesTheWholeStepEager) {
+TEST(DecideP2pStep, OneEagerRankMakesTheWholeStepEager) {
   // Rank 1 has a prefill (or a batch above the largest size): no graph size.
   const DboOptions off;
-  const P2pStepShape s = DecideP2pStep(Exchanged({4, 9}, {0, 0}, {4, 0}), 2, off);
+  const ReplicaStep s = DecideP2pStep(Exchanged({4, 9}, {0, 0}, {4, 0}), 2, off);
   EXPECT_EQ(s.graph_bucket, 0);
   EXPECT_EQ(s.stages, 1);
 }
 
-TEST(P2pStepShape, GraphStepsTakeTheirMicroBatchesFromTheGraphSize) {
+TEST(DecideP2pStep, GraphStepsTakeTheirMicroBatchesFromTheGraphSize) {
   DboOptions dbo;
   dbo.enabled = true;
   dbo.decode_token_threshold = 8;
@@ -63,7 +63,7 @@ TEST(P2pStepShape, GraphStepsTakeTheirMicroBatchesFromTheGraphSize) {
 }
 
 // Seed 000 / afd-plugin #261, #270: a matching token count alone never replays an FFN graph.
-TEST(P2pStepShape, OnlyAFlaggedStepMapsToAnFfnGraph) {
+TEST(DecideP2pStep, OnlyAFlaggedStepMapsToAnFfnGraph) {
   connector::StepMetadata decode;
   decode.num_stages = 1;
   decode.num_attention_ranks = 2;
@@ -86,7 +86,7 @@ TEST(P2pStepShape, OnlyAFlaggedStepMapsToAnFfnGraph) {
   EXPECT_NE(*FfnGraphKeyOf(other), *key);
 }
 
-TEST(P2pStepShape, RefusesAVectorOfTheWrongLength) {
+TEST(DecideP2pStep, RefusesAVectorOfTheWrongLength) {
   EXPECT_THROW(DecideP2pStep(std::vector<int64_t>(6, 0), 2, DboOptions{}), Error);
 }
 

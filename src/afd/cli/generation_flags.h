@@ -9,7 +9,7 @@
 #include "afd/deploy/kv_sizing.h"
 #include "afd/model/loader.h"
 #include "afd/runtime/generator.h"
-#include "afd/runtime/p2p_attention_runner.h"
+#include "afd/runtime/dbo_options.h"
 
 namespace CLI {
 class App;

@@ -16,9 +16,9 @@
 #include "afd/deploy/replica_serve.h"
 #include "afd/deploy/transport.h"
 #include "afd/model/model_config.h"
-#include "afd/runtime/async_attention_runner.h"
+#include "afd/runtime/async_attention.h"
 #include "afd/runtime/async_ffn_worker.h"
-#include "afd/runtime/p2p_attention_runner.h"
+#include "afd/runtime/p2p_attention.h"
 #include "afd/runtime/p2p_ffn_worker.h"
 #include "afd/topology/expert_range.h"
 #include "afd/topology/parallel.h"
@@ -178,11 +178,9 @@ std::unique_ptr<runtime::ReplicaRunner> MakeAttentionRunner(const WorkerOptions&
                                                             comm::AfdWorld& world,
                                                             Connectors& conns) {
   if (conns.async) {
-    return std::make_unique<runtime::AsyncAttentionRunner>(model, world, *conns.async, o.tp, o.dbo,
-                                                           o.graphs);
+    return runtime::MakeAsyncAttentionReplica(model, world, *conns.async, o.tp, o.dbo, o.graphs);
   }
-  return std::make_unique<runtime::P2pAttentionRunner>(model, world, *conns.p2p, o.tp, o.dbo,
-                                                       o.graphs);
+  return runtime::MakeP2pAttentionReplica(model, world, *conns.p2p, o.tp, o.dbo, o.graphs);
 }
 
 std::unique_ptr<runtime::FfnRole> MakeFfnRole(const WorkerOptions& o, const model::MoeModel& model,

@@ -12,7 +12,7 @@
 #include "afd/runtime/cuda_graph_runner.h"
 #include "afd/runtime/engine.h"
 #include "afd/runtime/generator.h"
-#include "afd/runtime/p2p_attention_runner.h"
+#include "afd/runtime/dbo_options.h"
 
 namespace afd::deploy {
 

@@ -1,4 +1,4 @@
-#include "afd/runtime/async_attention_runner.h"
+#include "afd/runtime/async_attention.h"
 
 #include <algorithm>
 #include <cstring>
@@ -8,59 +8,6 @@
 #include "afd/kernels/afd_exchange.h"
 
 namespace afd::runtime {
-
-AsyncAttentionRunner::AsyncAttentionRunner(const model::MoeModel& model, comm::AfdWorld& world,
-                                           connector::AsyncConnector& connector, int tp,
-                                           DboOptions dbo, CudaGraphOptions graphs)
-    : model_(model), world_(world), connector_(connector), dbo_(dbo) {
-  AFD_CHECK(world.self().role == Role::kAttention, "AsyncAttentionRunner on an FFN rank");
-  AFD_CHECK(model.backend().device().is_cpu() != connector.device_rows(),
-            "{}: the attention role runs on {} but the connector's rows are in {} memory",
-            world.config().connector, model.backend().name(),
-            connector.device_rows() ? "device" : "host");
-  const Topology& t = world.topology();
-  const AsyncOptions& o = world.config().async_options;
-  const int64_t heads = model.config().num_attention_heads;
-  AFD_CHECK(tp >= 1 && t.num_attention() % tp == 0 && tp <= heads,
-            "attention tensor-parallel size {}: must divide num_attention_ranks ({}) and not "
-            "exceed the model's {} attention heads",
-            tp, t.num_attention(), heads);
-  AFD_CHECK(o.attn_ranks_per_dp == tp,
-            "afd.connector_extra_config.attn_ranks_per_dp is {}, but the attention role runs {} "
-            "rank(s) per data-parallel replica (its tensor-parallel size): leave it out, or set "
-            "them equal",
-            o.attn_ranks_per_dp, tp);
-  if (tp > 1) {
-    AFD_CHECK(model.backend().device().is_cpu(),
-              "{}: attention tensor parallelism (tp {}) runs on CPU ranks; on {} run one "
-              "attention rank per data-parallel replica",
-              world.config().connector, tp, model.backend().name());
-    const int me = world.self().rank, dp_rank = me / tp;
-    tp_rank_ = me % tp;
-    std::vector<int> replica;
-    for (int i = 0; i < tp; ++i)
-      replica.push_back(t.WorldRank({Role::kAttention, dp_rank * tp + i}));
-    tp_comm_ = world.CreateGroup(fmt::format("attention_tp_{}", dp_rank), replica);
-    tp_group_ = std::make_unique<TpGroup>(*tp_comm_, heads, model.config().value_head_dim());
-  }
-  AFD_CHECK(!dbo.enabled || o.ring_depth >= 2,
-            "--enable-dbo with {} needs two ring slots per peer: "
-            "connector_extra_config.ring_depth is {} (leave it out, or set 2)",
-            world.config().connector, o.ring_depth);
-  AFD_CHECK(model.config().num_experts_per_tok >= 1 && model.config().n_routed_experts >= 1,
-            "{}: the model has no routed experts", world.config().connector);
-  moe_ =
-      std::make_unique<AsyncAttentionMoe>(model, world, connector, tp, tp_rank_, tp_group_.get());
-  if (!graphs.enforce_eager && model.backend().SupportsGraphs() && connector.device_sequenced() &&
-      tp == 1) {
-    graphs_ = std::make_unique<CudaGraphRunner>(model, static_cast<GraphedStep&>(*this), graphs);
-  }
-}
-
-AsyncAttentionRunner::~AsyncAttentionRunner() = default;
-
-int64_t AsyncAttentionRunner::graph_steps() const { return graphs_ ? graphs_->graph_steps() : 0; }
-int64_t AsyncAttentionRunner::num_captures() const { return graphs_ ? graphs_->num_captures() : 0; }
 
 AsyncAttentionMoe::AsyncAttentionMoe(const model::MoeModel& model, comm::AfdWorld& world,
                                      connector::AsyncConnector& connector, int tp, int tp_rank,
@@ -307,16 +254,49 @@ std::vector<double> AsyncAttentionMoe::TakeRoundTrips() {
   return out;
 }
 
-int AsyncAttentionRunner::ChooseStages(int64_t n, bool prefill) const {
-  const AsyncOptions& o = world_.config().async_options;
-  if (o.async_moe_ubatching)
-    return static_cast<int>(std::min<int64_t>(o.async_moe_num_ubatches, n));
-  return dbo_.Splits(n, prefill) ? 2 : 1;
+AsyncStepCoordinator::AsyncStepCoordinator(const model::MoeModel& model, comm::AfdWorld& world,
+                                           connector::AsyncConnector& connector,
+                                           const ReplicaGroup& group, const DboOptions& dbo)
+    : model_(model),
+      world_(world),
+      connector_(connector),
+      moe_(model, world, connector, group.tp, group.tp_rank, group.tp_group) {
+  const AsyncOptions& o = world.config().async_options;
+  AFD_CHECK(model.backend().device().is_cpu() != connector.device_rows(),
+            "{}: the attention role runs on {} but the connector's rows are in {} memory",
+            world.config().connector, model.backend().name(),
+            connector.device_rows() ? "device" : "host");
+  AFD_CHECK(o.attn_ranks_per_dp == group.tp,
+            "afd.connector_extra_config.attn_ranks_per_dp is {}, but the attention role runs {} "
+            "rank(s) per data-parallel replica (its tensor-parallel size): leave it out, or set "
+            "them equal",
+            o.attn_ranks_per_dp, group.tp);
+  AFD_CHECK(!dbo.enabled || o.ring_depth >= 2,
+            "--enable-dbo with {} needs two ring slots per peer: "
+            "connector_extra_config.ring_depth is {} (leave it out, or set 2)",
+            world.config().connector, o.ring_depth);
+  AFD_CHECK(model.config().num_experts_per_tok >= 1 && model.config().n_routed_experts >= 1,
+            "{}: the model has no routed experts", world.config().connector);
+}
+
+void AsyncStepCoordinator::BeginStep() {
+  AFD_CHECK(!shut_down_, "{}: a step after the shutdown was announced",
+            world_.Describe(world_.world_rank()));
+  connector_.CheckDevice();  // the device waits of the steps before
+}
+
+ReplicaStep AsyncStepCoordinator::Plan(const model::ForwardBatch& batch, int64_t bucket,
+                                       const DboOptions& dbo) {
+  ReplicaStep plan;
+  plan.graph_bucket = bucket;
+  plan.stages = bucket > 0 ? dbo.Stages(bucket, /*prefill=*/false)
+                           : dbo.Stages(batch.size(), batch.HasPrefill());
+  return plan;
 }
 
 // Token offsets of the micro-batches: an even token split ("token"), or the sequence boundaries
 // nearest to it ("request", the default; fewer stages when there are fewer sequences).
-std::vector<int64_t> AsyncAttentionRunner::SplitPoints(const model::ForwardBatch& b,
+std::vector<int64_t> AsyncStepCoordinator::SplitPoints(const model::ForwardBatch& b,
                                                        int stages) const {
   const int64_t n = b.size();
   std::vector<int64_t> points = {0};
@@ -337,78 +317,33 @@ std::vector<int64_t> AsyncAttentionRunner::SplitPoints(const model::ForwardBatch
   return points;
 }
 
-Tensor AsyncAttentionRunner::Forward(const model::ForwardBatch& batch, kv::PagedKvCache& cache,
-                                     Workspace& ws) {
-  AFD_CHECK(!shut_down_, "{}: a step after the shutdown was announced",
-            world_.Describe(world_.world_rank()));
-  AFD_CHECK(batch.size() >= 1,
-            "AsyncAttentionRunner: an empty step (the async connector runs none)");
-  connector_.CheckDevice();  // the device waits of the steps before
-  const Tensor logits = graphs_ ? graphs_->Forward(batch, cache, ws) : Eager(batch, cache, ws);
-  ++steps_;
-  dbo_steps_ += last_dbo_;
-  return logits;
-}
-
-Tensor AsyncAttentionRunner::Eager(const model::ForwardBatch& batch, kv::PagedKvCache& cache,
-                                   Workspace& ws) {
-  model_.CheckBatch(batch, cache);
-  const model::StepInputs in = model_.Upload(batch, ws);
-  model::LayerLoop loop;
-  // Stage s's MoE of layer l is combined just before its attention of layer l + 1, so the FFN
-  // serves it while the other stages attend.
-  loop.splits = SplitPoints(batch, ChooseStages(batch.size(), batch.HasPrefill()));
-  loop.tp = tp_group_.get();
-  const Tensor logits = model_.RunLayers(in, &cache, *moe_, ws, loop);
-  model::MoeModel::CommitBatch(batch, cache);
-  last_dbo_ = loop.splits.size() > 2;
-  moe_->EndStep();
-  return logits;
-}
-
-// A graph's body: a decode bucket (one token per sequence, so the request split is the token
-// split), every row's logits.
-Tensor AsyncAttentionRunner::Body(const model::StepInputs& in, kv::PagedKvCache& cache,
-                                  Workspace& ws) {
-  model::LayerLoop loop;
-  const int stages = ChooseStages(in.n, /*prefill=*/false);
-  loop.splits = {0};
-  for (int s = 1; s < stages; ++s) {
-    const int64_t at = SplitOffset(in.n, stages, s);
-    if (at > loop.splits.back() && at < in.n) loop.splits.push_back(at);
-  }
-  loop.splits.push_back(in.n);
-  const Tensor logits = model_.RunLayers(in, &cache, *moe_, ws, loop);
-  last_dbo_ = loop.splits.size() > 2;
-  moe_->EndStep();
-  return logits;
-}
-
-void AsyncAttentionRunner::BeginCapture() { connector_.BeginCapture(); }
-
-int AsyncAttentionRunner::EndCapture() {
-  captures_.push_back({connector_.EndCapture(), last_dbo_});
+int AsyncStepCoordinator::EndCapture() {
+  captures_.push_back(connector_.EndCapture());
   return static_cast<int>(captures_.size()) - 1;
 }
 
-void AsyncAttentionRunner::Replayed(int token) {
-  const Capture& c = captures_.at(token);
-  connector_.Replayed(c.seqs);
-  last_dbo_ = c.dbo;
+StepCoordinator::Idle AsyncStepCoordinator::IdleStep(bool active, const DboOptions& /*dbo*/) {
+  if (active) return {ReplicaRunner::IdleResult::kNoneBusy, 1};
+  if (!shut_down_) {
+    model_.backend().Synchronize();
+    connector_.CheckDevice();
+    connector_.AnnounceShutdown();
+    shut_down_ = true;
+  }
+  return {ReplicaRunner::IdleResult::kShutdown, 1};
 }
 
-ReplicaRunner::IdleResult AsyncAttentionRunner::Idle(bool active) {
-  if (active) return IdleResult::kNoneBusy;
-  Drain();
-  return IdleResult::kShutdown;
-}
-
-void AsyncAttentionRunner::Drain() {
-  if (shut_down_) return;
-  model_.backend().Synchronize();
-  connector_.CheckDevice();
-  connector_.AnnounceShutdown();
-  shut_down_ = true;
+std::unique_ptr<AttentionReplica> MakeAsyncAttentionReplica(const model::MoeModel& model,
+                                                            comm::AfdWorld& world,
+                                                            connector::AsyncConnector& connector,
+                                                            int tp, DboOptions dbo,
+                                                            CudaGraphOptions graphs) {
+  const AsyncOptions& o = world.config().async_options;
+  if (o.async_moe_ubatching) dbo.fixed_stages = static_cast<int>(o.async_moe_num_ubatches);
+  return std::make_unique<AttentionReplica>(
+      model, world, tp, dbo, graphs, [&](const ReplicaGroup& group) {
+        return std::make_unique<AsyncStepCoordinator>(model, world, connector, group, dbo);
+      });
 }
 
 }  // namespace afd::runtime

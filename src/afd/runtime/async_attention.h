@@ -1,4 +1,6 @@
-// The AFD attention role's forward step over the asynchronous window connector.
+// The AFD attention role over the asynchronous window connector: its MoE layers
+// (AsyncAttentionMoe) and its step coordinator (AsyncStepCoordinator) in the attention replica
+// (runtime/attention_replica.h).
 //
 // Each data-parallel replica runs on its own: no all-reduce, no step metadata, no empty steps.
 // A replica without work sends nothing; a replica that is done announces its shutdown to every
@@ -34,9 +36,8 @@
 #include "afd/comm/afd_world.h"
 #include "afd/connector/async_connector.h"
 #include "afd/model/model.h"
-#include "afd/runtime/cuda_graph_runner.h"
+#include "afd/runtime/attention_replica.h"
 #include "afd/runtime/dbo_options.h"
-#include "afd/runtime/step_runner.h"
 #include "afd/runtime/tp_group.h"
 
 namespace afd::runtime {
@@ -108,65 +109,56 @@ class AsyncAttentionMoe : public model::MoeBackend {
   std::vector<double> round_trips_;
 };
 
-// CUDA graphs (a GPU backend with graphs, a device-sequenced connector, one rank per replica,
-// not `graphs.enforce_eager`): decode steps are replayed per batch bucket like the monolithic
-// CudaGraphRunner -- attention, routing, the dispatch writes, the header and flag kernels, the
-// waits for the replies, the combine and the logits in one graph. Its dispatches carry
-// kSlotGraph, so that the FFN role may replay its own graphs for them; everything else (a
-// prefill, a batch above the largest size) runs eagerly.
-class AsyncAttentionRunner : public ReplicaRunner, private GraphedStep {
+// The async connector's part of an attention replica: nothing to agree before a step; each step
+// starts by checking the device waits of the steps before; micro-batches cut at request
+// boundaries (connector_extra_config.async_moe_split "request", the default) or evenly
+// ("token"); a step's replies checked after its layers. CUDA graphs (a device-sequenced
+// connector): decode steps replayed per batch bucket -- attention, routing, the dispatch writes,
+// the header and flag kernels, the waits for the replies, the combine and the logits in one
+// graph -- whose dispatches carry kSlotGraph, so that the FFN role may replay its own graphs for
+// them. A replica without work sends nothing; once done it announces its shutdown to every FFN
+// rank (IdleStep(false)).
+class AsyncStepCoordinator : public StepCoordinator {
  public:
-  // `model`, `world` and `connector` must outlive the runner. tp: the attention ranks of one
-  // replica (tensor parallelism; > 1 on CPU ranks only).
-  AsyncAttentionRunner(const model::MoeModel& model, comm::AfdWorld& world,
-                       connector::AsyncConnector& connector, int tp, DboOptions dbo = {},
-                       CudaGraphOptions graphs = {});
-  ~AsyncAttentionRunner() override;
+  // All must outlive this. dbo: the replica's (checked against the ring depth).
+  AsyncStepCoordinator(const model::MoeModel& model, comm::AfdWorld& world,
+                       connector::AsyncConnector& connector, const ReplicaGroup& group,
+                       const DboOptions& dbo);
 
-  Tensor Forward(const model::ForwardBatch& batch, kv::PagedKvCache& cache, Workspace& ws) override;
-  bool TakesDeviceIds() const override { return true; }  // Upload and the graphs take them
-  // Steps replayed from graphs, and graphs captured (0 without graphs).
-  int64_t graph_steps() const override;
-  int64_t num_captures() const override;
+  model::MoeBackend& moe() override { return moe_; }
+  bool AllowsGraphs() const override { return connector_.device_sequenced(); }
+  bool RunsEmptySteps() const override { return false; }
+  void BeginStep() override;
+  ReplicaStep Plan(const model::ForwardBatch& batch, int64_t bucket,
+                   const DboOptions& dbo) override;
+  std::vector<int64_t> SplitPoints(const model::ForwardBatch& batch, int stages) const override;
+  void EndLayers() override { moe_.EndStep(); }
+  void BeginCapture() override { connector_.BeginCapture(); }
+  int EndCapture() override;
+  void Replayed(int token) override { connector_.Replayed(captures_.at(token)); }
   // kNoneBusy while `active` (nothing to do: wait for requests); otherwise announces the
   // shutdown (once) and returns kShutdown.
-  IdleResult Idle(bool active) override;
-  // Announces this replica's shutdown to every FFN rank (once).
-  void Drain() override;
-  void RecordRoundTrips() override { moe_->RecordRoundTrips(); }
-  std::vector<double> TakeRoundTrips() override { return moe_->TakeRoundTrips(); }
-
-  int64_t steps() const override { return steps_; }
-  int64_t dbo_steps() const override { return dbo_steps_; }
+  Idle IdleStep(bool active, const DboOptions& dbo) override;
+  void RecordRoundTrips() override { moe_.RecordRoundTrips(); }
+  std::vector<double> TakeRoundTrips() override { return moe_.TakeRoundTrips(); }
 
  private:
-  int ChooseStages(int64_t n, bool prefill) const;
-  std::vector<int64_t> SplitPoints(const model::ForwardBatch& batch, int stages) const;
-  // GraphedStep: the eager step, and the body a graph captures.
-  Tensor Eager(const model::ForwardBatch& batch, kv::PagedKvCache& cache, Workspace& ws) override;
-  Tensor Body(const model::StepInputs& in, kv::PagedKvCache& cache, Workspace& ws) override;
-  void BeginCapture() override;
-  int EndCapture() override;
-  void Replayed(int token) override;
-
   const model::MoeModel& model_;
   comm::AfdWorld& world_;
   connector::AsyncConnector& connector_;
-  int tp_rank_ = 0;
-  std::unique_ptr<comm::Communicator> tp_comm_;  // null when tp == 1
-  std::unique_ptr<TpGroup> tp_group_;            // null when tp == 1
-  std::unique_ptr<AsyncAttentionMoe> moe_;
-  DboOptions dbo_;
-  std::unique_ptr<CudaGraphRunner> graphs_;  // null: every step eager
-  struct Capture {
-    connector::AsyncConnector::Captured seqs;
-    bool dbo = false;
-  };
-  std::vector<Capture> captures_;  // by EndCapture's token
-  bool last_dbo_ = false;          // whether the last step ran as micro-batches
-  int64_t steps_ = 0;
-  int64_t dbo_steps_ = 0;
+  AsyncAttentionMoe moe_;
+  std::vector<connector::AsyncConnector::Captured> captures_;  // by EndCapture's token
   bool shut_down_ = false;
 };
+
+// An attention replica over the asynchronous window connector. `model`, `world` and `connector`
+// must outlive it. tp: the attention ranks of one replica (tensor parallelism; > 1 on CPU ranks
+// only). With connector_extra_config.async_moe_ubatching every step runs as
+// async_moe_num_ubatches micro-batches.
+std::unique_ptr<AttentionReplica> MakeAsyncAttentionReplica(const model::MoeModel& model,
+                                                            comm::AfdWorld& world,
+                                                            connector::AsyncConnector& connector,
+                                                            int tp, DboOptions dbo = {},
+                                                            CudaGraphOptions graphs = {});
 
 }  // namespace afd::runtime
