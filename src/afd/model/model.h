@@ -128,18 +128,37 @@ class MoeModel {
   // Router of MoE `layer`: ids, weights: [n, k] (ids ascending per token).
   void Route(int64_t layer, const Tensor& hidden, const Tensor& ids, const Tensor& weights,
              Workspace& ws) const;
+  // One MoE layer's expert pass on the experts loaded here: the one form the in-process MoE,
+  // the FFN roles and expert parallelism run.
+  //   1. beside (Backend::Beside): the shared experts of rows [0, shared_rows) -> shared_out;
+  //   2. the slots grouped by local expert: `route` runs the router here first (ids and weights
+  //      are then its outputs; fused with the grouping, Backend::RouteAndPermute), else the
+  //      given ids are grouped (MoePermute; slots of experts not loaded here are skipped);
+  //   3. every grouped slot through its expert (GatheredExpertMlp) -> pair_out, grouped by
+  //      expert, unweighted; row_of_slot: where each slot's output is (-1: not here);
+  //   4. the shared experts joined; with `out`, the combine: out[i] = Σ_j weights[i, j] ·
+  //      pair_out[row_of_slot[i, j]] over slots ascending, from zero, + shared_out[i] for
+  //      i < shared_rows (routed + shared, as transformers adds them).
+  // Without `out` nothing is combined: the caller combines (its rows go to several places) or
+  // sends pair_out back as it is. Tensors left empty are taken from ws.
+  struct ExpertPassArgs {
+    Tensor rows;              // [N, H] f32
+    Tensor ids, weights;      // [N, k'] i32 / f32, k' <= k (expert-parallel rows carry one slot)
+    bool route = false;       // ids, weights [N, k]: written by the router (needs the gate here)
+    int64_t shared_rows = 0;  // needs the shared experts here when > 0
+    Tensor shared_out;        // [shared_rows, H]
+    Tensor pair_out;          // [N · min(k', local experts), H]
+    Tensor row_of_slot;       // [N, k'] i32
+    Tensor out;               // [N, H]; empty: no combine
+  };
+  struct ExpertPassOutputs {
+    Tensor pair_out, row_of_slot, shared_out;
+  };
+  ExpertPassOutputs ExpertPass(int64_t layer, const ExpertPassArgs& args, Workspace& ws) const;
   // out: [n, H] = Σ over each token's slots whose expert is loaded here (ascending) of
-  // weight · expert(hidden), from zero.
+  // weight · expert(hidden), from zero (the expert pass with the given routing, combined).
   void RoutedExperts(int64_t layer, const Tensor& hidden, const Tensor& ids, const Tensor& weights,
                      const Tensor& out, Workspace& ws) const;
-  // Route then RoutedExperts in one (the router and the grouping of the slots as one backend
-  // op, Backend::RouteAndPermute): the in-process MoE layer. ids, weights: [n, k] outputs.
-  // shared_out: null, or the shared experts' output being computed beside this call
-  // (Backend::Beside): joined before the combine and added to each token's weighted sum
-  // (out = routed + shared, Backend::MoeCombineAdd).
-  void RouteAndRoutedExperts(int64_t layer, const Tensor& hidden, const Tensor& ids,
-                             const Tensor& weights, const Tensor* shared_out, const Tensor& out,
-                             Workspace& ws) const;
   // out: [n, H] = shared experts(hidden) (the term AddSharedExperts adds). The model must have
   // shared experts (has_shared_experts()).
   void SharedExperts(int64_t layer, const Tensor& hidden, const Tensor& out, Workspace& ws) const;
@@ -153,10 +172,6 @@ class MoeModel {
   Tensor Logits(const Tensor& x, const StepInputs& in, Workspace& ws) const;
 
  private:
-  // A MoE layer's slots grouped by local expert (MoePermute's outputs).
-  struct Grouping {
-    Tensor offsets, src_row, row_of_slot;
-  };
   void Mlp(const MlpWeights& w, const Tensor& x, const Tensor& out, Workspace& ws) const;
   // The attention of each kind (Attention's contract, after the input norm).
   void MlaAttention(int64_t layer, const StepInputs& in, kv::PagedKvCache& cache,
@@ -167,11 +182,6 @@ class MoeModel {
                     Workspace& ws) const;
   // The router of MoE `layer`, checked to be here.
   const MoeWeights& RouterOf(int64_t layer) const;
-  Grouping TakeGrouping(int64_t layer, int64_t n, Workspace& ws) const;
-  // out = Σ weight · expert(hidden) over the grouped slots, from zero (+ *shared_out after
-  // JoinBeside, as RouteAndRoutedExperts says).
-  void GroupedExperts(int64_t layer, const Tensor& hidden, const Tensor& weights, const Grouping& g,
-                      const Tensor* shared_out, const Tensor& out, Workspace& ws) const;
 
   ModelConfig config_;
   bool bf16_attention_ = false;

@@ -1,4 +1,6 @@
 // The MoE block of MoeModel on this process's experts, and the in-process MoeBackend.
+#include <algorithm>
+
 #include "afd/common/error.h"
 #include "afd/model/model.h"
 
@@ -19,49 +21,64 @@ const MoeWeights& MoeModel::RouterOf(int64_t layer) const {
   return w;
 }
 
-MoeModel::Grouping MoeModel::TakeGrouping(int64_t layer, int64_t n, Workspace& ws) const {
-  const int64_t local = weights_.layers[layer].moe.experts.num_experts();
-  const int64_t k = config_.num_experts_per_tok;
-  return {ws.Take(DType::kI32, {local + 1}), ws.Take(DType::kI32, {n * k}),
-          ws.Take(DType::kI32, {n, k})};
+MoeModel::ExpertPassOutputs MoeModel::ExpertPass(int64_t layer, const ExpertPassArgs& a,
+                                                 Workspace& ws) const {
+  const kernels::ExpertWeights& experts = weights_.layers[layer].moe.experts;
+  const int64_t N = a.rows.dim(0), H = config_.hidden_size, local = experts.num_experts();
+  const int64_t k = a.route ? config_.num_experts_per_tok : a.ids.dim(1);
+  AFD_CHECK(a.ids.dim(0) == N && a.ids.dim(1) == k && k >= 1 && k <= config_.num_experts_per_tok,
+            "layer {}: the expert pass of {} rows got ids [{}, {}] ({} slots a token at most)",
+            layer, N, a.ids.dim(0), a.ids.dim(1), config_.num_experts_per_tok);
+  AFD_CHECK(a.shared_rows >= 0 && a.shared_rows <= N,
+            "layer {}: shared experts for {} of the pass's {} rows", layer, a.shared_rows, N);
+  const int64_t m = N * std::min(k, local);  // slots that can be here
+  ExpertPassOutputs o;
+  o.shared_out = a.shared_out.empty() && a.shared_rows > 0
+                     ? ws.Take(DType::kF32, {a.shared_rows, H})
+                     : a.shared_out;
+  if (a.shared_rows > 0) {
+    backend_.Beside([&] { SharedExperts(layer, a.rows.Rows(0, a.shared_rows), o.shared_out, ws); },
+                    a.shared_rows);
+  }
+  o.pair_out = a.pair_out.empty() ? ws.Take(DType::kF32, {m, H}) : a.pair_out;
+  o.row_of_slot = a.row_of_slot.empty() ? ws.Take(DType::kI32, {N, k}) : a.row_of_slot;
+  if (N > 0) {
+    const Tensor offsets = ws.Take(DType::kI32, {local + 1});
+    const Tensor src_row = ws.Take(DType::kI32, {N * k});
+    if (a.route) {
+      const MoeWeights& w = RouterOf(layer);
+      const Tensor logits = ws.Take(DType::kF32, {N, config_.n_routed_experts});
+      backend_.RouteAndPermute(a.rows, w.gate, w.e_score_correction_bias, router_spec_, logits,
+                               a.ids, a.weights, experts.expert_begin, local, offsets, src_row,
+                               o.row_of_slot);
+    } else {
+      backend_.MoePermute(a.ids, experts.expert_begin, local, offsets, src_row, o.row_of_slot);
+    }
+    const Tensor grouped = ws.Take(DType::kF32, {m, H});
+    backend_.GatheredExpertMlp(a.rows, src_row.Rows(0, m), grouped, offsets, experts, o.pair_out);
+  }
+  if (a.shared_rows > 0) backend_.JoinBeside();  // the shared experts' output is written
+  if (a.out.empty() || N == 0) return o;
+  const int64_t S = a.shared_rows;
+  if (S > 0) {
+    backend_.MoeCombineAdd(o.pair_out, o.row_of_slot.Rows(0, S), a.weights.Rows(0, S), o.shared_out,
+                           a.out.Rows(0, S));
+  }
+  if (N > S) {
+    backend_.MoeCombine(o.pair_out, o.row_of_slot.Rows(S, N - S), a.weights.Rows(S, N - S),
+                        /*accumulate=*/false, a.out.Rows(S, N - S));
+  }
+  return o;
 }
 
 void MoeModel::RoutedExperts(int64_t layer, const Tensor& hidden, const Tensor& ids,
                              const Tensor& weights, const Tensor& out, Workspace& ws) const {
-  const kernels::ExpertWeights& experts = weights_.layers[layer].moe.experts;
-  const Grouping g = TakeGrouping(layer, hidden.dim(0), ws);
-  backend_.MoePermute(ids, experts.expert_begin, experts.num_experts(), g.offsets, g.src_row,
-                      g.row_of_slot);
-  GroupedExperts(layer, hidden, weights, g, nullptr, out, ws);
-}
-
-void MoeModel::RouteAndRoutedExperts(int64_t layer, const Tensor& hidden, const Tensor& ids,
-                                     const Tensor& weights, const Tensor* shared_out,
-                                     const Tensor& out, Workspace& ws) const {
-  const MoeWeights& w = RouterOf(layer);
-  const Tensor logits = ws.Take(DType::kF32, {hidden.dim(0), config_.n_routed_experts});
-  const Grouping g = TakeGrouping(layer, hidden.dim(0), ws);
-  backend_.RouteAndPermute(hidden, w.gate, w.e_score_correction_bias, router_spec_, logits, ids,
-                           weights, w.experts.expert_begin, w.experts.num_experts(), g.offsets,
-                           g.src_row, g.row_of_slot);
-  GroupedExperts(layer, hidden, weights, g, shared_out, out, ws);
-}
-
-void MoeModel::GroupedExperts(int64_t layer, const Tensor& hidden, const Tensor& weights,
-                              const Grouping& g, const Tensor* shared_out, const Tensor& out,
-                              Workspace& ws) const {
-  const kernels::ExpertWeights& experts = weights_.layers[layer].moe.experts;
-  const int64_t n = hidden.dim(0), k = config_.num_experts_per_tok, h = config_.hidden_size;
-  // Every slot may land here: size the grouped rows for all of them.
-  const Tensor grouped = ws.Take(DType::kF32, {n * k, h});
-  const Tensor expert_out = ws.Take(DType::kF32, {n * k, h});
-  backend_.GatheredExpertMlp(hidden, g.src_row, grouped, g.offsets, experts, expert_out);
-  if (shared_out == nullptr) {
-    backend_.MoeCombine(expert_out, g.row_of_slot, weights, /*accumulate=*/false, out);
-    return;
-  }
-  backend_.JoinBeside();  // the shared experts' output is written
-  backend_.MoeCombineAdd(expert_out, g.row_of_slot, weights, *shared_out, out);
+  ExpertPassArgs a;
+  a.rows = hidden;
+  a.ids = ids;
+  a.weights = weights;
+  a.out = out;
+  ExpertPass(layer, a, ws);
 }
 
 void MoeModel::SharedExperts(int64_t layer, const Tensor& hidden, const Tensor& out,
@@ -87,17 +104,17 @@ void LocalMoeBackend::Start(int64_t layer, int /*stage*/, const Tensor& hidden, 
   const int64_t n = hidden.dim(0), k = c.num_experts_per_tok;
   AFD_CHECK(model_.weights().layers[layer].moe.experts.num_experts() == c.n_routed_experts,
             "in-process MoE needs every routed expert loaded");
-  // The shared experts beside the routed ones (both only read `hidden`), added after them by the
-  // combine: out = routed + shared, as AddSharedExperts adds them.
-  const bool shared = !model_.weights().layers[layer].moe.shared.empty() && n > 0;
-  const Tensor shared_out = shared ? ws.Take(DType::kF32, {n, c.hidden_size}) : Tensor();
-  if (shared) {
-    model_.backend().Beside([&] { model_.SharedExperts(layer, hidden, shared_out, ws); }, n);
-  }
-  const Tensor ids = ws.Take(DType::kI32, {n, k});
-  const Tensor weights = ws.Take(DType::kF32, {n, k});
-  model_.RouteAndRoutedExperts(layer, hidden, ids, weights, shared ? &shared_out : nullptr, out,
-                               ws);
+  // The shared experts beside the router and the routed ones (all only read `hidden`), added
+  // by the combine: out = routed + shared, as AddSharedExperts adds them.
+  MoeModel::ExpertPassArgs a;
+  a.rows = hidden;
+  a.route = true;
+  a.shared_rows = model_.has_shared_experts(layer) ? n : 0;
+  if (a.shared_rows > 0) a.shared_out = ws.Take(DType::kF32, {n, c.hidden_size});
+  a.ids = ws.Take(DType::kI32, {n, k});
+  a.weights = ws.Take(DType::kF32, {n, k});
+  a.out = out;
+  model_.ExpertPass(layer, a, ws);
 }
 
 }  // namespace afd::model

@@ -11,24 +11,12 @@
 
 namespace afd::runtime {
 
-struct AsyncFfnWorker::Graph {
-  std::unique_ptr<kernels::OpGraph> graph;
-  connector::AsyncConnector::Captured seqs;
-};
-
-struct AsyncFfnWorker::GraphMemory {
-  explicit GraphMemory(Allocator& allocator) : ws(allocator) {}
-  Workspace ws;
-  int64_t chunk_allocations = -1;  // when its first graph was captured
-  std::vector<Key> graphs;
-};
-
 AsyncFfnWorker::~AsyncFfnWorker() = default;
 
 std::vector<std::pair<std::string, int64_t>> AsyncFfnWorker::Counters() const {
   return {{"rows", rows_served_},        {"graph_items", graph_items_},
           {"items_ahead", items_ahead_}, {"gathered_items", gathered_items_},
-          {"groups", groups_},           {"graph_captures", num_captures_}};
+          {"groups", groups_},           {"graph_captures", num_captures()}};
 }
 
 namespace {
@@ -47,7 +35,6 @@ AsyncFfnWorker::AsyncFfnWorker(const model::MoeModel& model, comm::AfdWorld& wor
       world_(world),
       connector_(connector),
       ws_(model.backend()),
-      graphs_enabled_(graphs && model.backend().SupportsGraphs() && connector.device_sequenced()),
       gather_(world.config().async_options.ffn_gather && world.topology().num_attention() > 1),
       lockstep_(model.config().MoeLayers(), world.topology().num_attention(),
                 connector.layout().ring_depth) {
@@ -56,8 +43,11 @@ AsyncFfnWorker::AsyncFfnWorker(const model::MoeModel& model, comm::AfdWorld& wor
             "{}: the FFN role runs on {} but the connector's rows are in {} memory",
             world.config().connector, model.backend().name(),
             connector.device_rows() ? "device" : "host");
-  follow_ahead_ = graphs_enabled_ && world.topology().num_attention() == 1 &&
-                  connector.layout().ring_depth == 1;
+  if (graphs && model.backend().SupportsGraphs() && connector.device_sequenced()) {
+    graphs_ = std::make_unique<Graphs>(model.backend(), connector, /*sync_before_capture=*/false);
+  }
+  follow_ahead_ =
+      graphs_ && world.topology().num_attention() == 1 && connector.layout().ring_depth == 1;
   const int me = world.self().rank;
   begin_ = connector.expert_begin(me);
   end_ = begin_ + connector.num_local_experts(me);
@@ -98,8 +88,7 @@ void AsyncFfnWorker::FollowAhead(const Key& key) {
   if (next >= c.num_hidden_layers) return;  // the step's last MoE layer
   Key k = key;
   k.layer = next;
-  const auto it = graphs_.find(k);
-  if (it == graphs_.end()) return;  // not captured yet: the host serves it
+  if (!graphs_->Has(k)) return;  // not captured yet: the host serves it
   const int64_t n = tokens, top = c.num_experts_per_tok;
   connector::ExpectedSlot e;
   e.flags = static_cast<uint16_t>(flags);
@@ -112,8 +101,7 @@ void AsyncFfnWorker::FollowAhead(const Key& key) {
   e.table_entries = 2 * n * top;
   const uint64_t seq = connector_.SeenSeq(sender, stage) + 1;
   connector_.Claim(sender, stage, seq, e);
-  it->second->graph->Replay();
-  connector_.Replayed(it->second->seqs);
+  graphs_->Replay(k);
   ahead_ = Ahead{k, seq};
 }
 
@@ -279,7 +267,7 @@ void AsyncFfnWorker::Serve(const Group& group) {
   int64_t rows = 0;
   for (const connector::SlotHeader& h : group) rows += h.num_tokens;
   model_.backend().SetStepRows(rows);
-  if (graphs_enabled_ && (group.front().flags & connector::kSlotGraph) && tokens) {
+  if (graphs_ && (group.front().flags & connector::kSlotGraph) && tokens) {
     ServeFromGraph(group);
     return;
   }
@@ -291,67 +279,11 @@ void AsyncFfnWorker::ServeFromGraph(const Group& group) {
   const Key key = KeyOf(group);
   int64_t tokens = 0;
   for (const connector::SlotHeader& h : group) tokens += h.num_tokens;
-  if (auto it = graphs_.find(key); it != graphs_.end()) {
-    it->second->graph->Replay();
-    connector_.Replayed(it->second->seqs);
+  if (graphs_->Serve(key, tokens, [&](Workspace& ws) { Compute(group, ws); }) ==
+      Graphs::Served::kReplayed) {
     graph_items_ += static_cast<int64_t>(group.size());
     FollowAhead(key);
-    return;
   }
-  kernels::Backend& backend = model_.backend();
-  std::unique_ptr<GraphMemory>& memory = graph_memory_[tokens];
-  if (!memory) memory = std::make_unique<GraphMemory>(backend);
-  Workspace& ws = memory->ws;
-  const auto drop_if_grown = [&] {
-    if (memory->chunk_allocations < 0 || ws.chunk_allocations() == memory->chunk_allocations) {
-      return;
-    }
-    for (const Key& k : memory->graphs) graphs_.erase(k);  // they point into released memory
-    memory->graphs.clear();
-    memory->chunk_allocations = -1;
-  };
-  if (warmed_.insert(key).second) {  // the key's first item: eagerly, in the graphs' memory
-    ws.Reset();
-    Compute(group, ws);
-    ws.Reset();
-    drop_if_grown();
-    return;
-  }
-  ws.Reset();
-  drop_if_grown();
-  const int64_t chunks = ws.chunk_allocations();
-  connector_.BeginCapture();
-  backend.BeginCapture();
-  std::unique_ptr<kernels::OpGraph> graph;
-  try {
-    Compute(group, ws);
-  } catch (...) {
-    backend.EndCapture();
-    connector_.EndCapture();
-    throw;
-  }
-  graph = backend.EndCapture();
-  connector::AsyncConnector::Captured seqs = connector_.EndCapture();
-  ++num_captures_;
-  if (ws.chunk_allocations() != chunks) {
-    // It outgrew the memory while capturing: serve this one eagerly; the next one captures
-    // into the merged memory.
-    ws.Reset();
-    Compute(group, ws);
-    ws.Reset();
-    drop_if_grown();
-    return;
-  }
-  if (memory->chunk_allocations < 0) memory->chunk_allocations = ws.chunk_allocations();
-  memory->graphs.push_back(key);
-  auto g = std::make_unique<Graph>();
-  g->graph = std::move(graph);
-  g->seqs = std::move(seqs);
-  g->graph->Replay();
-  connector_.Replayed(g->seqs);
-  graphs_[key] = std::move(g);
-  graph_items_ += static_cast<int64_t>(group.size());
-  FollowAhead(key);
 }
 
 void AsyncFfnWorker::Compute(std::span<const connector::SlotHeader> group, Workspace& ws) {
@@ -426,30 +358,24 @@ void AsyncFfnWorker::Compute(std::span<const connector::SlotHeader> group, Works
       }
     }
   }
-  // Grouped by local expert here (rows past the sender's tokens for this rank carry ids -1).
+  // The expert pass over the concatenation (rows past a sender's tokens for this rank carry ids
+  // -1), the shared experts of the first S_all rows beside it; with per-pair replies its outputs
+  // are written straight into the reply slot.
   const int64_t m_pairs = N * std::min(k, local);  // pairs this rank can own
-  const Tensor offsets = ws.Take(DType::kI32, {local + 1});
-  const Tensor src_row = ws.Take(DType::kI32, {N * k});
   const connector::AsyncConnector::RowViews& reply0 = members[0].reply;
-  const Tensor row_of_slot =
-      pairs ? Tensor(reply0.table, DType::kI32, {N, k}, dev) : ws.Take(DType::kI32, {N, k});
-  const Tensor y = pairs ? Tensor(reply0.routed, DType::kF32, {m_pairs, H}, dev)
-                         : ws.Take(DType::kF32, {m_pairs, H});
-  // The shared experts of this rank's share of tokens beside the routed ones (Backend::Beside:
-  // a second stream on a GPU).
-  const Tensor shared_out = pairs ? Tensor(reply0.shared, DType::kF32, {S_all, H}, dev)
-                                  : ws.Take(DType::kF32, {S_all, H});
-  if (S_all > 0) {
-    backend.Beside([&] { model_.SharedExperts(h0.layer, x.Rows(0, S_all), shared_out, ws); },
-                   S_all);
+  model::MoeModel::ExpertPassArgs pass;
+  pass.rows = x;
+  pass.ids = ids;
+  pass.shared_rows = S_all;
+  if (pairs) {
+    pass.row_of_slot = Tensor(reply0.table, DType::kI32, {N, k}, dev);
+    pass.pair_out = Tensor(reply0.routed, DType::kF32, {m_pairs, H}, dev);
+    pass.shared_out = Tensor(reply0.shared, DType::kF32, {S_all, H}, dev);
   }
-  if (N > 0) {
-    backend.MoePermute(ids, begin_, local, offsets, src_row, row_of_slot);
-    const Tensor grouped = ws.Take(DType::kF32, {m_pairs, H});
-    backend.GatheredExpertMlp(x, src_row.Rows(0, m_pairs), grouped, offsets,
-                              model_.weights().layers[h0.layer].moe.experts, y);
-  }
-  backend.JoinBeside();
+  const model::MoeModel::ExpertPassOutputs done = model_.ExpertPass(h0.layer, pass, ws);
+  const Tensor& y = done.pair_out;
+  const Tensor& row_of_slot = done.row_of_slot;
+  const Tensor& shared_out = done.shared_out;
   if (!pairs) {
     // One partial sum per row: the model's combine over the row's slots here, ascending, from
     // zero (+ the shared experts for the first S rows), as the monolithic MoE adds them.

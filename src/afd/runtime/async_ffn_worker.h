@@ -46,10 +46,8 @@
 
 #include <cstdint>
 #include <deque>
-#include <map>
 #include <memory>
 #include <optional>
-#include <set>
 #include <span>
 #include <utility>
 #include <vector>
@@ -58,6 +56,7 @@
 #include "afd/connector/async_connector.h"
 #include "afd/model/model.h"
 #include "afd/runtime/ffn_gather.h"
+#include "afd/runtime/ffn_graph_cache.h"
 #include "afd/runtime/ffn_role.h"
 
 namespace afd::runtime {
@@ -79,7 +78,7 @@ class AsyncFfnWorker : public FfnRole {
   int64_t rows_served() const { return rows_served_; }
   int64_t graph_items() const { return graph_items_; }  // work items replayed from graphs
   int64_t items_ahead() const { return items_ahead_; }  // of those: enqueued ahead of their rows
-  int64_t num_captures() const { return num_captures_; }
+  int64_t num_captures() const { return graphs_ ? graphs_->num_captures() : 0; }
   int64_t gathered_items() const { return gathered_items_; }  // served in a group of several
   int64_t groups() const { return groups_; }                  // such groups
   int64_t expert_begin() const { return begin_; }
@@ -111,7 +110,6 @@ class AsyncFfnWorker : public FfnRole {
   connector::AsyncConnector& connector_;
   int64_t begin_, end_;
   Workspace ws_;  // reset every work item
-  bool graphs_enabled_ = false;
   bool gather_ = false;
   SenderLockstep lockstep_;
   std::deque<connector::ReceivedSlot> pending_;  // received while gathering, not served yet
@@ -121,13 +119,9 @@ class AsyncFfnWorker : public FfnRole {
     auto operator<=>(const Key&) const = default;
   };
   static Key KeyOf(const Group& group);
-  struct Graph;
-  // The graphs of one token count share one workspace (their shapes are alike and they never
-  // run at once); graphs taken from it are dropped if it ever has to grow.
-  struct GraphMemory;
-  std::map<Key, std::unique_ptr<Graph>> graphs_;
-  std::map<int64_t, std::unique_ptr<GraphMemory>> graph_memory_;  // by the group's tokens
-  std::set<Key> warmed_;
+  // The item graphs, pooled by the group's tokens; null: every item eager.
+  using Graphs = FfnGraphCache<connector::AsyncConnector, Key>;
+  std::unique_ptr<Graphs> graphs_;
   // After `key`'s item was enqueued: the next MoE layer's item of the same sender and stage
   // claimed on the device and its graph enqueued behind the claim, when that graph exists.
   void FollowAhead(const Key& key);
@@ -139,7 +133,7 @@ class AsyncFfnWorker : public FfnRole {
     uint64_t seq = 0;
   };
   std::optional<Ahead> ahead_;  // the item claimed on the device and enqueued, if any
-  int64_t rows_served_ = 0, graph_items_ = 0, num_captures_ = 0, items_ahead_ = 0;
+  int64_t rows_served_ = 0, graph_items_ = 0, items_ahead_ = 0;
   int64_t gathered_items_ = 0, groups_ = 0;
 };
 

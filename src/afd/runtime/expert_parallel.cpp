@@ -113,18 +113,16 @@ void ExpertParallelMoe::Forward(int64_t layer, const Tensor& rows, const Tensor&
   // Every received row is for an expert of this rank: the senders map experts to ranks as this
   // rank does (checked at construction) and checked the ids they sent.
 
-  // 2. Run each owned expert on all the rows it holds, grouped by expert.
-  const int64_t local = end_ - begin_;
-  const Tensor offsets = ws.Take(DType::kI32, {local + 1});
-  const Tensor grouped_src = ws.Take(DType::kI32, {total_recv});
-  const Tensor grouped_of_held = ws.Take(DType::kI32, {total_recv, 1});
-  backend.MoePermute(held_ids, begin_, local, offsets, grouped_src, grouped_of_held);
-  const Tensor grouped = ws.Take(DType::kF32, {total_recv, H});
-  const Tensor grouped_out = ws.Take(DType::kF32, {total_recv, H});
+  // 2. The model's expert pass over every row held here (one slot each), unweighted, then back
+  // in held order.
+  model::MoeModel::ExpertPassArgs pass;
+  pass.rows = held_rows;
+  pass.ids = held_ids;
+  const model::MoeModel::ExpertPassOutputs done = model_.ExpertPass(layer, pass, ws);
   const Tensor held_out = ws.Take(DType::kF32, {total_recv, H});  // unweighted, held order
-  backend.GatherRows(held_rows, grouped_src, grouped);
-  backend.GroupedExpertMlp(grouped, offsets, experts, grouped_out);
-  backend.GatherRows(grouped_out, grouped_of_held.Reshape({total_recv}), held_out);
+  if (total_recv > 0) {
+    backend.GatherRows(done.pair_out, done.row_of_slot.Reshape({total_recv}), held_out);
+  }
 
   // 3. Combine: outputs go back the way the rows came, then weight x output per token in slot
   // (= ascending expert) order from zero, then the shared experts.

@@ -14,18 +14,6 @@ constexpr int kTopkWeightsChannel = 2;
 constexpr double kIdlePollSeconds = 0.2;
 }  // namespace
 
-struct P2pFfnWorker::Graph {
-  std::unique_ptr<kernels::OpGraph> graph;
-  connector::P2pConnector::Captured added;  // what one replay adds to the connector's stats
-};
-
-struct P2pFfnWorker::GraphMemory {
-  explicit GraphMemory(Allocator& allocator) : ws(allocator) {}
-  Workspace ws;
-  int64_t chunk_allocations = -1;  // when its first graph was captured
-  std::vector<Key> graphs;
-};
-
 P2pFfnWorker::P2pFfnWorker(const model::MoeModel& model, comm::AfdWorld& world,
                            connector::P2pConnector& connector, bool graphs)
     : model_(model), world_(world), connector_(connector), ws_(model.backend()) {
@@ -41,8 +29,11 @@ P2pFfnWorker::P2pFfnWorker(const model::MoeModel& model, comm::AfdWorld& world,
   }
   moe_ = std::make_unique<ExpertParallelMoe>(model, *ep_group_,
                                              ep_rows_group_ ? *ep_rows_group_ : *ep_group_);
-  if (t.num_ffn() == 1) local_moe_ = std::make_unique<model::LocalMoeBackend>(model);
-  graphs_enabled_ = graphs && local_moe_ && model.backend().SupportsGraphs();
+  every_expert_ = t.num_ffn() == 1;
+  if (graphs && every_expert_ && model.backend().SupportsGraphs()) {
+    // Nothing of the steps before is in flight while capturing (their NCCL transfers).
+    graphs_ = std::make_unique<Graphs>(model.backend(), connector, /*sync_before_capture=*/true);
+  }
 }
 
 P2pFfnWorker::~P2pFfnWorker() = default;
@@ -50,7 +41,8 @@ P2pFfnWorker::~P2pFfnWorker() = default;
 ExpertRange P2pFfnWorker::experts() const { return {moe_->expert_begin(), moe_->expert_end()}; }
 
 std::vector<std::pair<std::string, int64_t>> P2pFfnWorker::Counters() const {
-  return {{"rows", rows_served_}, {"graph_steps", graph_steps_}, {"graph_captures", num_captures_}};
+  return {
+      {"rows", rows_served_}, {"graph_steps", graph_steps_}, {"graph_captures", num_captures()}};
 }
 
 void P2pFfnWorker::MoeLayer(int64_t layer, int stage, const connector::StepMetadata& meta,
@@ -69,24 +61,26 @@ void P2pFfnWorker::MoeLayer(int64_t layer, int stage, const connector::StepMetad
   const int l = static_cast<int>(layer);
   connector_.RecvFromAttention(l, stage, kHiddenChannel, hidden, meta, rows.data());
   const bool gate_here = !world_.config().compute_gate_on_attention;
-  if (local_moe_ && gate_here) {
-    // The monolithic step's MoE layer: router, routed and shared experts.
-    if (n > 0) local_moe_->Start(layer, stage, rows, out, ws);
-  } else {
-    const Tensor ids = ws.Take(DType::kI32, {n, k}), weights = ws.Take(DType::kF32, {n, k});
-    if (!gate_here) {
-      connector_.RecvFromAttention(l, stage, kTopkIdsChannel, {k, DType::kI32}, meta, ids.data());
-      connector_.RecvFromAttention(l, stage, kTopkWeightsChannel, {k, DType::kF32}, meta,
-                                   weights.data());
-    } else if (n > 0) {
-      model_.Route(layer, rows, ids, weights, ws);
-    }
-    if (!local_moe_) {
-      moe_->Forward(layer, rows, ids, weights, out, ws);
-    } else if (n > 0) {  // every expert here, the routing from the attention ranks
-      model_.RoutedExperts(layer, rows, ids, weights, out, ws);
-      model_.AddSharedExperts(layer, rows, out, ws);
-    }
+  const Tensor ids = ws.Take(DType::kI32, {n, k}), weights = ws.Take(DType::kF32, {n, k});
+  if (!gate_here) {
+    connector_.RecvFromAttention(l, stage, kTopkIdsChannel, {k, DType::kI32}, meta, ids.data());
+    connector_.RecvFromAttention(l, stage, kTopkWeightsChannel, {k, DType::kF32}, meta,
+                                 weights.data());
+  }
+  if (!every_expert_) {  // expert parallelism over the FFN ranks (collective: zero rows too)
+    if (gate_here && n > 0) model_.Route(layer, rows, ids, weights, ws);
+    moe_->Forward(layer, rows, ids, weights, out, ws);
+  } else if (n > 0) {
+    // Every expert here: the model's expert pass -- the router too when the gate runs here, the
+    // shared experts beside -- as the monolithic step's MoE layer runs it.
+    model::MoeModel::ExpertPassArgs pass;
+    pass.rows = rows;
+    pass.ids = ids;
+    pass.weights = weights;
+    pass.route = gate_here;
+    pass.shared_rows = model_.has_shared_experts(layer) ? n : 0;
+    pass.out = out;
+    model_.ExpertPass(layer, pass, ws);
   }
   connector_.SendToAttention(l, stage, hidden, meta, out.data());
   ws.Rewind(scratch);
@@ -104,68 +98,12 @@ std::optional<FfnGraphKey> FfnGraphKeyOf(const connector::StepMetadata& meta) {
   return FfnGraphKey{meta.num_stages, meta.token_counts};
 }
 
-void P2pFfnWorker::StepFromGraph(const connector::StepMetadata& meta, const Key& key,
+void P2pFfnWorker::StepFromGraph(const connector::StepMetadata& meta, const FfnGraphKey& key,
                                  int64_t rows) {
-  if (auto it = graphs_.find(key); it != graphs_.end()) {
-    it->second->graph->Replay();
-    connector_.Replayed(it->second->added);
+  if (graphs_->Serve(key, rows, [&](Workspace& ws) { Step(meta, ws); }) ==
+      Graphs::Served::kReplayed) {
     ++graph_steps_;
-    return;
   }
-  kernels::Backend& backend = model_.backend();
-  std::unique_ptr<GraphMemory>& memory = graph_memory_[rows];
-  if (!memory) memory = std::make_unique<GraphMemory>(backend);
-  Workspace& ws = memory->ws;
-  const auto drop_if_grown = [&] {
-    if (memory->chunk_allocations < 0 || ws.chunk_allocations() == memory->chunk_allocations) {
-      return;
-    }
-    for (const Key& k : memory->graphs) graphs_.erase(k);  // they point into released memory
-    memory->graphs.clear();
-    memory->chunk_allocations = -1;
-  };
-  const auto eagerly = [&] {
-    ws.Reset();
-    Step(meta, ws);
-    ws.Reset();
-    drop_if_grown();
-  };
-  if (warmed_.insert(key).second) {  // the key's first step: eagerly, in the graphs' memory
-    eagerly();
-    return;
-  }
-  ws.Reset();
-  drop_if_grown();
-  backend.Synchronize();  // nothing of the previous steps is in flight while capturing
-  const int64_t chunks = ws.chunk_allocations();
-  connector_.BeginCapture();
-  backend.BeginCapture();
-  std::unique_ptr<kernels::OpGraph> graph;
-  try {
-    Step(meta, ws);
-  } catch (...) {
-    backend.EndCapture();
-    connector_.EndCapture();
-    throw;
-  }
-  graph = backend.EndCapture();
-  connector::P2pConnector::Captured added = connector_.EndCapture();
-  ++num_captures_;
-  if (ws.chunk_allocations() != chunks) {
-    // It outgrew the memory while capturing (nothing ran): this step eagerly; the next one
-    // captures into the merged memory.
-    eagerly();
-    return;
-  }
-  if (memory->chunk_allocations < 0) memory->chunk_allocations = ws.chunk_allocations();
-  memory->graphs.push_back(key);
-  auto g = std::make_unique<Graph>();
-  g->graph = std::move(graph);
-  g->added = std::move(added);
-  g->graph->Replay();
-  connector_.Replayed(g->added);
-  graphs_[key] = std::move(g);
-  ++graph_steps_;
 }
 
 int64_t P2pFfnWorker::Run() {
@@ -187,7 +125,7 @@ int64_t P2pFfnWorker::Run() {
     // The step's rows, as the monolithic layer loop declares them (a GPU backend's launch
     // choices, e.g. programmatic dependent launch for small steps, in graphs and out).
     model_.backend().SetStepRows(rows);
-    const std::optional<FfnGraphKey> key = graphs_enabled_ ? FfnGraphKeyOf(*meta) : std::nullopt;
+    const std::optional<FfnGraphKey> key = graphs_ ? FfnGraphKeyOf(*meta) : std::nullopt;
     if (key) {
       StepFromGraph(*meta, *key, rows);
     } else {

@@ -19,10 +19,8 @@
 #pragma once
 
 #include <cstdint>
-#include <map>
 #include <memory>
 #include <optional>
-#include <set>
 #include <utility>
 #include <vector>
 
@@ -30,6 +28,7 @@
 #include "afd/connector/p2p_connector.h"
 #include "afd/model/model.h"
 #include "afd/runtime/expert_parallel.h"
+#include "afd/runtime/ffn_graph_cache.h"
 #include "afd/runtime/ffn_role.h"
 
 namespace afd::runtime {
@@ -56,7 +55,7 @@ class P2pFfnWorker : public FfnRole {
 
   int64_t rows_served() const { return rows_served_; }
   int64_t graph_steps() const { return graph_steps_; }  // steps replayed from graphs
-  int64_t num_captures() const { return num_captures_; }
+  int64_t num_captures() const { return graphs_ ? graphs_->num_captures() : 0; }
   const ExpertParallelMoe& moe() const { return *moe_; }
 
  private:
@@ -72,18 +71,12 @@ class P2pFfnWorker : public FfnRole {
   std::unique_ptr<comm::Communicator> ep_group_;       // counts (host transport)
   std::unique_ptr<comm::Communicator> ep_rows_group_;  // rows on a GPU (NCCL), else null
   std::unique_ptr<ExpertParallelMoe> moe_;
-  std::unique_ptr<model::LocalMoeBackend> local_moe_;  // one FFN rank: the model's own MoE
-  Workspace ws_;                                       // reset every step
-  bool graphs_enabled_ = false;
-  using Key = FfnGraphKey;
-  struct Graph;
-  // The graphs of one row total share one workspace (they never run at once); the graphs taken
-  // from it are dropped if it ever has to grow.
-  struct GraphMemory;
-  std::map<Key, std::unique_ptr<Graph>> graphs_;
-  std::map<int64_t, std::unique_ptr<GraphMemory>> graph_memory_;  // by rows per step
-  std::set<Key> warmed_;
-  int64_t rows_served_ = 0, graph_steps_ = 0, num_captures_ = 0;
+  bool every_expert_ = false;  // one FFN rank: the model's own expert pass, no EP exchange
+  Workspace ws_;               // reset every step
+  // The step graphs, pooled by the step's rows; null: every step eager.
+  using Graphs = FfnGraphCache<connector::P2pConnector, FfnGraphKey>;
+  std::unique_ptr<Graphs> graphs_;
+  int64_t rows_served_ = 0, graph_steps_ = 0;
 };
 
 }  // namespace afd::runtime
