@@ -9,7 +9,7 @@
 #include "afd/deploy/kv_sizing.h"
 #include "afd/model/loader.h"
 #include "afd/runtime/generator.h"
-#include "afd/runtime/dbo_options.h"
+#include "afd/roles/dbo_options.h"
 
 namespace CLI {
 class App;
@@ -29,7 +29,7 @@ struct GenerationFlags {
   bool bf16 = false;
   std::string kv_cache_dtype = "auto";  // --kv-cache-dtype: auto, fp32, bf16 (model::OpenOptions)
   std::string quantization;             // --quantization: "" or fp8 (WeightOptions::fp8_block)
-  runtime::DboOptions dbo;
+  roles::DboOptions dbo;
   bool prompt_logprobs = false;  // log-probabilities of the prompt tokens (afd run --json)
   int64_t num_kv_blocks = 0;     // --num-gpu-blocks-override; 0: room for every prompt
   // Serving engine (afd serve/launch and their workers):

@@ -37,7 +37,7 @@
 #include "afd/deploy/transport.h"
 #include "afd/kernels/backend.h"
 #include "afd/runtime/cuda_graph_runner.h"
-#include "afd/runtime/kv_transport.h"
+#include "afd/pd/kv_transport.h"
 #include "afd/server/local_engine_client.h"
 #include "afd/server/serve_runner.h"
 

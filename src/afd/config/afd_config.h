@@ -62,7 +62,7 @@ struct AsyncOptions {
   // per-pair replies with several FFN ranks). It waits for an attention rank expected at the
   // same layer and serves one behind first, holding the item ahead, so that ranks fall into
   // step; each wait: two of the rank's usual gaps between items + ffn_gather_wait_us
-  // (0..1000000; 0: no waiting), at most max(it, 10 ms) (runtime/ffn_gather.h).
+  // (0..1000000; 0: no waiting), at most max(it, 10 ms) (roles/ffn_gather.h).
   bool ffn_gather = true;
   int ffn_gather_wait_us = 200;
 

@@ -15,7 +15,7 @@ struct DeploymentSpec {
   std::string topology;  // "3A2F"
   // > 0 instead of a topology: that many data-parallel ranks, each attention plus its share of
   // the routed experts, the MoE layers expert-parallel over all of them (vLLM's
-  // --data-parallel-size N --enable-expert-parallel; runtime/dp_ep_runner.h): no AFD.
+  // --data-parallel-size N --enable-expert-parallel; roles/dp_ep_runner.h): no AFD.
   int expert_parallel_size = 0;
   int attention_dp = 0, attention_tp = 1;  // 0: dp = A / tp
   int ffn_dp = 0, ffn_tp = 1;              // 0: dp = F / tp

@@ -14,7 +14,7 @@
 #include "afd/deploy/device_context.h"
 #include "afd/deploy/rank_output.h"
 #include "afd/deploy/replica_serve.h"
-#include "afd/runtime/dp_ep_runner.h"
+#include "afd/roles/dp_ep_runner.h"
 #include "afd/topology/expert_range.h"
 #include "afd/topology/topology.h"
 
@@ -107,7 +107,7 @@ void RunDpEpWorker(const DpEpWorkerOptions& o) {
     backend->WatchWaits(o.timeout_s, [&store] {
       if (std::optional<std::string> cause = AbortMessage(store)) AFD_THROW("{}", *cause);
     });
-    runtime::DataParallelExpertParallelRunner runner(*model, *group, rows ? *rows : *group);
+    roles::DataParallelExpertParallelRunner runner(*model, *group, rows ? *rows : *group);
 
     const PromptShare mine = ShareOfPrompts(o.prompts, o.size, o.rank);
     std::vector<runtime::GenerationResult> results;

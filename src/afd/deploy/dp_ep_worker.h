@@ -1,5 +1,5 @@
 // One rank of a data-parallel + expert-parallel deployment (`afd run --data-parallel-size N
-// --enable-expert-parallel`; runtime/dp_ep_runner.h): the monolithic baseline of AFD. Rank 0
+// --enable-expert-parallel`; roles/dp_ep_runner.h): the monolithic baseline of AFD. Rank 0
 // hosts the rendezvous store on 127.0.0.1:port (these deployments are single-host); every rank
 // joins one host group (counts, lockstep) and, on a GPU, an NCCL group for the MoE rows; loads
 // everything but the other ranks' routed experts; generates for prompts i with i % N == rank;

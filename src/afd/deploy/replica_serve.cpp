@@ -9,7 +9,7 @@
 #include "afd/common/thread_annotations.h"
 #include "afd/common/work_queue.h"
 #include "afd/deploy/engine_wire.h"
-#include "afd/runtime/kv_transport.h"
+#include "afd/pd/kv_transport.h"
 
 namespace afd::deploy {
 
@@ -163,7 +163,7 @@ void ServeReplica(const model::MoeModel& model, comm::AfdWorld* world,
       hello.hello.eos_token_ids.push_back(static_cast<int32_t>(id));
     }
     hello.hello.kv_blocks = engine.stats().kv_blocks_total;
-    hello.hello.kv_layout = {runtime::KvModelFingerprint(model), model.config().num_hidden_layers,
+    hello.hello.kv_layout = {pd::KvModelFingerprint(model), model.config().num_hidden_layers,
                              engine.kv_row_width(), engine.kv_dtype()};
     conn->Send(EncodeEngineMessage(hello), kSendTimeoutSeconds);
   }

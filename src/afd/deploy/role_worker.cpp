@@ -16,10 +16,10 @@
 #include "afd/deploy/replica_serve.h"
 #include "afd/deploy/transport.h"
 #include "afd/model/model_config.h"
-#include "afd/runtime/async_attention.h"
-#include "afd/runtime/async_ffn_worker.h"
-#include "afd/runtime/p2p_attention.h"
-#include "afd/runtime/p2p_ffn_worker.h"
+#include "afd/roles/async_attention.h"
+#include "afd/roles/async_ffn_worker.h"
+#include "afd/roles/p2p_attention.h"
+#include "afd/roles/p2p_ffn_worker.h"
 #include "afd/topology/expert_range.h"
 #include "afd/topology/parallel.h"
 
@@ -178,18 +178,18 @@ std::unique_ptr<runtime::ReplicaRunner> MakeAttentionRunner(const WorkerOptions&
                                                             comm::AfdWorld& world,
                                                             Connectors& conns) {
   if (conns.async) {
-    return runtime::MakeAsyncAttentionReplica(model, world, *conns.async, o.tp, o.dbo, o.graphs);
+    return roles::MakeAsyncAttentionReplica(model, world, *conns.async, o.tp, o.dbo, o.graphs);
   }
-  return runtime::MakeP2pAttentionReplica(model, world, *conns.p2p, o.tp, o.dbo, o.graphs);
+  return roles::MakeP2pAttentionReplica(model, world, *conns.p2p, o.tp, o.dbo, o.graphs);
 }
 
-std::unique_ptr<runtime::FfnRole> MakeFfnRole(const WorkerOptions& o, const model::MoeModel& model,
+std::unique_ptr<roles::FfnRole> MakeFfnRole(const WorkerOptions& o, const model::MoeModel& model,
                                               comm::AfdWorld& world, Connectors& conns) {
   const bool graphs = !o.graphs.enforce_eager;
   if (conns.async) {
-    return std::make_unique<runtime::AsyncFfnWorker>(model, world, *conns.async, graphs);
+    return std::make_unique<roles::AsyncFfnWorker>(model, world, *conns.async, graphs);
   }
-  return std::make_unique<runtime::P2pFfnWorker>(model, world, *conns.p2p, graphs);
+  return std::make_unique<roles::P2pFfnWorker>(model, world, *conns.p2p, graphs);
 }
 
 // The attention role's work: serving the frontend's requests (engine_endpoint), or generating
@@ -234,7 +234,7 @@ void RunAttention(const WorkerOptions& o, const model::MoeModel& model, comm::Af
   stats["graph_captures"] = runner.num_captures();
 }
 
-void RunFfn(runtime::FfnRole& ffn, nlohmann::json& stats) {
+void RunFfn(roles::FfnRole& ffn, nlohmann::json& stats) {
   stats["steps"] = ffn.Run();  // P2P: steps; async: work items
   for (const auto& [name, value] : ffn.Counters()) stats[name] = value;
   stats["experts"] = {ffn.experts().begin, ffn.experts().end};
@@ -279,7 +279,7 @@ void RunWorker(const WorkerOptions& o) {
   Connectors conns;
   WatchGuard watch_guard;
   std::unique_ptr<runtime::ReplicaRunner> runner;
-  std::unique_ptr<runtime::FfnRole> ffn;
+  std::unique_ptr<roles::FfnRole> ffn;
   const std::string trace_path =
       o.kernel_trace_csv.empty()
           ? std::string()

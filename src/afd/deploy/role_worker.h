@@ -12,7 +12,7 @@
 #include "afd/runtime/cuda_graph_runner.h"
 #include "afd/runtime/engine.h"
 #include "afd/runtime/generator.h"
-#include "afd/runtime/dbo_options.h"
+#include "afd/roles/dbo_options.h"
 
 namespace afd::deploy {
 
@@ -30,7 +30,7 @@ struct WorkerOptions {
   // Attention role only:
   std::vector<std::vector<int32_t>> prompts;  // all prompts; replica d takes i % dp == d
   runtime::GenerationOptions generation;
-  runtime::DboOptions dbo;  // dual-batch overlap of the attention role
+  roles::DboOptions dbo;  // dual-batch overlap of the attention role
   // CUDA graphs of the async connector's roles on cuda (enforce_eager: none).
   runtime::CudaGraphOptions graphs;
   std::string output_file;  // TP rank 0 of each replica writes {"index": i, "result": ...} lines

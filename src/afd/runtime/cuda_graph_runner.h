@@ -59,7 +59,7 @@ void PackStepInputs(const model::ForwardBatch& batch, const PackedStepInputs& la
 
 // What a graph captures: the forward step on inputs already on the device. The default is the
 // in-process model (every expert here); the AFD attention role plugs in its step, whose MoE
-// exchange runs on the device (runtime/async_attention.h).
+// exchange runs on the device (roles/async_attention.h).
 class GraphedStep {
  public:
   virtual ~GraphedStep() = default;

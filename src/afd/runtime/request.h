@@ -41,7 +41,7 @@ struct KvRows {
 };
 
 // What a consumer expects of imported rows: the model (a fingerprint both sides compute the same
-// way, runtime::KvModelFingerprint) and the cache's row layout.
+// way, pd::KvModelFingerprint) and the cache's row layout.
 struct KvLayout {
   std::string model;
   int64_t num_layers = 0;

@@ -1,6 +1,6 @@
 // One forward step of the model: logits [m, vocab] (in ws) for the batch's logits rows,
 // appending its tokens to the cache. In process (LocalStepRunner) or as the AFD attention role
-// with the MoE layers elsewhere (runtime/p2p_attention.h).
+// with the MoE layers elsewhere (roles/p2p_attention.h).
 #pragma once
 
 #include <vector>

@@ -6,7 +6,7 @@
 
 #include "afd/common/error.h"
 #include "afd/common/thread_annotations.h"
-#include "afd/runtime/kv_transport.h"
+#include "afd/pd/kv_transport.h"
 
 namespace afd::server {
 
@@ -18,7 +18,7 @@ LocalEngineClient::LocalEngineClient(const model::MoeModel& model, runtime::Step
   info_.max_model_len = engine_.max_model_len();
   for (int64_t id : c.eos_token_ids) info_.eos_token_ids.push_back(static_cast<int32_t>(id));
   stats_ = engine_.stats();
-  kv_layout_ = {runtime::KvModelFingerprint(model), c.num_hidden_layers, engine_.kv_row_width(),
+  kv_layout_ = {pd::KvModelFingerprint(model), c.num_hidden_layers, engine_.kv_row_width(),
                 engine_.kv_dtype()};
   thread_ = std::thread([this] { Loop(); });
 }

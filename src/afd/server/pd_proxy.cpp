@@ -12,7 +12,7 @@
 
 #include "afd/common/error.h"
 #include "afd/common/stop_signals.h"
-#include "afd/runtime/kv_transport.h"
+#include "afd/pd/kv_transport.h"
 #include "afd/server/api/api_error.h"
 #include "afd/server/api/http_server.h"
 #include "afd/server/api/http_util.h"
@@ -117,7 +117,7 @@ struct PdProxy::Impl {
     const std::optional<std::string> secret = o.kv_secret;
     std::thread([h, port, id, secret] {
       try {
-        runtime::ReleaseKvRows(h, port, id, secret, kReleaseTimeoutSeconds);
+        pd::ReleaseKvRows(h, port, id, secret, kReleaseTimeoutSeconds);
       } catch (const std::exception& e) {
         std::fprintf(stderr, "afd proxy: could not free request %llu's KV rows at %s:%d: %s\n",
                      static_cast<unsigned long long>(id), h.c_str(), port, e.what());

@@ -7,7 +7,7 @@
 #include <thread>
 
 #include "afd/common/error.h"
-#include "afd/runtime/kv_transport.h"
+#include "afd/pd/kv_transport.h"
 #include "afd/server/api/handlers.h"
 #include "afd/server/api/http_server.h"
 #include "afd/server/api/http_util.h"
@@ -58,7 +58,7 @@ using api::json;
 struct ApiServer::Impl {
   std::shared_ptr<api::ServerContext> ctx;
   std::unique_ptr<api::HttpServer> http;
-  std::unique_ptr<runtime::KvTransferServer> kv_server;  // a KV producer's
+  std::unique_ptr<pd::KvTransferServer> kv_server;  // a KV producer's
   std::unique_ptr<WorkQueue> kv_pulls;                   // a KV consumer's
   std::mutex stop_mu;
   bool started = false;
@@ -226,7 +226,7 @@ void ApiServer::Start() {
               "this server's do not",
               o.kv_transfer->role == KvTransferConfig::Role::kBoth ? "kv_both" : "kv_producer");
     const double timeout = o.kv_transfer->transfer_timeout_s;
-    impl_->kv_server = std::make_unique<runtime::KvTransferServer>(
+    impl_->kv_server = std::make_unique<pd::KvTransferServer>(
         o.kv_transfer->kv_ip, o.kv_transfer->kv_port, o.kv_secret, engine.kv_cache_layout().model,
         [&engine, timeout](uint64_t id, bool device_ok) {
           return engine.ExportHeldKv(id, timeout, device_ok);

@@ -4,7 +4,7 @@
 #include <thread>
 
 #include "afd/common/error.h"
-#include "afd/runtime/kv_transport.h"
+#include "afd/pd/kv_transport.h"
 #include "afd/server/api/api_error.h"
 #include "afd/server/api/http_util.h"
 
@@ -106,7 +106,7 @@ void ReleaseUnpulled(ServerContext& ctx, const SamplingRequest& r) {
   ctx.kv_pulls->Post([host = r.kv.remote_host, port = r.kv.remote_port, id = r.kv.remote_request_id,
                       secret = ctx.options().kv_secret] {
     try {
-      runtime::ReleaseKvRows(host, port, id, secret, kReleaseTimeoutSeconds);
+      pd::ReleaseKvRows(host, port, id, secret, kReleaseTimeoutSeconds);
     } catch (const Error&) {
     }
   });
@@ -119,7 +119,7 @@ std::shared_ptr<const runtime::KvRows> PullKvRows(ServerContext& ctx, const Samp
     const auto start = std::chrono::steady_clock::now();
     const bool accept_device = o.kv_transfer->transport == KvTransferConfig::Transport::kCudaIpc;
     auto rows = std::make_shared<runtime::KvRows>(
-        runtime::FetchKvRows(r.kv.remote_host, r.kv.remote_port, r.kv.remote_request_id, expect,
+        pd::FetchKvRows(r.kv.remote_host, r.kv.remote_port, r.kv.remote_request_id, expect,
                              o.kv_secret, o.kv_transfer->transfer_timeout_s, accept_device));
     const int64_t bytes =
         rows->device ? rows->expected_bytes() : static_cast<int64_t>(rows->bytes.size());
@@ -131,7 +131,7 @@ std::shared_ptr<const runtime::KvRows> PullKvRows(ServerContext& ctx, const Samp
                     secret = o.kv_secret](void*) {
             std::thread([host, port, id, secret] {
               try {
-                runtime::ReleaseKvRows(host, port, id, secret, kReleaseTimeoutSeconds);
+                pd::ReleaseKvRows(host, port, id, secret, kReleaseTimeoutSeconds);
               } catch (const Error&) {  // the producer frees them at its hold timeout
               }
             }).detach();
