@@ -247,6 +247,26 @@ TEST(ServerApiErrors, BadRequestsAsVllm) {
       {"/v1/completions", R"({"prompt": [1], "stop": "x"})", 400, "stop"},
       {"/v1/completions", R"({"prompt": [1], "frequency_penalty": 0.5})", 400, "frequency_penalty"},
       {"/v1/completions", R"({"prompt": [1], "model": "other"})", 404, "model"},
+      // Fields not served yet are refused by name, never answered with free text.
+      {"/v1/completions", R"({"prompt": [1], "guided_json": {"type": "object"}})", 400,
+       "guided_json"},
+      {"/v1/completions", R"({"prompt": [1], "guided_choice": ["a", "b"]})", 400, "guided_choice"},
+      {"/v1/completions", R"({"prompt": [1], "structured_outputs": {"regex": "a+"}})", 400,
+       "structured_outputs"},
+      {"/v1/completions", R"({"prompt": [1], "tools": [{"type": "function"}]})", 400,
+       "tool_choice"},
+      {"/v1/completions",
+       R"({"prompt": [1], "tools": [{"type": "function"}], "tool_choice": "auto"})", 400,
+       "tool_choice"},
+      {"/v1/completions", R"({"prompt": [1], "tool_choice": "required"})", 400, "tool_choice"},
+      {"/v1/completions", R"({"prompt": [1], "chat_template": "{{ messages }}"})", 400,
+       "chat_template"},
+      {"/v1/completions", R"({"prompt": [1], "truncate_prompt_tokens": 0})", 400,
+       "truncate_prompt_tokens"},
+      {"/v1/completions", R"({"prompt": [1], "truncate_prompt_tokens": -2})", 400,
+       "truncate_prompt_tokens"},
+      {"/v1/completions", R"({"prompt": [1], "truncate_prompt_tokens": 257})", 400,
+       "truncate_prompt_tokens"},
       {"/v1/chat/completions", R"({"messages": [{"role": "user", "content": "hi"}]})", 400,
        "messages"},
       {"/v1/chat/completions", R"({"messages": [], "logprobs": false, "top_logprobs": 2})", 400,
@@ -284,6 +304,43 @@ TEST(ServerApiErrors, BadRequestsAsVllm) {
             std::string::npos)
       << big.raw;
   // An alias of the served model is accepted; the first name is reported.
+}
+
+// truncate_prompt_tokens keeps a prompt's last k tokens (-1: up to the model length; a shorter
+// prompt as it is); tools with tool_choice "none" are accepted (they only reach a chat template).
+TEST(ServerApiCompletions, TruncatePromptTokensKeepsTheLastTokens) {
+  ApiHarness h(SmallModel());
+  const auto prompt_ids = [&](const json& extra) {
+    json req = {{"prompt", {1, 2, 3, 4, 5, 6, 7, 8, 9, 10}},
+                {"max_tokens", 2},
+                {"temperature", 0},
+                {"return_token_ids", true}};
+    req.update(extra);
+    const HttpResult r = h.Post("/v1/completions", req);
+    EXPECT_EQ(r.status, 200) << r.raw;
+    EXPECT_EQ(r.body["usage"]["prompt_tokens"], r.body["choices"][0]["prompt_token_ids"].size());
+    return r.body["choices"][0]["prompt_token_ids"].get<std::vector<int>>();
+  };
+  EXPECT_EQ(prompt_ids({{"truncate_prompt_tokens", 4}}), (std::vector<int>{7, 8, 9, 10}));
+  EXPECT_EQ(prompt_ids({{"truncate_prompt_tokens", 10}}).size(), 10u);
+  EXPECT_EQ(prompt_ids({{"truncate_prompt_tokens", 200}}).size(), 10u);
+  EXPECT_EQ(prompt_ids({{"truncate_prompt_tokens", -1}}).size(), 10u);
+  EXPECT_EQ(prompt_ids({{"truncate_prompt_tokens", nullptr}}).size(), 10u);
+  EXPECT_EQ(prompt_ids({{"tools", json::array({{{"type", "function"}}})}, {"tool_choice", "none"}})
+                .size(),
+            10u);
+  // The same tokens as the truncated prompt sent whole.
+  json req = {{"prompt", {1, 2, 3, 4, 5, 6, 7, 8, 9, 10}},
+              {"max_tokens", 5},
+              {"temperature", 0},
+              {"truncate_prompt_tokens", 3},
+              {"return_token_ids", true}};
+  const HttpResult cut = h.Post("/v1/completions", req);
+  req.erase("truncate_prompt_tokens");
+  req["prompt"] = {8, 9, 10};
+  const HttpResult whole = h.Post("/v1/completions", req);
+  ASSERT_EQ(cut.status, 200) << cut.raw;
+  EXPECT_EQ(cut.body["choices"][0]["token_ids"], whole.body["choices"][0]["token_ids"]);
 }
 
 TEST(ServerApiErrors, EngineErrorIs500AndStreamErrorEvent) {

@@ -159,6 +159,81 @@ TEST_F(ServerApiTokenizer, ChatThroughTheTemplate) {
             4096);
 }
 
+// include_stop_str_in_output: the text ends just after the stop string (streamed the same).
+TEST_F(ServerApiTokenizer, IncludeStopStrInOutputKeepsTheStopString) {
+  json req = {{"prompt", "Once upon a time"}, {"max_tokens", 40}, {"temperature", 0}};
+  const HttpResult full = h_->Post("/v1/completions", req);
+  ASSERT_EQ(full.status, 200) << full.raw;
+  const std::string text = full.body["choices"][0]["text"];
+  // An ASCII stop string from the middle of the text.
+  size_t at = text.size() / 2;
+  while (at < text.size() && static_cast<unsigned char>(text[at]) >= 0x80) ++at;
+  ASSERT_LT(at + 2, text.size()) << text;
+  const std::string stop = text.substr(at, 2);
+  ASSERT_EQ(static_cast<unsigned char>(stop[1]) < 0x80, true) << text;
+  const size_t first = text.find(stop);
+  req["stop"] = stop;
+  req["include_stop_str_in_output"] = true;
+  const HttpResult r = h_->Post("/v1/completions", req);
+  ASSERT_EQ(r.status, 200) << r.raw;
+  EXPECT_EQ(r.body["choices"][0]["text"], text.substr(0, first + stop.size()));
+  EXPECT_EQ(r.body["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(r.body["choices"][0]["stop_reason"], stop);
+  req["stream"] = true;
+  EXPECT_EQ(StreamedText(h_->Post("/v1/completions", req)), text.substr(0, first + stop.size()));
+  req["stream"] = false;
+  req["include_stop_str_in_output"] = false;
+  EXPECT_EQ(h_->Post("/v1/completions", req).body["choices"][0]["text"], text.substr(0, first));
+}
+
+// add_special_tokens on /v1/completions (default true: the BOS; false: the text's ids alone).
+TEST_F(ServerApiTokenizer, AddSpecialTokensFalseLeavesOutTheBos) {
+  json req = {{"prompt", "Hello world"}, {"max_tokens", 1}, {"return_token_ids", true}};
+  const auto prompt = [&](const json& r) {
+    const HttpResult out = h_->Post("/v1/completions", r);
+    EXPECT_EQ(out.status, 200) << out.raw;
+    std::vector<uint32_t> ids;
+    for (const auto& t : out.body["choices"][0]["prompt_token_ids"]) ids.push_back(t);
+    return ids;
+  };
+  EXPECT_EQ(prompt(req), tokenizer_->Encode("Hello world", true));
+  req["add_special_tokens"] = false;
+  EXPECT_EQ(prompt(req), tokenizer_->Encode("Hello world", false));
+  EXPECT_NE(tokenizer_->Encode("Hello world", true), tokenizer_->Encode("Hello world", false));
+}
+
+// continue_final_message: the prompt ends with the final (assistant) message, which the model
+// continues; with add_generation_prompt also true it is a bad request, as in vLLM.
+TEST_F(ServerApiTokenizer, ContinueFinalMessageEndsThePromptWithIt) {
+  const json messages = json::array({{{"role", "user"}, {"content", "Count to five."}},
+                                     {{"role", "assistant"}, {"content", "One, two,"}}});
+  json req = {
+      {"messages", messages}, {"continue_final_message", true}, {"add_generation_prompt", false}};
+  const HttpResult t = h_->Post("/tokenize", req);
+  ASSERT_EQ(t.status, 200) << t.raw;
+  std::vector<uint32_t> ids;
+  for (const auto& id : t.body["tokens"]) ids.push_back(id);
+  const std::string text = tokenizer_->Decode(ids, false);
+  EXPECT_GE(text.size(), 9u);
+  EXPECT_EQ(text.substr(text.size() - 9), "One, two,") << text;
+  EXPECT_NE(text.find("Count to five."), std::string::npos) << text;
+  // Rendered whole (no continuation), the assistant turn is closed after it.
+  req["continue_final_message"] = false;
+  const HttpResult closed = h_->Post("/tokenize", req);
+  ASSERT_EQ(closed.status, 200) << closed.raw;
+  EXPECT_GT(closed.body["count"].get<int>(), t.body["count"].get<int>());
+  req["continue_final_message"] = true;
+  req["add_generation_prompt"] = true;
+  const HttpResult both = h_->Post("/v1/chat/completions", req);
+  EXPECT_EQ(both.status, 400) << both.raw;
+  EXPECT_EQ(both.body["error"]["param"], "continue_final_message");
+  req.erase("add_generation_prompt");  // its default is true
+  EXPECT_EQ(h_->Post("/v1/chat/completions", req).status, 400);
+  req["add_generation_prompt"] = false;
+  req["max_tokens"] = 3;
+  EXPECT_EQ(h_->Post("/v1/chat/completions", req).status, 200);
+}
+
 TEST_F(ServerApiTokenizer, TokenizeAndDetokenize) {
   const HttpResult t =
       h_->Post("/tokenize", json{{"prompt", "Hello world"}, {"return_token_strs", true}});

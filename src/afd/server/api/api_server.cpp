@@ -59,7 +59,7 @@ struct ApiServer::Impl {
   std::shared_ptr<api::ServerContext> ctx;
   std::unique_ptr<api::HttpServer> http;
   std::unique_ptr<pd::KvTransferServer> kv_server;  // a KV producer's
-  std::unique_ptr<WorkQueue> kv_pulls;                   // a KV consumer's
+  std::unique_ptr<WorkQueue> kv_pulls;              // a KV consumer's
   std::mutex stop_mu;
   bool started = false;
   bool stopped = false;

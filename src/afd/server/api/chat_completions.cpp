@@ -94,7 +94,8 @@ HandlerResult HandleChatCompletions(const std::shared_ptr<ServerContext>& ctx,
                                     const HttpRequest& req) {
   const json body = ParseBody(req.body);
   const SamplingRequest r = ParseSamplingRequest(body, Endpoint::kChat, *ctx);
-  const PromptInput prompt = ChatPrompt(*ctx, body, /*default_add_special_tokens=*/false);
+  const PromptInput prompt =
+      TruncatePrompt(ChatPrompt(*ctx, body, /*default_add_special_tokens=*/false), r);
   return RunWithKvRows(ctx, r, 1, [ctx, r, prompt](std::shared_ptr<const runtime::KvRows> rows) {
     return Respond(ctx, r, prompt, std::move(rows));
   });

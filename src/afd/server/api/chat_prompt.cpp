@@ -73,7 +73,26 @@ PromptInput ChatPrompt(const ServerContext& ctx, const json& body,
     context = *kwargs;
   }
   context["messages"] = std::move(normalized);
-  context["add_generation_prompt"] = BoolField(body, "add_generation_prompt", true);
+  const bool add_generation_prompt = BoolField(body, "add_generation_prompt", true);
+  const bool continue_final = BoolField(body, "continue_final_message", false);
+  if (continue_final && add_generation_prompt) {
+    ThrowBadRequest(
+        "continue_final_message",
+        "Cannot set both `continue_final_message` and `add_generation_prompt` to True.");
+  }
+  std::string final_message;  // continue_final_message: the prompt ends with it
+  if (continue_final) {
+    const json& last = context["messages"].back();
+    if (last["content"].is_string()) final_message = last["content"].get<std::string>();
+    const size_t b = final_message.find_first_not_of(" \t\n\r");
+    const size_t e = final_message.find_last_not_of(" \t\n\r");
+    final_message = b == std::string::npos ? "" : final_message.substr(b, e - b + 1);
+    if (final_message.empty()) {
+      ThrowBadRequest("continue_final_message",
+                      "continue_final_message needs a final message with text content");
+    }
+  }
+  context["add_generation_prompt"] = add_generation_prompt;
   const json* tools = FindField(body, "tools");
   context["tools"] = tools != nullptr ? *tools : json(nullptr);
   if (!context.contains("documents")) context["documents"] = nullptr;
@@ -85,6 +104,17 @@ PromptInput ChatPrompt(const ServerContext& ctx, const json& body,
     p.text = ctx.chat_template()->Render(context);
   } catch (const Error& e) {
     ThrowBadRequest("messages", "the chat template failed: {}", e.what());
+  }
+  if (continue_final) {
+    // The rendered chat up to the end of the final message: the model continues it (what
+    // transformers' apply_chat_template does).
+    const size_t at = p.text.rfind(final_message);
+    if (at == std::string::npos) {
+      ThrowBadRequest("continue_final_message",
+                      "continue_final_message is set but the final message does not appear in "
+                      "the chat after applying the chat template");
+    }
+    p.text.resize(at + final_message.size());
   }
   const bool add_special = BoolField(body, "add_special_tokens", default_add_special_tokens);
   for (uint32_t id : ctx.tokenizer()->Encode(p.text, add_special)) {

@@ -18,7 +18,8 @@ ChoiceState::ChoiceState(const text::Tokenizer* tokenizer, const SamplingRequest
       stop_token_ids_(request.stop_token_ids),
       eos_token_ids_(info.eos_token_ids),
       ignore_eos_(request.ignore_eos),
-      text_state_(tokenizer, request.stop, request.skip_special_tokens) {}
+      text_state_(tokenizer, request.stop, request.skip_special_tokens,
+                  request.include_stop_str_in_output) {}
 
 void ChoiceState::Fail(const std::string& why) {
   if (done_) return;

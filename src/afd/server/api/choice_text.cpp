@@ -5,8 +5,8 @@
 namespace afd::server::api {
 
 ChoiceText::ChoiceText(const text::Tokenizer* tokenizer, std::vector<std::string> stop,
-                       bool skip_special_tokens)
-    : stop_(std::move(stop)) {
+                       bool skip_special_tokens, bool include_stop)
+    : stop_(std::move(stop)), include_stop_(include_stop) {
   if (tokenizer != nullptr) {
     detokenizer_ = std::make_unique<text::IncrementalDetokenizer>(*tokenizer, skip_special_tokens);
   }
@@ -24,7 +24,7 @@ void ChoiceText::MatchStop(size_t new_from) {
       stop_string_ = s;
     }
   }
-  if (best != std::string::npos) text_.resize(best);
+  if (best != std::string::npos) text_.resize(best + (include_stop_ ? stop_string_.size() : 0));
 }
 
 std::string ChoiceText::Release(bool all) {

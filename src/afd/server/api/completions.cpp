@@ -11,14 +11,14 @@ namespace afd::server::api {
 
 namespace {
 
-PromptInput TextPrompt(const ServerContext& ctx, const json& text) {
+PromptInput TextPrompt(const ServerContext& ctx, const json& text, bool add_special_tokens) {
   if (ctx.tokenizer() == nullptr) {
     ThrowBadRequest("prompt",
                     "text prompts need a tokenizer; this server has none: send token ids");
   }
   PromptInput p;
   p.text = text.get<std::string>();
-  for (uint32_t id : ctx.tokenizer()->Encode(p.text, /*add_special_tokens=*/true)) {
+  for (uint32_t id : ctx.tokenizer()->Encode(p.text, add_special_tokens)) {
     p.ids.push_back(static_cast<int32_t>(id));
   }
   return p;
@@ -34,22 +34,24 @@ PromptInput IdsPrompt(const ServerContext& ctx, const json& ids) {
 }
 
 // "prompt": a string, a list of ids, a list of strings, or a list of lists of ids.
-std::vector<PromptInput> ParsePrompts(const ServerContext& ctx, const json& body) {
+std::vector<PromptInput> ParsePrompts(const ServerContext& ctx, const json& body,
+                                      const SamplingRequest& r) {
   const json* prompt = FindField(body, "prompt");
   if (prompt == nullptr) ThrowBadRequest("prompt", "'prompt' is required");
-  if (prompt->is_string()) return {TextPrompt(ctx, *prompt)};
+  if (prompt->is_string())
+    return {TruncatePrompt(TextPrompt(ctx, *prompt, r.add_special_tokens), r)};
   if (!prompt->is_array() || prompt->empty()) {
     ThrowBadRequest("prompt",
                     "'prompt' must be a string, a list of token ids, or a non-empty "
                     "list of either");
   }
-  if ((*prompt)[0].is_number()) return {IdsPrompt(ctx, *prompt)};
+  if ((*prompt)[0].is_number()) return {TruncatePrompt(IdsPrompt(ctx, *prompt), r)};
   std::vector<PromptInput> out;
   for (const auto& p : *prompt) {
     if (p.is_string()) {
-      out.push_back(TextPrompt(ctx, p));
+      out.push_back(TruncatePrompt(TextPrompt(ctx, p, r.add_special_tokens), r));
     } else if (p.is_array()) {
-      out.push_back(IdsPrompt(ctx, p));
+      out.push_back(TruncatePrompt(IdsPrompt(ctx, p), r));
     } else {
       ThrowBadRequest("prompt", "'prompt' list entries must be strings or lists of token ids");
     }
@@ -177,7 +179,7 @@ HandlerResult Respond(const std::shared_ptr<ServerContext>& ctx, const SamplingR
 HandlerResult HandleCompletions(const std::shared_ptr<ServerContext>& ctx, const HttpRequest& req) {
   const json body = ParseBody(req.body);
   const SamplingRequest r = ParseSamplingRequest(body, Endpoint::kCompletions, *ctx);
-  const std::vector<PromptInput> prompts = ParsePrompts(*ctx, body);
+  const std::vector<PromptInput> prompts = ParsePrompts(*ctx, body, r);
   return RunWithKvRows(ctx, r, prompts.size(),
                        [ctx, r, prompts](std::shared_ptr<const runtime::KvRows> rows) {
                          return Respond(ctx, r, prompts, std::move(rows));

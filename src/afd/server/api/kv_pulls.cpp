@@ -120,7 +120,7 @@ std::shared_ptr<const runtime::KvRows> PullKvRows(ServerContext& ctx, const Samp
     const bool accept_device = o.kv_transfer->transport == KvTransferConfig::Transport::kCudaIpc;
     auto rows = std::make_shared<runtime::KvRows>(
         pd::FetchKvRows(r.kv.remote_host, r.kv.remote_port, r.kv.remote_request_id, expect,
-                             o.kv_secret, o.kv_transfer->transfer_timeout_s, accept_device));
+                        o.kv_secret, o.kv_transfer->transfer_timeout_s, accept_device));
     const int64_t bytes =
         rows->device ? rows->expected_bytes() : static_cast<int64_t>(rows->bytes.size());
     if (rows->device) {

@@ -25,6 +25,33 @@ void RejectUnsupported(const json& body) {
   if (!StringField(body, "suffix", "").empty()) {
     ThrowBadRequest("suffix", "'suffix' is not supported by this server");
   }
+  // Structured outputs and tool calls (issue 66 lands them): refused until then, never answered
+  // with free text.
+  for (const char* name :
+       {"guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs"}) {
+    if (const json* f = FindField(body, name); f != nullptr && !f->is_null()) {
+      ThrowBadRequest(name, "'{}' (structured outputs) is not supported by this server yet", name);
+    }
+  }
+  if (const json* tools = FindField(body, "tools"); tools != nullptr && !tools->is_null()) {
+    if (!tools->is_array()) ThrowBadRequest("tools", "'tools' must be a list of tools");
+    const json* choice = FindField(body, "tool_choice");
+    const bool none = choice != nullptr && choice->is_string() && *choice == "none";
+    if (!tools->empty() && !none) {
+      ThrowBadRequest("tool_choice",
+                      "tool calls are not supported by this server yet: with 'tools', set "
+                      "'tool_choice' to \"none\" (the tools then only reach the chat template)");
+    }
+  } else if (const json* choice = FindField(body, "tool_choice");
+             choice != nullptr && !choice->is_null() &&
+             !(choice->is_string() && *choice == "none")) {
+    ThrowBadRequest("tool_choice", "'tool_choice' needs 'tools'");
+  }
+  if (const json* t = FindField(body, "chat_template"); t != nullptr && !t->is_null()) {
+    ThrowBadRequest("chat_template",
+                    "a request's own 'chat_template' is not accepted (as vLLM without "
+                    "--trust-request-chat-template): the server renders with its model's template");
+  }
   if (const json* format = FindField(body, "response_format"); format != nullptr) {
     if (!format->is_object() || format->value("type", "text") != "text") {
       ThrowBadRequest("response_format", "only {{\"type\": \"text\"}} is supported");
@@ -135,6 +162,23 @@ SamplingRequest ParseSamplingRequest(const json& body, Endpoint endpoint,
   }
   r.ignore_eos = BoolField(body, "ignore_eos", defaults.ignore_eos);
   r.skip_special_tokens = BoolField(body, "skip_special_tokens", true);
+  r.include_stop_str_in_output = BoolField(body, "include_stop_str_in_output", false);
+  r.add_special_tokens = BoolField(body, "add_special_tokens", endpoint == Endpoint::kCompletions);
+  if (const json* t = FindField(body, "truncate_prompt_tokens"); t != nullptr && !t->is_null()) {
+    const int64_t k = IntField(body, "truncate_prompt_tokens", 0);
+    if (k == 0 || k < -1) {
+      ThrowBadRequest("truncate_prompt_tokens",
+                      "truncate_prompt_tokens must be an integer >= 1 or -1, got {}", k);
+    }
+    const int64_t max_len = ctx.engine().model_info().max_model_len;
+    if (k > max_len) {
+      ThrowBadRequest("truncate_prompt_tokens",
+                      "truncate_prompt_tokens value ({}) is greater than max_model_len ({}). "
+                      "Please, select a smaller truncation size.",
+                      k, max_len);
+    }
+    r.truncate_prompt_tokens = k < 0 ? max_len : k;
+  }
 
   const int32_t max_logprobs = ctx.options().max_logprobs;
   if (endpoint == Endpoint::kCompletions) {
@@ -232,6 +276,14 @@ SamplingRequest ParseSamplingRequest(const json& body, Endpoint endpoint,
     }
   }
   return r;
+}
+
+PromptInput TruncatePrompt(PromptInput prompt, const SamplingRequest& request) {
+  if (request.truncate_prompt_tokens &&
+      static_cast<int64_t>(prompt.ids.size()) > *request.truncate_prompt_tokens) {
+    prompt.ids.erase(prompt.ids.begin(), prompt.ids.end() - *request.truncate_prompt_tokens);
+  }
+  return prompt;
 }
 
 runtime::RequestParams MakeRequestParams(const SamplingRequest& request, const PromptInput& prompt,

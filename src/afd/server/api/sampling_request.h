@@ -42,6 +42,10 @@ struct SamplingRequest {
   std::vector<int32_t> stop_token_ids;
   bool ignore_eos = false;
   bool skip_special_tokens = true;
+  bool include_stop_str_in_output = false;  // the matched stop string ends the text
+  bool add_special_tokens = true;           // completions' text prompts: BOS and the like
+  // Keep only the prompt's last k tokens (-1: the model length); nullopt: no truncation.
+  std::optional<int64_t> truncate_prompt_tokens;
   int32_t logprobs = -1;  // -1: none; else the number of top tokens per position
   bool echo = false;      // completions only
   bool stream = false;
@@ -58,6 +62,10 @@ struct PromptInput {
 };
 
 SamplingRequest ParseSamplingRequest(const json& body, Endpoint endpoint, const ServerContext& ctx);
+
+// The prompt's last request.truncate_prompt_tokens ids when it is longer (vLLM's
+// truncate_prompt_tokens; its text, echoed, stays the request's).
+PromptInput TruncatePrompt(PromptInput prompt, const SamplingRequest& request);
 
 // A JSON array of token ids, each in [0, vocab_size); 400 naming `param` otherwise.
 std::vector<int32_t> ParseTokenIds(const json& value, const char* param, const ServerContext& ctx);
