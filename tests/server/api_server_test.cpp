@@ -213,6 +213,50 @@ TEST(ServerApiStream, ChunksUsageAndDone) {
   EXPECT_FALSE(json::parse(d2[d2.size() - 2])["choices"].empty());
 }
 
+// stream_options.continuous_usage_stats (with include_usage): every chunk carries its choice's
+// usage so far -- its prompt, the tokens it has generated -- as vLLM's; the final usage chunk
+// stays. Without include_usage it does nothing.
+TEST(ServerApiStream, ContinuousUsageStatsOnEveryChunk) {
+  ApiHarness h(SmallModel());
+  json req = {{"prompt", {1, 2, 3}},
+              {"max_tokens", 4},
+              {"temperature", 0},
+              {"stream", true},
+              {"stream_options", {{"include_usage", true}, {"continuous_usage_stats", true}}}};
+  const auto data = SseData(h.Post("/v1/completions", req).raw);
+  ASSERT_EQ(data.size(), 6u);  // 4 tokens, the usage chunk, [DONE]
+  for (size_t k = 0; k < 4; ++k) {
+    const json chunk = json::parse(data[k]);
+    ASSERT_TRUE(chunk.contains("usage")) << data[k];
+    EXPECT_EQ(chunk["usage"]["prompt_tokens"], 3);
+    EXPECT_EQ(chunk["usage"]["completion_tokens"], k + 1);
+    EXPECT_EQ(chunk["usage"]["total_tokens"], k + 4);
+  }
+  EXPECT_EQ(json::parse(data[4])["usage"]["completion_tokens"], 4);
+  req["stream_options"]["include_usage"] = false;
+  const auto plain = SseData(h.Post("/v1/completions", req).raw);
+  EXPECT_FALSE(json::parse(plain[0]).contains("usage")) << plain[0];
+}
+
+// The response id follows X-Request-Id, else the body's request_id, else is random (vLLM).
+TEST(ServerApiCompletions, ResponseIdFollowsTheRequestsId) {
+  ApiHarness h(SmallModel());
+  json req = {{"prompt", {1, 2}}, {"max_tokens", 1}};
+  EXPECT_EQ(h.Post("/v1/completions", req, {{"X-Request-Id", "abc-123"}}).body["id"],
+            "cmpl-abc-123");
+  req["request_id"] = "from-body";
+  EXPECT_EQ(h.Post("/v1/completions", req).body["id"], "cmpl-from-body");
+  EXPECT_EQ(h.Post("/v1/completions", req, {{"X-Request-Id", "hdr"}}).body["id"], "cmpl-hdr");
+  req.erase("request_id");
+  const std::string a = h.Post("/v1/completions", req).body["id"];
+  const std::string b = h.Post("/v1/completions", req).body["id"];
+  EXPECT_EQ(a.rfind("cmpl-", 0), 0u);
+  EXPECT_NE(a, b);
+  req["stream"] = true;
+  const auto data = SseData(h.Post("/v1/completions", req, {{"X-Request-Id", "s1"}}).raw);
+  EXPECT_EQ(json::parse(data[0])["id"], "cmpl-s1");
+}
+
 struct ErrorCase {
   std::string path;
   std::string body;
@@ -261,6 +305,7 @@ TEST(ServerApiErrors, BadRequestsAsVllm) {
       {"/v1/completions", R"({"prompt": [1], "tool_choice": "required"})", 400, "tool_choice"},
       {"/v1/completions", R"({"prompt": [1], "chat_template": "{{ messages }}"})", 400,
        "chat_template"},
+      {"/v1/completions", R"({"prompt": [1], "prompt_logprobs": 2})", 400, "prompt_logprobs"},
       {"/v1/completions", R"({"prompt": [1], "truncate_prompt_tokens": 0})", 400,
        "truncate_prompt_tokens"},
       {"/v1/completions", R"({"prompt": [1], "truncate_prompt_tokens": -2})", 400,

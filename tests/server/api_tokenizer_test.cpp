@@ -234,6 +234,48 @@ TEST_F(ServerApiTokenizer, ContinueFinalMessageEndsThePromptWithIt) {
   EXPECT_EQ(h_->Post("/v1/chat/completions", req).status, 200);
 }
 
+// return_tokens_as_token_ids: logprobs name tokens "token_id:<id>" (completions and chat).
+TEST_F(ServerApiTokenizer, ReturnTokensAsTokenIds) {
+  json req = {{"prompt", "Hello"},        {"max_tokens", 3},
+              {"temperature", 0},         {"logprobs", 1},
+              {"return_token_ids", true}, {"return_tokens_as_token_ids", true}};
+  const HttpResult r = h_->Post("/v1/completions", req);
+  ASSERT_EQ(r.status, 200) << r.raw;
+  const json& c = r.body["choices"][0];
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(c["logprobs"]["tokens"][i],
+              "token_id:" + std::to_string(c["token_ids"][i].get<int>()));
+  }
+  const json chat = {{"messages", {{{"role", "user"}, {"content", "Hi"}}}},
+                     {"max_tokens", 2},
+                     {"temperature", 0},
+                     {"logprobs", true},
+                     {"top_logprobs", 1},
+                     {"return_token_ids", true},
+                     {"return_tokens_as_token_ids", true}};
+  const HttpResult rc = h_->Post("/v1/chat/completions", chat);
+  ASSERT_EQ(rc.status, 200) << rc.raw;
+  const json& cc = rc.body["choices"][0];
+  EXPECT_EQ(cc["logprobs"]["content"][0]["token"],
+            "token_id:" + std::to_string(cc["token_ids"][0].get<int>()));
+  // Chat's continuous usage: the role chunk (nothing generated yet), then each token's chunk.
+  json stream = chat;
+  stream["stream"] = true;
+  stream["stream_options"] = {{"include_usage", true}, {"continuous_usage_stats", true}};
+  const auto data = SseData(h_->Post("/v1/chat/completions", stream).raw);
+  ASSERT_EQ(data.size(), 5u);  // role, 2 tokens, usage, [DONE]
+  const int64_t prompt_tokens = rc.body["usage"]["prompt_tokens"];
+  for (size_t k = 0; k < 3; ++k) {
+    const json chunk = json::parse(data[k]);
+    EXPECT_EQ(chunk["usage"]["prompt_tokens"], prompt_tokens) << data[k];
+    EXPECT_EQ(chunk["usage"]["completion_tokens"], k) << data[k];
+  }
+  req["return_tokens_as_token_ids"] = false;
+  const std::string text =
+      h_->Post("/v1/completions", req).body["choices"][0]["logprobs"]["tokens"][0];
+  EXPECT_EQ(text.rfind("token_id:", 0), std::string::npos);
+}
+
 TEST_F(ServerApiTokenizer, TokenizeAndDetokenize) {
   const HttpResult t =
       h_->Post("/tokenize", json{{"prompt", "Hello world"}, {"return_token_strs", true}});

@@ -18,13 +18,13 @@ HandlerResult Respond(const std::shared_ptr<ServerContext>& ctx, const SamplingR
                       const PromptInput& prompt, std::shared_ptr<const runtime::KvRows> imported) {
   const std::shared_ptr<RequestRun> run = SubmitChoices(ctx, r, {prompt}, std::move(imported));
 
-  const std::string id = ctx->RandomId("chatcmpl-");
+  const std::string id = ResponseId(*ctx, r, "chatcmpl-");
   const int64_t created = static_cast<int64_t>(std::time(nullptr));
   const std::string model = ctx->model_name();
   auto logprobs_of = [ctx, r](const std::vector<int32_t>& ids,
                               const std::vector<runtime::TokenLogprobs>& lps) -> json {
     if (r.logprobs < 0) return nullptr;
-    return {{"content", ChatLogprobsContent(ctx->tokenizer(), ids, lps, r.logprobs)}};
+    return {{"content", ChatLogprobsContent(LogprobsTokenizer(*ctx, r), ids, lps, r.logprobs)}};
   };
 
   if (!r.stream) {
@@ -54,7 +54,7 @@ HandlerResult Respond(const std::shared_ptr<ServerContext>& ctx, const SamplingR
       {"id", id}, {"object", "chat.completion.chunk"}, {"created", created}, {"model", model}};
   StreamFormat format;
   // First, each choice's role (as vLLM and OpenAI).
-  format.initial = [head, r, prompt, n = run->num_choices()] {
+  format.initial = [head, r, prompt, run, n = run->num_choices()] {
     std::vector<json> chunks;
     for (size_t c = 0; c < n; ++c) {
       json chunk = head;
@@ -63,6 +63,7 @@ HandlerResult Respond(const std::shared_ptr<ServerContext>& ctx, const SamplingR
                                        {"logprobs", nullptr},
                                        {"finish_reason", nullptr}}});
       if (r.return_token_ids) chunk["prompt_token_ids"] = prompt.ids;
+      if (r.continuous_usage) chunk["usage"] = ChoiceUsage(*run, c);
       chunks.push_back(std::move(chunk));
     }
     return chunks;
@@ -77,6 +78,7 @@ HandlerResult Respond(const std::shared_ptr<ServerContext>& ctx, const SamplingR
     if (r.return_token_ids) out["token_ids"] = d.token_ids;
     json chunk = head;
     chunk["choices"] = json::array({std::move(out)});
+    if (r.continuous_usage) chunk["usage"] = ChoiceUsage(*run, c);
     return std::vector<json>{std::move(chunk)};
   };
   format.usage = [run, head, n = r.n] {
@@ -93,7 +95,7 @@ HandlerResult Respond(const std::shared_ptr<ServerContext>& ctx, const SamplingR
 HandlerResult HandleChatCompletions(const std::shared_ptr<ServerContext>& ctx,
                                     const HttpRequest& req) {
   const json body = ParseBody(req.body);
-  const SamplingRequest r = ParseSamplingRequest(body, Endpoint::kChat, *ctx);
+  const SamplingRequest r = ParseSamplingRequest(body, Endpoint::kChat, *ctx, req);
   const PromptInput prompt =
       TruncatePrompt(ChatPrompt(*ctx, body, /*default_add_special_tokens=*/false), r);
   return RunWithKvRows(ctx, r, 1, [ctx, r, prompt](std::shared_ptr<const runtime::KvRows> rows) {

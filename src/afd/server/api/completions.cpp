@@ -65,18 +65,19 @@ json ChoiceLogprobs(const ServerContext& ctx, const SamplingRequest& r, const Re
   if (r.logprobs < 0) return nullptr;
   const ChoiceState& choice = run.choice(c);
   int64_t offset = 0;
-  json out = CompletionLogprobs(ctx.tokenizer(), {}, {}, &offset);
+  json out = CompletionLogprobs(LogprobsTokenizer(ctx, r), {}, {}, &offset);
   if (r.echo) {
     std::vector<const runtime::TokenLogprobs*> lps;
     for (size_t i = 0; i < choice.prompt_logprobs().size(); ++i) {
       lps.push_back(i == 0 ? nullptr : &choice.prompt_logprobs()[i]);
     }
-    AppendCompletionLogprobs(out, CompletionLogprobs(ctx.tokenizer(), run.prompt(c), lps, &offset));
+    AppendCompletionLogprobs(
+        out, CompletionLogprobs(LogprobsTokenizer(ctx, r), run.prompt(c), lps, &offset));
   }
   std::vector<const runtime::TokenLogprobs*> lps;
   for (const auto& lp : choice.logprobs()) lps.push_back(&lp);
-  AppendCompletionLogprobs(out,
-                           CompletionLogprobs(ctx.tokenizer(), choice.token_ids(), lps, &offset));
+  AppendCompletionLogprobs(
+      out, CompletionLogprobs(LogprobsTokenizer(ctx, r), choice.token_ids(), lps, &offset));
   return out;
 }
 
@@ -92,7 +93,7 @@ HandlerResult Respond(const std::shared_ptr<ServerContext>& ctx, const SamplingR
                       std::shared_ptr<const runtime::KvRows> imported) {
   const std::shared_ptr<RequestRun> run = SubmitChoices(ctx, r, prompts, std::move(imported));
 
-  const std::string id = ctx->RandomId("cmpl-");
+  const std::string id = ResponseId(*ctx, r, "cmpl-");
   const int64_t created = static_cast<int64_t>(std::time(nullptr));
   const std::string model = ctx->model_name();
   const size_t num_prompts = prompts.size();
@@ -136,19 +137,19 @@ HandlerResult Respond(const std::shared_ptr<ServerContext>& ctx, const SamplingR
     std::string text = d.text;
     json logprobs = nullptr;
     if (r.logprobs >= 0) {
-      logprobs = CompletionLogprobs(ctx->tokenizer(), {}, {}, &s.text_offset);
+      logprobs = CompletionLogprobs(LogprobsTokenizer(*ctx, r), {}, {}, &s.text_offset);
       if (s.first && r.echo) {
         std::vector<const runtime::TokenLogprobs*> lps;
         for (size_t i = 0; i < choice.prompt_logprobs().size(); ++i) {
           lps.push_back(i == 0 ? nullptr : &choice.prompt_logprobs()[i]);
         }
-        AppendCompletionLogprobs(
-            logprobs, CompletionLogprobs(ctx->tokenizer(), run->prompt(c), lps, &s.text_offset));
+        AppendCompletionLogprobs(logprobs, CompletionLogprobs(LogprobsTokenizer(*ctx, r),
+                                                              run->prompt(c), lps, &s.text_offset));
       }
       std::vector<const runtime::TokenLogprobs*> lps;
       for (const auto& lp : d.logprobs) lps.push_back(&lp);
-      AppendCompletionLogprobs(
-          logprobs, CompletionLogprobs(ctx->tokenizer(), d.token_ids, lps, &s.text_offset));
+      AppendCompletionLogprobs(logprobs, CompletionLogprobs(LogprobsTokenizer(*ctx, r), d.token_ids,
+                                                            lps, &s.text_offset));
     }
     if (s.first && r.echo) text = prompt_text(c) + text;
     json out = {{"index", c},
@@ -163,6 +164,7 @@ HandlerResult Respond(const std::shared_ptr<ServerContext>& ctx, const SamplingR
     s.first = false;
     json chunk = head;
     chunk["choices"] = json::array({std::move(out)});
+    if (r.continuous_usage) chunk["usage"] = ChoiceUsage(*run, c);
     return std::vector<json>{std::move(chunk)};
   };
   format.usage = [run, head, num_prompts, n = r.n] {
@@ -178,7 +180,7 @@ HandlerResult Respond(const std::shared_ptr<ServerContext>& ctx, const SamplingR
 
 HandlerResult HandleCompletions(const std::shared_ptr<ServerContext>& ctx, const HttpRequest& req) {
   const json body = ParseBody(req.body);
-  const SamplingRequest r = ParseSamplingRequest(body, Endpoint::kCompletions, *ctx);
+  const SamplingRequest r = ParseSamplingRequest(body, Endpoint::kCompletions, *ctx, req);
   const std::vector<PromptInput> prompts = ParsePrompts(*ctx, body, r);
   return RunWithKvRows(ctx, r, prompts.size(),
                        [ctx, r, prompts](std::shared_ptr<const runtime::KvRows> rows) {

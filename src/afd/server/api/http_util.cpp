@@ -65,6 +65,14 @@ json Usage(const RequestRun& run, size_t num_prompts, int64_t n) {
           {"completion_tokens", completion_tokens}};
 }
 
+json ChoiceUsage(const RequestRun& run, size_t c) {
+  const int64_t prompt_tokens = static_cast<int64_t>(run.prompt(c).size());
+  const int64_t completion_tokens = static_cast<int64_t>(run.choice(c).token_ids().size());
+  return {{"prompt_tokens", prompt_tokens},
+          {"total_tokens", prompt_tokens + completion_tokens},
+          {"completion_tokens", completion_tokens}};
+}
+
 namespace {
 
 void AppendEvent(std::string* out, const std::string& data) {

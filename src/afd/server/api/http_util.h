@@ -82,5 +82,8 @@ class GenerationResponse : public PendingResponse {
 // usage {"prompt_tokens", "completion_tokens", "total_tokens"} of a run whose choice i answers
 // prompt prompt_of_choice[i]; each prompt counts once.
 json Usage(const RequestRun& run, size_t num_prompts, int64_t n);
+// Choice c's usage so far (stream_options.continuous_usage_stats, on each of its chunks): its
+// prompt and the tokens it has generated.
+json ChoiceUsage(const RequestRun& run, size_t c);
 
 }  // namespace afd::server::api

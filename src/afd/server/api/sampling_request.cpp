@@ -100,12 +100,19 @@ std::vector<int32_t> ParseTokenIds(const json& value, const char* param, const S
   return ids;
 }
 
-SamplingRequest ParseSamplingRequest(const json& body, Endpoint endpoint,
-                                     const ServerContext& ctx) {
+SamplingRequest ParseSamplingRequest(const json& body, Endpoint endpoint, const ServerContext& ctx,
+                                     const HttpRequest& http) {
   SamplingRequest r;
+  r.request_id = http.Header("x-request-id");
+  if (r.request_id.empty()) r.request_id = StringField(body, "request_id", "");
   r.model = StringField(body, "model", "");
   ctx.CheckModel(r.model);
   RejectUnsupported(body);
+  if (const json* p = FindField(body, "prompt_logprobs"); p != nullptr && !p->is_null()) {
+    ThrowBadRequest("prompt_logprobs",
+                    "'prompt_logprobs' is not supported by this server yet (the prompt tokens' "
+                    "ranks are not computed); /v1/completions gives them with echo and logprobs");
+  }
 
   r.n = IntField(body, "n", 1);
   if (r.n < 1) ThrowBadRequest("n", "n must be at least 1, got {}.", r.n);
@@ -163,6 +170,7 @@ SamplingRequest ParseSamplingRequest(const json& body, Endpoint endpoint,
   r.ignore_eos = BoolField(body, "ignore_eos", defaults.ignore_eos);
   r.skip_special_tokens = BoolField(body, "skip_special_tokens", true);
   r.include_stop_str_in_output = BoolField(body, "include_stop_str_in_output", false);
+  r.return_tokens_as_token_ids = BoolField(body, "return_tokens_as_token_ids", false);
   r.add_special_tokens = BoolField(body, "add_special_tokens", endpoint == Endpoint::kCompletions);
   if (const json* t = FindField(body, "truncate_prompt_tokens"); t != nullptr && !t->is_null()) {
     const int64_t k = IntField(body, "truncate_prompt_tokens", 0);
@@ -217,6 +225,8 @@ SamplingRequest ParseSamplingRequest(const json& body, Endpoint endpoint,
       ThrowBadRequest("stream_options", "'stream_options' must be an object");
     }
     r.include_usage = BoolField(*options, "include_usage", false);
+    // vLLM's continuous_usage_stats: a usage on every chunk, when include_usage is set too.
+    r.continuous_usage = r.include_usage && BoolField(*options, "continuous_usage_stats", false);
   }
   r.return_token_ids = BoolField(body, "return_token_ids", false);
   if (const json* kv = FindField(body, "kv_transfer_params"); kv != nullptr) {
@@ -276,6 +286,11 @@ SamplingRequest ParseSamplingRequest(const json& body, Endpoint endpoint,
     }
   }
   return r;
+}
+
+std::string ResponseId(ServerContext& ctx, const SamplingRequest& request,
+                       const std::string& prefix) {
+  return request.request_id.empty() ? ctx.RandomId(prefix) : prefix + request.request_id;
 }
 
 PromptInput TruncatePrompt(PromptInput prompt, const SamplingRequest& request) {

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "afd/runtime/request.h"
+#include "afd/server/api/http_types.h"
 #include "afd/server/api/json_fields.h"
 #include "afd/server/api/server_context.h"
 
@@ -34,6 +35,9 @@ struct KvTransferParams {
 
 struct SamplingRequest {
   std::string model;  // as named by the request ("" when absent)
+  // The response id's base: the X-Request-Id header, else the body's request_id, else "" (a
+  // random one), as vLLM names its responses.
+  std::string request_id;
   int64_t n = 1;
   std::optional<int64_t> max_tokens;  // absent (chat only): up to the model length
   runtime::SamplingParams sampling;
@@ -43,6 +47,7 @@ struct SamplingRequest {
   bool ignore_eos = false;
   bool skip_special_tokens = true;
   bool include_stop_str_in_output = false;  // the matched stop string ends the text
+  bool return_tokens_as_token_ids = false;  // logprobs' token strings as "token_id:<id>"
   bool add_special_tokens = true;           // completions' text prompts: BOS and the like
   // Keep only the prompt's last k tokens (-1: the model length); nullopt: no truncation.
   std::optional<int64_t> truncate_prompt_tokens;
@@ -50,6 +55,7 @@ struct SamplingRequest {
   bool echo = false;      // completions only
   bool stream = false;
   bool include_usage = false;
+  bool continuous_usage = false;  // usage on every chunk (with include_usage)
   bool return_token_ids = false;
   KvTransferParams kv;
 };
@@ -61,11 +67,23 @@ struct PromptInput {
   std::string text;
 };
 
-SamplingRequest ParseSamplingRequest(const json& body, Endpoint endpoint, const ServerContext& ctx);
+SamplingRequest ParseSamplingRequest(const json& body, Endpoint endpoint, const ServerContext& ctx,
+                                     const HttpRequest& http);
+
+// The response id: prefix + the request's id, or a random one.
+std::string ResponseId(ServerContext& ctx, const SamplingRequest& request,
+                       const std::string& prefix);
 
 // The prompt's last request.truncate_prompt_tokens ids when it is longer (vLLM's
 // truncate_prompt_tokens; its text, echoed, stays the request's).
 PromptInput TruncatePrompt(PromptInput prompt, const SamplingRequest& request);
+
+// The tokenizer that names tokens in logprobs: none (so "token_id:<id>") with
+// return_tokens_as_token_ids.
+inline const text::Tokenizer* LogprobsTokenizer(const ServerContext& ctx,
+                                                const SamplingRequest& request) {
+  return request.return_tokens_as_token_ids ? nullptr : ctx.tokenizer();
+}
 
 // A JSON array of token ids, each in [0, vocab_size); 400 naming `param` otherwise.
 std::vector<int32_t> ParseTokenIds(const json& value, const char* param, const ServerContext& ctx);
