@@ -305,6 +305,13 @@ class FakeReplica {
     step.round_trips.bucket_counts[3] = 2;
     conn_->Send(deploy::EncodeEngineMessage(step), 10);
   }
+  void Report(std::vector<runtime::RequestOutput> outputs, const runtime::EngineStats& stats) {
+    EngineMessage step;
+    step.kind = Kind::kStep;
+    step.outputs = std::move(outputs);
+    step.stats = stats;
+    conn_->Send(deploy::EncodeEngineMessage(step), 10);
+  }
   void Send(const EngineMessage& m) { conn_->Send(deploy::EncodeEngineMessage(m), 10); }
   void Close() { conn_->Close(); }
 
@@ -419,6 +426,77 @@ TEST(ReplicaEngineClient, RoutesToTheLeastLoadedReplicaAndDeliversOutputs) {
                 [&](const runtime::RequestOutput& o) { refused.set_value(o.finish_reason); });
   EXPECT_EQ(refused.get_future().get(), runtime::FinishReason::kError);
   // The abort was never answered (the replica is gone): it ends with the client.
+}
+
+// The load is what the replicas report (running, waiting, KV blocks: their engines' own
+// counts), per replica and summed, plus the requests sent that no report has counted yet (as
+// waiting) -- what /metrics and admission read, as for an engine in the server's process.
+TEST(ReplicaEngineClient, LoadIsWhatTheReplicasReport) {
+  ReplicaEngineClient client(2, 0);
+  FakeReplica r0(client.endpoint(), 0), r1(client.endpoint(), 1);
+  ASSERT_TRUE(client.WaitReady(10));
+  std::vector<std::promise<void>> first(4);
+  for (uint64_t id = 0; id < 4; ++id) {
+    runtime::RequestParams p;
+    p.prompt = {1, 2};
+    auto seen = std::make_shared<bool>(false);
+    client.Submit(id, p, [&first, id, seen](const runtime::RequestOutput&) {
+      if (!*seen) first[id].set_value();
+      *seen = true;
+    });
+  }
+  // Before any report: all four waiting, on their way.
+  EngineLoad load = client.Load();
+  EXPECT_EQ(load.total.num_running, 0);
+  EXPECT_EQ(load.total.num_waiting, 4);
+  EXPECT_EQ(load.total.kv_blocks_total, 128);  // the hellos' blocks
+  for (int i = 0; i < 2; ++i) EXPECT_EQ(r0.Next().kind, Kind::kSubmit);
+  for (int i = 0; i < 2; ++i) EXPECT_EQ(r1.Next().kind, Kind::kSubmit);
+  runtime::EngineStats s0;
+  s0.num_running = 1;
+  s0.num_waiting = 1;
+  s0.kv_blocks_used = 7;
+  s0.kv_blocks_total = 64;
+  s0.steps = 3;
+  r0.Report({Out(0, 5, false)}, s0);
+  first[0].get_future().get();
+  load = client.Load();
+  EXPECT_EQ(load.engines[0].num_running, 1);
+  EXPECT_EQ(load.engines[0].num_waiting, 1);
+  EXPECT_EQ(load.engines[0].kv_blocks_used, 7);
+  EXPECT_EQ(load.total.num_running, 1);
+  EXPECT_EQ(load.total.num_waiting, 3);  // replica 0's one + replica 1's two not reported yet
+  runtime::EngineStats s1 = s0;
+  s1.num_running = 2;
+  s1.num_waiting = 0;
+  s1.kv_blocks_used = 20;
+  r1.Report({Out(2, 6, false)}, s1);
+  first[2].get_future().get();
+  load = client.Load();
+  EXPECT_EQ(load.total.num_running, 3);
+  EXPECT_EQ(load.total.num_waiting, 1);
+  EXPECT_EQ(load.total.kv_blocks_used, 27);
+  EXPECT_EQ(load.total.kv_blocks_total, 128);
+  EXPECT_EQ(load.total.steps, 6);
+  // Everything finished: nothing running, nothing waiting.
+  runtime::EngineStats idle;
+  idle.kv_blocks_total = 64;
+  std::promise<void> last;
+  runtime::RequestParams nine_params;
+  nine_params.prompt = {1};
+  client.Submit(9, nine_params, [&](const runtime::RequestOutput& o) {
+    if (o.finished) last.set_value();
+  });
+  const EngineMessage nine = r0.Next();  // replica 0: 2 live against replica 1's 2, lower rank
+  EXPECT_EQ(nine.id, 9u);
+  r1.Report({Out(2, 7, true), Out(3, 8, true)}, idle);
+  r0.Report({Out(0, 9, true), Out(1, 9, true), Out(9, 9, true)}, idle);
+  last.get_future().get();
+  load = client.Load();
+  EXPECT_EQ(load.total.num_running, 0);
+  EXPECT_EQ(load.total.num_waiting, 0);
+  EXPECT_EQ(load.total.kv_blocks_used, 0);
+  client.Shutdown();
 }
 
 TEST(ReplicaEngineClient, ALostReplicaFailsEveryLiveRequest) {

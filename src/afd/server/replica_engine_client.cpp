@@ -337,7 +337,7 @@ EngineLoad ReplicaEngineClient::Load() const {
   return load;
 }
 
-void ReplicaEngineClient::Handle(size_t connection, deploy::EngineMessage m) {
+void ReplicaEngineClient::Handle(size_t connection, int replica, deploy::EngineMessage m) {
   using Kind = deploy::EngineMessage::Kind;
   std::vector<std::pair<OutputCallback, uint64_t>> failed;
   std::string reason;
@@ -386,6 +386,9 @@ void ReplicaEngineClient::Handle(size_t connection, deploy::EngineMessage m) {
     std::vector<std::pair<OutputCallback, runtime::RequestOutput>> calls;
     {
       MutexLock lock(mu_);
+      // The replica's load as its engine reports it (running, waiting, KV blocks): what
+      // /metrics and admission count, as an engine in this process would.
+      if (replica >= 0 && replica < num_replicas_) replicas_[replica].stats = m.stats;
       for (runtime::RequestOutput& o : m.outputs) {
         if (o.finished && !o.kv_held) held_.erase(o.request_id);
         const auto it = live_.find(o.request_id);
@@ -581,7 +584,7 @@ void ReplicaEngineClient::IoLoop() {
           }
           const int said = m.hello.dp_rank - first_dp_rank_;
           const bool hello = !greeted;
-          Handle(greeted ? SIZE_MAX : index, std::move(m));
+          Handle(greeted ? SIZE_MAX : index, greeted ? replica : -1, std::move(m));
           greeted = true;
           if (hello) replica = said;
           if (!Failure().empty()) break;

@@ -110,7 +110,9 @@ class ReplicaEngineClient : public EngineClient {
   void Queue(Outgoing frame);
   // Drops pending connection `i` with a log line (and a refusal frame when `tell`).
   void DropPending(size_t i, const std::string& why, bool tell);
-  void Handle(size_t connection, deploy::EngineMessage m);
+  // connection: a pending connection's index (its hello), else SIZE_MAX; replica: the replica
+  // that sent m once it said hello (its step reports are its load), else -1.
+  void Handle(size_t connection, int replica, deploy::EngineMessage m);
   void FailLocked(const std::string& why, std::vector<std::pair<OutputCallback, uint64_t>>& out)
       AFD_REQUIRES(mu_);
   void Deliver(std::vector<std::pair<OutputCallback, uint64_t>>& failed, const std::string& why);
