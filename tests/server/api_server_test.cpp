@@ -436,7 +436,12 @@ TEST(ServerApiHealth, ReadyFailureAndShutdown) {
   const HttpResult f = h.Get("/health");
   EXPECT_EQ(f.status, 503);
   EXPECT_NE(f.raw.find("attention rank 1 died"), std::string::npos);
+  // /ping is /health (GET or POST), as vLLM's.
+  EXPECT_EQ(h.Get("/ping").status, 503);
+  EXPECT_EQ(h.Post("/ping", std::string()).status, 503);
   h.engine.SetFailure("");
+  EXPECT_EQ(h.Get("/ping").status, 200);
+  EXPECT_EQ(h.Post("/ping", std::string()).status, 200);
   EXPECT_EQ(h.Get("/version").status, 200);
   h.server->BeginShutdown();
   const HttpResult s = h.Post("/v1/completions", json{{"prompt", {1}}, {"max_tokens", 1}});
@@ -611,6 +616,17 @@ TEST(ServerApiMetrics, CountsRequestsAndTokens) {
   EXPECT_EQ(Metric(t, "afd:connector_round_trip_seconds_bucket{model_name=\"model\",le=\"0.01\"}"),
             3);
   EXPECT_EQ(Metric(t, "afd:connector_round_trip_seconds_count" + l), 4);
+  // Per sequence: prompt tokens 3, 3, 1; generated 5, 5, 1 (vLLM's 1-2-5 buckets to the model
+  // length, 256: the last bound 200).
+  EXPECT_EQ(Metric(t, "vllm:request_prompt_tokens_count" + l), 3);
+  EXPECT_EQ(Metric(t, "vllm:request_prompt_tokens_sum" + l), 7);
+  EXPECT_EQ(Metric(t, "vllm:request_prompt_tokens_bucket{model_name=\"model\",le=\"2\"}"), 1);
+  EXPECT_EQ(Metric(t, "vllm:request_prompt_tokens_bucket{model_name=\"model\",le=\"5\"}"), 3);
+  EXPECT_EQ(Metric(t, "vllm:request_generation_tokens_sum" + l), 11);
+  EXPECT_EQ(Metric(t, "vllm:request_generation_tokens_bucket{model_name=\"model\",le=\"1\"}"), 1);
+  EXPECT_EQ(Metric(t, "vllm:request_generation_tokens_bucket{model_name=\"model\",le=\"200\"}"), 3);
+  EXPECT_EQ(t.find("vllm:request_generation_tokens_bucket{model_name=\"model\",le=\"500\"}"),
+            std::string::npos);
   // Every line is a comment or "series value".
   for (const auto& line : afd::test::SplitLines(t)) {
     if (line.empty() || line[0] == '#') continue;

@@ -94,7 +94,7 @@ struct ApiServer::Impl {
 
 bool ApiServer::Impl::Inline(const HttpRequest& req, HandlerResult* out) {
   const api::ServerContext& c = *ctx;
-  const bool open = req.path == "/health" || req.path == "/metrics";
+  const bool open = req.path == "/health" || req.path == "/ping" || req.path == "/metrics";
   if (c.shutting_down && !open) {
     *out = {Error(ApiError(503, "the server is shutting down")), nullptr};
     return true;
@@ -109,7 +109,8 @@ bool ApiServer::Impl::Inline(const HttpRequest& req, HandlerResult* out) {
     return true;
   }
   const bool get = req.method == "GET";
-  if (req.path == "/health" && get) {
+  // /ping: vLLM's alias of /health (GET or POST; load balancers' and SageMaker's probe).
+  if ((req.path == "/health" && get) || (req.path == "/ping" && (get || req.method == "POST"))) {
     const std::string failure = ctx->engine().Failure();
     std::string why;
     if (!failure.empty()) {
@@ -156,8 +157,8 @@ bool ApiServer::Impl::Inline(const HttpRequest& req, HandlerResult* out) {
   const bool post_endpoint = req.path == "/v1/completions" || req.path == "/v1/chat/completions" ||
                              req.path == "/tokenize" || req.path == "/detokenize";
   if (post_endpoint && req.method == "POST") return false;  // the worker pool's
-  const bool known = post_endpoint || req.path == "/health" || req.path == "/metrics" ||
-                     req.path == "/version" || req.path == "/v1/models";
+  const bool known = post_endpoint || req.path == "/health" || req.path == "/ping" ||
+                     req.path == "/metrics" || req.path == "/version" || req.path == "/v1/models";
   if (known) {
     *out = {Error(ApiError(405, "Method Not Allowed: " + req.method + " " + req.path)), nullptr};
   } else {

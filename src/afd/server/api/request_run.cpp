@@ -31,6 +31,8 @@ struct RequestRun::Shared {
     bool finished = false;
     Clock::time_point last;
     std::string metrics_reason;  // set when the server ended it (stop string, client gone)
+    int64_t prompt_tokens = 0;   // of its prompt
+    int64_t generated = 0;       // tokens output so far
   };
   Clock::time_point arrival = Clock::now();
   Mutex mu;
@@ -57,7 +59,11 @@ void RequestRun::Submit(runtime::RequestParams params) {
   const uint64_t id = ctx_->RegisterSequence();
   {
     MutexLock lock(shared_->mu);
-    shared_->sequences.push_back({id, false, false, Clock::now(), ""});
+    Shared::Sequence seq;
+    seq.id = id;
+    seq.last = Clock::now();
+    seq.prompt_tokens = static_cast<int64_t>(params.prompt.size());
+    shared_->sequences.push_back(std::move(seq));
   }
   std::shared_ptr<ServerContext> ctx = ctx_;
   std::shared_ptr<Shared> shared = shared_;
@@ -68,6 +74,7 @@ void RequestRun::Submit(runtime::RequestParams params) {
         Shared::Sequence& seq = shared->sequences[choice];
         if (seq.finished) return;
         const auto num_tokens = static_cast<int64_t>(out.token_ids.size());
+        seq.generated += num_tokens;
         if (num_tokens > 0 && !seq.got_tokens) {
           seq.got_tokens = true;
           ctx->metrics().OnFirstOutput(Seconds(now - shared->arrival), out.num_prompt_tokens,
@@ -81,7 +88,7 @@ void RequestRun::Submit(runtime::RequestParams params) {
           ctx->SequenceFinished(seq.id);
           ctx->metrics().OnFinished(
               seq.metrics_reason.empty() ? ReasonLabel(out.finish_reason) : seq.metrics_reason,
-              Seconds(now - shared->arrival));
+              Seconds(now - shared->arrival), seq.prompt_tokens, seq.generated);
         }
         shared->outputs.emplace_back(choice, out);
         shared->cv.notify_all();

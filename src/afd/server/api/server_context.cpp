@@ -16,7 +16,7 @@ ServerContext::ServerContext(ApiServerOptions options, EngineClient& engine,
       engine_(engine),
       tokenizer_(tokenizer),
       chat_template_(chat_template),
-      metrics_(options_.served_model_names.front()),
+      metrics_(options_.served_model_names.front(), engine.model_info().max_model_len),
       rng_(std::random_device{}()) {
   if (options_.kv_transfer && !options_.kv_transfer->engine_id.empty()) {
     kv_engine_id_ = options_.kv_transfer->engine_id;

@@ -19,13 +19,29 @@ const std::vector<double> kE2eBounds = {0.3,  0.5,   0.8,   1.0,   1.5,   2.0,  
 const std::vector<double> kKvPullBounds = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
                                            0.25,  0.5,    1.0,   2.5,  5.0,   10.0, 30.0};
 
+// vLLM's build_1_2_5_buckets: 1, 2, 5, 10, 20, 50, ... up to `max`.
+std::vector<double> OneTwoFive(int64_t max) {
+  std::vector<double> out;
+  for (int64_t scale = 1;; scale *= 10) {
+    for (int64_t m : {1, 2, 5}) {
+      if (m * scale > max) return out;
+      out.push_back(static_cast<double>(m * scale));
+    }
+  }
+}
+
 constexpr const char* kItl = "vllm:inter_token_latency_seconds";
 constexpr const char* kTpot = "vllm:time_per_output_token_seconds";
 
 }  // namespace
 
-ServingMetrics::ServingMetrics(std::string model_name)
+ServingMetrics::ServingMetrics(std::string model_name, int64_t max_model_len)
     : labels_{{"model_name", std::move(model_name)}} {
+  const std::vector<double> token_bounds = OneTwoFive(max_model_len > 0 ? max_model_len : 1000000);
+  registry_.DeclareHistogram("vllm:request_prompt_tokens",
+                             "Number of prefill tokens processed, per sequence.", token_bounds);
+  registry_.DeclareHistogram("vllm:request_generation_tokens",
+                             "Number of generation tokens processed, per sequence.", token_bounds);
   registry_.DeclareGauge("vllm:num_requests_running",
                          "Number of sequences running in the engines.");
   registry_.DeclareGauge("vllm:num_requests_waiting",
@@ -118,11 +134,15 @@ void ServingMetrics::OnNextOutput(double gap_s, int64_t num_tokens) {
   registry_.Increment("vllm:generation_tokens_total", labels_, static_cast<double>(num_tokens));
 }
 
-void ServingMetrics::OnFinished(const std::string& reason, double e2e_s) {
+void ServingMetrics::OnFinished(const std::string& reason, double e2e_s, int64_t prompt_tokens,
+                                int64_t generation_tokens) {
   MetricLabels l = labels_;
   l.emplace_back("finished_reason", reason);
   registry_.Increment("vllm:request_success_total", l);
   registry_.Observe("vllm:e2e_request_latency_seconds", labels_, e2e_s);
+  registry_.Observe("vllm:request_prompt_tokens", labels_, static_cast<double>(prompt_tokens));
+  registry_.Observe("vllm:request_generation_tokens", labels_,
+                    static_cast<double>(generation_tokens));
 }
 
 std::string ServingMetrics::Render(const EngineLoad& load) {
