@@ -436,6 +436,15 @@ TEST(ServerApiHealth, ReadyFailureAndShutdown) {
   const HttpResult f = h.Get("/health");
   EXPECT_EQ(f.status, 503);
   EXPECT_NE(f.raw.find("attention rank 1 died"), std::string::npos);
+  // A request while the engines are known to have failed: 503 naming it before anything is
+  // submitted -- a streamed one too, before its stream starts (no 200 then an error event).
+  for (const bool stream : {false, true}) {
+    const HttpResult r =
+        h.Post("/v1/completions", json{{"prompt", {1}}, {"max_tokens", 1}, {"stream", stream}});
+    EXPECT_EQ(r.status, 503) << r.raw;
+    EXPECT_NE(r.raw.find("attention rank 1 died"), std::string::npos) << r.raw;
+    EXPECT_TRUE(r.headers.count("Retry-After"));
+  }
   // /ping is /health (GET or POST), as vLLM's.
   EXPECT_EQ(h.Get("/ping").status, 503);
   EXPECT_EQ(h.Post("/ping", std::string()).status, 503);

@@ -46,6 +46,11 @@ void ServerContext::SequenceFinished(uint64_t id) {
 }
 
 std::unique_lock<std::mutex> ServerContext::AdmitRequest() {
+  // Engines known to have failed (a replica or rank gone): 503 before anything is submitted or
+  // a stream starts, as /health says.
+  if (const std::string failure = engine_.Failure(); !failure.empty()) {
+    throw ApiError(503, "the engines failed: " + failure);
+  }
   const int64_t limit = options_.max_waiting_requests;
   if (limit <= 0) return {};
   std::unique_lock<std::mutex> admission(admission_mu_);

@@ -41,7 +41,8 @@ class ServerContext {
   uint64_t RegisterSequence();
   // Its final output arrived.
   void SequenceFinished(uint64_t id);
-  // Admission under max_waiting_requests: 503 with Retry-After when the engine's waiting count
+  // Admission: 503 with Retry-After when the engines have failed (EngineClient::Failure), or,
+  // under max_waiting_requests, when the engine's waiting count
   // (which includes sequences still on their way to an engine) has reached it. Else returns a
   // lock to hold until the request's sequences are submitted, so that the next request's check
   // counts them; admissions are serialized only when a limit is set (else the lock is empty).
