@@ -4,6 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <string>
+
 #include "afd/common/error.h"
 
 namespace afd {
@@ -30,6 +33,29 @@ TEST(KvTransferConfig, ReadsTheFields) {
   EXPECT_EQ(d.kv_port, 14579);
   EXPECT_EQ(d.hold_timeout_s, 480);
   EXPECT_EQ(d.transport, KvTransferConfig::Transport::kTcp);
+  EXPECT_EQ(d.load_failure_policy, KvTransferConfig::LoadFailurePolicy::kFail);  // vLLM's default
+  EXPECT_TRUE(d.ignored.empty());
+}
+
+// vLLM's keys common in recipes: kv_load_failure_policy is read; the others are checked for
+// their type and listed as ignored (the server warns), never fatal; null is vLLM's None.
+TEST(KvTransferConfig, VllmRecipeKeysAreAcceptedAndTheMeaninglessOnesListed) {
+  const KvTransferConfig c = ParseKvTransferConfig(
+      R"({"kv_connector": "AfdKvConnector", "kv_role": "kv_consumer", "kv_buffer_device": "cuda",
+          "kv_buffer_size": 5e9, "kv_rank": 1, "kv_parallel_size": 2,
+          "kv_load_failure_policy": "recompute", "enable_permute_local_kv": false,
+          "engine_id": null})");
+  EXPECT_EQ(c.load_failure_policy, KvTransferConfig::LoadFailurePolicy::kRecompute);
+  ASSERT_EQ(c.ignored.size(), 5u);
+  for (const char* key : {"kv_buffer_device", "kv_buffer_size", "kv_rank", "kv_parallel_size",
+                          "enable_permute_local_kv"}) {
+    const std::string head = std::string("kv_transfer_config.") + key + " (";
+    EXPECT_EQ(std::count_if(c.ignored.begin(), c.ignored.end(),
+                            [&](const std::string& s) { return s.rfind(head, 0) == 0; }),
+              1)
+        << key;
+  }
+  EXPECT_EQ(c.engine_id, "");
 }
 
 TEST(KvTransferConfig, BadInputIsRefusedByName) {
@@ -39,8 +65,17 @@ TEST(KvTransferConfig, BadInputIsRefusedByName) {
       {R"({"kv_connector": "AfdKvConnector"})", "kv_role is required"},
       {R"({"kv_role": "kv_both"})", "kv_connector is required"},
       {R"({"kv_connector": "AfdKvConnector", "kv_role": "kv_both", "kv_port": 70000})", "kv_port"},
-      {R"({"kv_connector": "AfdKvConnector", "kv_role": "kv_both", "kv_buffer_size": 1})",
-       "kv_buffer_size: unknown field"},
+      {R"({"kv_connector": "AfdKvConnector", "kv_role": "kv_both", "kv_buffer_slots": 1})",
+       "kv_buffer_slots: unknown field"},
+      {R"({"kv_connector": "AfdKvConnector", "kv_role": "kv_both", "kv_buffer_size": "big"})",
+       "kv_buffer_size"},
+      {R"({"kv_connector": "AfdKvConnector", "kv_role": "kv_both", "kv_rank": -1})", "kv_rank"},
+      {R"({"kv_connector": "AfdKvConnector", "kv_role": "kv_both",
+           "kv_load_failure_policy": "retry"})",
+       "kv_load_failure_policy: 'retry' (recompute or fail)"},
+      {R"({"kv_connector": "AfdKvConnector", "kv_role": "kv_both",
+           "kv_connector_module_path": "my.module"})",
+       "kv_connector_module_path: a Python connector module cannot be loaded"},
       {R"({"kv_connector": "AfdKvConnector", "kv_role": "kv_both",
            "kv_connector_extra_config": {"hold_s": 1}})",
        "kv_connector_extra_config.hold_s: unknown field"},

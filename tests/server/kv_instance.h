@@ -28,8 +28,10 @@ struct KvInstance {
   std::unique_ptr<LocalEngineClient> engine;
   std::unique_ptr<ApiServer> server;
 
-  explicit KvInstance(std::optional<KvTransferConfig::Role> role, double transfer_timeout_s = 2,
-                      double hold_timeout_s = 480, const std::string& model_name = "preset:tiny") {
+  explicit KvInstance(
+      std::optional<KvTransferConfig::Role> role, double transfer_timeout_s = 2,
+      double hold_timeout_s = 480, const std::string& model_name = "preset:tiny",
+      KvTransferConfig::LoadFailurePolicy on_failure = KvTransferConfig::LoadFailurePolicy::kFail) {
     model = model::OpenModel(model_name, model::OpenOptions{}, cpu);
     runner = std::make_unique<runtime::LocalStepRunner>(*model);
     engine = std::make_unique<LocalEngineClient>(*model, *runner,
@@ -43,6 +45,7 @@ struct KvInstance {
       kv.kv_port = 0;
       kv.transfer_timeout_s = transfer_timeout_s;
       kv.hold_timeout_s = hold_timeout_s;
+      kv.load_failure_policy = on_failure;
       o.kv_transfer = kv;
       o.kv_secret = kSecret;
     }

@@ -138,6 +138,32 @@ TEST(KvTransferApi, AnUnreachableProducerFailsTheRequestNotTheServer) {
   EXPECT_EQ(consumer.Post("/v1/completions", Request(Prompt(4), 3)).first, 200);
 }
 
+// kv_load_failure_policy "recompute": a decode leg whose pull fails computes the whole prompt
+// itself: a 200 with the same tokens as a colocated run.
+TEST(KvTransferApi, RecomputePolicyRunsTheWholePromptWhenThePullFails) {
+  KvInstance colocated(std::nullopt);
+  KvInstance consumer(KvTransferConfig::Role::kConsumer, 2, 480, "preset:tiny",
+                      KvTransferConfig::LoadFailurePolicy::kRecompute);
+  afd::comm::Socket taken = afd::comm::Listen("127.0.0.1", 0);
+  const int closed_port = afd::comm::LocalPort(taken);
+  taken.Close();
+  json decode = Request(Prompt(8), 4);
+  const auto [want_status, want] = colocated.Post("/v1/completions", decode);
+  ASSERT_EQ(want_status, 200) << want.dump();
+  decode["kv_transfer_params"] = {{"do_remote_prefill", true},
+                                  {"remote_host", "127.0.0.1"},
+                                  {"remote_port", closed_port},
+                                  {"remote_request_id", 1}};
+  for (const bool stream : {false, true}) {
+    decode["stream"] = stream;
+    const auto [status, r] = consumer.Post("/v1/completions", decode);
+    EXPECT_EQ(status, 200) << r.dump();
+    if (!stream) {
+      EXPECT_EQ(r["choices"][0]["token_ids"], want["choices"][0]["token_ids"]);
+    }
+  }
+}
+
 // Rows not pulled within the producer's hold timeout are freed there: a late decode leg gets a
 // 502 naming the request, and the producer's cache holds nothing.
 TEST(KvTransferApi, AnExpiredTransferIsA502AndFreesTheRows) {

@@ -36,8 +36,8 @@
 #include "afd/deploy/serve.h"
 #include "afd/deploy/transport.h"
 #include "afd/kernels/backend.h"
-#include "afd/runtime/cuda_graph_runner.h"
 #include "afd/pd/kv_transport.h"
+#include "afd/runtime/cuda_graph_runner.h"
 #include "afd/server/local_engine_client.h"
 #include "afd/server/serve_runner.h"
 
@@ -329,6 +329,10 @@ server::ServeHttpOptions ToHttpOptions(const RoleArgs& a) {
   o.api.defaults.ignore_eos = a.gen.ignore_eos;
   if (!a.kv_transfer_config.empty()) {
     o.api.kv_transfer = ParseKvTransferConfig(a.kv_transfer_config);
+    for (const std::string& ignored : o.api.kv_transfer->ignored) {
+      std::fprintf(stderr, "afd: warning: --kv-transfer-config %s is ignored by AfdKvConnector\n",
+                   ignored.c_str());
+    }
     AFD_CHECK(
         o.api.kv_transfer->transport != KvTransferConfig::Transport::kCudaIpc || a.device == "cuda",
         "--kv-transfer-config: kv_connector_extra_config.transport cuda_ipc needs engines "

@@ -16,7 +16,45 @@ KvTransferConfig ParseKvTransferConfig(const std::string& json_text) {
   bool has_connector = false, has_role = false;
   for (const auto& [key, value] : j.items()) {
     const std::string path = where + "." + key;
-    if (key == "kv_connector") {
+    // vLLM's keys for other connectors: checked for their type, then ignored (with why).
+    const auto ignore = [&](const char* why) {
+      c.ignored.push_back(fmt::format("{} ({})", path, why));
+    };
+    if (value.is_null() && key != "kv_connector" && key != "kv_role") continue;  // vLLM's None
+    if (key == "kv_buffer_device") {
+      const std::string v = GetString(value, path);
+      AFD_CHECK(!v.empty(), "{}: empty (cuda or cpu)", path);
+      ignore(
+          "rows stay in the engine's cache; kv_connector_extra_config.transport says how they "
+          "travel");
+    } else if (key == "kv_buffer_size") {
+      GetNumber(value, path, 0, 1e18);
+      ignore("no staging buffer: rows go from cache to cache");
+    } else if (key == "kv_rank") {
+      GetInt(value, path, 0, 1 << 20);
+      ignore("producers and consumers pair per request through kv_transfer_params");
+    } else if (key == "kv_parallel_size") {
+      GetInt(value, path, 1, 1 << 20);
+      ignore("any number of producers and consumers pair per request");
+    } else if (key == "enable_permute_local_kv") {
+      AFD_CHECK(value.is_boolean(), "{} must be true or false, got {}", path,
+                json_fields::Describe(value));
+      ignore("the rows' layout is the engine's on both sides");
+    } else if (key == "kv_connector_module_path") {
+      AFD_THROW(
+          "{}: a Python connector module cannot be loaded by this runtime (its connector is "
+          "AfdKvConnector)",
+          path);
+    } else if (key == "kv_load_failure_policy") {
+      const std::string v = GetString(value, path);
+      if (v == "fail") {
+        c.load_failure_policy = KvTransferConfig::LoadFailurePolicy::kFail;
+      } else if (v == "recompute") {
+        c.load_failure_policy = KvTransferConfig::LoadFailurePolicy::kRecompute;
+      } else {
+        AFD_THROW("{}: '{}' (recompute or fail)", path, v);
+      }
+    } else if (key == "kv_connector") {
       const std::string v = GetString(value, path);
       AFD_CHECK(v == "AfdKvConnector",
                 "{}: connector '{}' is not supported (this runtime's is 'AfdKvConnector')", path,
@@ -66,7 +104,8 @@ KvTransferConfig ParseKvTransferConfig(const std::string& json_text) {
     } else {
       AFD_THROW(
           "{}: unknown field (kv_connector, kv_role, kv_ip, kv_port, engine_id, "
-          "kv_connector_extra_config)",
+          "kv_connector_extra_config, kv_load_failure_policy; accepted and ignored: "
+          "kv_buffer_device, kv_buffer_size, kv_rank, kv_parallel_size, enable_permute_local_kv)",
           path);
     }
   }

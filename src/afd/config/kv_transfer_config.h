@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace afd {
 
@@ -26,6 +27,14 @@ struct KvTransferConfig {
   // over CUDA IPC, any other consumer gets them over tcp.
   enum class Transport { kTcp, kCudaIpc };
   Transport transport = Transport::kTcp;
+  // kv_load_failure_policy (vLLM's): a consumer whose pull fails ends the request with a 502
+  // (fail, vLLM's default) or computes the whole prompt itself (recompute).
+  enum class LoadFailurePolicy { kFail, kRecompute };
+  LoadFailurePolicy load_failure_policy = LoadFailurePolicy::kFail;
+  // vLLM keys accepted for its recipes but meaningless for this connector (kv_buffer_device,
+  // kv_buffer_size, kv_rank, kv_parallel_size, enable_permute_local_kv), each with why: the
+  // server logs them as ignored.
+  std::vector<std::string> ignored;
 
   bool produces() const { return role != Role::kConsumer; }
   bool consumes() const { return role != Role::kProducer; }

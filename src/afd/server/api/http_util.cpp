@@ -166,7 +166,9 @@ std::shared_ptr<RequestRun> SubmitChoices(const std::shared_ptr<ServerContext>& 
     ThrowBadRequest("kv_transfer_params", "KV transfers take one prompt, got {}", prompts.size());
   }
   // The decode leg: only what the pulled rows do not cover is computed.
-  AFD_CHECK(!r.kv.remote_prefill || imported != nullptr,
+  AFD_CHECK(!r.kv.remote_prefill || imported != nullptr ||
+                ctx->options().kv_transfer->load_failure_policy ==
+                    KvTransferConfig::LoadFailurePolicy::kRecompute,
             "a decode leg submitted without its rows (RunWithKvRows pulls them)");
   if (r.kv.remote_prefill) params[0].imported_kv = std::move(imported);
   auto run = std::make_shared<RequestRun>(ctx, r);

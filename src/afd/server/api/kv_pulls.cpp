@@ -1,6 +1,7 @@
 #include "afd/server/api/kv_pulls.h"
 
 #include <chrono>
+#include <cstdio>
 #include <thread>
 
 #include "afd/common/error.h"
@@ -170,7 +171,18 @@ HandlerResult RunWithKvRows(const std::shared_ptr<ServerContext>& ctx, const Sam
     HandlerResult result;
     try {
       if (ctx->shutting_down) throw ApiError(503, "the server is shutting down");
-      std::shared_ptr<const runtime::KvRows> rows = PullKvRows(*ctx, r);
+      std::shared_ptr<const runtime::KvRows> rows;
+      try {
+        rows = PullKvRows(*ctx, r);
+      } catch (const ApiError& e) {
+        // kv_load_failure_policy recompute: the whole prompt here instead (no rows).
+        if (e.status() != 502 || ctx->options().kv_transfer->load_failure_policy !=
+                                     KvTransferConfig::LoadFailurePolicy::kRecompute) {
+          throw;
+        }
+        std::fprintf(stderr, "afd serve: %s; recomputing the prompt (kv_load_failure_policy)\n",
+                     e.what());
+      }
       if (d->gone()) return;
       result = finish(std::move(rows));
     } catch (const ApiError& e) {
