@@ -252,7 +252,8 @@ namespace {
 comm::Socket ConnectToProducer(const std::string& host, int port,
                                const std::optional<std::string>& secret, const Deadline& deadline,
                                const std::string& what) {
-  comm::Socket s = comm::Connect(host, port, deadline, what);
+  // Connect names the address itself ("... the KV producer at host:port"): once.
+  comm::Socket s = comm::Connect(host, port, deadline, "the KV producer");
   const std::vector<std::string> challenge =
       Expect(RecvFrame(s, deadline, what), kChallenge, 2, what);
   const bool wants_secret = challenge[1] == std::string(1, '\1');
