@@ -101,6 +101,20 @@ TEST(KvTransferApi, BadParametersAre400sNamingTheField) {
   json two = req;
   two["n"] = 2;
   EXPECT_EQ(error_param(producer, two), "kv_transfer_params");
+  // The prompt's log-probabilities: refused on the prefill leg already (the decode leg would
+  // refuse them after the prefill ran), and on the decode leg before any pull.
+  json echoed = req;
+  echoed["echo"] = true;
+  EXPECT_EQ(error_param(producer, echoed), "echo");
+  json echoed_decode = Request(Prompt(8), 4);
+  echoed_decode["echo"] = true;
+  echoed_decode["kv_transfer_params"] = {{"do_remote_prefill", true},
+                                         {"remote_host", "127.0.0.1"},
+                                         {"remote_port", 1},
+                                         {"remote_request_id", 1}};
+  EXPECT_EQ(error_param(consumer, echoed_decode), "echo");
+  echoed.erase("logprobs");  // echo alone (the prompt's text) is served
+  EXPECT_EQ(producer.Post("/v1/completions", echoed).first, 200);
   json decode = Request(Prompt(8), 4);
   decode["kv_transfer_params"] = {{"do_remote_prefill", true},
                                   {"remote_host", "127.0.0.1"},

@@ -243,6 +243,14 @@ SamplingRequest ParseSamplingRequest(const json& body, Endpoint endpoint, const 
     if ((r.kv.remote_decode || r.kv.remote_prefill) && r.n != 1) {
       ThrowBadRequest("kv_transfer_params", "KV transfers take n = 1, got {}", r.n);
     }
+    // The decode leg computes only the last prompt token: it cannot give the prompt's
+    // log-probabilities. Refused on both legs, so that a prefill never runs for a decode leg
+    // that would be refused.
+    if ((r.kv.remote_decode || r.kv.remote_prefill) && r.echo && r.logprobs >= 0) {
+      ThrowBadRequest("echo",
+                      "echo with logprobs (the prompt's log-probabilities) cannot be served with a "
+                      "KV transfer: the decode instance does not compute the prompt");
+    }
     if (r.kv.remote_decode) {
       if (!config || !config->produces()) {
         ThrowBadRequest("kv_transfer_params.do_remote_decode",
