@@ -179,13 +179,14 @@ SamplingRequest ParseSamplingRequest(const json& body, Endpoint endpoint, const 
                       "truncate_prompt_tokens must be an integer >= 1 or -1, got {}", k);
     }
     const int64_t max_len = ctx.engine().model_info().max_model_len;
-    if (k > max_len) {
+    if (max_len > 0 && k > max_len) {
       ThrowBadRequest("truncate_prompt_tokens",
                       "truncate_prompt_tokens value ({}) is greater than max_model_len ({}). "
                       "Please, select a smaller truncation size.",
                       k, max_len);
     }
-    r.truncate_prompt_tokens = k < 0 ? max_len : k;
+    // -1: up to the model length (nothing to cut while it is not known yet).
+    if (k > 0 || max_len > 0) r.truncate_prompt_tokens = k < 0 ? max_len : k;
   }
 
   const int32_t max_logprobs = ctx.options().max_logprobs;
