@@ -306,6 +306,15 @@ TEST(ServerApiErrors, BadRequestsAsVllm) {
       {"/v1/completions", R"({"prompt": [1], "chat_template": "{{ messages }}"})", 400,
        "chat_template"},
       {"/v1/completions", R"({"prompt": [1], "prompt_logprobs": 2})", 400, "prompt_logprobs"},
+      {"/v1/completions", R"({"prompt": [1], "min_p": 0.1})", 400, "min_p"},
+      {"/v1/completions", R"({"prompt": [1], "use_beam_search": true})", 400, "use_beam_search"},
+      {"/v1/completions", R"({"prompt": [1], "length_penalty": 0.5})", 400, "length_penalty"},
+      {"/v1/completions", R"({"prompt": [1], "priority": 3})", 400, "priority"},
+      {"/v1/completions", R"({"prompt": [1], "allowed_token_ids": [1, 2]})", 400,
+       "allowed_token_ids"},
+      {"/v1/completions", R"({"prompt": [1], "bad_words": ["x"]})", 400, "bad_words"},
+      {"/v1/completions", R"({"prompt": [1], "logits_processors": ["a.b"]})", 400,
+       "logits_processors"},
       {"/v1/completions", R"({"prompt": [1], "truncate_prompt_tokens": 0})", 400,
        "truncate_prompt_tokens"},
       {"/v1/completions", R"({"prompt": [1], "truncate_prompt_tokens": -2})", 400,
@@ -372,6 +381,16 @@ TEST(ServerApiCompletions, TruncatePromptTokensKeepsTheLastTokens) {
   EXPECT_EQ(prompt_ids({{"truncate_prompt_tokens", -1}}).size(), 10u);
   EXPECT_EQ(prompt_ids({{"truncate_prompt_tokens", nullptr}}).size(), 10u);
   EXPECT_EQ(prompt_ids({{"tools", json::array({{{"type", "function"}}})}, {"tool_choice", "none"}})
+                .size(),
+            10u);
+  // vLLM's sampling extensions at their neutral values are accepted.
+  EXPECT_EQ(prompt_ids({{"min_p", 0},
+                        {"use_beam_search", false},
+                        {"length_penalty", 1},
+                        {"priority", 0},
+                        {"bad_words", json::array()},
+                        {"allowed_token_ids", nullptr},
+                        {"logits_processors", nullptr}})
                 .size(),
             10u);
   // The same tokens as the truncated prompt sent whole.

@@ -16,6 +16,26 @@ void RejectUnsupported(const json& body) {
   if (NumberField(body, "repetition_penalty", 1.0) != 1.0) {
     ThrowBadRequest("repetition_penalty", "'repetition_penalty' is not supported (only 1)");
   }
+  // vLLM's sampling extensions this engine does not implement: refused unless neutral.
+  if (NumberField(body, "min_p", 0.0) != 0.0) {
+    ThrowBadRequest("min_p", "'min_p' is not supported by this server (only 0)");
+  }
+  if (NumberField(body, "length_penalty", 1.0) != 1.0) {
+    ThrowBadRequest("length_penalty", "'length_penalty' is not supported (only 1)");
+  }
+  if (BoolField(body, "use_beam_search", false)) {
+    ThrowBadRequest("use_beam_search", "beam search is not supported by this server");
+  }
+  if (IntField(body, "priority", 0) != 0) {
+    ThrowBadRequest("priority",
+                    "'priority' needs priority scheduling, which this server does not have "
+                    "(only 0)");
+  }
+  for (const char* name : {"allowed_token_ids", "bad_words", "logits_processors"}) {
+    if (const json* f = FindField(body, name); f != nullptr && !f->is_null() && !f->empty()) {
+      ThrowBadRequest(name, "'{}' is not supported by this server", name);
+    }
+  }
   if (IntField(body, "min_tokens", 0) != 0) {
     ThrowBadRequest("min_tokens", "'min_tokens' is not supported by this server (only 0)");
   }
