@@ -346,6 +346,31 @@ TEST_F(ServerApiTokenizer, IdsPastTheModelsVocabularyAreABadRequest) {
 // Qwen3's tokenizer and template (the second model family): chat_template_kwargs reach the
 // template as variables (enable_thinking: false writes the empty think block), as vLLM passes
 // them.
+// A request's `documents` reach the chat template (vLLM's RAG field); not a list: 400.
+TEST_F(ServerApiTokenizer, DocumentsReachTheTemplate) {
+  const text::ChatTemplate rag(
+      "{% for d in documents %}[{{ d.title }}: {{ d.text }}]{% endfor %}"
+      "{% for m in messages %}{{ m.content }}{% endfor %}");
+  EngineModelInfo info;
+  info.vocab_size = 129280;
+  info.max_model_len = 4096;
+  info.eos_token_ids = {1};
+  ApiHarness h(info, ApiServerOptions{}, tokenizer_.get(), &rag);
+  json req = {
+      {"messages", {{{"role", "user"}, {"content", "Q?"}}}},
+      {"documents", {{{"title", "A"}, {"text", "one"}}, {{"title", "B"}, {"text", "two"}}}}};
+  const HttpResult t = h.Post("/tokenize", req);
+  ASSERT_EQ(t.status, 200) << t.raw;
+  std::vector<uint32_t> ids;
+  for (const auto& id : t.body["tokens"]) ids.push_back(id);
+  EXPECT_EQ(tokenizer_->Decode(ids, true), "[A: one][B: two]Q?");
+  req["documents"] = "A: one";
+  req["max_tokens"] = 1;
+  const HttpResult bad = h.Post("/v1/chat/completions", req);
+  EXPECT_EQ(bad.status, 400);
+  EXPECT_EQ(bad.body["error"]["param"], "documents") << bad.raw;
+}
+
 TEST(ServerApiQwen3, ChatTemplateKwargsReachTheTemplate) {
   const std::string dir = afd::test::Qwen3Dir();
   if (!std::filesystem::exists(dir + "/tokenizer.json")) {

@@ -95,7 +95,13 @@ PromptInput ChatPrompt(const ServerContext& ctx, const json& body,
   context["add_generation_prompt"] = add_generation_prompt;
   const json* tools = FindField(body, "tools");
   context["tools"] = tools != nullptr ? *tools : json(nullptr);
-  if (!context.contains("documents")) context["documents"] = nullptr;
+  // vLLM's `documents` (RAG templates): given to the template as `documents`.
+  if (const json* docs = FindField(body, "documents"); docs != nullptr && !docs->is_null()) {
+    if (!docs->is_array()) ThrowBadRequest("documents", "'documents' must be a list of objects");
+    context["documents"] = *docs;
+  } else if (!context.contains("documents")) {
+    context["documents"] = nullptr;
+  }
   for (const auto& [key, value] : ctx.tokenizer()->special_tokens_map()) {
     if (!context.contains(key)) context[key] = value;
   }
