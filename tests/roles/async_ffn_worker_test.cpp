@@ -106,7 +106,7 @@ Served Serve(const std::vector<std::vector<int>>& layers, bool gather, int wait_
           served.ffn_step_rows = cpu.rows_;
         } else {
           const int rank = i - 1;
-          AsyncAttentionMoe moe(*model, *world, connector, 1, 0, nullptr);
+          AsyncAttentionMoe moe(*model, *world, connector, ReplicaGroup{});
           Workspace ws(model->backend());
           const int64_t n = Tokens(rank), H = mc.hidden_size;
           const Tensor hidden = ws.Take(DType::kF32, {n, H});

@@ -8,8 +8,8 @@
 
 #include "afd/deploy/kv_sizing.h"
 #include "afd/model/loader.h"
-#include "afd/runtime/generator.h"
 #include "afd/roles/dbo_options.h"
+#include "afd/runtime/generator.h"
 
 namespace CLI {
 class App;

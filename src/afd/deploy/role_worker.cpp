@@ -184,7 +184,7 @@ std::unique_ptr<runtime::ReplicaRunner> MakeAttentionRunner(const WorkerOptions&
 }
 
 std::unique_ptr<roles::FfnRole> MakeFfnRole(const WorkerOptions& o, const model::MoeModel& model,
-                                              comm::AfdWorld& world, Connectors& conns) {
+                                            comm::AfdWorld& world, Connectors& conns) {
   const bool graphs = !o.graphs.enforce_eager;
   if (conns.async) {
     return std::make_unique<roles::AsyncFfnWorker>(model, world, *conns.async, graphs);

@@ -9,10 +9,10 @@
 #include "afd/config/afd_config.h"
 #include "afd/deploy/kv_sizing.h"
 #include "afd/model/loader.h"
+#include "afd/roles/dbo_options.h"
 #include "afd/runtime/cuda_graph_runner.h"
 #include "afd/runtime/engine.h"
 #include "afd/runtime/generator.h"
-#include "afd/roles/dbo_options.h"
 
 namespace afd::deploy {
 

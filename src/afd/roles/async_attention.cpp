@@ -10,14 +10,14 @@
 namespace afd::roles {
 
 AsyncAttentionMoe::AsyncAttentionMoe(const model::MoeModel& model, comm::AfdWorld& world,
-                                     connector::AsyncConnector& connector, int tp, int tp_rank,
-                                     TpGroup* tp_group)
+                                     connector::AsyncConnector& connector,
+                                     const ReplicaGroup& group)
     : model_(model),
       world_(world),
       connector_(connector),
-      tp_(tp),
-      tp_rank_(tp_rank),
-      tp_group_(tp_group) {
+      tp_(group.tp),
+      tp_rank_(group.tp_rank),
+      tp_group_(group.tp_group) {
   const int F = world.topology().num_ffn();
   AFD_CHECK(F <= kernels::Backend::kMaxAfdRanks,
             "{}: {} FFN ranks, the MoE exchange serves at most {}", world.config().connector, F,
@@ -257,10 +257,7 @@ std::vector<double> AsyncAttentionMoe::TakeRoundTrips() {
 AsyncStepCoordinator::AsyncStepCoordinator(const model::MoeModel& model, comm::AfdWorld& world,
                                            connector::AsyncConnector& connector,
                                            const ReplicaGroup& group, const DboOptions& dbo)
-    : model_(model),
-      world_(world),
-      connector_(connector),
-      moe_(model, world, connector, group.tp, group.tp_rank, group.tp_group) {
+    : model_(model), world_(world), connector_(connector), moe_(model, world, connector, group) {
   const AsyncOptions& o = world.config().async_options;
   AFD_CHECK(model.backend().device().is_cpu() != connector.device_rows(),
             "{}: the attention role runs on {} but the connector's rows are in {} memory",

@@ -53,9 +53,9 @@ namespace afd::roles {
 // slots ascending, the shared experts added (AfdPairIndex). Then the TP shares are all-gathered.
 class AsyncAttentionMoe : public model::MoeBackend {
  public:
-  // All must outlive this; tp_group: null without tensor parallelism.
+  // All must outlive this; group: this rank's place in its replica (TP shares).
   AsyncAttentionMoe(const model::MoeModel& model, comm::AfdWorld& world,
-                    connector::AsyncConnector& connector, int tp, int tp_rank, TpGroup* tp_group);
+                    connector::AsyncConnector& connector, const ReplicaGroup& group);
 
   void Start(int64_t layer, int stage, const Tensor& hidden, const Tensor& out,
              Workspace& ws) override;

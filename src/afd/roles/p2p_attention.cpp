@@ -16,14 +16,13 @@ constexpr int kTopkWeightsChannel = 2;
 }  // namespace
 
 P2pAttentionMoe::P2pAttentionMoe(const model::MoeModel& model, comm::AfdWorld& world,
-                                 connector::P2pConnector& connector, int tp, int tp_rank,
-                                 TpGroup* tp_group)
+                                 connector::P2pConnector& connector, const ReplicaGroup& group)
     : model_(model),
       world_(world),
       connector_(connector),
-      tp_(tp),
-      tp_rank_(tp_rank),
-      tp_group_(tp_group) {}
+      tp_(group.tp),
+      tp_rank_(group.tp_rank),
+      tp_group_(group.tp_group) {}
 
 P2pAttentionMoe::InFlight& P2pAttentionMoe::StageState(int stage) {
   AFD_CHECK(stage >= 0 && stage < connector::kMaxStagesPerLayer,
@@ -130,10 +129,7 @@ ReplicaStep DecideP2pStep(const std::vector<int64_t>& v, int A, const DboOptions
 P2pStepCoordinator::P2pStepCoordinator(const model::MoeModel& model, comm::AfdWorld& world,
                                        connector::P2pConnector& connector,
                                        const ReplicaGroup& group)
-    : world_(world),
-      connector_(connector),
-      tp_(group.tp),
-      moe_(model, world, connector, group.tp, group.tp_rank, group.tp_group) {
+    : world_(world), connector_(connector), tp_(group.tp), moe_(model, world, connector, group) {
   const Topology& t = world.topology();
   std::vector<int> all;
   for (int a = 0; a < t.num_attention(); ++a) all.push_back(t.WorldRank({Role::kAttention, a}));

@@ -53,9 +53,9 @@ namespace afd::roles {
 // every layer, in this order. Zero-row steps take part (lockstep).
 class P2pAttentionMoe : public model::MoeBackend {
  public:
-  // All must outlive this; tp_group: null without tensor parallelism.
+  // All must outlive this; group: this rank's place in its replica (TP shares).
   P2pAttentionMoe(const model::MoeModel& model, comm::AfdWorld& world,
-                  connector::P2pConnector& connector, int tp, int tp_rank, TpGroup* tp_group);
+                  connector::P2pConnector& connector, const ReplicaGroup& group);
 
   void Start(int64_t layer, int stage, const Tensor& hidden, const Tensor& out,
              Workspace& ws) override;
